@@ -1,0 +1,303 @@
+//! Command-line interface: flags defined once (clap derive) and used for
+//! parsing and `--help`. `serve` starts the daemon (see `main.rs`); every
+//! other command is a client of a running daemon.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::client::{Client, ClientConfig, ClientError};
+use crate::config::SOCKET_PATH_DEFAULT;
+use crate::protocol::{Decision, Outcome, Request, Response, Subject, Verdict};
+
+#[derive(Debug, Parser)]
+#[command(name = "tollgate", version, about = "Per-host login rate limiter: daemon and CLI")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the daemon.
+    Serve(ServeArgs),
+    /// Ask whether an attempt may proceed (spends from rate budgets).
+    Check(AttemptArgs),
+    /// Report an attempt's outcome (moves failure counters).
+    Report(ReportArgs),
+    /// Limits in force, table fill, uptime and verdict counts.
+    Status(CommonArgs),
+    /// Keys currently refused by a failure rule (digests, never names).
+    Lockouts(LockoutsArgs),
+    /// Clear an account's lockouts and counters on a route (admin).
+    Unlock(UnlockArgs),
+    /// Move a --manual-clock daemon's clock (admin; for tests).
+    Clock {
+        #[command(subcommand)]
+        command: ClockCommand,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Config file; without it, /etc/tollgate/tollgate.toml if present, else built-in defaults.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Socket path [default: /run/tollgate/tollgate.sock, or the config's].
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// State file [default: /var/lib/tollgate/state.redb, or the config's].
+    #[arg(long)]
+    pub state: Option<PathBuf>,
+    /// Secret key file [default: `secret` next to the state file].
+    #[arg(long)]
+    pub secret: Option<PathBuf>,
+    /// Start the clock at 2030-01-01T00:00:00Z and move it only with `tollgate clock advance`.
+    #[arg(long)]
+    pub manual_clock: bool,
+    /// If the state file is corrupt, move it aside and start empty instead of refusing to start.
+    #[arg(long)]
+    pub discard_corrupt_state: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CommonArgs {
+    /// The daemon's socket.
+    #[arg(long, env = "TOLLGATE_SOCKET", default_value = SOCKET_PATH_DEFAULT)]
+    pub socket: PathBuf,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// How long to wait for the daemon.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct AttemptArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Route (rule set), e.g. login, reauth, request.
+    #[arg(long)]
+    pub route: String,
+    /// The peer address the auth server saw.
+    #[arg(long)]
+    pub ip: IpAddr,
+    /// The raw X-Forwarded-For header.
+    #[arg(long)]
+    pub xff: Option<String>,
+    #[arg(long)]
+    pub account: Option<String>,
+    #[arg(long)]
+    pub device: Option<String>,
+    #[arg(long)]
+    pub tenant: Option<String>,
+    #[arg(long)]
+    pub client_id: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    #[command(flatten)]
+    pub attempt: AttemptArgs,
+    #[arg(long, value_parser = parse_outcome)]
+    pub outcome: Outcome,
+}
+
+#[derive(Debug, Args)]
+pub struct LockoutsArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// List at most this many.
+    #[arg(long, default_value_t = 100)]
+    pub limit: u32,
+}
+
+#[derive(Debug, Args)]
+pub struct UnlockArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    #[arg(long)]
+    pub route: String,
+    #[arg(long)]
+    pub account: String,
+    /// Clear only this source's entries (and the account-wide ones).
+    #[arg(long)]
+    pub source: Option<IpAddr>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ClockCommand {
+    /// Move the clock forward, e.g. `15m`, `90s`, `1h`.
+    Advance {
+        #[arg(value_parser = parse_duration)]
+        by: Duration,
+        #[command(flatten)]
+        common: CommonArgs,
+    },
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text).map_err(|e| format!("`{text}`: {e} (try 500ms, 30s, 15m, 1h)"))
+}
+
+fn parse_outcome(text: &str) -> Result<Outcome, String> {
+    match text {
+        "success" => Ok(Outcome::Success),
+        "failure" => Ok(Outcome::Failure),
+        _ => Err(format!("`{text}` is not `success` or `failure`")),
+    }
+}
+
+impl AttemptArgs {
+    fn subject(&self) -> Subject<'_> {
+        Subject {
+            peer: Some(self.ip),
+            forwarded_for: self.xff.as_deref(),
+            account: self.account.as_deref(),
+            device: self.device.as_deref(),
+            tenant: self.tenant.as_deref(),
+            client_id: self.client_id.as_deref(),
+        }
+    }
+}
+
+fn client(common: &CommonArgs) -> Client {
+    Client::new(ClientConfig::new(&common.socket).timeout(common.timeout))
+}
+
+/// Runs a client command; `Err` is one line for stderr.
+pub async fn run(command: Command) -> Result<(), ClientError> {
+    match command {
+        Command::Serve(_) => unreachable!("main handles serve"),
+        Command::Check(args) => {
+            let request = Request::Check { route: &args.route, subject: args.subject() };
+            print_verdict(&args.common, client(&args.common).call(&request).await?)
+        }
+        Command::Report(args) => {
+            let a = &args.attempt;
+            let request = Request::Report { route: &a.route, subject: a.subject(), outcome: args.outcome };
+            print_verdict(&a.common, client(&a.common).call(&request).await?)
+        }
+        Command::Status(common) => {
+            let status = client(&common).status().await?;
+            if common.json {
+                println!("{}", json(&status));
+            } else {
+                print_status(&status);
+            }
+            Ok(())
+        }
+        Command::Lockouts(args) => {
+            let (lockouts, total) = client(&args.common).lockouts(args.limit).await?;
+            if args.common.json {
+                println!("{}", serde_json::json!({ "lockouts": lockouts, "total": total }));
+            } else {
+                println!("{total} active lockout(s){}", if total as usize > lockouts.len() { " (list truncated)" } else { "" });
+                for l in &lockouts {
+                    println!(
+                        "{}/{}  key {}  count {}  until {} ms  (retry after {} s)",
+                        l.route,
+                        l.rule,
+                        l.key,
+                        l.count,
+                        l.until_ms,
+                        l.retry_after_ms.div_ceil(1000)
+                    );
+                }
+            }
+            Ok(())
+        }
+        Command::Unlock(args) => {
+            let cleared = client(&args.common).unlock(&args.route, &args.account, args.source).await?;
+            if args.common.json {
+                println!("{}", serde_json::json!({ "cleared": cleared }));
+            } else {
+                println!("cleared {cleared} entr{}", if cleared == 1 { "y" } else { "ies" });
+            }
+            Ok(())
+        }
+        Command::Clock { command: ClockCommand::Advance { by, common } } => {
+            let now_ms = client(&common).advance_clock(by).await?;
+            if common.json {
+                println!("{}", serde_json::json!({ "now_ms": now_ms }));
+            } else {
+                println!("clock now {now_ms} ms since the epoch");
+            }
+            Ok(())
+        }
+    }
+}
+
+fn json<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_string(value).expect("plain data serializes")
+}
+
+fn print_verdict(common: &CommonArgs, response: Response<'static>) -> Result<(), ClientError> {
+    let verdict = match response {
+        Response::Verdict(v) => v,
+        Response::Error(e) => return Err(ClientError::Daemon(e)),
+        other => return Err(ClientError::Protocol(format!("{other:?}"))),
+    };
+    if common.json {
+        println!("{}", json(&verdict));
+    } else {
+        println!("{}", describe(&verdict));
+    }
+    Ok(())
+}
+
+fn describe(v: &Verdict<'_>) -> String {
+    let rule = if v.rule.is_empty() { "no rule".to_string() } else { format!("rule {}", v.rule) };
+    match v.decision {
+        Decision::Allow => format!("allow  ({rule}: {} of {} left, full again in {} ms)", v.remaining, v.limit, v.reset_ms),
+        Decision::Delay => format!("delay {} ms  ({rule})", v.delay_ms),
+        Decision::Challenge => format!("challenge  ({rule})"),
+        Decision::Deny => format!("deny  retry after {} ms  ({rule}: {})", v.retry_after_ms, json(&v.reason).trim_matches('"')),
+    }
+}
+
+fn print_status(s: &crate::protocol::Status) {
+    println!("tollgate {}  up {} s{}", s.version, s.uptime_ms / 1000, if s.manual_clock { "  (manual clock)" } else { "" });
+    println!(
+        "verdicts: allow {}  delay {}  challenge {}  deny {}  errors {}",
+        s.verdicts.allow, s.verdicts.delay, s.verdicts.challenge, s.verdicts.deny, s.verdicts.errors
+    );
+    println!("connections: {}", s.connections);
+    for route in &s.routes {
+        println!("route {}  (fail {})", route.name, route.fail_policy);
+        for r in &route.rules {
+            let limit = if r.kind == "rate" {
+                format!("{} per {} s, burst {}", r.limit, r.period_ms / 1000, r.burst)
+            } else {
+                format!(
+                    "{} failures per {} s{}",
+                    r.limit,
+                    r.period_ms / 1000,
+                    if r.cleared_by_success { ", cleared by success" } else { "" }
+                )
+            };
+            println!(
+                "  {:<18} {:<8} key ({})  {}  entries {}/{}",
+                r.name,
+                r.kind,
+                r.key.join(", "),
+                limit,
+                r.entries,
+                r.entries_max
+            );
+        }
+    }
+    let limits: Vec<String> = s.limits.iter().map(|l| format!("{}={}", l.name, l.value)).collect();
+    println!("limits: {}", limits.join("  "));
+    let p = &s.persistence;
+    println!(
+        "state: {}  commits {}  write failures {}{}",
+        p.state_path,
+        p.commits,
+        p.write_failures,
+        p.last_error.as_ref().map(|e| format!("  LAST ERROR: {e}")).unwrap_or_default()
+    );
+}

@@ -1,0 +1,235 @@
+//! The Rust client an auth server links: pooled connections, a per-call
+//! timeout, and each route's fail policy applied when the daemon cannot
+//! answer in time, surfaced to the caller as such (never as a fake verdict).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+use crate::codec::{self, FRAME_HEADER_BYTES, RESPONSE_PAYLOAD_BYTES_MAX};
+use crate::config::{builtin_routes, FailPolicy};
+use crate::protocol::{ErrorReply, Lockout, Outcome, Request, Response, Status, Subject, Verdict};
+
+/// Per-call timeout for the request path: low single-digit milliseconds, so
+/// a stalled daemon costs a login no more than a few ms before the fail
+/// policy decides.
+pub const CALL_TIMEOUT_DEFAULT: Duration = Duration::from_millis(5);
+/// Idle connections kept for reuse.
+pub const POOL_CONNECTIONS_MAX: usize = 64;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot reach tollgate at {path}: {source}")]
+    Connect { path: PathBuf, source: std::io::Error },
+    #[error("connection to tollgate failed: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("tollgate did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("unexpected reply from tollgate: {0}")]
+    Protocol(String),
+    #[error("tollgate refused the request: {}", .0.message)]
+    Daemon(ErrorReply),
+}
+
+/// What the auth server should do with an attempt.
+#[derive(Debug)]
+pub enum Answer {
+    /// The daemon's verdict.
+    Verdict(Verdict<'static>),
+    /// The daemon refused the request itself (an identifier too long, an
+    /// unknown route): treat the attempt as refused, and fix the caller.
+    Rejected(ErrorReply),
+    /// The daemon could not answer in time; the route's fail policy decides.
+    Unavailable { policy: FailPolicy, error: ClientError },
+}
+
+impl Answer {
+    /// Whether the attempt may go ahead (after `delay_ms` for a delay).
+    pub fn proceeds(&self) -> bool {
+        match self {
+            Answer::Verdict(v) => v.proceeds(),
+            Answer::Rejected(_) => false,
+            Answer::Unavailable { policy, .. } => *policy == FailPolicy::Open,
+        }
+    }
+
+    pub fn verdict(&self) -> Option<&Verdict<'static>> {
+        match self {
+            Answer::Verdict(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    pub socket: PathBuf,
+    pub timeout: Duration,
+    /// Fail policy per route; routes not listed use `default_fail_policy`.
+    pub fail_policies: HashMap<String, FailPolicy>,
+    pub default_fail_policy: FailPolicy,
+}
+
+impl ClientConfig {
+    /// The built-in routes' policies, the 5 ms timeout.
+    pub fn new(socket: impl Into<PathBuf>) -> ClientConfig {
+        let fail_policies = builtin_routes()
+            .into_iter()
+            .filter_map(|(name, route)| route.fail_policy.map(|p| (name, p)))
+            .collect();
+        ClientConfig {
+            socket: socket.into(),
+            timeout: CALL_TIMEOUT_DEFAULT,
+            fail_policies,
+            default_fail_policy: FailPolicy::Open,
+        }
+    }
+
+    pub fn timeout(mut self, timeout: Duration) -> ClientConfig {
+        self.timeout = timeout;
+        self
+    }
+
+    pub fn fail_policy(mut self, route: &str, policy: FailPolicy) -> ClientConfig {
+        self.fail_policies.insert(route.to_string(), policy);
+        self
+    }
+}
+
+struct Connection {
+    stream: UnixStream,
+    buf: Vec<u8>,
+}
+
+/// A client for one daemon. Share it (`Arc<Client>`); calls may run
+/// concurrently, each on its own pooled connection.
+pub struct Client {
+    config: ClientConfig,
+    pool: Mutex<Vec<Connection>>,
+    next_id: AtomicU64,
+}
+
+impl Client {
+    pub fn new(config: ClientConfig) -> Client {
+        Client { config, pool: Mutex::new(Vec::new()), next_id: AtomicU64::new(1) }
+    }
+
+    pub fn config(&self) -> &ClientConfig {
+        &self.config
+    }
+
+    /// Asks before the expensive work: may this attempt proceed?
+    pub async fn check(&self, route: &str, subject: &Subject<'_>) -> Answer {
+        self.decide(route, &Request::Check { route, subject: subject.clone() }).await
+    }
+
+    /// Tells the outcome after verifying the credential.
+    pub async fn report(&self, route: &str, subject: &Subject<'_>, outcome: Outcome) -> Answer {
+        self.decide(route, &Request::Report { route, subject: subject.clone(), outcome }).await
+    }
+
+    async fn decide(&self, route: &str, request: &Request<'_>) -> Answer {
+        match self.call(request).await {
+            Ok(Response::Verdict(v)) => Answer::Verdict(v),
+            Ok(Response::Error(e)) => Answer::Rejected(e),
+            Ok(other) => self.unavailable(route, ClientError::Protocol(format!("{other:?}"))),
+            Err(error) => self.unavailable(route, error),
+        }
+    }
+
+    fn unavailable(&self, route: &str, error: ClientError) -> Answer {
+        let policy = self.config.fail_policies.get(route).copied().unwrap_or(self.config.default_fail_policy);
+        Answer::Unavailable { policy, error }
+    }
+
+    pub async fn status(&self) -> Result<Status, ClientError> {
+        match self.call(&Request::Status).await? {
+            Response::Status(s) => Ok(*s),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub async fn lockouts(&self, limit: u32) -> Result<(Vec<Lockout>, u64), ClientError> {
+        match self.call(&Request::Lockouts { limit }).await? {
+            Response::Lockouts { lockouts, total } => Ok((lockouts, total)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub async fn unlock(&self, route: &str, account: &str, source: Option<std::net::IpAddr>) -> Result<u32, ClientError> {
+        match self.call(&Request::Unlock { route, account, source }).await? {
+            Response::Unlocked { cleared } => Ok(cleared),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub async fn advance_clock(&self, by: Duration) -> Result<u64, ClientError> {
+        match self.call(&Request::ClockAdvance { by_ms: by.as_millis() as u64 }).await? {
+            Response::ClockAdvanced { now_ms } => Ok(now_ms),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// One request and its reply, within the configured timeout. A daemon
+    /// error reply is `Ok(Response::Error(..))`.
+    pub async fn call(&self, request: &Request<'_>) -> Result<Response<'static>, ClientError> {
+        let timeout = self.config.timeout;
+        match tokio::time::timeout(timeout, self.call_untimed(request)).await {
+            Ok(result) => result,
+            Err(_) => Err(ClientError::Timeout(timeout)),
+        }
+    }
+
+    async fn call_untimed(&self, request: &Request<'_>) -> Result<Response<'static>, ClientError> {
+        let pooled = self.pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let mut conn = match pooled {
+            Some(c) => c,
+            None => Connection {
+                stream: UnixStream::connect(&self.config.socket)
+                    .await
+                    .map_err(|source| ClientError::Connect { path: self.config.socket.clone(), source })?,
+                buf: Vec::with_capacity(512),
+            },
+        };
+        // Dropped (not pooled) on any error or timeout: its state is unknown.
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        conn.buf.clear();
+        codec::encode_request(id, request, &mut conn.buf);
+        conn.stream.write_all(&conn.buf).await?;
+        let response = read_response(&mut conn).await?;
+        let (reply_id, response) =
+            codec::decode_response(&response).map_err(|(_, e)| ClientError::Protocol(e.to_string()))?;
+        if reply_id != id && !matches!(response, Response::Error(_)) {
+            return Err(ClientError::Protocol(format!("reply id {reply_id} for request {id}")));
+        }
+        let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        if pool.len() < POOL_CONNECTIONS_MAX {
+            pool.push(conn);
+        }
+        Ok(response)
+    }
+}
+
+async fn read_response(conn: &mut Connection) -> Result<Vec<u8>, ClientError> {
+    let mut header = [0u8; FRAME_HEADER_BYTES];
+    conn.stream.read_exact(&mut header).await?;
+    let len = u32::from_le_bytes(header) as usize;
+    if len > RESPONSE_PAYLOAD_BYTES_MAX {
+        return Err(ClientError::Protocol(format!("reply of {len} bytes is over the maximum")));
+    }
+    let mut payload = vec![0u8; len];
+    conn.stream.read_exact(&mut payload).await?;
+    Ok(payload)
+}
+
+fn unexpected(response: Response<'static>) -> ClientError {
+    match response {
+        Response::Error(e) => ClientError::Daemon(e),
+        other => ClientError::Protocol(format!("{other:?}")),
+    }
+}

@@ -1,0 +1,557 @@
+//! FailureWindowTable: failure counts per key in a sliding window, with a
+//! fixed-size entry per key, a hard cap on entries, and expiry and eviction
+//! from lists ordered by window start, so no operation scans the table.
+//!
+//! Counting: windows are aligned to multiples of the window length. An entry
+//! keeps the count of the current window and of the previous one; the count
+//! at time t is `previous × (1 − elapsed/window) + current`. A key is *locked*
+//! while that estimate is at least the threshold, so a burst that straddles a
+//! boundary cannot reach twice the threshold: after the boundary, failures
+//! are admitted only as fast as the previous window's weight drains.
+//!
+//! Our own code because this table *is* the product: no crate offers a
+//! bounded sliding-window counter with information-ordered eviction.
+
+use hashbrown::HashTable;
+
+use crate::keys::Key;
+
+/// Highest threshold a rule may have. Eviction looks for the lowest non-empty
+/// count class, so this bounds the work of one insert into a full table.
+pub const THRESHOLD_MAX: u32 = 1000;
+/// Shortest window a rule may have: windows are indexed in u32 seconds-ish
+/// units, and shorter windows make no sense for failures anyway.
+pub const WINDOW_US_MIN: u64 = 1_000_000;
+
+const NIL: u32 = u32::MAX;
+
+/// Window length and threshold of one failure rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WindowSpec {
+    pub window_us: u64,
+    pub threshold: u32,
+}
+
+/// What one entry knows: the window it was last written in and two counts.
+/// Twelve bytes; the whole persisted state of a key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Counts {
+    /// Index of the window `current` counts (`start_us / window_us`).
+    pub window: u32,
+    pub previous: u32,
+    pub current: u32,
+}
+
+impl WindowSpec {
+    pub fn window_index(self, now_us: u64) -> u32 {
+        (now_us / self.window_us).min(u32::MAX as u64) as u32
+    }
+
+    /// The counts as seen from `now_us`'s window.
+    pub fn rolled(self, counts: Counts, now_us: u64) -> Counts {
+        let now = self.window_index(now_us);
+        if now <= counts.window {
+            counts
+        } else if now == counts.window + 1 {
+            Counts { window: now, previous: counts.current, current: 0 }
+        } else {
+            Counts { window: now, previous: 0, current: 0 }
+        }
+    }
+
+    /// Estimate × window_us, in integers so that comparisons are exact.
+    fn weighted(self, counts: Counts, now_us: u64) -> u128 {
+        let c = self.rolled(counts, now_us);
+        let elapsed = now_us.saturating_sub(c.window as u64 * self.window_us).min(self.window_us);
+        c.previous as u128 * (self.window_us - elapsed) as u128 + c.current as u128 * self.window_us as u128
+    }
+
+    /// The sliding-window count, rounded up.
+    pub fn estimate(self, counts: Counts, now_us: u64) -> u32 {
+        self.weighted(counts, now_us).div_ceil(self.window_us as u128).min(u32::MAX as u128) as u32
+    }
+
+    pub fn is_locked(self, counts: Counts, now_us: u64) -> bool {
+        self.weighted(counts, now_us) >= self.threshold as u128 * self.window_us as u128
+    }
+
+    /// Failures that may still be reported before the key locks.
+    pub fn remaining(self, counts: Counts, now_us: u64) -> u32 {
+        self.threshold.saturating_sub(self.estimate(counts, now_us))
+    }
+
+    /// The first instant at which the key is not locked, if no further
+    /// failure arrives (`now_us` itself when it is not locked now).
+    pub fn unlocks_at(self, counts: Counts, now_us: u64) -> u64 {
+        if !self.is_locked(counts, now_us) {
+            return now_us;
+        }
+        let c = self.rolled(counts, now_us);
+        let w = self.window_us as u128;
+        let t = self.threshold as u128;
+        let start = c.window as u64 * self.window_us;
+        // In this window: locked while previous·(W−e) ≥ (T−current)·W,
+        // i.e. until e = W − ceil((T−current)·W / previous) + 1.
+        if (c.current as u128) < t {
+            let need = (t - c.current as u128) * w;
+            let e = w - need.div_ceil(c.previous as u128) + 1;
+            return start + e as u64;
+        }
+        // Otherwise through this window, then current becomes previous.
+        let need = t * w;
+        let e = w - need.div_ceil(c.current as u128) + 1;
+        start + self.window_us + e as u64
+    }
+
+    /// When the entry stops carrying any count (both windows over).
+    pub fn expires_at(self, counts: Counts) -> u64 {
+        (counts.window as u64 + 2) * self.window_us
+    }
+
+    fn is_expired(self, counts: Counts, now_index: u32) -> bool {
+        counts.window as u64 + 2 <= now_index as u64
+    }
+}
+
+/// One slot of the slab: the key, its counts, and its place in a list.
+/// 40 bytes; `Key` is stored as two u64 so the slot is 8-aligned.
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    key: Key,
+    counts: Counts,
+    prev: u32,
+    next: u32,
+    /// Which list the slot is on: `min(previous + current, threshold)` at its
+    /// last write. The free list is class 0.
+    class: u16,
+    /// Changed since the last `take_changes`.
+    dirty: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct List {
+    head: u32,
+    tail: u32,
+}
+
+const EMPTY: List = List { head: NIL, tail: NIL };
+
+/// What `record_failure` saw.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Recorded {
+    pub counts: Counts,
+    pub was_locked: bool,
+    pub now_locked: bool,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum TableError {
+    #[error("table full: every one of its {0} entries is locked")]
+    FullOfLockouts(usize),
+}
+
+/// A change to persist: the key's counts now, or `None` when it is gone.
+pub type Change = (Key, Option<Counts>);
+
+/// Failure counts per key. See the module doc for the counting rule.
+///
+/// Every live entry sits on exactly one list, chosen by its count class;
+/// entries join the tail when written, so each list is ordered by the window
+/// they were last written in. Expiry pops heads; eviction takes the head of
+/// the lowest class (fewest failures, oldest), and never an entry that is
+/// locked.
+#[derive(Debug)]
+pub struct FailureWindowTable {
+    spec: WindowSpec,
+    entries_max: usize,
+    slots: Vec<Slot>,
+    free_head: u32,
+    index: HashTable<u32>,
+    lists: Vec<List>,
+    len: usize,
+    changed: Vec<Key>,
+    refused_full: u64,
+}
+
+impl FailureWindowTable {
+    pub fn new(spec: WindowSpec, entries_max: usize) -> FailureWindowTable {
+        assert!(spec.threshold >= 1 && spec.threshold <= THRESHOLD_MAX, "validated by config");
+        assert!(spec.window_us >= WINDOW_US_MIN, "validated by config");
+        FailureWindowTable {
+            spec,
+            entries_max: entries_max.max(1),
+            slots: Vec::new(),
+            free_head: NIL,
+            index: HashTable::new(),
+            lists: vec![EMPTY; spec.threshold as usize + 1],
+            len: 0,
+            changed: Vec::new(),
+            refused_full: 0,
+        }
+    }
+
+    pub fn spec(&self) -> WindowSpec {
+        self.spec
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn entries_max(&self) -> usize {
+        self.entries_max
+    }
+
+    /// Failures that could not be counted because the table was full of lockouts.
+    pub fn refused_full(&self) -> u64 {
+        self.refused_full
+    }
+
+    fn find(&self, key: Key) -> Option<u32> {
+        let slots = &self.slots;
+        self.index.find(key.hash_bits(), |&i| slots[i as usize].key == key).copied()
+    }
+
+    /// The key's counts as of `now_us` (zero when absent or expired).
+    pub fn get(&self, key: Key, now_us: u64) -> Counts {
+        match self.find(key) {
+            Some(i) => self.spec.rolled(self.slots[i as usize].counts, now_us),
+            None => Counts { window: self.spec.window_index(now_us), ..Counts::default() },
+        }
+    }
+
+    /// Counts one failure for `key`, in one step.
+    pub fn record_failure(&mut self, key: Key, now_us: u64) -> Result<Recorded, TableError> {
+        let (i, before) = match self.find(key) {
+            Some(i) => (i, self.slots[i as usize].counts),
+            None => (self.insert(key, now_us)?, Counts::default()),
+        };
+        let was_locked = self.spec.is_locked(before, now_us);
+        let mut counts = self.spec.rolled(before, now_us);
+        counts.current = counts.current.saturating_add(1);
+        self.write(i, counts);
+        Ok(Recorded { counts, was_locked, now_locked: self.spec.is_locked(counts, now_us) })
+    }
+
+    /// Removes the key's entry (a success, or an operator's unlock).
+    pub fn clear(&mut self, key: Key) -> Option<Counts> {
+        let i = self.find(key)?;
+        let counts = self.slots[i as usize].counts;
+        self.remove(i);
+        Some(counts)
+    }
+
+    /// Puts back a persisted entry at start. Entries already expired are
+    /// skipped. Callers restore in window order so lists stay ordered.
+    pub fn restore(&mut self, key: Key, counts: Counts, now_us: u64) -> Result<(), TableError> {
+        if self.spec.is_expired(counts, self.spec.window_index(now_us)) || counts.previous + counts.current == 0 {
+            return Ok(());
+        }
+        let i = match self.find(key) {
+            Some(i) => i,
+            None => self.insert(key, now_us)?,
+        };
+        self.write(i, counts);
+        self.slots[i as usize].dirty = false;
+        Ok(())
+    }
+
+    /// Drops entries whose windows are both over. Pops list heads only.
+    pub fn expire(&mut self, now_us: u64) -> usize {
+        let now_index = self.spec.window_index(now_us);
+        let mut dropped = 0;
+        for class in 1..self.lists.len() {
+            loop {
+                let head = self.lists[class].head;
+                if head == NIL || !self.spec.is_expired(self.slots[head as usize].counts, now_index) {
+                    break;
+                }
+                self.remove(head);
+                dropped += 1;
+            }
+        }
+        dropped
+    }
+
+    /// Entries that are locked at `now_us`. Only the top class can be locked
+    /// (a locked estimate implies previous + current ≥ threshold), so this
+    /// walks that list alone.
+    pub fn locked(&self, now_us: u64) -> impl Iterator<Item = (Key, Counts)> + '_ {
+        let top = self.lists.len() - 1;
+        let mut at = self.lists[top].head;
+        std::iter::from_fn(move || {
+            while at != NIL {
+                let slot = &self.slots[at as usize];
+                at = slot.next;
+                if self.spec.is_locked(slot.counts, now_us) {
+                    return Some((slot.key, slot.counts));
+                }
+            }
+            None
+        })
+    }
+
+    /// Every live entry (for operators' bulk operations, never per request).
+    pub fn entries(&self) -> impl Iterator<Item = (Key, Counts)> + '_ {
+        self.lists[1..].iter().flat_map(move |list| {
+            let mut at = list.head;
+            std::iter::from_fn(move || {
+                if at == NIL {
+                    return None;
+                }
+                let slot = &self.slots[at as usize];
+                at = slot.next;
+                Some((slot.key, slot.counts))
+            })
+        })
+    }
+
+    /// What changed since the last call: each key once, with its counts now
+    /// or `None` if it is gone. The persistence layer writes these.
+    pub fn take_changes(&mut self) -> Vec<Change> {
+        let keys = std::mem::take(&mut self.changed);
+        let mut out = Vec::with_capacity(keys.len());
+        for key in keys {
+            match self.find(key) {
+                Some(i) => {
+                    let slot = &mut self.slots[i as usize];
+                    if slot.dirty {
+                        slot.dirty = false;
+                        out.push((key, Some(slot.counts)));
+                    }
+                }
+                None => out.push((key, None)),
+            }
+        }
+        out
+    }
+
+    /// Marks a change as already persisted elsewhere (a lockout written
+    /// synchronously), so the next snapshot does not write it again.
+    pub fn mark_persisted(&mut self, key: Key) {
+        if let Some(i) = self.find(key) {
+            self.slots[i as usize].dirty = false;
+        }
+    }
+
+    fn insert(&mut self, key: Key, now_us: u64) -> Result<u32, TableError> {
+        if self.len >= self.entries_max {
+            self.expire(now_us);
+        }
+        if self.len >= self.entries_max {
+            self.evict_least_informative(now_us)?;
+        }
+        let slot = Slot { key, counts: Counts::default(), prev: NIL, next: NIL, class: 0, dirty: false };
+        let i = if self.free_head != NIL {
+            let i = self.free_head;
+            self.free_head = self.slots[i as usize].next;
+            self.slots[i as usize] = slot;
+            i
+        } else {
+            self.slots.push(slot);
+            (self.slots.len() - 1) as u32
+        };
+        let slots = &self.slots;
+        self.index.insert_unique(key.hash_bits(), i, |&j| slots[j as usize].key.hash_bits());
+        self.len += 1;
+        Ok(i)
+    }
+
+    fn evict_least_informative(&mut self, now_us: u64) -> Result<(), TableError> {
+        let top = self.lists.len() - 1;
+        for class in 1..top {
+            let head = self.lists[class].head;
+            if head != NIL {
+                self.remove(head);
+                return Ok(());
+            }
+        }
+        let head = self.lists[top].head;
+        if head != NIL && !self.spec.is_locked(self.slots[head as usize].counts, now_us) {
+            self.remove(head);
+            return Ok(());
+        }
+        self.refused_full += 1;
+        Err(TableError::FullOfLockouts(self.entries_max))
+    }
+
+    /// Stores new counts and moves the slot to the tail of its class list.
+    fn write(&mut self, i: u32, counts: Counts) {
+        let class = (counts.previous.saturating_add(counts.current)).clamp(1, self.spec.threshold) as u16;
+        let slot = &mut self.slots[i as usize];
+        slot.counts = counts;
+        let newly_dirty = !slot.dirty;
+        slot.dirty = true;
+        let key = slot.key;
+        if newly_dirty {
+            self.changed.push(key);
+        }
+        self.unlink(i);
+        self.link_tail(i, class);
+    }
+
+    fn remove(&mut self, i: u32) {
+        self.unlink(i);
+        let slot = self.slots[i as usize];
+        let hash = slot.key.hash_bits();
+        if let Ok(entry) = self.index.find_entry(hash, |&j| j == i) {
+            entry.remove();
+        }
+        self.changed.push(slot.key);
+        let slot = &mut self.slots[i as usize];
+        slot.class = 0;
+        slot.dirty = false;
+        slot.next = self.free_head;
+        self.free_head = i;
+        self.len -= 1;
+    }
+
+    fn unlink(&mut self, i: u32) {
+        let Slot { prev, next, class, .. } = self.slots[i as usize];
+        if class == 0 {
+            return;
+        }
+        let list = &mut self.lists[class as usize];
+        if prev == NIL {
+            list.head = next;
+        } else {
+            self.slots[prev as usize].next = next;
+        }
+        if next == NIL {
+            self.lists[class as usize].tail = prev;
+        } else {
+            self.slots[next as usize].prev = prev;
+        }
+        let slot = &mut self.slots[i as usize];
+        slot.prev = NIL;
+        slot.next = NIL;
+        slot.class = 0;
+    }
+
+    fn link_tail(&mut self, i: u32, class: u16) {
+        let tail = self.lists[class as usize].tail;
+        {
+            let slot = &mut self.slots[i as usize];
+            slot.class = class;
+            slot.prev = tail;
+            slot.next = NIL;
+        }
+        if tail == NIL {
+            self.lists[class as usize].head = i;
+        } else {
+            self.slots[tail as usize].next = i;
+        }
+        self.lists[class as usize].tail = i;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINUTE: u64 = 60_000_000;
+    const WINDOW: u64 = 15 * MINUTE;
+
+    fn spec(threshold: u32) -> WindowSpec {
+        WindowSpec { window_us: WINDOW, threshold }
+    }
+
+    fn key(n: u64) -> Key {
+        Key { account_tag: n, tuple: n.wrapping_mul(0x9E37_79B9_7F4A_7C15) }
+    }
+
+    #[test]
+    fn locks_at_exactly_the_threshold() {
+        let mut table = FailureWindowTable::new(spec(5), 100);
+        let t0 = 100 * WINDOW;
+        for n in 1..=4 {
+            let r = table.record_failure(key(1), t0).unwrap();
+            assert!(!r.now_locked, "after {n}");
+        }
+        let fifth = table.record_failure(key(1), t0).unwrap();
+        assert!(fifth.now_locked && !fifth.was_locked);
+        assert_eq!(table.locked(t0).count(), 1);
+    }
+
+    #[test]
+    fn boundary_burst_admits_at_most_one_more_in_three_minutes() {
+        let s = spec(5);
+        let mut table = FailureWindowTable::new(s, 100);
+        let boundary = 101 * WINDOW;
+        for _ in 0..5 {
+            table.record_failure(key(1), boundary - 1_000_000).unwrap();
+        }
+        let mut admitted = 0;
+        let mut t = boundary;
+        while t <= boundary + 3 * MINUTE {
+            if !s.is_locked(table.get(key(1), t), t) {
+                admitted += 1;
+                table.record_failure(key(1), t).unwrap();
+            }
+            t += 10_000_000;
+        }
+        assert_eq!(admitted, 1);
+    }
+
+    #[test]
+    fn unlocks_at_is_the_first_unlocked_instant() {
+        let s = spec(5);
+        for (previous, current) in [(5, 0), (3, 4), (5, 5), (0, 5), (9, 2), (2, 40)] {
+            for elapsed in [0, 1, WINDOW / 3, WINDOW - 1] {
+                let counts = Counts { window: 200, previous, current };
+                let now = 200 * WINDOW + elapsed;
+                let at = s.unlocks_at(counts, now);
+                assert!(!s.is_locked(counts, at), "{previous},{current}@{elapsed}");
+                if at > now {
+                    assert!(s.is_locked(counts, at - 1), "{previous},{current}@{elapsed}");
+                }
+                assert!(at <= now + 2 * WINDOW);
+            }
+        }
+    }
+
+    #[test]
+    fn a_full_table_evicts_the_fewest_failures_and_keeps_lockouts() {
+        let mut table = FailureWindowTable::new(spec(5), 10);
+        let now = 300 * WINDOW;
+        for _ in 0..5 {
+            table.record_failure(key(0), now).unwrap();
+        }
+        for _ in 0..3 {
+            table.record_failure(key(1), now).unwrap();
+        }
+        for n in 2..100_000 {
+            table.record_failure(key(n), now).unwrap();
+            assert!(table.len() <= 10);
+        }
+        assert!(table.get(key(0), now).current == 5, "the lockout survives");
+        assert_eq!(table.get(key(1), now).current, 3, "the 3-count outlives 1-counts");
+    }
+
+    #[test]
+    fn a_table_full_of_lockouts_refuses_new_keys() {
+        let mut table = FailureWindowTable::new(spec(1), 3);
+        let now = 300 * WINDOW;
+        for n in 0..3 {
+            table.record_failure(key(n), now).unwrap();
+        }
+        assert_eq!(table.record_failure(key(9), now), Err(TableError::FullOfLockouts(3)));
+        assert_eq!(table.len(), 3);
+    }
+
+    #[test]
+    fn expiry_drops_entries_after_two_windows_and_reports_changes() {
+        let mut table = FailureWindowTable::new(spec(5), 100);
+        let now = 400 * WINDOW;
+        table.record_failure(key(1), now).unwrap();
+        assert_eq!(table.take_changes(), vec![(key(1), Some(Counts { window: 400, previous: 0, current: 1 }))]);
+        assert_eq!(table.expire(now + WINDOW), 0);
+        assert_eq!(table.expire(now + 2 * WINDOW), 1);
+        assert!(table.is_empty());
+        assert_eq!(table.take_changes(), vec![(key(1), None)]);
+    }
+}

@@ -1,0 +1,297 @@
+//! Key derivation: every attacker-influenced identifier becomes a fixed-width
+//! keyed BLAKE2b digest before it reaches a table, the state file or a log.
+//!
+//! Written here rather than taken from a crate because it *is* the product:
+//! the domain separation and the (account tag, tuple digest) layout below are
+//! what let `unlock` find an account's entries without storing the account.
+
+use std::fmt;
+use std::fs::{self, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use blake2::digest::consts::U16;
+use blake2::digest::{FixedOutput, KeyInit, Update};
+use blake2::Blake2bMac;
+
+/// Bytes of secret key material. 32 bytes is BLAKE2b's recommended key size
+/// for 128-bit security of the digests.
+pub const SECRET_BYTES: usize = 32;
+
+/// A table key: a 128-bit keyed digest, split so that `account_tag` (the high
+/// half) is the digest of the account alone whenever the key includes the
+/// account. That lets an operator clear every (account, *) entry by scanning
+/// for the tag, without any table holding the account.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct Key {
+    pub account_tag: u64,
+    pub tuple: u64,
+}
+
+impl Key {
+    pub fn to_u128(self) -> u128 {
+        ((self.account_tag as u128) << 64) | self.tuple as u128
+    }
+
+    pub fn from_u128(value: u128) -> Key {
+        Key { account_tag: (value >> 64) as u64, tuple: value as u64 }
+    }
+
+    /// The digest is uniformly distributed and unknown to an attacker without
+    /// the secret, so its bits serve directly as a hash (no hash flooding).
+    pub fn hash_bits(self) -> u64 {
+        self.tuple
+    }
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.to_u128())
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.to_u128())
+    }
+}
+
+/// One part of a composite key. The discriminant is mixed into the digest so
+/// that an account named like a device can never share a key with it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Component {
+    Prefix = 1,
+    Account = 2,
+    Device = 3,
+    Tenant = 4,
+    ClientId = 5,
+}
+
+impl Component {
+    pub const ALL: [Component; 5] = [
+        Component::Prefix,
+        Component::Account,
+        Component::Device,
+        Component::Tenant,
+        Component::ClientId,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Component::Prefix => "prefix",
+            Component::Account => "account",
+            Component::Device => "device",
+            Component::Tenant => "tenant",
+            Component::ClientId => "client_id",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Component> {
+        Component::ALL.into_iter().find(|c| c.name() == name)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SecretError {
+    #[error("cannot read secret key file {path}: {source}")]
+    Read { path: PathBuf, source: io::Error },
+    #[error("cannot create secret key file {path}: {source}")]
+    Create { path: PathBuf, source: io::Error },
+    #[error("secret key file {path} is malformed: expected {expected} hex characters")]
+    Malformed { path: PathBuf, expected: usize },
+    #[error("secret key file {path} is readable by group or others (mode {mode:o}); chmod 600 it")]
+    Exposed { path: PathBuf, mode: u32 },
+}
+
+/// The per-install secret key. Never printed: `Debug` hides it.
+#[derive(Clone)]
+pub struct Secret([u8; SECRET_BYTES]);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+impl Secret {
+    pub fn from_bytes(bytes: [u8; SECRET_BYTES]) -> Secret {
+        Secret(bytes)
+    }
+
+    /// Reads the secret (hex text), or creates it with mode 0600 on first start.
+    pub fn load_or_create(path: &Path) -> Result<Secret, SecretError> {
+        match fs::read_to_string(path) {
+            Ok(text) => {
+                let mode = fs::metadata(path)
+                    .map_err(|source| SecretError::Read { path: path.into(), source })?
+                    .permissions()
+                    .mode();
+                if mode & 0o077 != 0 {
+                    return Err(SecretError::Exposed { path: path.into(), mode: mode & 0o777 });
+                }
+                Self::parse_hex(text.trim()).ok_or(SecretError::Malformed {
+                    path: path.into(),
+                    expected: SECRET_BYTES * 2,
+                })
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Self::create(path),
+            Err(source) => Err(SecretError::Read { path: path.into(), source }),
+        }
+    }
+
+    fn create(path: &Path) -> Result<Secret, SecretError> {
+        let create_err = |source| SecretError::Create { path: path.into(), source };
+        let mut bytes = [0u8; SECRET_BYTES];
+        getrandom::getrandom(&mut bytes).map_err(|e| create_err(io::Error::other(e.to_string())))?;
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(create_err)?;
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        file.write_all(format!("{hex}\n").as_bytes()).map_err(create_err)?;
+        file.sync_all().map_err(create_err)?;
+        Ok(Secret(bytes))
+    }
+
+    fn parse_hex(text: &str) -> Option<Secret> {
+        if text.len() != SECRET_BYTES * 2 || !text.is_ascii() {
+            return None;
+        }
+        let mut bytes = [0u8; SECRET_BYTES];
+        for (i, byte) in bytes.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
+        }
+        Some(Secret(bytes))
+    }
+}
+
+type Mac = Blake2bMac<U16>;
+
+/// Derives keys from identifiers. Holds the MAC already keyed, so each digest
+/// costs a clone and one compression instead of re-absorbing the key.
+#[derive(Clone)]
+pub struct KeyDeriver {
+    keyed: Mac,
+}
+
+impl fmt::Debug for KeyDeriver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("KeyDeriver(..)")
+    }
+}
+
+/// Domain tags: a component digest and a tuple digest can never collide.
+const TAG_COMPONENT: u8 = 0xC0;
+const TAG_TUPLE: u8 = 0x7E;
+
+impl KeyDeriver {
+    pub fn new(secret: &Secret) -> KeyDeriver {
+        KeyDeriver { keyed: Mac::new_from_slice(&secret.0).expect("32-byte key fits BLAKE2b") }
+    }
+
+    /// Digest of one component. Length-prefixed so ("ab","c") != ("a","bc").
+    pub fn component(&self, component: Component, bytes: &[u8]) -> [u8; 16] {
+        let mut mac = self.keyed.clone();
+        mac.update(&[TAG_COMPONENT, component as u8]);
+        mac.update(&(bytes.len() as u64).to_le_bytes());
+        mac.update(bytes);
+        mac.finalize_fixed().into()
+    }
+
+    /// Key for a tuple of component digests, given in the rule's order.
+    /// A one-component key is that component's digest; a longer tuple is one
+    /// more MAC over the digests. When the account is part of the tuple its
+    /// digest's high half becomes the key's `account_tag`.
+    pub fn tuple(&self, parts: &[(Component, [u8; 16])]) -> Key {
+        let digest = match parts {
+            [(_, only)] => *only,
+            _ => {
+                let mut mac = self.keyed.clone();
+                mac.update(&[TAG_TUPLE, parts.len() as u8]);
+                for (component, digest) in parts {
+                    mac.update(&[*component as u8]);
+                    mac.update(digest);
+                }
+                mac.finalize_fixed().into()
+            }
+        };
+        let mut key = split(&digest);
+        if let Some((_, account)) = parts.iter().find(|(c, _)| *c == Component::Account) {
+            key.account_tag = split(account).account_tag;
+        }
+        key
+    }
+
+    /// The `account_tag` every key containing this account carries.
+    pub fn account_tag(&self, account: &str) -> u64 {
+        split(&self.component(Component::Account, account.as_bytes())).account_tag
+    }
+}
+
+fn split(digest: &[u8; 16]) -> Key {
+    let mut hi = [0u8; 8];
+    let mut lo = [0u8; 8];
+    hi.copy_from_slice(&digest[..8]);
+    lo.copy_from_slice(&digest[8..]);
+    Key { account_tag: u64::from_le_bytes(hi), tuple: u64::from_le_bytes(lo) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn deriver(seed: u8) -> KeyDeriver {
+        KeyDeriver::new(&Secret::from_bytes([seed; SECRET_BYTES]))
+    }
+
+    #[test]
+    fn digests_depend_on_secret_component_and_boundaries() {
+        let d = deriver(1);
+        let a = d.component(Component::Account, b"alice");
+        assert_eq!(a, d.component(Component::Account, b"alice"));
+        assert_ne!(a, deriver(2).component(Component::Account, b"alice"));
+        assert_ne!(a, d.component(Component::Device, b"alice"));
+        let ab_c = d.tuple(&[
+            (Component::Account, d.component(Component::Account, b"ab")),
+            (Component::Device, d.component(Component::Device, b"c")),
+        ]);
+        let a_bc = d.tuple(&[
+            (Component::Account, d.component(Component::Account, b"a")),
+            (Component::Device, d.component(Component::Device, b"bc")),
+        ]);
+        assert_ne!(ab_c, a_bc);
+    }
+
+    #[test]
+    fn account_tag_is_shared_by_every_key_with_the_account() {
+        let d = deriver(3);
+        let account = d.component(Component::Account, b"alice");
+        let prefix_a = d.component(Component::Prefix, b"198.51.100.7/32");
+        let prefix_b = d.component(Component::Prefix, b"203.0.113.9/32");
+        let k1 = d.tuple(&[(Component::Account, account), (Component::Prefix, prefix_a)]);
+        let k2 = d.tuple(&[(Component::Account, account), (Component::Prefix, prefix_b)]);
+        assert_eq!(k1.account_tag, d.account_tag("alice"));
+        assert_eq!(k2.account_tag, d.account_tag("alice"));
+        assert_ne!(k1.tuple, k2.tuple);
+        assert_eq!(Key::from_u128(k1.to_u128()), k1);
+    }
+
+    #[test]
+    fn secret_file_is_created_private_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("secret");
+        let created = Secret::load_or_create(&path).unwrap();
+        let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let read = Secret::load_or_create(&path).unwrap();
+        assert_eq!(created.0, read.0);
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(matches!(Secret::load_or_create(&path), Err(SecretError::Exposed { .. })));
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+        fs::write(&path, "zz").unwrap();
+        assert!(matches!(Secret::load_or_create(&path), Err(SecretError::Malformed { .. })));
+    }
+}

@@ -1,0 +1,154 @@
+//! `tollgate serve` starts the daemon; every other subcommand is a client.
+//! The request path starts in `server::run`; `lib.rs` maps the modules.
+#![forbid(unsafe_code)]
+
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use tokio::sync::watch;
+
+use tollgate::cli::{self, Cli, Command, ServeArgs};
+use tollgate::clock::Clock;
+use tollgate::config::{Config, ConfigError, CONFIG_PATH_DEFAULT};
+use tollgate::keys::{KeyDeriver, Secret};
+use tollgate::limiter::Limiter;
+use tollgate::server::{self, Daemon};
+use tollgate::store::{Store, StoreStats};
+
+/// Exit code for an invalid configuration (sysexits EX_CONFIG).
+const EXIT_CONFIG: u8 = 78;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => serve(args),
+        command => {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
+            match runtime.block_on(cli::run(command)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("tollgate: error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+fn serve(args: ServeArgs) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TOLLGATE_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let config = match load_config(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("tollgate: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    match start(args, config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tollgate: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn load_config(args: &ServeArgs) -> Result<Config, ConfigError> {
+    let (path, required) = match &args.config {
+        Some(p) => (p.clone(), true),
+        None => (CONFIG_PATH_DEFAULT.into(), false),
+    };
+    let mut raw = Config::read_raw(&path, required)?;
+    // Flags win over the file.
+    raw.socket = args.socket.clone().or(raw.socket);
+    raw.state = args.state.clone().or(raw.state);
+    raw.secret = args.secret.clone().or(raw.secret);
+    Config::build(raw).map_err(|errors| ConfigError::Invalid { path, errors })
+}
+
+fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
+    use anyhow::Context;
+    if let Some(dir) = config.secret.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let secret = Secret::load_or_create(&config.secret)?;
+    let clock = if args.manual_clock { Clock::manual() } else { Clock::System };
+
+    let store = Store::open(&config.state, args.discard_corrupt_state)?;
+    let persisted = store.load()?;
+    let stats = Arc::new(StoreStats::default());
+    let (journal, writer) = store.start_writer(stats.clone());
+    let limiter = Limiter::new(&config, KeyDeriver::new(&secret), journal);
+    let (restored, orphaned) = limiter.restore(persisted, clock.now_us());
+    if orphaned > 0 {
+        tracing::warn!(orphaned, "persisted entries name rules no longer configured; ignored");
+    }
+    let daemon = Arc::new(Daemon::new(limiter, clock, config.clone(), stats));
+
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let listener = runtime
+        .block_on(server::bind(&config.socket))
+        .with_context(|| format!("cannot listen on {}", config.socket.display()))?;
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT])?;
+    let signal_handle = signals.handle();
+    std::thread::Builder::new().name("tollgate-signals".into()).spawn(move || {
+        if let Some(signal) = signals.forever().next() {
+            tracing::info!(signal, "stopping");
+            let _ = stop_tx.send(true);
+        }
+    })?;
+
+    let maintenance_stop = Arc::new(AtomicBool::new(false));
+    let maintenance = {
+        let daemon = daemon.clone();
+        let stop = maintenance_stop.clone();
+        let interval = Duration::from_millis(config.snapshot_interval_ms);
+        std::thread::Builder::new().name("tollgate-snapshot".into()).spawn(move || {
+            let mut tick = 0u64;
+            while !stop.load(Ordering::Acquire) {
+                std::thread::sleep(interval);
+                let now = daemon.clock.now_us();
+                daemon.limiter.snapshot(now, false);
+                daemon.limiter.sweep_rate_tables(tick, now);
+                tick += 1;
+            }
+        })?
+    };
+
+    tracing::info!(
+        socket = %config.socket.display(),
+        state = %config.state.display(),
+        restored,
+        manual_clock = daemon.clock.is_manual(),
+        "tollgate listening"
+    );
+    runtime.block_on(server::run(listener, daemon.clone(), stop_rx));
+
+    maintenance_stop.store(true, Ordering::Release);
+    let _ = maintenance.join();
+    signal_handle.close();
+    let mut failed = 0;
+    for write in daemon.limiter.snapshot(daemon.clock.now_us(), true) {
+        if let Err(e) = write.wait_blocking() {
+            tracing::error!(error = %e, "final snapshot incomplete");
+            failed += 1;
+        }
+    }
+    writer.stop();
+    let _ = std::fs::remove_file(&config.socket);
+    if failed > 0 {
+        anyhow::bail!("{failed} shard(s) of counters could not be saved at stop");
+    }
+    tracing::info!("stopped; counters saved");
+    Ok(())
+}

@@ -1,0 +1,233 @@
+//! Every message on the wire. One enum lists every request; one lists every
+//! response. PROTOCOL.md documents their bytes; `codec` turns them into frames.
+//!
+//! Requests borrow their strings from the read buffer, so decoding a check
+//! allocates nothing.
+
+use std::borrow::Cow;
+use std::net::IpAddr;
+
+use bincode::{BorrowDecode, Decode, Encode};
+use serde::Serialize;
+
+/// Version byte at the start of every payload; a frame with another version
+/// gets an `unsupported_version` error and the connection survives.
+pub const PROTOCOL_VERSION: u8 = 1;
+
+/// Who is attempting what. The daemon derives every key from these fields.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Encode, BorrowDecode)]
+pub struct Subject<'a> {
+    /// Address of the TCP peer the auth server saw.
+    pub peer: Option<IpAddr>,
+    /// The raw X-Forwarded-For header, if any; only trusted hops are honoured.
+    pub forwarded_for: Option<&'a str>,
+    /// The account as typed (whether or not it exists).
+    pub account: Option<&'a str>,
+    pub device: Option<&'a str>,
+    pub tenant: Option<&'a str>,
+    pub client_id: Option<&'a str>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    Success,
+    Failure,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Encode, BorrowDecode)]
+pub enum Request<'a> {
+    /// May this attempt proceed? Spends from rate budgets.
+    Check { route: &'a str, subject: Subject<'a> },
+    /// The attempt's credential was verified: moves failure counters.
+    Report { route: &'a str, subject: Subject<'a>, outcome: Outcome },
+    Status,
+    /// Active lockouts, at most `limit` of them.
+    Lockouts { limit: u32 },
+    /// Clears an account's failure entries on a route (admin).
+    Unlock { route: &'a str, account: &'a str, source: Option<IpAddr> },
+    /// Moves a `--manual-clock` daemon's clock forward (admin).
+    ClockAdvance { by_ms: u64 },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Decision {
+    Allow,
+    Delay,
+    Challenge,
+    Deny,
+}
+
+/// Why a verdict is what it is. For logs and the audit trail only: the end
+/// user sees one refusal form whatever the reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    /// Every rule consulted has room.
+    Allowed,
+    /// A rate rule's budget is spent.
+    RateLimited,
+    /// A failure rule's threshold is reached.
+    TooManyFailures,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
+pub struct Verdict<'a> {
+    pub decision: Decision,
+    /// When refused: wait at least this long before trying again.
+    pub retry_after_ms: u64,
+    /// With `delay`: hold the attempt this long before proceeding.
+    pub delay_ms: u64,
+    /// Limit of the tightest rule consulted.
+    pub limit: u32,
+    /// What is left of it.
+    pub remaining: u32,
+    /// Time until that rule is back to its full limit.
+    pub reset_ms: u64,
+    pub reason: Reason,
+    /// The rule that decided (the tightest one when allowed); empty if none.
+    pub rule: Cow<'a, str>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// The payload does not decode as a request.
+    Malformed,
+    UnsupportedVersion,
+    UnknownRoute,
+    /// The route's rules need a subject field the request lacks.
+    MissingField,
+    /// An identifier is longer than the daemon accepts.
+    FieldTooLong,
+    PermissionDenied,
+    /// `clock advance` on a daemon that runs on the system clock.
+    NotManualClock,
+    /// The frame's length prefix is over the maximum; the connection closes.
+    FrameTooLarge,
+    Internal,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
+pub struct ErrorReply {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Encode, Decode, Serialize)]
+pub struct VerdictCounts {
+    pub allow: u64,
+    pub delay: u64,
+    pub challenge: u64,
+    pub deny: u64,
+    pub errors: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
+pub struct RuleStatus {
+    pub name: String,
+    /// `rate` or `failures`.
+    pub kind: String,
+    /// The subject fields the key is derived from.
+    pub key: Vec<String>,
+    /// Rate rules: requests per `period_ms`; failure rules: the threshold.
+    pub limit: u32,
+    /// Rate rules: requests allowed at once; failure rules: 0.
+    pub burst: u32,
+    /// Rate rules: the period; failure rules: the window.
+    pub period_ms: u64,
+    pub cleared_by_success: bool,
+    pub entries: u64,
+    pub entries_max: u64,
+    /// Failures not counted because the table was full of lockouts.
+    pub refused_full: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
+pub struct RouteStatus {
+    pub name: String,
+    /// `open` or `closed`: what a client does when the daemon is unreachable.
+    pub fail_policy: String,
+    pub rules: Vec<RuleStatus>,
+}
+
+/// A named bound of the daemon itself, with its unit in the name.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
+pub struct NamedLimit {
+    pub name: String,
+    pub value: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
+pub struct PersistenceStatus {
+    pub state_path: String,
+    pub snapshot_interval_ms: u64,
+    pub commits: u64,
+    pub write_failures: u64,
+    pub last_error: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
+pub struct Status {
+    pub version: String,
+    pub uptime_ms: u64,
+    pub now_ms: u64,
+    pub manual_clock: bool,
+    pub connections: u64,
+    pub verdicts: VerdictCounts,
+    pub routes: Vec<RouteStatus>,
+    pub limits: Vec<NamedLimit>,
+    pub persistence: PersistenceStatus,
+}
+
+/// A key currently refused by a failure rule. The key is a digest: the
+/// daemon never holds the account it came from.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
+pub struct Lockout {
+    pub route: String,
+    pub rule: String,
+    pub key: String,
+    pub count: u32,
+    pub until_ms: u64,
+    pub retry_after_ms: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Response<'a> {
+    Verdict(Verdict<'a>),
+    Status(Box<Status>),
+    Lockouts { lockouts: Vec<Lockout>, total: u64 },
+    Unlocked { cleared: u32 },
+    ClockAdvanced { now_ms: u64 },
+    Error(ErrorReply),
+}
+
+impl Response<'_> {
+    pub fn error(code: ErrorCode, message: impl Into<String>) -> Response<'static> {
+        Response::Error(ErrorReply { code, message: message.into() })
+    }
+
+    pub fn into_owned(self) -> Response<'static> {
+        match self {
+            Response::Verdict(v) => Response::Verdict(v.into_owned()),
+            Response::Status(s) => Response::Status(s),
+            Response::Lockouts { lockouts, total } => Response::Lockouts { lockouts, total },
+            Response::Unlocked { cleared } => Response::Unlocked { cleared },
+            Response::ClockAdvanced { now_ms } => Response::ClockAdvanced { now_ms },
+            Response::Error(e) => Response::Error(e),
+        }
+    }
+}
+
+impl Verdict<'_> {
+    pub fn into_owned(self) -> Verdict<'static> {
+        Verdict { rule: Cow::Owned(self.rule.into_owned()), ..self }
+    }
+
+    /// Whether the caller may go ahead (after `delay_ms` for a delay).
+    pub fn proceeds(&self) -> bool {
+        matches!(self.decision, Decision::Allow | Decision::Delay)
+    }
+}

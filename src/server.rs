@@ -1,0 +1,352 @@
+//! The daemon's socket side: accept connections, read frames, dispatch each
+//! request to the limiter, write replies; stop gracefully on a signal.
+//!
+//! A connection handles its frames in order and writes every reply it has
+//! before reading again, so a client may pipeline many requests (ids tell
+//! the replies apart) and pays one write per batch, not per request.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinSet;
+
+use crate::clock::{ceil_ms, Clock};
+use crate::codec::{self, FrameError, PayloadError, FRAME_HEADER_BYTES, REQUEST_PAYLOAD_BYTES_MAX};
+use crate::config::Config;
+use crate::limiter::{Limiter, RequestError};
+use crate::protocol::{
+    Decision, ErrorCode, NamedLimit, PersistenceStatus, Request, Response, Status, VerdictCounts,
+};
+use crate::store::{Durable, StoreStats};
+
+/// Bytes read per connection buffer: a whole maximal frame fits, and a
+/// client pipelining small checks gets hundreds read in one syscall.
+pub const READ_BUFFER_BYTES: usize = 64 * 1024;
+const _: () = assert!(READ_BUFFER_BYTES >= FRAME_HEADER_BYTES + REQUEST_PAYLOAD_BYTES_MAX);
+/// Lockouts returned by one `lockouts` request when the client names no limit.
+pub const LOCKOUTS_LISTED_DEFAULT: u32 = 100;
+/// Most lockouts one reply lists, so a reply stays well inside a frame.
+pub const LOCKOUTS_LISTED_MAX: u32 = 10_000;
+
+/// Everything a connection needs, shared.
+pub struct Daemon {
+    pub limiter: Limiter,
+    pub clock: Clock,
+    pub config: Config,
+    pub store_stats: Arc<StoreStats>,
+    started_us: u64,
+    /// The daemon's own uid: peers with it (or root) may run admin operations.
+    uid: u32,
+    connections: AtomicU64,
+    verdicts: [AtomicU64; 5],
+}
+
+const ERRORS: usize = 4;
+
+impl Daemon {
+    pub fn new(limiter: Limiter, clock: Clock, config: Config, store_stats: Arc<StoreStats>) -> Daemon {
+        Daemon {
+            limiter,
+            started_us: clock.now_us(),
+            clock,
+            config,
+            store_stats,
+            uid: nix::unistd::geteuid().as_raw(),
+            connections: AtomicU64::new(0),
+            verdicts: Default::default(),
+        }
+    }
+
+    fn status(&self) -> Status {
+        let now = self.clock.now_us();
+        let count = |i: usize| self.verdicts[i].load(Ordering::Relaxed);
+        let server = &self.config.server;
+        let limit = |name: &str, value: u64| NamedLimit { name: name.into(), value };
+        let stats = &self.store_stats;
+        Status {
+            version: env!("CARGO_PKG_VERSION").into(),
+            uptime_ms: (now.saturating_sub(self.started_us)) / 1000,
+            now_ms: now / 1000,
+            manual_clock: self.clock.is_manual(),
+            connections: self.connections.load(Ordering::Relaxed),
+            verdicts: VerdictCounts {
+                allow: count(Decision::Allow as usize),
+                delay: count(Decision::Delay as usize),
+                challenge: count(Decision::Challenge as usize),
+                deny: count(Decision::Deny as usize),
+                errors: count(ERRORS),
+            },
+            routes: self.limiter.route_status(),
+            limits: vec![
+                limit("connections_max", server.connections_max as u64),
+                limit("frame_read_timeout_ms", server.frame_read_timeout_ms),
+                limit("shutdown_grace_ms", server.shutdown_grace_ms),
+                limit("request_payload_bytes_max", REQUEST_PAYLOAD_BYTES_MAX as u64),
+                limit("read_buffer_bytes", READ_BUFFER_BYTES as u64),
+                limit("identifier_bytes_max", crate::limiter::IDENTIFIER_BYTES_MAX as u64),
+                limit("forwarded_for_bytes_max", crate::limiter::FORWARDED_FOR_BYTES_MAX as u64),
+                limit("lockouts_listed_max", LOCKOUTS_LISTED_MAX as u64),
+                limit("snapshot_interval_ms", self.config.snapshot_interval_ms),
+            ],
+            persistence: PersistenceStatus {
+                state_path: self.config.state.display().to_string(),
+                snapshot_interval_ms: self.config.snapshot_interval_ms,
+                commits: stats.commits.load(Ordering::Relaxed),
+                write_failures: stats.write_failures.load(Ordering::Relaxed),
+                last_error: stats.last_error.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+            },
+        }
+    }
+
+    /// One request, one reply. The durable writes, if any, must complete
+    /// before the reply is sent.
+    fn handle(&self, request: Request<'_>, admin: bool) -> (Response<'_>, Vec<Durable>) {
+        let now = self.clock.now_us();
+        let refused = |what: &str| {
+            Response::error(ErrorCode::PermissionDenied, format!("permission denied: {what} needs root or the daemon's uid"))
+        };
+        match request {
+            Request::Check { route, subject } => match self.limiter.check(route, &subject, now) {
+                Ok(verdict) => (Response::Verdict(verdict), Vec::new()),
+                Err(e) => (request_error(e), Vec::new()),
+            },
+            Request::Report { route, subject, outcome } => match self.limiter.report(route, &subject, outcome, now) {
+                Ok((verdict, durable)) => (Response::Verdict(verdict), durable.into_iter().collect()),
+                Err(e) => (request_error(e), Vec::new()),
+            },
+            Request::Status => (Response::Status(Box::new(self.status())), Vec::new()),
+            Request::Lockouts { limit } => {
+                let limit = if limit == 0 { LOCKOUTS_LISTED_DEFAULT } else { limit.min(LOCKOUTS_LISTED_MAX) };
+                let (lockouts, total) = self.limiter.lockouts(limit as usize, now);
+                (Response::Lockouts { lockouts, total }, Vec::new())
+            }
+            Request::Unlock { route, account, source } => {
+                if !admin {
+                    return (refused("unlock"), Vec::new());
+                }
+                match self.limiter.unlock(route, account, source) {
+                    Ok((cleared, writes)) => {
+                        tracing::info!(route, cleared, "unlock");
+                        (Response::Unlocked { cleared }, writes)
+                    }
+                    Err(e) => (request_error(e), Vec::new()),
+                }
+            }
+            Request::ClockAdvance { by_ms } => {
+                if !admin {
+                    return (refused("clock advance"), Vec::new());
+                }
+                match self.clock.advance(by_ms.saturating_mul(1000)) {
+                    Some(now) => (Response::ClockAdvanced { now_ms: ceil_ms(now) }, Vec::new()),
+                    None => (
+                        Response::error(ErrorCode::NotManualClock, "the daemon runs on the system clock; start it with --manual-clock"),
+                        Vec::new(),
+                    ),
+                }
+            }
+        }
+    }
+}
+
+fn request_error(e: RequestError) -> Response<'static> {
+    let code = match e {
+        RequestError::UnknownRoute(_) => ErrorCode::UnknownRoute,
+        RequestError::MissingField { .. } => ErrorCode::MissingField,
+        RequestError::FieldTooLong { .. } => ErrorCode::FieldTooLong,
+    };
+    Response::error(code, e.to_string())
+}
+
+fn payload_error(e: &PayloadError) -> Response<'static> {
+    let code = match e {
+        PayloadError::UnsupportedVersion { .. } => ErrorCode::UnsupportedVersion,
+        _ => ErrorCode::Malformed,
+    };
+    Response::error(code, e.to_string())
+}
+
+/// Binds the socket. A socket file nobody answers on (a crashed daemon's) is
+/// replaced; one a live daemon answers on is not stolen.
+pub async fn bind(path: &Path) -> std::io::Result<UnixListener> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    if path.exists() {
+        if UnixStream::connect(path).await.is_ok() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                format!("{} is in use by a running daemon", path.display()),
+            ));
+        }
+        std::fs::remove_file(path)?;
+    }
+    let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
+    Ok(listener)
+}
+
+/// Serves until `shutdown` turns true, then stops accepting, lets every
+/// connection answer what it has read, and returns within the grace period.
+pub async fn run(listener: UnixListener, daemon: Arc<Daemon>, mut shutdown: watch::Receiver<bool>) {
+    let slots = Arc::new(Semaphore::new(daemon.config.server.connections_max));
+    let mut connections = JoinSet::new();
+    loop {
+        let permit = tokio::select! {
+            permit = slots.clone().acquire_owned() => permit.expect("semaphore never closed"),
+            _ = shutdown.changed() => break,
+        };
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let daemon = daemon.clone();
+                    let shutdown = shutdown.clone();
+                    connections.spawn(async move {
+                        daemon.connections.fetch_add(1, Ordering::Relaxed);
+                        serve_connection(stream, &daemon, shutdown).await;
+                        daemon.connections.fetch_sub(1, Ordering::Relaxed);
+                        drop(permit);
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            _ = shutdown.changed() => break,
+        }
+        while connections.try_join_next().is_some() {}
+    }
+    drop(listener);
+    let grace = Duration::from_millis(daemon.config.server.shutdown_grace_ms);
+    let drained = tokio::time::timeout(grace, async { while connections.join_next().await.is_some() {} }).await;
+    if drained.is_err() {
+        tracing::warn!(open = connections.len(), "grace period over; closing remaining connections");
+        connections.abort_all();
+    }
+}
+
+/// Verdict counts kept per connection and added to the daemon's every batch,
+/// so two cores do not bounce one cache line per request.
+#[derive(Default)]
+struct LocalCounts([u64; 5]);
+
+impl LocalCounts {
+    fn count(&mut self, response: &Response<'_>) {
+        match response {
+            Response::Verdict(v) => self.0[v.decision as usize] += 1,
+            Response::Error(_) => self.0[ERRORS] += 1,
+            _ => {}
+        }
+    }
+
+    fn flush(&mut self, daemon: &Daemon) {
+        for (i, n) in self.0.iter_mut().enumerate() {
+            if *n > 0 {
+                daemon.verdicts[i].fetch_add(*n, Ordering::Relaxed);
+                *n = 0;
+            }
+        }
+    }
+}
+
+async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: watch::Receiver<bool>) {
+    let admin = stream.peer_cred().map(|c| c.uid() == 0 || c.uid() == daemon.uid).unwrap_or(false);
+    let (mut reader, mut writer) = stream.into_split();
+    let mut buf = vec![0u8; READ_BUFFER_BYTES];
+    let (mut start, mut filled) = (0usize, 0usize);
+    let mut out = Vec::with_capacity(4096);
+    let mut counts = LocalCounts::default();
+    let read_timeout = Duration::from_millis(daemon.config.server.frame_read_timeout_ms);
+    let mut stopping = false;
+    loop {
+        // Answer every complete frame we hold.
+        let mut close = false;
+        loop {
+            match codec::frame_len(&buf[start..filled], REQUEST_PAYLOAD_BYTES_MAX) {
+                Ok(Some(end)) => {
+                    let payload = &buf[start + FRAME_HEADER_BYTES..start + end];
+                    let (id, response, durable) = match codec::decode_request(payload) {
+                        Ok((id, request)) => {
+                            let (response, durable) = daemon.handle(request, admin);
+                            (id, response, durable)
+                        }
+                        Err((id, e)) => (id.unwrap_or(0), payload_error(&e), Vec::new()),
+                    };
+                    counts.count(&response);
+                    if !durable.is_empty() {
+                        // Earlier replies need not wait for this commit.
+                        if writer.write_all(&out).await.is_err() {
+                            return;
+                        }
+                        out.clear();
+                        for write in durable {
+                            if let Err(e) = write.wait().await {
+                                tracing::error!(error = %e, "lockout not persisted; answering from memory");
+                            }
+                        }
+                    }
+                    codec::encode_response(id, &response, &mut out);
+                    start += end;
+                }
+                Ok(None) => break,
+                Err(FrameError::TooLarge { len, max }) => {
+                    let e = Response::error(
+                        ErrorCode::FrameTooLarge,
+                        format!("frame of {len} bytes is over the maximum of {max}; closing"),
+                    );
+                    counts.count(&e);
+                    codec::encode_response(0, &e, &mut out);
+                    close = true;
+                    break;
+                }
+            }
+        }
+        counts.flush(daemon);
+        if !out.is_empty() {
+            if writer.write_all(&out).await.is_err() {
+                return;
+            }
+            out.clear();
+        }
+        if close || stopping {
+            return;
+        }
+        // Keep the partial frame at the front of the buffer.
+        buf.copy_within(start..filled, 0);
+        filled -= start;
+        start = 0;
+
+        let read = if filled > 0 {
+            // Mid-frame: the rest must come within the read timeout.
+            match tokio::time::timeout(read_timeout, reader.read(&mut buf[filled..])).await {
+                Ok(r) => r,
+                Err(_) => return,
+            }
+        } else {
+            tokio::select! {
+                r = reader.read(&mut buf[filled..]) => r,
+                _ = shutdown.changed() => {
+                    // Answer what the client already sent, then close.
+                    stopping = true;
+                    match reader.try_read(&mut buf[filled..]) {
+                        Ok(n) => Ok(n.max(0)),
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(0),
+                        Err(e) => Err(e),
+                    }
+                }
+            }
+        };
+        match read {
+            Ok(0) if !stopping => return,
+            Ok(n) => filled += n,
+            Err(_) => return,
+        }
+    }
+}

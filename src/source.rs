@@ -1,0 +1,250 @@
+//! Which client a request comes from: the peer address, or the right-most
+//! untrusted hop of X-Forwarded-For, grouped into the prefix rules key on.
+//!
+//! Pure functions of their inputs: no I/O, no clock, no panics on any header.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use ipnet::IpNet;
+
+/// Hops of X-Forwarded-For examined from the right before giving up. A real
+/// chain through a CDN, a load balancer and an ingress is a handful of hops;
+/// anything longer is treated as malformed, which means "use the peer".
+pub const FORWARDED_HOPS_MAX: usize = 16;
+
+/// Default grouping of IPv6 sources: one /64 is one subscriber line (a single
+/// line holds ~1.8e19 addresses, so /128 keys would limit nothing).
+pub const IPV6_PREFIX_LEN_DEFAULT: u8 = 64;
+/// Default grouping of IPv4 sources: one address.
+pub const IPV4_PREFIX_LEN_DEFAULT: u8 = 32;
+/// IPv6 prefixes may be configured between these lengths; longer than /64
+/// would let one line mint unlimited keys, shorter than /32 lumps providers.
+pub const IPV6_PREFIX_LEN_MIN: u8 = 32;
+pub const IPV6_PREFIX_LEN_MAX: u8 = 64;
+/// IPv4 prefixes may be configured between /16 and /32.
+pub const IPV4_PREFIX_LEN_MIN: u8 = 16;
+
+/// How the daemon finds the client behind proxies, and how it groups clients.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SourcePolicy {
+    /// Peers and hops in these networks are our own proxies.
+    pub trusted_proxies: Vec<IpNet>,
+    /// Alternatively, the number of proxies in front of the auth server
+    /// (the peer being the last). 0 means "use `trusted_proxies`".
+    pub trusted_hops: u8,
+    pub ipv4_prefix_len: u8,
+    pub ipv6_prefix_len: u8,
+}
+
+impl Default for SourcePolicy {
+    fn default() -> Self {
+        SourcePolicy {
+            trusted_proxies: Vec::new(),
+            trusted_hops: 0,
+            ipv4_prefix_len: IPV4_PREFIX_LEN_DEFAULT,
+            ipv6_prefix_len: IPV6_PREFIX_LEN_DEFAULT,
+        }
+    }
+}
+
+/// A client network: the address with host bits cleared, and the length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Prefix {
+    pub network: IpAddr,
+    pub len: u8,
+}
+
+impl Prefix {
+    /// Fixed-width bytes for digesting: family, length, 16 address bytes.
+    pub fn to_bytes(self) -> [u8; 18] {
+        let mut out = [0u8; 18];
+        match self.network {
+            IpAddr::V4(v4) => {
+                out[0] = 4;
+                out[2..6].copy_from_slice(&v4.octets());
+            }
+            IpAddr::V6(v6) => {
+                out[0] = 6;
+                out[2..].copy_from_slice(&v6.octets());
+            }
+        }
+        out[1] = self.len;
+        out
+    }
+}
+
+impl std::fmt::Display for Prefix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.network, self.len)
+    }
+}
+
+impl SourcePolicy {
+    fn is_trusted(&self, address: IpAddr) -> bool {
+        self.trusted_proxies.iter().any(|net| net.contains(&address))
+    }
+
+    /// The client address: counted from the right of X-Forwarded-For,
+    /// skipping only trusted hops. Any doubt (untrusted peer, malformed or
+    /// overlong chain, too few hops) answers with the peer address, which the
+    /// client cannot choose.
+    pub fn client_address(&self, peer: IpAddr, forwarded_for: Option<&str>) -> IpAddr {
+        let peer = canonical(peer);
+        let Some(header) = forwarded_for else { return peer };
+        if self.trusted_hops > 0 {
+            return self.by_hop_count(peer, header).unwrap_or(peer);
+        }
+        if !self.is_trusted(peer) {
+            return peer;
+        }
+        self.by_trusted_networks(header).unwrap_or(peer)
+    }
+
+    fn by_hop_count(&self, _peer: IpAddr, header: &str) -> Option<IpAddr> {
+        // With h trusted proxies the header reads "client, p1, .., p(h-1)":
+        // the client is the h-th entry from the right.
+        let wanted = self.trusted_hops as usize;
+        let mut entries = header.rsplit(',');
+        let mut client = None;
+        for _ in 0..wanted {
+            client = Some(parse_hop(entries.next()?)?);
+        }
+        client
+    }
+
+    fn by_trusted_networks(&self, header: &str) -> Option<IpAddr> {
+        let mut last = None;
+        for entry in header.rsplit(',').take(FORWARDED_HOPS_MAX) {
+            let hop = parse_hop(entry)?;
+            if !self.is_trusted(hop) {
+                return Some(hop);
+            }
+            last = Some(hop);
+        }
+        // Every hop we looked at is ours: either the chain is all proxies (the
+        // left-most is the best we know) or it is too long to trust at all.
+        if header.split(',').count() > FORWARDED_HOPS_MAX {
+            return None;
+        }
+        last
+    }
+
+    /// Groups an address into the prefix that rules key on.
+    pub fn prefix(&self, address: IpAddr) -> Prefix {
+        match canonical(address) {
+            IpAddr::V4(v4) => {
+                let len = self.ipv4_prefix_len.min(32);
+                let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
+                Prefix { network: IpAddr::V4(Ipv4Addr::from(u32::from(v4) & mask)), len }
+            }
+            IpAddr::V6(v6) => {
+                let len = self.ipv6_prefix_len.min(128);
+                let mask = if len == 0 { 0 } else { u128::MAX << (128 - len) };
+                Prefix { network: IpAddr::V6(Ipv6Addr::from(u128::from(v6) & mask)), len }
+            }
+        }
+    }
+}
+
+/// IPv4-mapped IPv6 (`::ffff:a.b.c.d`) is the IPv4 client it names: otherwise
+/// one client would have two buckets, and a /64 grouping would lump every
+/// IPv4 client into one.
+pub fn canonical(address: IpAddr) -> IpAddr {
+    match address {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(v6),
+        },
+        v4 => v4,
+    }
+}
+
+/// One X-Forwarded-For entry: an address, optionally with a port
+/// (`1.2.3.4:5`, `[2001:db8::1]:5`). Anything else is malformed.
+fn parse_hop(entry: &str) -> Option<IpAddr> {
+    let entry = entry.trim();
+    if entry.is_empty() || entry.len() > 64 {
+        return None;
+    }
+    if let Ok(address) = entry.parse::<IpAddr>() {
+        return Some(canonical(address));
+    }
+    if let Ok(socket) = entry.parse::<SocketAddr>() {
+        return Some(canonical(socket.ip()));
+    }
+    let unbracketed = entry.strip_prefix('[')?.strip_suffix(']')?;
+    unbracketed.parse::<Ipv6Addr>().ok().map(|v6| canonical(IpAddr::V6(v6)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn behind_proxy() -> SourcePolicy {
+        SourcePolicy { trusted_proxies: vec!["10.0.0.0/8".parse().unwrap()], ..Default::default() }
+    }
+
+    #[test]
+    fn header_is_ignored_without_trusted_proxies() {
+        let policy = SourcePolicy::default();
+        assert_eq!(policy.client_address(ip("192.0.2.1"), Some("203.0.113.5")), ip("192.0.2.1"));
+    }
+
+    #[test]
+    fn right_most_untrusted_hop_wins_and_spoofed_left_entries_do_not() {
+        let policy = behind_proxy();
+        let peer = ip("10.0.0.2");
+        assert_eq!(policy.client_address(peer, Some("203.0.113.5")), ip("203.0.113.5"));
+        assert_eq!(
+            policy.client_address(peer, Some("198.51.100.99, 203.0.113.5, 10.1.1.1")),
+            ip("203.0.113.5")
+        );
+        // an untrusted peer cannot use the header at all
+        assert_eq!(policy.client_address(ip("192.0.2.1"), Some("203.0.113.5")), ip("192.0.2.1"));
+    }
+
+    #[test]
+    fn malformed_headers_fall_back_to_the_peer() {
+        let policy = behind_proxy();
+        let peer = ip("10.0.0.2");
+        for header in ["", "garbage", "1.2.3.4, nonsense", "999.1.1.1", " , ", "[::1", &"1.1.1.1,".repeat(40)] {
+            assert_eq!(policy.client_address(peer, Some(header)), peer, "header {header:?}");
+        }
+        assert_eq!(policy.client_address(peer, Some("[2001:db8::1]:443")), ip("2001:db8::1"));
+        assert_eq!(policy.client_address(peer, Some("203.0.113.5:1234")), ip("203.0.113.5"));
+    }
+
+    #[test]
+    fn hop_count_picks_the_hth_entry_from_the_right() {
+        let policy = SourcePolicy { trusted_hops: 2, ..Default::default() };
+        let peer = ip("192.0.2.1");
+        assert_eq!(policy.client_address(peer, Some("1.1.1.1, 203.0.113.5, 10.0.0.9")), ip("203.0.113.5"));
+        assert_eq!(policy.client_address(peer, Some("10.0.0.9")), peer);
+    }
+
+    #[test]
+    fn ipv4_mapped_addresses_are_ipv4() {
+        let policy = SourcePolicy::default();
+        let mapped = ip("::ffff:198.51.100.7");
+        assert_eq!(policy.client_address(mapped, None), ip("198.51.100.7"));
+        assert_eq!(policy.prefix(mapped), policy.prefix(ip("198.51.100.7")));
+    }
+
+    #[test]
+    fn prefixes_group_ipv6_by_64_and_ipv4_by_32() {
+        let policy = SourcePolicy::default();
+        let a = policy.prefix(ip("2001:db8:1:2:aaaa::1"));
+        let b = policy.prefix(ip("2001:db8:1:2:bbbb::2"));
+        let c = policy.prefix(ip("2001:db8:1:3::1"));
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert_eq!(a.to_string(), "2001:db8:1:2::/64");
+        assert_ne!(policy.prefix(ip("198.51.100.7")), policy.prefix(ip("198.51.100.8")));
+        let wide = SourcePolicy { ipv6_prefix_len: 56, ..Default::default() };
+        assert_eq!(wide.prefix(ip("2001:db8:1:2ff::1")), wide.prefix(ip("2001:db8:1:200::1")));
+    }
+}

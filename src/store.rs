@@ -1,0 +1,353 @@
+//! Durable state: the only module that touches redb.
+//!
+//! One table, `failure_entries`, maps (rule id, key digest) to the entry's
+//! counts. A lockout is its entry with counts at or over the threshold, so
+//! restoring entries restores lockouts exactly; no raw identifier is stored.
+//!
+//! Writes go through a `Journal` (a channel) to one writer thread that group-
+//! commits whatever has queued: a report that trips a lockout waits for its
+//! commit, but the event loop never blocks on the disk, and many lockouts
+//! tripped at once share one fsync.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use redb::{Database, ReadableTable, TableDefinition};
+
+use crate::failure_window::{Change, Counts};
+
+const ENTRIES: TableDefinition<(&str, u128), (u32, u32, u32)> = TableDefinition::new("failure_entries");
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const SCHEMA_VERSION: u64 = 1;
+
+/// Messages drained into one transaction at most; bounds a commit's size.
+pub const GROUP_COMMIT_MESSAGES_MAX: usize = 4096;
+/// After a failed commit, the writer retries this often.
+pub const RETRY_INTERVAL_MS: u64 = 1000;
+/// Changes kept for retry while the disk refuses writes; older ones beyond
+/// this are dropped and counted, so a full disk cannot exhaust memory.
+pub const RETRY_CHANGES_MAX: usize = 1_000_000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("state file {path} cannot be opened: {message}")]
+    Open { path: PathBuf, message: String },
+    #[error("state file {path} is corrupt or unreadable: {message}; start with --discard-corrupt-state to move it aside and start empty")]
+    Corrupt { path: PathBuf, message: String },
+    #[error("state file {path}: schema version {found} is not {SCHEMA_VERSION}")]
+    Schema { path: PathBuf, found: u64 },
+}
+
+/// One persisted failure entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PersistedEntry {
+    pub rule: String,
+    pub key: u128,
+    pub counts: Counts,
+}
+
+/// Counters the writer keeps for `tollgate status`.
+#[derive(Debug, Default)]
+pub struct StoreStats {
+    pub commits: AtomicU64,
+    pub write_failures: AtomicU64,
+    pub changes_dropped: AtomicU64,
+    pub last_error: Mutex<Option<String>>,
+}
+
+/// Resolves when a write is on disk (or failed to get there).
+pub struct Durable(tokio::sync::oneshot::Receiver<Result<(), String>>);
+
+impl Durable {
+    fn done(result: Result<(), String>) -> Durable {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let _ = tx.send(result);
+        Durable(rx)
+    }
+
+    pub async fn wait(self) -> Result<(), String> {
+        self.0.await.unwrap_or_else(|_| Err("state writer stopped".into()))
+    }
+
+    pub fn wait_blocking(self) -> Result<(), String> {
+        self.0.blocking_recv().unwrap_or_else(|_| Err("state writer stopped".into()))
+    }
+}
+
+enum Message {
+    Write { rule: Arc<str>, changes: Vec<Change>, ack: Option<tokio::sync::oneshot::Sender<Result<(), String>>> },
+    Stop,
+}
+
+/// The sending side of the writer. Cheap to clone; never blocks.
+#[derive(Clone)]
+pub struct Journal {
+    tx: Option<Sender<Message>>,
+}
+
+impl Journal {
+    /// A journal that persists nothing (tests of the pure limiter).
+    pub fn discard() -> Journal {
+        Journal { tx: None }
+    }
+
+    /// Queues changes for the next group commit.
+    pub fn write(&self, rule: &Arc<str>, changes: Vec<Change>) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(Message::Write { rule: rule.clone(), changes, ack: None });
+        }
+    }
+
+    /// Queues changes and returns what resolves once they are committed.
+    pub fn write_durably(&self, rule: &Arc<str>, changes: Vec<Change>) -> Durable {
+        let Some(tx) = &self.tx else { return Durable::done(Ok(())) };
+        let (ack, rx) = tokio::sync::oneshot::channel();
+        match tx.send(Message::Write { rule: rule.clone(), changes, ack: Some(ack) }) {
+            Ok(()) => Durable(rx),
+            Err(_) => Durable::done(Err("state writer stopped".into())),
+        }
+    }
+}
+
+pub struct Store {
+    db: Database,
+    path: PathBuf,
+}
+
+impl Store {
+    /// Opens (or creates) the state file. A file that exists but cannot be
+    /// read is an error unless `discard_corrupt`, which moves it aside.
+    pub fn open(path: &Path, discard_corrupt: bool) -> Result<Store, StoreError> {
+        match Self::try_open(path) {
+            Ok(store) => Ok(store),
+            Err(StoreError::Corrupt { message, .. }) if discard_corrupt => {
+                let aside = path.with_extension(format!("corrupt-{}", std::process::id()));
+                std::fs::rename(path, &aside).map_err(|e| StoreError::Open {
+                    path: path.into(),
+                    message: format!("cannot move corrupt file aside: {e}"),
+                })?;
+                tracing::warn!(state = %path.display(), moved_to = %aside.display(), %message, "discarded corrupt state file");
+                Self::try_open(path)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn try_open(path: &Path) -> Result<Store, StoreError> {
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| StoreError::Open { path: path.into(), message: e.to_string() })?;
+        }
+        let corrupt = |e: &dyn std::fmt::Display| StoreError::Corrupt { path: path.into(), message: e.to_string() };
+        let existed = path.exists();
+        let db = Database::create(path).map_err(|e| match e {
+            redb::DatabaseError::Storage(redb::StorageError::Io(io)) if !existed => {
+                StoreError::Open { path: path.into(), message: io.to_string() }
+            }
+            other => corrupt(&other),
+        })?;
+        let store = Store { db, path: path.into() };
+        let txn = store.db.begin_write().map_err(|e| corrupt(&e))?;
+        {
+            let mut meta = txn.open_table(META).map_err(|e| corrupt(&e))?;
+            let found = meta.get("schema_version").map_err(|e| corrupt(&e))?.map(|v| v.value());
+            match found {
+                None => {
+                    meta.insert("schema_version", SCHEMA_VERSION).map_err(|e| corrupt(&e))?;
+                }
+                Some(SCHEMA_VERSION) => {}
+                Some(found) => return Err(StoreError::Schema { path: path.into(), found }),
+            }
+            txn.open_table(ENTRIES).map_err(|e| corrupt(&e))?;
+        }
+        txn.commit().map_err(|e| corrupt(&e))?;
+        Ok(store)
+    }
+
+    /// Every persisted entry, for restoring at start.
+    pub fn load(&self) -> Result<Vec<PersistedEntry>, StoreError> {
+        let corrupt = |e: &dyn std::fmt::Display| StoreError::Corrupt { path: self.path.clone(), message: e.to_string() };
+        let txn = self.db.begin_read().map_err(|e| corrupt(&e))?;
+        let table = txn.open_table(ENTRIES).map_err(|e| corrupt(&e))?;
+        let mut out = Vec::new();
+        for row in table.iter().map_err(|e| corrupt(&e))? {
+            let (key, value) = row.map_err(|e| corrupt(&e))?;
+            let (rule, digest) = key.value();
+            let (window, previous, current) = value.value();
+            out.push(PersistedEntry { rule: rule.to_string(), key: digest, counts: Counts { window, previous, current } });
+        }
+        Ok(out)
+    }
+
+    /// Starts the writer thread. Returns the journal to write through and a
+    /// handle that stops the thread after everything queued is committed.
+    pub fn start_writer(self, stats: Arc<StoreStats>) -> (Journal, Writer) {
+        let (tx, rx) = mpsc::channel();
+        let journal = Journal { tx: Some(tx.clone()) };
+        let thread = std::thread::Builder::new()
+            .name("tollgate-writer".into())
+            .spawn(move || run_writer(self, rx, stats))
+            .expect("spawning the writer thread");
+        (journal, Writer { tx, thread: Some(thread) })
+    }
+}
+
+/// Owner of the writer thread.
+pub struct Writer {
+    tx: Sender<Message>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Writer {
+    /// Commits everything queued before this call, then stops the thread.
+    pub fn stop(mut self) {
+        let _ = self.tx.send(Message::Stop);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+type Ack = tokio::sync::oneshot::Sender<Result<(), String>>;
+
+fn run_writer(store: Store, rx: Receiver<Message>, stats: Arc<StoreStats>) {
+    let mut retry: Vec<(Arc<str>, Vec<Change>)> = Vec::new();
+    let mut stopping = false;
+    while !stopping {
+        let first = if retry.is_empty() {
+            match rx.recv() {
+                Ok(m) => Some(m),
+                Err(_) => break,
+            }
+        } else {
+            match rx.recv_timeout(Duration::from_millis(RETRY_INTERVAL_MS)) {
+                Ok(m) => Some(m),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+        };
+        let mut batch = std::mem::take(&mut retry);
+        let mut acks: Vec<Ack> = Vec::new();
+        let take = |m: Message, batch: &mut Vec<(Arc<str>, Vec<Change>)>, acks: &mut Vec<Ack>| match m {
+            Message::Write { rule, changes, ack } => {
+                batch.push((rule, changes));
+                acks.extend(ack);
+                false
+            }
+            Message::Stop => true,
+        };
+        if let Some(m) = first {
+            stopping |= take(m, &mut batch, &mut acks);
+        }
+        while !stopping && acks.len() + batch.len() < GROUP_COMMIT_MESSAGES_MAX {
+            match rx.try_recv() {
+                Ok(m) => stopping |= take(m, &mut batch, &mut acks),
+                Err(_) => break,
+            }
+        }
+        if batch.is_empty() {
+            for ack in acks {
+                let _ = ack.send(Ok(()));
+            }
+            continue;
+        }
+        match commit(&store, &batch) {
+            Ok(()) => {
+                stats.commits.fetch_add(1, Ordering::Relaxed);
+                for ack in acks {
+                    let _ = ack.send(Ok(()));
+                }
+            }
+            Err(message) => {
+                stats.write_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(state = %store.path.display(), error = %message, "state write failed; answering from memory and retrying");
+                *stats.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(message.clone());
+                for ack in acks {
+                    let _ = ack.send(Err(message.clone()));
+                }
+                let mut kept: usize = 0;
+                for (rule, changes) in batch.into_iter().rev() {
+                    if kept + changes.len() > RETRY_CHANGES_MAX {
+                        stats.changes_dropped.fetch_add(changes.len() as u64, Ordering::Relaxed);
+                        continue;
+                    }
+                    kept += changes.len();
+                    retry.push((rule, changes));
+                }
+                retry.reverse();
+                if stopping {
+                    tracing::error!(changes = kept, "stopping with changes that could not be written");
+                }
+            }
+        }
+    }
+}
+
+fn commit(store: &Store, batch: &[(Arc<str>, Vec<Change>)]) -> Result<(), String> {
+    let txn = store.db.begin_write().map_err(|e| e.to_string())?;
+    {
+        let mut table = txn.open_table(ENTRIES).map_err(|e| e.to_string())?;
+        for (rule, changes) in batch {
+            for (key, counts) in changes {
+                let id = (&**rule, key.to_u128());
+                match counts {
+                    Some(c) => {
+                        table.insert(id, (c.window, c.previous, c.current)).map_err(|e| e.to_string())?;
+                    }
+                    None => {
+                        table.remove(id).map_err(|e| e.to_string())?;
+                    }
+                }
+            }
+        }
+    }
+    txn.commit().map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::Key;
+
+    #[test]
+    fn committed_entries_survive_reopening_and_removals_stick() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.redb");
+        let rule: Arc<str> = "login/source_failures".into();
+        let k1 = Key { account_tag: 1, tuple: 2 };
+        let k2 = Key { account_tag: 3, tuple: 4 };
+        {
+            let store = Store::open(&path, false).unwrap();
+            let (journal, writer) = store.start_writer(Arc::default());
+            let counts = Counts { window: 7, previous: 1, current: 5 };
+            journal.write_durably(&rule, vec![(k1, Some(counts)), (k2, Some(counts))]).wait_blocking().unwrap();
+            journal.write(&rule, vec![(k2, None)]);
+            writer.stop();
+        }
+        let store = Store::open(&path, false).unwrap();
+        let entries = store.load().unwrap();
+        assert_eq!(
+            entries,
+            vec![PersistedEntry {
+                rule: rule.to_string(),
+                key: k1.to_u128(),
+                counts: Counts { window: 7, previous: 1, current: 5 }
+            }]
+        );
+    }
+
+    #[test]
+    fn a_corrupt_file_is_refused_unless_discarded() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.redb");
+        std::fs::write(&path, vec![0xAB; 8192]).unwrap();
+        let err = Store::open(&path, false).err().expect("corrupt file refused");
+        assert!(err.to_string().contains("--discard-corrupt-state"), "{err}");
+        let store = Store::open(&path, true).unwrap();
+        assert!(store.load().unwrap().is_empty());
+    }
+}
