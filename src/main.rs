@@ -44,6 +44,7 @@ fn serve(args: ServeArgs) -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_env("TOLLGATE_LOG").unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let config = match load_config(&args) {
         Ok(c) => c,
