@@ -195,7 +195,10 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
             if args.common.json {
                 println!("{}", serde_json::json!({ "lockouts": lockouts, "total": total }));
             } else {
-                println!("{total} active lockout(s){}", if total as usize > lockouts.len() { " (list truncated)" } else { "" });
+                println!(
+                    "{total} active lockout(s){}",
+                    if total as usize > lockouts.len() { " (list truncated)" } else { "" }
+                );
                 for l in &lockouts {
                     println!(
                         "{}/{}  key {}  count {}  until {} ms  (retry after {} s)",
@@ -252,15 +255,24 @@ fn print_verdict(common: &CommonArgs, response: Response<'static>) -> Result<(),
 fn describe(v: &Verdict<'_>) -> String {
     let rule = if v.rule.is_empty() { "no rule".to_string() } else { format!("rule {}", v.rule) };
     match v.decision {
-        Decision::Allow => format!("allow  ({rule}: {} of {} left, full again in {} ms)", v.remaining, v.limit, v.reset_ms),
+        Decision::Allow => {
+            format!("allow  ({rule}: {} of {} left, full again in {} ms)", v.remaining, v.limit, v.reset_ms)
+        }
         Decision::Delay => format!("delay {} ms  ({rule})", v.delay_ms),
         Decision::Challenge => format!("challenge  ({rule})"),
-        Decision::Deny => format!("deny  retry after {} ms  ({rule}: {})", v.retry_after_ms, json(&v.reason).trim_matches('"')),
+        Decision::Deny => {
+            format!("deny  retry after {} ms  ({rule}: {})", v.retry_after_ms, json(&v.reason).trim_matches('"'))
+        }
     }
 }
 
 fn print_status(s: &crate::protocol::Status) {
-    println!("tollgate {}  up {} s{}", s.version, s.uptime_ms / 1000, if s.manual_clock { "  (manual clock)" } else { "" });
+    println!(
+        "tollgate {}  up {} s{}",
+        s.version,
+        s.uptime_ms / 1000,
+        if s.manual_clock { "  (manual clock)" } else { "" }
+    );
     println!(
         "verdicts: allow {}  delay {}  challenge {}  deny {}  errors {}",
         s.verdicts.allow, s.verdicts.delay, s.verdicts.challenge, s.verdicts.deny, s.verdicts.errors

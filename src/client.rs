@@ -78,10 +78,8 @@ pub struct ClientConfig {
 impl ClientConfig {
     /// The built-in routes' policies, the 5 ms timeout.
     pub fn new(socket: impl Into<PathBuf>) -> ClientConfig {
-        let fail_policies = builtin_routes()
-            .into_iter()
-            .filter_map(|(name, route)| route.fail_policy.map(|p| (name, p)))
-            .collect();
+        let fail_policies =
+            builtin_routes().into_iter().filter_map(|(name, route)| route.fail_policy.map(|p| (name, p))).collect();
         ClientConfig {
             socket: socket.into(),
             timeout: CALL_TIMEOUT_DEFAULT,
@@ -161,7 +159,12 @@ impl Client {
         }
     }
 
-    pub async fn unlock(&self, route: &str, account: &str, source: Option<std::net::IpAddr>) -> Result<u32, ClientError> {
+    pub async fn unlock(
+        &self,
+        route: &str,
+        account: &str,
+        source: Option<std::net::IpAddr>,
+    ) -> Result<u32, ClientError> {
         match self.call(&Request::Unlock { route, account, source }).await? {
             Response::Unlocked { cleared } => Ok(cleared),
             other => Err(unexpected(other)),

@@ -26,10 +26,7 @@ impl Clock {
 
     pub fn now_us(&self) -> u64 {
         match self {
-            Clock::System => SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_micros() as u64)
-                .unwrap_or(0),
+            Clock::System => SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0),
             Clock::Manual(now) => now.load(Ordering::Acquire),
         }
     }

@@ -89,11 +89,9 @@ pub fn decode_request(payload: &[u8]) -> Result<(u64, Request<'_>), (Option<u64>
 /// Decodes a response payload into owned values (client side).
 pub fn decode_response(payload: &[u8]) -> Result<(u64, Response<'static>), (Option<u64>, PayloadError)> {
     let (id, body) = open_envelope(payload)?;
-    let (response, used) = bincode::decode_from_slice::<Response<'static>, _>(
-        body,
-        WIRE.with_limit::<RESPONSE_PAYLOAD_BYTES_MAX>(),
-    )
-    .map_err(|e| (Some(id), PayloadError::Malformed(e.to_string())))?;
+    let (response, used) =
+        bincode::decode_from_slice::<Response<'static>, _>(body, WIRE.with_limit::<RESPONSE_PAYLOAD_BYTES_MAX>())
+            .map_err(|e| (Some(id), PayloadError::Malformed(e.to_string())))?;
     if used != body.len() {
         return Err((Some(id), PayloadError::TrailingBytes(body.len() - used)));
     }

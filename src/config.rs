@@ -255,10 +255,7 @@ pub fn builtin_routes() -> BTreeMap<String, RawRoute> {
                 FailPolicy::Open,
                 vec![
                     ("source_rate", rate(LOGIN_RATE_LIMIT_DEFAULT, LOGIN_RATE_BURST_DEFAULT)),
-                    (
-                        "source_failures",
-                        failures(&["account", "prefix"], SOURCE_FAILURES_THRESHOLD_DEFAULT, true),
-                    ),
+                    ("source_failures", failures(&["account", "prefix"], SOURCE_FAILURES_THRESHOLD_DEFAULT, true)),
                     ("account_failures", failures(&["account"], ACCOUNT_FAILURES_THRESHOLD_DEFAULT, false)),
                 ],
             ),
@@ -313,9 +310,8 @@ impl Config {
     pub fn build(raw: RawConfig) -> Result<Config, ConfigErrors> {
         let mut errors = Vec::new();
         let state = raw.state.unwrap_or_else(|| STATE_PATH_DEFAULT.into());
-        let secret = raw.secret.unwrap_or_else(|| {
-            state.parent().unwrap_or_else(|| Path::new(".")).join(SECRET_FILE_NAME)
-        });
+        let secret =
+            raw.secret.unwrap_or_else(|| state.parent().unwrap_or_else(|| Path::new(".")).join(SECRET_FILE_NAME));
         let snapshot_interval_ms = raw.snapshot_interval_ms.unwrap_or(SNAPSHOT_INTERVAL_MS_DEFAULT);
         if !(1..=SNAPSHOT_INTERVAL_MS_MAX).contains(&snapshot_interval_ms) {
             errors.push(format!("snapshot_interval_ms: must be 1..={SNAPSHOT_INTERVAL_MS_MAX}"));
@@ -334,10 +330,8 @@ impl Config {
                 *base = overlay(base.clone(), rule);
             }
         }
-        let routes: Vec<RouteConfig> = merged
-            .into_iter()
-            .filter_map(|(name, raw)| build_route(&name, raw, &mut errors))
-            .collect();
+        let routes: Vec<RouteConfig> =
+            merged.into_iter().filter_map(|(name, raw)| build_route(&name, raw, &mut errors)).collect();
 
         if errors.is_empty() {
             Ok(Config {
@@ -424,7 +418,8 @@ fn build_server(raw: RawServer, errors: &mut Vec<String>) -> ServerConfig {
 
 fn build_route(name: &str, raw: RawRoute, errors: &mut Vec<String>) -> Option<RouteConfig> {
     let path = format!("routes.{name}");
-    if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+    if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
         errors.push(format!("{path}: route names are 1-64 characters of [A-Za-z0-9_-]"));
         return None;
     }
@@ -469,7 +464,11 @@ fn build_rule(path: &str, name: &str, raw: RawRule, errors: &mut Vec<String>) ->
     };
     let kind = match raw.kind.as_deref() {
         Some("rate") => {
-            for (field, set) in [("threshold", raw.threshold.is_some()), ("window_secs", raw.window_secs.is_some()), ("cleared_by_success", raw.cleared_by_success.is_some())] {
+            for (field, set) in [
+                ("threshold", raw.threshold.is_some()),
+                ("window_secs", raw.window_secs.is_some()),
+                ("cleared_by_success", raw.cleared_by_success.is_some()),
+            ] {
                 if set {
                     errors.push(format!("{path}.{field}: not a setting of a rate rule"));
                 }
@@ -485,7 +484,11 @@ fn build_rule(path: &str, name: &str, raw: RawRule, errors: &mut Vec<String>) ->
             RuleKind::Rate { limit, period_us: period_secs * 1_000_000, burst, entries_max }
         }
         Some("failures") => {
-            for (field, set) in [("limit", raw.limit.is_some()), ("period_secs", raw.period_secs.is_some()), ("burst", raw.burst.is_some())] {
+            for (field, set) in [
+                ("limit", raw.limit.is_some()),
+                ("period_secs", raw.period_secs.is_some()),
+                ("burst", raw.burst.is_some()),
+            ] {
                 if set {
                     errors.push(format!("{path}.{field}: not a setting of a failures rule"));
                 }

@@ -126,6 +126,10 @@ struct Slot {
     class: u16,
     /// Changed since the last `take_changes`.
     dirty: bool,
+    /// A copy is on disk (or queued for it), so removing the entry is a
+    /// change to persist. Entries born and gone between two snapshots (a
+    /// flood of one-off keys) never cost the writer anything.
+    persisted: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -169,7 +173,10 @@ pub struct FailureWindowTable {
     index: HashTable<u32>,
     lists: Vec<List>,
     len: usize,
+    /// Keys written since the last `take_changes` (each once).
     changed: Vec<Key>,
+    /// Persisted keys removed since the last `take_changes`.
+    removed: Vec<Key>,
     refused_full: u64,
 }
 
@@ -186,6 +193,7 @@ impl FailureWindowTable {
             lists: vec![EMPTY; spec.threshold as usize + 1],
             len: 0,
             changed: Vec::new(),
+            removed: Vec::new(),
             refused_full: 0,
         }
     }
@@ -256,7 +264,7 @@ impl FailureWindowTable {
             None => self.insert(key, now_us)?,
         };
         self.write(i, counts);
-        self.slots[i as usize].dirty = false;
+        self.mark_persisted(key);
         Ok(())
     }
 
@@ -310,31 +318,32 @@ impl FailureWindowTable {
         })
     }
 
-    /// What changed since the last call: each key once, with its counts now
-    /// or `None` if it is gone. The persistence layer writes these.
+    /// What changed since the last call, to be applied in order: removals
+    /// of persisted keys first, then each written key still present with its
+    /// counts now. The persistence layer writes these.
     pub fn take_changes(&mut self) -> Vec<Change> {
-        let keys = std::mem::take(&mut self.changed);
-        let mut out = Vec::with_capacity(keys.len());
-        for key in keys {
-            match self.find(key) {
-                Some(i) => {
-                    let slot = &mut self.slots[i as usize];
-                    if slot.dirty {
-                        slot.dirty = false;
-                        out.push((key, Some(slot.counts)));
-                    }
+        let mut out: Vec<Change> = self.removed.drain(..).map(|key| (key, None)).collect();
+        for key in std::mem::take(&mut self.changed) {
+            if let Some(i) = self.find(key) {
+                let slot = &mut self.slots[i as usize];
+                if slot.dirty {
+                    slot.dirty = false;
+                    slot.persisted = true;
+                    out.push((key, Some(slot.counts)));
                 }
-                None => out.push((key, None)),
             }
         }
         out
     }
 
-    /// Marks a change as already persisted elsewhere (a lockout written
-    /// synchronously), so the next snapshot does not write it again.
+    /// Records that the key's current counts were written elsewhere (a
+    /// lockout written synchronously): the next snapshot skips it, and its
+    /// removal will be persisted.
     pub fn mark_persisted(&mut self, key: Key) {
         if let Some(i) = self.find(key) {
-            self.slots[i as usize].dirty = false;
+            let slot = &mut self.slots[i as usize];
+            slot.dirty = false;
+            slot.persisted = true;
         }
     }
 
@@ -345,7 +354,8 @@ impl FailureWindowTable {
         if self.len >= self.entries_max {
             self.evict_least_informative(now_us)?;
         }
-        let slot = Slot { key, counts: Counts::default(), prev: NIL, next: NIL, class: 0, dirty: false };
+        let slot =
+            Slot { key, counts: Counts::default(), prev: NIL, next: NIL, class: 0, dirty: false, persisted: false };
         let i = if self.free_head != NIL {
             let i = self.free_head;
             self.free_head = self.slots[i as usize].next;
@@ -389,6 +399,17 @@ impl FailureWindowTable {
         let key = slot.key;
         if newly_dirty {
             self.changed.push(key);
+            if self.changed.len() > 2 * self.entries_max {
+                // Keys written then evicted before a snapshot pile up here
+                // under a flood; keep only those still present, so the list
+                // stays within twice the cap (amortised O(1) per write).
+                let (slots, index) = (&self.slots, &self.index);
+                self.changed.retain(|k| {
+                    index
+                        .find(k.hash_bits(), |&j| slots[j as usize].key == *k)
+                        .is_some_and(|&j| slots[j as usize].dirty)
+                });
+            }
         }
         self.unlink(i);
         self.link_tail(i, class);
@@ -401,10 +422,13 @@ impl FailureWindowTable {
         if let Ok(entry) = self.index.find_entry(hash, |&j| j == i) {
             entry.remove();
         }
-        self.changed.push(slot.key);
+        if slot.persisted {
+            self.removed.push(slot.key);
+        }
         let slot = &mut self.slots[i as usize];
         slot.class = 0;
         slot.dirty = false;
+        slot.persisted = false;
         slot.next = self.free_head;
         self.free_head = i;
         self.len -= 1;

@@ -115,12 +115,7 @@ pub struct GcraTable {
 
 impl GcraTable {
     pub fn new(spec: GcraSpec, entries_max: usize) -> GcraTable {
-        GcraTable {
-            spec,
-            entries_max: entries_max.max(1),
-            inserts_since_sweep: 0,
-            tats: HashMap::default(),
-        }
+        GcraTable { spec, entries_max: entries_max.max(1), inserts_since_sweep: 0, tats: HashMap::default() }
     }
 
     pub fn spec(&self) -> GcraSpec {
@@ -170,12 +165,7 @@ impl GcraTable {
         if self.tats.len() >= self.entries_max {
             // Full of live keys: drop the one that would free up soonest
             // among a few (hash order is random, so this is a random sample).
-            let victim = self
-                .tats
-                .iter()
-                .take(EVICTION_SAMPLE)
-                .min_by_key(|(_, tat)| **tat)
-                .map(|(id, _)| *id);
+            let victim = self.tats.iter().take(EVICTION_SAMPLE).min_by_key(|(_, tat)| **tat).map(|(id, _)| *id);
             if let Some(id) = victim {
                 self.tats.remove(&id);
             }

@@ -69,13 +69,8 @@ pub enum Component {
 }
 
 impl Component {
-    pub const ALL: [Component; 5] = [
-        Component::Prefix,
-        Component::Account,
-        Component::Device,
-        Component::Tenant,
-        Component::ClientId,
-    ];
+    pub const ALL: [Component; 5] =
+        [Component::Prefix, Component::Account, Component::Device, Component::Tenant, Component::ClientId];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -130,10 +125,8 @@ impl Secret {
                 if mode & 0o077 != 0 {
                     return Err(SecretError::Exposed { path: path.into(), mode: mode & 0o777 });
                 }
-                Self::parse_hex(text.trim()).ok_or(SecretError::Malformed {
-                    path: path.into(),
-                    expected: SECRET_BYTES * 2,
-                })
+                Self::parse_hex(text.trim())
+                    .ok_or(SecretError::Malformed { path: path.into(), expected: SECRET_BYTES * 2 })
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => Self::create(path),
             Err(source) => Err(SecretError::Read { path: path.into(), source }),
@@ -144,12 +137,7 @@ impl Secret {
         let create_err = |source| SecretError::Create { path: path.into(), source };
         let mut bytes = [0u8; SECRET_BYTES];
         getrandom::getrandom(&mut bytes).map_err(|e| create_err(io::Error::other(e.to_string())))?;
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path)
-            .map_err(create_err)?;
+        let mut file = OpenOptions::new().write(true).create_new(true).mode(0o600).open(path).map_err(create_err)?;
         let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
         file.write_all(format!("{hex}\n").as_bytes()).map_err(create_err)?;
         file.sync_all().map_err(create_err)?;

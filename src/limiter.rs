@@ -248,10 +248,9 @@ impl Limiter {
                                 if recorded.now_locked && !recorded.was_locked {
                                     // Written while the shard is locked, so it is
                                     // queued before any later change of this key.
-                                    durable = Some(self.journal.write_durably(
-                                        &rule.id,
-                                        vec![(key, Some(recorded.counts))],
-                                    ));
+                                    durable =
+                                        Some(self.journal.write_durably(&rule.id, vec![(key, Some(recorded.counts))]));
+                                    table.mark_persisted(key);
                                 }
                                 recorded.counts
                             }
@@ -301,7 +300,8 @@ impl Limiter {
             if !rule.key.contains(&Component::Account) {
                 continue;
             }
-            let exact = rule.key.iter().all(|c| *c == Component::Account || (*c == Component::Prefix && source.is_some()));
+            let exact =
+                rule.key.iter().all(|c| *c == Component::Account || (*c == Component::Prefix && source.is_some()));
             if exact {
                 let key = keys.key(&rule.key)?;
                 let mut table = shards.of(key);
@@ -380,9 +380,12 @@ impl Limiter {
                     table.expire(now_us);
                     let changes = table.take_changes();
                     // Sent while the shard is locked: see `report`.
+                    if changes.is_empty() {
+                        continue;
+                    }
                     if durable {
                         writes.push(self.journal.write_durably(&rule.id, changes));
-                    } else if !changes.is_empty() {
+                    } else {
                         self.journal.write(&rule.id, changes);
                     }
                 }
@@ -433,7 +436,12 @@ fn build_route(config: &RouteConfig) -> Route {
             let table = match rule.kind {
                 RuleKind::Rate { limit, period_us, burst, entries_max } => {
                     let spec = GcraSpec::new(limit, period_us, burst);
-                    Table::Rate { limit, period_us, spec, shards: Shards::new(entries_max, |cap| GcraTable::new(spec, cap)) }
+                    Table::Rate {
+                        limit,
+                        period_us,
+                        spec,
+                        shards: Shards::new(entries_max, |cap| GcraTable::new(spec, cap)),
+                    }
                 }
                 RuleKind::Failures { threshold, window_us, cleared_by_success, entries_max } => {
                     let spec = WindowSpec { window_us, threshold };

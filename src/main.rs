@@ -40,9 +40,7 @@ fn main() -> ExitCode {
 
 fn serve(args: ServeArgs) -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TOLLGATE_LOG").unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("TOLLGATE_LOG").unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
@@ -119,7 +117,13 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
             while !stop.load(Ordering::Acquire) {
                 std::thread::sleep(interval);
                 let now = daemon.clock.now_us();
-                daemon.limiter.snapshot(now, false);
+                // Waiting for the commit bounds what is queued for the disk
+                // to one snapshot, however fast keys churn.
+                for write in daemon.limiter.snapshot(now, true) {
+                    if let Err(e) = write.wait_blocking() {
+                        tracing::warn!(error = %e, "snapshot not written; will retry");
+                    }
+                }
                 daemon.limiter.sweep_rate_tables(tick, now);
                 tick += 1;
             }

@@ -38,16 +38,31 @@ pub enum Outcome {
 #[derive(Clone, Debug, PartialEq, Eq, Encode, BorrowDecode)]
 pub enum Request<'a> {
     /// May this attempt proceed? Spends from rate budgets.
-    Check { route: &'a str, subject: Subject<'a> },
+    Check {
+        route: &'a str,
+        subject: Subject<'a>,
+    },
     /// The attempt's credential was verified: moves failure counters.
-    Report { route: &'a str, subject: Subject<'a>, outcome: Outcome },
+    Report {
+        route: &'a str,
+        subject: Subject<'a>,
+        outcome: Outcome,
+    },
     Status,
     /// Active lockouts, at most `limit` of them.
-    Lockouts { limit: u32 },
+    Lockouts {
+        limit: u32,
+    },
     /// Clears an account's failure entries on a route (admin).
-    Unlock { route: &'a str, account: &'a str, source: Option<IpAddr> },
+    Unlock {
+        route: &'a str,
+        account: &'a str,
+        source: Option<IpAddr>,
+    },
     /// Moves a `--manual-clock` daemon's clock forward (admin).
-    ClockAdvance { by_ms: u64 },
+    ClockAdvance {
+        by_ms: u64,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Encode, Decode, Serialize)]

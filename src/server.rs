@@ -20,9 +20,7 @@ use crate::clock::{ceil_ms, Clock};
 use crate::codec::{self, FrameError, PayloadError, FRAME_HEADER_BYTES, REQUEST_PAYLOAD_BYTES_MAX};
 use crate::config::Config;
 use crate::limiter::{Limiter, RequestError};
-use crate::protocol::{
-    Decision, ErrorCode, NamedLimit, PersistenceStatus, Request, Response, Status, VerdictCounts,
-};
+use crate::protocol::{Decision, ErrorCode, NamedLimit, PersistenceStatus, Request, Response, Status, VerdictCounts};
 use crate::store::{Durable, StoreStats};
 
 /// Bytes read per connection buffer: a whole maximal frame fits, and a
@@ -109,7 +107,10 @@ impl Daemon {
     fn handle(&self, request: Request<'_>, admin: bool) -> (Response<'_>, Vec<Durable>) {
         let now = self.clock.now_us();
         let refused = |what: &str| {
-            Response::error(ErrorCode::PermissionDenied, format!("permission denied: {what} needs root or the daemon's uid"))
+            Response::error(
+                ErrorCode::PermissionDenied,
+                format!("permission denied: {what} needs root or the daemon's uid"),
+            )
         };
         match request {
             Request::Check { route, subject } => match self.limiter.check(route, &subject, now) {
@@ -145,7 +146,10 @@ impl Daemon {
                 match self.clock.advance(by_ms.saturating_mul(1000)) {
                     Some(now) => (Response::ClockAdvanced { now_ms: ceil_ms(now) }, Vec::new()),
                     None => (
-                        Response::error(ErrorCode::NotManualClock, "the daemon runs on the system clock; start it with --manual-clock"),
+                        Response::error(
+                            ErrorCode::NotManualClock,
+                            "the daemon runs on the system clock; start it with --manual-clock",
+                        ),
                         Vec::new(),
                     ),
                 }

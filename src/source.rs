@@ -199,10 +199,7 @@ mod tests {
         let policy = behind_proxy();
         let peer = ip("10.0.0.2");
         assert_eq!(policy.client_address(peer, Some("203.0.113.5")), ip("203.0.113.5"));
-        assert_eq!(
-            policy.client_address(peer, Some("198.51.100.99, 203.0.113.5, 10.1.1.1")),
-            ip("203.0.113.5")
-        );
+        assert_eq!(policy.client_address(peer, Some("198.51.100.99, 203.0.113.5, 10.1.1.1")), ip("203.0.113.5"));
         // an untrusted peer cannot use the header at all
         assert_eq!(policy.client_address(ip("192.0.2.1"), Some("203.0.113.5")), ip("192.0.2.1"));
     }

@@ -24,6 +24,11 @@ const ENTRIES: TableDefinition<(&str, u128), (u32, u32, u32)> = TableDefinition:
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const SCHEMA_VERSION: u64 = 1;
 
+/// redb's page cache. The file holds at most the tables' caps of 12-byte
+/// entries (a few MB), so a small cache keeps it hot; redb's default (1 GiB)
+/// would let a flood of short-lived keys grow resident memory far beyond the
+/// tables themselves.
+pub const CACHE_BYTES: usize = 16 * 1024 * 1024;
 /// Messages drained into one transaction at most; bounds a commit's size.
 pub const GROUP_COMMIT_MESSAGES_MAX: usize = 4096;
 /// After a failed commit, the writer retries this often.
@@ -144,7 +149,7 @@ impl Store {
         }
         let corrupt = |e: &dyn std::fmt::Display| StoreError::Corrupt { path: path.into(), message: e.to_string() };
         let existed = path.exists();
-        let db = Database::create(path).map_err(|e| match e {
+        let db = Database::builder().set_cache_size(CACHE_BYTES).create(path).map_err(|e| match e {
             redb::DatabaseError::Storage(redb::StorageError::Io(io)) if !existed => {
                 StoreError::Open { path: path.into(), message: io.to_string() }
             }
@@ -170,7 +175,8 @@ impl Store {
 
     /// Every persisted entry, for restoring at start.
     pub fn load(&self) -> Result<Vec<PersistedEntry>, StoreError> {
-        let corrupt = |e: &dyn std::fmt::Display| StoreError::Corrupt { path: self.path.clone(), message: e.to_string() };
+        let corrupt =
+            |e: &dyn std::fmt::Display| StoreError::Corrupt { path: self.path.clone(), message: e.to_string() };
         let txn = self.db.begin_read().map_err(|e| corrupt(&e))?;
         let table = txn.open_table(ENTRIES).map_err(|e| corrupt(&e))?;
         let mut out = Vec::new();
@@ -178,7 +184,11 @@ impl Store {
             let (key, value) = row.map_err(|e| corrupt(&e))?;
             let (rule, digest) = key.value();
             let (window, previous, current) = value.value();
-            out.push(PersistedEntry { rule: rule.to_string(), key: digest, counts: Counts { window, previous, current } });
+            out.push(PersistedEntry {
+                rule: rule.to_string(),
+                key: digest,
+                counts: Counts { window, previous, current },
+            });
         }
         Ok(out)
     }

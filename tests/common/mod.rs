@@ -1,0 +1,238 @@
+//! One helper for integration tests: start a real `tollgate serve` in a
+//! unique temp dir, speak the real protocol to it, kill it for real. On a
+//! failing test the daemon's log is printed.
+#![allow(dead_code)]
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+use tollgate::client::{Client, ClientConfig};
+use tollgate::codec::{self, FRAME_HEADER_BYTES};
+use tollgate::protocol::{Outcome, Request, Response, Subject, Verdict};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
+
+pub struct TestDaemon {
+    pub dir: tempfile::TempDir,
+    pub socket: PathBuf,
+    pub state: PathBuf,
+    pub config: Option<PathBuf>,
+    pub manual_clock: bool,
+    child: Option<Child>,
+    starts: u32,
+}
+
+impl TestDaemon {
+    /// A daemon on the manual clock with built-in defaults.
+    pub fn start() -> TestDaemon {
+        TestDaemon::start_with(None, true)
+    }
+
+    /// A daemon with `config` (TOML text) laid over the defaults.
+    pub fn start_with(config: Option<&str>, manual_clock: bool) -> TestDaemon {
+        let dir = tempfile::Builder::new().prefix("tollgate-test").tempdir().expect("temp dir");
+        let config_path = config.map(|text| {
+            let p = dir.path().join("tollgate.toml");
+            std::fs::write(&p, text).unwrap();
+            p
+        });
+        let mut daemon = TestDaemon {
+            socket: dir.path().join("tollgate.sock"),
+            state: dir.path().join("state.redb"),
+            config: config_path,
+            dir,
+            manual_clock,
+            child: None,
+            starts: 0,
+        };
+        daemon.spawn();
+        daemon
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join(format!("daemon-{}.log", self.starts))
+    }
+
+    pub fn log(&self) -> String {
+        let mut all = String::new();
+        for n in 1..=self.starts {
+            let p = self.dir.path().join(format!("daemon-{n}.log"));
+            all += &format!("--- start {n} ---\n{}", std::fs::read_to_string(p).unwrap_or_default());
+        }
+        all
+    }
+
+    pub fn serve_command(&self) -> Command {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("serve").arg("--socket").arg(&self.socket).arg("--state").arg(&self.state);
+        if let Some(c) = &self.config {
+            cmd.arg("--config").arg(c);
+        }
+        if self.manual_clock {
+            cmd.arg("--manual-clock");
+        }
+        cmd
+    }
+
+    /// (Re)starts the daemon on the same state file and waits until it answers.
+    pub fn spawn(&mut self) {
+        assert!(self.child.is_none(), "already running");
+        self.starts += 1;
+        let log = std::fs::File::create(self.log_path()).unwrap();
+        let child = self
+            .serve_command()
+            .envs(std::env::vars().filter(|(k, _)| k.starts_with("MALLOC_") || k == "TOLLGATE_LOG"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("spawn tollgate serve");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if std::os::unix::net::UnixStream::connect(&self.socket).is_ok() {
+                return;
+            }
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("daemon exited at start with {status}:\n{}", self.log());
+            }
+            assert!(Instant::now() < deadline, "daemon did not listen in time:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// `kill -9`: no snapshot, no cleanup.
+    pub fn kill9(&mut self) {
+        let mut child = self.child.take().expect("running");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    /// SIGTERM and wait for the exit status.
+    pub fn terminate(&mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("running");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM)
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "daemon did not stop on SIGTERM:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Resident memory of the daemon, from /proc.
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS")
+    }
+
+    /// A client with a generous timeout (tests are not latency tests).
+    pub fn client(&self) -> Client {
+        Client::new(ClientConfig::new(&self.socket).timeout(Duration::from_secs(10)))
+    }
+
+    /// Runs the CLI against this daemon.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        Command::new(BIN).args(args).env("TOLLGATE_SOCKET", &self.socket).output().expect("run tollgate")
+    }
+
+    /// Runs the CLI with `--json` and parses its one JSON object.
+    pub fn cli_json(&self, args: &[&str]) -> serde_json::Value {
+        let mut all: Vec<&str> = args.to_vec();
+        all.push("--json");
+        let out = self.cli(&all);
+        assert!(out.status.success(), "tollgate {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+    }
+
+    pub fn advance(&self, by: &str) {
+        let out = self.cli(&["clock", "advance", by]);
+        assert!(out.status.success(), "clock advance: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+impl Drop for TestDaemon {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("daemon log ({}):\n{}", self.dir.path().display(), self.log());
+        }
+    }
+}
+
+pub fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+pub fn subject<'a>(peer: &str, account: &'a str) -> Subject<'a> {
+    Subject { peer: Some(ip(peer)), account: Some(account), ..Subject::default() }
+}
+
+pub fn verdict(answer: tollgate::client::Answer) -> Verdict<'static> {
+    match answer {
+        tollgate::client::Answer::Verdict(v) => v,
+        other => panic!("expected a verdict, got {other:?}"),
+    }
+}
+
+/// Sends many requests over one connection, `window` in flight at a time,
+/// and returns the replies in request order. For floods and bulk set-up.
+pub async fn pipeline<'a>(
+    socket: &Path,
+    count: usize,
+    window: usize,
+    mut make: impl FnMut(usize, &mut Vec<u8>),
+) -> Vec<Response<'static>> {
+    let mut stream = UnixStream::connect(socket).await.unwrap();
+    let mut replies = Vec::with_capacity(count);
+    let mut out = Vec::new();
+    let mut inbuf: Vec<u8> = Vec::new();
+    let mut sent = 0;
+    while replies.len() < count {
+        out.clear();
+        while sent < count && sent - replies.len() < window {
+            make(sent, &mut out);
+            sent += 1;
+        }
+        if !out.is_empty() {
+            stream.write_all(&out).await.unwrap();
+        }
+        let mut chunk = vec![0u8; 256 * 1024];
+        let n = stream.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "daemon closed the connection");
+        inbuf.extend_from_slice(&chunk[..n]);
+        let mut at = 0;
+        while let Some(end) = codec::frame_len(&inbuf[at..], codec::RESPONSE_PAYLOAD_BYTES_MAX).unwrap() {
+            let (id, response) = codec::decode_response(&inbuf[at + FRAME_HEADER_BYTES..at + end]).unwrap();
+            assert_eq!(id as usize, replies.len(), "replies come in order");
+            replies.push(response);
+            at += end;
+        }
+        inbuf.drain(..at);
+    }
+    replies
+}
+
+/// Encodes a report frame (for `pipeline`).
+pub fn report_frame(id: usize, route: &str, subject: &Subject<'_>, outcome: Outcome, out: &mut Vec<u8>) {
+    codec::encode_request(id as u64, &Request::Report { route, subject: subject.clone(), outcome }, out);
+}
