@@ -1,0 +1,270 @@
+//! The client library's fail policies and timeouts, the CLI's output and
+//! errors, start-up refusals, and the daemon's answers to bad frames.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use common::*;
+use tollgate::client::{Answer, Client, ClientConfig, ClientError};
+use tollgate::codec;
+use tollgate::config::FailPolicy;
+use tollgate::protocol::{Decision, ErrorCode, Outcome, Request, Response, Subject};
+
+#[tokio::test]
+async fn an_unreachable_daemon_gets_each_routes_fail_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = Client::new(ClientConfig::new(dir.path().join("absent.sock")));
+    let s = subject("198.51.100.7", "alice");
+    let login = client.check("login", &s).await;
+    assert!(matches!(login, Answer::Unavailable { policy: FailPolicy::Open, error: ClientError::Connect { .. } }));
+    assert!(login.proceeds(), "login protects users: fails open");
+    let request = client.check("request", &s).await;
+    assert!(matches!(request, Answer::Unavailable { policy: FailPolicy::Closed, .. }));
+    assert!(!request.proceeds(), "request protects the system: fails closed");
+}
+
+#[tokio::test]
+async fn a_daemon_that_does_not_answer_times_out_in_milliseconds() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("silent.sock");
+    let _listener = tokio::net::UnixListener::bind(&path).unwrap(); // accepts (backlog), never replies
+    let client = Client::new(ClientConfig::new(&path));
+    let started = std::time::Instant::now();
+    let answer = client.check("login", &subject("198.51.100.7", "alice")).await;
+    let took = started.elapsed();
+    assert!(
+        matches!(answer, Answer::Unavailable { policy: FailPolicy::Open, error: ClientError::Timeout(t) } if t == Duration::from_millis(5)),
+        "{answer:?}"
+    );
+    eprintln!("timed out after {took:?} (timeout 5 ms)");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_reuses_its_connection_and_refuses_overlong_identifiers() {
+    let daemon = TestDaemon::start();
+    let client = daemon.client();
+    for _ in 0..20 {
+        verdict(client.check("login", &subject("198.51.100.7", "alice")).await);
+    }
+    assert_eq!(client.status().await.unwrap().connections, 1);
+    let long = "a".repeat(513);
+    let answer = client.check("login", &subject("198.51.100.7", &long)).await;
+    assert!(matches!(&answer, Answer::Rejected(e) if e.code == ErrorCode::FieldTooLong), "{answer:?}");
+    assert!(!answer.proceeds());
+    let missing = client.check("login", &Subject { peer: Some(ip("198.51.100.7")), ..Subject::default() }).await;
+    assert!(matches!(&missing, Answer::Rejected(e) if e.code == ErrorCode::MissingField), "{missing:?}");
+}
+
+#[test]
+fn cli_prints_verdicts_as_json_and_one_line_errors() {
+    let daemon = TestDaemon::start();
+    let args = ["check", "--route", "login", "--ip", "198.51.100.7", "--account", "alice"];
+    let v = daemon.cli_json(&args);
+    for field in ["retry_after_ms", "delay_ms", "limit", "remaining", "reset_ms", "reason", "rule"] {
+        assert!(v.get(field).is_some(), "{field} missing in {v}");
+    }
+    assert_eq!(v["decision"], "allow");
+    let human = daemon.cli(&args);
+    assert!(String::from_utf8_lossy(&human.stdout).starts_with("allow"));
+
+    for _ in 0..5 {
+        daemon.cli_json(&[
+            "report",
+            "--route",
+            "login",
+            "--ip",
+            "198.51.100.7",
+            "--account",
+            "alice",
+            "--outcome",
+            "failure",
+        ]);
+    }
+    let denied = daemon.cli_json(&args);
+    assert_eq!(denied["decision"], "deny");
+    assert_eq!(denied["reason"], "too_many_failures");
+    let lockouts = daemon.cli_json(&["lockouts"]);
+    assert_eq!(lockouts["total"], 1);
+    let key = lockouts["lockouts"][0]["key"].as_str().unwrap();
+    assert_eq!(key.len(), 32, "a 128-bit digest, never the account");
+    let unlocked = daemon.cli_json(&["unlock", "--route", "login", "--account", "alice", "--source", "198.51.100.7"]);
+    assert_eq!(unlocked["cleared"], 2, "the (alice, source) entry and alice's ceiling entry");
+    assert_eq!(daemon.cli_json(&args)["decision"], "allow");
+
+    let status = daemon.cli_json(&["status"]);
+    assert_eq!(status["manual_clock"], true);
+    assert!(status["limits"].as_array().unwrap().iter().any(|l| l["name"] == "connections_max"));
+    let login = status["routes"].as_array().unwrap().iter().find(|r| r["name"] == "login").unwrap();
+    let rules: Vec<&str> = login["rules"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert_eq!(rules, ["account_failures", "source_failures", "source_rate"], "rules are listed by name");
+
+    let bad_route = daemon.cli(&["check", "--route", "nope", "--ip", "198.51.100.7"]);
+    assert!(!bad_route.status.success());
+    let stderr = String::from_utf8_lossy(&bad_route.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("unknown route `nope`"), "{stderr}");
+
+    let bad_flag = daemon.cli(&["report", "--route", "login", "--ip", "1.2.3.4", "--outcome", "maybe"]);
+    assert!(!bad_flag.status.success());
+}
+
+#[test]
+fn cli_without_a_daemon_says_so_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["status", "--socket"])
+        .arg(dir.path().join("none.sock"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("cannot reach tollgate at"), "{stderr}");
+}
+
+#[test]
+fn clock_advance_is_refused_on_the_system_clock() {
+    let daemon = TestDaemon::start_with(None, false);
+    let out = daemon.cli(&["clock", "advance", "15m"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--manual-clock"));
+}
+
+#[test]
+fn invalid_config_and_corrupt_state_stop_the_start_with_a_clear_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("bad.toml");
+    std::fs::write(&config, "[routes.login.rules.source_failures]\nthreshold = 0\nthreshhold = 3\n").unwrap();
+    let serve = |extra: &[&str]| {
+        std::process::Command::new(BIN)
+            .arg("serve")
+            .arg("--socket")
+            .arg(dir.path().join("s.sock"))
+            .arg("--state")
+            .arg(dir.path().join("state.redb"))
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = serve(&["--config", config.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(78));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("threshhold"), "{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::write(&config, "[routes.login.rules.source_failures]\nthreshold = 0\n").unwrap();
+    let out = serve(&["--config", config.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(78));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("routes.login.rules.source_failures.threshold"), "{stderr}");
+
+    std::fs::write(dir.path().join("state.redb"), vec![0x5Au8; 16384]).unwrap();
+    let out = serve(&[]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("corrupt or unreadable") && stderr.contains("--discard-corrupt-state"), "{stderr}");
+}
+
+#[test]
+fn a_live_daemons_socket_is_not_stolen() {
+    let daemon = TestDaemon::start();
+    let out = std::process::Command::new(BIN)
+        .arg("serve")
+        .arg("--socket")
+        .arg(&daemon.socket)
+        .arg("--state")
+        .arg(daemon.dir.path().join("other.redb"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("in use by a running daemon"));
+    assert_eq!(daemon.cli_json(&["status"])["manual_clock"], true, "the first daemon still serves");
+}
+
+fn read_reply(stream: &mut std::os::unix::net::UnixStream) -> (u64, Response<'static>) {
+    let mut header = [0u8; 4];
+    stream.read_exact(&mut header).unwrap();
+    let mut payload = vec![0u8; u32::from_le_bytes(header) as usize];
+    stream.read_exact(&mut payload).unwrap();
+    codec::decode_response(&payload).unwrap()
+}
+
+#[test]
+fn bad_frames_get_error_replies_and_the_connection_survives() {
+    let daemon = TestDaemon::start();
+    let mut stream = std::os::unix::net::UnixStream::connect(&daemon.socket).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let frame = |payload: &[u8]| {
+        let mut f = (payload.len() as u32).to_le_bytes().to_vec();
+        f.extend_from_slice(payload);
+        f
+    };
+    let mut wrong_version = vec![9u8];
+    wrong_version.extend_from_slice(&41u64.to_le_bytes());
+    let mut unknown_op = vec![1u8];
+    unknown_op.extend_from_slice(&42u64.to_le_bytes());
+    unknown_op.extend_from_slice(&77u32.to_le_bytes());
+    for (payload, id, code) in [
+        (wrong_version, 41, ErrorCode::UnsupportedVersion),
+        (unknown_op, 42, ErrorCode::Malformed),
+        (vec![1, 2, 3], 0, ErrorCode::Malformed),
+    ] {
+        stream.write_all(&frame(&payload)).unwrap();
+        let (reply_id, reply) = read_reply(&mut stream);
+        assert_eq!(reply_id, id);
+        assert!(matches!(reply, Response::Error(ref e) if e.code == code), "{reply:?}");
+    }
+    // still serving on the same connection
+    let mut ok = Vec::new();
+    let s = subject("198.51.100.7", "alice");
+    codec::encode_request(43, &Request::Report { route: "login", subject: s, outcome: Outcome::Failure }, &mut ok);
+    stream.write_all(&ok).unwrap();
+    let (id, reply) = read_reply(&mut stream);
+    assert_eq!(id, 43);
+    assert!(matches!(reply, Response::Verdict(ref v) if v.decision == Decision::Allow && v.remaining == 4));
+
+    // a 4 GiB length prefix: an error reply, then the connection closes
+    stream.write_all(&u32::MAX.to_le_bytes()).unwrap();
+    let (_, reply) = read_reply(&mut stream);
+    assert!(matches!(reply, Response::Error(ref e) if e.code == ErrorCode::FrameTooLarge), "{reply:?}");
+    let mut rest = Vec::new();
+    assert_eq!(stream.read_to_end(&mut rest).unwrap(), 0, "closed");
+    assert_eq!(daemon.cli_json(&["status"])["verdicts"]["errors"], 4);
+}
+
+#[test]
+fn no_raw_account_name_reaches_the_state_file_or_the_log() {
+    let mut daemon = TestDaemon::start();
+    let planted = "planted-account-name-4d1e@example.com";
+    for n in 0..6 {
+        daemon.cli_json(&[
+            "report",
+            "--route",
+            "login",
+            "--ip",
+            &format!("198.51.100.{n}"),
+            "--account",
+            planted,
+            "--outcome",
+            "failure",
+        ]);
+    }
+    daemon.cli_json(&["unlock", "--route", "login", "--account", planted]);
+    for _ in 0..5 {
+        daemon.cli_json(&[
+            "report",
+            "--route",
+            "login",
+            "--ip",
+            "198.51.100.9",
+            "--account",
+            planted,
+            "--outcome",
+            "failure",
+        ]);
+    }
+    assert!(daemon.terminate().success());
+    let state = std::fs::read(&daemon.state).unwrap();
+    assert!(state.len() > 0);
+    assert!(!state.windows(planted.len()).any(|w| w == planted.as_bytes()), "account name in the state file");
+    assert!(!daemon.log().contains("planted-account"), "account name in the log");
+}
