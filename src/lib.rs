@@ -31,3 +31,8 @@ pub mod protocol;
 pub mod server;
 pub mod source;
 pub mod store;
+
+/// The README's Rust example compiles as a doctest, so it cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
