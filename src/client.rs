@@ -206,8 +206,9 @@ impl Client {
         conn.stream.write_all(&conn.buf).await?;
         let response = read_response(&mut conn).await?;
         let (reply_id, response) =
-            codec::decode_response(&response).map_err(|(_, e)| ClientError::Protocol(e.to_string()))?;
-        if reply_id != id && !matches!(response, Response::Error(_)) {
+            codec::decode_response(&response).map_err(|f| ClientError::Protocol(f.error.to_string()))?;
+        // Id 0 is the daemon's reply to a frame it could not read at all.
+        if reply_id != id && !(reply_id == 0 && matches!(response, Response::Error(_))) {
             return Err(ClientError::Protocol(format!("reply id {reply_id} for request {id}")));
         }
         let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());

@@ -40,7 +40,12 @@ impl Clock {
     pub fn advance(&self, by_us: u64) -> Option<u64> {
         match self {
             Clock::System => None,
-            Clock::Manual(now) => Some(now.fetch_add(by_us, Ordering::AcqRel).saturating_add(by_us)),
+            Clock::Manual(now) => {
+                // Saturating: a huge step must never wrap the clock backwards.
+                let step = |t: u64| Some(t.saturating_add(by_us));
+                let before = now.fetch_update(Ordering::AcqRel, Ordering::Acquire, step).expect("step never fails");
+                Some(before.saturating_add(by_us))
+            }
         }
     }
 }
@@ -62,6 +67,8 @@ mod tests {
         assert_eq!(clock.advance(1_500), Some(MANUAL_CLOCK_START_US + 1_500));
         assert_eq!(clock.now_us(), MANUAL_CLOCK_START_US + 1_500);
         assert_eq!(Clock::System.advance(1), None);
+        assert_eq!(clock.advance(u64::MAX), Some(u64::MAX));
+        assert_eq!(clock.now_us(), u64::MAX, "saturates, never wraps");
     }
 
     #[test]

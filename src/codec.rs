@@ -48,6 +48,18 @@ pub enum PayloadError {
     TrailingBytes(usize),
 }
 
+/// A payload that did not decode, with its request id when the envelope
+/// was readable, so the error reply can still name the request.
+#[derive(Debug, PartialEq, Eq)]
+pub struct DecodeFailure {
+    pub id: Option<u64>,
+    pub error: PayloadError,
+}
+
+fn failure(id: Option<u64>, error: PayloadError) -> DecodeFailure {
+    DecodeFailure { id, error }
+}
+
 /// Finds the first complete frame in `buf`: returns the payload's byte range
 /// end (`FRAME_HEADER_BYTES + len`), or `None` if more bytes are needed.
 pub fn frame_len(buf: &[u8], payload_max: usize) -> Result<Option<usize>, FrameError> {
@@ -64,36 +76,36 @@ pub fn frame_len(buf: &[u8], payload_max: usize) -> Result<Option<usize>, FrameE
 
 /// Splits a payload into (id, message bytes). The id is readable even when
 /// the message is not, so a malformed request still gets a matching reply.
-pub fn open_envelope(payload: &[u8]) -> Result<(u64, &[u8]), (Option<u64>, PayloadError)> {
+pub fn open_envelope(payload: &[u8]) -> Result<(u64, &[u8]), DecodeFailure> {
     if payload.len() < ENVELOPE_BYTES {
-        return Err((None, PayloadError::Truncated(payload.len())));
+        return Err(failure(None, PayloadError::Truncated(payload.len())));
     }
     let id = u64::from_le_bytes(payload[1..9].try_into().expect("8 bytes"));
     if payload[0] != PROTOCOL_VERSION {
-        return Err((Some(id), PayloadError::UnsupportedVersion { found: payload[0] }));
+        return Err(failure(Some(id), PayloadError::UnsupportedVersion { found: payload[0] }));
     }
     Ok((id, &payload[ENVELOPE_BYTES..]))
 }
 
 /// Decodes a request payload; borrows its strings from `payload`.
-pub fn decode_request(payload: &[u8]) -> Result<(u64, Request<'_>), (Option<u64>, PayloadError)> {
+pub fn decode_request(payload: &[u8]) -> Result<(u64, Request<'_>), DecodeFailure> {
     let (id, body) = open_envelope(payload)?;
     let (request, used) = bincode::borrow_decode_from_slice::<Request<'_>, _>(body, WIRE)
-        .map_err(|e| (Some(id), PayloadError::Malformed(e.to_string())))?;
+        .map_err(|e| failure(Some(id), PayloadError::Malformed(e.to_string())))?;
     if used != body.len() {
-        return Err((Some(id), PayloadError::TrailingBytes(body.len() - used)));
+        return Err(failure(Some(id), PayloadError::TrailingBytes(body.len() - used)));
     }
     Ok((id, request))
 }
 
 /// Decodes a response payload into owned values (client side).
-pub fn decode_response(payload: &[u8]) -> Result<(u64, Response<'static>), (Option<u64>, PayloadError)> {
+pub fn decode_response(payload: &[u8]) -> Result<(u64, Response<'static>), DecodeFailure> {
     let (id, body) = open_envelope(payload)?;
     let (response, used) =
         bincode::decode_from_slice::<Response<'static>, _>(body, WIRE.with_limit::<RESPONSE_PAYLOAD_BYTES_MAX>())
-            .map_err(|e| (Some(id), PayloadError::Malformed(e.to_string())))?;
+            .map_err(|e| failure(Some(id), PayloadError::Malformed(e.to_string())))?;
     if used != body.len() {
-        return Err((Some(id), PayloadError::TrailingBytes(body.len() - used)));
+        return Err(failure(Some(id), PayloadError::TrailingBytes(body.len() - used)));
     }
     Ok((id, response))
 }
@@ -178,23 +190,26 @@ mod tests {
 
     #[test]
     fn bad_payloads_are_errors_with_the_id_when_readable() {
-        assert!(matches!(decode_request(&[1, 2]), Err((None, PayloadError::Truncated(2)))));
+        assert!(matches!(decode_request(&[1, 2]), Err(DecodeFailure { id: None, error: PayloadError::Truncated(2) })));
         let mut wrong_version = vec![9];
         wrong_version.extend_from_slice(&5u64.to_le_bytes());
         assert!(matches!(
             decode_request(&wrong_version),
-            Err((Some(5), PayloadError::UnsupportedVersion { found: 9 }))
+            Err(DecodeFailure { id: Some(5), error: PayloadError::UnsupportedVersion { found: 9 } })
         ));
         let mut unknown_op = vec![PROTOCOL_VERSION];
         unknown_op.extend_from_slice(&6u64.to_le_bytes());
         unknown_op.extend_from_slice(&99u32.to_le_bytes());
-        assert!(matches!(decode_request(&unknown_op), Err((Some(6), PayloadError::Malformed(_)))));
+        assert!(matches!(
+            decode_request(&unknown_op),
+            Err(DecodeFailure { id: Some(6), error: PayloadError::Malformed(_) })
+        ));
         let mut trailing = Vec::new();
         encode_request(8, &Request::Status, &mut trailing);
         trailing.push(0);
         assert!(matches!(
             decode_request(&trailing[FRAME_HEADER_BYTES..]),
-            Err((Some(8), PayloadError::TrailingBytes(1)))
+            Err(DecodeFailure { id: Some(8), error: PayloadError::TrailingBytes(1) })
         ));
     }
 }

@@ -54,6 +54,9 @@ pub const REQUEST_RATE_BURST_DEFAULT: u32 = 100;
 pub const RATE_PERIOD_SECS_DEFAULT: u64 = 60;
 /// Keys per rate table: 16 bytes plus hash-map overhead each.
 pub const RATE_ENTRIES_MAX_DEFAULT: usize = 1_000_000;
+/// Rules one route may have: a request derives at most one key per rule,
+/// kept on the stack, and no real route needs more.
+pub const RULES_PER_ROUTE_MAX: usize = 16;
 /// Upper bound on any table's entries, so a typo cannot exhaust memory.
 pub const ENTRIES_MAX_LIMIT: usize = 100_000_000;
 /// Longest rate period and failure window a rule may have (one day).
@@ -429,6 +432,9 @@ fn build_route(name: &str, raw: RawRoute, errors: &mut Vec<String>) -> Option<Ro
         .filter(|(_, rule)| rule.enabled != Some(false))
         .filter_map(|(rule_name, rule)| build_rule(&format!("{path}.rules.{rule_name}"), &rule_name, rule, errors))
         .collect();
+    if rules.len() > RULES_PER_ROUTE_MAX {
+        errors.push(format!("{path}.rules: at most {RULES_PER_ROUTE_MAX} rules per route"));
+    }
     Some(RouteConfig { name: name.to_string(), fail_policy: raw.fail_policy.unwrap_or(FailPolicy::Open), rules })
 }
 

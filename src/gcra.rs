@@ -54,29 +54,32 @@ pub struct GcraDecision {
 /// Decides one request against a TAT. Returns the decision and the new TAT
 /// (unchanged when refused, or when `spend` is false).
 pub fn decide(spec: GcraSpec, tat_us: Option<u64>, now_us: u64, spend: bool) -> (GcraDecision, u64) {
-    let tat = tat_us.unwrap_or(now_us).max(now_us);
-    let new_tat = tat + spec.interval_us;
-    let allow_at = new_tat.saturating_sub(spec.tolerance_us());
-    if allow_at > now_us {
-        let free_from = tat.saturating_sub(spec.tolerance_us());
-        let remaining = now_us.saturating_sub(free_from) / spec.interval_us;
+    // Signed and wide: `tat − tolerance` may lie before the epoch when the
+    // burst spans more time than has passed, and must not saturate.
+    let now = now_us as i128;
+    let interval = spec.interval_us as i128;
+    let tolerance = spec.tolerance_us() as i128;
+    let tat = (tat_us.unwrap_or(now_us).max(now_us)) as i128;
+    let new_tat = tat + interval;
+    let allow_at = new_tat - tolerance;
+    let clamp = |v: i128| v.clamp(0, u32::MAX as i128) as u32;
+    if allow_at > now {
         let decision = GcraDecision {
             allowed: false,
-            remaining: remaining.min(u32::MAX as u64) as u32,
-            retry_after_us: allow_at - now_us,
-            reset_us: tat - now_us,
+            remaining: clamp((now - (tat - tolerance)) / interval),
+            retry_after_us: (allow_at - now) as u64,
+            reset_us: (tat - now) as u64,
         };
-        return (decision, tat);
+        return (decision, tat as u64);
     }
     let after = if spend { new_tat } else { tat };
-    let remaining = (now_us - allow_at) / spec.interval_us;
     let decision = GcraDecision {
         allowed: true,
-        remaining: remaining.min(u32::MAX as u64) as u32,
+        remaining: clamp((now - allow_at) / interval),
         retry_after_us: 0,
-        reset_us: after - now_us,
+        reset_us: (after - now) as u64,
     };
-    (decision, after)
+    (decision, after.min(u64::MAX as i128) as u64)
 }
 
 /// Passes the key's (already uniformly random) bits through as the hash.

@@ -11,7 +11,7 @@ use std::borrow::Cow;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::clock::ceil_ms;
-use crate::config::{Config, FailPolicy, RouteConfig, RuleKind};
+use crate::config::{Config, FailPolicy, RouteConfig, RuleKind, RULES_PER_ROUTE_MAX};
 use crate::failure_window::{Counts, FailureWindowTable, WindowSpec};
 use crate::gcra::{GcraSpec, GcraTable};
 use crate::keys::{Component, Key, KeyDeriver};
@@ -232,8 +232,9 @@ impl Limiter {
         let mut keys = self.subject_keys(&route.name, subject);
         // Derive every key before touching any table, so a missing field
         // cannot leave a report counted on some rules and not others.
-        let mut rule_keys = [Key::default(); 16];
-        for (i, rule) in route.rules.iter().enumerate().take(rule_keys.len()) {
+        let mut rule_keys = [Key::default(); RULES_PER_ROUTE_MAX];
+        assert!(route.rules.len() <= RULES_PER_ROUTE_MAX, "validated by config");
+        for (i, rule) in route.rules.iter().enumerate() {
             rule_keys[i] = keys.key(&rule.key)?;
         }
         let mut answers = Vec::with_capacity(route.rules.len());

@@ -269,6 +269,8 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
     let mut counts = LocalCounts::default();
     let read_timeout = Duration::from_millis(daemon.config.server.frame_read_timeout_ms);
     let mut stopping = false;
+    // When the frame now being read must be complete.
+    let mut frame_deadline: Option<tokio::time::Instant> = None;
     loop {
         // Answer every complete frame we hold.
         let mut close = false;
@@ -281,7 +283,7 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
                             let (response, durable) = daemon.handle(request, admin);
                             (id, response, durable)
                         }
-                        Err((id, e)) => (id.unwrap_or(0), payload_error(&e), Vec::new()),
+                        Err(failure) => (failure.id.unwrap_or(0), payload_error(&failure.error), Vec::new()),
                     };
                     counts.count(&response);
                     if !durable.is_empty() {
@@ -298,6 +300,7 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
                     }
                     codec::encode_response(id, &response, &mut out);
                     start += end;
+                    frame_deadline = None;
                 }
                 Ok(None) => break,
                 Err(FrameError::TooLarge { len, max }) => {
@@ -328,19 +331,22 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
         start = 0;
 
         let read = if filled > 0 {
-            // Mid-frame: the rest must come within the read timeout.
-            match tokio::time::timeout(read_timeout, reader.read(&mut buf[filled..])).await {
+            // Mid-frame: the whole frame must arrive within the read timeout
+            // of its first byte, however slowly the client trickles it.
+            let deadline = *frame_deadline.get_or_insert_with(|| tokio::time::Instant::now() + read_timeout);
+            match tokio::time::timeout_at(deadline, reader.read(&mut buf[filled..])).await {
                 Ok(r) => r,
                 Err(_) => return,
             }
         } else {
+            frame_deadline = None;
             tokio::select! {
                 r = reader.read(&mut buf[filled..]) => r,
                 _ = shutdown.changed() => {
                     // Answer what the client already sent, then close.
                     stopping = true;
                     match reader.try_read(&mut buf[filled..]) {
-                        Ok(n) => Ok(n.max(0)),
+                        Ok(n) => Ok(n),
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(0),
                         Err(e) => Err(e),
                     }

@@ -264,7 +264,31 @@ fn no_raw_account_name_reaches_the_state_file_or_the_log() {
     }
     assert!(daemon.terminate().success());
     let state = std::fs::read(&daemon.state).unwrap();
-    assert!(state.len() > 0);
+    assert!(!state.is_empty());
     assert!(!state.windows(planted.len()).any(|w| w == planted.as_bytes()), "account name in the state file");
     assert!(!daemon.log().contains("planted-account"), "account name in the log");
+}
+
+#[test]
+fn a_frame_trickled_slower_than_the_read_timeout_is_dropped() {
+    let daemon = TestDaemon::start_with(Some("[server]\nframe_read_timeout_ms = 300\n"), true);
+    let mut frame = Vec::new();
+    codec::encode_request(1, &Request::Status, &mut frame);
+    let mut stream = std::os::unix::net::UnixStream::connect(&daemon.socket).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // one byte every 100 ms: each read is quick, the frame is not
+    let mut sent = 0;
+    for byte in &frame {
+        if stream.write_all(&[*byte]).is_err() {
+            break;
+        }
+        sent += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(sent < frame.len(), "the daemon waited {sent} bytes for a frame of {}", frame.len());
+    let mut rest = Vec::new();
+    let _ = stream.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "no reply to a frame that never arrived in time");
+    // an ordinary client is unaffected
+    assert_eq!(daemon.cli_json(&["status"])["manual_clock"], true);
 }

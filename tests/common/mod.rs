@@ -196,7 +196,7 @@ pub fn verdict(answer: tollgate::client::Answer) -> Verdict<'static> {
 
 /// Sends many requests over one connection, `window` in flight at a time,
 /// and returns the replies in request order. For floods and bulk set-up.
-pub async fn pipeline<'a>(
+pub async fn pipeline(
     socket: &Path,
     count: usize,
     window: usize,

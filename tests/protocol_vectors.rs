@@ -1,0 +1,537 @@
+//! The hex vectors in PROTOCOL.md, checked against the codec both ways.
+//!
+//! Every vector in the document must have an entry in `cases()` and every
+//! entry must be in the document, so the two cannot drift apart. For each
+//! vector the test checks that:
+//! - encoding the case's message with the case's id gives exactly the
+//!   documented bytes;
+//! - decoding the documented bytes gives back the case's id and message;
+//! - each annotated line's bytes match the type and value its comment names
+//!   (so the human breakdown cannot be wrong about which bytes are which).
+//!
+//! It also checks that every request and response variant has a vector, and
+//! that the document's tables of `Outcome`, `Decision`, `Reason` and
+//! `ErrorCode` values list exactly the values the code decodes.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use tollgate::codec::{
+    decode_request, decode_response, encode_request, encode_response, frame_len, FRAME_HEADER_BYTES,
+    REQUEST_PAYLOAD_BYTES_MAX, RESPONSE_PAYLOAD_BYTES_MAX, WIRE,
+};
+use tollgate::protocol::{
+    Decision, ErrorCode, ErrorReply, Lockout, NamedLimit, Outcome, PersistenceStatus, Reason, Request, Response,
+    RouteStatus, RuleStatus, Status, Subject, Verdict, VerdictCounts,
+};
+
+const DOC: &str = "PROTOCOL.md";
+
+enum Message {
+    Request(Request<'static>),
+    Response(Response<'static>),
+}
+
+struct Case {
+    name: &'static str,
+    id: u64,
+    message: Message,
+}
+
+fn request(name: &'static str, id: u64, request: Request<'static>) -> Case {
+    Case { name, id, message: Message::Request(request) }
+}
+
+fn response(name: &'static str, id: u64, response: Response<'static>) -> Case {
+    Case { name, id, message: Message::Response(response) }
+}
+
+fn ip(text: &str) -> IpAddr {
+    text.parse().expect("a valid address")
+}
+
+fn alice_from_v4() -> Subject<'static> {
+    Subject { peer: Some(ip("198.51.100.7")), account: Some("alice"), ..Subject::default() }
+}
+
+/// Every vector PROTOCOL.md documents, by name.
+fn cases() -> Vec<Case> {
+    vec![
+        request("check-login-v4", 1, Request::Check { route: "login", subject: alice_from_v4() }),
+        request(
+            "report-login-failure",
+            2,
+            Request::Report { route: "login", subject: alice_from_v4(), outcome: Outcome::Failure },
+        ),
+        request(
+            "check-login-v6-all-fields",
+            3,
+            Request::Check {
+                route: "login",
+                subject: Subject {
+                    peer: Some(ip("2001:db8::10")),
+                    forwarded_for: Some("203.0.113.9"),
+                    account: Some("bob"),
+                    device: Some("phone-1"),
+                    tenant: Some("acme"),
+                    client_id: Some("web"),
+                },
+            },
+        ),
+        request("status", 4, Request::Status),
+        request("lockouts-100", 5, Request::Lockouts { limit: 100 }),
+        request(
+            "unlock-with-source",
+            6,
+            Request::Unlock { route: "login", account: "alice", source: Some(ip("198.51.100.7")) },
+        ),
+        request("unlock-every-source", 7, Request::Unlock { route: "login", account: "alice", source: None }),
+        request("clock-advance-15min", 8, Request::ClockAdvance { by_ms: 900_000 }),
+        response(
+            "verdict-allow",
+            1,
+            Response::Verdict(Verdict {
+                decision: Decision::Allow,
+                retry_after_ms: 0,
+                delay_ms: 0,
+                limit: 5,
+                remaining: 4,
+                reset_ms: 900_000,
+                reason: Reason::Allowed,
+                rule: Cow::Borrowed("source_failures"),
+            }),
+        ),
+        response(
+            "verdict-deny",
+            2,
+            Response::Verdict(Verdict {
+                decision: Decision::Deny,
+                retry_after_ms: 899_250,
+                delay_ms: 0,
+                limit: 5,
+                remaining: 0,
+                reset_ms: 899_250,
+                reason: Reason::TooManyFailures,
+                rule: Cow::Borrowed("source_failures"),
+            }),
+        ),
+        response(
+            "status-small",
+            4,
+            Response::Status(Box::new(Status {
+                version: "0.1.0".into(),
+                uptime_ms: 60_000,
+                now_ms: 1_700_000_000_000,
+                manual_clock: false,
+                connections: 1,
+                verdicts: VerdictCounts { allow: 3, delay: 0, challenge: 0, deny: 1, errors: 0 },
+                routes: vec![RouteStatus {
+                    name: "request".into(),
+                    fail_policy: "closed".into(),
+                    rules: vec![RuleStatus {
+                        name: "source_rate".into(),
+                        kind: "rate".into(),
+                        key: vec!["prefix".into()],
+                        limit: 100,
+                        burst: 100,
+                        period_ms: 60_000,
+                        cleared_by_success: false,
+                        entries: 2,
+                        entries_max: 1_000_000,
+                        refused_full: 0,
+                    }],
+                }],
+                limits: vec![NamedLimit { name: "request_payload_bytes_max".into(), value: 16_384 }],
+                persistence: PersistenceStatus {
+                    state_path: "/var/lib/tollgate/state.redb".into(),
+                    snapshot_interval_ms: 1_000,
+                    commits: 12,
+                    write_failures: 0,
+                    last_error: None,
+                },
+            })),
+        ),
+        response(
+            "lockouts-one",
+            5,
+            Response::Lockouts {
+                lockouts: vec![Lockout {
+                    route: "login".into(),
+                    rule: "source_failures".into(),
+                    key: "0f1e2d3c4b5a69788796a5b4c3d2e1f0".into(),
+                    count: 5,
+                    until_ms: 1_700_000_900_000,
+                    retry_after_ms: 899_250,
+                }],
+                total: 1,
+            },
+        ),
+        response("unlocked-2", 6, Response::Unlocked { cleared: 2 }),
+        response("clock-advanced", 8, Response::ClockAdvanced { now_ms: 1_893_456_900_000 }),
+        response(
+            "error-unknown-route",
+            9,
+            Response::Error(ErrorReply { code: ErrorCode::UnknownRoute, message: "unknown route `signup`".into() }),
+        ),
+        response(
+            "error-frame-too-large",
+            0,
+            Response::Error(ErrorReply {
+                code: ErrorCode::FrameTooLarge,
+                message: "frame of 16385 bytes is over the maximum of 16384; closing".into(),
+            }),
+        ),
+    ]
+}
+
+fn encode(case: &Case) -> Vec<u8> {
+    let mut out = Vec::new();
+    match &case.message {
+        Message::Request(r) => encode_request(case.id, r, &mut out),
+        Message::Response(r) => encode_response(case.id, r, &mut out),
+    }
+    out
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// One annotated run of bytes: a line with a `#` comment and any following
+/// lines without one.
+struct Field {
+    line: usize,
+    bytes: Vec<u8>,
+    comment: String,
+}
+
+struct Vector {
+    name: String,
+    line: usize,
+    fields: Vec<Field>,
+}
+
+impl Vector {
+    fn bytes(&self) -> Vec<u8> {
+        self.fields.iter().flat_map(|f| f.bytes.iter().copied()).collect()
+    }
+}
+
+fn parse_hex(text: &str) -> Result<Vec<u8>, String> {
+    let digits: Vec<u8> = text.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
+    if let Some(bad) = digits.iter().find(|b| !b.is_ascii_hexdigit()) {
+        return Err(format!("`{}` is not a hex digit in `{}`", char::from(*bad), text.trim()));
+    }
+    if digits.len() % 2 != 0 {
+        return Err(format!("odd number of hex digits in `{}`", text.trim()));
+    }
+    let value = |d: u8| char::from(d).to_digit(16).expect("checked above") as u8;
+    Ok(digits.chunks(2).map(|pair| value(pair[0]) << 4 | value(pair[1])).collect())
+}
+
+/// Every vector in the document. A vector is a fenced block whose first
+/// line is `vector: <name>`, followed by `hex:` and the frame's bytes; text
+/// after `#` on a line is that line's annotation.
+fn parse_vectors(doc: &str) -> Result<Vec<Vector>, String> {
+    let mut vectors = Vec::new();
+    let mut in_fence = false;
+    let mut current: Option<Vector> = None;
+    let mut in_hex = false;
+    for (i, raw) in doc.lines().enumerate() {
+        let n = i + 1;
+        let line = raw.trim();
+        if line.starts_with("```") {
+            if let Some(vector) = current.take() {
+                if vector.fields.is_empty() {
+                    return Err(format!("{DOC}:{}: vector `{}` has no bytes", vector.line, vector.name));
+                }
+                vectors.push(vector);
+            }
+            in_fence = !in_fence;
+            in_hex = false;
+            continue;
+        }
+        if let Some(name) = line.strip_prefix("vector:") {
+            if !in_fence {
+                return Err(format!("{DOC}:{n}: `vector:` outside a fenced block"));
+            }
+            if let Some(open) = &current {
+                return Err(format!("{DOC}:{n}: second vector in the block of `{}`", open.name));
+            }
+            current = Some(Vector { name: name.trim().to_string(), line: n, fields: Vec::new() });
+            continue;
+        }
+        let Some(vector) = current.as_mut() else { continue };
+        let rest = match line.strip_prefix("hex:") {
+            Some(_) if in_hex => return Err(format!("{DOC}:{n}: second `hex:` in vector `{}`", vector.name)),
+            Some(rest) => {
+                in_hex = true;
+                rest
+            }
+            None if in_hex || line.is_empty() => line,
+            None => return Err(format!("{DOC}:{n}: expected `hex:` in vector `{}`", vector.name)),
+        };
+        let (digits, comment) = match rest.split_once('#') {
+            Some((digits, comment)) => (digits, Some(comment.trim())),
+            None => (rest, None),
+        };
+        let bytes = parse_hex(digits).map_err(|e| format!("{DOC}:{n}: {e}"))?;
+        match (comment, vector.fields.last_mut()) {
+            // A line with only a comment, or an empty line, adds nothing.
+            _ if bytes.is_empty() => {}
+            (Some(comment), _) => vector.fields.push(Field { line: n, bytes, comment: comment.to_string() }),
+            (None, Some(field)) => field.bytes.extend(bytes),
+            (None, None) => vector.fields.push(Field { line: n, bytes, comment: String::new() }),
+        }
+    }
+    if in_fence {
+        return Err(format!("{DOC}: a fenced block is never closed"));
+    }
+    Ok(vectors)
+}
+
+fn read_document() -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(DOC);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+fn documented() -> Vec<Vector> {
+    parse_vectors(&read_document()).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The documented vectors by name, and the cases by name, both checked to
+/// be one-to-one.
+fn pairs() -> Vec<(Vector, Case)> {
+    let mut by_name: BTreeMap<&str, Case> = BTreeMap::new();
+    for case in cases() {
+        let name = case.name;
+        assert!(by_name.insert(name, case).is_none(), "test case `{name}` is listed twice");
+    }
+    let mut pairs = Vec::new();
+    let mut problems = Vec::new();
+    let mut seen = BTreeMap::new();
+    for vector in documented() {
+        if let Some(first) = seen.insert(vector.name.clone(), vector.line) {
+            problems.push(format!(
+                "{DOC}:{}: vector `{}` is documented twice (first at line {first})",
+                vector.line, vector.name
+            ));
+            continue;
+        }
+        match by_name.remove(vector.name.as_str()) {
+            Some(case) => pairs.push((vector, case)),
+            None => problems.push(format!("{DOC}:{}: vector `{}` has no test case", vector.line, vector.name)),
+        }
+    }
+    for name in by_name.keys() {
+        problems.push(format!("test case `{name}` is not documented in {DOC}"));
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    pairs
+}
+
+/// Checks that an annotation (`<type> <field> = <value> ...`) describes
+/// exactly the bytes it stands beside.
+fn check_annotation(field: &Field) -> Result<(), String> {
+    let comment = field.comment.as_str();
+    let (kind, rest) = comment.split_once(' ').ok_or("no `<type> <field> = <value>` annotation")?;
+    let value = rest.split_once('=').map(|(_, v)| v.trim()).ok_or("the annotation has no `= <value>`")?;
+    let first = value.split_whitespace().next().unwrap_or("");
+    let bad = |e: &dyn std::fmt::Display| format!("`{first}` is not a {kind}: {e}");
+    let expected: Vec<u8> = match kind {
+        "u8" => vec![first.parse::<u8>().map_err(|e| bad(&e))?],
+        "u32" => first.parse::<u32>().map_err(|e| bad(&e))?.to_le_bytes().to_vec(),
+        "u64" => first.parse::<u64>().map_err(|e| bad(&e))?.to_le_bytes().to_vec(),
+        "bool" => match first {
+            "false" => vec![0],
+            "true" => vec![1],
+            _ => return Err(bad(&"expected true or false")),
+        },
+        "utf8" => {
+            let text = value
+                .strip_prefix('"')
+                .and_then(|v| v.rfind('"').map(|end| &v[..end]))
+                .ok_or("a utf8 value must be in double quotes")?;
+            text.as_bytes().to_vec()
+        }
+        "ipv4" => first.parse::<Ipv4Addr>().map_err(|e| bad(&e))?.octets().to_vec(),
+        "ipv6" => first.parse::<Ipv6Addr>().map_err(|e| bad(&e))?.octets().to_vec(),
+        other => return Err(format!("unknown annotation type `{other}`")),
+    };
+    if expected != field.bytes {
+        return Err(format!("the annotation means {} but the bytes are {}", hex(&expected), hex(&field.bytes)));
+    }
+    Ok(())
+}
+
+fn fail_on(problems: Vec<String>) {
+    assert!(problems.is_empty(), "{} problem(s):\n{}", problems.len(), problems.join("\n"));
+}
+
+#[test]
+fn every_documented_vector_has_a_case_and_every_case_is_documented() {
+    assert!(!pairs().is_empty());
+}
+
+#[test]
+fn the_encoder_writes_exactly_the_documented_bytes() {
+    let mut problems = Vec::new();
+    for (vector, case) in pairs() {
+        let documented = vector.bytes();
+        let encoded = encode(&case);
+        if encoded != documented {
+            problems.push(format!(
+                "{DOC}:{}: vector `{}`\n  documented {}\n  encoder    {}",
+                vector.line,
+                vector.name,
+                hex(&documented),
+                hex(&encoded)
+            ));
+        }
+        let max = match case.message {
+            Message::Request(_) => REQUEST_PAYLOAD_BYTES_MAX,
+            Message::Response(_) => RESPONSE_PAYLOAD_BYTES_MAX,
+        };
+        if frame_len(&documented, max) != Ok(Some(documented.len())) {
+            problems.push(format!("{DOC}:{}: vector `{}` is not exactly one frame", vector.line, vector.name));
+        }
+    }
+    fail_on(problems);
+}
+
+#[test]
+fn the_documented_bytes_decode_to_the_case() {
+    let mut problems = Vec::new();
+    for (vector, case) in pairs() {
+        let bytes = vector.bytes();
+        let payload = bytes.get(FRAME_HEADER_BYTES..).unwrap_or_default();
+        let mismatch = match &case.message {
+            Message::Request(expected) => match decode_request(payload) {
+                Ok((id, request)) if (id, &request) == (case.id, expected) => None,
+                Ok(decoded) => Some(format!("decodes to {decoded:?}, not {:?}", (case.id, expected))),
+                Err(failure) => Some(format!("does not decode: {}", failure.error)),
+            },
+            Message::Response(expected) => match decode_response(payload) {
+                Ok((id, response)) if (id, &response) == (case.id, expected) => None,
+                Ok(decoded) => Some(format!("decodes to {decoded:?}, not {:?}", (case.id, expected))),
+                Err(failure) => Some(format!("does not decode: {}", failure.error)),
+            },
+        };
+        if let Some(mismatch) = mismatch {
+            problems.push(format!("{DOC}:{}: vector `{}` {mismatch}", vector.line, vector.name));
+        }
+    }
+    fail_on(problems);
+}
+
+#[test]
+fn every_annotation_matches_its_bytes() {
+    let mut problems = Vec::new();
+    for (vector, _) in pairs() {
+        for field in &vector.fields {
+            if let Err(e) = check_annotation(field) {
+                problems.push(format!("{DOC}:{}: vector `{}`: {e}", field.line, vector.name));
+            }
+        }
+    }
+    fail_on(problems);
+}
+
+/// Every variant of both message enums. `variant` below is exhaustive, so
+/// a new variant does not compile until it is named there; add it here too,
+/// and the test below fails until PROTOCOL.md has a vector for it.
+const VARIANTS: [&str; 12] = [
+    "Request::Check",
+    "Request::Report",
+    "Request::Status",
+    "Request::Lockouts",
+    "Request::Unlock",
+    "Request::ClockAdvance",
+    "Response::Verdict",
+    "Response::Status",
+    "Response::Lockouts",
+    "Response::Unlocked",
+    "Response::ClockAdvanced",
+    "Response::Error",
+];
+
+fn variant(message: &Message) -> &'static str {
+    match message {
+        Message::Request(r) => match r {
+            Request::Check { .. } => "Request::Check",
+            Request::Report { .. } => "Request::Report",
+            Request::Status => "Request::Status",
+            Request::Lockouts { .. } => "Request::Lockouts",
+            Request::Unlock { .. } => "Request::Unlock",
+            Request::ClockAdvance { .. } => "Request::ClockAdvance",
+        },
+        Message::Response(r) => match r {
+            Response::Verdict(_) => "Response::Verdict",
+            Response::Status(_) => "Response::Status",
+            Response::Lockouts { .. } => "Response::Lockouts",
+            Response::Unlocked { .. } => "Response::Unlocked",
+            Response::ClockAdvanced { .. } => "Response::ClockAdvanced",
+            Response::Error(_) => "Response::Error",
+        },
+    }
+}
+
+#[test]
+fn every_request_and_response_variant_has_a_vector() {
+    let covered: Vec<&str> = pairs().iter().map(|(_, case)| variant(&case.message)).collect();
+    let missing: Vec<&str> = VARIANTS.iter().copied().filter(|v| !covered.contains(v)).collect();
+    assert!(missing.is_empty(), "no vector in {DOC} for {missing:?}");
+}
+
+/// Every value of a fieldless enum, found by decoding discriminants 0, 1, ...
+/// until one is refused, with the name it serializes to (its JSON name).
+fn wire_values<T: bincode::Decode<()> + serde::Serialize>() -> Vec<(u32, String)> {
+    (0u32..)
+        .map_while(|i| {
+            let (value, _) = bincode::decode_from_slice::<T, _>(&i.to_le_bytes(), WIRE).ok()?;
+            let name = serde_json::to_value(&value).expect("plain data serializes");
+            Some((i, name.as_str().expect("a fieldless variant serializes to a string").to_string()))
+        })
+        .collect()
+}
+
+/// The rows of the table whose header starts with "| `<name>` value |": the
+/// number in the first column and the backquoted name in the second.
+fn documented_values(doc: &str, name: &str) -> Result<Vec<(u32, String)>, String> {
+    let header = format!("`{name}` value");
+    let mut lines = doc.lines().skip_while(|l| l.split('|').nth(1).map(str::trim) != Some(header.as_str()));
+    if lines.next().is_none() {
+        return Err(format!("{DOC} has no table headed `{header}`"));
+    }
+    lines
+        .skip(1) // the |---| line
+        .take_while(|l| l.trim_start().starts_with('|'))
+        .map(|row| {
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            match (cells.get(1).and_then(|c| c.parse().ok()), cells.get(2)) {
+                (Some(value), Some(name)) => Ok((value, name.trim_matches('`').to_string())),
+                _ => Err(format!("{name}: cannot read the table row `{row}`")),
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn enum_tables_list_every_value_with_its_name() {
+    let doc = read_document();
+    let mut problems = Vec::new();
+    for (name, code) in [
+        ("Outcome", wire_values::<Outcome>()),
+        ("Decision", wire_values::<Decision>()),
+        ("Reason", wire_values::<Reason>()),
+        ("ErrorCode", wire_values::<ErrorCode>()),
+    ] {
+        match documented_values(&doc, name) {
+            Ok(documented) if documented == code => {}
+            Ok(documented) => problems.push(format!("{name}: {DOC} lists {documented:?}; the code has {code:?}")),
+            Err(e) => problems.push(e),
+        }
+    }
+    fail_on(problems);
+}
