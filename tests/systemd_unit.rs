@@ -1,0 +1,233 @@
+//! The shipped systemd unit keeps its sandboxing, and (where the machine has
+//! `systemd-analyze`) systemd itself accepts it.
+//!
+//! A missing or changed hardening key fails this test everywhere. Only the
+//! `systemd-analyze verify` part is skipped, with a "skipped: <reason>" line,
+//! when the tool is absent or cannot run in this environment.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const UNIT_PATH: &str = "systemd/tollgate.service";
+const EXEC_PATH: &str = "/usr/bin/tollgate";
+const VERIFY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// (section, key, value) for every assignment, in file order.
+fn parse_unit(text: &str) -> Vec<(String, String, String)> {
+    let mut section = String::new();
+    let mut entries = Vec::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
+            continue;
+        }
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            section = name.to_string();
+            continue;
+        }
+        let (key, value) = line.split_once('=').unwrap_or_else(|| panic!("{UNIT_PATH}: not an assignment: {line:?}"));
+        assert!(!value.ends_with('\\'), "{UNIT_PATH}: keep assignments on one line: {line:?}");
+        entries.push((section.clone(), key.trim().to_string(), value.trim().to_string()));
+    }
+    entries
+}
+
+fn unit_text() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(UNIT_PATH);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+/// Every value assigned to `key` in [Service].
+fn service_values<'a>(entries: &'a [(String, String, String)], key: &str) -> Vec<&'a str> {
+    entries.iter().filter(|(s, k, _)| s == "Service" && k == key).map(|(_, _, v)| v.as_str()).collect()
+}
+
+/// Keys that must each be assigned exactly once in [Service], with this value.
+const REQUIRED: &[(&str, &str)] = &[
+    ("Type", "simple"),
+    ("User", "tollgate"),
+    ("Group", "tollgate"),
+    ("RuntimeDirectory", "tollgate"),
+    ("RuntimeDirectoryMode", "0750"),
+    ("StateDirectory", "tollgate"),
+    ("StateDirectoryMode", "0700"),
+    ("Restart", "on-failure"),
+    ("KillSignal", "SIGTERM"),
+    ("TimeoutStopSec", "15"),
+    ("UMask", "0077"),
+    ("NoNewPrivileges", "yes"),
+    ("ProtectSystem", "strict"),
+    ("ProtectHome", "yes"),
+    ("PrivateTmp", "yes"),
+    ("PrivateDevices", "yes"),
+    ("PrivateNetwork", "yes"),
+    ("RestrictAddressFamilies", "AF_UNIX"),
+    ("ProtectKernelTunables", "yes"),
+    ("ProtectKernelModules", "yes"),
+    ("ProtectKernelLogs", "yes"),
+    ("ProtectControlGroups", "yes"),
+    ("ProtectClock", "yes"),
+    ("ProtectHostname", "yes"),
+    ("ProtectProc", "invisible"),
+    ("ProcSubset", "pid"),
+    ("RestrictNamespaces", "yes"),
+    ("RestrictRealtime", "yes"),
+    ("RestrictSUIDSGID", "yes"),
+    ("LockPersonality", "yes"),
+    ("MemoryDenyWriteExecute", "yes"),
+    ("SystemCallArchitectures", "native"),
+    ("CapabilityBoundingSet", ""),
+    ("AmbientCapabilities", ""),
+];
+
+/// Keys the daemon does not support yet; setting them would mislead.
+const ABSENT: &[&str] = &["ExecReload"];
+
+#[test]
+fn unit_keeps_its_hardening() {
+    let entries = parse_unit(&unit_text());
+    let mut problems = Vec::new();
+    for &(key, want) in REQUIRED {
+        match service_values(&entries, key).as_slice() {
+            [] => problems.push(format!("{key}= is missing (want {key}={want})")),
+            [got] if *got == want => {}
+            [got] => problems.push(format!("{key}={got}, want {key}={want}")),
+            many => problems.push(format!("{key}= is set {} times ({many:?}), want once: {key}={want}", many.len())),
+        }
+    }
+    for &key in ABSENT {
+        if !service_values(&entries, key).is_empty() {
+            problems.push(format!("{key}= must not be set"));
+        }
+    }
+    // A list setting: the allow list, then the deny list, in that order
+    // (a later `~` list subtracts from the earlier allow list).
+    let filters = service_values(&entries, "SystemCallFilter");
+    if filters != ["@system-service", "~@privileged @resources"] {
+        problems
+            .push(format!("SystemCallFilter= is {filters:?}, want [\"@system-service\", \"~@privileged @resources\"]"));
+    }
+    assert!(problems.is_empty(), "{UNIT_PATH}:\n  {}", problems.join("\n  "));
+}
+
+#[test]
+fn unit_execs_tollgate_serve() {
+    let entries = parse_unit(&unit_text());
+    let exec = service_values(&entries, "ExecStart");
+    assert_eq!(exec.len(), 1, "{UNIT_PATH}: want exactly one ExecStart=, found {exec:?}");
+    let words: Vec<&str> = exec[0].split_whitespace().collect();
+    assert_eq!(words.first(), Some(&EXEC_PATH), "{UNIT_PATH}: ExecStart={} must run {EXEC_PATH}", exec[0]);
+    assert_eq!(words.get(1), Some(&"serve"), "{UNIT_PATH}: ExecStart={} must invoke `tollgate serve`", exec[0]);
+}
+
+#[test]
+fn sysusers_declares_the_tollgate_user() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd/tollgate.sysusers");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let line = text
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty() && !l.starts_with('#'))
+        .unwrap_or_else(|| panic!("{} declares nothing", path.display()));
+    assert_eq!(line, r#"u tollgate - "tollgate rate limiter" /var/lib/tollgate"#);
+}
+
+enum Run {
+    Finished {
+        success: bool,
+        code: Option<i32>,
+        stderr: String,
+    },
+    /// The tool could not be started or did not finish: an environment problem.
+    Unavailable(String),
+}
+
+fn systemd_analyze_verify(unit: &Path) -> Run {
+    let child = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg("--man=no")
+        .arg(unit)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(child) => child,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Run::Unavailable("systemd-analyze is not installed".into())
+        }
+        Err(e) => return Run::Unavailable(format!("systemd-analyze cannot be started: {e}")),
+    };
+    let started = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if started.elapsed() > VERIFY_TIMEOUT => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Run::Unavailable(format!("systemd-analyze verify did not finish within {VERIFY_TIMEOUT:?}"));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => return Run::Unavailable(format!("waiting for systemd-analyze: {e}")),
+        }
+    }
+    let output = child.wait_with_output().expect("collecting systemd-analyze output");
+    Run::Finished {
+        success: output.status.success(),
+        code: output.status.code(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+/// The unit's text with ExecStart pointing at the binary cargo built, so
+/// `verify` can check that the command exists and is executable.
+fn with_built_binary(text: &str, binary: &Path) -> String {
+    let binary = binary.to_str().expect("binary path is UTF-8");
+    assert!(!binary.contains(char::is_whitespace), "binary path {binary:?} has whitespace");
+    let from = format!("ExecStart={EXEC_PATH} ");
+    assert!(text.contains(&from), "{UNIT_PATH}: no `{from}` line to rewrite");
+    text.replace(&from, &format!("ExecStart={binary} "))
+}
+
+#[test]
+fn systemd_analyze_verify_accepts_the_unit() {
+    let binary = PathBuf::from(env!("CARGO_BIN_EXE_tollgate"));
+    let dir = tempfile::tempdir().expect("temporary directory");
+
+    // First a trivial unit: if even that does not verify, the environment
+    // (not the unit) is the problem, and this part is skipped.
+    let baseline = dir.path().join("tollgate-baseline-probe.service");
+    std::fs::write(&baseline, format!("[Service]\nType=oneshot\nExecStart={} --version\n", binary.display()))
+        .expect("writing the probe unit");
+    match systemd_analyze_verify(&baseline) {
+        Run::Unavailable(reason) => {
+            println!("skipped: {reason}");
+            return;
+        }
+        Run::Finished { success: false, code, stderr } => {
+            println!(
+                "skipped: systemd-analyze verify fails even on a trivial unit here (exit {code:?}): {}",
+                stderr.trim()
+            );
+            return;
+        }
+        Run::Finished { success: true, .. } => {}
+    }
+
+    let unit = dir.path().join("tollgate.service");
+    std::fs::write(&unit, with_built_binary(&unit_text(), &binary)).expect("writing the unit copy");
+    match systemd_analyze_verify(&unit) {
+        Run::Unavailable(reason) => println!("skipped: {reason}"),
+        Run::Finished { success, code, stderr } => {
+            assert!(success, "systemd-analyze verify {UNIT_PATH} exited {code:?}:\n{stderr}");
+            // systemd only warns (exit 0) about an unknown key or a value it
+            // cannot parse, naming the file and line: treat those as failures.
+            let unit_name = unit.to_string_lossy();
+            let warnings: Vec<&str> =
+                stderr.lines().filter(|l| l.contains(&*unit_name) || l.starts_with("tollgate.service:")).collect();
+            assert!(warnings.is_empty(), "systemd-analyze verify warns about {UNIT_PATH}:\n{}", warnings.join("\n"));
+            println!("systemd-analyze verify {UNIT_PATH}: ok");
+        }
+    }
+}
