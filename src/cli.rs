@@ -178,7 +178,8 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
         }
         Command::Report(args) => {
             let a = &args.attempt;
-            let request = Request::Report { route: &a.route, subject: a.subject(), outcome: args.outcome };
+            let request =
+                Request::Report { route: &a.route, subject: a.subject(), outcome: args.outcome, password_digest: None };
             print_verdict(&a.common, client(&a.common).call(&request).await?)
         }
         Command::Status(common) => {
@@ -279,10 +280,22 @@ fn print_status(s: &crate::protocol::Status) {
     );
     println!("connections: {}", s.connections);
     for route in &s.routes {
-        println!("route {}  (fail {})", route.name, route.fail_policy);
+        let mut extras = Vec::new();
+        if route.known_devices_max > 0 {
+            extras.push(format!("known devices {}/{}", route.known_devices, route.known_devices_max));
+        }
+        if route.recent_passwords > 0 {
+            extras.push(format!("remembers {} wrong passwords per source", route.recent_passwords));
+        }
+        let extras = if extras.is_empty() { String::new() } else { format!(", {}", extras.join(", ")) };
+        println!("route {}  (fail {}{extras})", route.name, route.fail_policy);
         for r in &route.rules {
             let limit = if r.kind == "rate" {
-                format!("{} per {} s, burst {}", r.limit, r.period_ms / 1000, r.burst)
+                let mut text = format!("{} per {} s, burst {}", r.limit, r.period_ms / 1000, r.burst);
+                for c in &r.class_limits {
+                    text += &format!("; {} {} per {} s, burst {}", c.class, c.limit, c.period_ms / 1000, c.burst);
+                }
+                text
             } else {
                 format!(
                     "{} failures per {} s{}",
@@ -291,8 +304,14 @@ fn print_status(s: &crate::protocol::Status) {
                     if r.cleared_by_success { ", cleared by success" } else { "" }
                 )
             };
+            let scope = if r.devices == "all" { String::new() } else { format!(" [{} devices]", r.devices) };
+            let mode = if r.monitor {
+                format!("MONITOR would refuse {}", r.would_refuse)
+            } else {
+                format!("{} refused {}", r.responses.join(">"), r.refused)
+            };
             println!(
-                "  {:<18} {:<8} key ({})  {}  entries {}/{}",
+                "  {:<22} {:<8} key ({}){scope}  {}  entries {}/{}  {mode}",
                 r.name,
                 r.kind,
                 r.key.join(", "),
@@ -302,6 +321,13 @@ fn print_status(s: &crate::protocol::Status) {
             );
         }
     }
+    println!(
+        "source classes: {} prefixes  reloads {}  failed {}{}",
+        s.class_prefixes,
+        s.reloads,
+        s.reload_failures,
+        s.last_reload_error.as_ref().map(|e| format!("  LAST RELOAD ERROR: {e}")).unwrap_or_default()
+    );
     let limits: Vec<String> = s.limits.iter().map(|l| format!("{}={}", l.name, l.value)).collect();
     println!("limits: {}", limits.join("  "));
     let p = &s.persistence;

@@ -13,6 +13,7 @@ use tokio::net::UnixStream;
 
 use crate::codec::{self, FRAME_HEADER_BYTES, RESPONSE_PAYLOAD_BYTES_MAX};
 use crate::config::{builtin_routes, FailPolicy};
+use crate::gcra::{decide, GcraSpec};
 use crate::protocol::{ErrorReply, Lockout, Outcome, Request, Response, Status, Subject, Verdict};
 
 /// Per-call timeout for the request path: low single-digit milliseconds, so
@@ -44,8 +45,10 @@ pub enum Answer {
     /// The daemon refused the request itself (an identifier too long, an
     /// unknown route): treat the attempt as refused, and fix the caller.
     Rejected(ErrorReply),
-    /// The daemon could not answer in time; the route's fail policy decides.
-    Unavailable { policy: FailPolicy, error: ClientError },
+    /// The daemon could not answer in time; the route's fail policy
+    /// decides. A closed route may still let the attempt through when it is
+    /// within the route's static budget (`ClientConfig::static_budget`).
+    Unavailable { policy: FailPolicy, error: ClientError, within_static_budget: bool },
 }
 
 impl Answer {
@@ -54,7 +57,9 @@ impl Answer {
         match self {
             Answer::Verdict(v) => v.proceeds(),
             Answer::Rejected(_) => false,
-            Answer::Unavailable { policy, .. } => *policy == FailPolicy::Open,
+            Answer::Unavailable { policy, within_static_budget, .. } => {
+                *policy == FailPolicy::Open || *within_static_budget
+            }
         }
     }
 
@@ -73,6 +78,10 @@ pub struct ClientConfig {
     /// Fail policy per route; routes not listed use `default_fail_policy`.
     pub fail_policies: HashMap<String, FailPolicy>,
     pub default_fail_policy: FailPolicy,
+    /// For closed routes: attempts this process lets through per route while
+    /// the daemon is unreachable (a GCRA per route, not per key). None by
+    /// default: closed means refuse.
+    pub static_budgets: HashMap<String, GcraSpec>,
 }
 
 impl ClientConfig {
@@ -85,7 +94,17 @@ impl ClientConfig {
             timeout: CALL_TIMEOUT_DEFAULT,
             fail_policies,
             default_fail_policy: FailPolicy::Open,
+            static_budgets: HashMap::new(),
         }
+    }
+
+    /// Lets a closed route through at `limit` per `period` (burst `burst`)
+    /// in this process while the daemon is unreachable: a conservative
+    /// floor instead of an outage. Size it for one process of many.
+    pub fn static_budget(mut self, route: &str, limit: u32, period: Duration, burst: u32) -> ClientConfig {
+        let spec = GcraSpec::new(limit.max(1), (period.as_micros() as u64).max(1), burst.max(1));
+        self.static_budgets.insert(route.to_string(), spec);
+        self
     }
 
     pub fn timeout(mut self, timeout: Duration) -> ClientConfig {
@@ -110,11 +129,20 @@ pub struct Client {
     config: ClientConfig,
     pool: Mutex<Vec<Connection>>,
     next_id: AtomicU64,
+    /// Per closed route with a static budget: its GCRA TAT.
+    budget_tats: Mutex<HashMap<String, u64>>,
+    started: std::time::Instant,
 }
 
 impl Client {
     pub fn new(config: ClientConfig) -> Client {
-        Client { config, pool: Mutex::new(Vec::new()), next_id: AtomicU64::new(1) }
+        Client {
+            config,
+            pool: Mutex::new(Vec::new()),
+            next_id: AtomicU64::new(1),
+            budget_tats: Mutex::new(HashMap::new()),
+            started: std::time::Instant::now(),
+        }
     }
 
     pub fn config(&self) -> &ClientConfig {
@@ -128,7 +156,20 @@ impl Client {
 
     /// Tells the outcome after verifying the credential.
     pub async fn report(&self, route: &str, subject: &Subject<'_>, outcome: Outcome) -> Answer {
-        self.decide(route, &Request::Report { route, subject: subject.clone(), outcome }).await
+        self.report_with_password(route, subject, outcome, None).await
+    }
+
+    /// Like `report`, with the attempted password's digest (see
+    /// [`password_digest`]), so that a failure repeating a recent wrong
+    /// password is not counted again.
+    pub async fn report_with_password(
+        &self,
+        route: &str,
+        subject: &Subject<'_>,
+        outcome: Outcome,
+        password_digest: Option<[u8; 16]>,
+    ) -> Answer {
+        self.decide(route, &Request::Report { route, subject: subject.clone(), outcome, password_digest }).await
     }
 
     async fn decide(&self, route: &str, request: &Request<'_>) -> Answer {
@@ -142,7 +183,16 @@ impl Client {
 
     fn unavailable(&self, route: &str, error: ClientError) -> Answer {
         let policy = self.config.fail_policies.get(route).copied().unwrap_or(self.config.default_fail_policy);
-        Answer::Unavailable { policy, error }
+        let within_static_budget = policy == FailPolicy::Closed
+            && self.config.static_budgets.get(route).is_some_and(|spec| {
+                let now = self.started.elapsed().as_micros() as u64 + 1;
+                let mut tats = self.budget_tats.lock().unwrap_or_else(|e| e.into_inner());
+                let tat = tats.get(route).copied();
+                let (decision, after) = decide(*spec, tat, now, true);
+                tats.insert(route.to_string(), after);
+                decision.allowed
+            });
+        Answer::Unavailable { policy, error, within_static_budget }
     }
 
     pub async fn status(&self) -> Result<Status, ClientError> {
@@ -236,4 +286,18 @@ fn unexpected(response: Response<'static>) -> ClientError {
         Response::Error(e) => ClientError::Daemon(e),
         other => ClientError::Protocol(format!("{other:?}")),
     }
+}
+
+/// The digest to pass as `password_digest`: keyed BLAKE2b of the account and
+/// the attempted password, under a key only the auth server holds (32 bytes
+/// of its own secret). The daemon sees neither the password nor a hash that
+/// could be attacked offline, and only ever compares digests for equality.
+pub fn password_digest(key: &[u8; 32], account: &str, password: &str) -> [u8; 16] {
+    use blake2::digest::consts::U16;
+    use blake2::digest::{FixedOutput, KeyInit, Update};
+    let mut mac = blake2::Blake2bMac::<U16>::new_from_slice(key).expect("32-byte key fits BLAKE2b");
+    mac.update(&(account.len() as u64).to_le_bytes());
+    mac.update(account.as_bytes());
+    mac.update(password.as_bytes());
+    mac.finalize_fixed().into()
 }

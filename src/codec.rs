@@ -163,6 +163,7 @@ mod tests {
                 client_id: None,
             },
             outcome: Outcome::Failure,
+            password_digest: Some([7; 16]),
         }
     }
 

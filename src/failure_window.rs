@@ -347,6 +347,45 @@ impl FailureWindowTable {
         }
     }
 
+    /// Applies new limits at a reload; entries keep their counts. With a new
+    /// window length each entry is re-dated to the current window with its
+    /// estimate as its count, so a reload neither invents nor lifts
+    /// lockouts beyond what the new threshold itself implies. O(entries):
+    /// reloads only, never per request.
+    pub fn reconfigure(&mut self, spec: WindowSpec, entries_max: usize, now_us: u64) {
+        assert!(spec.threshold >= 1 && spec.threshold <= THRESHOLD_MAX, "validated by config");
+        assert!(spec.window_us >= WINDOW_US_MIN, "validated by config");
+        let old = self.spec;
+        let mut live: Vec<u32> = Vec::with_capacity(self.len);
+        for list in &self.lists[1..] {
+            let mut at = list.head;
+            while at != NIL {
+                live.push(at);
+                at = self.slots[at as usize].next;
+            }
+        }
+        live.sort_by_key(|&i| self.slots[i as usize].counts.window);
+        for &i in &live {
+            self.unlink(i);
+        }
+        self.spec = spec;
+        self.entries_max = entries_max.max(1);
+        self.lists = vec![EMPTY; spec.threshold as usize + 1];
+        for i in live {
+            let mut counts = self.slots[i as usize].counts;
+            if spec.window_us != old.window_us {
+                let estimate = old.estimate(counts, now_us);
+                counts = Counts { window: spec.window_index(now_us), previous: 0, current: estimate };
+            }
+            if counts.previous == 0 && counts.current == 0 {
+                self.remove(i);
+            } else {
+                self.write(i, counts);
+            }
+        }
+        while self.len > self.entries_max && self.evict_least_informative(now_us).is_ok() {}
+    }
+
     fn insert(&mut self, key: Key, now_us: u64) -> Result<u32, TableError> {
         if self.len >= self.entries_max {
             self.expire(now_us);
@@ -565,6 +604,22 @@ mod tests {
         }
         assert_eq!(table.record_failure(key(9), now), Err(TableError::FullOfLockouts(3)));
         assert_eq!(table.len(), 3);
+    }
+
+    #[test]
+    fn reconfiguring_keeps_counts_and_applies_the_new_threshold() {
+        let mut table = FailureWindowTable::new(spec(5), 100);
+        let now = 500 * WINDOW;
+        for _ in 0..3 {
+            table.record_failure(key(1), now).unwrap();
+        }
+        table.record_failure(key(2), now).unwrap();
+        table.reconfigure(spec(3), 100, now);
+        assert_eq!(table.locked(now).map(|(k, _)| k).collect::<Vec<_>>(), vec![key(1)]);
+        assert_eq!(table.get(key(2), now).current, 1);
+        table.reconfigure(WindowSpec { window_us: 2 * WINDOW, threshold: 3 }, 1, now);
+        assert_eq!(table.len(), 1, "shrunk to the new cap, the lockout kept");
+        assert!(table.spec().is_locked(table.get(key(1), now), now));
     }
 
     #[test]

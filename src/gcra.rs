@@ -4,20 +4,10 @@
 //! only one of them may use.
 //!
 //! Our own code because it is the product's core and tiny; the table is a
-//! plain hashbrown map keyed by the digest's bits (see `keys::Key::hash_bits`).
+//! bounded `ExpiringMap` whose expiry *is* the TAT.
 
-use std::hash::{BuildHasherDefault, Hasher};
-
-use hashbrown::HashMap;
-
+use crate::expiring::{ExpiringMap, Slot};
 use crate::keys::Key;
-
-/// A table sweeps out expired entries after this many inserts, or after as
-/// many inserts as half its size if larger, so sweeping is amortised O(1).
-pub const SWEEP_ENTRIES_MIN: usize = 1024;
-/// When a table is full of live keys, this many are sampled and the one
-/// closest to expiry (least information) is evicted.
-pub const EVICTION_SAMPLE: usize = 8;
 
 /// Limits of one rate rule: `burst` requests at once, refilled at one request
 /// per `interval_us`.
@@ -82,47 +72,19 @@ pub fn decide(spec: GcraSpec, tat_us: Option<u64>, now_us: u64, spend: bool) -> 
     (decision, after.min(u64::MAX as i128) as u64)
 }
 
-/// Passes the key's (already uniformly random) bits through as the hash.
-#[derive(Default)]
-pub struct DigestHasher(u64);
-
-impl Hasher for DigestHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            self.0 = self.0.rotate_left(29) ^ u64::from_le_bytes(word);
-        }
-    }
-    fn write_u64(&mut self, value: u64) {
-        self.0 = value;
-    }
-}
-
-pub type DigestBuildHasher = BuildHasherDefault<DigestHasher>;
-
-/// One rule's GCRA state: TAT per key, bounded by `entries_max`.
-/// Keyed by the 64-bit tuple digest: 16 bytes per entry plus the map's
-/// control byte, and a collision merely shares a bucket between two clients
-/// with probability 2^-64.
+/// One rule's GCRA state: TAT per key, bounded. Keyed by the 64-bit tuple
+/// digest: 16 bytes per entry plus the map's control byte; a collision
+/// merely shares a bucket between two clients with probability 2^-64. The
+/// limits are passed to each call, so a rule's per-class limits and a
+/// reload's new limits apply to the same table.
 #[derive(Debug)]
 pub struct GcraTable {
-    spec: GcraSpec,
-    entries_max: usize,
-    inserts_since_sweep: usize,
-    tats: HashMap<u64, u64, DigestBuildHasher>,
+    tats: ExpiringMap<()>,
 }
 
 impl GcraTable {
-    pub fn new(spec: GcraSpec, entries_max: usize) -> GcraTable {
-        GcraTable { spec, entries_max: entries_max.max(1), inserts_since_sweep: 0, tats: HashMap::default() }
-    }
-
-    pub fn spec(&self) -> GcraSpec {
-        self.spec
+    pub fn new(entries_max: usize) -> GcraTable {
+        GcraTable { tats: ExpiringMap::new(entries_max) }
     }
 
     pub fn len(&self) -> usize {
@@ -134,51 +96,33 @@ impl GcraTable {
     }
 
     pub fn entries_max(&self) -> usize {
-        self.entries_max
+        self.tats.entries_max()
+    }
+
+    pub fn set_entries_max(&mut self, entries_max: usize) {
+        self.tats.set_entries_max(entries_max);
     }
 
     /// One decision for `key` at `now_us`; spends from the budget when
-    /// `spend` and allowed.
-    pub fn check(&mut self, key: Key, now_us: u64, spend: bool) -> GcraDecision {
+    /// `spend` and allowed. A TAT at or before now is not stored at all.
+    pub fn check(&mut self, spec: GcraSpec, key: Key, now_us: u64, spend: bool) -> GcraDecision {
         let id = key.hash_bits();
-        if let Some(tat) = self.tats.get_mut(&id) {
-            let (decision, after) = decide(self.spec, Some(*tat), now_us, spend);
-            *tat = after;
-            return decision;
-        }
-        let (decision, after) = decide(self.spec, None, now_us, spend);
-        // A TAT at or before now carries no information: store only a debt.
-        if after > now_us {
-            self.make_room(now_us);
-            self.tats.insert(id, after);
+        let tat = self.tats.get(id, now_us).map(|s| s.expires_us);
+        let (decision, after) = decide(spec, tat, now_us, spend);
+        if Some(after) != tat {
+            self.tats.set(id, Slot { expires_us: after, value: () }, now_us);
         }
         decision
     }
 
     /// Reads without spending.
-    pub fn peek(&self, key: Key, now_us: u64) -> GcraDecision {
-        decide(self.spec, self.tats.get(&key.hash_bits()).copied(), now_us, false).0
-    }
-
-    fn make_room(&mut self, now_us: u64) {
-        self.inserts_since_sweep += 1;
-        if self.inserts_since_sweep >= SWEEP_ENTRIES_MIN.max(self.tats.len() / 2) {
-            self.sweep(now_us);
-        }
-        if self.tats.len() >= self.entries_max {
-            // Full of live keys: drop the one that would free up soonest
-            // among a few (hash order is random, so this is a random sample).
-            let victim = self.tats.iter().take(EVICTION_SAMPLE).min_by_key(|(_, tat)| **tat).map(|(id, _)| *id);
-            if let Some(id) = victim {
-                self.tats.remove(&id);
-            }
-        }
+    pub fn peek(&self, spec: GcraSpec, key: Key, now_us: u64) -> GcraDecision {
+        decide(spec, self.tats.get(key.hash_bits(), now_us).map(|s| s.expires_us), now_us, false).0
     }
 
     /// Drops every entry whose TAT has passed (maintenance; not per request).
     pub fn sweep(&mut self, now_us: u64) {
-        self.inserts_since_sweep = 0;
-        self.tats.retain(|_, tat| *tat > now_us);
+        self.tats.sweep(now_us);
     }
 }
 
@@ -195,47 +139,51 @@ mod tests {
     #[test]
     fn burst_is_allowed_at_once_then_refill_at_the_rate() {
         // 60 a minute, burst 10
-        let mut table = GcraTable::new(GcraSpec::new(60, 60 * SECOND, 10), 100);
+        let spec = GcraSpec::new(60, 60 * SECOND, 10);
+        let mut table = GcraTable::new(100);
         let now = 1_000 * SECOND;
         for expected_remaining in (0..10).rev() {
-            let d = table.check(key(1), now, true);
+            let d = table.check(spec, key(1), now, true);
             assert!(d.allowed);
             assert_eq!(d.remaining, expected_remaining);
         }
-        let refused = table.check(key(1), now, true);
+        let refused = table.check(spec, key(1), now, true);
         assert!(!refused.allowed);
         assert_eq!(refused.retry_after_us, SECOND);
-        assert!(!table.check(key(1), now + SECOND - 1, true).allowed);
-        assert!(table.check(key(1), now + SECOND, true).allowed);
+        assert!(!table.check(spec, key(1), now + SECOND - 1, true).allowed);
+        assert!(table.check(spec, key(1), now + SECOND, true).allowed);
         // other keys are untouched
-        assert!(table.check(key(2), now, true).allowed);
+        assert!(table.check(spec, key(2), now, true).allowed);
     }
 
     #[test]
     fn peek_never_spends() {
-        let mut table = GcraTable::new(GcraSpec::new(1, SECOND, 1), 100);
+        let spec = GcraSpec::new(1, SECOND, 1);
+        let mut table = GcraTable::new(100);
         for _ in 0..5 {
-            assert!(table.peek(key(1), 0).allowed);
+            assert!(table.peek(spec, key(1), 0).allowed);
         }
-        assert!(table.check(key(1), 0, true).allowed);
-        assert!(!table.peek(key(1), 0).allowed);
+        assert!(table.check(spec, key(1), 0, true).allowed);
+        assert!(!table.peek(spec, key(1), 0).allowed);
     }
 
     #[test]
     fn table_stays_within_its_cap() {
-        let mut table = GcraTable::new(GcraSpec::new(1, 3600 * SECOND, 5), 2_000);
+        let spec = GcraSpec::new(1, 3600 * SECOND, 5);
+        let mut table = GcraTable::new(2_000);
         for n in 0..50_000 {
-            table.check(key(n), 0, true);
+            table.check(spec, key(n), 0, true);
             assert!(table.len() <= 2_000);
         }
     }
 
     #[test]
     fn expired_entries_are_swept_when_the_table_grows() {
-        let mut table = GcraTable::new(GcraSpec::new(1, SECOND, 1), 1_000_000);
-        for n in 0..(SWEEP_ENTRIES_MIN as u64 * 4) {
-            table.check(key(n), n * 10 * SECOND, true);
+        let spec = GcraSpec::new(1, SECOND, 1);
+        let mut table = GcraTable::new(1_000_000);
+        for n in 0..(crate::expiring::SWEEP_INSERTS_MIN as u64 * 4) {
+            table.check(spec, key(n), n * 10 * SECOND, true);
         }
-        assert!(table.len() < SWEEP_ENTRIES_MIN, "len {}", table.len());
+        assert!(table.len() < crate::expiring::SWEEP_INSERTS_MIN, "len {}", table.len());
     }
 }

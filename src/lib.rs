@@ -7,22 +7,29 @@
 //! - [`protocol`]: every request and response type.
 //! - [`limiter`]: routes and rules; derives keys and runs one table step
 //!   per rule (pure: time is passed in).
-//! - [`source`]: the client address behind proxies, and its prefix.
+//! - [`source`]: the client address behind proxies, and its prefix;
+//!   [`classes`]: the source class of an address (CIDR file).
 //! - [`keys`]: keyed BLAKE2b digests of every identifier.
-//! - [`gcra`] and [`failure_window`]: the two counters.
+//! - [`gcra`] and [`failure_window`]: the two counters; [`expiring`]: the
+//!   bounded map behind GCRA, escalation, known devices and recent passwords.
 //! - [`store`]: the redb state file and its writer thread (the only module
 //!   that touches redb).
 //!
-//! Around it: [`config`] (TOML over built-in defaults), [`clock`] (the only
+//! Around it: [`access`] (who may ask what, by peer credentials), [`audit`]
+//! (rate-capped refusal and audit lines), [`config`] (TOML over built-in defaults), [`clock`] (the only
 //! place time is read), [`client`] (what an auth server links) and [`cli`].
 //! ARCHITECTURE.md states the invariants.
 #![forbid(unsafe_code)]
 
+pub mod access;
+pub mod audit;
+pub mod classes;
 pub mod cli;
 pub mod client;
 pub mod clock;
 pub mod codec;
 pub mod config;
+pub mod expiring;
 pub mod failure_window;
 pub mod gcra;
 pub mod keys;

@@ -5,17 +5,24 @@
 //! Tables are sharded, each shard behind a `std::sync::Mutex` held for one
 //! table step and never across an `.await`: a step is a few hundred
 //! nanoseconds, so a blocking mutex beats an async one, and sharding keeps
-//! two cores from queueing on one lock.
+//! two cores from queueing on one lock. Tables live behind `Arc`s so that a
+//! reloaded limiter keeps every counter and lockout of the rules it keeps.
 
 use std::borrow::Cow;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::classes::{ClassTable, SourceClass};
 use crate::clock::ceil_ms;
-use crate::config::{Config, FailPolicy, RouteConfig, RuleKind, RULES_PER_ROUTE_MAX};
+use crate::config::{
+    Config, DeviceScope, FailPolicy, RateLimit, ResponsePolicy, RouteConfig, RuleConfig, RuleKind, Rung,
+    RULES_PER_ROUTE_MAX,
+};
+use crate::expiring::{ExpiringMap, Slot};
 use crate::failure_window::{Counts, FailureWindowTable, WindowSpec};
-use crate::gcra::{GcraSpec, GcraTable};
+use crate::gcra::{GcraDecision, GcraSpec, GcraTable};
 use crate::keys::{Component, Key, KeyDeriver};
-use crate::protocol::{Decision, Lockout, Outcome, Reason, RouteStatus, RuleStatus, Subject, Verdict};
+use crate::protocol::{ClassLimit, Decision, Lockout, Outcome, Reason, RouteStatus, RuleStatus, Subject, Verdict};
 use crate::source::SourcePolicy;
 use crate::store::{Durable, Journal, PersistedEntry};
 
@@ -49,10 +56,13 @@ impl<T> Shards<T> {
         Shards((0..SHARDS).map(|_| Mutex::new(make(per_shard))).collect())
     }
 
-    fn of(&self, key: Key) -> MutexGuard<'_, T> {
+    fn of_bits(&self, bits: u64) -> MutexGuard<'_, T> {
         // Middle bits: the tables hash with the low (bucket) and top (tag) bits.
-        let shard = (key.tuple >> 32) as usize & (SHARDS - 1);
-        lock(&self.0[shard])
+        lock(&self.0[(bits >> 32) as usize & (SHARDS - 1)])
+    }
+
+    fn of(&self, key: Key) -> MutexGuard<'_, T> {
+        self.of_bits(key.tuple)
     }
 
     fn each(&self) -> impl Iterator<Item = MutexGuard<'_, T>> {
@@ -66,9 +76,17 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+type SharedTable<T> = Arc<Shards<T>>;
+
 enum Table {
-    Rate { limit: u32, period_us: u64, spec: GcraSpec, shards: Shards<GcraTable> },
-    Failures { spec: WindowSpec, cleared_by_success: bool, shards: Shards<FailureWindowTable> },
+    Rate { rate: RateLimit, by_class: [Option<RateLimit>; 4], shards: SharedTable<GcraTable> },
+    Failures { spec: WindowSpec, cleared_by_success: bool, shards: SharedTable<FailureWindowTable> },
+}
+
+#[derive(Default)]
+struct RuleCounters {
+    refused: AtomicU64,
+    would_refuse: AtomicU64,
 }
 
 struct Rule {
@@ -76,48 +94,108 @@ struct Rule {
     /// `route/rule`: how the state file names this rule's entries.
     id: Arc<str>,
     key: Vec<Component>,
+    monitor: bool,
+    responses: Vec<Rung>,
+    required: bool,
+    devices: DeviceScope,
     table: Table,
+    /// Refusals per key within a cool-down: the ladder's position.
+    escalation: SharedTable<ExpiringMap<u16>>,
+    counters: Arc<RuleCounters>,
+}
+
+impl Rule {
+    /// How long a key's escalation lasts after its last refusal.
+    fn cool_down_us(&self) -> u64 {
+        match &self.table {
+            Table::Rate { rate, .. } => rate.period_us,
+            Table::Failures { spec, .. } => spec.window_us,
+        }
+    }
+}
+
+struct KnownDevices {
+    ttl_us: u64,
+    shards: SharedTable<ExpiringMap<()>>,
+}
+
+/// The last few wrong-password digests per (account, source prefix).
+struct RecentPasswords {
+    remembered: usize,
+    ttl_us: u64,
+    shards: SharedTable<ExpiringMap<[u32; 4]>>,
 }
 
 struct Route {
     name: String,
     fail_policy: FailPolicy,
     rules: Vec<Rule>,
+    known_devices: Option<KnownDevices>,
+    recent_passwords: Option<RecentPasswords>,
 }
 
 /// One rule's view of a request, before rules are combined.
 struct RuleAnswer<'r> {
     refused: bool,
+    /// The refusal happened in monitor mode: counted, not enforced.
+    monitored: bool,
     reason: Reason,
+    rung: Rung,
     retry_after_us: u64,
+    delay_us: u64,
     limit: u32,
     remaining: u32,
     reset_us: u64,
     rule: &'r str,
 }
 
-/// Per-request digests, computed at most once each.
+/// Per-request digests and source facts, computed at most once each.
 struct SubjectKeys<'s, 'k> {
     subject: &'s Subject<'s>,
     route: &'s str,
-    source: &'k SourcePolicy,
-    keys: &'k KeyDeriver,
+    limiter: &'k Limiter,
+    class: Option<Option<SourceClass>>,
     digests: [Option<[u8; 16]>; 5],
 }
 
 impl SubjectKeys<'_, '_> {
+    fn client(&mut self) -> Result<(std::net::IpAddr, Option<SourceClass>), RequestError> {
+        let peer = self
+            .subject
+            .peer
+            .ok_or_else(|| RequestError::MissingField { route: self.route.to_string(), field: "peer" })?;
+        let forwarded = self.subject.forwarded_for.filter(|h| h.len() <= FORWARDED_FOR_BYTES_MAX);
+        let address = self.limiter.source.client_address(peer, forwarded);
+        let class = *self.class.get_or_insert_with(|| self.limiter.classes.lookup(address));
+        Ok((address, class))
+    }
+
+    fn source_class(&mut self) -> Option<SourceClass> {
+        self.client().ok().and_then(|(_, class)| class)
+    }
+
+    fn has(&self, component: Component) -> bool {
+        match component {
+            Component::Prefix => self.subject.peer.is_some(),
+            Component::Account => self.subject.account.is_some(),
+            Component::Device => self.subject.device.is_some(),
+            Component::Tenant => self.subject.tenant.is_some(),
+            Component::ClientId => self.subject.client_id.is_some(),
+        }
+    }
+
     fn component(&mut self, component: Component) -> Result<[u8; 16], RequestError> {
         let slot = component as usize - 1;
         if let Some(d) = self.digests[slot] {
             return Ok(d);
         }
         let missing = || RequestError::MissingField { route: self.route.to_string(), field: component.name() };
+        let keys = &self.limiter.keys;
         let digest = match component {
             Component::Prefix => {
-                let peer = self.subject.peer.ok_or_else(missing)?;
-                let forwarded = self.subject.forwarded_for.filter(|h| h.len() <= FORWARDED_FOR_BYTES_MAX);
-                let prefix = self.source.prefix(self.source.client_address(peer, forwarded));
-                self.keys.component(Component::Prefix, &prefix.to_bytes())
+                let (address, class) = self.client()?;
+                let prefix = self.limiter.source.prefix_in_class(address, class);
+                keys.component(Component::Prefix, &prefix.to_bytes())
             }
             other => {
                 let value = match other {
@@ -126,7 +204,7 @@ impl SubjectKeys<'_, '_> {
                     Component::Tenant => self.subject.tenant,
                     _ => self.subject.client_id,
                 };
-                self.keys.component(other, value.ok_or_else(missing)?.as_bytes())
+                keys.component(other, value.ok_or_else(missing)?.as_bytes())
             }
         };
         self.digests[slot] = Some(digest);
@@ -138,7 +216,22 @@ impl SubjectKeys<'_, '_> {
         for (i, c) in components.iter().enumerate() {
             parts[i] = (*c, self.component(*c)?);
         }
-        Ok(self.keys.tuple(&parts[..components.len()]))
+        Ok(self.limiter.keys.tuple(&parts[..components.len()]))
+    }
+
+    /// The rule's key, or `None` when the rule does not apply to this
+    /// request (a device scope that does not match, or an optional rule
+    /// whose key field is absent).
+    fn rule_key(&mut self, rule: &Rule, known_device: bool) -> Result<Option<Key>, RequestError> {
+        let applies = match rule.devices {
+            DeviceScope::All => true,
+            DeviceScope::UnknownDevices => !known_device,
+            DeviceScope::KnownDevices => known_device,
+        };
+        if !applies || (!rule.required && !rule.key.iter().all(|c| self.has(*c))) {
+            return Ok(None);
+        }
+        self.key(&rule.key).map(Some)
     }
 }
 
@@ -162,18 +255,34 @@ fn check_lengths(subject: &Subject<'_>) -> Result<(), RequestError> {
 pub struct Limiter {
     routes: Vec<Route>,
     source: SourcePolicy,
+    classes: Arc<ClassTable>,
+    responses: ResponsePolicy,
     keys: KeyDeriver,
     journal: Journal,
 }
 
 impl Limiter {
-    pub fn new(config: &Config, keys: KeyDeriver, journal: Journal) -> Limiter {
-        Limiter {
-            routes: config.routes.iter().map(build_route).collect(),
-            source: config.source.clone(),
-            keys,
-            journal,
-        }
+    pub fn new(config: &Config, classes: Arc<ClassTable>, keys: KeyDeriver, journal: Journal) -> Limiter {
+        Limiter::build(config, classes, keys, journal, None, 0)
+    }
+
+    /// A limiter for a new configuration that keeps the tables (counters,
+    /// lockouts, known devices) of every rule and route it shares with
+    /// `self`, applying new limits to them.
+    pub fn reconfigured(&self, config: &Config, classes: Arc<ClassTable>, now_us: u64) -> Limiter {
+        Limiter::build(config, classes, self.keys.clone(), self.journal.clone(), Some(self), now_us)
+    }
+
+    fn build(
+        config: &Config,
+        classes: Arc<ClassTable>,
+        keys: KeyDeriver,
+        journal: Journal,
+        previous: Option<&Limiter>,
+        now_us: u64,
+    ) -> Limiter {
+        let routes = config.routes.iter().map(|r| build_route(r, previous, now_us)).collect();
+        Limiter { routes, source: config.source.clone(), classes, responses: config.responses.clone(), keys, journal }
     }
 
     fn route(&self, name: &str) -> Result<&Route, RequestError> {
@@ -187,27 +296,63 @@ impl Limiter {
         self.route(route).ok().map(|r| r.fail_policy)
     }
 
-    /// `check`: may this attempt proceed? Failure rules are read first; a
-    /// refused attempt spends nothing. Then every rate rule spends one.
+    /// The source prefix a subject is counted under (for log lines).
+    pub fn client_prefix(&self, subject: &Subject<'_>) -> Option<crate::source::Prefix> {
+        let peer = subject.peer?;
+        let forwarded = subject.forwarded_for.filter(|h| h.len() <= FORWARDED_FOR_BYTES_MAX);
+        let address = self.source.client_address(peer, forwarded);
+        Some(self.source.prefix_in_class(address, self.classes.lookup(address)))
+    }
+
+    pub fn class_prefixes(&self) -> usize {
+        self.classes.len()
+    }
+
+    fn subject_keys<'s>(&'s self, route: &'s str, subject: &'s Subject<'s>) -> SubjectKeys<'s, 's> {
+        SubjectKeys { subject, route, limiter: self, class: None, digests: [None; 5] }
+    }
+
+    fn known_device(&self, route: &Route, keys: &mut SubjectKeys<'_, '_>, now_us: u64) -> Result<bool, RequestError> {
+        let Some(known) = &route.known_devices else { return Ok(false) };
+        if keys.subject.account.is_none() || keys.subject.device.is_none() {
+            return Ok(false);
+        }
+        let key = keys.key(&[Component::Account, Component::Device])?;
+        Ok(known.shards.of(key).get(key.tuple, now_us).is_some())
+    }
+
+    /// `check`: may this attempt proceed? Failure rules are read first; an
+    /// attempt they refuse spends nothing. Then every rate rule spends one.
+    /// A refusal moves the key one rung up its rule's ladder.
     pub fn check<'a>(&'a self, route: &str, subject: &Subject<'_>, now_us: u64) -> Result<Verdict<'a>, RequestError> {
         let route = self.route(route)?;
         check_lengths(subject)?;
         let mut keys = self.subject_keys(&route.name, subject);
+        let known = self.known_device(route, &mut keys, now_us)?;
         let mut answers = Vec::with_capacity(route.rules.len());
-        for rule in &route.rules {
-            if let Table::Failures { spec, shards, .. } = &rule.table {
-                let key = keys.key(&rule.key)?;
-                let counts = shards.of(key).get(key, now_us);
-                answers.push(failure_answer(rule, *spec, counts, now_us));
+        let mut rule_keys = [None; RULES_PER_ROUTE_MAX];
+        for (i, rule) in route.rules.iter().enumerate() {
+            rule_keys[i] = keys.rule_key(rule, known)?;
+        }
+        for (rule, key) in route.rules.iter().zip(rule_keys) {
+            if let (Table::Failures { shards, .. }, Some(key)) = (&rule.table, key) {
+                let (spec, counts) = {
+                    let table = shards.of(key);
+                    (table.spec(), table.get(key, now_us))
+                };
+                answers.push(self.escalate(rule, key, failure_answer(rule, spec, counts, now_us), now_us, true));
             }
         }
-        if !answers.iter().any(|a| a.refused) {
-            for rule in &route.rules {
-                if let Table::Rate { spec, shards, .. } = &rule.table {
-                    let key = keys.key(&rule.key)?;
-                    let decision = shards.of(key).check(key, now_us, true);
-                    answers.push(rate_answer(rule, *spec, decision));
-                    if !decision.allowed {
+        if !answers.iter().any(|a| a.refused && !a.monitored) {
+            let class = keys.source_class();
+            for (rule, key) in route.rules.iter().zip(rule_keys) {
+                if let (Table::Rate { shards, .. }, Some(key)) = (&rule.table, key) {
+                    let spec = rate_spec(&rule.table, class);
+                    let decision = shards.of(key).check(spec, key, now_us, true);
+                    let answer = self.escalate(rule, key, rate_answer(rule, spec, decision), now_us, true);
+                    let stop = answer.refused && !answer.monitored;
+                    answers.push(answer);
+                    if stop {
                         break;
                     }
                 }
@@ -216,35 +361,110 @@ impl Limiter {
         Ok(combine(&answers))
     }
 
-    /// `report`: counts a failure on every failure rule of the route, or
-    /// clears the (own-key) entries of rules cleared by success. Returns the
-    /// verdict a check would now give (without spending), and, when this
-    /// report locked a key, the durable write the reply must wait for.
+    /// Places a refusal on the rule's ladder and phrases it: the rung, a
+    /// Retry-After escalated per key (never shorter than the true wait, plus
+    /// jitter), a progressive delay. With `climb`, the key moves up a rung.
+    fn escalate<'r>(
+        &self,
+        rule: &'r Rule,
+        key: Key,
+        mut answer: RuleAnswer<'r>,
+        now_us: u64,
+        climb: bool,
+    ) -> RuleAnswer<'r> {
+        if !answer.refused {
+            return answer;
+        }
+        if rule.monitor {
+            answer.monitored = true;
+            if climb {
+                rule.counters.would_refuse.fetch_add(1, Ordering::Relaxed);
+            }
+            return answer;
+        }
+        let level = {
+            let mut table = rule.escalation.of(key);
+            let level = table.get(key.tuple, now_us).map_or(0, |s| s.value);
+            if climb {
+                let slot = Slot {
+                    expires_us: now_us + answer.retry_after_us + rule.cool_down_us(),
+                    value: level.saturating_add(1),
+                };
+                table.set(key.tuple, slot, now_us);
+            }
+            level as usize
+        };
+        if climb {
+            rule.counters.refused.fetch_add(1, Ordering::Relaxed);
+        }
+        let policy = &self.responses;
+        answer.rung = rule.responses[level.min(rule.responses.len() - 1)];
+        let step = policy.retry_after_steps_us[level.min(policy.retry_after_steps_us.len() - 1)];
+        // Jitter from the key and level: spread across clients, stable for a
+        // client (no randomness source on the request path).
+        let spread =
+            (key.tuple ^ (level as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_mul(0xD6E8_FEB8_6659_FD93);
+        let jitter_max = step / 100 * policy.jitter_percent as u64;
+        let jitter = (spread >> 11) % (jitter_max + 1);
+        answer.retry_after_us = answer.retry_after_us.max(step + jitter);
+        if answer.rung == Rung::Delay {
+            let doubled = policy.delay_base_us.saturating_mul(1u64 << level.min(20));
+            answer.delay_us = doubled.min(policy.delay_max_us);
+        }
+        answer
+    }
+
+    /// `report`: counts a failure on every failure rule that applies, or
+    /// clears the (own-key) entries of rules cleared by success, and records
+    /// a known device on success. Returns the verdict a check would now give
+    /// (without spending or climbing), and, when this report locked a key,
+    /// the durable write the reply must wait for.
     pub fn report<'a>(
         &'a self,
         route: &str,
         subject: &Subject<'_>,
         outcome: Outcome,
+        password_digest: Option<[u8; 16]>,
         now_us: u64,
     ) -> Result<(Verdict<'a>, Option<Durable>), RequestError> {
         let route = self.route(route)?;
         check_lengths(subject)?;
         let mut keys = self.subject_keys(&route.name, subject);
+        let known = self.known_device(route, &mut keys, now_us)?;
         // Derive every key before touching any table, so a missing field
         // cannot leave a report counted on some rules and not others.
-        let mut rule_keys = [Key::default(); RULES_PER_ROUTE_MAX];
-        assert!(route.rules.len() <= RULES_PER_ROUTE_MAX, "validated by config");
+        let mut rule_keys = [None; RULES_PER_ROUTE_MAX];
         for (i, rule) in route.rules.iter().enumerate() {
-            rule_keys[i] = keys.key(&rule.key)?;
+            rule_keys[i] = keys.rule_key(rule, known)?;
         }
+        let repeated = match (outcome, password_digest, &route.recent_passwords) {
+            (Outcome::Failure, Some(digest), Some(recent))
+                if keys.has(Component::Prefix) && keys.has(Component::Account) =>
+            {
+                let key = keys.key(&[Component::Account, Component::Prefix])?;
+                self.remember_password(recent, key, &digest, now_us)
+            }
+            _ => false,
+        };
+        if outcome == Outcome::Success {
+            if let (Some(known_devices), true) =
+                (&route.known_devices, keys.has(Component::Device) && keys.has(Component::Account))
+            {
+                let key = keys.key(&[Component::Account, Component::Device])?;
+                let slot = Slot { expires_us: now_us + known_devices.ttl_us, value: () };
+                known_devices.shards.of(key).set(key.tuple, slot, now_us);
+            }
+        }
+        let class = keys.source_class();
         let mut answers = Vec::with_capacity(route.rules.len());
         let mut durable = None;
-        for (rule, &key) in route.rules.iter().zip(rule_keys.iter()) {
+        for (rule, key) in route.rules.iter().zip(rule_keys) {
+            let Some(key) = key else { continue };
             match &rule.table {
-                Table::Failures { spec, cleared_by_success, shards } => {
+                Table::Failures { cleared_by_success, shards, .. } => {
                     let mut table = shards.of(key);
                     let counts = match outcome {
-                        Outcome::Failure => match table.record_failure(key, now_us) {
+                        Outcome::Failure if !repeated => match table.record_failure(key, now_us) {
                             Ok(recorded) => {
                                 if recorded.now_locked && !recorded.was_locked {
                                     // Written while the shard is locked, so it is
@@ -261,21 +481,38 @@ impl Limiter {
                             table.clear(key);
                             table.get(key, now_us)
                         }
-                        Outcome::Success => table.get(key, now_us),
+                        _ => table.get(key, now_us),
                     };
-                    answers.push(failure_answer(rule, *spec, counts, now_us));
+                    let spec = table.spec();
+                    drop(table);
+                    answers.push(self.escalate(rule, key, failure_answer(rule, spec, counts, now_us), now_us, false));
                 }
-                Table::Rate { spec, shards, .. } => {
-                    let decision = shards.of(key).peek(key, now_us);
-                    answers.push(rate_answer(rule, *spec, decision));
+                Table::Rate { shards, .. } => {
+                    let spec = rate_spec(&rule.table, class);
+                    let decision = shards.of(key).peek(spec, key, now_us);
+                    answers.push(self.escalate(rule, key, rate_answer(rule, spec, decision), now_us, false));
                 }
             }
         }
         Ok((combine(&answers), durable))
     }
 
-    fn subject_keys<'s>(&'s self, route: &'s str, subject: &'s Subject<'s>) -> SubjectKeys<'s, 's> {
-        SubjectKeys { subject, route, source: &self.source, keys: &self.keys, digests: [None; 5] }
+    /// Records a wrong-password digest for (account, prefix); true if it was
+    /// one of the last few already (a repeat, not a new guess).
+    fn remember_password(&self, recent: &RecentPasswords, key: Key, digest: &[u8; 16], now_us: u64) -> bool {
+        // Re-keyed with the daemon's secret and cut to 32 bits: enough to
+        // tell a few passwords apart, useless to anyone reading memory.
+        let mine = self.keys.component(Component::Account, digest);
+        let tag = u32::from_le_bytes([mine[0], mine[1], mine[2], mine[3]]) | 1; // 0 marks an empty slot
+        let mut table = recent.shards.of(key);
+        let mut seen = table.get(key.tuple, now_us).map_or([0; 4], |s| s.value);
+        let repeated = seen[..recent.remembered].contains(&tag);
+        if !repeated {
+            seen.copy_within(0..recent.remembered - 1, 1);
+            seen[0] = tag;
+        }
+        table.set(key.tuple, Slot { expires_us: now_us + recent.ttl_us, value: seen }, now_us);
+        repeated
     }
 
     /// Clears an account's entries on a route's failure rules: with a
@@ -336,8 +573,9 @@ impl Limiter {
         let mut total = 0u64;
         for route in &self.routes {
             for rule in &route.rules {
-                let Table::Failures { spec, shards, .. } = &rule.table else { continue };
+                let Table::Failures { shards, .. } = &rule.table else { continue };
                 for table in shards.each() {
+                    let spec = table.spec();
                     for (key, counts) in table.locked(now_us) {
                         total += 1;
                         if out.len() < limit {
@@ -361,17 +599,25 @@ impl Limiter {
     pub fn route_status(&self) -> Vec<RouteStatus> {
         self.routes
             .iter()
-            .map(|route| RouteStatus {
-                name: route.name.clone(),
-                fail_policy: route.fail_policy.name().to_string(),
-                rules: route.rules.iter().map(rule_status).collect(),
+            .map(|route| {
+                let (known_devices, known_devices_max) = route.known_devices.as_ref().map_or((0, 0), |k| {
+                    k.shards.each().fold((0, 0), |(n, m), t| (n + t.len() as u64, m + t.entries_max() as u64))
+                });
+                RouteStatus {
+                    name: route.name.clone(),
+                    fail_policy: route.fail_policy.name().to_string(),
+                    rules: route.rules.iter().map(rule_status).collect(),
+                    known_devices,
+                    known_devices_max,
+                    recent_passwords: route.recent_passwords.as_ref().map_or(0, |r| r.remembered as u8),
+                }
             })
             .collect()
     }
 
     /// Maintenance, off the request path: expires failure entries and sends
     /// every change since the last call to the journal. With `durable`, the
-    /// returned writes complete when the changes are on disk (graceful stop).
+    /// returned writes complete when the changes are on disk.
     pub fn snapshot(&self, now_us: u64, durable: bool) -> Vec<Durable> {
         let mut writes = Vec::new();
         for route in &self.routes {
@@ -380,10 +626,10 @@ impl Limiter {
                 for mut table in shards.each() {
                     table.expire(now_us);
                     let changes = table.take_changes();
-                    // Sent while the shard is locked: see `report`.
                     if changes.is_empty() {
                         continue;
                     }
+                    // Sent while the shard is locked: see `report`.
                     if durable {
                         writes.push(self.journal.write_durably(&rule.id, changes));
                     } else {
@@ -395,15 +641,23 @@ impl Limiter {
         writes
     }
 
-    /// Sweeps expired rate entries of one shard per call (round robin by
-    /// `tick`), so no single call holds a lock for a whole table.
-    pub fn sweep_rate_tables(&self, tick: u64, now_us: u64) {
+    /// Sweeps expired entries of the rate, escalation, known-device and
+    /// password tables, one shard per call (round robin by `tick`), so no
+    /// call holds a lock for a whole table.
+    pub fn sweep(&self, tick: u64, now_us: u64) {
         let shard = tick as usize % SHARDS;
         for route in &self.routes {
             for rule in &route.rules {
                 if let Table::Rate { shards, .. } = &rule.table {
                     lock(&shards.0[shard]).sweep(now_us);
                 }
+                lock(&rule.escalation.0[shard]).sweep(now_us);
+            }
+            if let Some(k) = &route.known_devices {
+                lock(&k.shards.0[shard]).sweep(now_us);
+            }
+            if let Some(r) = &route.recent_passwords {
+                lock(&r.shards.0[shard]).sweep(now_us);
             }
         }
     }
@@ -429,83 +683,141 @@ impl Limiter {
     }
 }
 
-fn build_route(config: &RouteConfig) -> Route {
-    let rules = config
+fn gcra_spec(rate: RateLimit) -> GcraSpec {
+    GcraSpec::new(rate.limit, rate.period_us, rate.burst)
+}
+
+fn rate_spec(table: &Table, class: Option<SourceClass>) -> GcraSpec {
+    match table {
+        Table::Rate { rate, by_class, .. } => gcra_spec(class.and_then(|c| by_class[c as usize]).unwrap_or(*rate)),
+        Table::Failures { .. } => unreachable!("rate_spec of a failure rule"),
+    }
+}
+
+fn build_route(config: &RouteConfig, previous: Option<&Limiter>, now_us: u64) -> Route {
+    let old_route = previous.and_then(|p| p.routes.iter().find(|r| r.name == config.name));
+    let rules = config.rules.iter().map(|rule| build_rule(config, rule, old_route, now_us)).collect();
+    let known_devices = config.known_devices.map(|(ttl_us, entries_max)| {
+        let shards = match old_route.and_then(|r| r.known_devices.as_ref()) {
+            Some(old) => reuse(&old.shards, entries_max, |t, cap| t.set_entries_max(cap)),
+            None => Arc::new(Shards::new(entries_max, ExpiringMap::new)),
+        };
+        KnownDevices { ttl_us, shards }
+    });
+    let longest_window = config
         .rules
         .iter()
-        .map(|rule| {
-            let table = match rule.kind {
-                RuleKind::Rate { limit, period_us, burst, entries_max } => {
-                    let spec = GcraSpec::new(limit, period_us, burst);
-                    Table::Rate {
-                        limit,
-                        period_us,
-                        spec,
-                        shards: Shards::new(entries_max, |cap| GcraTable::new(spec, cap)),
-                    }
-                }
-                RuleKind::Failures { threshold, window_us, cleared_by_success, entries_max } => {
-                    let spec = WindowSpec { window_us, threshold };
-                    Table::Failures {
-                        spec,
-                        cleared_by_success,
-                        shards: Shards::new(entries_max, |cap| FailureWindowTable::new(spec, cap)),
-                    }
-                }
-            };
-            Rule {
-                name: rule.name.clone(),
-                id: format!("{}/{}", config.name, rule.name).into(),
-                key: rule.key.clone(),
-                table,
-            }
+        .map(|r| match r.kind {
+            RuleKind::Failures { window_us, .. } => window_us,
+            RuleKind::Rate { .. } => 0,
         })
-        .collect();
-    Route { name: config.name.clone(), fail_policy: config.fail_policy, rules }
+        .max()
+        .unwrap_or(0)
+        .max(1_000_000);
+    let recent_passwords = config.recent_passwords.map(|(remembered, entries_max)| {
+        let shards = match old_route.and_then(|r| r.recent_passwords.as_ref()) {
+            Some(old) => reuse(&old.shards, entries_max, |t, cap| t.set_entries_max(cap)),
+            None => Arc::new(Shards::new(entries_max, ExpiringMap::new)),
+        };
+        RecentPasswords { remembered: remembered as usize, ttl_us: longest_window, shards }
+    });
+    Route { name: config.name.clone(), fail_policy: config.fail_policy, rules, known_devices, recent_passwords }
+}
+
+/// Keeps an existing sharded table, applying a new total cap to each shard.
+fn reuse<T>(shards: &SharedTable<T>, total_entries_max: usize, apply: impl Fn(&mut T, usize)) -> SharedTable<T> {
+    let per_shard = total_entries_max.div_ceil(SHARDS);
+    for mut t in shards.each() {
+        apply(&mut t, per_shard);
+    }
+    shards.clone()
+}
+
+fn build_rule(route: &RouteConfig, rule: &RuleConfig, old_route: Option<&Route>, now_us: u64) -> Rule {
+    let old = old_route.and_then(|r| r.rules.iter().find(|o| o.name == rule.name));
+    let table = match rule.kind {
+        RuleKind::Rate { rate, by_class, entries_max } => {
+            let shards = match old.map(|o| &o.table) {
+                Some(Table::Rate { shards, .. }) => reuse(shards, entries_max, |t, cap| t.set_entries_max(cap)),
+                _ => Arc::new(Shards::new(entries_max, GcraTable::new)),
+            };
+            Table::Rate { rate, by_class, shards }
+        }
+        RuleKind::Failures { threshold, window_us, cleared_by_success, entries_max } => {
+            let spec = WindowSpec { window_us, threshold };
+            let shards = match old.map(|o| &o.table) {
+                Some(Table::Failures { shards, .. }) => {
+                    reuse(shards, entries_max, |t, cap| t.reconfigure(spec, cap, now_us))
+                }
+                _ => Arc::new(Shards::new(entries_max, |cap| FailureWindowTable::new(spec, cap))),
+            };
+            Table::Failures { spec, cleared_by_success, shards }
+        }
+    };
+    let entries_max = match rule.kind {
+        RuleKind::Rate { entries_max, .. } | RuleKind::Failures { entries_max, .. } => entries_max,
+    };
+    Rule {
+        name: rule.name.clone(),
+        id: format!("{}/{}", route.name, rule.name).into(),
+        key: rule.key.clone(),
+        monitor: rule.monitor,
+        responses: rule.responses.clone(),
+        required: rule.required,
+        devices: rule.devices,
+        table,
+        escalation: match old {
+            Some(o) => reuse(&o.escalation, entries_max, |t, cap| t.set_entries_max(cap)),
+            None => Arc::new(Shards::new(entries_max, ExpiringMap::new)),
+        },
+        counters: old.map(|o| o.counters.clone()).unwrap_or_default(),
+    }
 }
 
 fn rule_status(rule: &Rule) -> RuleStatus {
     let key = rule.key.iter().map(|c| c.name().to_string()).collect();
-    match &rule.table {
-        Table::Rate { limit, period_us, spec, shards } => {
-            let (mut entries, mut entries_max) = (0, 0);
-            for t in shards.each() {
-                entries += t.len() as u64;
-                entries_max += t.entries_max() as u64;
+    let (kind, limit, burst, period_ms, cleared_by_success, class_limits, (entries, entries_max, refused_full)) =
+        match &rule.table {
+            Table::Rate { rate, by_class, shards } => {
+                let class_limits = SourceClass::ALL
+                    .iter()
+                    .filter_map(|c| {
+                        by_class[*c as usize].map(|r| ClassLimit {
+                            class: c.name().into(),
+                            limit: r.limit,
+                            burst: r.burst,
+                            period_ms: r.period_us / 1000,
+                        })
+                    })
+                    .collect();
+                let fill =
+                    shards.each().fold((0, 0, 0), |(n, m, f), t| (n + t.len() as u64, m + t.entries_max() as u64, f));
+                ("rate", rate.limit, rate.burst, rate.period_us / 1000, false, class_limits, fill)
             }
-            RuleStatus {
-                name: rule.name.clone(),
-                kind: "rate".into(),
-                key,
-                limit: *limit,
-                burst: spec.burst,
-                period_ms: period_us / 1000,
-                cleared_by_success: false,
-                entries,
-                entries_max,
-                refused_full: 0,
+            Table::Failures { spec, cleared_by_success, shards } => {
+                let fill = shards.each().fold((0, 0, 0), |(n, m, f), t| {
+                    (n + t.len() as u64, m + t.entries_max() as u64, f + t.refused_full())
+                });
+                ("failures", spec.threshold, 0, spec.window_us / 1000, *cleared_by_success, Vec::new(), fill)
             }
-        }
-        Table::Failures { spec, cleared_by_success, shards } => {
-            let (mut entries, mut entries_max, mut refused_full) = (0, 0, 0);
-            for t in shards.each() {
-                entries += t.len() as u64;
-                entries_max += t.entries_max() as u64;
-                refused_full += t.refused_full();
-            }
-            RuleStatus {
-                name: rule.name.clone(),
-                kind: "failures".into(),
-                key,
-                limit: spec.threshold,
-                burst: 0,
-                period_ms: spec.window_us / 1000,
-                cleared_by_success: *cleared_by_success,
-                entries,
-                entries_max,
-                refused_full,
-            }
-        }
+        };
+    RuleStatus {
+        name: rule.name.clone(),
+        kind: kind.into(),
+        key,
+        limit,
+        burst,
+        period_ms,
+        cleared_by_success,
+        entries,
+        entries_max,
+        refused_full,
+        monitor: rule.monitor,
+        responses: rule.responses.iter().map(|r| r.name().to_string()).collect(),
+        devices: rule.devices.name().into(),
+        refused: rule.counters.refused.load(Ordering::Relaxed),
+        would_refuse: rule.counters.would_refuse.load(Ordering::Relaxed),
+        class_limits,
     }
 }
 
@@ -521,8 +833,11 @@ fn failure_answer(rule: &Rule, spec: WindowSpec, counts: Counts, now_us: u64) ->
     };
     RuleAnswer {
         refused,
+        monitored: false,
         reason: if refused { Reason::TooManyFailures } else { Reason::Allowed },
+        rung: Rung::Deny,
         retry_after_us: if refused { spec.unlocks_at(counts, now_us) - now_us } else { 0 },
+        delay_us: 0,
         limit: spec.threshold,
         remaining: spec.remaining(counts, now_us),
         reset_us,
@@ -530,11 +845,14 @@ fn failure_answer(rule: &Rule, spec: WindowSpec, counts: Counts, now_us: u64) ->
     }
 }
 
-fn rate_answer(rule: &Rule, spec: GcraSpec, decision: crate::gcra::GcraDecision) -> RuleAnswer<'_> {
+fn rate_answer(rule: &Rule, spec: GcraSpec, decision: GcraDecision) -> RuleAnswer<'_> {
     RuleAnswer {
         refused: !decision.allowed,
+        monitored: false,
         reason: if decision.allowed { Reason::Allowed } else { Reason::RateLimited },
+        rung: Rung::Deny,
         retry_after_us: decision.retry_after_us,
+        delay_us: 0,
         limit: spec.burst,
         remaining: decision.remaining,
         reset_us: decision.reset_us,
@@ -542,13 +860,34 @@ fn rate_answer(rule: &Rule, spec: GcraSpec, decision: crate::gcra::GcraDecision)
     }
 }
 
-/// One verdict from the rules' answers: refused if any refuses (waiting for
-/// the longest of them), else allowed with the tightest rule's figures.
+/// One verdict from the rules' answers: if any enforcing rule refuses, its
+/// severest rung (then longest wait) decides; else allowed with the tightest
+/// rule's figures, or, when a monitored rule would have refused, allowed
+/// with that would-be refusal as the reason.
 fn combine<'r>(answers: &[RuleAnswer<'r>]) -> Verdict<'r> {
-    let refusing = answers.iter().filter(|a| a.refused).max_by_key(|a| a.retry_after_us);
-    let chosen = refusing.or_else(|| answers.iter().min_by_key(|a| a.remaining));
-    match chosen {
-        None => Verdict {
+    let enforced = answers.iter().filter(|a| a.refused && !a.monitored).max_by_key(|a| (a.rung, a.retry_after_us));
+    if let Some(a) = enforced {
+        let delay_us = answers.iter().filter(|a| a.refused && !a.monitored).map(|a| a.delay_us).max().unwrap_or(0);
+        return Verdict {
+            decision: match a.rung {
+                Rung::Delay => Decision::Delay,
+                Rung::Challenge => Decision::Challenge,
+                Rung::Deny => Decision::Deny,
+            },
+            retry_after_ms: ceil_ms(a.retry_after_us),
+            delay_ms: if a.rung == Rung::Delay { ceil_ms(delay_us) } else { 0 },
+            limit: a.limit,
+            remaining: a.remaining,
+            reset_ms: ceil_ms(a.reset_us),
+            reason: a.reason,
+            rule: Cow::Borrowed(a.rule),
+        };
+    }
+    // A would-be refusal names its rule and shows that rule's figures.
+    let monitored = answers.iter().filter(|a| a.monitored).max_by_key(|a| a.retry_after_us);
+    let tightest = monitored.or_else(|| answers.iter().min_by_key(|a| a.remaining));
+    let Some(t) = tightest else {
+        return Verdict {
             decision: Decision::Allow,
             retry_after_ms: 0,
             delay_ms: 0,
@@ -557,16 +896,21 @@ fn combine<'r>(answers: &[RuleAnswer<'r>]) -> Verdict<'r> {
             reset_ms: 0,
             reason: Reason::Allowed,
             rule: Cow::Borrowed(""),
-        },
-        Some(a) => Verdict {
-            decision: if a.refused { Decision::Deny } else { Decision::Allow },
-            retry_after_ms: ceil_ms(a.retry_after_us),
-            delay_ms: 0,
-            limit: a.limit,
-            remaining: a.remaining,
-            reset_ms: ceil_ms(a.reset_us),
-            reason: a.reason,
-            rule: Cow::Borrowed(a.rule),
-        },
+        };
+    };
+    let reason = match monitored {
+        Some(m) if m.reason == Reason::RateLimited => Reason::MonitorRateLimited,
+        Some(_) => Reason::MonitorTooManyFailures,
+        None => Reason::Allowed,
+    };
+    Verdict {
+        decision: Decision::Allow,
+        retry_after_ms: 0,
+        delay_ms: 0,
+        limit: t.limit,
+        remaining: t.remaining,
+        reset_ms: ceil_ms(t.reset_us),
+        reason,
+        rule: Cow::Borrowed(t.rule),
     }
 }

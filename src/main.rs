@@ -10,6 +10,8 @@ use std::time::Duration;
 use clap::Parser;
 use tokio::sync::watch;
 
+use tollgate::access::Access;
+use tollgate::classes::ClassTable;
 use tollgate::cli::{self, Cli, Command, ServeArgs};
 use tollgate::clock::Clock;
 use tollgate::config::{Config, ConfigError, CONFIG_PATH_DEFAULT};
@@ -73,6 +75,13 @@ fn load_config(args: &ServeArgs) -> Result<Config, ConfigError> {
     Config::build(raw).map_err(|errors| ConfigError::Invalid { path, errors })
 }
 
+fn load_classes(config: &Config) -> Result<ClassTable, tollgate::classes::ClassFileError> {
+    match &config.class_file {
+        Some(path) => ClassTable::load(path),
+        None => Ok(ClassTable::default()),
+    }
+}
+
 fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
     use anyhow::Context;
     if let Some(dir) = config.secret.parent() {
@@ -85,27 +94,65 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
     let persisted = store.load()?;
     let stats = Arc::new(StoreStats::default());
     let (journal, writer) = store.start_writer(stats.clone());
-    let limiter = Limiter::new(&config, KeyDeriver::new(&secret), journal);
+    let classes = Arc::new(load_classes(&config)?);
+    let limiter = Limiter::new(&config, classes, KeyDeriver::new(&secret), journal);
     let (restored, orphaned) = limiter.restore(persisted, clock.now_us());
     if orphaned > 0 {
         tracing::warn!(orphaned, "persisted entries name rules no longer configured; ignored");
     }
-    let daemon = Arc::new(Daemon::new(limiter, clock, config.clone(), stats));
+    let access = Access::resolve(&config.server, nix::unistd::geteuid().as_raw())?;
+    let daemon = Arc::new(Daemon::new(limiter, clock, config.clone(), access, stats));
 
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let listener = runtime
-        .block_on(server::bind(&config.socket))
-        .with_context(|| format!("cannot listen on {}", config.socket.display()))?;
+    // Socket activation: systemd passes the listening socket as fd 3 and
+    // owns its file; otherwise bind it ourselves.
+    let activated = listenfd::ListenFd::from_env().take_unix_listener(0)?;
+    let socket_activated = activated.is_some();
+    let listener = match activated {
+        Some(std_listener) => {
+            std_listener.set_nonblocking(true)?;
+            let _guard = runtime.enter();
+            tokio::net::UnixListener::from_std(std_listener)?
+        }
+        None => {
+            let group = match &config.server.socket_group {
+                Some(name) => Some(
+                    name.parse::<u32>()
+                        .ok()
+                        .or_else(|| tollgate::access::group_id(name))
+                        .with_context(|| format!("server.socket_group: no such group `{name}`"))?,
+                ),
+                None => None,
+            };
+            runtime
+                .block_on(server::bind(&config.socket, config.server.socket_mode, group))
+                .with_context(|| format!("cannot listen on {}", config.socket.display()))?
+        }
+    };
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT])?;
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])?;
     let signal_handle = signals.handle();
-    std::thread::Builder::new().name("tollgate-signals".into()).spawn(move || {
-        if let Some(signal) = signals.forever().next() {
-            tracing::info!(signal, "stopping");
-            let _ = stop_tx.send(true);
-        }
-    })?;
+    {
+        let daemon = daemon.clone();
+        std::thread::Builder::new().name("tollgate-signals".into()).spawn(move || {
+            for signal in signals.forever() {
+                if signal == SIGHUP {
+                    // Read and validate everything before touching the
+                    // running configuration; a bad file changes nothing.
+                    daemon.reload(load_config(&args).map_err(|e| e.to_string()).and_then(|config| {
+                        let classes = load_classes(&config).map_err(|e| e.to_string())?;
+                        Ok((config, Arc::new(classes)))
+                    }));
+                    continue;
+                }
+                tracing::info!(signal, "stopping");
+                let _ = stop_tx.send(true);
+                break;
+            }
+        })?;
+    }
 
     let maintenance_stop = Arc::new(AtomicBool::new(false));
     let maintenance = {
@@ -119,12 +166,12 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
                 let now = daemon.clock.now_us();
                 // Waiting for the commit bounds what is queued for the disk
                 // to one snapshot, however fast keys churn.
-                for write in daemon.limiter.snapshot(now, true) {
+                for write in daemon.limiter.load().snapshot(now, true) {
                     if let Err(e) = write.wait_blocking() {
                         tracing::warn!(error = %e, "snapshot not written; will retry");
                     }
                 }
-                daemon.limiter.sweep_rate_tables(tick, now);
+                daemon.limiter.load().sweep(tick, now);
                 tick += 1;
             }
         })?
@@ -137,20 +184,37 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
         manual_clock = daemon.clock.is_manual(),
         "tollgate listening"
     );
+    // Ready: listening, state loaded. Then keep systemd's watchdog fed from
+    // the event loop itself, so a wedged loop gets the daemon restarted.
+    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready, sd_notify::NotifyState::Status("serving")]);
+    let mut watchdog_us = 0;
+    if sd_notify::watchdog_enabled(false, &mut watchdog_us) {
+        let every = Duration::from_micros(watchdog_us / 2);
+        runtime.spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tick.tick().await;
+                let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Watchdog]);
+            }
+        });
+    }
     runtime.block_on(server::run(listener, daemon.clone(), stop_rx));
+    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
 
     maintenance_stop.store(true, Ordering::Release);
     let _ = maintenance.join();
     signal_handle.close();
     let mut failed = 0;
-    for write in daemon.limiter.snapshot(daemon.clock.now_us(), true) {
+    for write in daemon.limiter.load().snapshot(daemon.clock.now_us(), true) {
         if let Err(e) = write.wait_blocking() {
             tracing::error!(error = %e, "final snapshot incomplete");
             failed += 1;
         }
     }
     writer.stop();
-    let _ = std::fs::remove_file(&config.socket);
+    if !socket_activated {
+        let _ = std::fs::remove_file(&config.socket);
+    }
     if failed > 0 {
         anyhow::bail!("{failed} shard(s) of counters could not be saved at stop");
     }

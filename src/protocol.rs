@@ -43,10 +43,15 @@ pub enum Request<'a> {
         subject: Subject<'a>,
     },
     /// The attempt's credential was verified: moves failure counters.
+    /// `password_digest` is an optional keyed digest of the attempted
+    /// password, computed by the client with its own key (the password never
+    /// leaves the auth server): a failure repeating one of the last few
+    /// digests for the same (account, source) is not counted again.
     Report {
         route: &'a str,
         subject: Subject<'a>,
         outcome: Outcome,
+        password_digest: Option<[u8; 16]>,
     },
     Status,
     /// Active lockouts, at most `limit` of them.
@@ -85,6 +90,12 @@ pub enum Reason {
     RateLimited,
     /// A failure rule's threshold is reached.
     TooManyFailures,
+    /// Allowed because the rule that would have refused runs in monitor
+    /// mode: it would have been `rate_limited`.
+    MonitorRateLimited,
+    /// Allowed because the rule that would have refused runs in monitor
+    /// mode: it would have been `too_many_failures`.
+    MonitorTooManyFailures,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
@@ -157,6 +168,26 @@ pub struct RuleStatus {
     pub entries_max: u64,
     /// Failures not counted because the table was full of lockouts.
     pub refused_full: u64,
+    /// Evaluated and counted, never enforced.
+    pub monitor: bool,
+    /// The response ladder, e.g. `["delay", "challenge", "deny"]`.
+    pub responses: Vec<String>,
+    /// `all`, `unknown` or `known`: which devices' attempts the rule counts.
+    pub devices: String,
+    /// Checks this rule refused (enforcing).
+    pub refused: u64,
+    /// Checks this rule would have refused (monitor mode).
+    pub would_refuse: u64,
+    /// Rate rules: limits that replace the rule's for a source class.
+    pub class_limits: Vec<ClassLimit>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
+pub struct ClassLimit {
+    pub class: String,
+    pub limit: u32,
+    pub burst: u32,
+    pub period_ms: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
@@ -165,6 +196,11 @@ pub struct RouteStatus {
     /// `open` or `closed`: what a client does when the daemon is unreachable.
     pub fail_policy: String,
     pub rules: Vec<RuleStatus>,
+    /// Known-device table fill (0/0 when the route has none).
+    pub known_devices: u64,
+    pub known_devices_max: u64,
+    /// Wrong-password digests remembered per (account, source); 0 = off.
+    pub recent_passwords: u8,
 }
 
 /// A named bound of the daemon itself, with its unit in the name.
@@ -194,6 +230,11 @@ pub struct Status {
     pub routes: Vec<RouteStatus>,
     pub limits: Vec<NamedLimit>,
     pub persistence: PersistenceStatus,
+    /// Prefixes in the source class file (0 without one).
+    pub class_prefixes: u64,
+    pub reloads: u64,
+    pub reload_failures: u64,
+    pub last_reload_error: Option<String>,
 }
 
 /// A key currently refused by a failure rule. The key is a digest: the

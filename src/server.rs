@@ -11,16 +11,22 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
+use crate::access::{Access, Permissions};
+use crate::audit::LogCap;
+use crate::classes::ClassTable;
 use crate::clock::{ceil_ms, Clock};
 use crate::codec::{self, FrameError, PayloadError, FRAME_HEADER_BYTES, REQUEST_PAYLOAD_BYTES_MAX};
 use crate::config::Config;
 use crate::limiter::{Limiter, RequestError};
-use crate::protocol::{Decision, ErrorCode, NamedLimit, PersistenceStatus, Request, Response, Status, VerdictCounts};
+use crate::protocol::{
+    Decision, ErrorCode, NamedLimit, PersistenceStatus, Request, Response, Status, Subject, Verdict, VerdictCounts,
+};
 use crate::store::{Durable, StoreStats};
 
 /// Bytes read per connection buffer: a whole maximal frame fits, and a
@@ -34,34 +40,63 @@ pub const LOCKOUTS_LISTED_MAX: u32 = 10_000;
 
 /// Everything a connection needs, shared.
 pub struct Daemon {
-    pub limiter: Limiter,
+    /// Swapped whole by a reload; a connection takes the current one per
+    /// batch of frames.
+    pub limiter: ArcSwap<Limiter>,
     pub clock: Clock,
     pub config: Config,
     pub store_stats: Arc<StoreStats>,
     started_us: u64,
-    /// The daemon's own uid: peers with it (or root) may run admin operations.
-    uid: u32,
+    access: Access,
+    pub audit: LogCap,
     connections: AtomicU64,
     verdicts: [AtomicU64; 5],
+    reloads: AtomicU64,
+    reload_failures: AtomicU64,
+    last_reload_error: std::sync::Mutex<Option<String>>,
 }
 
 const ERRORS: usize = 4;
 
 impl Daemon {
-    pub fn new(limiter: Limiter, clock: Clock, config: Config, store_stats: Arc<StoreStats>) -> Daemon {
+    pub fn new(limiter: Limiter, clock: Clock, config: Config, access: Access, store_stats: Arc<StoreStats>) -> Daemon {
         Daemon {
-            limiter,
+            audit: LogCap::new(config.server.log_lines_per_sec_max),
+            access,
+            limiter: ArcSwap::from_pointee(limiter),
             started_us: clock.now_us(),
             clock,
             config,
             store_stats,
-            uid: nix::unistd::geteuid().as_raw(),
             connections: AtomicU64::new(0),
             verdicts: Default::default(),
+            reloads: AtomicU64::new(0),
+            reload_failures: AtomicU64::new(0),
+            last_reload_error: std::sync::Mutex::new(None),
         }
     }
 
-    fn status(&self) -> Status {
+    /// Applies a reloaded configuration, keeping every table of the rules
+    /// it shares with the running one; or, given the reason a reload
+    /// failed, keeps the running configuration and records why.
+    pub fn reload(&self, loaded: Result<(Config, Arc<ClassTable>), String>) {
+        match loaded {
+            Ok((config, classes)) => {
+                let next = self.limiter.load().reconfigured(&config, classes, self.clock.now_us());
+                self.limiter.store(Arc::new(next));
+                self.reloads.fetch_add(1, Ordering::Relaxed);
+                *self.last_reload_error.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                tracing::info!("configuration reloaded");
+            }
+            Err(why) => {
+                self.reload_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(error = %why, "reload failed; keeping the running configuration");
+                *self.last_reload_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+            }
+        }
+    }
+
+    fn status(&self, limiter: &Limiter) -> Status {
         let now = self.clock.now_us();
         let count = |i: usize| self.verdicts[i].load(Ordering::Relaxed);
         let server = &self.config.server;
@@ -80,10 +115,14 @@ impl Daemon {
                 deny: count(Decision::Deny as usize),
                 errors: count(ERRORS),
             },
-            routes: self.limiter.route_status(),
+            routes: limiter.route_status(),
             limits: vec![
                 limit("connections_max", server.connections_max as u64),
                 limit("frame_read_timeout_ms", server.frame_read_timeout_ms),
+                limit("idle_timeout_ms", server.idle_timeout_ms),
+                limit("in_flight_per_connection_max", server.in_flight_per_connection_max as u64),
+                limit("log_lines_per_sec_max", server.log_lines_per_sec_max),
+                limit("socket_mode", server.socket_mode as u64),
                 limit("shutdown_grace_ms", server.shutdown_grace_ms),
                 limit("request_payload_bytes_max", REQUEST_PAYLOAD_BYTES_MAX as u64),
                 limit("read_buffer_bytes", READ_BUFFER_BYTES as u64),
@@ -99,48 +138,71 @@ impl Daemon {
                 write_failures: stats.write_failures.load(Ordering::Relaxed),
                 last_error: stats.last_error.lock().unwrap_or_else(|e| e.into_inner()).clone(),
             },
+            class_prefixes: limiter.class_prefixes() as u64,
+            reloads: self.reloads.load(Ordering::Relaxed),
+            reload_failures: self.reload_failures.load(Ordering::Relaxed),
+            last_reload_error: self.last_reload_error.lock().unwrap_or_else(|e| e.into_inner()).clone(),
         }
     }
 
     /// One request, one reply. The durable writes, if any, must complete
     /// before the reply is sent.
-    fn handle(&self, request: Request<'_>, admin: bool) -> (Response<'_>, Vec<Durable>) {
+    fn handle<'l>(&self, limiter: &'l Limiter, request: Request<'_>, peer: &Peer) -> (Response<'l>, Vec<Durable>) {
         let now = self.clock.now_us();
         let refused = |what: &str| {
-            Response::error(
-                ErrorCode::PermissionDenied,
-                format!("permission denied: {what} needs root or the daemon's uid"),
-            )
+            if let Some(suppressed) = self.audit.admit(now) {
+                tracing::warn!(uid = peer.uid, gid = peer.gid, operation = what, suppressed, "permission denied");
+            }
+            Response::error(ErrorCode::PermissionDenied, format!("permission denied: uid {} may not {what}", peer.uid))
         };
         match request {
-            Request::Check { route, subject } => match self.limiter.check(route, &subject, now) {
-                Ok(verdict) => (Response::Verdict(verdict), Vec::new()),
+            Request::Check { .. } | Request::Report { .. } if !peer.permissions.attempts => {
+                (refused("check or report"), Vec::new())
+            }
+            Request::Check { route, subject } => match limiter.check(route, &subject, now) {
+                Ok(verdict) => {
+                    if verdict.decision != Decision::Allow {
+                        self.log_refusal(limiter, route, &subject, &verdict, now);
+                    }
+                    (Response::Verdict(verdict), Vec::new())
+                }
                 Err(e) => (request_error(e), Vec::new()),
             },
-            Request::Report { route, subject, outcome } => match self.limiter.report(route, &subject, outcome, now) {
-                Ok((verdict, durable)) => (Response::Verdict(verdict), durable.into_iter().collect()),
-                Err(e) => (request_error(e), Vec::new()),
-            },
-            Request::Status => (Response::Status(Box::new(self.status())), Vec::new()),
+            Request::Report { route, subject, outcome, password_digest } => {
+                match limiter.report(route, &subject, outcome, password_digest, now) {
+                    Ok((verdict, durable)) => {
+                        if durable.is_some() {
+                            if let Some(suppressed) = self.audit.admit(now) {
+                                let client = limiter.client_prefix(&subject).map(|p| p.to_string());
+                                tracing::info!(route, rule = %verdict.rule, client, suppressed, "lockout");
+                            }
+                        }
+                        (Response::Verdict(verdict), durable.into_iter().collect())
+                    }
+                    Err(e) => (request_error(e), Vec::new()),
+                }
+            }
+            Request::Status => (Response::Status(Box::new(self.status(limiter))), Vec::new()),
             Request::Lockouts { limit } => {
                 let limit = if limit == 0 { LOCKOUTS_LISTED_DEFAULT } else { limit.min(LOCKOUTS_LISTED_MAX) };
-                let (lockouts, total) = self.limiter.lockouts(limit as usize, now);
+                let (lockouts, total) = limiter.lockouts(limit as usize, now);
                 (Response::Lockouts { lockouts, total }, Vec::new())
             }
             Request::Unlock { route, account, source } => {
-                if !admin {
+                if !peer.permissions.admin {
                     return (refused("unlock"), Vec::new());
                 }
-                match self.limiter.unlock(route, account, source) {
+                match limiter.unlock(route, account, source) {
                     Ok((cleared, writes)) => {
-                        tracing::info!(route, cleared, "unlock");
+                        // Audit lines for admin actions are never capped.
+                        tracing::info!(route, cleared, uid = peer.uid, "unlock");
                         (Response::Unlocked { cleared }, writes)
                     }
                     Err(e) => (request_error(e), Vec::new()),
                 }
             }
             Request::ClockAdvance { by_ms } => {
-                if !admin {
+                if !peer.permissions.admin {
                     return (refused("clock advance"), Vec::new());
                 }
                 match self.clock.advance(by_ms.saturating_mul(1000)) {
@@ -156,6 +218,31 @@ impl Daemon {
             }
         }
     }
+}
+
+impl Daemon {
+    fn log_refusal(&self, limiter: &Limiter, route: &str, subject: &Subject<'_>, verdict: &Verdict<'_>, now: u64) {
+        if let Some(suppressed) = self.audit.admit(now) {
+            let client = limiter.client_prefix(subject).map(|p| p.to_string());
+            tracing::info!(
+                route,
+                rule = %verdict.rule,
+                decision = ?verdict.decision,
+                reason = ?verdict.reason,
+                retry_after_ms = verdict.retry_after_ms,
+                client,
+                suppressed,
+                "refused"
+            );
+        }
+    }
+}
+
+/// The connection's peer, from SO_PEERCRED when the connection opens.
+struct Peer {
+    uid: u32,
+    gid: u32,
+    permissions: Permissions,
 }
 
 fn request_error(e: RequestError) -> Response<'static> {
@@ -175,9 +262,10 @@ fn payload_error(e: &PayloadError) -> Response<'static> {
     Response::error(code, e.to_string())
 }
 
-/// Binds the socket. A socket file nobody answers on (a crashed daemon's) is
-/// replaced; one a live daemon answers on is not stolen.
-pub async fn bind(path: &Path) -> std::io::Result<UnixListener> {
+/// Binds the socket with the configured mode and group. A socket file
+/// nobody answers on (a crashed daemon's) is replaced; one a live daemon
+/// answers on is not stolen.
+pub async fn bind(path: &Path, mode: u32, group: Option<u32>) -> std::io::Result<UnixListener> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent)?;
     }
@@ -191,7 +279,10 @@ pub async fn bind(path: &Path) -> std::io::Result<UnixListener> {
         std::fs::remove_file(path)?;
     }
     let listener = UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    if let Some(gid) = group {
+        std::os::unix::fs::chown(path, None, Some(gid))?;
+    }
     Ok(listener)
 }
 
@@ -261,26 +352,35 @@ impl LocalCounts {
 }
 
 async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: watch::Receiver<bool>) {
-    let admin = stream.peer_cred().map(|c| c.uid() == 0 || c.uid() == daemon.uid).unwrap_or(false);
+    let peer = match stream.peer_cred() {
+        Ok(c) => Peer { uid: c.uid(), gid: c.gid(), permissions: daemon.access.of(c.uid(), c.gid()) },
+        // Without credentials a peer gets nothing but status and lockouts.
+        Err(_) => Peer { uid: u32::MAX, gid: u32::MAX, permissions: Permissions { attempts: false, admin: false } },
+    };
     let (mut reader, mut writer) = stream.into_split();
     let mut buf = vec![0u8; READ_BUFFER_BYTES];
     let (mut start, mut filled) = (0usize, 0usize);
     let mut out = Vec::with_capacity(4096);
     let mut counts = LocalCounts::default();
     let read_timeout = Duration::from_millis(daemon.config.server.frame_read_timeout_ms);
+    let idle_timeout = Duration::from_millis(daemon.config.server.idle_timeout_ms);
+    let batch_max = daemon.config.server.in_flight_per_connection_max;
     let mut stopping = false;
     // When the frame now being read must be complete.
     let mut frame_deadline: Option<tokio::time::Instant> = None;
     loop {
-        // Answer every complete frame we hold.
+        // Answer every complete frame we hold, all with one limiter.
+        let limiter = daemon.limiter.load_full();
         let mut close = false;
-        loop {
+        let mut answered = 0;
+        while answered < batch_max {
+            answered += 1;
             match codec::frame_len(&buf[start..filled], REQUEST_PAYLOAD_BYTES_MAX) {
                 Ok(Some(end)) => {
                     let payload = &buf[start + FRAME_HEADER_BYTES..start + end];
                     let (id, response, durable) = match codec::decode_request(payload) {
                         Ok((id, request)) => {
-                            let (response, durable) = daemon.handle(request, admin);
+                            let (response, durable) = daemon.handle(&limiter, request, &peer);
                             (id, response, durable)
                         }
                         Err(failure) => (failure.id.unwrap_or(0), payload_error(&failure.error), Vec::new()),
@@ -325,6 +425,9 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
         if close || stopping {
             return;
         }
+        if answered == batch_max {
+            continue; // more frames may be waiting in the buffer
+        }
         // Keep the partial frame at the front of the buffer.
         buf.copy_within(start..filled, 0);
         filled -= start;
@@ -341,7 +444,10 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
         } else {
             frame_deadline = None;
             tokio::select! {
-                r = reader.read(&mut buf[filled..]) => r,
+                r = tokio::time::timeout(idle_timeout, reader.read(&mut buf[filled..])) => match r {
+                    Ok(r) => r,
+                    Err(_) => return, // idle: the client reconnects when it needs to
+                },
                 _ = shutdown.changed() => {
                     // Answer what the client already sent, then close.
                     stopping = true;

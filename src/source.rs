@@ -7,6 +7,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use ipnet::IpNet;
 
+use crate::classes::SourceClass;
+
 /// Hops of X-Forwarded-For examined from the right before giving up. A real
 /// chain through a CDN, a load balancer and an ingress is a handful of hops;
 /// anything longer is treated as malformed, which means "use the peer".
@@ -34,6 +36,9 @@ pub struct SourcePolicy {
     pub trusted_hops: u8,
     pub ipv4_prefix_len: u8,
     pub ipv6_prefix_len: u8,
+    /// Per source class (indexed by `SourceClass as usize`): prefix lengths
+    /// that replace the two above for addresses of that class.
+    pub class_prefix_lens: [Option<(u8, u8)>; 4],
 }
 
 impl Default for SourcePolicy {
@@ -43,6 +48,7 @@ impl Default for SourcePolicy {
             trusted_hops: 0,
             ipv4_prefix_len: IPV4_PREFIX_LEN_DEFAULT,
             ipv6_prefix_len: IPV6_PREFIX_LEN_DEFAULT,
+            class_prefix_lens: [None; 4],
         }
     }
 }
@@ -131,14 +137,22 @@ impl SourcePolicy {
 
     /// Groups an address into the prefix that rules key on.
     pub fn prefix(&self, address: IpAddr) -> Prefix {
+        self.prefix_in_class(address, None)
+    }
+
+    /// Groups an address of a known source class (its lengths may differ).
+    pub fn prefix_in_class(&self, address: IpAddr, class: Option<SourceClass>) -> Prefix {
+        let (v4_len, v6_len) = class
+            .and_then(|c| self.class_prefix_lens[c as usize])
+            .unwrap_or((self.ipv4_prefix_len, self.ipv6_prefix_len));
         match canonical(address) {
             IpAddr::V4(v4) => {
-                let len = self.ipv4_prefix_len.min(32);
+                let len = v4_len.min(32);
                 let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
                 Prefix { network: IpAddr::V4(Ipv4Addr::from(u32::from(v4) & mask)), len }
             }
             IpAddr::V6(v6) => {
-                let len = self.ipv6_prefix_len.min(128);
+                let len = v6_len.min(128);
                 let mask = if len == 0 { 0 } else { u128::MAX << (128 - len) };
                 Prefix { network: IpAddr::V6(Ipv6Addr::from(u128::from(v6) & mask)), len }
             }

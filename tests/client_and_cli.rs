@@ -18,11 +18,27 @@ async fn an_unreachable_daemon_gets_each_routes_fail_policy() {
     let client = Client::new(ClientConfig::new(dir.path().join("absent.sock")));
     let s = subject("198.51.100.7", "alice");
     let login = client.check("login", &s).await;
-    assert!(matches!(login, Answer::Unavailable { policy: FailPolicy::Open, error: ClientError::Connect { .. } }));
+    assert!(matches!(login, Answer::Unavailable { policy: FailPolicy::Open, error: ClientError::Connect { .. }, .. }));
     assert!(login.proceeds(), "login protects users: fails open");
     let request = client.check("request", &s).await;
     assert!(matches!(request, Answer::Unavailable { policy: FailPolicy::Closed, .. }));
     assert!(!request.proceeds(), "request protects the system: fails closed");
+}
+
+#[tokio::test]
+async fn a_closed_route_lets_its_static_budget_through_while_the_daemon_is_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let config =
+        ClientConfig::new(dir.path().join("absent.sock")).static_budget("request", 1, Duration::from_secs(3600), 3);
+    let client = Client::new(config);
+    let s = subject("198.51.100.7", "alice");
+    let mut through = 0;
+    for _ in 0..10 {
+        let answer = client.check("request", &s).await;
+        assert!(matches!(answer, Answer::Unavailable { policy: FailPolicy::Closed, .. }));
+        through += answer.proceeds() as u32;
+    }
+    assert_eq!(through, 3, "the burst of the static budget, then refusals");
 }
 
 #[tokio::test]
@@ -35,7 +51,7 @@ async fn a_daemon_that_does_not_answer_times_out_in_milliseconds() {
     let answer = client.check("login", &subject("198.51.100.7", "alice")).await;
     let took = started.elapsed();
     assert!(
-        matches!(answer, Answer::Unavailable { policy: FailPolicy::Open, error: ClientError::Timeout(t) } if t == Duration::from_millis(5)),
+        matches!(answer, Answer::Unavailable { policy: FailPolicy::Open, error: ClientError::Timeout(t), .. } if t == Duration::from_millis(5)),
         "{answer:?}"
     );
     eprintln!("timed out after {took:?} (timeout 5 ms)");
@@ -98,7 +114,11 @@ fn cli_prints_verdicts_as_json_and_one_line_errors() {
     assert!(status["limits"].as_array().unwrap().iter().any(|l| l["name"] == "connections_max"));
     let login = status["routes"].as_array().unwrap().iter().find(|r| r["name"] == "login").unwrap();
     let rules: Vec<&str> = login["rules"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
-    assert_eq!(rules, ["account_failures", "source_failures", "source_rate"], "rules are listed by name");
+    assert_eq!(
+        rules,
+        ["account_failures", "known_device_failures", "source_failures", "source_rate"],
+        "rules are listed by name"
+    );
 
     let bad_route = daemon.cli(&["check", "--route", "nope", "--ip", "198.51.100.7"]);
     assert!(!bad_route.status.success());
@@ -216,7 +236,8 @@ fn bad_frames_get_error_replies_and_the_connection_survives() {
     // still serving on the same connection
     let mut ok = Vec::new();
     let s = subject("198.51.100.7", "alice");
-    codec::encode_request(43, &Request::Report { route: "login", subject: s, outcome: Outcome::Failure }, &mut ok);
+    let report = Request::Report { route: "login", subject: s, outcome: Outcome::Failure, password_digest: None };
+    codec::encode_request(43, &report, &mut ok);
     stream.write_all(&ok).unwrap();
     let (id, reply) = read_reply(&mut stream);
     assert_eq!(id, 43);

@@ -50,13 +50,13 @@ proptest! {
         ops in prop::collection::vec((0u8..4, 0u64..5_000_000, any::<bool>()), 1..300),
     ) {
         let spec = GcraSpec::new(limit, period_s * 1_000_000, burst);
-        let mut table = GcraTable::new(spec, 1000);
+        let mut table = GcraTable::new(1000);
         let mut model: HashMap<u8, Bucket> = HashMap::new();
         let mut now = 1_000_000_000u64;
         for (k, dt, peek) in ops {
             now += dt;
             let spend = !peek;
-            let real = if spend { table.check(key(k), now, true) } else { table.peek(key(k), now) };
+            let real = if spend { table.check(spec, key(k), now, true) } else { table.peek(spec, key(k), now) };
             let (allowed, remaining, retry_after, bucket) = bucket_step(spec, model.get(&k).copied(), now, spend);
             model.insert(k, bucket);
             prop_assert_eq!(real.allowed, allowed);

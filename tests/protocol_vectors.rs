@@ -22,8 +22,8 @@ use tollgate::codec::{
     REQUEST_PAYLOAD_BYTES_MAX, RESPONSE_PAYLOAD_BYTES_MAX, WIRE,
 };
 use tollgate::protocol::{
-    Decision, ErrorCode, ErrorReply, Lockout, NamedLimit, Outcome, PersistenceStatus, Reason, Request, Response,
-    RouteStatus, RuleStatus, Status, Subject, Verdict, VerdictCounts,
+    ClassLimit, Decision, ErrorCode, ErrorReply, Lockout, NamedLimit, Outcome, PersistenceStatus, Reason, Request,
+    Response, RouteStatus, RuleStatus, Status, Subject, Verdict, VerdictCounts,
 };
 
 const DOC: &str = "PROTOCOL.md";
@@ -62,7 +62,22 @@ fn cases() -> Vec<Case> {
         request(
             "report-login-failure",
             2,
-            Request::Report { route: "login", subject: alice_from_v4(), outcome: Outcome::Failure },
+            Request::Report {
+                route: "login",
+                subject: alice_from_v4(),
+                outcome: Outcome::Failure,
+                password_digest: None,
+            },
+        ),
+        request(
+            "report-login-failure-with-password-digest",
+            10,
+            Request::Report {
+                route: "login",
+                subject: alice_from_v4(),
+                outcome: Outcome::Failure,
+                password_digest: Some(std::array::from_fn(|i| i as u8)),
+            },
         ),
         request(
             "check-login-v6-all-fields",
@@ -117,6 +132,34 @@ fn cases() -> Vec<Case> {
             }),
         ),
         response(
+            "verdict-delay",
+            1,
+            Response::Verdict(Verdict {
+                decision: Decision::Delay,
+                retry_after_ms: 5_230,
+                delay_ms: 2_000,
+                limit: 10,
+                remaining: 0,
+                reset_ms: 19_800,
+                reason: Reason::RateLimited,
+                rule: Cow::Borrowed("source_rate"),
+            }),
+        ),
+        response(
+            "verdict-allow-monitored",
+            10,
+            Response::Verdict(Verdict {
+                decision: Decision::Allow,
+                retry_after_ms: 0,
+                delay_ms: 0,
+                limit: 50,
+                remaining: 0,
+                reset_ms: 874_500,
+                reason: Reason::MonitorTooManyFailures,
+                rule: Cow::Borrowed("account_failures"),
+            }),
+        ),
+        response(
             "status-small",
             4,
             Response::Status(Box::new(Status {
@@ -125,7 +168,7 @@ fn cases() -> Vec<Case> {
                 now_ms: 1_700_000_000_000,
                 manual_clock: false,
                 connections: 1,
-                verdicts: VerdictCounts { allow: 3, delay: 0, challenge: 0, deny: 1, errors: 0 },
+                verdicts: VerdictCounts { allow: 3, delay: 1, challenge: 0, deny: 0, errors: 0 },
                 routes: vec![RouteStatus {
                     name: "request".into(),
                     fail_policy: "closed".into(),
@@ -140,7 +183,21 @@ fn cases() -> Vec<Case> {
                         entries: 2,
                         entries_max: 1_000_000,
                         refused_full: 0,
+                        monitor: false,
+                        responses: vec!["delay".into(), "deny".into()],
+                        devices: "all".into(),
+                        refused: 1,
+                        would_refuse: 0,
+                        class_limits: vec![ClassLimit {
+                            class: "hosting".into(),
+                            limit: 20,
+                            burst: 10,
+                            period_ms: 60_000,
+                        }],
                     }],
+                    known_devices: 0,
+                    known_devices_max: 0,
+                    recent_passwords: 0,
                 }],
                 limits: vec![NamedLimit { name: "request_payload_bytes_max".into(), value: 16_384 }],
                 persistence: PersistenceStatus {
@@ -150,6 +207,10 @@ fn cases() -> Vec<Case> {
                     write_failures: 0,
                     last_error: None,
                 },
+                class_prefixes: 3,
+                reloads: 1,
+                reload_failures: 0,
+                last_reload_error: None,
             })),
         ),
         response(
@@ -357,6 +418,7 @@ fn check_annotation(field: &Field) -> Result<(), String> {
         }
         "ipv4" => first.parse::<Ipv4Addr>().map_err(|e| bad(&e))?.octets().to_vec(),
         "ipv6" => first.parse::<Ipv6Addr>().map_err(|e| bad(&e))?.octets().to_vec(),
+        "bytes" => parse_hex(first).map_err(|e| bad(&e))?,
         other => return Err(format!("unknown annotation type `{other}`")),
     };
     if expected != field.bytes {

@@ -132,6 +132,22 @@ impl TestDaemon {
         }
     }
 
+    /// Rewrites the config file and sends SIGHUP; waits until the daemon has
+    /// counted the reload (as applied or failed).
+    pub fn reload_with(&self, config: &str) {
+        let path = self.config.as_ref().expect("started with a config file");
+        std::fs::write(path, config).unwrap();
+        let before = self.cli_json(&["status"]);
+        let seen = |s: &serde_json::Value| s["reloads"].as_u64().unwrap() + s["reload_failures"].as_u64().unwrap();
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid() as i32), nix::sys::signal::Signal::SIGHUP)
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while seen(&self.cli_json(&["status"])) == seen(&before) {
+            assert!(Instant::now() < deadline, "reload not seen:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Resident memory of the daemon, from /proc.
     pub fn rss_kib(&self) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
@@ -234,5 +250,6 @@ pub async fn pipeline(
 
 /// Encodes a report frame (for `pipeline`).
 pub fn report_frame(id: usize, route: &str, subject: &Subject<'_>, outcome: Outcome, out: &mut Vec<u8>) {
-    codec::encode_request(id as u64, &Request::Report { route, subject: subject.clone(), outcome }, out);
+    let report = Request::Report { route, subject: subject.clone(), outcome, password_digest: None };
+    codec::encode_request(id as u64, &report, out);
 }
