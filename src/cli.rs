@@ -278,7 +278,7 @@ fn print_status(s: &crate::protocol::Status) {
         "verdicts: allow {}  delay {}  challenge {}  deny {}  errors {}",
         s.verdicts.allow, s.verdicts.delay, s.verdicts.challenge, s.verdicts.deny, s.verdicts.errors
     );
-    println!("connections: {}", s.connections);
+    println!("connections: {}  log lines suppressed: {}", s.connections, s.log_lines_suppressed);
     for route in &s.routes {
         let mut extras = Vec::new();
         if route.known_devices_max > 0 {
@@ -332,10 +332,12 @@ fn print_status(s: &crate::protocol::Status) {
     println!("limits: {}", limits.join("  "));
     let p = &s.persistence;
     println!(
-        "state: {}  commits {}  write failures {}{}",
+        "state: {}  commits {}  write failures {}  unwritten {}  dropped {}{}",
         p.state_path,
         p.commits,
         p.write_failures,
+        p.changes_unwritten,
+        p.changes_dropped,
         p.last_error.as_ref().map(|e| format!("  LAST ERROR: {e}")).unwrap_or_default()
     );
 }

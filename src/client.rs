@@ -240,16 +240,28 @@ impl Client {
 
     async fn call_untimed(&self, request: &Request<'_>) -> Result<Response<'static>, ClientError> {
         let pooled = self.pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        let mut conn = match pooled {
-            Some(c) => c,
-            None => Connection {
-                stream: UnixStream::connect(&self.config.socket)
-                    .await
-                    .map_err(|source| ClientError::Connect { path: self.config.socket.clone(), source })?,
-                buf: Vec::with_capacity(512),
-            },
+        let Some(conn) = pooled else {
+            return self.call_on(self.connect().await?, request).await;
         };
-        // Dropped (not pooled) on any error or timeout: its state is unknown.
+        match self.call_on(conn, request).await {
+            // A pooled connection the daemon closed while it sat idle (or a
+            // restarted daemon): nothing was read, so ask once more on a
+            // fresh connection.
+            Err(ClientError::Io(e)) if is_closed(&e) => self.call_on(self.connect().await?, request).await,
+            other => other,
+        }
+    }
+
+    async fn connect(&self) -> Result<Connection, ClientError> {
+        let stream = UnixStream::connect(&self.config.socket)
+            .await
+            .map_err(|source| ClientError::Connect { path: self.config.socket.clone(), source })?;
+        Ok(Connection { stream, buf: Vec::with_capacity(512) })
+    }
+
+    /// One exchange; the connection goes back to the pool only if it ended
+    /// cleanly (on any error or timeout its state is unknown: dropped).
+    async fn call_on(&self, mut conn: Connection, request: &Request<'_>) -> Result<Response<'static>, ClientError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         conn.buf.clear();
         codec::encode_request(id, request, &mut conn.buf);
@@ -267,6 +279,11 @@ impl Client {
         }
         Ok(response)
     }
+}
+
+fn is_closed(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionReset, UnexpectedEof};
+    matches!(e.kind(), BrokenPipe | ConnectionReset | UnexpectedEof)
 }
 
 async fn read_response(conn: &mut Connection) -> Result<Vec<u8>, ClientError> {

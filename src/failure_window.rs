@@ -336,6 +336,26 @@ impl FailureWindowTable {
         out
     }
 
+    /// Every live entry, for rewriting the state file from memory; pending
+    /// changes are dropped (the entries supersede them) and every entry
+    /// counts as persisted from now on.
+    pub fn full_snapshot(&mut self) -> Vec<Change> {
+        self.changed.clear();
+        self.removed.clear();
+        let mut out = Vec::with_capacity(self.len);
+        for list in 1..self.lists.len() {
+            let mut at = self.lists[list].head;
+            while at != NIL {
+                let slot = &mut self.slots[at as usize];
+                slot.dirty = false;
+                slot.persisted = true;
+                out.push((slot.key, Some(slot.counts)));
+                at = slot.next;
+            }
+        }
+        out
+    }
+
     /// Records that the key's current counts were written elsewhere (a
     /// lockout written synchronously): the next snapshot skips it, and its
     /// removal will be persisted.

@@ -641,6 +641,27 @@ impl Limiter {
         writes
     }
 
+    /// Rewrites the whole state file from memory (after a failed write left
+    /// it behind). Each shard's entries are sent while its lock is held, so
+    /// a change made after a shard was collected reaches the writer after
+    /// it; the returned write resolves when the fresh file is in place.
+    pub fn rewrite(&self, now_us: u64) -> Durable {
+        self.journal.rewrite_begin();
+        for route in &self.routes {
+            for rule in &route.rules {
+                let Table::Failures { shards, .. } = &rule.table else { continue };
+                for mut table in shards.each() {
+                    table.expire(now_us);
+                    let entries = table.full_snapshot();
+                    if !entries.is_empty() {
+                        self.journal.write(&rule.id, entries);
+                    }
+                }
+            }
+        }
+        self.journal.rewrite_end()
+    }
+
     /// Sweeps expired entries of the rate, escalation, known-device and
     /// password tables, one shard per call (round robin by `tick`), so no
     /// call holds a lock for a whole table.

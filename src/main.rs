@@ -130,6 +130,10 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
         }
     };
 
+    // Past a file-size limit (RLIMIT_FSIZE) a write should fail like a full
+    // disk, with an error the writer reports and retries, not kill the
+    // daemon: SIGXFSZ gets a handler instead of its default action.
+    signal_hook::flag::register(signal_hook::consts::SIGXFSZ, Arc::new(AtomicBool::new(false)))?;
     let (stop_tx, stop_rx) = watch::channel(false);
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])?;
@@ -164,9 +168,16 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
             while !stop.load(Ordering::Acquire) {
                 std::thread::sleep(interval);
                 let now = daemon.clock.now_us();
+                let limiter = daemon.limiter.load();
+                if daemon.store_stats.needs_rewrite.load(Ordering::Acquire) {
+                    if let Err(e) = limiter.rewrite(now).wait_blocking() {
+                        tracing::warn!(error = %e, "state file still not writable; will try again");
+                    }
+                    continue;
+                }
                 // Waiting for the commit bounds what is queued for the disk
                 // to one snapshot, however fast keys churn.
-                for write in daemon.limiter.load().snapshot(now, true) {
+                for write in limiter.snapshot(now, true) {
                     if let Err(e) = write.wait_blocking() {
                         tracing::warn!(error = %e, "snapshot not written; will retry");
                     }
@@ -205,7 +216,14 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
     let _ = maintenance.join();
     signal_handle.close();
     let mut failed = 0;
-    for write in daemon.limiter.load().snapshot(daemon.clock.now_us(), true) {
+    let limiter = daemon.limiter.load();
+    let now = daemon.clock.now_us();
+    let writes = if daemon.store_stats.needs_rewrite.load(Ordering::Acquire) {
+        vec![limiter.rewrite(now)]
+    } else {
+        limiter.snapshot(now, true)
+    };
+    for write in writes {
         if let Err(e) = write.wait_blocking() {
             tracing::error!(error = %e, "final snapshot incomplete");
             failed += 1;

@@ -217,6 +217,10 @@ pub struct PersistenceStatus {
     pub commits: u64,
     pub write_failures: u64,
     pub last_error: Option<String>,
+    /// Changes held in memory for retry after failed commits.
+    pub changes_unwritten: u64,
+    /// Changes given up on because the retry buffer was full.
+    pub changes_dropped: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
@@ -235,6 +239,8 @@ pub struct Status {
     pub reloads: u64,
     pub reload_failures: u64,
     pub last_reload_error: Option<String>,
+    /// Refusal and audit log lines suppressed by the per-second cap.
+    pub log_lines_suppressed: u64,
 }
 
 /// A key currently refused by a failure rule. The key is a digest: the

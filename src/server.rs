@@ -137,11 +137,14 @@ impl Daemon {
                 commits: stats.commits.load(Ordering::Relaxed),
                 write_failures: stats.write_failures.load(Ordering::Relaxed),
                 last_error: stats.last_error.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+                changes_unwritten: stats.changes_unwritten.load(Ordering::Relaxed),
+                changes_dropped: stats.changes_dropped.load(Ordering::Relaxed),
             },
             class_prefixes: limiter.class_prefixes() as u64,
             reloads: self.reloads.load(Ordering::Relaxed),
             reload_failures: self.reload_failures.load(Ordering::Relaxed),
             last_reload_error: self.last_reload_error.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+            log_lines_suppressed: self.audit.suppressed_total(),
         }
     }
 

@@ -11,10 +11,9 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
 
 use redb::{Database, ReadableTable, TableDefinition};
 
@@ -31,10 +30,9 @@ const SCHEMA_VERSION: u64 = 1;
 pub const CACHE_BYTES: usize = 16 * 1024 * 1024;
 /// Messages drained into one transaction at most; bounds a commit's size.
 pub const GROUP_COMMIT_MESSAGES_MAX: usize = 4096;
-/// After a failed commit, the writer retries this often.
-pub const RETRY_INTERVAL_MS: u64 = 1000;
-/// Changes kept for retry while the disk refuses writes; older ones beyond
-/// this are dropped and counted, so a full disk cannot exhaust memory.
+/// Changes counted as unwritten while the disk refuses writes; beyond this
+/// they are counted as dropped. (Memory is the truth: every rewrite attempt
+/// writes the whole live state, so nothing queued needs to be kept.)
 pub const RETRY_CHANGES_MAX: usize = 1_000_000;
 
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +59,12 @@ pub struct StoreStats {
     pub commits: AtomicU64,
     pub write_failures: AtomicU64,
     pub changes_dropped: AtomicU64,
+    /// Changes held in memory for retry after failed commits (0 when the
+    /// state file is healthy).
+    pub changes_unwritten: AtomicU64,
+    /// A commit failed: the file may no longer match memory, so the whole
+    /// state is to be rewritten from memory (the maintenance thread does it).
+    pub needs_rewrite: std::sync::atomic::AtomicBool,
     pub last_error: Mutex<Option<String>>,
 }
 
@@ -84,7 +88,18 @@ impl Durable {
 }
 
 enum Message {
-    Write { rule: Arc<str>, changes: Vec<Change>, ack: Option<tokio::sync::oneshot::Sender<Result<(), String>>> },
+    Write {
+        rule: Arc<str>,
+        changes: Vec<Change>,
+        ack: Option<tokio::sync::oneshot::Sender<Result<(), String>>>,
+    },
+    /// Start writing a fresh file: what follows until `RewriteEnd` is the
+    /// whole state, collected from memory (see `Limiter::rewrite`).
+    RewriteBegin,
+    /// Swap the fresh file in for the state file, if every write succeeded.
+    RewriteEnd {
+        ack: tokio::sync::oneshot::Sender<Result<(), String>>,
+    },
     Stop,
 }
 
@@ -104,6 +119,23 @@ impl Journal {
     pub fn write(&self, rule: &Arc<str>, changes: Vec<Change>) {
         if let Some(tx) = &self.tx {
             let _ = tx.send(Message::Write { rule: rule.clone(), changes, ack: None });
+        }
+    }
+
+    /// Starts rewriting the state file from memory.
+    pub fn rewrite_begin(&self) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(Message::RewriteBegin);
+        }
+    }
+
+    /// Ends a rewrite; resolves once the fresh file has replaced the old.
+    pub fn rewrite_end(&self) -> Durable {
+        let Some(tx) = &self.tx else { return Durable::done(Ok(())) };
+        let (ack, rx) = tokio::sync::oneshot::channel();
+        match tx.send(Message::RewriteEnd { ack }) {
+            Ok(()) => Durable(rx),
+            Err(_) => Durable::done(Err("state writer stopped".into())),
         }
     }
 
@@ -143,13 +175,16 @@ impl Store {
     }
 
     fn try_open(path: &Path) -> Result<Store, StoreError> {
+        // A rewrite that a crash interrupted left only a partial fresh file;
+        // the state file itself is whole (the swap is a rename).
+        let _ = std::fs::remove_file(rewrite_path(path));
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent)
                 .map_err(|e| StoreError::Open { path: path.into(), message: e.to_string() })?;
         }
         let corrupt = |e: &dyn std::fmt::Display| StoreError::Corrupt { path: path.into(), message: e.to_string() };
         let existed = path.exists();
-        let db = Database::builder().set_cache_size(CACHE_BYTES).create(path).map_err(|e| match e {
+        let db = open_database(path).map_err(|e| match e {
             redb::DatabaseError::Storage(redb::StorageError::Io(io)) if !existed => {
                 StoreError::Open { path: path.into(), message: io.to_string() }
             }
@@ -225,80 +260,150 @@ impl Writer {
 type Ack = tokio::sync::oneshot::Sender<Result<(), String>>;
 
 fn run_writer(store: Store, rx: Receiver<Message>, stats: Arc<StoreStats>) {
-    let mut retry: Vec<(Arc<str>, Vec<Change>)> = Vec::new();
-    let mut stopping = false;
-    while !stopping {
-        let first = if retry.is_empty() {
-            match rx.recv() {
-                Ok(m) => Some(m),
-                Err(_) => break,
-            }
-        } else {
-            match rx.recv_timeout(Duration::from_millis(RETRY_INTERVAL_MS)) {
-                Ok(m) => Some(m),
-                Err(RecvTimeoutError::Timeout) => None,
-                Err(RecvTimeoutError::Disconnected) => break,
-            }
-        };
-        let mut batch = std::mem::take(&mut retry);
+    let path = store.path.clone();
+    let fresh = rewrite_path(&path);
+    // None after a failed commit: a database that saw an I/O error mid-commit
+    // may not match memory any more, so nothing more is written to it; the
+    // whole state is rewritten from memory into a fresh file instead.
+    let mut db = Some(store.db);
+    let mut rewriting = false;
+    let mut rewrite_failed = false;
+    // Changes that could not be written, kept (bounded) until a rewrite
+    // makes them moot; they are what `changes_unwritten` reports.
+    let mut held: usize = 0;
+    while let Ok(first) = rx.recv() {
+        let mut batch: Vec<(Arc<str>, Vec<Change>)> = Vec::new();
         let mut acks: Vec<Ack> = Vec::new();
         let take = |m: Message, batch: &mut Vec<(Arc<str>, Vec<Change>)>, acks: &mut Vec<Ack>| match m {
             Message::Write { rule, changes, ack } => {
                 batch.push((rule, changes));
                 acks.extend(ack);
-                false
+                None
             }
-            Message::Stop => true,
+            other => Some(other),
         };
-        if let Some(m) = first {
-            stopping |= take(m, &mut batch, &mut acks);
-        }
-        while !stopping && acks.len() + batch.len() < GROUP_COMMIT_MESSAGES_MAX {
+        let mut control = take(first, &mut batch, &mut acks);
+        // Group commit: everything already queued, up to a control message.
+        while control.is_none() && acks.len() + batch.len() < GROUP_COMMIT_MESSAGES_MAX {
             match rx.try_recv() {
-                Ok(m) => stopping |= take(m, &mut batch, &mut acks),
+                Ok(m) => control = take(m, &mut batch, &mut acks),
                 Err(_) => break,
             }
         }
-        if batch.is_empty() {
-            for ack in acks {
-                let _ = ack.send(Ok(()));
-            }
-            continue;
-        }
-        match commit(&store, &batch) {
-            Ok(()) => {
-                stats.commits.fetch_add(1, Ordering::Relaxed);
-                for ack in acks {
-                    let _ = ack.send(Ok(()));
-                }
-            }
-            Err(message) => {
-                stats.write_failures.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(state = %store.path.display(), error = %message, "state write failed; answering from memory and retrying");
-                *stats.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(message.clone());
-                for ack in acks {
-                    let _ = ack.send(Err(message.clone()));
-                }
-                let mut kept: usize = 0;
-                for (rule, changes) in batch.into_iter().rev() {
-                    if kept + changes.len() > RETRY_CHANGES_MAX {
-                        stats.changes_dropped.fetch_add(changes.len() as u64, Ordering::Relaxed);
-                        continue;
+        if !batch.is_empty() {
+            let attempted = db.is_some() && !(rewriting && rewrite_failed);
+            let result = match &db {
+                Some(open) if attempted => commit(open, &batch),
+                _ => Err("waiting for the state file to be rewritten from memory".to_string()),
+            };
+            match result {
+                Ok(()) => {
+                    stats.commits.fetch_add(1, Ordering::Relaxed);
+                    for ack in acks {
+                        let _ = ack.send(Ok(()));
                     }
-                    kept += changes.len();
-                    retry.push((rule, changes));
                 }
-                retry.reverse();
-                if stopping {
-                    tracing::error!(changes = kept, "stopping with changes that could not be written");
+                Err(message) => {
+                    let changes: usize = batch.iter().map(|(_, c)| c.len()).sum();
+                    if rewriting {
+                        rewrite_failed = true;
+                    } else {
+                        db = None;
+                        held = held.saturating_add(changes);
+                        if held > RETRY_CHANGES_MAX {
+                            stats.changes_dropped.fetch_add((held - RETRY_CHANGES_MAX) as u64, Ordering::Relaxed);
+                            held = RETRY_CHANGES_MAX;
+                        }
+                        stats.changes_unwritten.store(held as u64, Ordering::Relaxed);
+                    }
+                    stats.needs_rewrite.store(true, Ordering::Release);
+                    stats.write_failures.fetch_add(1, Ordering::Relaxed);
+                    // Only a real failure is logged and shown; the writes
+                    // that wait for the rewrite after it would flood both.
+                    if attempted {
+                        tracing::error!(state = %path.display(), error = %message, changes, "state write failed; answering from memory, will rewrite the file from memory");
+                        *stats.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(message.clone());
+                    }
+                    for ack in acks {
+                        let _ = ack.send(Err(message.clone()));
+                    }
                 }
             }
+        }
+        match control {
+            None => {}
+            Some(Message::RewriteBegin) => {
+                db = None;
+                rewriting = true;
+                let _ = std::fs::remove_file(&fresh);
+                match open_database(&fresh) {
+                    Ok(open) => {
+                        db = Some(open);
+                        rewrite_failed = false;
+                    }
+                    Err(e) => {
+                        tracing::error!(file = %fresh.display(), error = %e, "cannot start rewriting the state file");
+                        rewrite_failed = true;
+                    }
+                }
+            }
+            Some(Message::RewriteEnd { ack }) => {
+                let result =
+                    if rewrite_failed { Err("rewrite failed".to_string()) } else { swap_in(&mut db, &fresh, &path) };
+                rewriting = false;
+                match &result {
+                    Ok(()) => {
+                        held = 0;
+                        stats.changes_unwritten.store(0, Ordering::Relaxed);
+                        stats.needs_rewrite.store(false, Ordering::Release);
+                        *stats.last_error.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                        tracing::warn!(state = %path.display(), "state file rewritten from memory; everything is on disk again");
+                    }
+                    Err(e) => {
+                        db = None;
+                        let _ = std::fs::remove_file(&fresh);
+                        stats.needs_rewrite.store(true, Ordering::Release);
+                        tracing::error!(state = %path.display(), error = %e, "state file rewrite failed; will try again");
+                    }
+                }
+                let _ = ack.send(result);
+            }
+            Some(Message::Stop) => {
+                if held > 0 {
+                    tracing::error!(changes = held, "stopping with changes that could not be written");
+                }
+                return;
+            }
+            Some(Message::Write { .. }) => unreachable!("writes are batched"),
         }
     }
 }
 
-fn commit(store: &Store, batch: &[(Arc<str>, Vec<Change>)]) -> Result<(), String> {
-    let txn = store.db.begin_write().map_err(|e| e.to_string())?;
+/// Where a rewrite builds the fresh state file before it replaces the old.
+fn rewrite_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".rewrite");
+    path.with_file_name(name)
+}
+
+/// Closes the fresh file, renames it over the state file (atomic), makes
+/// the rename durable, and opens the result as the database.
+fn swap_in(db: &mut Option<Database>, fresh: &Path, path: &Path) -> Result<(), String> {
+    *db = None;
+    std::fs::rename(fresh, path).map_err(|e| format!("rename {}: {e}", fresh.display()))?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| format!("sync {}: {e}", dir.display()))?;
+    }
+    *db = Some(open_database(path).map_err(|e| e.to_string())?);
+    Ok(())
+}
+
+fn open_database(path: &Path) -> Result<Database, redb::DatabaseError> {
+    Database::builder().set_cache_size(CACHE_BYTES).create(path)
+}
+
+fn commit(db: &Database, batch: &[(Arc<str>, Vec<Change>)]) -> Result<(), String> {
+    let txn = db.begin_write().map_err(|e| e.to_string())?;
     {
         let mut table = txn.open_table(ENTRIES).map_err(|e| e.to_string())?;
         for (rule, changes) in batch {

@@ -313,3 +313,16 @@ fn a_frame_trickled_slower_than_the_read_timeout_is_dropped() {
     // an ordinary client is unaffected
     assert_eq!(daemon.cli_json(&["status"])["manual_clock"], true);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_are_closed_and_the_client_reconnects_transparently() {
+    let daemon = TestDaemon::start_with(Some("[server]\nidle_timeout_ms = 1000\n"), true);
+    let client = daemon.client();
+    verdict(client.check("login", &subject("198.51.100.7", "alice")).await);
+    assert_eq!(client.status().await.unwrap().connections, 1);
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    // The pooled connection was closed by the daemon; the next call works.
+    let v = verdict(client.check("login", &subject("198.51.100.7", "alice")).await);
+    assert_eq!(v.decision, Decision::Allow);
+    assert_eq!(client.status().await.unwrap().connections, 1);
+}

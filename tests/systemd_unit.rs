@@ -45,7 +45,6 @@ fn service_values<'a>(entries: &'a [(String, String, String)], key: &str) -> Vec
 
 /// Keys that must each be assigned exactly once in [Service], with this value.
 const REQUIRED: &[(&str, &str)] = &[
-    ("Type", "simple"),
     ("User", "tollgate"),
     ("Group", "tollgate"),
     ("RuntimeDirectory", "tollgate"),
@@ -81,6 +80,10 @@ const REQUIRED: &[(&str, &str)] = &[
     ("AmbientCapabilities", ""),
     // SIGHUP reloads the config and class file without losing counters.
     ("ExecReload", "/bin/kill -HUP $MAINPID"),
+    // sd_notify readiness and a watchdog fed from the event loop.
+    ("Type", "notify"),
+    ("NotifyAccess", "main"),
+    ("WatchdogSec", "10s"),
 ];
 
 /// Keys the daemon does not support yet; setting them would mislead.

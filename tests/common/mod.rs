@@ -23,6 +23,10 @@ pub struct TestDaemon {
     pub state: PathBuf,
     pub config: Option<PathBuf>,
     pub manual_clock: bool,
+    /// Extra environment for the daemon (e.g. NOTIFY_SOCKET).
+    pub env: Vec<(String, String)>,
+    /// A command the daemon runs under (e.g. `prlimit --fsize=..`).
+    pub wrapper: Vec<String>,
     child: Option<Child>,
     starts: u32,
 }
@@ -35,22 +39,31 @@ impl TestDaemon {
 
     /// A daemon with `config` (TOML text) laid over the defaults.
     pub fn start_with(config: Option<&str>, manual_clock: bool) -> TestDaemon {
+        let mut daemon = TestDaemon::prepare(config, manual_clock);
+        daemon.spawn();
+        daemon
+    }
+
+    /// A daemon set up in its temp dir but not started: set `env` or
+    /// `wrapper`, then `spawn()`.
+    pub fn prepare(config: Option<&str>, manual_clock: bool) -> TestDaemon {
         let dir = tempfile::Builder::new().prefix("tollgate-test").tempdir().expect("temp dir");
         let config_path = config.map(|text| {
             let p = dir.path().join("tollgate.toml");
             std::fs::write(&p, text).unwrap();
             p
         });
-        let mut daemon = TestDaemon {
+        let daemon = TestDaemon {
             socket: dir.path().join("tollgate.sock"),
             state: dir.path().join("state.redb"),
             config: config_path,
             dir,
             manual_clock,
+            env: Vec::new(),
+            wrapper: Vec::new(),
             child: None,
             starts: 0,
         };
-        daemon.spawn();
         daemon
     }
 
@@ -68,7 +81,15 @@ impl TestDaemon {
     }
 
     pub fn serve_command(&self) -> Command {
-        let mut cmd = Command::new(BIN);
+        let mut cmd = match self.wrapper.split_first() {
+            Some((program, args)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(args).arg(BIN);
+                cmd
+            }
+            None => Command::new(BIN),
+        };
+        cmd.envs(self.env.iter().cloned());
         cmd.arg("serve").arg("--socket").arg(&self.socket).arg("--state").arg(&self.state);
         if let Some(c) = &self.config {
             cmd.arg("--config").arg(c);
