@@ -38,6 +38,13 @@ pub enum Command {
         #[command(subcommand)]
         command: ClockCommand,
     },
+    /// Load-test a running daemon: throughput and latency percentiles.
+    Bench(crate::bench::BenchArgs),
+    /// A bare length-prefixed echo server: the transport floor for `bench --raw`.
+    EchoServer {
+        #[arg(long)]
+        socket: PathBuf,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -172,6 +179,32 @@ fn client(common: &CommonArgs) -> Client {
 pub async fn run(command: Command) -> Result<(), ClientError> {
     match command {
         Command::Serve(_) => unreachable!("main handles serve"),
+        Command::Bench(args) => {
+            let json_out = args.json;
+            let r = crate::bench::run(args).await?;
+            if json_out {
+                println!("{}", json(&r));
+            } else {
+                println!(
+                    "{} ops/s  ({} requests in {:.1} s, {} connections x {} in flight, route {})",
+                    r.ops_per_s.round(),
+                    r.requests,
+                    r.duration_s,
+                    r.connections,
+                    r.in_flight,
+                    r.route
+                );
+                println!("latency us: p50 {}  p99 {}  p99.9 {}  max {}", r.p50_us, r.p99_us, r.p999_us, r.max_us);
+                println!("refused {}  errors {}", r.refused, r.errors);
+            }
+            Ok(())
+        }
+        Command::EchoServer { socket } => {
+            let _ = std::fs::remove_file(&socket);
+            let listener = tokio::net::UnixListener::bind(&socket)?;
+            crate::bench::echo_server(listener).await?;
+            Ok(())
+        }
         Command::Check(args) => {
             let request = Request::Check { route: &args.route, subject: args.subject() };
             print_verdict(&args.common, client(&args.common).call(&request).await?)

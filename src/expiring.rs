@@ -95,6 +95,29 @@ impl<V: Copy> ExpiringMap<V> {
         self.map.insert(id, slot);
     }
 
+    /// Reads and rewrites `id`'s entry in one step: `f` sees the live entry
+    /// (if any) and returns what to store (`None` to drop it). One hash
+    /// probe when the key is present, which is the hot path of every table.
+    pub fn update<R>(&mut self, id: u64, now_us: u64, f: impl FnOnce(Option<Slot<V>>) -> (Option<Slot<V>>, R)) -> R {
+        if let Some(existing) = self.map.get_mut(&id) {
+            let live = (existing.expires_us > now_us).then_some(*existing);
+            let (next, result) = f(live);
+            match next {
+                Some(slot) if slot.expires_us > now_us => *existing = slot,
+                _ => {
+                    self.map.remove(&id);
+                }
+            }
+            return result;
+        }
+        let (next, result) = f(None);
+        if let Some(slot) = next.filter(|s| s.expires_us > now_us) {
+            self.make_room(now_us);
+            self.map.insert(id, slot);
+        }
+        result
+    }
+
     pub fn remove(&mut self, id: u64) -> Option<Slot<V>> {
         self.map.remove(&id)
     }

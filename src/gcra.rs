@@ -106,13 +106,10 @@ impl GcraTable {
     /// One decision for `key` at `now_us`; spends from the budget when
     /// `spend` and allowed. A TAT at or before now is not stored at all.
     pub fn check(&mut self, spec: GcraSpec, key: Key, now_us: u64, spend: bool) -> GcraDecision {
-        let id = key.hash_bits();
-        let tat = self.tats.get(id, now_us).map(|s| s.expires_us);
-        let (decision, after) = decide(spec, tat, now_us, spend);
-        if Some(after) != tat {
-            self.tats.set(id, Slot { expires_us: after, value: () }, now_us);
-        }
-        decision
+        self.tats.update(key.hash_bits(), now_us, |slot| {
+            let (decision, after) = decide(spec, slot.map(|s| s.expires_us), now_us, spend);
+            (Some(Slot { expires_us: after, value: () }), decision)
+        })
     }
 
     /// Reads without spending.

@@ -17,12 +17,14 @@
 //!
 //! Around it: [`access`] (who may ask what, by peer credentials), [`audit`]
 //! (rate-capped refusal and audit lines), [`config`] (TOML over built-in defaults), [`clock`] (the only
-//! place time is read), [`client`] (what an auth server links) and [`cli`].
+//! place time is read), [`client`] (what an auth server links), [`cli`], and
+//! [`bench`] (the load generator and the transport-floor echo server).
 //! ARCHITECTURE.md states the invariants.
 #![forbid(unsafe_code)]
 
 pub mod access;
 pub mod audit;
+pub mod bench;
 pub mod classes;
 pub mod cli;
 pub mod client;

@@ -28,7 +28,14 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Serve(args) => serve(args),
         command => {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
+            // The load generator and the echo server want every core; the
+            // CLI's one request, one thread.
+            let runtime = if matches!(command, Command::Bench(_) | Command::EchoServer { .. }) {
+                tokio::runtime::Builder::new_multi_thread().enable_all().build()
+            } else {
+                tokio::runtime::Builder::new_current_thread().enable_all().build()
+            }
+            .expect("tokio runtime");
             match runtime.block_on(cli::run(command)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -129,6 +136,7 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
                 .with_context(|| format!("cannot listen on {}", config.socket.display()))?
         }
     };
+    let our_socket = if socket_activated { None } else { server::socket_identity(&config.socket) };
 
     // Past a file-size limit (RLIMIT_FSIZE) a write should fail like a full
     // disk, with an error the writer reports and retries, not kill the
@@ -230,7 +238,7 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
         }
     }
     writer.stop();
-    if !socket_activated {
+    if our_socket.is_some() && server::socket_identity(&config.socket) == our_socket {
         let _ = std::fs::remove_file(&config.socket);
     }
     if failed > 0 {

@@ -148,10 +148,15 @@ impl Daemon {
         }
     }
 
-    /// One request, one reply. The durable writes, if any, must complete
-    /// before the reply is sent.
-    fn handle<'l>(&self, limiter: &'l Limiter, request: Request<'_>, peer: &Peer) -> (Response<'l>, Vec<Durable>) {
-        let now = self.clock.now_us();
+    /// One request, one reply, at `now` (read once per batch of frames). The
+    /// durable writes, if any, must complete before the reply is sent.
+    fn handle<'l>(
+        &self,
+        limiter: &'l Limiter,
+        request: Request<'_>,
+        peer: &Peer,
+        now: u64,
+    ) -> (Response<'l>, Vec<Durable>) {
         let refused = |what: &str| {
             if let Some(suppressed) = self.audit.admit(now) {
                 tracing::warn!(uid = peer.uid, gid = peer.gid, operation = what, suppressed, "permission denied");
@@ -265,6 +270,13 @@ fn payload_error(e: &PayloadError) -> Response<'static> {
     Response::error(code, e.to_string())
 }
 
+/// The socket file's identity, so that a stopping daemon removes only the
+/// file it created, never a successor's.
+pub fn socket_identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
 /// Binds the socket with the configured mode and group. A socket file
 /// nobody answers on (a crashed daemon's) is replaced; one a live daemon
 /// answers on is not stolen.
@@ -374,6 +386,7 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
     loop {
         // Answer every complete frame we hold, all with one limiter.
         let limiter = daemon.limiter.load_full();
+        let now = daemon.clock.now_us();
         let mut close = false;
         let mut answered = 0;
         while answered < batch_max {
@@ -383,7 +396,7 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
                     let payload = &buf[start + FRAME_HEADER_BYTES..start + end];
                     let (id, response, durable) = match codec::decode_request(payload) {
                         Ok((id, request)) => {
-                            let (response, durable) = daemon.handle(&limiter, request, &peer);
+                            let (response, durable) = daemon.handle(&limiter, request, &peer, now);
                             (id, response, durable)
                         }
                         Err(failure) => (failure.id.unwrap_or(0), payload_error(&failure.error), Vec::new()),
