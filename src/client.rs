@@ -63,6 +63,19 @@ impl Answer {
         }
     }
 
+    /// How long to hold the attempt before it proceeds (a `delay` verdict).
+    pub fn delay(&self) -> Option<std::time::Duration> {
+        self.verdict()
+            .filter(|v| v.decision == crate::protocol::Decision::Delay && v.delay_ms > 0)
+            .map(|v| std::time::Duration::from_millis(v.delay_ms))
+    }
+
+    /// The `Retry-After` to send with a refusal, in whole seconds (rounded
+    /// up, at least 1); 1 when the refusal did not come from a verdict.
+    pub fn retry_after_secs(&self) -> u64 {
+        self.verdict().map_or(1, |v| v.retry_after_ms.div_ceil(1000).max(1))
+    }
+
     pub fn verdict(&self) -> Option<&Verdict<'static>> {
         match self {
             Answer::Verdict(v) => Some(v),

@@ -174,7 +174,11 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
         std::thread::Builder::new().name("tollgate-snapshot".into()).spawn(move || {
             let mut tick = 0u64;
             while !stop.load(Ordering::Acquire) {
-                std::thread::sleep(interval);
+                // Parked, not slept: a stop unparks it at once.
+                std::thread::park_timeout(interval);
+                if stop.load(Ordering::Acquire) {
+                    break;
+                }
                 let now = daemon.clock.now_us();
                 let limiter = daemon.limiter.load();
                 if daemon.store_stats.needs_rewrite.load(Ordering::Acquire) {
@@ -221,6 +225,7 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
 
     maintenance_stop.store(true, Ordering::Release);
+    maintenance.thread().unpark();
     let _ = maintenance.join();
     signal_handle.close();
     let mut failed = 0;

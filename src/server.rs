@@ -452,10 +452,15 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
         let read = if filled > 0 {
             // Mid-frame: the whole frame must arrive within the read timeout
             // of its first byte, however slowly the client trickles it.
+            // A stop closes it too: a frame not yet whole was never read,
+            // so nothing it asked is left half done.
             let deadline = *frame_deadline.get_or_insert_with(|| tokio::time::Instant::now() + read_timeout);
-            match tokio::time::timeout_at(deadline, reader.read(&mut buf[filled..])).await {
-                Ok(r) => r,
-                Err(_) => return,
+            tokio::select! {
+                r = tokio::time::timeout_at(deadline, reader.read(&mut buf[filled..])) => match r {
+                    Ok(r) => r,
+                    Err(_) => return,
+                },
+                _ = shutdown.changed() => return,
             }
         } else {
             frame_deadline = None;
