@@ -1,1 +1,262 @@
-fn main() {}
+//! Micro-benchmarks of the request path's pieces: the GCRA and failure-window
+//! tables at 1 thousand and 10 million live keys, key derivation, frame
+//! encoding and decoding, and one whole `Limiter::check`.
+//!
+//! `nice -n 10 cargo bench --bench tables` (a few minutes; the 10M tables
+//! take ~0.5-1 GB and a few seconds each to fill, once per table). Filter
+//! with criterion's usual argument, e.g. `cargo bench --bench tables -- gcra`.
+//!
+//! Table keys stand in for BLAKE2 digests: `mix64(n)` is a bijection, so N
+//! indices give N distinct, uniformly spread keys. Lookups pick random
+//! indices with a xorshift generator (~1 ns of each figure), so the 10M
+//! figures include the cache and TLB misses of a table far larger than the
+//! caches, as in the daemon.
+
+use std::borrow::Cow;
+use std::hint::black_box;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+
+use tollgate::classes::ClassTable;
+use tollgate::codec::{self, FRAME_HEADER_BYTES};
+use tollgate::config::Config;
+use tollgate::failure_window::{FailureWindowTable, WindowSpec};
+use tollgate::gcra::{GcraSpec, GcraTable};
+use tollgate::keys::{Component, Key, KeyDeriver, Secret};
+use tollgate::limiter::Limiter;
+use tollgate::protocol::{Decision, Reason, Request, Response, Subject, Verdict};
+use tollgate::source::SourcePolicy;
+use tollgate::store::Journal;
+
+const SECOND: u64 = 1_000_000;
+/// An arbitrary instant (2023) for benches that keep time still.
+const NOW_US: u64 = 1_700_000_000 * SECOND;
+/// Live keys per table: `(label, count)`.
+const SIZES: [(&str, u64); 2] = [("1k", 1_000), ("10M", 10_000_000)];
+
+/// splitmix64's finaliser: a bijection on u64 that spreads every input bit
+/// over the whole word, like the keyed digests the daemon uses as keys.
+fn mix64(n: u64) -> u64 {
+    let mut z = n.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn key(n: u64) -> Key {
+    Key { account_tag: n, tuple: mix64(n) }
+}
+
+/// xorshift64: cheap random indices for the lookups.
+struct Rng(u64);
+
+impl Rng {
+    /// Uniform in `0..n` (multiply-shift; no division on the hot path).
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        ((self.0 as u128 * n as u128) >> 64) as u64
+    }
+}
+
+/// One request per hour sustained keeps every key live (its TAT an hour
+/// ahead) while time stands still; the large burst keeps every check on the
+/// allowed path however often the bench hits one of the 1k keys (it would
+/// take a million checks of one key to exhaust it).
+fn slow_spec() -> GcraSpec {
+    GcraSpec::new(1, 3600 * SECOND, 1_000_000)
+}
+
+fn bench_gcra(c: &mut Criterion) {
+    let spec = slow_spec();
+    let mut group = c.benchmark_group("gcra");
+    for (label, n) in SIZES {
+        let mut table = GcraTable::new(2 * n as usize);
+        for i in 0..n {
+            table.check(spec, key(i), NOW_US, true);
+        }
+        assert_eq!(table.len() as u64, n, "every key is live");
+        let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+        group.bench_function(BenchmarkId::new("check", label), |b| {
+            b.iter(|| table.check(spec, key(rng.below(n)), black_box(NOW_US), true))
+        });
+        group.bench_function(BenchmarkId::new("peek", label), |b| {
+            b.iter(|| table.peek(spec, key(rng.below(n)), black_box(NOW_US)))
+        });
+        assert_eq!(table.len() as u64, n, "no key was added or dropped");
+        assert!(table.peek(spec, key(rng.below(n)), NOW_US).allowed, "checks stayed on the allowed path");
+    }
+    group.finish();
+}
+
+fn bench_failure_window(c: &mut Criterion) {
+    // An hour's window and the highest threshold a rule may have.
+    let spec = WindowSpec { window_us: 3600 * SECOND, threshold: 1000 };
+    let mut group = c.benchmark_group("failure_window");
+    for (label, n) in SIZES {
+        let mut table = FailureWindowTable::new(spec, 2 * n as usize);
+        for i in 0..n {
+            table.record_failure(key(i), NOW_US).expect("room for every key");
+        }
+        // What the snapshot writer does every second: empties the change log.
+        drop(table.take_changes());
+        assert_eq!(table.len() as u64, n, "every key is live");
+        let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+        group.bench_function(BenchmarkId::new("record_failure", label), |b| {
+            b.iter(|| table.record_failure(key(rng.below(n)), black_box(NOW_US)))
+        });
+        group.bench_function(BenchmarkId::new("get", label), |b| {
+            b.iter(|| table.get(key(rng.below(n)), black_box(NOW_US)))
+        });
+        assert_eq!(table.len() as u64, n, "no key was added or dropped");
+    }
+    group.finish();
+}
+
+fn bench_keys(c: &mut Criterion) {
+    let deriver = KeyDeriver::new(&Secret::from_bytes([7; 32]));
+    let policy = SourcePolicy::default();
+    let ip = IpAddr::V4(Ipv4Addr::new(198, 51, 100, 7));
+    let account = deriver.component(Component::Account, b"alice@example.com");
+    let prefix = deriver.component(Component::Prefix, &policy.prefix(ip).to_bytes());
+    let mut group = c.benchmark_group("keys");
+    group.bench_function("component_account", |b| {
+        b.iter(|| deriver.component(Component::Account, black_box(b"alice@example.com")))
+    });
+    group.bench_function("component_prefix", |b| {
+        b.iter(|| deriver.component(Component::Prefix, &policy.prefix(black_box(ip)).to_bytes()))
+    });
+    group.bench_function("tuple_account_prefix", |b| {
+        b.iter(|| deriver.tuple(black_box(&[(Component::Account, account), (Component::Prefix, prefix)])))
+    });
+    // What a (account, prefix) rule costs per request: two digests and the tuple's.
+    group.bench_function("account_prefix_key", |b| {
+        b.iter(|| {
+            let account = deriver.component(Component::Account, black_box(b"alice@example.com"));
+            let prefix = deriver.component(Component::Prefix, &policy.prefix(black_box(ip)).to_bytes());
+            deriver.tuple(&[(Component::Account, account), (Component::Prefix, prefix)])
+        })
+    });
+    group.finish();
+}
+
+fn bench_codec(c: &mut Criterion) {
+    let request = Request::Check {
+        route: "login",
+        subject: Subject {
+            peer: Some(IpAddr::V4(Ipv4Addr::new(198, 51, 100, 7))),
+            account: Some("alice@example.com"),
+            device: Some("3f2a9c1e-device-cookie"),
+            ..Subject::default()
+        },
+    };
+    let response = Response::Verdict(Verdict {
+        decision: Decision::Allow,
+        retry_after_ms: 0,
+        delay_ms: 0,
+        limit: 600,
+        remaining: 299,
+        reset_ms: 100,
+        reason: Reason::Allowed,
+        rule: Cow::Borrowed("source_rate"),
+    });
+    let mut request_frame = Vec::new();
+    codec::encode_request(42, &request, &mut request_frame);
+    let mut response_frame = Vec::new();
+    codec::encode_response(42, &response, &mut response_frame);
+    assert_eq!(codec::decode_request(&request_frame[FRAME_HEADER_BYTES..]).unwrap(), (42, request.clone()));
+
+    let mut group = c.benchmark_group("codec");
+    let mut out = Vec::with_capacity(256);
+    group.bench_function("encode_request_check", |b| {
+        b.iter(|| {
+            out.clear();
+            codec::encode_request(black_box(42), black_box(&request), &mut out);
+            out.len()
+        })
+    });
+    group.bench_function("decode_request_check", |b| {
+        b.iter(|| codec::decode_request(black_box(&request_frame[FRAME_HEADER_BYTES..])).unwrap().0)
+    });
+    group.bench_function("encode_response_verdict", |b| {
+        b.iter(|| {
+            out.clear();
+            codec::encode_response(black_box(42), black_box(&response), &mut out);
+            out.len()
+        })
+    });
+    group.bench_function("decode_response_verdict", |b| {
+        b.iter(|| codec::decode_response(black_box(&response_frame[FRAME_HEADER_BYTES..])).unwrap())
+    });
+    group.finish();
+}
+
+/// Peer `i`: 10.x.y.z below 2^24, then one IPv6 /64 each (the default
+/// prefixes are /32 and /64, so every peer is its own key).
+fn peer(i: u64) -> IpAddr {
+    if i < 1 << 24 {
+        IpAddr::V4(Ipv4Addr::from((10 << 24) | i as u32))
+    } else {
+        IpAddr::V6(Ipv6Addr::from((0x2001_0db8_u128 << 96) | ((i as u128) << 64) | 1))
+    }
+}
+
+fn limiter(n: u64) -> Limiter {
+    let config = if n <= 1_000_000 {
+        Config::default()
+    } else {
+        // The `request` route's table caps at 1M keys by default.
+        let text = "[routes.request.rules.source_rate]\nentries_max = 20000000\n";
+        Config::build(Config::parse(text).unwrap()).unwrap()
+    };
+    let keys = KeyDeriver::new(&Secret::from_bytes([7; 32]));
+    Limiter::new(&config, Arc::new(ClassTable::default()), keys, Journal::discard())
+}
+
+fn bench_limiter(c: &mut Criterion) {
+    // The `request` route: 100 a minute per source, burst 100, so one
+    // request per 600 ms refills. Call `k` goes to peer `k mod n` at
+    // `k × (600 ms − 100 µs) / n`: every peer comes back just under 600 ms
+    // after its last request, so its TAT is still ahead (the key is live)
+    // and its budget stays full, whether n is 1k or 10M. Every check is then
+    // an allowed check of a live key, the common case in production; the
+    // first pass (the fill) inserts every key.
+    let step_us = 600_000 - 100;
+    let mut group = c.benchmark_group("limiter");
+    for (label, n) in SIZES {
+        let limiter = limiter(n);
+        let mut k = 0u64;
+        let check = |k: &mut u64| {
+            let subject = Subject { peer: Some(peer(*k % n)), ..Subject::default() };
+            let now_us = NOW_US + *k * step_us / n;
+            *k += 1;
+            limiter.check("request", &subject, now_us).expect("valid request").decision
+        };
+        while k < n {
+            check(&mut k);
+        }
+        group.bench_function(BenchmarkId::new("check_request", label), |b| b.iter(|| check(&mut k)));
+        let refused = (0..1000).filter(|_| check(&mut k) != Decision::Allow).count();
+        assert_eq!(refused, 0, "checks stayed on the allowed path");
+    }
+    group.finish();
+}
+
+fn config() -> Criterion {
+    Criterion::default()
+        .sample_size(20)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .without_plots()
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = bench_gcra, bench_failure_window, bench_keys, bench_codec, bench_limiter
+}
+criterion_main!(benches);
