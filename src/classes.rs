@@ -266,7 +266,7 @@ fn parse_cidr(text: &str) -> Result<IpNet, String> {
         return Err("missing the CIDR before the comma".into());
     }
     let parsed =
-        if text.contains('/') { text.parse::<IpNet>().ok() } else { text.parse::<IpAddr>().ok().map(IpNet::from) };
+        if text.contains('/') { crate::source::parse_cidr(text) } else { text.parse::<IpAddr>().ok().map(IpNet::from) };
     let Some(net) = parsed else {
         return Err(format!("`{text}` is not a CIDR or an address (expected e.g. 203.0.113.0/24 or 2001:db8::/32)"));
     };

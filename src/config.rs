@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use ipnet::IpNet;
 use serde::Deserialize;
 
 use crate::classes::SourceClass;
@@ -75,6 +74,16 @@ pub const KNOWN_DEVICES_MAX_DEFAULT: usize = 1_000_000;
 pub const RECENT_PASSWORDS_DEFAULT: u8 = 4;
 pub const RECENT_PASSWORDS_MAX: u8 = 4;
 pub const RECENT_PASSWORD_ENTRIES_MAX_DEFAULT: usize = 100_000;
+
+/// Longest a rate rule's burst may take to refill (burst × period / limit):
+/// a year. Beyond it the numbers are a typo, and the GCRA tolerance would
+/// approach the range of its microsecond arithmetic.
+pub const BURST_SPAN_US_MAX: u64 = 366 * 86_400_000_000;
+
+fn rate_fits(r: RateLimit) -> bool {
+    let interval = r.period_us.div_ceil(r.limit.max(1) as u64);
+    interval.checked_mul(r.burst as u64).is_some_and(|span| span <= BURST_SPAN_US_MAX)
+}
 
 /// Rules one route may have: a request derives at most one key per rule,
 /// kept on the stack, and no real route needs more.
@@ -651,9 +660,9 @@ fn overlay(base: RawRule, user: RawRule) -> RawRule {
 fn build_source(raw: RawSource, errors: &mut Vec<String>) -> SourcePolicy {
     let mut policy = SourcePolicy::default();
     for (i, cidr) in raw.trusted_proxies.unwrap_or_default().iter().enumerate() {
-        match cidr.parse::<IpNet>() {
-            Ok(net) => policy.trusted_proxies.push(net.trunc()),
-            Err(_) => errors.push(format!("source.trusted_proxies[{i}]: `{cidr}` is not a CIDR")),
+        match source::parse_cidr(cidr) {
+            Some(net) => policy.trusted_proxies.push(net.trunc()),
+            None => errors.push(format!("source.trusted_proxies[{i}]: `{cidr}` is not a CIDR")),
         }
     }
     policy.trusted_hops = raw.trusted_hops.unwrap_or(0);
@@ -745,10 +754,10 @@ fn build_responses(raw: RawResponses, errors: &mut Vec<String>) -> ResponsePolic
         errors.push(format!("responses.retry_after_steps_secs: 1 to 16 steps, each 0..={PERIOD_SECS_MAX}"));
     }
     let policy = ResponsePolicy {
-        retry_after_steps_us: steps.iter().map(|s| s * 1_000_000).collect(),
+        retry_after_steps_us: steps.iter().map(|s| s.saturating_mul(1_000_000)).collect(),
         jitter_percent: raw.jitter_percent.unwrap_or(JITTER_PERCENT_DEFAULT),
-        delay_base_us: raw.delay_base_ms.unwrap_or(DELAY_BASE_MS_DEFAULT) * 1000,
-        delay_max_us: raw.delay_max_ms.unwrap_or(DELAY_MAX_MS_DEFAULT) * 1000,
+        delay_base_us: raw.delay_base_ms.unwrap_or(DELAY_BASE_MS_DEFAULT).saturating_mul(1000),
+        delay_max_us: raw.delay_max_ms.unwrap_or(DELAY_MAX_MS_DEFAULT).saturating_mul(1000),
     };
     if policy.jitter_percent > 100 {
         errors.push("responses.jitter_percent: must be 0..=100".into());
@@ -781,7 +790,7 @@ fn build_route(name: &str, raw: RawRoute, errors: &mut Vec<String>) -> Option<Ro
             errors.push(format!("{path}.known_device_ttl_secs: at most a year (31622400)"));
             None
         }
-        ttl => Some((ttl * 1_000_000, raw.known_devices_max.unwrap_or(KNOWN_DEVICES_MAX_DEFAULT))),
+        ttl => Some((ttl.saturating_mul(1_000_000), raw.known_devices_max.unwrap_or(KNOWN_DEVICES_MAX_DEFAULT))),
     };
     let recent_passwords = match raw.recent_passwords.unwrap_or(0) {
         0 => None,
@@ -873,13 +882,22 @@ fn build_rule(path: &str, name: &str, raw: RawRule, errors: &mut Vec<String>) ->
                 in_range(errors, &format!("classes.{class_name}.limit"), limit as u64, 1, 1_000_000_000);
                 in_range(errors, &format!("classes.{class_name}.period_secs"), period_secs, 1, PERIOD_SECS_MAX);
                 in_range(errors, &format!("classes.{class_name}.burst"), burst as u64, 1, 1_000_000_000);
-                by_class[class as usize] = Some(RateLimit { limit, period_us: period_secs * 1_000_000, burst });
+                by_class[class as usize] =
+                    Some(RateLimit { limit, period_us: period_secs.saturating_mul(1_000_000), burst });
             }
-            RuleKind::Rate {
-                rate: RateLimit { limit, period_us: period_secs * 1_000_000, burst },
-                by_class,
-                entries_max,
+            let rate = RateLimit { limit, period_us: period_secs.saturating_mul(1_000_000), burst };
+            let all = std::iter::once(("", rate))
+                .chain(SourceClass::ALL.iter().filter_map(|c| by_class[*c as usize].map(|r| (c.name(), r))));
+            for (class, r) in all {
+                if !rate_fits(r) {
+                    let at = if class.is_empty() { String::new() } else { format!(".classes.{class}") };
+                    errors.push(format!(
+                        "{path}{at}: burst x period_secs / limit is over {} days; a key would never refill",
+                        BURST_SPAN_US_MAX / 86_400_000_000
+                    ));
+                }
             }
+            RuleKind::Rate { rate, by_class, entries_max }
         }
         Some("failures") => {
             for (field, set) in [
@@ -900,7 +918,7 @@ fn build_rule(path: &str, name: &str, raw: RawRule, errors: &mut Vec<String>) ->
             in_range(errors, "entries_max", entries_max as u64, 1, ENTRIES_MAX_LIMIT as u64);
             RuleKind::Failures {
                 threshold,
-                window_us: window_secs * 1_000_000,
+                window_us: window_secs.saturating_mul(1_000_000),
                 cleared_by_success: raw.cleared_by_success.unwrap_or(false),
                 entries_max,
             }

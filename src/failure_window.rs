@@ -24,6 +24,9 @@ pub const THRESHOLD_MAX: u32 = 1000;
 pub const WINDOW_US_MIN: u64 = 1_000_000;
 
 const NIL: u32 = u32::MAX;
+/// Entries of the top count class examined for an unlocked one when a full
+/// table needs room: bounds the work of one insert.
+pub const TOP_CLASS_EVICTION_SCAN: usize = 64;
 
 /// Window length and threshold of one failure rule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -322,7 +325,12 @@ impl FailureWindowTable {
     /// of persisted keys first, then each written key still present with its
     /// counts now. The persistence layer writes these.
     pub fn take_changes(&mut self) -> Vec<Change> {
-        let mut out: Vec<Change> = self.removed.drain(..).map(|key| (key, None)).collect();
+        // A removed key that is back (re-inserted, perhaps already written
+        // durably as a new lockout) must not be deleted after that write:
+        // its current counts, if unwritten, follow as an upsert.
+        let removed = std::mem::take(&mut self.removed);
+        let mut out: Vec<Change> =
+            removed.into_iter().filter(|key| self.find(*key).is_none()).map(|key| (key, None)).collect();
         for key in std::mem::take(&mut self.changed) {
             if let Some(i) = self.find(key) {
                 let slot = &mut self.slots[i as usize];
@@ -439,10 +447,18 @@ impl FailureWindowTable {
                 return Ok(());
             }
         }
-        let head = self.lists[top].head;
-        if head != NIL && !self.spec.is_locked(self.slots[head as usize].counts, now_us) {
-            self.remove(head);
-            return Ok(());
+        // The top class is ordered by last write, not by how long each entry
+        // stays locked, so look past locked entries, a bounded number.
+        let mut at = self.lists[top].head;
+        for _ in 0..TOP_CLASS_EVICTION_SCAN {
+            if at == NIL {
+                break;
+            }
+            if !self.spec.is_locked(self.slots[at as usize].counts, now_us) {
+                self.remove(at);
+                return Ok(());
+            }
+            at = self.slots[at as usize].next;
         }
         self.refused_full += 1;
         Err(TableError::FullOfLockouts(self.entries_max))
@@ -624,6 +640,38 @@ mod tests {
         }
         assert_eq!(table.record_failure(key(9), now), Err(TableError::FullOfLockouts(3)));
         assert_eq!(table.len(), 3);
+    }
+
+    #[test]
+    fn a_lockout_written_durably_after_a_removal_is_not_deleted_by_the_next_snapshot() {
+        // Found by the tables_model fuzzer: persist, clear, lock again and
+        // write durably; the next snapshot must not emit the old removal.
+        let mut table = FailureWindowTable::new(spec(1), 100);
+        let now = 600 * WINDOW;
+        table.record_failure(key(1), now).unwrap();
+        assert_eq!(table.take_changes().len(), 1);
+        table.clear(key(1));
+        table.record_failure(key(1), now).unwrap();
+        table.mark_persisted(key(1));
+        assert_eq!(table.take_changes(), vec![], "nothing to write: the durable write is the latest");
+    }
+
+    #[test]
+    fn a_full_table_evicts_an_unlocked_top_class_entry_behind_a_locked_one() {
+        let s = WindowSpec { window_us: 60_000_000, threshold: 5 };
+        let mut table = FailureWindowTable::new(s, 2);
+        let t0 = 1000 * s.window_us;
+        for _ in 0..10 {
+            table.record_failure(key(0), t0).unwrap();
+        }
+        for _ in 0..5 {
+            table.record_failure(key(1), t0).unwrap();
+        }
+        let later = t0 + s.window_us + s.window_us / 2;
+        assert!(s.is_locked(table.get(key(0), later), later));
+        assert!(!s.is_locked(table.get(key(1), later), later));
+        assert!(table.record_failure(key(2), later).is_ok(), "key 1 is evictable");
+        assert!(s.is_locked(table.get(key(0), later), later), "the lockout stays");
     }
 
     #[test]

@@ -25,7 +25,8 @@ impl GcraSpec {
     }
 
     fn tolerance_us(self) -> u64 {
-        self.interval_us * self.burst as u64
+        // Saturating: a day-long interval times a huge burst would wrap.
+        self.interval_us.saturating_mul(self.burst as u64)
     }
 }
 

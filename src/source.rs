@@ -160,6 +160,19 @@ impl SourcePolicy {
     }
 }
 
+/// A CIDR (`203.0.113.0/24`, `2001:db8::/32`), with the address parsed by
+/// the standard library, which refuses IPv4 octets with leading zeros
+/// (`010.0.0.0` is octal 8 to inet_aton and decimal 10 to some parsers, so
+/// it means nothing certain).
+pub fn parse_cidr(text: &str) -> Option<IpNet> {
+    let (address, len) = text.split_once('/')?;
+    let address: IpAddr = address.parse().ok()?;
+    if len.is_empty() || len.len() > 3 || !len.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    IpNet::new(address, len.parse().ok()?).ok()
+}
+
 /// IPv4-mapped IPv6 (`::ffff:a.b.c.d`) is the IPv4 client it names: otherwise
 /// one client would have two buckets, and a /64 grouping would lump every
 /// IPv4 client into one.
@@ -235,6 +248,15 @@ mod tests {
         let peer = ip("192.0.2.1");
         assert_eq!(policy.client_address(peer, Some("1.1.1.1, 203.0.113.5, 10.0.0.9")), ip("203.0.113.5"));
         assert_eq!(policy.client_address(peer, Some("10.0.0.9")), peer);
+    }
+
+    #[test]
+    fn cidrs_with_leading_zero_octets_are_refused() {
+        assert_eq!(parse_cidr("10.0.0.0/8"), Some("10.0.0.0/8".parse().unwrap()));
+        assert_eq!(parse_cidr("2001:db8::/32"), Some("2001:db8::/32".parse().unwrap()));
+        for bad in ["010.0.0.0/8", "203.0.056.0/24", "10.0.0.0/33", "10.0.0.0/", "10.0.0.0", "10.0.0.0/+8"] {
+            assert_eq!(parse_cidr(bad), None, "{bad}");
+        }
     }
 
     #[test]
