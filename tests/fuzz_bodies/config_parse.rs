@@ -1,0 +1,161 @@
+//! Body of the `config_parse` fuzz target, shared with `tests/fuzz_replay.rs`
+//! (which replays `fuzz/corpus/config_parse/` on stable). Uses only
+//! `tollgate` and std.
+//!
+//! The input, decoded as lossy UTF-8, goes through `Config::parse` and
+//! `Config::build` as a config file does. Neither may panic; a refusal must
+//! say why; the same text must give the same answer twice; and a config that
+//! builds must hold every invariant the README and `src/config.rs` promise,
+//! including that the tables and the GCRA arithmetic accept its limits
+//! (`fuzz/regressions/config_parse/` holds what this found).
+
+use tollgate::config::{
+    Config, DeviceScope, RouteConfig, RuleConfig, RuleKind, BURST_SPAN_US_MAX, ENTRIES_MAX_LIMIT, PERIOD_SECS_MAX,
+    RECENT_PASSWORDS_MAX, RULES_PER_ROUTE_MAX, SNAPSHOT_INTERVAL_MS_MAX,
+};
+use tollgate::failure_window::{FailureWindowTable, WindowSpec, THRESHOLD_MAX, WINDOW_US_MIN};
+use tollgate::gcra::{decide, GcraSpec};
+use tollgate::keys::Component;
+use tollgate::source::{FORWARDED_HOPS_MAX, IPV4_PREFIX_LEN_MIN, IPV6_PREFIX_LEN_MAX, IPV6_PREFIX_LEN_MIN};
+
+const SECOND_US: u64 = 1_000_000;
+/// A plausible now for the GCRA arithmetic: 2030-01-01.
+const NOW_US: u64 = 1_893_456_000 * SECOND_US;
+
+pub fn run(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let raw = match Config::parse(&text) {
+        Ok(raw) => raw,
+        Err(message) => {
+            assert!(!message.trim().is_empty(), "a parse error without a message");
+            return;
+        }
+    };
+    let first = Config::build(raw);
+    match &first {
+        Ok(config) => check_config(config),
+        Err(errors) => {
+            assert!(!errors.0.is_empty(), "refused without an error");
+            assert!(errors.0.iter().all(|e| !e.trim().is_empty()), "an empty error in {errors:?}");
+        }
+    }
+    let second = Config::build(Config::parse(&text).expect("parsed once"));
+    assert_eq!(first, second, "the same text built twice differs");
+}
+
+fn check_config(config: &Config) {
+    assert!((1..=SNAPSHOT_INTERVAL_MS_MAX).contains(&config.snapshot_interval_ms));
+
+    let source = &config.source;
+    assert!((IPV4_PREFIX_LEN_MIN..=32).contains(&source.ipv4_prefix_len), "{source:?}");
+    assert!((IPV6_PREFIX_LEN_MIN..=IPV6_PREFIX_LEN_MAX).contains(&source.ipv6_prefix_len), "{source:?}");
+    for (v4, v6) in source.class_prefix_lens.iter().flatten() {
+        assert!((IPV4_PREFIX_LEN_MIN..=32).contains(v4), "{source:?}");
+        assert!((IPV6_PREFIX_LEN_MIN..=IPV6_PREFIX_LEN_MAX).contains(v6), "{source:?}");
+    }
+    assert!(source.trusted_hops as usize <= FORWARDED_HOPS_MAX);
+    assert!(source.trusted_hops == 0 || source.trusted_proxies.is_empty(), "both hops and proxies");
+    for net in &source.trusted_proxies {
+        assert_eq!(*net, net.trunc(), "trusted proxy {net} has host bits set");
+    }
+
+    let server = &config.server;
+    assert!((1..=65_536).contains(&server.connections_max));
+    assert!((1..=600_000).contains(&server.frame_read_timeout_ms));
+    assert!(server.shutdown_grace_ms <= 600_000);
+
+    let responses = &config.responses;
+    assert!((1..=16).contains(&responses.retry_after_steps_us.len()), "{responses:?}");
+    // configured in seconds and milliseconds: whole ones (a product that
+    // wrapped around u64 would rarely be)
+    assert!(
+        responses.retry_after_steps_us.iter().all(|&s| s <= PERIOD_SECS_MAX * SECOND_US && s % SECOND_US == 0),
+        "{responses:?}"
+    );
+    assert!(responses.jitter_percent <= 100);
+    assert!(responses.delay_base_us <= responses.delay_max_us && responses.delay_max_us <= 60 * SECOND_US);
+    assert!(responses.delay_base_us % 1000 == 0 && responses.delay_max_us % 1000 == 0, "{responses:?}");
+
+    assert!(config.routes.windows(2).all(|w| w[0].name < w[1].name), "routes unsorted or repeated");
+    for route in &config.routes {
+        check_route(route);
+    }
+}
+
+fn check_route(route: &RouteConfig) {
+    let name = &route.name;
+    assert!(
+        (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'),
+        "route name {name:?}"
+    );
+    assert!(route.rules.len() <= RULES_PER_ROUTE_MAX, "{name}: {} rules", route.rules.len());
+    let mut rule_names: Vec<&str> = route.rules.iter().map(|r| r.name.as_str()).collect();
+    rule_names.sort_unstable();
+    rule_names.dedup();
+    assert_eq!(rule_names.len(), route.rules.len(), "{name}: a rule name twice");
+    if let Some((ttl_us, entries_max)) = route.known_devices {
+        assert!((SECOND_US..=366 * 86_400 * SECOND_US).contains(&ttl_us), "{name}: known device ttl {ttl_us}");
+        assert!((1..=ENTRIES_MAX_LIMIT).contains(&entries_max), "{name}: known devices max {entries_max}");
+    }
+    if let Some((digests, entries_max)) = route.recent_passwords {
+        assert!((1..=RECENT_PASSWORDS_MAX).contains(&digests), "{name}: recent passwords {digests}");
+        assert!((1..=ENTRIES_MAX_LIMIT).contains(&entries_max), "{name}: recent passwords max {entries_max}");
+    }
+    for rule in &route.rules {
+        check_rule(route, rule);
+    }
+}
+
+fn check_rule(route: &RouteConfig, rule: &RuleConfig) {
+    let at = format!("{}.{}", route.name, rule.name);
+    assert!(!rule.key.is_empty(), "{at}: empty key");
+    assert!(rule.key != [Component::ClientId], "{at}: keyed on client_id alone");
+    for (i, component) in rule.key.iter().enumerate() {
+        assert!(!rule.key[..i].contains(component), "{at}: {component:?} twice");
+    }
+    assert!((1..=16).contains(&rule.responses.len()), "{at}: {} rungs", rule.responses.len());
+    if rule.devices != DeviceScope::All {
+        assert!(route.known_devices.is_some(), "{at}: scoped by devices without known devices");
+    }
+    match &rule.kind {
+        RuleKind::Failures { threshold, window_us, entries_max, .. } => {
+            assert!((1..=THRESHOLD_MAX).contains(threshold), "{at}: threshold {threshold}");
+            assert!((1..=1000).contains(threshold), "{at}: threshold {threshold}");
+            assert!(
+                (WINDOW_US_MIN..=PERIOD_SECS_MAX * SECOND_US).contains(window_us) && window_us % SECOND_US == 0,
+                "{at}: window {window_us}"
+            );
+            assert!((1..=ENTRIES_MAX_LIMIT).contains(entries_max), "{at}: entries_max {entries_max}");
+            // the table's own asserts agree with the validation
+            let spec = WindowSpec { window_us: *window_us, threshold: *threshold };
+            let mut table = FailureWindowTable::new(spec, *entries_max);
+            table.reconfigure(spec, *entries_max, NOW_US);
+        }
+        RuleKind::Rate { rate, by_class, entries_max } => {
+            assert!((1..=ENTRIES_MAX_LIMIT).contains(entries_max), "{at}: entries_max {entries_max}");
+            for limit in std::iter::once(rate).chain(by_class.iter().flatten()) {
+                assert!((1..=1_000_000_000).contains(&limit.limit), "{at}: {limit:?}");
+                assert!((1..=1_000_000_000).contains(&limit.burst), "{at}: {limit:?}");
+                assert!(
+                    (SECOND_US..=PERIOD_SECS_MAX * SECOND_US).contains(&limit.period_us)
+                        && limit.period_us % SECOND_US == 0,
+                    "{at}: {limit:?}"
+                );
+                let spec = GcraSpec::new(limit.limit, limit.period_us, limit.burst);
+                assert!(spec.interval_us >= 1);
+                // GCRA's tolerance is interval × burst in u64: a valid rule
+                // keeps it within BURST_SPAN_US_MAX (so far from overflow).
+                let span = spec.interval_us.checked_mul(spec.burst as u64);
+                assert!(
+                    span.is_some_and(|span| span <= BURST_SPAN_US_MAX),
+                    "{at}: {limit:?} makes interval × burst ({} × {}) {span:?}",
+                    spec.interval_us,
+                    spec.burst
+                );
+                let (first, tat) = decide(spec, None, NOW_US, true);
+                assert!(first.allowed, "{at}: {limit:?} refuses a fresh key");
+                decide(spec, Some(tat), NOW_US, true);
+            }
+        }
+    }
+}
