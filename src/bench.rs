@@ -81,25 +81,31 @@ pub struct BenchReport {
     pub errors: u64,
 }
 
-/// xorshift64*: a tiny seeded generator, so runs are repeatable.
-struct Rng(u64);
+/// xorshift64*: a tiny seeded generator, so runs are repeatable (the load
+/// generator's key choice, and tests' random sequences).
+pub struct Rng(pub u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
 
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    /// Uniform in 0..n.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
 }
 
 fn pick(rng: &mut Rng, keys: u64, distribution: Distribution) -> u64 {
     match distribution {
-        Distribution::Uniform => rng.next() % keys.max(1),
+        Distribution::Uniform => rng.next_u64() % keys.max(1),
         Distribution::Skewed => ((rng.unit().powi(3)) * keys as f64) as u64 % keys.max(1),
     }
 }

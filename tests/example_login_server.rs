@@ -179,21 +179,15 @@ async fn http(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str
     response
 }
 
-/// xorshift64*: the sequences are the same on every run.
-struct Rng(u64);
+/// The sequences are the same on every run: the load generator's seeded
+/// xorshift, with a picker.
+use tollgate::bench::Rng;
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
+trait Pick {
+    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str;
+}
 
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
+impl Pick for Rng {
     fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
         items[self.below(items.len() as u64) as usize]
     }

@@ -3,8 +3,6 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use common::*;
 use tollgate::protocol::{Decision, Outcome, Reason, Request, Response, Subject};
 
@@ -186,22 +184,10 @@ async fn lockouts_survive_kill_9_and_counters_survive_sigterm() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_parallel_reports_count_exactly_and_refuse_at_the_threshold() {
     let daemon = TestDaemon::start();
-    let barrier = Arc::new(tokio::sync::Barrier::new(50));
-    let mut tasks = Vec::new();
-    for _ in 0..50 {
-        let client = daemon.client();
-        let barrier = barrier.clone();
-        tasks.push(tokio::spawn(async move {
-            // connect first, so the 50 reports really race
-            client.status().await.unwrap();
-            barrier.wait().await;
-            verdict(client.report(LOGIN, &subject("198.51.100.7", "erin"), Outcome::Failure).await)
-        }));
-    }
-    let mut verdicts = Vec::new();
-    for t in tasks {
-        verdicts.push(t.await.unwrap());
-    }
+    let verdicts = race(&daemon, 50, |client| async move {
+        verdict(client.report(LOGIN, &subject("198.51.100.7", "erin"), Outcome::Failure).await)
+    })
+    .await;
     let mut remaining: Vec<u32> = verdicts.iter().map(|v| v.remaining).collect();
     remaining.sort();
     let mut expected = vec![0; 46];
@@ -227,24 +213,12 @@ async fn fifty_parallel_checks_against_a_burst_of_ten_allow_exactly_ten() {
         Some("[routes.burst10.rules.source_rate]\nkind = \"rate\"\nkey = [\"prefix\"]\nlimit = 1\nperiod_secs = 3600\nburst = 10\n"),
         true,
     );
-    let barrier = Arc::new(tokio::sync::Barrier::new(50));
-    let mut tasks = Vec::new();
-    for _ in 0..50 {
-        let client = daemon.client();
-        let barrier = barrier.clone();
-        tasks.push(tokio::spawn(async move {
-            client.status().await.unwrap();
-            barrier.wait().await;
-            let s = Subject { peer: Some(ip("198.51.100.8")), ..Subject::default() };
-            verdict(client.check("burst10", &s).await).decision
-        }));
-    }
-    let mut allowed = 0;
-    for t in tasks {
-        if t.await.unwrap() == Decision::Allow {
-            allowed += 1;
-        }
-    }
+    let decisions = race(&daemon, 50, |client| async move {
+        let s = Subject { peer: Some(ip("198.51.100.8")), ..Subject::default() };
+        verdict(client.check("burst10", &s).await).decision
+    })
+    .await;
+    let allowed = decisions.iter().filter(|d| **d == Decision::Allow).count();
     assert_eq!(allowed, 10);
 }
 

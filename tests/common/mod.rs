@@ -274,3 +274,29 @@ pub fn report_frame(id: usize, route: &str, subject: &Subject<'_>, outcome: Outc
     let report = Request::Report { route, subject: subject.clone(), outcome, password_digest: None };
     codec::encode_request(id as u64, &report, out);
 }
+
+/// Runs `attempt` on `n` clients at once: each connects first, then all wait
+/// at a barrier, so the requests really race. Returns the results in order.
+pub async fn race<T: Send + 'static, F, Fut>(daemon: &TestDaemon, n: usize, attempt: F) -> Vec<T>
+where
+    F: Fn(Client) -> Fut,
+    Fut: std::future::Future<Output = T> + Send + 'static,
+{
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(n));
+    let mut tasks = Vec::new();
+    for _ in 0..n {
+        let client = daemon.client();
+        client.status().await.unwrap();
+        let barrier = barrier.clone();
+        let run = attempt(client);
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            run.await
+        }));
+    }
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
