@@ -122,14 +122,12 @@ fn bench_keys(c: &mut Criterion) {
     let policy = SourcePolicy::default();
     let ip = IpAddr::V4(Ipv4Addr::new(198, 51, 100, 7));
     let account = deriver.component(Component::Account, b"alice@example.com");
-    let prefix = deriver.component(Component::Prefix, &policy.prefix(ip).to_bytes());
+    let prefix = deriver.prefix(&policy.prefix(ip).to_bytes());
     let mut group = c.benchmark_group("keys");
     group.bench_function("component_account", |b| {
         b.iter(|| deriver.component(Component::Account, black_box(b"alice@example.com")))
     });
-    group.bench_function("component_prefix", |b| {
-        b.iter(|| deriver.component(Component::Prefix, &policy.prefix(black_box(ip)).to_bytes()))
-    });
+    group.bench_function("component_prefix", |b| b.iter(|| deriver.prefix(&policy.prefix(black_box(ip)).to_bytes())));
     group.bench_function("tuple_account_prefix", |b| {
         b.iter(|| deriver.tuple(black_box(&[(Component::Account, account), (Component::Prefix, prefix)])))
     });
@@ -137,7 +135,7 @@ fn bench_keys(c: &mut Criterion) {
     group.bench_function("account_prefix_key", |b| {
         b.iter(|| {
             let account = deriver.component(Component::Account, black_box(b"alice@example.com"));
-            let prefix = deriver.component(Component::Prefix, &policy.prefix(black_box(ip)).to_bytes());
+            let prefix = deriver.prefix(&policy.prefix(black_box(ip)).to_bytes());
             deriver.tuple(&[(Component::Account, account), (Component::Prefix, prefix)])
         })
     });

@@ -12,6 +12,8 @@ use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use smallvec::SmallVec;
+
 use crate::classes::{ClassTable, SourceClass};
 use crate::clock::ceil_ms;
 use crate::config::{
@@ -25,6 +27,7 @@ use crate::keys::{Component, Key, KeyDeriver};
 use crate::protocol::{ClassLimit, Decision, Lockout, Outcome, Reason, RouteStatus, RuleStatus, Subject, Verdict};
 use crate::source::SourcePolicy;
 use crate::store::{Durable, Journal, PersistedEntry};
+use crate::tat_table::SlotHint;
 
 /// Shards per table: a power of two a little above the core count times a
 /// few, so that concurrent requests rarely meet on one lock.
@@ -48,17 +51,31 @@ pub enum RequestError {
     FieldTooLong { field: &'static str, len: usize, max: usize },
 }
 
-struct Shards<T>(Box<[Mutex<T>]>);
+struct Shards<T>(Box<[Shard<T>]>);
+
+/// A shard's lock on a cache line pair of its own: shards side by side
+/// shared lines, and two cores locking neighbouring shards bounced them
+/// (a tenth of a check's time in the lock's compare-and-swap).
+///
+/// A rate table's shard also publishes where its slots are, so a planned
+/// check can prefetch its slot without the lock (a stale address after a
+/// rebuild only wastes the hint).
+#[repr(align(128))]
+struct Shard<T>(Mutex<T>, SlotHint);
 
 impl<T> Shards<T> {
     fn new(total_entries_max: usize, make: impl Fn(usize) -> T) -> Shards<T> {
         let per_shard = total_entries_max.div_ceil(SHARDS);
-        Shards((0..SHARDS).map(|_| Mutex::new(make(per_shard))).collect())
+        Shards((0..SHARDS).map(|_| Shard(Mutex::new(make(per_shard)), SlotHint::default())).collect())
+    }
+
+    fn shard(&self, bits: u64) -> &Shard<T> {
+        // Middle bits: the tables hash with the low (bucket) and top (tag) bits.
+        &self.0[(bits >> 32) as usize & (SHARDS - 1)]
     }
 
     fn of_bits(&self, bits: u64) -> MutexGuard<'_, T> {
-        // Middle bits: the tables hash with the low (bucket) and top (tag) bits.
-        lock(&self.0[(bits >> 32) as usize & (SHARDS - 1)])
+        lock(self.shard(bits))
     }
 
     fn of(&self, key: Key) -> MutexGuard<'_, T> {
@@ -70,10 +87,25 @@ impl<T> Shards<T> {
     }
 }
 
+impl Shards<GcraTable> {
+    /// One GCRA step for `key`, spending when allowed.
+    fn check(&self, spec: GcraSpec, key: Key, now_us: u64) -> GcraDecision {
+        let shard = self.shard(key.tuple);
+        let mut table = lock(shard);
+        let decision = table.check(spec, key, now_us, true);
+        table.publish_slots(&shard.1);
+        decision
+    }
+
+    fn prefetch(&self, key: Key) {
+        self.shard(key.tuple).1.prefetch(key.hash_bits());
+    }
+}
+
 /// A poisoned shard means a panic mid-step, a bug; the table itself is still
 /// consistent at every await-free step boundary, so keep serving.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+fn lock<T>(shard: &Shard<T>) -> MutexGuard<'_, T> {
+    shard.0.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 type SharedTable<T> = Arc<Shards<T>>;
@@ -132,6 +164,18 @@ struct Route {
     rules: Vec<Rule>,
     known_devices: Option<KnownDevices>,
     recent_passwords: Option<RecentPasswords>,
+}
+
+/// Per-request lists, one item per rule, on the stack: config caps a
+/// route's rules, so neither ever allocates on the request path.
+type Answers<'r> = SmallVec<[RuleAnswer<'r>; RULES_PER_ROUTE_MAX]>;
+type RuleKeys = SmallVec<[Option<Key>; RULES_PER_ROUTE_MAX]>;
+
+/// A check with its keys derived, not yet decided (see `plan_check`).
+pub struct CheckPlan<'l> {
+    route: &'l Route,
+    rule_keys: RuleKeys,
+    class: Option<SourceClass>,
 }
 
 /// One rule's view of a request, before rules are combined.
@@ -195,7 +239,7 @@ impl SubjectKeys<'_, '_> {
             Component::Prefix => {
                 let (address, class) = self.client()?;
                 let prefix = self.limiter.source.prefix_in_class(address, class);
-                keys.component(Component::Prefix, &prefix.to_bytes())
+                keys.prefix(&prefix.to_bytes())
             }
             other => {
                 let value = match other {
@@ -325,16 +369,45 @@ impl Limiter {
     /// attempt they refuse spends nothing. Then every rate rule spends one.
     /// A refusal moves the key one rung up its rule's ladder.
     pub fn check<'a>(&'a self, route: &str, subject: &Subject<'_>, now_us: u64) -> Result<Verdict<'a>, RequestError> {
+        Ok(self.decide_check(self.plan_check(route, subject, now_us)?, now_us))
+    }
+
+    /// A check's first half: every key it needs, derived without taking a
+    /// table lock. The server plans a batch of pipelined checks, prefetches
+    /// their table slots, then decides them, so that the cache misses of a
+    /// large table overlap instead of queueing one behind the other.
+    pub fn plan_check<'a>(
+        &'a self,
+        route: &str,
+        subject: &Subject<'_>,
+        now_us: u64,
+    ) -> Result<CheckPlan<'a>, RequestError> {
         let route = self.route(route)?;
         check_lengths(subject)?;
         let mut keys = self.subject_keys(&route.name, subject);
         let known = self.known_device(route, &mut keys, now_us)?;
-        let mut answers = Vec::with_capacity(route.rules.len());
-        let mut rule_keys = [None; RULES_PER_ROUTE_MAX];
-        for (i, rule) in route.rules.iter().enumerate() {
-            rule_keys[i] = keys.rule_key(rule, known)?;
+        let mut rule_keys = RuleKeys::new();
+        for rule in &route.rules {
+            rule_keys.push(keys.rule_key(rule, known)?);
         }
-        for (rule, key) in route.rules.iter().zip(rule_keys) {
+        Ok(CheckPlan { route, rule_keys, class: keys.source_class() })
+    }
+
+    /// Asks the memory system for the rate-table slots a planned check will
+    /// touch; a hint only, it changes nothing.
+    pub fn prefetch(&self, plan: &CheckPlan<'_>) {
+        for (rule, key) in plan.route.rules.iter().zip(plan.rule_keys.iter()) {
+            if let (Table::Rate { shards, .. }, Some(key)) = (&rule.table, key) {
+                shards.prefetch(*key);
+            }
+        }
+    }
+
+    /// A check's second half: the table steps, in rule order.
+    pub fn decide_check<'a>(&'a self, plan: CheckPlan<'a>, now_us: u64) -> Verdict<'a> {
+        let CheckPlan { route, rule_keys, class } = plan;
+        let mut answers = Answers::new();
+        for (rule, key) in route.rules.iter().zip(rule_keys.iter().copied()) {
             if let (Table::Failures { shards, .. }, Some(key)) = (&rule.table, key) {
                 let (spec, counts) = {
                     let table = shards.of(key);
@@ -344,11 +417,10 @@ impl Limiter {
             }
         }
         if !answers.iter().any(|a| a.refused && !a.monitored) {
-            let class = keys.source_class();
-            for (rule, key) in route.rules.iter().zip(rule_keys) {
+            for (rule, key) in route.rules.iter().zip(rule_keys.iter().copied()) {
                 if let (Table::Rate { shards, .. }, Some(key)) = (&rule.table, key) {
                     let spec = rate_spec(&rule.table, class);
-                    let decision = shards.of(key).check(spec, key, now_us, true);
+                    let decision = shards.check(spec, key, now_us);
                     let answer = self.escalate(rule, key, rate_answer(rule, spec, decision), now_us, true);
                     let stop = answer.refused && !answer.monitored;
                     answers.push(answer);
@@ -358,7 +430,7 @@ impl Limiter {
                 }
             }
         }
-        Ok(combine(&answers))
+        combine(&answers)
     }
 
     /// Places a refusal on the rule's ladder and phrases it: the rung, a
@@ -433,9 +505,9 @@ impl Limiter {
         let known = self.known_device(route, &mut keys, now_us)?;
         // Derive every key before touching any table, so a missing field
         // cannot leave a report counted on some rules and not others.
-        let mut rule_keys = [None; RULES_PER_ROUTE_MAX];
-        for (i, rule) in route.rules.iter().enumerate() {
-            rule_keys[i] = keys.rule_key(rule, known)?;
+        let mut rule_keys = RuleKeys::new();
+        for rule in &route.rules {
+            rule_keys.push(keys.rule_key(rule, known)?);
         }
         let repeated = match (outcome, password_digest, &route.recent_passwords) {
             (Outcome::Failure, Some(digest), Some(recent))
@@ -456,9 +528,9 @@ impl Limiter {
             }
         }
         let class = keys.source_class();
-        let mut answers = Vec::with_capacity(route.rules.len());
+        let mut answers = Answers::new();
         let mut durable = None;
-        for (rule, key) in route.rules.iter().zip(rule_keys) {
+        for (rule, key) in route.rules.iter().zip(rule_keys.iter().copied()) {
             let Some(key) = key else { continue };
             match &rule.table {
                 Table::Failures { cleared_by_success, shards, .. } => {

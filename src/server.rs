@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use smallvec::SmallVec;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{watch, Semaphore};
@@ -23,7 +24,7 @@ use crate::classes::ClassTable;
 use crate::clock::{ceil_ms, Clock};
 use crate::codec::{self, FrameError, PayloadError, FRAME_HEADER_BYTES, REQUEST_PAYLOAD_BYTES_MAX};
 use crate::config::Config;
-use crate::limiter::{Limiter, RequestError};
+use crate::limiter::{CheckPlan, Limiter, RequestError};
 use crate::protocol::{
     Decision, ErrorCode, NamedLimit, PersistenceStatus, Request, Response, Status, Subject, Verdict, VerdictCounts,
 };
@@ -150,10 +151,13 @@ impl Daemon {
 
     /// One request, one reply, at `now` (read once per batch of frames). The
     /// durable writes, if any, must complete before the reply is sent.
+    /// A `check` arrives with its plan (`Limiter::plan_check`), made when
+    /// its batch was read.
     fn handle<'l>(
         &self,
         limiter: &'l Limiter,
         request: Request<'_>,
+        plan: Option<Result<CheckPlan<'l>, RequestError>>,
         peer: &Peer,
         now: u64,
     ) -> (Response<'l>, Vec<Durable>) {
@@ -167,7 +171,10 @@ impl Daemon {
             Request::Check { .. } | Request::Report { .. } if !peer.permissions.attempts => {
                 (refused("check or report"), Vec::new())
             }
-            Request::Check { route, subject } => match limiter.check(route, &subject, now) {
+            Request::Check { route, subject } => match plan
+                .unwrap_or_else(|| limiter.plan_check(route, &subject, now))
+                .map(|plan| limiter.decide_check(plan, now))
+            {
                 Ok(verdict) => {
                     if verdict.decision != Decision::Allow {
                         self.log_refusal(limiter, route, &subject, &verdict, now);
@@ -366,6 +373,46 @@ impl LocalCounts {
     }
 }
 
+/// Frames decoded and planned ahead of answering: enough to overlap the
+/// cache misses of a pipelining client's checks, few enough to stay on the
+/// stack.
+const PLAN_AHEAD: usize = 16;
+
+/// One frame read ahead: its request (and, for a check, its plan), or the
+/// error reply it gets.
+struct Planned<'b, 'l> {
+    id: u64,
+    decoded: Result<(Request<'b>, Option<Result<CheckPlan<'l>, RequestError>>), Response<'static>>,
+    frame_bytes: usize,
+}
+
+fn plan_frame<'b, 'l>(
+    limiter: &'l Limiter,
+    payload: &'b [u8],
+    frame_bytes: usize,
+    peer: &Peer,
+    now: u64,
+) -> Planned<'b, 'l> {
+    match codec::decode_request(payload) {
+        Ok((id, request)) => {
+            let plan = match &request {
+                Request::Check { route, subject } if peer.permissions.attempts => {
+                    let plan = limiter.plan_check(route, subject, now);
+                    if let Ok(plan) = &plan {
+                        limiter.prefetch(plan);
+                    }
+                    Some(plan)
+                }
+                _ => None,
+            };
+            Planned { id, decoded: Ok((request, plan)), frame_bytes }
+        }
+        Err(failure) => {
+            Planned { id: failure.id.unwrap_or(0), decoded: Err(payload_error(&failure.error)), frame_bytes }
+        }
+    }
+}
+
 async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: watch::Receiver<bool>) {
     let peer = match stream.peer_cred() {
         Ok(c) => Peer { uid: c.uid(), gid: c.gid(), permissions: daemon.access.of(c.uid(), c.gid()) },
@@ -383,52 +430,79 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
     let mut stopping = false;
     // When the frame now being read must be complete.
     let mut frame_deadline: Option<tokio::time::Instant> = None;
+    // The current limiter, re-read only when a reload swapped it: a plain
+    // load per batch instead of a reference-count bump that every core
+    // would bounce.
+    let mut limiters = arc_swap::Cache::new(&daemon.limiter);
+    // One shutdown waiter and one idle timer for the connection's life, not
+    // one per read: registering a waiter and a timer per read cost more
+    // than a pipelined batch's limiter work. The timer fires at most once
+    // per idle period and re-arms from the last read.
+    let mut shutdown_signal = std::pin::pin!(shutdown.changed());
+    let mut last_read = tokio::time::Instant::now();
+    let mut idle = std::pin::pin!(tokio::time::sleep_until(last_read + idle_timeout));
     loop {
         // Answer every complete frame we hold, all with one limiter.
-        let limiter = daemon.limiter.load_full();
+        let limiter = limiters.load();
         let now = daemon.clock.now_us();
         let mut close = false;
         let mut answered = 0;
-        while answered < batch_max {
-            answered += 1;
-            match codec::frame_len(&buf[start..filled], REQUEST_PAYLOAD_BYTES_MAX) {
-                Ok(Some(end)) => {
-                    let payload = &buf[start + FRAME_HEADER_BYTES..start + end];
-                    let (id, response, durable) = match codec::decode_request(payload) {
-                        Ok((id, request)) => {
-                            let (response, durable) = daemon.handle(&limiter, request, &peer, now);
-                            (id, response, durable)
-                        }
-                        Err(failure) => (failure.id.unwrap_or(0), payload_error(&failure.error), Vec::new()),
-                    };
-                    counts.count(&response);
-                    if !durable.is_empty() {
-                        // Earlier replies need not wait for this commit.
-                        if writer.write_all(&out).await.is_err() {
-                            return;
-                        }
-                        out.clear();
-                        for write in durable {
-                            if let Err(e) = write.wait().await {
-                                tracing::error!(error = %e, "lockout not persisted; answering from memory");
-                            }
+        while answered < batch_max && !close {
+            // Read ahead: decode a run of frames and plan their checks, so
+            // the table slots they need are fetched while earlier ones are
+            // answered.
+            let mut run: SmallVec<[Planned<'_, '_>; PLAN_AHEAD]> = SmallVec::new();
+            let mut at = start;
+            while run.len() < PLAN_AHEAD && answered + run.len() < batch_max {
+                match codec::frame_len(&buf[at..filled], REQUEST_PAYLOAD_BYTES_MAX) {
+                    Ok(Some(end)) => {
+                        run.push(plan_frame(limiter, &buf[at + FRAME_HEADER_BYTES..at + end], end, &peer, now));
+                        at += end;
+                    }
+                    Ok(None) => break,
+                    Err(FrameError::TooLarge { len, max }) => {
+                        close = true;
+                        run.push(Planned {
+                            id: 0,
+                            decoded: Err(Response::error(
+                                ErrorCode::FrameTooLarge,
+                                format!("frame of {len} bytes is over the maximum of {max}; closing"),
+                            )),
+                            frame_bytes: 0,
+                        });
+                        break;
+                    }
+                }
+            }
+            if run.is_empty() {
+                break;
+            }
+            let full_run = run.len() == PLAN_AHEAD;
+            for planned in run {
+                let (response, durable) = match planned.decoded {
+                    Ok((request, plan)) => daemon.handle(limiter, request, plan, &peer, now),
+                    Err(response) => (response, Vec::new()),
+                };
+                counts.count(&response);
+                if !durable.is_empty() {
+                    // Earlier replies need not wait for this commit.
+                    if writer.write_all(&out).await.is_err() {
+                        return;
+                    }
+                    out.clear();
+                    for write in durable {
+                        if let Err(e) = write.wait().await {
+                            tracing::error!(error = %e, "lockout not persisted; answering from memory");
                         }
                     }
-                    codec::encode_response(id, &response, &mut out);
-                    start += end;
-                    frame_deadline = None;
                 }
-                Ok(None) => break,
-                Err(FrameError::TooLarge { len, max }) => {
-                    let e = Response::error(
-                        ErrorCode::FrameTooLarge,
-                        format!("frame of {len} bytes is over the maximum of {max}; closing"),
-                    );
-                    counts.count(&e);
-                    codec::encode_response(0, &e, &mut out);
-                    close = true;
-                    break;
-                }
+                codec::encode_response(planned.id, &response, &mut out);
+                start += planned.frame_bytes;
+                answered += 1;
+                frame_deadline = None;
+            }
+            if !full_run {
+                break;
             }
         }
         counts.flush(daemon);
@@ -460,26 +534,34 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
                     Ok(r) => r,
                     Err(_) => return,
                 },
-                _ = shutdown.changed() => return,
+                _ = &mut shutdown_signal => return,
             }
         } else {
             frame_deadline = None;
-            tokio::select! {
-                r = tokio::time::timeout(idle_timeout, reader.read(&mut buf[filled..])) => match r {
-                    Ok(r) => r,
-                    Err(_) => return, // idle: the client reconnects when it needs to
-                },
-                _ = shutdown.changed() => {
-                    // Answer what the client already sent, then close.
-                    stopping = true;
-                    match reader.try_read(&mut buf[filled..]) {
-                        Ok(n) => Ok(n),
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(0),
-                        Err(e) => Err(e),
+            loop {
+                tokio::select! {
+                    biased;
+                    r = reader.read(&mut buf[filled..]) => break r,
+                    _ = &mut shutdown_signal => {
+                        // Answer what the client already sent, then close.
+                        stopping = true;
+                        break match reader.try_read(&mut buf[filled..]) {
+                            Ok(n) => Ok(n),
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(0),
+                            Err(e) => Err(e),
+                        };
+                    }
+                    () = idle.as_mut() => {
+                        let deadline = last_read + idle_timeout;
+                        if tokio::time::Instant::now() >= deadline {
+                            return; // idle: the client reconnects when it needs to
+                        }
+                        idle.as_mut().reset(deadline);
                     }
                 }
             }
         };
+        last_read = tokio::time::Instant::now();
         match read {
             Ok(0) if !stopping => return,
             Ok(n) => filled += n,

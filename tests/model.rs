@@ -8,6 +8,7 @@ use proptest::prelude::*;
 use tollgate::failure_window::{Counts, FailureWindowTable, WindowSpec};
 use tollgate::gcra::{GcraSpec, GcraTable};
 use tollgate::keys::Key;
+use tollgate::tat_table::TatTable;
 
 fn key(n: u8) -> Key {
     let n = n as u64 + 1;
@@ -63,6 +64,65 @@ proptest! {
             prop_assert_eq!(real.retry_after_us, retry_after);
             if allowed {
                 prop_assert_eq!(real.remaining, remaining);
+            }
+        }
+    }
+
+    /// The GCRA table's storage against a `HashMap` of (TAT) per key: with
+    /// room for every key it must agree exactly, through growth, slot reuse,
+    /// sweeps and deletions; when full, whatever it still holds must agree
+    /// and the key just written must be there. Keys share low bits often
+    /// (`k * 64` and small tables), so probe runs collide and wrap.
+    #[test]
+    fn tat_table_matches_a_map(
+        entries_max in prop_oneof![Just(1_000usize), 1usize..40],
+        ops in prop::collection::vec((0u8..4, 0u64..200, 0u64..50, 0u64..20), 1..600),
+    ) {
+        let mut table = TatTable::new(entries_max);
+        let mut model: HashMap<u64, u64> = HashMap::new();
+        let mut now = 1_000u64;
+        for (op, k, lifetime, dt) in ops {
+            now += dt;
+            // Few distinct low bits: long runs starting at a handful of
+            // homes near the array's end (so they wrap past it), with keys
+            // sitting at their own home inside them. Mutation-checked: the
+            // deletion's back-shift rule, broken either way, fails this.
+            let id = match k % 3 {
+                0 => k * 64 + 60 + k % 5,
+                1 => k * 64,
+                _ => k.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+            };
+            let live = |model: &HashMap<u64, u64>, id: u64| model.get(&id).copied().filter(|tat| *tat > now);
+            match op {
+                0 | 1 => {
+                    let tat = now + lifetime;
+                    let seen = table.update(id, now, |old| (tat, old));
+                    if entries_max >= 1_000 {
+                        prop_assert_eq!(seen, live(&model, id));
+                    }
+                    model.insert(id, tat);
+                    if tat > now {
+                        prop_assert_eq!(table.get(id, now), Some(tat), "the key just written is held");
+                    }
+                }
+                2 => table.sweep(now),
+                _ => {
+                    let got = table.get(id, now);
+                    if entries_max >= 1_000 {
+                        prop_assert_eq!(got, live(&model, id));
+                    } else if let Some(tat) = got {
+                        prop_assert_eq!(Some(tat), live(&model, id), "an evicted table never invents a TAT");
+                    }
+                }
+            }
+            prop_assert!(table.len() <= entries_max, "len {} over {}", table.len(), entries_max);
+        }
+        for (id, tat) in &model {
+            let got = table.get(*id, now);
+            if entries_max >= 1_000 {
+                prop_assert_eq!(got, Some(*tat).filter(|t| *t > now));
+            } else if let Some(t) = got {
+                prop_assert_eq!(t, *tat);
             }
         }
     }
