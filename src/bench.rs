@@ -30,6 +30,21 @@ pub enum Distribution {
     /// A few keys take most requests (cube of a uniform draw: ~50% of the
     /// traffic on the hottest ~12.5% of keys).
     Skewed,
+    /// Each connection walks its own share of the keys in order, so no key
+    /// is used twice until all have been (with `--repeat`, each N times in
+    /// a row).
+    Sequential,
+}
+
+/// What one operation sends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mix {
+    /// One `check` (source only; the `request` route's shape).
+    Check,
+    /// A login: `check`, then `report` of the outcome (source and account).
+    CheckReport,
+    /// A `report` alone (source and account).
+    Report,
 }
 
 #[derive(Clone, Debug, clap::Args)]
@@ -45,17 +60,44 @@ pub struct BenchArgs {
     /// How long to measure, e.g. 5s.
     #[arg(long, default_value = "5s", value_parser = |s: &str| humantime::parse_duration(s).map_err(|e| e.to_string()))]
     pub duration: Duration,
-    /// Distinct keys (sources for `request`, accounts for `login`).
+    /// Distinct keys (sources, and accounts when the mix reports).
     #[arg(long, default_value_t = 1_000_000)]
     pub keys: u64,
     #[arg(long, value_enum, default_value_t = Distribution::Uniform)]
     pub distribution: Distribution,
-    /// `request`: one check per operation; `login`: a check then a report.
+    /// The route every request names.
     #[arg(long, default_value = "request")]
     pub route: String,
-    /// With --route login: share of reports that are failures.
+    /// What one operation sends [default: check-report on `login`, check
+    /// elsewhere].
+    #[arg(long, value_enum)]
+    pub mix: Option<Mix>,
+    /// Share of reports that are failures.
     #[arg(long, default_value_t = 0.1)]
     pub failure_ratio: f64,
+    /// Use each chosen key for this many operations in a row: with `--mix
+    /// report --failure-ratio 1` and a rule that locks at N failures,
+    /// `--repeat N` makes exactly every Nth report trip a lockout.
+    #[arg(long, default_value_t = 1)]
+    pub repeat: u32,
+    /// Offer this many operations a second in total, paced evenly across
+    /// the connections (one thread each), instead of sending as fast as
+    /// replies return; for latency at a given load.
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Before measuring, send one check for every key, so that `--keys N`
+    /// means N live keys in the daemon's tables.
+    #[arg(long)]
+    pub prefill: bool,
+    /// Stop after this many operations in total (shared evenly by the
+    /// connections) instead of after `--duration`: to build a known state,
+    /// e.g. exactly N lockouts with `--mix report --repeat`.
+    #[arg(long)]
+    pub operations: Option<u64>,
+    /// Key numbers start here (sources and accounts differ from those of a
+    /// run without it).
+    #[arg(long, default_value_t = 0)]
+    pub key_offset: u64,
     /// Do not decode replies, only count frames (against `tollgate echo-server`).
     #[arg(long)]
     pub raw: bool,
@@ -64,11 +106,19 @@ pub struct BenchArgs {
     pub json: bool,
 }
 
+impl BenchArgs {
+    fn mix(&self) -> Mix {
+        self.mix.unwrap_or(if self.route == "login" { Mix::CheckReport } else { Mix::Check })
+    }
+}
+
 #[derive(Debug, Default, Serialize)]
 pub struct BenchReport {
     pub route: String,
     pub connections: usize,
     pub in_flight: usize,
+    /// The offered load with `--rate`; 0 when unpaced.
+    pub offered_ops_per_s: f64,
     pub duration_s: f64,
     pub requests: u64,
     pub ops_per_s: f64,
@@ -78,6 +128,10 @@ pub struct BenchReport {
     pub max_us: u64,
     /// Replies that were refusals (not errors: the limiter working).
     pub refused: u64,
+    /// Latency of the refusals alone; with `--mix report`, the replies to
+    /// the reports that tripped a lockout (each waited for its fsync).
+    pub refused_p50_us: u64,
+    pub refused_p99_us: u64,
     pub errors: u64,
 }
 
@@ -103,13 +157,6 @@ impl Rng {
     }
 }
 
-fn pick(rng: &mut Rng, keys: u64, distribution: Distribution) -> u64 {
-    match distribution {
-        Distribution::Uniform => rng.next_u64() % keys.max(1),
-        Distribution::Skewed => ((rng.unit().powi(3)) * keys as f64) as u64 % keys.max(1),
-    }
-}
-
 /// A distinct source per key: IPv4 up to 2^24 keys, IPv6 /64s beyond.
 fn source_of(key: u64) -> IpAddr {
     if key < 1 << 24 {
@@ -119,65 +166,144 @@ fn source_of(key: u64) -> IpAddr {
     }
 }
 
+/// One connection's request maker: which key next, and its frames.
 struct Worker {
     args: Arc<BenchArgs>,
+    mix: Mix,
     rng: Rng,
     account: String,
+    /// This connection's index, and how many operations it has made.
+    connection: u64,
+    made: u64,
+    key: u64,
+    uses_left: u32,
 }
 
 impl Worker {
+    fn new(args: Arc<BenchArgs>, connection: usize) -> Worker {
+        let seed = 0x9E37_79B9_7F4A_7C15 ^ (connection as u64 + 1);
+        Worker {
+            mix: args.mix(),
+            args,
+            rng: Rng(seed | 1),
+            account: String::new(),
+            connection: connection as u64,
+            made: 0,
+            key: 0,
+            uses_left: 0,
+        }
+    }
+
+    fn next_key(&mut self) -> u64 {
+        if self.uses_left == 0 {
+            let keys = self.args.keys.max(1);
+            self.key = match self.args.distribution {
+                Distribution::Uniform => self.rng.below(keys),
+                Distribution::Skewed => ((self.rng.unit().powi(3)) * keys as f64) as u64 % keys,
+                Distribution::Sequential => (self.connection + self.made * self.args.connections as u64) % keys,
+            };
+            self.made += 1;
+            self.uses_left = self.args.repeat.max(1);
+        }
+        self.uses_left -= 1;
+        self.key + self.args.key_offset
+    }
+
     /// Appends one operation's frames; returns how many replies to expect.
     fn encode(&mut self, id: &mut u64, out: &mut Vec<u8>) -> usize {
-        let key = pick(&mut self.rng, self.args.keys, self.args.distribution);
+        let key = self.next_key();
         let peer = Some(source_of(key));
-        if self.args.route == "login" {
-            use std::fmt::Write;
-            self.account.clear();
-            let _ = write!(self.account, "user{key}");
-            let subject = Subject { peer, account: Some(&self.account), ..Subject::default() };
-            let outcome = if self.rng.unit() < self.args.failure_ratio { Outcome::Failure } else { Outcome::Success };
-            codec::encode_request(*id, &Request::Check { route: "login", subject: subject.clone() }, out);
-            codec::encode_request(
-                *id + 1,
-                &Request::Report { route: "login", subject, outcome, password_digest: None },
-                out,
-            );
-            *id += 2;
-            2
-        } else {
+        let route = self.args.route.as_str();
+        if self.mix == Mix::Check {
             let subject = Subject { peer, ..Subject::default() };
-            codec::encode_request(*id, &Request::Check { route: &self.args.route, subject }, out);
+            codec::encode_request(*id, &Request::Check { route, subject }, out);
             *id += 1;
-            1
+            return 1;
         }
+        use std::fmt::Write;
+        self.account.clear();
+        let _ = write!(self.account, "user{key}");
+        let subject = Subject { peer, account: Some(&self.account), ..Subject::default() };
+        let outcome = if self.rng.unit() < self.args.failure_ratio { Outcome::Failure } else { Outcome::Success };
+        let mut frames = 0;
+        if self.mix == Mix::CheckReport {
+            codec::encode_request(*id, &Request::Check { route, subject: subject.clone() }, out);
+            *id += 1;
+            frames += 1;
+        }
+        codec::encode_request(*id, &Request::Report { route, subject, outcome, password_digest: None }, out);
+        *id += 1;
+        frames + 1
     }
 }
 
-#[derive(Default)]
+/// Latencies and counts of one connection, merged at the end.
 struct Tally {
+    all: Histogram<u64>,
+    refused: Histogram<u64>,
     requests: u64,
-    refused: u64,
     errors: u64,
 }
 
-async fn drive(
-    args: Arc<BenchArgs>,
-    seed: u64,
-    stop: Arc<AtomicBool>,
-) -> Result<(Histogram<u64>, Tally), std::io::Error> {
+impl Tally {
+    fn new() -> Tally {
+        let histogram = || Histogram::<u64>::new_with_bounds(1, LATENCY_US_MAX, 3).expect("valid bounds");
+        Tally { all: histogram(), refused: histogram(), requests: 0, errors: 0 }
+    }
+
+    fn merge(&mut self, other: &Tally) {
+        self.all.add(&other.all).expect("same bounds");
+        self.refused.add(&other.refused).expect("same bounds");
+        self.requests += other.requests;
+        self.errors += other.errors;
+    }
+
+    /// Counts the whole replies at the front of `buf`, each answered
+    /// `latency_us` after it was sent; returns (bytes, replies) consumed.
+    fn take_replies(&mut self, buf: &[u8], raw: bool, latency_us: u64) -> (usize, usize) {
+        let latency = latency_us.clamp(1, LATENCY_US_MAX);
+        let (mut at, mut replies) = (0, 0);
+        while let Ok(Some(end)) = codec::frame_len(&buf[at..], RESPONSE_PAYLOAD_BYTES_MAX) {
+            if !raw {
+                match codec::decode_response_borrowed(&buf[at + FRAME_HEADER_BYTES..at + end]) {
+                    Ok((_, Response::Verdict(v))) if !v.proceeds() => {
+                        self.refused.record(latency).expect("clamped");
+                    }
+                    Ok((_, Response::Verdict(_))) => {}
+                    _ => self.errors += 1,
+                }
+            }
+            self.all.record(latency).expect("clamped");
+            replies += 1;
+            at += end;
+        }
+        self.requests += replies as u64;
+        (at, replies)
+    }
+}
+
+/// A connection as fast as replies return: `in_flight` operations per write,
+/// the next batch once every reply is back (like `redis-benchmark -P`).
+async fn drive(args: Arc<BenchArgs>, connection: usize, stop: Arc<AtomicBool>) -> Result<Tally, std::io::Error> {
     let mut stream = UnixStream::connect(&args.socket).await?;
-    let mut histogram = Histogram::<u64>::new_with_bounds(1, LATENCY_US_MAX, 3).expect("valid bounds");
-    let mut tally = Tally::default();
-    let mut worker = Worker { args: args.clone(), rng: Rng(seed | 1), account: String::new() };
+    let mut tally = Tally::new();
+    let mut worker = Worker::new(args.clone(), connection);
     let mut out = Vec::with_capacity(256 * args.in_flight);
     let mut inbuf = vec![0u8; 64 * 1024];
     let mut id = 1u64;
-    while !stop.load(Ordering::Relaxed) {
+    // This connection's share of `--operations`, if given.
+    let mut operations_left = args.operations.map(|total| {
+        let connections = args.connections as u64;
+        total / connections + u64::from((connection as u64) < total % connections)
+    });
+    while !stop.load(Ordering::Relaxed) && operations_left != Some(0) {
         out.clear();
         let mut expected = 0;
-        for _ in 0..args.in_flight {
+        let batch = operations_left.map_or(args.in_flight, |left| left.min(args.in_flight as u64) as usize);
+        for _ in 0..batch {
             expected += worker.encode(&mut id, &mut out);
         }
+        operations_left = operations_left.map(|left| left - batch as u64);
         let sent = Instant::now();
         stream.write_all(&out).await?;
         let (mut filled, mut received) = (0usize, 0usize);
@@ -190,60 +316,157 @@ async fn drive(
                 return Err(std::io::ErrorKind::UnexpectedEof.into());
             }
             filled += n;
-            let mut at = 0;
-            while let Ok(Some(end)) = codec::frame_len(&inbuf[at..filled], RESPONSE_PAYLOAD_BYTES_MAX) {
-                if !args.raw {
-                    match codec::decode_response(&inbuf[at + FRAME_HEADER_BYTES..at + end]) {
-                        Ok((_, Response::Verdict(v))) => tally.refused += (!v.proceeds()) as u64,
-                        _ => tally.errors += 1,
-                    }
-                }
-                received += 1;
-                at += end;
-            }
-            inbuf.copy_within(at..filled, 0);
-            filled -= at;
+            let (used, replies) = tally.take_replies(&inbuf[..filled], args.raw, sent.elapsed().as_micros() as u64);
+            received += replies;
+            inbuf.copy_within(used..filled, 0);
+            filled -= used;
         }
-        let latency = (sent.elapsed().as_micros() as u64).clamp(1, LATENCY_US_MAX);
-        histogram.record_n(latency, expected as u64).expect("clamped");
-        tally.requests += expected as u64;
     }
-    Ok((histogram, tally))
+    Ok(tally)
+}
+
+/// A paced connection on its own thread (tokio's timer ticks in whole
+/// milliseconds; a thread's sleep is accurate to a few microseconds with
+/// the timer slack lowered). Operations are due at a fixed interval, the
+/// connections' schedules staggered across it. A request sent late because
+/// the previous reply was late is timed from when it was due, so a stall
+/// shows in the percentiles instead of silently lowering the load.
+fn drive_paced(args: &BenchArgs, connection: usize, interval: Duration, until: Instant) -> std::io::Result<Tally> {
+    use std::io::{Read, Write};
+    let _ = nix::sys::prctl::set_timerslack(1_000);
+    let mut stream = std::os::unix::net::UnixStream::connect(&args.socket)?;
+    let mut tally = Tally::new();
+    let mut worker = Worker::new(Arc::new(args.clone()), connection);
+    let mut out = Vec::with_capacity(256 * args.in_flight);
+    let mut inbuf = vec![0u8; 64 * 1024];
+    let mut id = 1u64;
+    let mut due = Instant::now() + interval.mul_f64(connection as f64 / args.connections as f64);
+    let mut replied = Instant::now();
+    while due < until {
+        let now = Instant::now();
+        if due > now {
+            std::thread::sleep(due - now);
+        }
+        out.clear();
+        let mut expected = 0;
+        for _ in 0..args.in_flight {
+            expected += worker.encode(&mut id, &mut out);
+        }
+        let sent = Instant::now();
+        let start = if replied > due { due } else { sent };
+        stream.write_all(&out)?;
+        let (mut filled, mut received) = (0usize, 0usize);
+        while received < expected {
+            if filled == inbuf.len() {
+                inbuf.resize(inbuf.len() * 2, 0);
+            }
+            let n = stream.read(&mut inbuf[filled..])?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            filled += n;
+            let (used, replies) = tally.take_replies(&inbuf[..filled], args.raw, start.elapsed().as_micros() as u64);
+            received += replies;
+            inbuf.copy_within(used..filled, 0);
+            filled -= used;
+        }
+        replied = Instant::now();
+        due += interval;
+    }
+    Ok(tally)
+}
+
+/// Sends one check for every key (each connection its share), unmeasured.
+async fn prefill(args: Arc<BenchArgs>, connection: usize) -> Result<(), std::io::Error> {
+    const BATCH: u64 = 64;
+    let mut stream = UnixStream::connect(&args.socket).await?;
+    let mut out = Vec::with_capacity(64 * BATCH as usize);
+    let mut inbuf = vec![0u8; 64 * 1024];
+    let stride = args.connections as u64;
+    let mut key = connection as u64;
+    let mut id = 1u64;
+    while key < args.keys {
+        out.clear();
+        let mut expected = 0;
+        while expected < BATCH && key < args.keys {
+            let subject = Subject { peer: Some(source_of(key)), ..Subject::default() };
+            codec::encode_request(id, &Request::Check { route: &args.route, subject }, &mut out);
+            id += 1;
+            expected += 1;
+            key += stride;
+        }
+        stream.write_all(&out).await?;
+        let mut tally = Tally::new();
+        let mut filled = 0;
+        while tally.requests < expected {
+            let n = stream.read(&mut inbuf[filled..]).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            filled += n;
+            let (used, _) = tally.take_replies(&inbuf[..filled], true, 1);
+            inbuf.copy_within(used..filled, 0);
+            filled -= used;
+        }
+    }
+    Ok(())
 }
 
 /// Runs the benchmark and returns its report.
 pub async fn run(args: BenchArgs) -> Result<BenchReport, std::io::Error> {
     let args = Arc::new(args);
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut tasks = Vec::new();
-    for c in 0..args.connections {
-        tasks.push(tokio::spawn(drive(args.clone(), 0x9E37_79B9_7F4A_7C15 ^ (c as u64 + 1), stop.clone())));
+    if args.prefill {
+        let mut fills = Vec::new();
+        for c in 0..args.connections {
+            fills.push(tokio::spawn(prefill(args.clone(), c)));
+        }
+        for fill in fills {
+            fill.await.map_err(std::io::Error::other)??;
+        }
     }
+    let mut total = Tally::new();
     let started = Instant::now();
-    tokio::time::sleep(args.duration).await;
-    stop.store(true, Ordering::Relaxed);
-    let mut histogram = Histogram::<u64>::new_with_bounds(1, LATENCY_US_MAX, 3).expect("valid bounds");
-    let mut total = Tally::default();
-    for task in tasks {
-        let (h, t) = task.await.map_err(std::io::Error::other)??;
-        histogram.add(&h).expect("same bounds");
-        total.requests += t.requests;
-        total.refused += t.refused;
-        total.errors += t.errors;
+    if let Some(rate) = args.rate.filter(|r| *r > 0.0) {
+        let per_connection = rate / (args.connections * args.in_flight) as f64;
+        let interval = Duration::from_secs_f64(1.0 / per_connection);
+        let until = started + args.duration;
+        let threads: Vec<_> = (0..args.connections)
+            .map(|c| {
+                let args = args.clone();
+                std::thread::spawn(move || drive_paced(&args, c, interval, until))
+            })
+            .collect();
+        for thread in threads {
+            let tally = thread.join().map_err(|_| std::io::Error::other("a bench thread panicked"))??;
+            total.merge(&tally);
+        }
+    } else {
+        let stop = Arc::new(AtomicBool::new(false));
+        let tasks: Vec<_> = (0..args.connections).map(|c| tokio::spawn(drive(args.clone(), c, stop.clone()))).collect();
+        if args.operations.is_none() {
+            tokio::time::sleep(args.duration).await;
+            stop.store(true, Ordering::Relaxed);
+        }
+        for task in tasks {
+            total.merge(&task.await.map_err(std::io::Error::other)??);
+        }
     }
     let elapsed = started.elapsed().as_secs_f64();
     Ok(BenchReport {
         route: if args.raw { "raw".into() } else { args.route.clone() },
         connections: args.connections,
         in_flight: args.in_flight,
+        offered_ops_per_s: args.rate.unwrap_or(0.0),
         duration_s: elapsed,
         requests: total.requests,
         ops_per_s: total.requests as f64 / elapsed,
-        p50_us: histogram.value_at_quantile(0.5),
-        p99_us: histogram.value_at_quantile(0.99),
-        p999_us: histogram.value_at_quantile(0.999),
-        max_us: histogram.max(),
-        refused: total.refused,
+        p50_us: total.all.value_at_quantile(0.5),
+        p99_us: total.all.value_at_quantile(0.99),
+        p999_us: total.all.value_at_quantile(0.999),
+        max_us: total.all.max(),
+        refused: total.refused.len(),
+        refused_p50_us: total.refused.value_at_quantile(0.5),
+        refused_p99_us: total.refused.value_at_quantile(0.99),
         errors: total.errors,
     })
 }

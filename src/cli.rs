@@ -195,7 +195,13 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
                     r.route
                 );
                 println!("latency us: p50 {}  p99 {}  p99.9 {}  max {}", r.p50_us, r.p99_us, r.p999_us, r.max_us);
-                println!("refused {}  errors {}", r.refused, r.errors);
+                if r.offered_ops_per_s > 0.0 {
+                    println!("offered {} ops/s, paced", r.offered_ops_per_s.round());
+                }
+                println!(
+                    "refused {} (latency us: p50 {}  p99 {})  errors {}",
+                    r.refused, r.refused_p50_us, r.refused_p99_us, r.errors
+                );
             }
             Ok(())
         }

@@ -110,6 +110,19 @@ pub fn decode_response(payload: &[u8]) -> Result<(u64, Response<'static>), Decod
     Ok((id, response))
 }
 
+/// Decodes a response payload borrowing its strings from `payload` (the
+/// load generator: no allocation per reply).
+pub fn decode_response_borrowed(payload: &[u8]) -> Result<(u64, Response<'_>), DecodeFailure> {
+    let (id, body) = open_envelope(payload)?;
+    let (response, used) =
+        bincode::borrow_decode_from_slice::<Response<'_>, _>(body, WIRE.with_limit::<RESPONSE_PAYLOAD_BYTES_MAX>())
+            .map_err(|e| failure(Some(id), PayloadError::Malformed(e.to_string())))?;
+    if used != body.len() {
+        return Err(failure(Some(id), PayloadError::TrailingBytes(body.len() - used)));
+    }
+    Ok((id, response))
+}
+
 fn encode_frame<T: bincode::Encode>(id: u64, message: &T, out: &mut Vec<u8>) {
     let start = out.len();
     out.extend_from_slice(&[0; FRAME_HEADER_BYTES]);
