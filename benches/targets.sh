@@ -20,7 +20,7 @@ set -euo pipefail
 RUNS=${RUNS:-3}
 DURATION=${DURATION:-3}
 CONNS=${CONNS:-50}
-PACED_CONNS=${PACED_CONNS:-10}
+PACED_CONNS=${PACED_CONNS:-2}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/.." && pwd)
 SECTIONS=${*:-latency keys trips startup}
@@ -67,15 +67,18 @@ for section in $SECTIONS; do
   case $section in
   latency)
     # Built-in defaults; the `request` route is one GCRA per source. The
-    # paced load generator runs one thread per connection, so it uses
-    # fewer connections than the throughput runs.
+    # paced load generator runs a thread per connection (a sleeping thread
+    # wakes within microseconds; tokio's timer ticks in milliseconds), so
+    # it uses few connections: every extra thread on two cores is another
+    # way for a reply to wait for the scheduler. The maximum is the same
+    # threads sending as fast as replies return.
     start latency --config /dev/null
     "$BIN" echo-server --socket "$TMP/echo.sock" >/dev/null 2>&1 &
     PIDS+=($!)
     sleep 0.2
     max="" tg="" echo_p99="" tg_p50="" echo_p50=""
     for _ in $(seq "$RUNS"); do
-      max+="$(bench ops_per_s --socket "$TMP/latency.sock" --connections "$PACED_CONNS" --duration "${DURATION}s") "
+      max+="$(bench ops_per_s --socket "$TMP/latency.sock" --connections "$PACED_CONNS" --rate 1000000000 --duration "${DURATION}s") "
     done
     half=$(($(echo "$max" | median) / 2))
     for _ in $(seq "$RUNS"); do
@@ -103,14 +106,21 @@ burst = 1
 monitor = true
 entries_max = 20000000
 EOF
+    # fill <name> <keys>: a fresh daemon holding <keys> live keys, left to
+    # settle (the kernel zeroes and collapses the new pages after a fill).
+    fill() {
+      start "$1" --config "$TMP/keys.toml"
+      "$BIN" bench --socket "$TMP/$1.sock" --connections "$CONNS" --keys "$2" --prefill --operations 0 --json >/dev/null
+      sleep 2
+    }
     for inflight in 1 16; do
       small="" large=""
       for _ in $(seq "$RUNS"); do
-        start keys_small --config "$TMP/keys.toml"
-        small+="$(bench ops_per_s --socket "$TMP/keys_small.sock" --connections "$CONNS" --in-flight $inflight --keys 1000 --prefill --duration "${DURATION}s") "
+        fill keys_small 1000
+        small+="$(bench ops_per_s --socket "$TMP/keys_small.sock" --connections "$CONNS" --in-flight $inflight --keys 1000 --duration "${DURATION}s") "
         stop "${PIDS[-1]}"
-        start keys_large --config "$TMP/keys.toml"
-        large+="$(bench ops_per_s --socket "$TMP/keys_large.sock" --connections "$CONNS" --in-flight $inflight --keys 10000000 --prefill --duration "${DURATION}s") "
+        fill keys_large 10000000
+        large+="$(bench ops_per_s --socket "$TMP/keys_large.sock" --connections "$CONNS" --in-flight $inflight --keys 10000000 --duration "${DURATION}s") "
         live=$("$BIN" status --socket "$TMP/keys_large.sock" --json | python3 -c 'import json,sys; s=json.load(sys.stdin); print(sum(r["entries"] for route in s["routes"] if route["name"]=="request" for r in route["rules"]))')
         stop "${PIDS[-1]}"
         rm -f "$TMP"/keys_*.redb

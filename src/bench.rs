@@ -342,7 +342,7 @@ fn drive_paced(args: &BenchArgs, connection: usize, interval: Duration, until: I
     let mut id = 1u64;
     let mut due = Instant::now() + interval.mul_f64(connection as f64 / args.connections as f64);
     let mut replied = Instant::now();
-    while due < until {
+    while due < until && Instant::now() < until {
         let now = Instant::now();
         if due > now {
             std::thread::sleep(due - now);

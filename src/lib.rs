@@ -20,8 +20,9 @@
 //! place time is read), [`client`] (what an auth server links), [`cli`], and
 //! [`bench`] (the load generator and the transport-floor echo server).
 //! ARCHITECTURE.md states the invariants.
-// No unsafe code, with one audited exception: the cache prefetch hint in
-// `tat_table::prefetch_read` (an intrinsic that cannot fault).
+// No unsafe code, with two audited exceptions in `tat_table`, both hints
+// that cannot change memory: the cache prefetch (`prefetch_read`) and the
+// huge-page advice for large GCRA tables (`advise_huge_pages`).
 #![deny(unsafe_code)]
 
 pub mod access;

@@ -166,10 +166,12 @@ struct Route {
     recent_passwords: Option<RecentPasswords>,
 }
 
-/// Per-request lists, one item per rule, on the stack: config caps a
-/// route's rules, so neither ever allocates on the request path.
+/// A check's answers, one per rule, on the stack: config caps a route's
+/// rules, so this never allocates on the request path.
 type Answers<'r> = SmallVec<[RuleAnswer<'r>; RULES_PER_ROUTE_MAX]>;
-type RuleKeys = SmallVec<[Option<Key>; RULES_PER_ROUTE_MAX]>;
+/// Keys ride in a check's plan, which the server moves around; four inline
+/// (every preset's count) keeps it small, a longer route spills to the heap.
+type RuleKeys = SmallVec<[Option<Key>; 4]>;
 
 /// A check with its keys derived, not yet decided (see `plan_check`).
 pub struct CheckPlan<'l> {

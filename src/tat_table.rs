@@ -35,8 +35,11 @@ const EMPTY: u64 = 0;
 type Slot = [u64; 2];
 
 /// Where a table's slots are, readable without the table's lock, so a
-/// caller can prefetch a key's slot before locking.
+/// caller can prefetch a key's slot before locking. On a cache line of its
+/// own and written only when the slots move: next to the lock, every
+/// prefetch first waited for the line the other core had just locked.
 #[derive(Debug, Default)]
+#[repr(align(128))]
 pub struct SlotHint {
     base: AtomicUsize,
     mask: AtomicUsize,
@@ -53,7 +56,7 @@ impl SlotHint {
     }
 }
 
-/// The one exception to the crate's no-unsafe rule (see lib.rs).
+/// One of the crate's two exceptions to its no-unsafe rule (see lib.rs).
 #[allow(unsafe_code)]
 fn prefetch_read(address: usize) {
     #[cfg(target_arch = "x86_64")]
@@ -69,6 +72,41 @@ fn prefetch_read(address: usize) {
     let _ = address;
 }
 
+/// Bytes of a transparent huge page (x86_64; elsewhere the advice may be
+/// refused, which only costs the speed-up).
+const HUGE_PAGE_BYTES: usize = 2 << 20;
+const PAGE_BYTES: usize = 4096;
+
+/// A zeroed slot array; a large one is advised onto transparent huge pages.
+fn slot_array(capacity: usize) -> Vec<Slot> {
+    let slots = vec![[EMPTY; 2]; capacity];
+    if std::mem::size_of_val(slots.as_slice()) >= 2 * HUGE_PAGE_BYTES {
+        advise_huge_pages(&slots);
+    }
+    slots
+}
+
+/// Asks the kernel to back `slots` with transparent huge pages. At millions
+/// of keys every lookup otherwise misses the TLB as well as the cache, and
+/// in a VM the page walk costs more than the miss: with 10 million keys a
+/// check's prefetch spent most of its time waiting on it, and huge pages
+/// took pipelined throughput from 0.67 to over 0.9 of the 1k-key figure.
+/// The other exception to the crate's no-unsafe rule (see lib.rs).
+#[allow(unsafe_code)]
+fn advise_huge_pages(slots: &[Slot]) {
+    let start = (slots.as_ptr() as usize).next_multiple_of(PAGE_BYTES);
+    let end = (slots.as_ptr() as usize + std::mem::size_of_val(slots)) / PAGE_BYTES * PAGE_BYTES;
+    let Some(address) = std::ptr::NonNull::new(start as *mut std::ffi::c_void) else { return };
+    if end > start {
+        // SAFETY: MADV_HUGEPAGE changes only how the kernel backs these
+        // pages, never their contents or whether they are mapped, and the
+        // page-aligned range lies inside the live allocation `slots`. With
+        // THP off or unsupported the call fails, and the table works the
+        // same on small pages.
+        let _ = unsafe { nix::sys::mman::madvise(address, end - start, nix::sys::mman::MmapAdvise::MADV_HUGEPAGE) };
+    }
+}
+
 #[derive(Debug)]
 pub struct TatTable {
     slots: Vec<Slot>,
@@ -79,7 +117,7 @@ pub struct TatTable {
 
 impl TatTable {
     pub fn new(entries_max: usize) -> TatTable {
-        TatTable { slots: vec![[EMPTY; 2]; CAPACITY_MIN], occupied: 0, entries_max: entries_max.max(1) }
+        TatTable { slots: slot_array(CAPACITY_MIN), occupied: 0, entries_max: entries_max.max(1) }
     }
 
     /// Keys held, including expired ones not yet reclaimed.
@@ -107,8 +145,12 @@ impl TatTable {
 
     /// Tells `hint` where the slots are now (they move on a rebuild).
     pub fn publish_slots(&self, hint: &SlotHint) {
-        hint.base.store(self.slots.as_ptr() as usize, Ordering::Relaxed);
-        hint.mask.store(self.mask(), Ordering::Relaxed);
+        let (base, mask) = (self.slots.as_ptr() as usize, self.mask());
+        // A reader may see one store and not the other: a wasted hint.
+        if hint.base.load(Ordering::Relaxed) != base || hint.mask.load(Ordering::Relaxed) != mask {
+            hint.base.store(base, Ordering::Relaxed);
+            hint.mask.store(mask, Ordering::Relaxed);
+        }
     }
 
     fn mask(&self) -> usize {
@@ -258,7 +300,7 @@ impl TatTable {
     /// A new array holding only the live entries, with room for `extra`.
     fn rebuild(&mut self, now_us: u64, extra: usize) {
         let capacity = Self::capacity_for(self.live(now_us) + extra);
-        let old = std::mem::replace(&mut self.slots, vec![[EMPTY; 2]; capacity]);
+        let old = std::mem::replace(&mut self.slots, slot_array(capacity));
         self.occupied = 0;
         for [key, tat] in old {
             if key != EMPTY && tat > now_us {
