@@ -20,12 +20,13 @@
 //! allocator behaviour rather than the table's footprint.
 //!
 //! hashbrown grows by doubling (its bucket count is the smallest power of
-//! two holding the entries at 7/8 load), so bytes per entry depend on where
-//! the fill falls relative to the table's capacity: just after a doubling a
-//! table is under half full and costs about twice as much per entry as just
-//! before one. The figures are therefore reported at several fills (1, 2 and
-//! 5 million), with what a fully resident table of that bucket count would
-//! take, rather than as one number.
+//! two holding the entries at 7/8 load), and so does the GCRA table's slot
+//! array (`TatTable`: rebuilt at 7/8 occupancy, sized for 3/8 to 3/4 load),
+//! so bytes per entry depend on where the fill falls relative to the
+//! table's capacity: just after a doubling a table is under half full and
+//! costs about twice as much per entry as just before one. The figures are
+//! therefore reported at several fills (1, 2 and 5 million), with what a
+//! fully resident table of that size would take, rather than as one number.
 
 use std::process::Command;
 
@@ -40,8 +41,8 @@ const FILLS: [usize; 3] = [1_000_000, 2_000_000, 5_000_000];
 /// No eviction during a fill: every entry stays.
 const ENTRIES_MAX: usize = 100_000_000;
 
-/// `(kind, figure name, entry bytes in a hashbrown bucket (key and value),
-/// other bytes per entry outside the hash table)`.
+/// `(kind, figure name, entry bytes in a hashbrown bucket (key and value)
+/// or a TatTable slot, other bytes per entry outside the hash table)`.
 const KINDS: [(&str, &str, usize, usize); 5] = [
     ("gcra", "gcra_bytes_per_key", 16, 0),
     // Slots (40 bytes) live in a Vec; the hash index holds a u32 per bucket.
@@ -84,8 +85,9 @@ fn buckets_for(n: usize) -> usize {
 }
 
 /// Fills a fresh table of `kind` with `n` live entries; returns the growth
-/// of VmRSS, read while the table is still alive.
-fn fill(kind: &str, n: usize) -> u64 {
+/// of VmRSS, read while the table is still alive, and the table's buckets
+/// (or slots).
+fn fill(kind: &str, n: usize) -> (u64, usize) {
     let n64 = n as u64;
     match kind {
         "gcra" => {
@@ -96,7 +98,7 @@ fn fill(kind: &str, n: usize) -> u64 {
                 table.check(spec, key(i), NOW_US, true);
             }
             assert_eq!(table.len(), n);
-            vm_rss_bytes() - before
+            (vm_rss_bytes() - before, table.capacity())
         }
         "failure_window" | "failure_window_pending" => {
             let spec = WindowSpec { window_us: 3600 * SECOND, threshold: 5 };
@@ -110,7 +112,7 @@ fn fill(kind: &str, n: usize) -> u64 {
                 drop(table.take_changes());
             }
             assert_eq!(table.len(), n);
-            vm_rss_bytes() - before
+            (vm_rss_bytes() - before, buckets_for(n))
         }
         "expiring_u16" => {
             let mut map = ExpiringMap::<u16>::new(ENTRIES_MAX);
@@ -119,7 +121,7 @@ fn fill(kind: &str, n: usize) -> u64 {
                 map.set(mix64(i), Slot { expires_us: NOW_US + 3600 * SECOND, value: 1 }, NOW_US);
             }
             assert_eq!(map.len(), n);
-            vm_rss_bytes() - before
+            (vm_rss_bytes() - before, buckets_for(n))
         }
         "expiring_u32x4" => {
             let mut map = ExpiringMap::<[u32; 4]>::new(ENTRIES_MAX);
@@ -128,7 +130,7 @@ fn fill(kind: &str, n: usize) -> u64 {
                 map.set(mix64(i), Slot { expires_us: NOW_US + 3600 * SECOND, value: [i as u32; 4] }, NOW_US);
             }
             assert_eq!(map.len(), n);
-            vm_rss_bytes() - before
+            (vm_rss_bytes() - before, buckets_for(n))
         }
         other => panic!("unknown table kind {other}"),
     }
@@ -136,14 +138,14 @@ fn fill(kind: &str, n: usize) -> u64 {
 
 fn child(kind: &str, n: usize) {
     let (_, name, bucket_bytes, other_bytes) = KINDS.iter().copied().find(|k| k.0 == kind).expect("known table kind");
-    let grown = fill(kind, n);
+    let (grown, buckets) = fill(kind, n);
     let per_entry = grown as f64 / n as f64;
-    let buckets = buckets_for(n);
-    // One control byte per bucket besides the entry.
-    let full = (buckets * (bucket_bytes + 1)) as f64 / n as f64 + other_bytes as f64;
+    // hashbrown has one control byte per bucket besides the entry.
+    let (structure, control) = if kind == "gcra" { ("TatTable", 0) } else { ("hashbrown", 1) };
+    let full = (buckets * (bucket_bytes + control)) as f64 / n as f64 + other_bytes as f64;
     println!(
         "{kind}: {n} live entries: VmRSS +{} KiB = {per_entry:.1} bytes/entry \
-         (hashbrown {buckets} buckets, {:.1}% full; {full:.1} bytes/entry if fully resident)",
+         ({structure} {buckets} buckets, {:.1}% full; {full:.1} bytes/entry if fully resident)",
         grown / 1024,
         100.0 * n as f64 / buckets as f64,
     );

@@ -104,6 +104,11 @@ impl GcraTable {
         self.tats.set_entries_max(entries_max);
     }
 
+    /// Slots in the table's array (memory accounting).
+    pub fn capacity(&self) -> usize {
+        self.tats.capacity()
+    }
+
     /// One decision for `key` at `now_us`; spends from the budget when
     /// `spend` and allowed. A TAT at or before now is not stored at all.
     pub fn check(&mut self, spec: GcraSpec, key: Key, now_us: u64, spend: bool) -> GcraDecision {

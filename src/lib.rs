@@ -5,13 +5,15 @@
 //!   dispatches each request (`Daemon::handle`).
 //! - [`codec`]: frames and the bincode payloads (pure, no I/O).
 //! - [`protocol`]: every request and response type.
-//! - [`limiter`]: routes and rules; derives keys and runs one table step
-//!   per rule (pure: time is passed in).
+//! - [`limiter`]: routes and rules; plans a check (derives its keys), then
+//!   runs one table step per rule (pure: time is passed in).
 //! - [`source`]: the client address behind proxies, and its prefix;
 //!   [`classes`]: the source class of an address (CIDR file).
-//! - [`keys`]: keyed BLAKE2b digests of every identifier.
-//! - [`gcra`] and [`failure_window`]: the two counters; [`expiring`]: the
-//!   bounded map behind GCRA, escalation, known devices and recent passwords.
+//! - [`keys`]: keyed BLAKE2b digests of every identifier (SipHash for
+//!   source prefixes).
+//! - [`gcra`] and [`failure_window`]: the two counters; [`tat_table`]: the
+//!   GCRA table's storage; [`expiring`]: the bounded map behind escalation,
+//!   known devices and recent passwords.
 //! - [`store`]: the redb state file and its writer thread (the only module
 //!   that touches redb).
 //!
