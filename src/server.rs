@@ -540,8 +540,9 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
             frame_deadline = None;
             loop {
                 tokio::select! {
+                    // A stop is looked at first, so a client that never
+                    // stops sending cannot keep its connection past it.
                     biased;
-                    r = reader.read(&mut buf[filled..]) => break r,
                     _ = &mut shutdown_signal => {
                         // Answer what the client already sent, then close.
                         stopping = true;
@@ -551,6 +552,7 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
                             Err(e) => Err(e),
                         };
                     }
+                    r = reader.read(&mut buf[filled..]) => break r,
                     () = idle.as_mut() => {
                         let deadline = last_read + idle_timeout;
                         if tokio::time::Instant::now() >= deadline {
