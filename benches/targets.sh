@@ -58,6 +58,12 @@ bench() {
   "$BIN" bench --json "$@" |
     python3 -c 'import json,sys; r=json.load(sys.stdin); assert r["errors"]==0, r; print(*[round(r[f]) for f in sys.argv[1].split(",")])' "$fields"
 }
+# trips_config <window_secs> <entries_max>: a route `trips` whose one rule
+# locks an account at its 10th failure.
+trips_config() {
+  printf '[routes.trips]\nfail_policy = "open"\n[routes.trips.rules.account_failures]\n'
+  printf 'kind = "failures"\nkey = ["account"]\nthreshold = 10\nwindow_secs = %s\nentries_max = %s\n' "$1" "$2"
+}
 median() { tr ' ' '\n' | grep -v '^$' | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 ratio() { python3 -c "print(f'{$1 / $2:.2f}')"; }
 machine() { echo "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) cores"; }
@@ -132,16 +138,7 @@ EOF
     # One failure rule that locks an account at its 10th failure; the load
     # generator reports 10 failures per fresh account, so exactly every
     # 10th report trips a lockout and waits for its group commit.
-    cat >"$TMP/trips.toml" <<'EOF'
-[routes.trips]
-fail_policy = "open"
-[routes.trips.rules.account_failures]
-kind = "failures"
-key = ["account"]
-threshold = 10
-window_secs = 3600
-entries_max = 2000000
-EOF
+    trips_config 3600 2000000 >"$TMP/trips.toml"
     for inflight in 1 16; do
       ops="" p99="" trip_p99="" trips=""
       for _ in $(seq "$RUNS"); do
@@ -162,16 +159,7 @@ EOF
     # 100,000 accounts locked (10 failures each) and 100,000 more with one
     # failure counted, then a clean stop; time a fresh daemon to readiness
     # (its first answered status request).
-    cat >"$TMP/startup.toml" <<'EOF'
-[routes.trips]
-fail_policy = "open"
-[routes.trips.rules.account_failures]
-kind = "failures"
-key = ["account"]
-threshold = 10
-window_secs = 86400
-entries_max = 1000000
-EOF
+    trips_config 86400 1000000 >"$TMP/startup.toml"
     start startup --config "$TMP/startup.toml"
     "$BIN" bench --socket "$TMP/startup.sock" --connections 10 --in-flight 16 --route trips --mix report --failure-ratio 1 --repeat 10 \
       --distribution sequential --keys 100000 --operations 1000000 --json >/dev/null
