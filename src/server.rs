@@ -156,7 +156,7 @@ impl Daemon {
     fn handle<'l>(
         &self,
         limiter: &'l Limiter,
-        request: Request<'_>,
+        request: &Request<'_>,
         plan: Option<Result<CheckPlan<'l>, RequestError>>,
         peer: &Peer,
         now: u64,
@@ -184,7 +184,7 @@ impl Daemon {
                 Err(e) => (request_error(e), Vec::new()),
             },
             Request::Report { route, subject, outcome, password_digest } => {
-                match limiter.report(route, &subject, outcome, password_digest, now) {
+                match limiter.report(route, subject, *outcome, *password_digest, now) {
                     Ok((verdict, durable)) => {
                         if durable.is_some() {
                             if let Some(suppressed) = self.audit.admit(now) {
@@ -199,7 +199,7 @@ impl Daemon {
             }
             Request::Status => (Response::Status(Box::new(self.status(limiter))), Vec::new()),
             Request::Lockouts { limit } => {
-                let limit = if limit == 0 { LOCKOUTS_LISTED_DEFAULT } else { limit.min(LOCKOUTS_LISTED_MAX) };
+                let limit = if *limit == 0 { LOCKOUTS_LISTED_DEFAULT } else { (*limit).min(LOCKOUTS_LISTED_MAX) };
                 let (lockouts, total) = limiter.lockouts(limit as usize, now);
                 (Response::Lockouts { lockouts, total }, Vec::new())
             }
@@ -207,7 +207,7 @@ impl Daemon {
                 if !peer.permissions.admin {
                     return (refused("unlock"), Vec::new());
                 }
-                match limiter.unlock(route, account, source) {
+                match limiter.unlock(route, *account, *source) {
                     Ok((cleared, writes)) => {
                         // Audit lines for admin actions are never capped.
                         tracing::info!(route, cleared, uid = peer.uid, "unlock");
@@ -379,10 +379,12 @@ impl LocalCounts {
 const PLAN_AHEAD: usize = 16;
 
 /// One frame read ahead: its request (and, for a check, its plan), or the
-/// error reply it gets.
+/// error reply it gets. Answered in place: moving a run of these between
+/// the two passes was 8% of the daemon's time.
 struct Planned<'b, 'l> {
     id: u64,
-    decoded: Result<(Request<'b>, Option<Result<CheckPlan<'l>, RequestError>>), Response<'static>>,
+    request: Result<Request<'b>, Response<'static>>,
+    plan: Option<Result<CheckPlan<'l>, RequestError>>,
     frame_bytes: usize,
 }
 
@@ -405,11 +407,14 @@ fn plan_frame<'b, 'l>(
                 }
                 _ => None,
             };
-            Planned { id, decoded: Ok((request, plan)), frame_bytes }
+            Planned { id, request: Ok(request), plan, frame_bytes }
         }
-        Err(failure) => {
-            Planned { id: failure.id.unwrap_or(0), decoded: Err(payload_error(&failure.error)), frame_bytes }
-        }
+        Err(failure) => Planned {
+            id: failure.id.unwrap_or(0),
+            request: Err(payload_error(&failure.error)),
+            plan: None,
+            frame_bytes,
+        },
     }
 }
 
@@ -464,10 +469,11 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
                         close = true;
                         run.push(Planned {
                             id: 0,
-                            decoded: Err(Response::error(
+                            request: Err(Response::error(
                                 ErrorCode::FrameTooLarge,
                                 format!("frame of {len} bytes is over the maximum of {max}; closing"),
                             )),
+                            plan: None,
                             frame_bytes: 0,
                         });
                         break;
@@ -478,10 +484,11 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
                 break;
             }
             let full_run = run.len() == PLAN_AHEAD;
-            for planned in run {
-                let (response, durable) = match planned.decoded {
-                    Ok((request, plan)) => daemon.handle(limiter, request, plan, &peer, now),
-                    Err(response) => (response, Vec::new()),
+            for planned in run.iter_mut() {
+                let (response, durable) = match &planned.request {
+                    Ok(request) => daemon.handle(limiter, request, planned.plan.take(), &peer, now),
+                    // A malformed frame: rare, so a copy of its reply is fine.
+                    Err(error) => (error.clone(), Vec::new()),
                 };
                 counts.count(&response);
                 if !durable.is_empty() {
