@@ -1,8 +1,8 @@
 //! Replays the checked-in corpora of the `source_parse`, `class_file`,
-//! `config_parse` and `tables_model` fuzz targets through the very bodies the
-//! targets run (`tests/fuzz_bodies/`), on stable, so every seed and every
-//! input the fuzzer kept stays a regression test. (`tests/fuzz_corpus.rs`
-//! does the same for `frame_decode`.)
+//! `config_parse`, `tables_model` and `tat_table` fuzz targets through the
+//! very bodies the targets run (`tests/fuzz_bodies/`), on stable, so every
+//! seed and every input the fuzzer kept stays a regression test.
+//! (`tests/fuzz_corpus.rs` does the same for `frame_decode`.)
 //!
 //! Inputs that crashed a target because of a bug in `src/` live under
 //! `fuzz/regressions/<target>/` (with a README each), outside the corpora so
@@ -18,6 +18,8 @@ mod config_parse;
 mod source_parse;
 #[path = "fuzz_bodies/tables_model.rs"]
 mod tables_model;
+#[path = "fuzz_bodies/tat_table.rs"]
+mod tat_table;
 
 /// Fewer files than this means the corpus went missing, not that it passed.
 const CORPUS_FILES_MIN: usize = 10;
@@ -77,6 +79,11 @@ fn tables_model_corpus() {
 }
 
 #[test]
+fn tat_table_corpus() {
+    replay_corpus("tat_table", tat_table::run);
+}
+
+#[test]
 fn regressions_stay_fixed() {
     let (mut replayed, mut failed) = (0, Vec::new());
     for (target, body) in [
@@ -84,6 +91,7 @@ fn regressions_stay_fixed() {
         ("class_file", class_file::run),
         ("config_parse", config_parse::run),
         ("tables_model", tables_model::run),
+        ("tat_table", tat_table::run),
     ] {
         let dir = format!("fuzz/regressions/{target}");
         if Path::new(env!("CARGO_MANIFEST_DIR")).join(&dir).is_dir() {
