@@ -172,12 +172,12 @@ impl Daemon {
                 (refused("check or report"), Vec::new())
             }
             Request::Check { route, subject } => match plan
-                .unwrap_or_else(|| limiter.plan_check(route, &subject, now))
+                .unwrap_or_else(|| limiter.plan_check(route, subject, now))
                 .map(|plan| limiter.decide_check(plan, now))
             {
                 Ok(verdict) => {
                     if verdict.decision != Decision::Allow {
-                        self.log_refusal(limiter, route, &subject, &verdict, now);
+                        self.log_refusal(limiter, route, subject, &verdict, now);
                     }
                     (Response::Verdict(verdict), Vec::new())
                 }
@@ -188,7 +188,7 @@ impl Daemon {
                     Ok((verdict, durable)) => {
                         if durable.is_some() {
                             if let Some(suppressed) = self.audit.admit(now) {
-                                let client = limiter.client_prefix(&subject).map(|p| p.to_string());
+                                let client = limiter.client_prefix(subject).map(|p| p.to_string());
                                 tracing::info!(route, rule = %verdict.rule, client, suppressed, "lockout");
                             }
                         }
@@ -207,7 +207,7 @@ impl Daemon {
                 if !peer.permissions.admin {
                     return (refused("unlock"), Vec::new());
                 }
-                match limiter.unlock(route, *account, *source) {
+                match limiter.unlock(route, account, *source) {
                     Ok((cleared, writes)) => {
                         // Audit lines for admin actions are never capped.
                         tracing::info!(route, cleared, uid = peer.uid, "unlock");
