@@ -265,6 +265,12 @@ impl SubjectKeys<'_, '_> {
         Ok(self.limiter.keys.tuple(&parts[..components.len()]))
     }
 
+    /// Every rule's key, in rule order; an error if any key field is
+    /// missing, before any table is touched.
+    fn rule_keys(&mut self, rules: &[Rule], known_device: bool) -> Result<RuleKeys, RequestError> {
+        rules.iter().map(|rule| self.rule_key(rule, known_device)).collect()
+    }
+
     /// The rule's key, or `None` when the rule does not apply to this
     /// request (a device scope that does not match, or an optional rule
     /// whose key field is absent).
@@ -388,10 +394,7 @@ impl Limiter {
         check_lengths(subject)?;
         let mut keys = self.subject_keys(&route.name, subject);
         let known = self.known_device(route, &mut keys, now_us)?;
-        let mut rule_keys = RuleKeys::new();
-        for rule in &route.rules {
-            rule_keys.push(keys.rule_key(rule, known)?);
-        }
+        let rule_keys = keys.rule_keys(&route.rules, known)?;
         Ok(CheckPlan { route, rule_keys, class: keys.source_class() })
     }
 
@@ -507,10 +510,7 @@ impl Limiter {
         let known = self.known_device(route, &mut keys, now_us)?;
         // Derive every key before touching any table, so a missing field
         // cannot leave a report counted on some rules and not others.
-        let mut rule_keys = RuleKeys::new();
-        for rule in &route.rules {
-            rule_keys.push(keys.rule_key(rule, known)?);
-        }
+        let rule_keys = keys.rule_keys(&route.rules, known)?;
         let repeated = match (outcome, password_digest, &route.recent_passwords) {
             (Outcome::Failure, Some(digest), Some(recent))
                 if keys.has(Component::Prefix) && keys.has(Component::Account) =>
