@@ -26,6 +26,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use tollgate::classes::SourceClass;
 use tollgate::source::{canonical, Prefix, SourcePolicy, FORWARDED_HOPS_MAX};
 
+#[path = "bytes.rs"]
+mod bytes;
+use bytes::Bytes;
+
 /// Networks a policy may trust, one flag bit each. `::/0` trusts every IPv6
 /// hop (never an IPv4 or IPv4-mapped one: those are canonically IPv4).
 const TRUSTED_NETS: [(&str, u8); 5] =
@@ -33,28 +37,6 @@ const TRUSTED_NETS: [(&str, u8); 5] =
 
 /// An entry the spoofing check prepends to the header.
 const SPOOFED: &str = "198.51.100.77";
-
-struct Bytes<'a>(&'a [u8]);
-
-impl<'a> Bytes<'a> {
-    fn byte(&mut self) -> u8 {
-        match self.0.split_first() {
-            Some((&b, rest)) => {
-                self.0 = rest;
-                b
-            }
-            None => 0,
-        }
-    }
-
-    fn array<const N: usize>(&mut self) -> [u8; N] {
-        let mut out = [0u8; N];
-        for b in &mut out {
-            *b = self.byte();
-        }
-        out
-    }
-}
 
 /// How the peer address is made from the bytes that follow the kind byte.
 fn peer(input: &mut Bytes<'_>) -> IpAddr {

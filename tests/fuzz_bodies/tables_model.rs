@@ -35,6 +35,10 @@ use tollgate::failure_window::{
 use tollgate::gcra::{GcraDecision, GcraSpec, GcraTable};
 use tollgate::keys::Key;
 
+#[path = "bytes.rs"]
+mod bytes;
+use bytes::Bytes;
+
 const SECOND_US: u64 = 1_000_000;
 /// 2030-01-01T00:00:00Z: aligned to every window length that divides a day.
 const START_US: u64 = 1_893_456_000 * SECOND_US;
@@ -64,24 +68,6 @@ pub fn run(data: &[u8]) {
         0 => FailureRun::new(&mut input).run(&mut input),
         1 => GcraRun::new(&mut input).run(&mut input),
         _ => ExpiringRun::new(&mut input).run(&mut input),
-    }
-}
-
-struct Bytes<'a>(&'a [u8]);
-
-impl Bytes<'_> {
-    fn byte(&mut self) -> u8 {
-        match self.0.split_first() {
-            Some((&b, rest)) => {
-                self.0 = rest;
-                b
-            }
-            None => 0,
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.0.is_empty()
     }
 }
 

@@ -33,6 +33,10 @@ use std::hash::BuildHasherDefault;
 
 use tollgate::tat_table::TatTable;
 
+#[path = "bytes.rs"]
+mod bytes;
+use bytes::Bytes;
+
 /// Operations per input; at two or three bytes each, a 4 KiB input has at
 /// most 2048.
 const OPS_MAX: usize = 2048;
@@ -63,24 +67,6 @@ type Model = HashMap<u64, u64, BuildHasherDefault<DefaultHasher>>;
 pub fn run(data: &[u8]) {
     let mut input = Bytes(data);
     Run::new(&mut input).run(&mut input);
-}
-
-struct Bytes<'a>(&'a [u8]);
-
-impl Bytes<'_> {
-    fn byte(&mut self) -> u8 {
-        match self.0.split_first() {
-            Some((&b, rest)) => {
-                self.0 = rest;
-                b
-            }
-            None => 0,
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
 }
 
 /// An id from a byte: the top two bits pick a family, the rest `k` in 0..64.
