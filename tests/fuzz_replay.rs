@@ -10,6 +10,8 @@
 
 use std::path::{Path, PathBuf};
 
+#[path = "fuzz_bodies/bytes.rs"]
+mod bytes;
 #[path = "fuzz_bodies/class_file.rs"]
 mod class_file;
 #[path = "fuzz_bodies/config_parse.rs"]

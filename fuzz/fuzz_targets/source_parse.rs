@@ -5,6 +5,8 @@
 
 use libfuzzer_sys::fuzz_target;
 
+#[path = "../../tests/fuzz_bodies/bytes.rs"]
+mod bytes;
 #[path = "../../tests/fuzz_bodies/source_parse.rs"]
 mod body;
 

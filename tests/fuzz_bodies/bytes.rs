@@ -1,6 +1,7 @@
 //! The fuzz bodies' byte reader: input turned into bounded choices, zeros
 //! once the input runs out (so every input is a whole, finite run).
-//! Included by `#[path]` from each body that reads bytes.
+//! Declared once (`#[path]`) by each crate that includes the bodies: the
+//! fuzz targets and `tests/fuzz_replay.rs`.
 
 pub struct Bytes<'a>(pub &'a [u8]);
 

@@ -26,9 +26,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use tollgate::classes::SourceClass;
 use tollgate::source::{canonical, Prefix, SourcePolicy, FORWARDED_HOPS_MAX};
 
-#[path = "bytes.rs"]
-mod bytes;
-use bytes::Bytes;
+// The including crate declares `bytes` (tests/fuzz_bodies/bytes.rs) once.
+use crate::bytes::Bytes;
 
 /// Networks a policy may trust, one flag bit each. `::/0` trusts every IPv6
 /// hop (never an IPv4 or IPv4-mapped one: those are canonically IPv4).

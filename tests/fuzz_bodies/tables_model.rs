@@ -35,9 +35,8 @@ use tollgate::failure_window::{
 use tollgate::gcra::{GcraDecision, GcraSpec, GcraTable};
 use tollgate::keys::Key;
 
-#[path = "bytes.rs"]
-mod bytes;
-use bytes::Bytes;
+// The including crate declares `bytes` (tests/fuzz_bodies/bytes.rs) once.
+use crate::bytes::Bytes;
 
 const SECOND_US: u64 = 1_000_000;
 /// 2030-01-01T00:00:00Z: aligned to every window length that divides a day.

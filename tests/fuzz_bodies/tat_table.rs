@@ -33,9 +33,8 @@ use std::hash::BuildHasherDefault;
 
 use tollgate::tat_table::TatTable;
 
-#[path = "bytes.rs"]
-mod bytes;
-use bytes::Bytes;
+// The including crate declares `bytes` (tests/fuzz_bodies/bytes.rs) once.
+use crate::bytes::Bytes;
 
 /// Operations per input; at two or three bytes each, a 4 KiB input has at
 /// most 2048.
