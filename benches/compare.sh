@@ -44,7 +44,11 @@ trap cleanup EXIT INT TERM
 PIDS+=($!)
 "$BIN" echo-server --socket "$TMP/echo.sock" >"$TMP/echo.log" 2>&1 &
 PIDS+=($!)
-for _ in $(seq 100); do [ -S "$TMP/tollgate.sock" ] && [ -S "$TMP/echo.sock" ] && break; sleep 0.1; done
+# The codec floor: the same loop decoding each check and answering one
+# fixed verdict. tollgate's distance from it is the limiter's own work.
+"$BIN" echo-server --verdict --socket "$TMP/codec.sock" >"$TMP/codec.log" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 100); do [ -S "$TMP/tollgate.sock" ] && [ -S "$TMP/echo.sock" ] && [ -S "$TMP/codec.sock" ] && break; sleep 0.1; done
 
 bench() { # <socket> <in-flight> [extra flags] -> "ops p50 p99 p999"
   "$BIN" bench --socket "$1" --connections "$CONNS" --in-flight "$2" --duration "${DURATION}s" \
@@ -67,6 +71,8 @@ for run in $(seq "$RUNS"); do
   runs[echo1]+="$ops "; runs[echo1_p99]+="$p99 "
   read -r ops p50 p99 p999 < <(bench "$TMP/echo.sock" "$PIPELINE" --raw)
   runs[echo16]+="$ops "
+  read -r ops p50 p99 p999 < <(bench "$TMP/codec.sock" "$PIPELINE")
+  runs[codec16]+="$ops "
   echo "run $run of $RUNS done" >&2
 done
 
@@ -80,7 +86,9 @@ printf '%-44s %12s\n' "echo floor, 1 in flight" "$(m echo1)"
 printf '%-44s %12s\n' "redis+lua GCRA, $PIPELINE in flight" "$(m redis16)"
 printf '%-44s %12s\n' "tollgate check, $PIPELINE in flight" "$(m tg16)"
 printf '%-44s %12s\n' "echo floor, $PIPELINE in flight" "$(m echo16)"
+printf '%-44s %12s\n' "codec floor (fixed verdict), $PIPELINE in flight" "$(m codec16)"
 echo "ratio tollgate/redis, 1 in flight:        $(ratio "$(m tg1)" "$(m redis1)")"
 echo "ratio tollgate/redis, $PIPELINE in flight:       $(ratio "$(m tg16)" "$(m redis16)")"
 echo "ratio tollgate/echo floor, $PIPELINE in flight:  $(ratio "$(m tg16)" "$(m echo16)")"
+echo "ratio codec floor/echo floor, $PIPELINE in flight: $(ratio "$(m codec16)" "$(m echo16)")"
 echo "p99 us, 1 in flight: tollgate $(m tg1_p99), echo floor $(m echo1_p99)"

@@ -44,6 +44,11 @@ pub enum Command {
     EchoServer {
         #[arg(long)]
         socket: PathBuf,
+        /// Decode each request and answer it with one fixed `allow` verdict
+        /// instead of echoing it: the server loop and codec without the
+        /// limiter, for `bench` without `--raw`.
+        #[arg(long)]
+        verdict: bool,
     },
 }
 
@@ -205,10 +210,11 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
             }
             Ok(())
         }
-        Command::EchoServer { socket } => {
+        Command::EchoServer { socket, verdict } => {
             let _ = std::fs::remove_file(&socket);
             let listener = tokio::net::UnixListener::bind(&socket)?;
-            crate::bench::echo_server(listener).await?;
+            let reply = if verdict { crate::bench::EchoReply::FixedVerdict } else { crate::bench::EchoReply::Echo };
+            crate::bench::echo_server(listener, reply).await?;
             Ok(())
         }
         Command::Check(args) => {

@@ -112,40 +112,90 @@ fn prefill_makes_every_key_live_and_a_paced_run_keeps_its_rate() {
     assert_eq!(entries(&daemon, "request"), 20_000, "the paced run touched only live keys");
 }
 
+/// An echo server on a temp socket, killed on drop.
+struct EchoServer {
+    child: std::process::Child,
+    socket: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl EchoServer {
+    fn start(extra: &[&str]) -> EchoServer {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("echo.sock");
+        let child = std::process::Command::new(BIN)
+            .args(["echo-server", "--socket"])
+            .arg(&socket)
+            .args(extra)
+            .spawn()
+            .expect("start echo server");
+        for _ in 0..200 {
+            if std::os::unix::net::UnixStream::connect(&socket).is_ok() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        EchoServer { child, socket, _dir: dir }
+    }
+
+    fn bench(&self, extra: &[&str]) -> serde_json::Value {
+        let out = std::process::Command::new(BIN)
+            .args(["bench", "--json", "--connections", "3", "--in-flight", "16", "--operations", "4800"])
+            .args(extra)
+            .arg("--socket")
+            .arg(&self.socket)
+            .output()
+            .expect("run bench");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+}
+
+impl Drop for EchoServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 #[test]
 fn raw_mode_against_the_echo_server_counts_every_frame() {
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("echo.sock");
-    let mut echo = std::process::Command::new(BIN)
-        .args(["echo-server", "--socket"])
-        .arg(&socket)
-        .spawn()
-        .expect("start echo server");
-    for _ in 0..200 {
-        if socket.exists() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    let out = std::process::Command::new(BIN)
-        .args([
-            "bench",
-            "--raw",
-            "--json",
-            "--connections",
-            "3",
-            "--in-flight",
-            "16",
-            "--operations",
-            "4800",
-            "--socket",
-        ])
-        .arg(&socket)
-        .output()
-        .expect("run bench");
-    let _ = echo.kill();
-    let _ = echo.wait();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let echo = EchoServer::start(&[]);
+    let r = echo.bench(&["--raw"]);
     assert_eq!((r["requests"].as_u64(), r["errors"].as_u64()), (Some(4800), Some(0)), "{r}");
+}
+
+#[test]
+fn the_fixed_verdict_floor_decodes_requests_and_answers_verdicts() {
+    use std::io::{Read, Write};
+    use tollgate::codec;
+    use tollgate::protocol::{Decision, ErrorCode, Request, Response, Subject};
+
+    let echo = EchoServer::start(&["--verdict"]);
+    // Decoded replies, every one an allow verdict: no errors, no refusals.
+    let r = echo.bench(&[]);
+    assert_eq!((r["requests"].as_u64(), r["errors"].as_u64(), r["refused"].as_u64()), (Some(4800), Some(0), Some(0)));
+
+    // A check gets its own id back on an allow; a malformed payload gets
+    // the decode error under its id, and the connection stays usable.
+    let mut stream = std::os::unix::net::UnixStream::connect(&echo.socket).unwrap();
+    let mut frames = Vec::new();
+    let subject = Subject { peer: Some("192.0.2.1".parse().unwrap()), ..Subject::default() };
+    codec::encode_request(41, &Request::Check { route: "request", subject }, &mut frames);
+    let mut bad = vec![tollgate::protocol::PROTOCOL_VERSION];
+    bad.extend_from_slice(&42u64.to_le_bytes());
+    bad.extend_from_slice(&[0xff; 3]);
+    frames.extend_from_slice(&(bad.len() as u32).to_le_bytes());
+    frames.extend_from_slice(&bad);
+    stream.write_all(&frames).unwrap();
+    let mut replies = Vec::new();
+    for _ in 0..2 {
+        let mut header = [0u8; 4];
+        stream.read_exact(&mut header).unwrap();
+        let mut payload = vec![0u8; u32::from_le_bytes(header) as usize];
+        stream.read_exact(&mut payload).unwrap();
+        replies.push(codec::decode_response(&payload).unwrap());
+    }
+    assert!(matches!(&replies[0], (41, Response::Verdict(v)) if v.decision == Decision::Allow), "{replies:?}");
+    assert!(matches!(&replies[1], (42, Response::Error(e)) if e.code == ErrorCode::Malformed), "{replies:?}");
 }
