@@ -16,6 +16,8 @@ use blake2::digest::{FixedOutput, Update};
 use blake2::Blake2b;
 use siphasher::sip128::{Hasher128, SipHasher13};
 
+use crate::source::PREFIX_BYTES;
+
 /// Bytes of secret key material. 32 bytes is BLAKE2b's recommended key size
 /// for 128-bit security of the digests.
 pub const SECRET_BYTES: usize = 32;
@@ -211,11 +213,15 @@ impl KeyDeriver {
 
     /// Digest of a source prefix (its fixed-width bytes: family, length,
     /// address), as a component.
-    pub fn prefix(&self, bytes: &[u8]) -> [u8; 16] {
+    pub fn prefix(&self, bytes: &[u8; PREFIX_BYTES]) -> [u8; 16] {
         use std::hash::Hasher;
+        // One write of the whole input: the same digest as writing the tag
+        // and the bytes in turn, without the hasher buffering a 1-byte tail.
+        let mut input = [0u8; 1 + PREFIX_BYTES];
+        input[0] = Component::Prefix as u8;
+        input[1..].copy_from_slice(bytes);
         let mut hasher = SipHasher13::new_with_key(&self.prefix_key);
-        hasher.write_u8(Component::Prefix as u8);
-        hasher.write(bytes);
+        hasher.write(&input);
         hasher.finish128().as_bytes()
     }
 
@@ -295,20 +301,41 @@ mod tests {
     #[test]
     fn prefix_digests_depend_on_secret_and_input_only() {
         let d = deriver(4);
-        let a = d.prefix(b"\x04\x18\xc6\x33\x64\x00");
-        assert_eq!(a, deriver(4).prefix(b"\x04\x18\xc6\x33\x64\x00"));
-        assert_ne!(a, deriver(5).prefix(b"\x04\x18\xc6\x33\x64\x00"));
-        assert_ne!(a, d.prefix(b"\x04\x18\xc6\x33\x65\x00"));
+        let bytes = |last: u8| {
+            let mut b = [0u8; PREFIX_BYTES];
+            b[..6].copy_from_slice(&[4, 24, 198, 51, 100, last]);
+            b
+        };
+        let a = d.prefix(&bytes(0));
+        assert_eq!(a, deriver(4).prefix(&bytes(0)));
+        assert_ne!(a, deriver(5).prefix(&bytes(0)));
+        assert_ne!(a, d.prefix(&bytes(1)));
         // A prefix's digest is not the BLAKE2b component digest of the same bytes.
-        assert_ne!(a, d.component(Component::Prefix, b"\x04\x18\xc6\x33\x64\x00"));
+        assert_ne!(a, d.component(Component::Prefix, &bytes(0)));
+    }
+
+    #[test]
+    fn prefix_digests_are_those_already_in_state_files() {
+        // Persisted counters are keyed by these digests: the one-write form
+        // must equal the tag-then-bytes form the state files were made with.
+        use std::hash::Hasher;
+        let d = deriver(6);
+        for last in [0u8, 7, 255] {
+            let mut bytes = [last; PREFIX_BYTES];
+            bytes[0] = 6;
+            let mut hasher = SipHasher13::new_with_key(&d.prefix_key);
+            hasher.write_u8(Component::Prefix as u8);
+            hasher.write(&bytes);
+            assert_eq!(d.prefix(&bytes), hasher.finish128().as_bytes());
+        }
     }
 
     #[test]
     fn account_tag_is_shared_by_every_key_with_the_account() {
         let d = deriver(3);
         let account = d.component(Component::Account, b"alice");
-        let prefix_a = d.prefix(b"198.51.100.7/32");
-        let prefix_b = d.prefix(b"203.0.113.9/32");
+        let prefix_a = d.prefix(&[1; PREFIX_BYTES]);
+        let prefix_b = d.prefix(&[2; PREFIX_BYTES]);
         let k1 = d.tuple(&[(Component::Account, account), (Component::Prefix, prefix_a)]);
         let k2 = d.tuple(&[(Component::Account, account), (Component::Prefix, prefix_b)]);
         assert_eq!(k1.account_tag, d.account_tag("alice"));

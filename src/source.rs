@@ -60,10 +60,13 @@ pub struct Prefix {
     pub len: u8,
 }
 
+/// Bytes of a prefix's digest input: family, length, 16 address bytes.
+pub const PREFIX_BYTES: usize = 18;
+
 impl Prefix {
-    /// Fixed-width bytes for digesting: family, length, 16 address bytes.
-    pub fn to_bytes(self) -> [u8; 18] {
-        let mut out = [0u8; 18];
+    /// Fixed-width bytes for digesting.
+    pub fn to_bytes(self) -> [u8; PREFIX_BYTES] {
+        let mut out = [0u8; PREFIX_BYTES];
         match self.network {
             IpAddr::V4(v4) => {
                 out[0] = 4;
