@@ -47,9 +47,10 @@ const KINDS: [(&str, &str, usize, usize); 5] = [
     ("gcra", "gcra_bytes_per_key", 16, 0),
     // Slots (40 bytes) live in a Vec; the hash index holds a u32 per bucket.
     ("failure_window", "failure_window_bytes_per_entry", 4, 40),
-    // As above, plus the change log's 16-byte key per entry written since
-    // the last snapshot (the daemon drains it every `snapshot_interval_ms`).
-    ("failure_window_pending", "failure_window_bytes_per_entry_with_pending_changes", 4, 56),
+    // As above, plus the change log's 4-byte slot index per entry written
+    // since the last snapshot (the daemon drains it every
+    // `snapshot_interval_ms`).
+    ("failure_window_pending", "failure_window_bytes_per_entry_with_pending_changes", 4, 44),
     // Escalation levels: u64 id, u64 expiry, u16 level (padded to 24).
     ("expiring_u16", "expiring_map_u16_bytes_per_entry", 24, 0),
     // Recent password digests: u64 id, u64 expiry, [u32; 4].

@@ -176,8 +176,11 @@ pub struct FailureWindowTable {
     index: HashTable<u32>,
     lists: Vec<List>,
     len: usize,
-    /// Keys written since the last `take_changes` (each once).
-    changed: Vec<Key>,
+    /// Slots written since the last `take_changes`: an index, not a key, so
+    /// a snapshot interval's worth of changes costs 4 bytes each, not 16. A
+    /// slot freed and reused in one interval may be listed twice; the
+    /// second sighting finds it clean.
+    changed: Vec<u32>,
     /// Persisted keys removed since the last `take_changes`.
     removed: Vec<Key>,
     refused_full: u64,
@@ -331,14 +334,13 @@ impl FailureWindowTable {
         let removed = std::mem::take(&mut self.removed);
         let mut out: Vec<Change> =
             removed.into_iter().filter(|key| self.find(*key).is_none()).map(|key| (key, None)).collect();
-        for key in std::mem::take(&mut self.changed) {
-            if let Some(i) = self.find(key) {
-                let slot = &mut self.slots[i as usize];
-                if slot.dirty {
-                    slot.dirty = false;
-                    slot.persisted = true;
-                    out.push((key, Some(slot.counts)));
-                }
+        for i in std::mem::take(&mut self.changed) {
+            // A freed slot is never dirty (see `remove`).
+            let slot = &mut self.slots[i as usize];
+            if slot.dirty {
+                slot.dirty = false;
+                slot.persisted = true;
+                out.push((slot.key, Some(slot.counts)));
             }
         }
         out
@@ -471,19 +473,17 @@ impl FailureWindowTable {
         slot.counts = counts;
         let newly_dirty = !slot.dirty;
         slot.dirty = true;
-        let key = slot.key;
         if newly_dirty {
-            self.changed.push(key);
+            self.changed.push(i);
             if self.changed.len() > 2 * self.entries_max {
-                // Keys written then evicted before a snapshot pile up here
-                // under a flood; keep only those still present, so the list
-                // stays within twice the cap (amortised O(1) per write).
-                let (slots, index) = (&self.slots, &self.index);
-                self.changed.retain(|k| {
-                    index
-                        .find(k.hash_bits(), |&j| slots[j as usize].key == *k)
-                        .is_some_and(|&j| slots[j as usize].dirty)
-                });
+                // Slots written then freed and reused before a snapshot pile
+                // up here under a flood; keep each still-dirty slot once, so
+                // the list stays within twice the cap (amortised O(log n)
+                // per write, and only under a flood).
+                let slots = &self.slots;
+                self.changed.retain(|&j| slots[j as usize].dirty);
+                self.changed.sort_unstable();
+                self.changed.dedup();
             }
         }
         self.unlink(i);
@@ -654,6 +654,33 @@ mod tests {
         table.record_failure(key(1), now).unwrap();
         table.mark_persisted(key(1));
         assert_eq!(table.take_changes(), vec![], "nothing to write: the durable write is the latest");
+    }
+
+    #[test]
+    fn a_flood_between_snapshots_lists_each_live_slot_once_and_stays_bounded() {
+        // Distinct one-failure keys through a 4-entry table: every insert
+        // evicts and reuses a slot. The change list must stay within twice
+        // the cap, and the snapshot write exactly the survivors, once each.
+        let mut table = FailureWindowTable::new(spec(5), 4);
+        let now = 700 * WINDOW;
+        for k in 0..1000 {
+            table.record_failure(key(k), now).unwrap();
+            assert!(table.changed.len() <= 2 * 4 + 1, "{} listed after key {k}", table.changed.len());
+        }
+        let mut written: Vec<Key> = table
+            .take_changes()
+            .into_iter()
+            .map(|(k, counts)| {
+                assert!(counts.is_some());
+                k
+            })
+            .collect();
+        written.sort_by_key(|k| k.to_u128());
+        let mut live: Vec<Key> = (0..1000).map(key).filter(|k| table.get(*k, now).current > 0).collect();
+        live.sort_by_key(|k| k.to_u128());
+        assert_eq!(written.len(), 4);
+        assert_eq!(written, live);
+        assert_eq!(table.take_changes(), vec![]);
     }
 
     #[test]
