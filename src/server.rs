@@ -399,11 +399,7 @@ fn plan_frame<'b, 'l>(
         Ok((id, request)) => {
             let plan = match &request {
                 Request::Check { route, subject } if peer.permissions.attempts => {
-                    let plan = limiter.plan_check(route, subject, now);
-                    if let Ok(plan) = &plan {
-                        limiter.prefetch(plan);
-                    }
-                    Some(plan)
+                    Some(limiter.plan_check(route, subject, now))
                 }
                 _ => None,
             };
@@ -482,6 +478,15 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
             }
             if run.is_empty() {
                 break;
+            }
+            // Every slot hint of the run back to back, after the keys: at
+            // millions of keys each hint needs a page walk, and issued
+            // together those walks overlap instead of each stalling between
+            // two key derivations.
+            for planned in &run {
+                if let Some(Ok(plan)) = &planned.plan {
+                    limiter.prefetch(plan);
+                }
             }
             let full_run = run.len() == PLAN_AHEAD;
             for planned in run.iter_mut() {
