@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# callgrind.sh: the daemon's instructions per check, repeatable where
+# timings are not. Runs the daemon under valgrind's callgrind with
+# instrumentation off, prefills KEYS live keys, then counts only while
+# OPS checks run (CONNS connections x 16 in flight), and prints the total
+# per check and the costliest functions.
+#
+#   bash benches/callgrind.sh                 # 100k keys, 200k checks
+#   KEYS=1000 OPS=100000 bash benches/callgrind.sh
+#
+# Needs valgrind (Debian: apt-get install valgrind); installs nothing.
+set -euo pipefail
+
+KEYS=${KEYS:-100000}
+OPS=${OPS:-200000}
+CONNS=${CONNS:-4}
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$HERE/.." && pwd)
+for bin in valgrind callgrind_control callgrind_annotate; do
+  command -v "$bin" >/dev/null 2>&1 || {
+    echo "callgrind.sh: $bin not found; install it with: apt-get install valgrind" >&2
+    exit 2
+  }
+done
+
+cargo build --release --quiet --manifest-path "$ROOT/Cargo.toml"
+BIN=$ROOT/target/release/tollgate
+TMP=$(mktemp -d /tmp/tollgate-callgrind.XXXXXX)
+VG=""
+cleanup() {
+  [ -n "$VG" ] && { kill "$VG" 2>/dev/null || true; wait "$VG" 2>/dev/null || true; }
+  rm -rf "$TMP"
+}
+trap cleanup EXIT INT TERM
+
+valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$TMP/out" \
+  "$BIN" serve --socket "$TMP/t.sock" --state "$TMP/s.redb" --config /dev/null >"$TMP/log" 2>&1 &
+VG=$!
+for _ in $(seq 300); do "$BIN" status --socket "$TMP/t.sock" >/dev/null 2>&1 && break; sleep 0.1; done
+"$BIN" bench --socket "$TMP/t.sock" --connections "$CONNS" --in-flight 16 --keys "$KEYS" --prefill --operations 0 --json >/dev/null
+callgrind_control -i on "$VG" >/dev/null 2>&1
+"$BIN" bench --socket "$TMP/t.sock" --connections "$CONNS" --in-flight 16 --keys "$KEYS" --operations "$OPS" --json >"$TMP/bench.json"
+callgrind_control -i off "$VG" >/dev/null 2>&1
+kill "$VG"
+wait "$VG" 2>/dev/null || true
+VG=""
+total=$(callgrind_annotate "$TMP/out" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }')
+python3 - "$TMP/bench.json" "$total" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1])); total = int(sys.argv[2])
+print(f"{r['requests']} checks ({r['refused']} refused), {total:,} daemon instructions: {total / r['requests']:,.0f} per check")
+PY
+echo "costliest functions, inclusive:"
+callgrind_annotate --inclusive=yes "$TMP/out" 2>/dev/null | grep -E '^ *[0-9,]+ \(' | sed -n 2,25p | cut -c1-160
