@@ -20,7 +20,8 @@
 //! Around it: [`access`] (who may ask what, by peer credentials), [`audit`]
 //! (rate-capped refusal and audit lines), [`config`] (TOML over built-in defaults), [`clock`] (the only
 //! place time is read), [`client`] (what an auth server links), [`cli`], and
-//! [`bench`] (the load generator and the transport-floor echo server).
+//! [`bench`] (the load generator and the echo server: the transport and
+//! codec floors).
 //! ARCHITECTURE.md states the invariants.
 // No unsafe code, with two audited exceptions in `tat_table`, both hints
 // that cannot change memory: the cache prefetch (`prefetch_read`) and the
