@@ -29,7 +29,7 @@ TMP=$(mktemp -d /tmp/tollgate-callgrind.XXXXXX)
 VG=""
 cleanup() {
   [ -n "$VG" ] && { kill "$VG" 2>/dev/null || true; wait "$VG" 2>/dev/null || true; }
-  rm -rf "$TMP"
+  [ -n "${KEEP:-}" ] && cp "$TMP/out" "$KEEP"; rm -rf "$TMP"
 }
 trap cleanup EXIT INT TERM
 

@@ -200,20 +200,25 @@ struct SubjectKeys<'s, 'k> {
     subject: &'s Subject<'s>,
     route: &'s str,
     limiter: &'k Limiter,
-    class: Option<Option<SourceClass>>,
+    /// The client's address and source class, once looked up.
+    client: Option<(std::net::IpAddr, Option<SourceClass>)>,
     digests: [Option<[u8; 16]>; 5],
 }
 
 impl SubjectKeys<'_, '_> {
     fn client(&mut self) -> Result<(std::net::IpAddr, Option<SourceClass>), RequestError> {
+        if let Some(client) = self.client {
+            return Ok(client);
+        }
         let peer = self
             .subject
             .peer
             .ok_or_else(|| RequestError::MissingField { route: self.route.to_string(), field: "peer" })?;
         let forwarded = self.subject.forwarded_for.filter(|h| h.len() <= FORWARDED_FOR_BYTES_MAX);
         let address = self.limiter.source.client_address(peer, forwarded);
-        let class = *self.class.get_or_insert_with(|| self.limiter.classes.lookup(address));
-        Ok((address, class))
+        let client = (address, self.limiter.classes.lookup(address));
+        self.client = Some(client);
+        Ok(client)
     }
 
     fn source_class(&mut self) -> Option<SourceClass> {
@@ -258,6 +263,11 @@ impl SubjectKeys<'_, '_> {
     }
 
     fn key(&mut self, components: &[Component]) -> Result<Key, RequestError> {
+        // Most rules key on one component: no tuple to assemble.
+        if let [only] = components {
+            let digest = self.component(*only)?;
+            return Ok(self.limiter.keys.tuple(&[(*only, digest)]));
+        }
         let mut parts = [(Component::Prefix, [0u8; 16]); 5];
         for (i, c) in components.iter().enumerate() {
             parts[i] = (*c, self.component(*c)?);
@@ -367,7 +377,7 @@ impl Limiter {
     }
 
     fn subject_keys<'s>(&'s self, route: &'s str, subject: &'s Subject<'s>) -> SubjectKeys<'s, 's> {
-        SubjectKeys { subject, route, limiter: self, class: None, digests: [None; 5] }
+        SubjectKeys { subject, route, limiter: self, client: None, digests: [None; 5] }
     }
 
     fn known_device(&self, route: &Route, keys: &mut SubjectKeys<'_, '_>, now_us: u64) -> Result<bool, RequestError> {
