@@ -97,7 +97,25 @@ for section in $SECTIONS; do
     done
     echo "latency: max $(echo "$max" | median) checks/s at $PACED_CONNS connections x 1 in flight; paced at half ($half/s):"
     echo "  tollgate check p50 $(echo "$tg_p50" | median) us, p99 $(echo "$tg" | median) us; echo floor p50 $(echo "$echo_p50" | median) us, p99 $(echo "$echo_p99" | median) us (runs: tollgate p99 $tg; echo p99 $echo_p99)"
-    echo "  p99 over the floor: $(($(echo "$tg" | median) - $(echo "$echo_p99" | median))) us (target: at most 20)"
+    echo "  p99 over the floor, separate runs: $(($(echo "$tg" | median) - $(echo "$echo_p99" | median))) us (target: at most 20)"
+    # The same question with the machine's stalls shared: each connection
+    # times the daemon and the echo server turn about (--floor-socket), so
+    # a millisecond stall of the VM lands on both instead of on whichever
+    # run it happened in. Each operation is two round trips, so this pair's
+    # maximum is lower; it is paced at half of that.
+    pmax=""
+    for _ in $(seq "$RUNS"); do
+      pmax+="$(bench ops_per_s --socket "$TMP/latency.sock" --floor-socket "$TMP/echo.sock" --connections "$PACED_CONNS" --rate 1000000000 --duration "${DURATION}s") "
+    done
+    phalf=$(($(echo "$pmax" | median) / 2))
+    diffs="" pairs=""
+    for _ in $(seq "$RUNS"); do
+      read -r p50 p99 fp50 fp99 < <(bench p50_us,p99_us,floor_p50_us,floor_p99_us --socket "$TMP/latency.sock" --floor-socket "$TMP/echo.sock" --connections "$PACED_CONNS" --rate "$phalf" --duration "${DURATION}s")
+      diffs+="$((p99 - fp99)) "
+      pairs+="$p50/$p99 vs $fp50/$fp99; "
+    done
+    echo "latency, timed alongside the echo floor: max $(echo "$pmax" | median) pairs/s; paced at half ($phalf/s):"
+    echo "  p99 over the floor: $(echo "$diffs" | median) us (target: at most 20; runs, p50/p99 us tollgate vs echo: $pairs)"
     ;;
   keys)
     # A rule every key stays live under (one request a day; each key's TAT

@@ -101,6 +101,12 @@ pub struct BenchArgs {
     /// Do not decode replies, only count frames (against `tollgate echo-server`).
     #[arg(long)]
     pub raw: bool,
+    /// With `--rate`: also time a `tollgate echo-server` on this socket in
+    /// the same run, each connection alternating one operation to the
+    /// daemon and the same bytes to the echo server, so the machine's
+    /// stalls fall on both alike; its latencies are reported as `floor_*`.
+    #[arg(long, requires = "rate")]
+    pub floor_socket: Option<PathBuf>,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -133,6 +139,13 @@ pub struct BenchReport {
     pub refused_p50_us: u64,
     pub refused_p99_us: u64,
     pub errors: u64,
+    /// With `--floor-socket`: the echo server's replies and latencies,
+    /// timed alongside the daemon's (0 without it).
+    pub floor_requests: u64,
+    pub floor_p50_us: u64,
+    pub floor_p99_us: u64,
+    pub floor_p999_us: u64,
+    pub floor_max_us: u64,
 }
 
 /// xorshift64*: a tiny seeded generator, so runs are repeatable (the load
@@ -331,17 +344,23 @@ async fn drive(args: Arc<BenchArgs>, connection: usize, stop: Arc<AtomicBool>) -
 /// connections' schedules staggered across it. A request sent late because
 /// the previous reply was late is timed from when it was due, so a stall
 /// shows in the percentiles instead of silently lowering the load.
-fn drive_paced(args: &BenchArgs, connection: usize, interval: Duration, until: Instant) -> std::io::Result<Tally> {
-    use std::io::{Read, Write};
+///
+/// With a floor socket, every due operation also goes, as the same bytes,
+/// to the echo server, the two taking turns at going first.
+fn drive_paced(
+    args: &BenchArgs,
+    connection: usize,
+    interval: Duration,
+    until: Instant,
+) -> std::io::Result<(Tally, Option<Tally>)> {
     let _ = nix::sys::prctl::set_timerslack(1_000);
-    let mut stream = std::os::unix::net::UnixStream::connect(&args.socket)?;
-    let mut tally = Tally::new();
+    let mut daemon = PacedPeer::connect(&args.socket, args.raw)?;
+    let mut floor = args.floor_socket.as_deref().map(|path| PacedPeer::connect(path, true)).transpose()?;
     let mut worker = Worker::new(Arc::new(args.clone()), connection);
     let mut out = Vec::with_capacity(256 * args.in_flight);
-    let mut inbuf = vec![0u8; 64 * 1024];
     let mut id = 1u64;
     let mut due = Instant::now() + interval.mul_f64(connection as f64 / args.connections as f64);
-    let mut replied = Instant::now();
+    let mut floor_first = false;
     while due < until && Instant::now() < until {
         let now = Instant::now();
         if due > now {
@@ -352,28 +371,62 @@ fn drive_paced(args: &BenchArgs, connection: usize, interval: Duration, until: I
         for _ in 0..args.in_flight {
             expected += worker.encode(&mut id, &mut out);
         }
+        match floor.as_mut() {
+            None => daemon.exchange(&out, expected, due)?,
+            Some(floor) => {
+                let (first, second) = if floor_first { (floor, &mut daemon) } else { (&mut daemon, floor) };
+                first.exchange(&out, expected, due)?;
+                second.exchange(&out, expected, due)?;
+                floor_first = !floor_first;
+            }
+        }
+        due += interval;
+    }
+    Ok((daemon.tally, floor.map(|f| f.tally)))
+}
+
+/// One paced connection's socket, its replies' tally, and when its last
+/// reply came.
+struct PacedPeer {
+    stream: std::os::unix::net::UnixStream,
+    raw: bool,
+    tally: Tally,
+    inbuf: Vec<u8>,
+    replied: Instant,
+}
+
+impl PacedPeer {
+    fn connect(path: &std::path::Path, raw: bool) -> std::io::Result<PacedPeer> {
+        let stream = std::os::unix::net::UnixStream::connect(path)?;
+        Ok(PacedPeer { stream, raw, tally: Tally::new(), inbuf: vec![0u8; 64 * 1024], replied: Instant::now() })
+    }
+
+    /// Sends `frames` and reads `expected` replies, timed from `due` when
+    /// this peer's previous reply came after it, else from the send.
+    fn exchange(&mut self, frames: &[u8], expected: usize, due: Instant) -> std::io::Result<()> {
+        use std::io::{Read, Write};
         let sent = Instant::now();
-        let start = if replied > due { due } else { sent };
-        stream.write_all(&out)?;
+        let start = if self.replied > due { due } else { sent };
+        self.stream.write_all(frames)?;
         let (mut filled, mut received) = (0usize, 0usize);
         while received < expected {
-            if filled == inbuf.len() {
-                inbuf.resize(inbuf.len() * 2, 0);
+            if filled == self.inbuf.len() {
+                self.inbuf.resize(self.inbuf.len() * 2, 0);
             }
-            let n = stream.read(&mut inbuf[filled..])?;
+            let n = self.stream.read(&mut self.inbuf[filled..])?;
             if n == 0 {
                 return Err(std::io::ErrorKind::UnexpectedEof.into());
             }
             filled += n;
-            let (used, replies) = tally.take_replies(&inbuf[..filled], args.raw, start.elapsed().as_micros() as u64);
+            let (used, replies) =
+                self.tally.take_replies(&self.inbuf[..filled], self.raw, start.elapsed().as_micros() as u64);
             received += replies;
-            inbuf.copy_within(used..filled, 0);
+            self.inbuf.copy_within(used..filled, 0);
             filled -= used;
         }
-        replied = Instant::now();
-        due += interval;
+        self.replied = Instant::now();
+        Ok(())
     }
-    Ok(tally)
 }
 
 /// Sends one check for every key (each connection its share), unmeasured.
@@ -425,6 +478,7 @@ pub async fn run(args: BenchArgs) -> Result<BenchReport, std::io::Error> {
         }
     }
     let mut total = Tally::new();
+    let mut floor = Tally::new();
     let started = Instant::now();
     if let Some(rate) = args.rate.filter(|r| *r > 0.0) {
         let per_connection = rate / (args.connections * args.in_flight) as f64;
@@ -437,8 +491,12 @@ pub async fn run(args: BenchArgs) -> Result<BenchReport, std::io::Error> {
             })
             .collect();
         for thread in threads {
-            let tally = thread.join().map_err(|_| std::io::Error::other("a bench thread panicked"))??;
+            let (tally, floor_tally) =
+                thread.join().map_err(|_| std::io::Error::other("a bench thread panicked"))??;
             total.merge(&tally);
+            if let Some(floor_tally) = floor_tally {
+                floor.merge(&floor_tally);
+            }
         }
     } else {
         let stop = Arc::new(AtomicBool::new(false));
@@ -468,6 +526,11 @@ pub async fn run(args: BenchArgs) -> Result<BenchReport, std::io::Error> {
         refused_p50_us: total.refused.value_at_quantile(0.5),
         refused_p99_us: total.refused.value_at_quantile(0.99),
         errors: total.errors,
+        floor_requests: floor.requests,
+        floor_p50_us: floor.all.value_at_quantile(0.5),
+        floor_p99_us: floor.all.value_at_quantile(0.99),
+        floor_p999_us: floor.all.value_at_quantile(0.999),
+        floor_max_us: floor.all.max(),
     })
 }
 

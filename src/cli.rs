@@ -203,6 +203,12 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
                 if r.offered_ops_per_s > 0.0 {
                     println!("offered {} ops/s, paced", r.offered_ops_per_s.round());
                 }
+                if r.floor_requests > 0 {
+                    println!(
+                        "echo floor, timed alongside: {} replies, latency us: p50 {}  p99 {}  p99.9 {}  max {}",
+                        r.floor_requests, r.floor_p50_us, r.floor_p99_us, r.floor_p999_us, r.floor_max_us
+                    );
+                }
                 println!(
                     "refused {} (latency us: p50 {}  p99 {})  errors {}",
                     r.refused, r.refused_p50_us, r.refused_p99_us, r.errors

@@ -199,3 +199,25 @@ fn the_fixed_verdict_floor_decodes_requests_and_answers_verdicts() {
     assert!(matches!(&replies[0], (41, Response::Verdict(v)) if v.decision == Decision::Allow), "{replies:?}");
     assert!(matches!(&replies[1], (42, Response::Error(e)) if e.code == ErrorCode::Malformed), "{replies:?}");
 }
+
+#[test]
+fn a_paced_run_times_the_echo_floor_alongside_every_operation() {
+    let daemon = TestDaemon::start_with(None, false);
+    let echo = EchoServer::start(&[]);
+    let floor = echo.socket.to_str().unwrap();
+    let paced = bench(
+        &daemon,
+        &["--connections", "2", "--in-flight", "2", "--rate", "400", "--duration", "1s", "--floor-socket", floor],
+    );
+    let sent = paced["requests"].as_u64().unwrap();
+    assert!((100..=400).contains(&sent), "{paced}");
+    assert_eq!(paced["floor_requests"].as_u64(), Some(sent), "every operation went to both: {paced}");
+    assert_eq!(paced["errors"], 0, "{paced}");
+    assert!(paced["floor_p50_us"].as_u64().unwrap() > 0, "{paced}");
+    // Without it the floor fields stay empty; without --rate it is refused.
+    let alone = bench(&daemon, &["--connections", "1", "--rate", "100", "--duration", "200ms"]);
+    assert_eq!(alone["floor_requests"], 0, "{alone}");
+    let unpaced = daemon.cli(&["bench", "--operations", "10", "--floor-socket", floor]);
+    assert!(!unpaced.status.success());
+    assert!(String::from_utf8_lossy(&unpaced.stderr).contains("--rate"), "{unpaced:?}");
+}
