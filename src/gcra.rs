@@ -53,20 +53,25 @@ pub fn decide(spec: GcraSpec, tat_us: Option<u64>, now_us: u64, spend: bool) -> 
     let tat = (tat_us.unwrap_or(now_us).max(now_us)) as i128;
     let new_tat = tat + interval;
     let allow_at = new_tat - tolerance;
-    let clamp = |v: i128| v.clamp(0, u32::MAX as i128) as u32;
     if allow_at > now {
+        // Refused means `now − (tat − tolerance) < interval`: no whole
+        // request is left.
         let decision = GcraDecision {
             allowed: false,
-            remaining: clamp((now - (tat - tolerance)) / interval),
+            remaining: 0,
             retry_after_us: (allow_at - now) as u64,
             reset_us: (tat - now) as u64,
         };
         return (decision, tat as u64);
     }
     let after = if spend { new_tat } else { tat };
+    // Allowed means `0 <= now − allow_at <= tolerance − interval`, which
+    // fits a u64: a 64-bit division, not a 128-bit one (a call into the
+    // compiler's runtime on every check).
+    let room = (now - allow_at) as u64;
     let decision = GcraDecision {
         allowed: true,
-        remaining: clamp((now - allow_at) / interval),
+        remaining: (room / spec.interval_us).min(u32::MAX as u64) as u32,
         retry_after_us: 0,
         reset_us: (after - now) as u64,
     };
