@@ -228,7 +228,7 @@ pub fn encode_response(id: u64, response: &Response<'_>, out: &mut Vec<u8>) {
 
 /// A `Verdict` reply's frame, written field by field. Every check and report
 /// gets one, and bincode's writer checked capacity and length at each of
-/// its nine fields: 235 instructions a reply against 40 here. The bytes are
+/// its nine fields: 235 instructions a reply against 77 here. The bytes are
 /// bincode's own, which a property test holds this to for every verdict.
 fn encode_verdict(id: u64, verdict: &Verdict<'_>, out: &mut Vec<u8>) {
     // Length prefix, version, id, then the Response variant (0 = Verdict),
