@@ -103,6 +103,10 @@ pub const FRAME_READ_TIMEOUT_MS_DEFAULT: u64 = 5_000;
 /// reconnects on its next call. Ten minutes keeps an auth server's pooled
 /// connections while bounding what abandoned ones hold.
 pub const IDLE_TIMEOUT_MS_DEFAULT: u64 = 600_000;
+/// A client must take its replies within this, or it is dropped: one that
+/// pipelines requests and never reads would otherwise hold its connection,
+/// and the replies buffered for it, for as long as it liked.
+pub const REPLY_WRITE_TIMEOUT_MS_DEFAULT: u64 = 5_000;
 /// Requests answered per connection before its replies are written: a
 /// client pipelining faster than it reads cannot make one batch grow
 /// without bound.
@@ -234,6 +238,7 @@ pub struct ServerConfig {
     pub frame_read_timeout_ms: u64,
     pub shutdown_grace_ms: u64,
     pub idle_timeout_ms: u64,
+    pub reply_write_timeout_ms: u64,
     pub in_flight_per_connection_max: usize,
     pub log_lines_per_sec_max: u64,
     /// Permission bits of the socket file the daemon creates.
@@ -327,6 +332,7 @@ pub struct RawServer {
     pub frame_read_timeout_ms: Option<u64>,
     pub shutdown_grace_ms: Option<u64>,
     pub idle_timeout_ms: Option<u64>,
+    pub reply_write_timeout_ms: Option<u64>,
     pub in_flight_per_connection_max: Option<usize>,
     pub log_lines_per_sec_max: Option<u64>,
     pub socket_mode: Option<u32>,
@@ -715,6 +721,7 @@ fn build_server(raw: RawServer, errors: &mut Vec<String>) -> ServerConfig {
         frame_read_timeout_ms: raw.frame_read_timeout_ms.unwrap_or(FRAME_READ_TIMEOUT_MS_DEFAULT),
         shutdown_grace_ms: raw.shutdown_grace_ms.unwrap_or(SHUTDOWN_GRACE_MS_DEFAULT),
         idle_timeout_ms: raw.idle_timeout_ms.unwrap_or(IDLE_TIMEOUT_MS_DEFAULT),
+        reply_write_timeout_ms: raw.reply_write_timeout_ms.unwrap_or(REPLY_WRITE_TIMEOUT_MS_DEFAULT),
         in_flight_per_connection_max: raw.in_flight_per_connection_max.unwrap_or(IN_FLIGHT_PER_CONNECTION_MAX_DEFAULT),
         log_lines_per_sec_max: raw.log_lines_per_sec_max.unwrap_or(LOG_LINES_PER_SEC_MAX_DEFAULT),
         socket_mode: raw.socket_mode.unwrap_or(SOCKET_MODE_DEFAULT),
@@ -741,6 +748,9 @@ fn build_server(raw: RawServer, errors: &mut Vec<String>) -> ServerConfig {
     }
     if !(1..=600_000).contains(&server.frame_read_timeout_ms) {
         errors.push("server.frame_read_timeout_ms: must be 1..=600000".into());
+    }
+    if !(1..=600_000).contains(&server.reply_write_timeout_ms) {
+        errors.push("server.reply_write_timeout_ms: must be 1..=600000".into());
     }
     if server.shutdown_grace_ms > 600_000 {
         errors.push("server.shutdown_grace_ms: must be at most 600000".into());

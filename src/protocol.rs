@@ -283,6 +283,13 @@ impl Response<'_> {
     }
 }
 
+impl Reason {
+    /// A rule in monitor mode would have refused: allowed, counted, logged.
+    pub fn is_monitored(self) -> bool {
+        matches!(self, Reason::MonitorRateLimited | Reason::MonitorTooManyFailures)
+    }
+}
+
 impl Verdict<'_> {
     pub fn into_owned(self) -> Verdict<'static> {
         Verdict { rule: Cow::Owned(self.rule.into_owned()), ..self }

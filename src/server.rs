@@ -14,6 +14,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use smallvec::SmallVec;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
@@ -34,6 +35,11 @@ use crate::store::{Durable, StoreStats};
 /// client pipelining small checks gets hundreds read in one syscall.
 pub const READ_BUFFER_BYTES: usize = 64 * 1024;
 const _: () = assert!(READ_BUFFER_BYTES >= FRAME_HEADER_BYTES + REQUEST_PAYLOAD_BYTES_MAX);
+/// Reply bytes a connection holds before it writes them, even mid-batch: a
+/// client pipelining hundreds of `lockouts` or `status` requests and not
+/// reading would otherwise make one batch's replies hundreds of megabytes.
+/// A pipelined check batch's replies (about 80 bytes each) stay far below.
+pub const REPLY_BYTES_BUFFERED_MAX: usize = 256 * 1024;
 /// Lockouts returned by one `lockouts` request when the client names no limit.
 pub const LOCKOUTS_LISTED_DEFAULT: u32 = 100;
 /// Most lockouts one reply lists, so a reply stays well inside a frame.
@@ -121,6 +127,8 @@ impl Daemon {
                 limit("connections_max", server.connections_max as u64),
                 limit("frame_read_timeout_ms", server.frame_read_timeout_ms),
                 limit("idle_timeout_ms", server.idle_timeout_ms),
+                limit("reply_write_timeout_ms", server.reply_write_timeout_ms),
+                limit("reply_bytes_buffered_max", REPLY_BYTES_BUFFERED_MAX as u64),
                 limit("in_flight_per_connection_max", server.in_flight_per_connection_max as u64),
                 limit("log_lines_per_sec_max", server.log_lines_per_sec_max),
                 limit("socket_mode", server.socket_mode as u64),
@@ -176,7 +184,9 @@ impl Daemon {
                 .map(|plan| limiter.decide_check(plan, now))
             {
                 Ok(verdict) => {
-                    if verdict.decision != Decision::Allow {
+                    // Monitor mode's would-be refusals are logged too: the
+                    // log is how an operator judges a rule before enforcing it.
+                    if verdict.decision != Decision::Allow || verdict.reason.is_monitored() {
                         self.log_refusal(limiter, route, subject, &verdict, now);
                     }
                     (Response::Verdict(verdict), Vec::new())
@@ -244,6 +254,7 @@ impl Daemon {
                 rule = %verdict.rule,
                 decision = ?verdict.decision,
                 reason = ?verdict.reason,
+                monitor = verdict.reason.is_monitored(),
                 retry_after_ms = verdict.retry_after_ms,
                 client,
                 suppressed,
@@ -414,6 +425,14 @@ fn plan_frame<'b, 'l>(
     }
 }
 
+/// Writes every buffered reply, or gives up on a client that does not take
+/// them within `timeout` (false: close the connection).
+async fn send_replies(writer: &mut OwnedWriteHalf, out: &mut Vec<u8>, timeout: Duration) -> bool {
+    let sent = matches!(tokio::time::timeout(timeout, writer.write_all(out)).await, Ok(Ok(())));
+    out.clear();
+    sent
+}
+
 async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: watch::Receiver<bool>) {
     let peer = match stream.peer_cred() {
         Ok(c) => Peer { uid: c.uid(), gid: c.gid(), permissions: daemon.access.of(c.uid(), c.gid()) },
@@ -427,6 +446,7 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
     let mut counts = LocalCounts::default();
     let read_timeout = Duration::from_millis(daemon.config.server.frame_read_timeout_ms);
     let idle_timeout = Duration::from_millis(daemon.config.server.idle_timeout_ms);
+    let write_timeout = Duration::from_millis(daemon.config.server.reply_write_timeout_ms);
     let batch_max = daemon.config.server.in_flight_per_connection_max;
     let mut stopping = false;
     // When the frame now being read must be complete.
@@ -498,10 +518,9 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
                 counts.count(&response);
                 if !durable.is_empty() {
                     // Earlier replies need not wait for this commit.
-                    if writer.write_all(&out).await.is_err() {
+                    if !send_replies(&mut writer, &mut out, write_timeout).await {
                         return;
                     }
-                    out.clear();
                     for write in durable {
                         if let Err(e) = write.wait().await {
                             tracing::error!(error = %e, "lockout not persisted; answering from memory");
@@ -512,17 +531,17 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
                 start += planned.frame_bytes;
                 answered += 1;
                 frame_deadline = None;
+                if out.len() >= REPLY_BYTES_BUFFERED_MAX && !send_replies(&mut writer, &mut out, write_timeout).await {
+                    return;
+                }
             }
             if !full_run {
                 break;
             }
         }
         counts.flush(daemon);
-        if !out.is_empty() {
-            if writer.write_all(&out).await.is_err() {
-                return;
-            }
-            out.clear();
+        if !out.is_empty() && !send_replies(&mut writer, &mut out, write_timeout).await {
+            return;
         }
         if close || stopping {
             return;

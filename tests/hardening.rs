@@ -998,3 +998,46 @@ fn sigterm_exits_within_the_grace_period_whatever_the_snapshot_interval() {
     let v = verdict(rt.block_on(daemon.client().report(LOGIN, &dave, Outcome::Failure)));
     assert_eq!(v.decision, Decision::Deny, "the counters were saved at the stop");
 }
+
+/// `lockouts` is open to anyone who can connect, and its reply lists every
+/// lockout. A client that pipelines a thousand of them and never reads gets
+/// at most `REPLY_BYTES_BUFFERED_MAX` of replies held for it (not a thousand
+/// replies: a quarter of a gigabyte here), and is dropped once it has not
+/// taken them for `reply_write_timeout_ms`; others are served throughout.
+#[test]
+fn a_client_that_never_reads_its_replies_holds_bounded_memory_and_is_dropped() {
+    let config = "[server]\nreply_write_timeout_ms = 500\n\
+        [routes.trips]\nfail_policy = \"open\"\n[routes.trips.rules.account_failures]\n\
+        kind = \"failures\"\nkey = [\"account\"]\nthreshold = 1\nwindow_secs = 3600\nentries_max = 10000\n";
+    let daemon = TestDaemon::start_with(Some(config), false);
+    let runtime = runtime();
+    let accounts: Vec<String> = (0..3000).map(|i| format!("victim{i}")).collect();
+    let tripped = runtime.block_on(pipeline(&daemon.socket, accounts.len(), 256, |i, out| {
+        report_frame(i, "trips", &who(v4(i as u32), Some(&accounts[i])), Outcome::Failure, out)
+    }));
+    assert!(tripped.iter().all(|r| matches!(r, Response::Verdict(v) if v.decision != Decision::Allow)));
+    let peak_before = proc_kib(daemon.pid(), "VmHWM");
+
+    let mut frames = Vec::new();
+    for id in 0..1024 {
+        codec::encode_request(id, &Request::Lockouts { limit: 10_000 }, &mut frames);
+    }
+    let mut stream = std::os::unix::net::UnixStream::connect(&daemon.socket).unwrap();
+    stream.set_write_timeout(Some(Duration::from_secs(15))).unwrap();
+    let started = Instant::now();
+    let error = loop {
+        if let Err(e) = stream.write_all(&frames) {
+            break e;
+        }
+    };
+    let dropped_after = started.elapsed();
+    assert!(
+        matches!(error.kind(), ErrorKind::BrokenPipe | ErrorKind::ConnectionReset),
+        "the daemon should drop a client that never reads; our write ended with {error:?} after {dropped_after:?}"
+    );
+    assert!(dropped_after < Duration::from_secs(10), "dropped after {dropped_after:?}");
+    let grown_kib = proc_kib(daemon.pid(), "VmHWM").saturating_sub(peak_before);
+    assert!(grown_kib < 32 * 1024, "the daemon's peak memory grew by {grown_kib} KiB for one non-reading client");
+    let status = runtime.block_on(daemon.client().status()).unwrap();
+    assert!(status.limits.iter().any(|l| l.name == "reply_write_timeout_ms" && l.value == 500));
+}

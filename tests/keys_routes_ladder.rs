@@ -215,6 +215,11 @@ async fn monitor_mode_allows_what_enforcing_refuses_and_counts_it() {
     assert_eq!(rule["monitor"], true);
     assert_eq!(rule["would_refuse"], 15);
     assert_eq!(rule["refused"], 0);
+    // Monitor mode logs what it would have refused (the log cap allows 100
+    // lines a second; the 15 would-be refusals fit).
+    let log = monitoring.log();
+    let logged = log.lines().filter(|l| l.contains("MonitorTooManyFailures") && l.contains("monitor=true")).count();
+    assert_eq!(logged, 15, "{log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
