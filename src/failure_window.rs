@@ -259,11 +259,15 @@ impl FailureWindowTable {
         Some(counts)
     }
 
-    /// Puts back a persisted entry at start. Entries already expired are
-    /// skipped. Callers restore in window order so lists stay ordered.
-    pub fn restore(&mut self, key: Key, counts: Counts, now_us: u64) -> Result<(), TableError> {
+    /// Puts back a persisted entry at start; true if it is live. An entry
+    /// already expired is not restored but listed as removed, so the next
+    /// snapshot deletes its row (otherwise rows that expire while the daemon
+    /// is down would stay in the file for good). Callers restore in window
+    /// order so lists stay ordered.
+    pub fn restore(&mut self, key: Key, counts: Counts, now_us: u64) -> Result<bool, TableError> {
         if self.spec.is_expired(counts, self.spec.window_index(now_us)) || counts.previous + counts.current == 0 {
-            return Ok(());
+            self.removed.push(key);
+            return Ok(false);
         }
         let i = match self.find(key) {
             Some(i) => i,
@@ -271,7 +275,7 @@ impl FailureWindowTable {
         };
         self.write(i, counts);
         self.mark_persisted(key);
-        Ok(())
+        Ok(true)
     }
 
     /// Drops entries whose windows are both over. Pops list heads only.

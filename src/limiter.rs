@@ -773,25 +773,41 @@ impl Limiter {
         }
     }
 
-    /// Puts persisted entries back at start. Returns how many were restored
-    /// and how many named a rule that no longer exists.
-    pub fn restore(&self, mut entries: Vec<PersistedEntry>, now_us: u64) -> (usize, usize) {
+    /// Puts persisted entries back at start. Rows already expired are
+    /// deleted by the first snapshot; rows of rules no longer configured are
+    /// kept (a rule switched off by mistake gets its lockouts back).
+    pub fn restore(&self, mut entries: Vec<PersistedEntry>, now_us: u64) -> Restored {
         entries.sort_by_key(|e| e.counts.window);
-        let (mut restored, mut orphaned) = (0, 0);
+        let mut counts = Restored::default();
         for entry in entries {
             let rule = self.routes.iter().flat_map(|r| &r.rules).find(|r| *r.id == *entry.rule);
             match rule.map(|r| &r.table) {
                 Some(Table::Failures { shards, .. }) => {
                     let key = Key::from_u128(entry.key);
-                    if shards.of(key).restore(key, entry.counts, now_us).is_ok() {
-                        restored += 1;
+                    match shards.of(key).restore(key, entry.counts, now_us) {
+                        Ok(true) => counts.restored += 1,
+                        Ok(false) => counts.expired += 1,
+                        Err(_) => counts.refused += 1,
                     }
                 }
-                _ => orphaned += 1,
+                _ => counts.orphaned += 1,
             }
         }
-        (restored, orphaned)
+        counts
     }
+}
+
+/// What `Limiter::restore` did with the state file's rows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Restored {
+    /// Live again in their tables.
+    pub restored: usize,
+    /// Both windows over while the daemon was down; their rows are deleted.
+    pub expired: usize,
+    /// Naming a rule that is not configured (or is no longer a failure rule).
+    pub orphaned: usize,
+    /// Not placed: the table was full of lockouts.
+    pub refused: usize,
 }
 
 fn gcra_spec(rate: RateLimit) -> GcraSpec {

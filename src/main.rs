@@ -103,9 +103,12 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
     let (journal, writer) = store.start_writer(stats.clone());
     let classes = Arc::new(load_classes(&config)?);
     let limiter = Limiter::new(&config, classes, KeyDeriver::new(&secret), journal);
-    let (restored, orphaned) = limiter.restore(persisted, clock.now_us());
-    if orphaned > 0 {
-        tracing::warn!(orphaned, "persisted entries name rules no longer configured; ignored");
+    let restored = limiter.restore(persisted, clock.now_us());
+    if restored.orphaned > 0 {
+        tracing::warn!(orphaned = restored.orphaned, "persisted entries name rules no longer configured; kept, ignored");
+    }
+    if restored.refused > 0 {
+        tracing::warn!(refused = restored.refused, "persisted entries not restored: their tables are full of lockouts");
     }
     let access = Access::resolve(&config.server, nix::unistd::geteuid().as_raw())?;
     let daemon = Arc::new(Daemon::new(limiter, clock, config.clone(), access, stats));
@@ -203,7 +206,8 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
     tracing::info!(
         socket = %config.socket.display(),
         state = %config.state.display(),
-        restored,
+        restored = restored.restored,
+        expired = restored.expired,
         manual_clock = daemon.clock.is_manual(),
         "tollgate listening"
     );

@@ -1041,3 +1041,40 @@ fn a_client_that_never_reads_its_replies_holds_bounded_memory_and_is_dropped() {
     let status = runtime.block_on(daemon.client().status()).unwrap();
     assert!(status.limits.iter().any(|l| l.name == "reply_write_timeout_ms" && l.value == 500));
 }
+
+/// Rows in the state file, read as the daemon reads them at start.
+fn state_rows(path: &Path) -> Vec<tollgate::store::PersistedEntry> {
+    tollgate::store::Store::open(path, false).expect("state file opens").load().expect("state file loads")
+}
+
+#[test]
+fn rows_that_expire_while_the_daemon_is_down_are_deleted_at_the_next_start() {
+    // One-second windows on the real clock: an entry is over two windows
+    // after its last failure at most.
+    let config = "[routes.login.rules.source_failures]\nwindow_secs = 1\n\
+                  [routes.login.rules.account_failures]\nwindow_secs = 1\n";
+    let mut daemon = TestDaemon::start_with(Some(config), false);
+    let rt = runtime();
+    let client = daemon.client();
+    for n in 0..40u32 {
+        let account = format!("gone-{n}");
+        verdict(rt.block_on(client.report(LOGIN, &who(v4(0x0a00_0000 + n), Some(&account)), Outcome::Failure)));
+    }
+    assert_eq!(daemon.terminate().code(), Some(0), "{}", daemon.log());
+    let rows = state_rows(&daemon.state);
+    assert_eq!(rows.len(), 80, "40 source entries and 40 account entries saved at the stop");
+
+    std::thread::sleep(Duration::from_millis(2_200));
+    daemon.spawn();
+    // Entries made after the restart are live and stay.
+    let client = daemon.client();
+    for n in 0..3u32 {
+        let account = format!("new-{n}");
+        verdict(rt.block_on(client.report(LOGIN, &who(v4(0x0b00_0000 + n), Some(&account)), Outcome::Failure)));
+    }
+    assert_eq!(daemon.terminate().code(), Some(0), "{}", daemon.log());
+    let log = daemon.log();
+    assert!(log.contains("restored=0") && log.contains("expired=80"), "start-up log counts them: {log}");
+    let rows = state_rows(&daemon.state);
+    assert_eq!(rows.len(), 6, "only the 3 new pairs' entries are left");
+}

@@ -430,8 +430,15 @@ impl FailureRun {
         let before = self.present(key);
         let refused_before = self.table.refused_full();
         match self.table.restore(key, counts, self.now) {
-            Ok(()) if skipped => assert_eq!(self.present(key), before, "a skipped restore changed {key:?}"),
-            Ok(()) => {
+            Ok(false) if skipped => {
+                assert_eq!(self.present(key), before, "a skipped restore changed {key:?}");
+                // The row was on disk; the next take_changes must delete it
+                // (checked there: disk == live).
+                if before.is_none() {
+                    self.disk.insert(key, counts);
+                }
+            }
+            Ok(true) if !skipped => {
                 assert_eq!(self.present(key), Some(counts));
                 self.disk.insert(key, counts);
                 if window < self.latest_window {
@@ -449,6 +456,7 @@ impl FailureRun {
                     }
                 }
             }
+            Ok(live) => panic!("restore of {counts:?} at window {index} said live = {live}"),
             Err(TableError::FullOfLockouts(_)) => {
                 assert!(self.capped && !skipped, "restore of {counts:?} refused");
                 assert_eq!(self.table.refused_full(), refused_before + 1);
