@@ -271,6 +271,10 @@ fn run_writer(store: Store, rx: Receiver<Message>, stats: Arc<StoreStats>) {
     // Changes that could not be written, kept (bounded) until a rewrite
     // makes them moot; they are what `changes_unwritten` reports.
     let mut held: usize = 0;
+    // Acks of writes committed to the fresh file during a rewrite. Until the
+    // fresh file is renamed over the state file, a crash restarts from the
+    // old file without them, so they are not durable yet.
+    let mut deferred: Vec<Ack> = Vec::new();
     while let Ok(first) = rx.recv() {
         let mut batch: Vec<(Arc<str>, Vec<Change>)> = Vec::new();
         let mut acks: Vec<Ack> = Vec::new();
@@ -299,6 +303,9 @@ fn run_writer(store: Store, rx: Receiver<Message>, stats: Arc<StoreStats>) {
             match result {
                 Ok(()) => {
                     stats.commits.fetch_add(1, Ordering::Relaxed);
+                    if rewriting {
+                        deferred.append(&mut acks);
+                    }
                     for ack in acks {
                         let _ = ack.send(Ok(()));
                     }
@@ -307,6 +314,10 @@ fn run_writer(store: Store, rx: Receiver<Message>, stats: Arc<StoreStats>) {
                     let changes: usize = batch.iter().map(|(_, c)| c.len()).sum();
                     if rewriting {
                         rewrite_failed = true;
+                        // The fresh file will not be swapped in.
+                        for ack in deferred.drain(..) {
+                            let _ = ack.send(Err(message.clone()));
+                        }
                     } else {
                         db = None;
                         held = held.saturating_add(changes);
@@ -351,6 +362,9 @@ fn run_writer(store: Store, rx: Receiver<Message>, stats: Arc<StoreStats>) {
                 let result =
                     if rewrite_failed { Err("rewrite failed".to_string()) } else { swap_in(&mut db, &fresh, &path) };
                 rewriting = false;
+                for ack in deferred.drain(..) {
+                    let _ = ack.send(result.clone());
+                }
                 match &result {
                     Ok(()) => {
                         held = 0;
@@ -369,6 +383,9 @@ fn run_writer(store: Store, rx: Receiver<Message>, stats: Arc<StoreStats>) {
                 let _ = ack.send(result);
             }
             Some(Message::Stop) => {
+                for ack in deferred.drain(..) {
+                    let _ = ack.send(Err("stopped before the state file rewrite finished".into()));
+                }
                 if held > 0 {
                     tracing::error!(changes = held, "stopping with changes that could not be written");
                 }
@@ -453,6 +470,34 @@ mod tests {
                 counts: Counts { window: 7, previous: 1, current: 5 }
             }]
         );
+    }
+
+    #[test]
+    fn a_write_acknowledged_during_a_rewrite_is_in_the_file_a_restart_opens() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.redb");
+        let rule: Arc<str> = "login/source_failures".into();
+        let key = Key { account_tag: 5, tuple: 6 };
+        let lockout = Counts { window: 7, previous: 0, current: 5 };
+        let store = Store::open(&path, false).unwrap();
+        let (journal, writer) = store.start_writer(Arc::default());
+        journal.rewrite_begin();
+        let mut durable = journal.write_durably(&rule, vec![(key, Some(lockout))]);
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        // An ack now promises the lockout survives a crash now, and a crash
+        // restarts from `path` (the half-built fresh file is discarded).
+        if let Ok(result) = durable.0.try_recv() {
+            result.unwrap();
+            let restarted = Store::open(&path, false).unwrap().load().unwrap();
+            assert!(restarted.iter().any(|e| e.key == key.to_u128()), "acknowledged, then lost by a crash");
+            return;
+        }
+        journal.write(&rule, vec![(Key { account_tag: 1, tuple: 1 }, Some(lockout))]);
+        journal.rewrite_end().wait_blocking().unwrap();
+        durable.wait_blocking().unwrap();
+        writer.stop();
+        let keys: Vec<u128> = Store::open(&path, false).unwrap().load().unwrap().iter().map(|e| e.key).collect();
+        assert!(keys.contains(&key.to_u128()) && keys.len() == 2, "{keys:?}");
     }
 
     #[test]
