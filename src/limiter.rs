@@ -510,8 +510,8 @@ impl Limiter {
     /// `report`: counts a failure on every failure rule that applies, or
     /// clears the (own-key) entries of rules cleared by success, and records
     /// a known device on success. Returns the verdict a check would now give
-    /// (without spending or climbing), and, when this report locked a key,
-    /// the durable write the reply must wait for.
+    /// (without spending or climbing), and, for each key this report
+    /// locked, the durable write the reply must wait for.
     pub fn report<'a>(
         &'a self,
         route: &str,
@@ -519,7 +519,7 @@ impl Limiter {
         outcome: Outcome,
         password_digest: Option<[u8; 16]>,
         now_us: u64,
-    ) -> Result<(Verdict<'a>, Option<Durable>), RequestError> {
+    ) -> Result<(Verdict<'a>, Vec<Durable>), RequestError> {
         let route = self.route(route)?;
         check_lengths(subject)?;
         let mut keys = self.subject_keys(&route.name, subject);
@@ -547,7 +547,8 @@ impl Limiter {
         }
         let class = keys.source_class();
         let mut answers = Answers::new();
-        let mut durable = None;
+        // One per rule this report locked: the reply waits for each.
+        let mut durable = Vec::new();
         for (rule, key) in route.rules.iter().zip(rule_keys.iter().copied()) {
             let Some(key) = key else { continue };
             match &rule.table {
@@ -559,8 +560,7 @@ impl Limiter {
                                 if recorded.now_locked && !recorded.was_locked {
                                     // Written while the shard is locked, so it is
                                     // queued before any later change of this key.
-                                    durable =
-                                        Some(self.journal.write_durably(&rule.id, vec![(key, Some(recorded.counts))]));
+                                    durable.push(self.journal.write_durably(&rule.id, vec![(key, Some(recorded.counts))]));
                                     table.mark_persisted(key);
                                 }
                                 recorded.counts

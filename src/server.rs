@@ -196,13 +196,13 @@ impl Daemon {
             Request::Report { route, subject, outcome, password_digest } => {
                 match limiter.report(route, subject, *outcome, *password_digest, now) {
                     Ok((verdict, durable)) => {
-                        if durable.is_some() {
+                        if !durable.is_empty() {
                             if let Some(suppressed) = self.audit.admit(now) {
                                 let client = limiter.client_prefix(subject).map(|p| p.to_string());
                                 tracing::info!(route, rule = %verdict.rule, client, suppressed, "lockout");
                             }
                         }
-                        (Response::Verdict(verdict), durable.into_iter().collect())
+                        (Response::Verdict(verdict), durable)
                     }
                     Err(e) => (request_error(e), Vec::new()),
                 }
