@@ -560,7 +560,8 @@ impl Limiter {
                                 if recorded.now_locked && !recorded.was_locked {
                                     // Written while the shard is locked, so it is
                                     // queued before any later change of this key.
-                                    durable.push(self.journal.write_durably(&rule.id, vec![(key, Some(recorded.counts))]));
+                                    durable
+                                        .push(self.journal.write_durably(&rule.id, vec![(key, Some(recorded.counts))]));
                                     table.mark_persisted(key);
                                 }
                                 recorded.counts
