@@ -29,6 +29,8 @@ pub enum Command {
     Report(ReportArgs),
     /// Limits in force, table fill, uptime and verdict counts.
     Status(CommonArgs),
+    /// The same figures in the Prometheus text format (for a textfile collector).
+    Metrics(MetricsArgs),
     /// Keys currently refused by a failure rule (digests, never names).
     Lockouts(LockoutsArgs),
     /// Clear an account's lockouts and counters on a route (admin).
@@ -82,6 +84,17 @@ pub struct CommonArgs {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// How long to wait for the daemon.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+/// `metrics` prints one format only, so it takes no `--json`.
+#[derive(Debug, Args)]
+pub struct MetricsArgs {
+    /// The daemon's socket.
+    #[arg(long, env = "TOLLGATE_SOCKET", default_value = SOCKET_PATH_DEFAULT)]
+    pub socket: PathBuf,
     /// How long to wait for the daemon.
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     pub timeout: Duration,
@@ -240,6 +253,11 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
             } else {
                 print_status(&status);
             }
+            Ok(())
+        }
+        Command::Metrics(args) => {
+            let common = CommonArgs { socket: args.socket, json: false, timeout: args.timeout };
+            print!("{}", crate::metrics::prometheus(&client(&common).status().await?));
             Ok(())
         }
         Command::Lockouts(args) => {

@@ -18,7 +18,8 @@
 //!   that touches redb).
 //!
 //! Around it: [`access`] (who may ask what, by peer credentials), [`audit`]
-//! (rate-capped refusal and audit lines), [`config`] (TOML over built-in defaults), [`clock`] (the only
+//! (rate-capped refusal and audit lines), [`metrics`] (`status` as
+//! Prometheus text), [`config`] (TOML over built-in defaults), [`clock`] (the only
 //! place time is read), [`client`] (what an auth server links), [`cli`], and
 //! [`bench`] (the load generator and the echo server: the transport and
 //! codec floors).
@@ -42,6 +43,7 @@ pub mod failure_window;
 pub mod gcra;
 pub mod keys;
 pub mod limiter;
+pub mod metrics;
 pub mod protocol;
 pub mod server;
 pub mod source;

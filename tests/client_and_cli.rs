@@ -326,3 +326,95 @@ async fn idle_connections_are_closed_and_the_client_reconnects_transparently() {
     assert_eq!(v.decision, Decision::Allow);
     assert_eq!(client.status().await.unwrap().connections, 1);
 }
+
+/// Parses Prometheus text: checks every family has one HELP and one TYPE
+/// line before its samples and that its samples are not split up; returns
+/// each sample's series (`name{labels}`) and value.
+fn parse_exposition(text: &str) -> std::collections::BTreeMap<String, u64> {
+    let mut samples = std::collections::BTreeMap::new();
+    let mut families_done = std::collections::HashSet::new();
+    let mut current: Option<String> = None;
+    let mut typed = false;
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let name = rest.split(' ').next().unwrap().to_string();
+            assert!(families_done.insert(name.clone()), "family {name} appears twice");
+            current = Some(name);
+            typed = false;
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut parts = rest.split(' ');
+            assert_eq!(parts.next(), current.as_deref(), "TYPE follows its HELP: {line}");
+            assert!(matches!(parts.next(), Some("counter" | "gauge")), "{line}");
+            typed = true;
+            continue;
+        }
+        assert!(!line.starts_with('#'), "unexpected comment: {line}");
+        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("no value: {line}"));
+        let name = series.split('{').next().unwrap();
+        assert!(typed && current.as_deref() == Some(name), "sample outside its family: {line}");
+        assert!(
+            name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') && name.starts_with("tollgate_"),
+            "metric name {name}"
+        );
+        if let Some(labels) = series.strip_prefix(name) {
+            if !labels.is_empty() {
+                assert!(labels.starts_with('{') && labels.ends_with('}'), "labels of {line}");
+                for pair in labels[1..labels.len() - 1].split(',') {
+                    let (label, quoted) = pair.split_once('=').unwrap_or_else(|| panic!("label {pair}"));
+                    assert!(label.chars().all(|c| c.is_ascii_lowercase() || c == '_'), "label name {label}");
+                    assert!(quoted.len() >= 2 && quoted.starts_with('"') && quoted.ends_with('"'), "{pair}");
+                }
+            }
+        }
+        let value: u64 = value.parse().unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(samples.insert(series.to_string(), value).is_none(), "series twice: {series}");
+    }
+    samples
+}
+
+#[test]
+fn metrics_print_status_in_the_prometheus_text_format_without_identifiers() {
+    let daemon = TestDaemon::start();
+    let attempt = ["--route", "login", "--ip", "198.51.100.9", "--account", "mallory@example.com"];
+    for _ in 0..5 {
+        let mut args = vec!["report"];
+        args.extend(attempt);
+        args.extend(["--outcome", "failure"]);
+        assert!(daemon.cli(&args).status.success());
+    }
+    let mut args = vec!["check"];
+    args.extend(attempt);
+    assert_eq!(daemon.cli_json(&args)["decision"], "deny");
+
+    let out = daemon.cli(&["metrics"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let metrics = parse_exposition(&text);
+    let status = daemon.cli_json(&["status"]);
+    let series =
+        |name: &str, rule: &str, kind: &str| format!("{name}{{route=\"login\",rule=\"{rule}\",kind=\"{kind}\"}}");
+    assert_eq!(metrics[&series("tollgate_rule_refused_total", "source_failures", "failures")], 1);
+    assert_eq!(metrics[&series("tollgate_rule_refused_total", "source_rate", "rate")], 0);
+    assert_eq!(metrics[&series("tollgate_rule_entries", "source_failures", "failures")], 1);
+    assert_eq!(metrics[&series("tollgate_rule_limit", "source_failures", "failures")], 5);
+    assert_eq!(metrics[&series("tollgate_rule_period_seconds", "source_failures", "failures")], 900);
+    for decision in ["allow", "delay", "challenge", "deny"] {
+        assert_eq!(
+            metrics[&format!("tollgate_verdicts_total{{decision=\"{decision}\"}}")],
+            status["verdicts"][decision].as_u64().unwrap(),
+            "{decision}"
+        );
+    }
+    assert_eq!(metrics["tollgate_verdicts_total{decision=\"deny\"}"], 2, "the fifth failure and the check");
+    assert_eq!(metrics["tollgate_state_healthy"], 1);
+    assert_eq!(metrics["tollgate_limit{name=\"connections_max\"}"], 1024);
+    let rules: usize = status["routes"].as_array().unwrap().iter().map(|r| r["rules"].as_array().unwrap().len()).sum();
+    let refused_series = metrics.keys().filter(|k| k.starts_with("tollgate_rule_refused_total{")).count();
+    assert_eq!(refused_series, rules, "one series per rule of every route");
+    for secret in ["mallory", "example.com", "198.51.100"] {
+        assert!(!text.contains(secret), "metrics leak {secret}");
+    }
+    assert!(!daemon.cli(&["metrics", "--json"]).status.success(), "one format only");
+}
