@@ -381,6 +381,18 @@ impl FailureWindowTable {
         }
     }
 
+    /// Marks an entry as changed since it was last written, so the next
+    /// snapshot writes it (a restored row that was re-dated at start).
+    pub fn mark_unwritten(&mut self, key: Key) {
+        if let Some(i) = self.find(key) {
+            let slot = &mut self.slots[i as usize];
+            if !slot.dirty {
+                slot.dirty = true;
+                self.changed.push(i);
+            }
+        }
+    }
+
     /// Applies new limits at a reload; entries keep their counts. With a new
     /// window length each entry is re-dated to the current window with its
     /// estimate as its count, so a reload neither invents nor lifts

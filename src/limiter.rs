@@ -560,8 +560,9 @@ impl Limiter {
                                 if recorded.now_locked && !recorded.was_locked {
                                     // Written while the shard is locked, so it is
                                     // queued before any later change of this key.
-                                    durable
-                                        .push(self.journal.write_durably(&rule.id, vec![(key, Some(recorded.counts))]));
+                                    let window_us = table.spec().window_us;
+                                    let change = vec![(key, Some(recorded.counts))];
+                                    durable.push(self.journal.write_durably(&rule.id, window_us, change));
                                     table.mark_persisted(key);
                                 }
                                 recorded.counts
@@ -636,7 +637,7 @@ impl Limiter {
                 let mut table = shards.of(key);
                 if table.clear(key).is_some() {
                     cleared += 1;
-                    writes.push(self.journal.write_durably(&rule.id, vec![(key, None)]));
+                    writes.push(self.journal.write_durably(&rule.id, table.spec().window_us, vec![(key, None)]));
                 }
                 continue;
             }
@@ -652,7 +653,8 @@ impl Limiter {
                     table.clear(*key);
                 }
                 cleared += doomed.len() as u32;
-                writes.push(self.journal.write_durably(&rule.id, doomed.into_iter().map(|k| (k, None)).collect()));
+                let removals = doomed.into_iter().map(|k| (k, None)).collect();
+                writes.push(self.journal.write_durably(&rule.id, table.spec().window_us, removals));
             }
         }
         Ok((cleared, writes))
@@ -721,10 +723,11 @@ impl Limiter {
                         continue;
                     }
                     // Sent while the shard is locked: see `report`.
+                    let window_us = table.spec().window_us;
                     if durable {
-                        writes.push(self.journal.write_durably(&rule.id, changes));
+                        writes.push(self.journal.write_durably(&rule.id, window_us, changes));
                     } else {
-                        self.journal.write(&rule.id, changes);
+                        self.journal.write(&rule.id, window_us, changes);
                     }
                 }
             }
@@ -745,7 +748,7 @@ impl Limiter {
                     table.expire(now_us);
                     let entries = table.full_snapshot();
                     if !entries.is_empty() {
-                        self.journal.write(&rule.id, entries);
+                        self.journal.write(&rule.id, table.spec().window_us, entries);
                     }
                 }
             }
@@ -776,22 +779,42 @@ impl Limiter {
 
     /// Puts persisted entries back at start. Rows already expired are
     /// deleted by the first snapshot; rows of rules no longer configured are
-    /// kept (a rule switched off by mistake gets its lockouts back).
-    pub fn restore(&self, mut entries: Vec<PersistedEntry>, now_us: u64) -> Restored {
-        entries.sort_by_key(|e| e.counts.window);
+    /// kept (a rule switched off by mistake gets its lockouts back). A row
+    /// written under another window length is re-dated the way a reload
+    /// re-dates entries (its estimate becomes the current window's count)
+    /// and written again in the rule's length now.
+    pub fn restore(&self, entries: Vec<PersistedEntry>, now_us: u64) -> Restored {
         let mut counts = Restored::default();
+        let mut placed = Vec::with_capacity(entries.len());
         for entry in entries {
             let rule = self.routes.iter().flat_map(|r| &r.rules).find(|r| *r.id == *entry.rule);
-            match rule.map(|r| &r.table) {
-                Some(Table::Failures { shards, .. }) => {
-                    let key = Key::from_u128(entry.key);
-                    match shards.of(key).restore(key, entry.counts, now_us) {
-                        Ok(true) => counts.restored += 1,
-                        Ok(false) => counts.expired += 1,
-                        Err(_) => counts.refused += 1,
+            let Some(Table::Failures { spec, shards, .. }) = rule.map(|r| &r.table) else {
+                counts.orphaned += 1;
+                continue;
+            };
+            let redated = entry.window_us != 0 && entry.window_us != spec.window_us;
+            let restored = if redated {
+                let then = WindowSpec { window_us: entry.window_us, threshold: spec.threshold };
+                Counts { window: spec.window_index(now_us), previous: 0, current: then.estimate(entry.counts, now_us) }
+            } else {
+                entry.counts
+            };
+            placed.push((shards, Key::from_u128(entry.key), restored, redated));
+        }
+        // In window order, so each table's lists stay ordered.
+        placed.sort_by_key(|(_, _, c, _)| c.window);
+        for (shards, key, restored, redated) in placed {
+            let mut table = shards.of(key);
+            match table.restore(key, restored, now_us) {
+                Ok(true) => {
+                    counts.restored += 1;
+                    if redated {
+                        counts.redated += 1;
+                        table.mark_unwritten(key);
                     }
                 }
-                _ => counts.orphaned += 1,
+                Ok(false) => counts.expired += 1,
+                Err(_) => counts.refused += 1,
             }
         }
         counts
@@ -805,6 +828,9 @@ pub struct Restored {
     pub restored: usize,
     /// Both windows over while the daemon was down; their rows are deleted.
     pub expired: usize,
+    /// Restored from rows written under another window length (counted in
+    /// `restored` too).
+    pub redated: usize,
     /// Naming a rule that is not configured (or is no longer a failure rule).
     pub orphaned: usize,
     /// Not placed: the table was full of lockouts.

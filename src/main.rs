@@ -211,6 +211,7 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
         state = %config.state.display(),
         restored = restored.restored,
         expired = restored.expired,
+        redated = restored.redated,
         manual_clock = daemon.clock.is_manual(),
         "tollgate listening"
     );

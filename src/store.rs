@@ -1,8 +1,11 @@
 //! Durable state: the only module that touches redb.
 //!
-//! One table, `failure_entries`, maps (rule id, key digest) to the entry's
-//! counts. A lockout is its entry with counts at or over the threshold, so
-//! restoring entries restores lockouts exactly; no raw identifier is stored.
+//! One table, `failure_entries_v2`, maps (rule id, key digest) to the entry's
+//! window length and counts. A lockout is its entry with counts at or over
+//! the threshold, so restoring entries restores lockouts exactly; no raw
+//! identifier is stored. Each row carries its window length because its
+//! window index means nothing without it: a rule whose window changed while
+//! the daemon was down re-dates its rows at start instead of misreading them.
 //!
 //! Writes go through a `Journal` (a channel) to one writer thread that group-
 //! commits whatever has queued: a report that trips a lockout waits for its
@@ -19,9 +22,13 @@ use redb::{Database, ReadableTable, TableDefinition};
 
 use crate::failure_window::{Change, Counts};
 
-const ENTRIES: TableDefinition<(&str, u128), (u32, u32, u32)> = TableDefinition::new("failure_entries");
+/// (rule id, key digest) -> (window_us, window index, previous, current).
+const ENTRIES: TableDefinition<(&str, u128), (u64, u32, u32, u32)> = TableDefinition::new("failure_entries_v2");
+/// Schema 1's table: the counts without their window length. Migrated at
+/// open (with window length 0: "the rule's length now", as schema 1 assumed).
+const ENTRIES_V1: TableDefinition<(&str, u128), (u32, u32, u32)> = TableDefinition::new("failure_entries");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
-const SCHEMA_VERSION: u64 = 1;
+const SCHEMA_VERSION: u64 = 2;
 
 /// redb's page cache. The file holds at most the tables' caps of 12-byte
 /// entries (a few MB), so a small cache keeps it hot; redb's default (1 GiB)
@@ -50,6 +57,9 @@ pub enum StoreError {
 pub struct PersistedEntry {
     pub rule: String,
     pub key: u128,
+    /// The window length `counts.window` is an index of; 0 for rows
+    /// migrated from schema 1, which did not record it.
+    pub window_us: u64,
     pub counts: Counts,
 }
 
@@ -90,6 +100,7 @@ impl Durable {
 enum Message {
     Write {
         rule: Arc<str>,
+        window_us: u64,
         changes: Vec<Change>,
         ack: Option<tokio::sync::oneshot::Sender<Result<(), String>>>,
     },
@@ -115,10 +126,12 @@ impl Journal {
         Journal { tx: None }
     }
 
-    /// Queues changes for the next group commit.
-    pub fn write(&self, rule: &Arc<str>, changes: Vec<Change>) {
+    /// Queues changes for the next group commit. `window_us` is the
+    /// rule's window length the counts are in (taken under the same shard
+    /// lock as the changes, so a reload cannot come between them).
+    pub fn write(&self, rule: &Arc<str>, window_us: u64, changes: Vec<Change>) {
         if let Some(tx) = &self.tx {
-            let _ = tx.send(Message::Write { rule: rule.clone(), changes, ack: None });
+            let _ = tx.send(Message::Write { rule: rule.clone(), window_us, changes, ack: None });
         }
     }
 
@@ -140,10 +153,10 @@ impl Journal {
     }
 
     /// Queues changes and returns what resolves once they are committed.
-    pub fn write_durably(&self, rule: &Arc<str>, changes: Vec<Change>) -> Durable {
+    pub fn write_durably(&self, rule: &Arc<str>, window_us: u64, changes: Vec<Change>) -> Durable {
         let Some(tx) = &self.tx else { return Durable::done(Ok(())) };
         let (ack, rx) = tokio::sync::oneshot::channel();
-        match tx.send(Message::Write { rule: rule.clone(), changes, ack: Some(ack) }) {
+        match tx.send(Message::Write { rule: rule.clone(), window_us, changes, ack: Some(ack) }) {
             Ok(()) => Durable(rx),
             Err(_) => Durable::done(Err("state writer stopped".into())),
         }
@@ -199,6 +212,11 @@ impl Store {
                 None => {
                     meta.insert("schema_version", SCHEMA_VERSION).map_err(|e| corrupt(&e))?;
                 }
+                Some(1) => {
+                    let migrated = migrate_v1(&txn).map_err(|e| corrupt(&e))?;
+                    meta.insert("schema_version", SCHEMA_VERSION).map_err(|e| corrupt(&e))?;
+                    tracing::info!(state = %path.display(), rows = migrated, "state file migrated from schema 1 to 2");
+                }
                 Some(SCHEMA_VERSION) => {}
                 Some(found) => return Err(StoreError::Schema { path: path.into(), found }),
             }
@@ -218,10 +236,11 @@ impl Store {
         for row in table.iter().map_err(|e| corrupt(&e))? {
             let (key, value) = row.map_err(|e| corrupt(&e))?;
             let (rule, digest) = key.value();
-            let (window, previous, current) = value.value();
+            let (window_us, window, previous, current) = value.value();
             out.push(PersistedEntry {
                 rule: rule.to_string(),
                 key: digest,
+                window_us,
                 counts: Counts { window, previous, current },
             });
         }
@@ -276,11 +295,11 @@ fn run_writer(store: Store, rx: Receiver<Message>, stats: Arc<StoreStats>) {
     // old file without them, so they are not durable yet.
     let mut deferred: Vec<Ack> = Vec::new();
     while let Ok(first) = rx.recv() {
-        let mut batch: Vec<(Arc<str>, Vec<Change>)> = Vec::new();
+        let mut batch: Vec<(Arc<str>, u64, Vec<Change>)> = Vec::new();
         let mut acks: Vec<Ack> = Vec::new();
-        let take = |m: Message, batch: &mut Vec<(Arc<str>, Vec<Change>)>, acks: &mut Vec<Ack>| match m {
-            Message::Write { rule, changes, ack } => {
-                batch.push((rule, changes));
+        let take = |m: Message, batch: &mut Vec<(Arc<str>, u64, Vec<Change>)>, acks: &mut Vec<Ack>| match m {
+            Message::Write { rule, window_us, changes, ack } => {
+                batch.push((rule, window_us, changes));
                 acks.extend(ack);
                 None
             }
@@ -311,7 +330,7 @@ fn run_writer(store: Store, rx: Receiver<Message>, stats: Arc<StoreStats>) {
                     }
                 }
                 Err(message) => {
-                    let changes: usize = batch.iter().map(|(_, c)| c.len()).sum();
+                    let changes: usize = batch.iter().map(|(_, _, c)| c.len()).sum();
                     if rewriting {
                         rewrite_failed = true;
                         // The fresh file will not be swapped in.
@@ -419,16 +438,37 @@ fn open_database(path: &Path) -> Result<Database, redb::DatabaseError> {
     Database::builder().set_cache_size(CACHE_BYTES).create(path)
 }
 
-fn commit(db: &Database, batch: &[(Arc<str>, Vec<Change>)]) -> Result<(), String> {
+/// Moves schema 1's rows into schema 2's table, inside the opening
+/// transaction (so a crash mid-migration leaves schema 1 intact).
+fn migrate_v1(txn: &redb::WriteTransaction) -> Result<usize, String> {
+    let text = |e: &dyn std::fmt::Display| e.to_string();
+    let mut rows = Vec::new();
+    {
+        let old = txn.open_table(ENTRIES_V1).map_err(|e| text(&e))?;
+        for row in old.iter().map_err(|e| text(&e))? {
+            let (key, value) = row.map_err(|e| text(&e))?;
+            let (rule, digest) = key.value();
+            rows.push((rule.to_string(), digest, value.value()));
+        }
+    }
+    txn.delete_table(ENTRIES_V1).map_err(|e| text(&e))?;
+    let mut new = txn.open_table(ENTRIES).map_err(|e| text(&e))?;
+    for (rule, digest, (window, previous, current)) in &rows {
+        new.insert((rule.as_str(), *digest), (0, *window, *previous, *current)).map_err(|e| text(&e))?;
+    }
+    Ok(rows.len())
+}
+
+fn commit(db: &Database, batch: &[(Arc<str>, u64, Vec<Change>)]) -> Result<(), String> {
     let txn = db.begin_write().map_err(|e| e.to_string())?;
     {
         let mut table = txn.open_table(ENTRIES).map_err(|e| e.to_string())?;
-        for (rule, changes) in batch {
+        for (rule, window_us, changes) in batch {
             for (key, counts) in changes {
                 let id = (&**rule, key.to_u128());
                 match counts {
                     Some(c) => {
-                        table.insert(id, (c.window, c.previous, c.current)).map_err(|e| e.to_string())?;
+                        table.insert(id, (*window_us, c.window, c.previous, c.current)).map_err(|e| e.to_string())?;
                     }
                     None => {
                         table.remove(id).map_err(|e| e.to_string())?;
@@ -456,8 +496,11 @@ mod tests {
             let store = Store::open(&path, false).unwrap();
             let (journal, writer) = store.start_writer(Arc::default());
             let counts = Counts { window: 7, previous: 1, current: 5 };
-            journal.write_durably(&rule, vec![(k1, Some(counts)), (k2, Some(counts))]).wait_blocking().unwrap();
-            journal.write(&rule, vec![(k2, None)]);
+            journal
+                .write_durably(&rule, 900_000_000, vec![(k1, Some(counts)), (k2, Some(counts))])
+                .wait_blocking()
+                .unwrap();
+            journal.write(&rule, 900_000_000, vec![(k2, None)]);
             writer.stop();
         }
         let store = Store::open(&path, false).unwrap();
@@ -467,6 +510,7 @@ mod tests {
             vec![PersistedEntry {
                 rule: rule.to_string(),
                 key: k1.to_u128(),
+                window_us: 900_000_000,
                 counts: Counts { window: 7, previous: 1, current: 5 }
             }]
         );
@@ -482,7 +526,7 @@ mod tests {
         let store = Store::open(&path, false).unwrap();
         let (journal, writer) = store.start_writer(Arc::default());
         journal.rewrite_begin();
-        let mut durable = journal.write_durably(&rule, vec![(key, Some(lockout))]);
+        let mut durable = journal.write_durably(&rule, 900_000_000, vec![(key, Some(lockout))]);
         std::thread::sleep(std::time::Duration::from_millis(300));
         // An ack now promises the lockout survives a crash now, and a crash
         // restarts from `path` (the half-built fresh file is discarded).
@@ -492,12 +536,39 @@ mod tests {
             assert!(restarted.iter().any(|e| e.key == key.to_u128()), "acknowledged, then lost by a crash");
             return;
         }
-        journal.write(&rule, vec![(Key { account_tag: 1, tuple: 1 }, Some(lockout))]);
+        journal.write(&rule, 900_000_000, vec![(Key { account_tag: 1, tuple: 1 }, Some(lockout))]);
         journal.rewrite_end().wait_blocking().unwrap();
         durable.wait_blocking().unwrap();
         writer.stop();
         let keys: Vec<u128> = Store::open(&path, false).unwrap().load().unwrap().iter().map(|e| e.key).collect();
         assert!(keys.contains(&key.to_u128()) && keys.len() == 2, "{keys:?}");
+    }
+
+    #[test]
+    fn a_schema_1_file_is_migrated_with_its_rows_and_their_window_length_unknown() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.redb");
+        let digest = Key { account_tag: 9, tuple: 8 }.to_u128();
+        {
+            let db = Database::create(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            txn.open_table(META).unwrap().insert("schema_version", 1).unwrap();
+            txn.open_table(ENTRIES_V1).unwrap().insert(("login/source_failures", digest), (7, 2, 5)).unwrap();
+            txn.commit().unwrap();
+        }
+        let expected = vec![PersistedEntry {
+            rule: "login/source_failures".into(),
+            key: digest,
+            window_us: 0,
+            counts: Counts { window: 7, previous: 2, current: 5 },
+        }];
+        assert_eq!(Store::open(&path, false).unwrap().load().unwrap(), expected);
+        // Migrated once: the second open finds schema 2 and the same rows.
+        let store = Store::open(&path, false).unwrap();
+        assert_eq!(store.load().unwrap(), expected);
+        let txn = store.db.begin_read().unwrap();
+        assert_eq!(txn.open_table(META).unwrap().get("schema_version").unwrap().unwrap().value(), 2);
+        assert!(txn.open_table(ENTRIES_V1).is_err(), "the schema 1 table is gone");
     }
 
     #[test]

@@ -1078,3 +1078,58 @@ fn rows_that_expire_while_the_daemon_is_down_are_deleted_at_the_next_start() {
     let rows = state_rows(&daemon.state);
     assert_eq!(rows.len(), 6, "only the 3 new pairs' entries are left");
 }
+
+/// mallory from 203.0.113.5: the pair the window-change tests lock.
+fn mallory() -> Subject<'static> {
+    who(v4(0xcb00_7105), Some("mallory"))
+}
+
+fn check_mallory(daemon: &TestDaemon) -> tollgate::protocol::Verdict<'static> {
+    verdict(runtime().block_on(daemon.client().check(LOGIN, &mallory())))
+}
+
+/// Locks mallory's pair on the manual clock with the rule's window at
+/// `before_secs`, kills the daemon, restarts it with `after_secs`, and
+/// returns the check's retry_after_ms right after the restart.
+fn lockout_across_a_window_change(before_secs: u64, after_secs: u64) -> (TestDaemon, u64) {
+    let window = |secs: u64| format!("[routes.login.rules.source_failures]\nwindow_secs = {secs}\n");
+    let mut daemon = TestDaemon::start_with(Some(&window(before_secs)), true);
+    let rt = runtime();
+    let client = daemon.client();
+    for _ in 0..5 {
+        verdict(rt.block_on(client.report(LOGIN, &mallory(), Outcome::Failure)));
+    }
+    let v = check_mallory(&daemon);
+    assert_eq!((v.decision, v.retry_after_ms), (Decision::Deny, before_secs * 1000 + 1), "locked for the window");
+    daemon.kill9();
+    std::fs::write(daemon.config.as_ref().unwrap(), window(after_secs)).unwrap();
+    daemon.spawn();
+    let v = check_mallory(&daemon);
+    assert_eq!(v.decision, Decision::Deny, "a lockout survives a changed window length: {v:?}");
+    (daemon, v.retry_after_ms)
+}
+
+#[test]
+fn a_window_shortened_while_the_daemon_was_down_re_dates_lockouts_instead_of_deleting_them() {
+    let (mut daemon, retry_after_ms) = lockout_across_a_window_change(900, 60);
+    // Five failures re-dated to the current one-minute window: locked until
+    // its end, as a reload to 60 s would have left it.
+    assert_eq!(retry_after_ms, 60_001);
+    assert!(daemon.log().contains("redated=1"), "{}", daemon.log());
+    daemon.advance("60001ms");
+    assert_eq!(check_mallory(&daemon).decision, Decision::Allow);
+    // The row was written again in the new length.
+    assert_eq!(daemon.terminate().code(), Some(0));
+    let rows = state_rows(&daemon.state);
+    assert!(!rows.is_empty() && rows.iter().all(|r| r.window_us == 60_000_000), "{rows:?}");
+}
+
+#[test]
+fn a_window_lengthened_while_the_daemon_was_down_does_not_lock_for_centuries() {
+    let (daemon, retry_after_ms) = lockout_across_a_window_change(60, 900);
+    // Re-dated to the current 15-minute window, not read as a window index
+    // fifteen times too far in the future.
+    assert_eq!(retry_after_ms, 900_001);
+    daemon.advance("900001ms");
+    assert_eq!(check_mallory(&daemon).decision, Decision::Allow);
+}
