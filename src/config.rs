@@ -780,8 +780,7 @@ fn build_responses(raw: RawResponses, errors: &mut Vec<String>) -> ResponsePolic
 
 fn build_route(name: &str, raw: RawRoute, errors: &mut Vec<String>) -> Option<RouteConfig> {
     let path = format!("routes.{name}");
-    if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-    {
+    if !is_plain_name(name) {
         errors.push(format!("{path}: route names are 1-64 characters of [A-Za-z0-9_-]"));
         return None;
     }
@@ -829,7 +828,18 @@ fn build_route(name: &str, raw: RawRoute, errors: &mut Vec<String>) -> Option<Ro
     })
 }
 
+/// Route and rule names reach logs, `status`, metric labels and the state
+/// file's rule ids: plain characters only, so none can carry a terminal
+/// escape or a separator.
+fn is_plain_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 64 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
 fn build_rule(path: &str, name: &str, raw: RawRule, errors: &mut Vec<String>) -> Option<RuleConfig> {
+    if !is_plain_name(name) {
+        errors.push(format!("{path}: rule names are 1-64 characters of [A-Za-z0-9_-]"));
+        return None;
+    }
     let before = errors.len();
     let mut missing = |field: &str| errors.push(format!("{path}.{field}: required"));
     let key: Vec<Component> = match raw.key {
@@ -1031,5 +1041,14 @@ mod tests {
         assert!(joined.contains("source.ipv6_prefix_len"), "{joined}");
         assert!(joined.contains("routes.login.rules.source_failures.threshold"), "{joined}");
         assert!(joined.contains("routes.token.rules.x.key: never key on client_id alone"), "{joined}");
+    }
+
+    #[test]
+    fn rule_names_that_could_carry_an_escape_or_a_separator_are_refused() {
+        for name in ["\"evil\\u001b]0;x\\u0007\"", "\"a/b\"", "\"with space\"", "\"\""] {
+            let text = format!("[routes.api.rules.{name}]\nkind = \"rate\"\nkey = [\"prefix\"]\nlimit = 5\n");
+            let errors = Config::build(Config::parse(&text).unwrap()).unwrap_err().0.join("\n");
+            assert!(errors.contains("rule names are 1-64 characters of [A-Za-z0-9_-]"), "{name}: {errors}");
+        }
     }
 }
