@@ -74,6 +74,15 @@ impl WindowSpec {
         self.weighted(counts, now_us).div_ceil(self.window_us as u128).min(u32::MAX as u128) as u32
     }
 
+    /// The sliding-window count rounded down: what an entry re-dated to a
+    /// new window length carries as its count. Rounding down keeps a key
+    /// locked exactly when it was (locked means weighted ≥ threshold × W,
+    /// so floor(weighted / W) ≥ threshold); rounding up would lock a key
+    /// that sat at 4.5 of 5.
+    pub fn whole_failures(self, counts: Counts, now_us: u64) -> u32 {
+        (self.weighted(counts, now_us) / self.window_us as u128).min(u32::MAX as u128) as u32
+    }
+
     pub fn is_locked(self, counts: Counts, now_us: u64) -> bool {
         self.weighted(counts, now_us) >= self.threshold as u128 * self.window_us as u128
     }
@@ -395,7 +404,7 @@ impl FailureWindowTable {
 
     /// Applies new limits at a reload; entries keep their counts. With a new
     /// window length each entry is re-dated to the current window with its
-    /// estimate as its count, so a reload neither invents nor lifts
+    /// estimate (rounded down, see `whole_failures`) as its count, so a reload neither invents nor lifts
     /// lockouts beyond what the new threshold itself implies. O(entries):
     /// reloads only, never per request.
     pub fn reconfigure(&mut self, spec: WindowSpec, entries_max: usize, now_us: u64) {
@@ -420,8 +429,8 @@ impl FailureWindowTable {
         for i in live {
             let mut counts = self.slots[i as usize].counts;
             if spec.window_us != old.window_us {
-                let estimate = old.estimate(counts, now_us);
-                counts = Counts { window: spec.window_index(now_us), previous: 0, current: estimate };
+                let whole = old.whole_failures(counts, now_us);
+                counts = Counts { window: spec.window_index(now_us), previous: 0, current: whole };
             }
             if counts.previous == 0 && counts.current == 0 {
                 self.remove(i);

@@ -337,8 +337,23 @@ impl Limiter {
     /// A limiter for a new configuration that keeps the tables (counters,
     /// lockouts, known devices) of every rule and route it shares with
     /// `self`, applying new limits to them.
+    /// The limiter for a reloaded configuration. A failure rule the reload
+    /// removes loses its state, and one it adds starts empty: their rows
+    /// are deleted, queued before the new limiter can write any (see
+    /// `Journal::drop_rule`).
     pub fn reconfigured(&self, config: &Config, classes: Arc<ClassTable>, now_us: u64) -> Limiter {
-        Limiter::build(config, classes, self.keys.clone(), self.journal.clone(), Some(self), now_us)
+        let next = Limiter::build(config, classes, self.keys.clone(), self.journal.clone(), Some(self), now_us);
+        let before = self.failure_rule_ids();
+        let after = next.failure_rule_ids();
+        for id in before.symmetric_difference(&after) {
+            self.journal.drop_rule(id);
+        }
+        next
+    }
+
+    fn failure_rule_ids(&self) -> std::collections::BTreeSet<&str> {
+        let rules = self.routes.iter().flat_map(|r| &r.rules);
+        rules.filter(|r| matches!(r.table, Table::Failures { .. })).map(|r| &*r.id).collect()
     }
 
     fn build(
@@ -778,24 +793,31 @@ impl Limiter {
     }
 
     /// Puts persisted entries back at start. Rows already expired are
-    /// deleted by the first snapshot; rows of rules no longer configured are
-    /// kept (a rule switched off by mistake gets its lockouts back). A row
+    /// deleted by the first snapshot; rows of rules not configured are
+    /// deleted (see `Journal::drop_rule`). A row
     /// written under another window length is re-dated the way a reload
-    /// re-dates entries (its estimate becomes the current window's count)
+    /// re-dates entries (its estimate, rounded down, becomes the current
+    /// window's count)
     /// and written again in the rule's length now.
     pub fn restore(&self, entries: Vec<PersistedEntry>, now_us: u64) -> Restored {
         let mut counts = Restored::default();
         let mut placed = Vec::with_capacity(entries.len());
+        let mut orphans = std::collections::BTreeSet::new();
         for entry in entries {
             let rule = self.routes.iter().flat_map(|r| &r.rules).find(|r| *r.id == *entry.rule);
             let Some(Table::Failures { spec, shards, .. }) = rule.map(|r| &r.table) else {
                 counts.orphaned += 1;
+                orphans.insert(entry.rule);
                 continue;
             };
             let redated = entry.window_us != 0 && entry.window_us != spec.window_us;
             let restored = if redated {
                 let then = WindowSpec { window_us: entry.window_us, threshold: spec.threshold };
-                Counts { window: spec.window_index(now_us), previous: 0, current: then.estimate(entry.counts, now_us) }
+                Counts {
+                    window: spec.window_index(now_us),
+                    previous: 0,
+                    current: then.whole_failures(entry.counts, now_us),
+                }
             } else {
                 entry.counts
             };
@@ -817,6 +839,9 @@ impl Limiter {
                 Err(_) => counts.refused += 1,
             }
         }
+        for rule in orphans {
+            self.journal.drop_rule(&rule);
+        }
         counts
     }
 }
@@ -831,7 +856,8 @@ pub struct Restored {
     /// Restored from rows written under another window length (counted in
     /// `restored` too).
     pub redated: usize,
-    /// Naming a rule that is not configured (or is no longer a failure rule).
+    /// Naming a rule that is not configured (or is no longer a failure
+    /// rule); deleted.
     pub orphaned: usize,
     /// Not placed: the table was full of lockouts.
     pub refused: usize,

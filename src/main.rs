@@ -105,10 +105,7 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
     let limiter = Limiter::new(&config, classes, KeyDeriver::new(&secret), journal);
     let restored = limiter.restore(persisted, clock.now_us());
     if restored.orphaned > 0 {
-        tracing::warn!(
-            orphaned = restored.orphaned,
-            "persisted entries name rules no longer configured; kept, ignored"
-        );
+        tracing::warn!(orphaned = restored.orphaned, "persisted entries name rules not configured; deleted");
     }
     if restored.refused > 0 {
         tracing::warn!(refused = restored.refused, "persisted entries not restored: their tables are full of lockouts");

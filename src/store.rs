@@ -97,11 +97,29 @@ impl Durable {
     }
 }
 
+/// One queued edit of the file, applied in the order it was queued.
+enum Edit {
+    /// Upserts and deletions of one rule's entries; `window_us` is the
+    /// window length their counts are in.
+    Entries { rule: Arc<str>, window_us: u64, changes: Vec<Change> },
+    /// Every row of a rule that is not (or no longer) a configured failure
+    /// rule.
+    DropRule(Arc<str>),
+}
+
+impl Edit {
+    /// Rows it touches, as far as is known before applying it (for logs).
+    fn size(&self) -> usize {
+        match self {
+            Edit::Entries { changes, .. } => changes.len(),
+            Edit::DropRule(_) => 1,
+        }
+    }
+}
+
 enum Message {
     Write {
-        rule: Arc<str>,
-        window_us: u64,
-        changes: Vec<Change>,
+        edit: Edit,
         ack: Option<tokio::sync::oneshot::Sender<Result<(), String>>>,
     },
     /// Start writing a fresh file: what follows until `RewriteEnd` is the
@@ -131,7 +149,19 @@ impl Journal {
     /// lock as the changes, so a reload cannot come between them).
     pub fn write(&self, rule: &Arc<str>, window_us: u64, changes: Vec<Change>) {
         if let Some(tx) = &self.tx {
-            let _ = tx.send(Message::Write { rule: rule.clone(), window_us, changes, ack: None });
+            let _ =
+                tx.send(Message::Write { edit: Edit::Entries { rule: rule.clone(), window_us, changes }, ack: None });
+        }
+    }
+
+    /// Queues the deletion of every row of `rule`: a failure rule that a
+    /// reload removes or adds, or that the state file names but the
+    /// configuration does not. A rule's state lives as long as it is
+    /// configured, so a rule switched off and on again starts empty and no
+    /// row of an earlier incarnation can come back at a restart.
+    pub fn drop_rule(&self, rule: &str) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(Message::Write { edit: Edit::DropRule(rule.into()), ack: None });
         }
     }
 
@@ -156,7 +186,8 @@ impl Journal {
     pub fn write_durably(&self, rule: &Arc<str>, window_us: u64, changes: Vec<Change>) -> Durable {
         let Some(tx) = &self.tx else { return Durable::done(Ok(())) };
         let (ack, rx) = tokio::sync::oneshot::channel();
-        match tx.send(Message::Write { rule: rule.clone(), window_us, changes, ack: Some(ack) }) {
+        let edit = Edit::Entries { rule: rule.clone(), window_us, changes };
+        match tx.send(Message::Write { edit, ack: Some(ack) }) {
             Ok(()) => Durable(rx),
             Err(_) => Durable::done(Err("state writer stopped".into())),
         }
@@ -295,11 +326,11 @@ fn run_writer(store: Store, rx: Receiver<Message>, stats: Arc<StoreStats>) {
     // old file without them, so they are not durable yet.
     let mut deferred: Vec<Ack> = Vec::new();
     while let Ok(first) = rx.recv() {
-        let mut batch: Vec<(Arc<str>, u64, Vec<Change>)> = Vec::new();
+        let mut batch: Vec<Edit> = Vec::new();
         let mut acks: Vec<Ack> = Vec::new();
-        let take = |m: Message, batch: &mut Vec<(Arc<str>, u64, Vec<Change>)>, acks: &mut Vec<Ack>| match m {
-            Message::Write { rule, window_us, changes, ack } => {
-                batch.push((rule, window_us, changes));
+        let take = |m: Message, batch: &mut Vec<Edit>, acks: &mut Vec<Ack>| match m {
+            Message::Write { edit, ack } => {
+                batch.push(edit);
                 acks.extend(ack);
                 None
             }
@@ -330,7 +361,7 @@ fn run_writer(store: Store, rx: Receiver<Message>, stats: Arc<StoreStats>) {
                     }
                 }
                 Err(message) => {
-                    let changes: usize = batch.iter().map(|(_, _, c)| c.len()).sum();
+                    let changes: usize = batch.iter().map(Edit::size).sum();
                     if rewriting {
                         rewrite_failed = true;
                         // The fresh file will not be swapped in.
@@ -459,11 +490,19 @@ fn migrate_v1(txn: &redb::WriteTransaction) -> Result<usize, String> {
     Ok(rows.len())
 }
 
-fn commit(db: &Database, batch: &[(Arc<str>, u64, Vec<Change>)]) -> Result<(), String> {
+fn commit(db: &Database, batch: &[Edit]) -> Result<(), String> {
     let txn = db.begin_write().map_err(|e| e.to_string())?;
     {
         let mut table = txn.open_table(ENTRIES).map_err(|e| e.to_string())?;
-        for (rule, window_us, changes) in batch {
+        for edit in batch {
+            let (rule, window_us, changes) = match edit {
+                Edit::Entries { rule, window_us, changes } => (rule, window_us, changes),
+                Edit::DropRule(rule) => {
+                    let rows = (&**rule, 0u128)..=(&**rule, u128::MAX);
+                    table.retain_in(rows, |_, _| false).map_err(|e| e.to_string())?;
+                    continue;
+                }
+            };
             for (key, counts) in changes {
                 let id = (&**rule, key.to_u128());
                 match counts {

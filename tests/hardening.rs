@@ -1133,3 +1133,74 @@ fn a_window_lengthened_while_the_daemon_was_down_does_not_lock_for_centuries() {
     daemon.advance("900001ms");
     assert_eq!(check_mallory(&daemon).decision, Decision::Allow);
 }
+
+fn eve() -> Subject<'static> {
+    who(v4(0xcb00_7106), Some("eve"))
+}
+
+fn fail_five_times(daemon: &TestDaemon, subject: &Subject<'_>) {
+    let rt = runtime();
+    let client = daemon.client();
+    for _ in 0..5 {
+        verdict(rt.block_on(client.report(LOGIN, subject, Outcome::Failure)));
+    }
+}
+
+fn check(daemon: &TestDaemon, subject: &Subject<'_>) -> Decision {
+    verdict(runtime().block_on(daemon.client().check(LOGIN, subject))).decision
+}
+
+#[test]
+fn a_reload_to_another_window_neither_invents_nor_lifts_a_lockout() {
+    let window = |secs: u64| format!("[routes.login.rules.source_failures]\nwindow_secs = {secs}\n");
+    let daemon = TestDaemon::start_with(Some(&window(60)), true);
+    fail_five_times(&daemon, &mallory());
+    daemon.advance("66s");
+    // 5 × 54/60 = 4.5 of 5: no longer locked.
+    assert_eq!(check(&daemon, &mallory()), Decision::Allow);
+    fail_five_times(&daemon, &eve());
+    assert_eq!(check(&daemon, &eve()), Decision::Deny);
+    daemon.reload_with(&window(61));
+    assert_eq!(check(&daemon, &mallory()), Decision::Allow, "4.5 failures re-dated as 4, not 5");
+    assert_eq!(check(&daemon, &eve()), Decision::Deny, "5 failures stay 5");
+}
+
+#[test]
+fn a_failure_rule_switched_off_and_on_by_reload_starts_empty_and_its_rows_never_come_back() {
+    let on = "[routes.login.rules.source_failures]\nthreshold = 5\n";
+    let off = "[routes.login.rules.source_failures]\nenabled = false\n";
+    let mut daemon = TestDaemon::start_with(Some(on), true);
+    fail_five_times(&daemon, &mallory());
+    assert_eq!(check(&daemon, &mallory()), Decision::Deny);
+    daemon.reload_with(off);
+    assert_eq!(check(&daemon, &mallory()), Decision::Allow, "the rule is off");
+    daemon.reload_with(on);
+    assert_eq!(check(&daemon, &mallory()), Decision::Allow, "switched on again, it starts empty");
+    // eve's lockout is acknowledged after the writer has applied everything
+    // queued before it, the reloads' deletions included.
+    fail_five_times(&daemon, &eve());
+    daemon.kill9();
+    daemon.spawn();
+    assert_eq!(check(&daemon, &mallory()), Decision::Allow, "mallory's old row came back at the restart");
+    assert_eq!(check(&daemon, &eve()), Decision::Deny, "eve's lockout is durable");
+}
+
+#[test]
+fn rows_of_a_failure_rule_switched_off_across_a_restart_are_deleted() {
+    let on = "[routes.login.rules.source_failures]\nthreshold = 5\n";
+    let off = "[routes.login.rules.source_failures]\nenabled = false\n";
+    let mut daemon = TestDaemon::start_with(Some(on), true);
+    fail_five_times(&daemon, &mallory());
+    assert_eq!(daemon.terminate().code(), Some(0));
+    let rule_rows =
+        |daemon: &TestDaemon| state_rows(&daemon.state).iter().filter(|r| r.rule == "login/source_failures").count();
+    assert_eq!(rule_rows(&daemon), 1);
+    std::fs::write(daemon.config.as_ref().unwrap(), off).unwrap();
+    daemon.spawn();
+    assert_eq!(daemon.terminate().code(), Some(0));
+    assert!(daemon.log().contains("orphaned=1"), "{}", daemon.log());
+    assert_eq!(rule_rows(&daemon), 0, "the rule's rows are deleted");
+    std::fs::write(daemon.config.as_ref().unwrap(), on).unwrap();
+    daemon.spawn();
+    assert_eq!(check(&daemon, &mallory()), Decision::Allow, "switched on again, it starts empty");
+}

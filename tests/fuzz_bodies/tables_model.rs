@@ -125,6 +125,11 @@ fn model_estimate(spec: WindowSpec, times: &[u64], now: u64) -> u32 {
     model_weighted(spec.window_us, times, now).div_ceil(spec.window_us as u128) as u32
 }
 
+/// The estimate rounded down: the count a re-dated entry carries.
+fn model_whole_failures(spec: WindowSpec, times: &[u64], now: u64) -> u32 {
+    (model_weighted(spec.window_us, times, now) / spec.window_us as u128) as u32
+}
+
 struct FailureRun {
     table: FailureWindowTable,
     spec: WindowSpec,
@@ -472,7 +477,7 @@ impl FailureRun {
         let new_window = spec.window_us != old.window_us;
         let redated = |c: Counts| {
             if new_window {
-                Counts { window: spec.window_index(now), previous: 0, current: old.estimate(c, now) }
+                Counts { window: spec.window_index(now), previous: 0, current: old.whole_failures(c, now) }
             } else {
                 c
             }
@@ -494,8 +499,14 @@ impl FailureRun {
             if new_window {
                 let index = spec.window_index(now);
                 for (&k, times) in self.logs.iter_mut() {
-                    let estimate = model_estimate(old, times, now);
+                    // A new window length neither invents nor lifts a
+                    // lockout: locked under the new threshold afterwards
+                    // exactly when the old weighted count reached it.
+                    let locked_before =
+                        model_weighted(old.window_us, times, now) >= spec.threshold as u128 * old.window_us as u128;
+                    let estimate = model_whole_failures(old, times, now);
                     *times = vec![now; estimate as usize];
+                    assert_eq!(model_locked(spec, times, now), locked_before, "re-dating key {k} changed its lockout");
                     if !self.capped {
                         if estimate == 0 {
                             self.live.remove(&k);
