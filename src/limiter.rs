@@ -336,8 +336,7 @@ impl Limiter {
 
     /// A limiter for a new configuration that keeps the tables (counters,
     /// lockouts, known devices) of every rule and route it shares with
-    /// `self`, applying new limits to them.
-    /// The limiter for a reloaded configuration. A failure rule the reload
+    /// `self`, applying new limits to them. A failure rule the reload
     /// removes loses its state, and one it adds starts empty: their rows
     /// are deleted, queued before the new limiter can write any (see
     /// `Journal::drop_rule`).
@@ -794,11 +793,10 @@ impl Limiter {
 
     /// Puts persisted entries back at start. Rows already expired are
     /// deleted by the first snapshot; rows of rules not configured are
-    /// deleted (see `Journal::drop_rule`). A row
-    /// written under another window length is re-dated the way a reload
-    /// re-dates entries (its estimate, rounded down, becomes the current
-    /// window's count)
-    /// and written again in the rule's length now.
+    /// deleted (see `Journal::drop_rule`). A row written under another
+    /// window length is re-dated the way a reload re-dates entries (its
+    /// estimate, rounded down, becomes the current window's count) and
+    /// written again in the rule's length now.
     pub fn restore(&self, entries: Vec<PersistedEntry>, now_us: u64) -> Restored {
         let mut counts = Restored::default();
         let mut placed = Vec::with_capacity(entries.len());
