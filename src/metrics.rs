@@ -46,14 +46,6 @@ fn escape(text: &str) -> String {
     text.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
-fn gauge(out: &mut String, name: &str, help: &str, value: u64) {
-    Family::new(out, name, "gauge", help).sample(name, &[], value);
-}
-
-fn counter(out: &mut String, name: &str, help: &str, value: u64) {
-    Family::new(out, name, "counter", help).sample(name, &[], value);
-}
-
 /// A per-rule family, one sample for every rule of every route.
 fn per_rule(out: &mut String, status: &Status, name: &str, kind: &str, help: &str, value: fn(&RuleStatus) -> u64) {
     let mut family = Family::new(out, name, kind, help);
@@ -84,15 +76,51 @@ pub fn prometheus(status: &Status) -> String {
     let mut out = String::new();
     let mut family = Family::new(&mut out, "tollgate_info", "gauge", "Version of the daemon (always 1).");
     family.sample("tollgate_info", &[("version", &status.version)], 1);
-    gauge(&mut out, "tollgate_uptime_seconds", "Seconds since the daemon started.", status.uptime_ms / 1000);
-    gauge(&mut out, "tollgate_connections", "Client connections open now.", status.connections);
+    let p = &status.persistence;
+    // (name, type, help, value) of every family with a single sample.
+    let single = [
+        ("tollgate_uptime_seconds", "gauge", "Seconds since the daemon started.", status.uptime_ms / 1000),
+        ("tollgate_connections", "gauge", "Client connections open now.", status.connections),
+        ("tollgate_request_errors_total", "counter", "Requests answered with an error.", status.verdicts.errors),
+        ("tollgate_state_commits_total", "counter", "State file transactions committed.", p.commits),
+        ("tollgate_state_write_failures_total", "counter", "State file writes that failed.", p.write_failures),
+        (
+            "tollgate_state_changes_unwritten",
+            "gauge",
+            "Changes held in memory until the state file is rewritten.",
+            p.changes_unwritten,
+        ),
+        (
+            "tollgate_state_changes_dropped_total",
+            "counter",
+            "Changes beyond the retry buffer (memory still holds them).",
+            p.changes_dropped,
+        ),
+        (
+            "tollgate_state_healthy",
+            "gauge",
+            "1 if the last state file write succeeded; alert on 0.",
+            u64::from(p.last_error.is_none()),
+        ),
+        ("tollgate_reloads_total", "counter", "Configuration reloads applied.", status.reloads),
+        ("tollgate_reload_failures_total", "counter", "Reloads refused (bad file).", status.reload_failures),
+        ("tollgate_class_prefixes", "gauge", "Prefixes in the source class file.", status.class_prefixes),
+        (
+            "tollgate_log_lines_suppressed_total",
+            "counter",
+            "Refusal and audit log lines dropped by the per-second cap.",
+            status.log_lines_suppressed,
+        ),
+    ];
+    for (name, kind, help, value) in single {
+        Family::new(&mut out, name, kind, help).sample(name, &[], value);
+    }
 
     let v = &status.verdicts;
     let mut family = Family::new(&mut out, "tollgate_verdicts_total", "counter", "Verdicts answered, by decision.");
     for (decision, count) in [("allow", v.allow), ("delay", v.delay), ("challenge", v.challenge), ("deny", v.deny)] {
         family.sample("tollgate_verdicts_total", &[("decision", decision)], count);
     }
-    counter(&mut out, "tollgate_request_errors_total", "Requests answered with an error.", v.errors);
 
     per_rule(&mut out, status, "tollgate_rule_refused_total", "counter", "Checks the rule refused (enforcing).", |r| {
         r.refused
@@ -152,38 +180,6 @@ pub fn prometheus(status: &Status) -> String {
         "Cap of the known-device table.",
         |r| r.known_devices_max > 0,
         |r| r.known_devices_max,
-    );
-
-    let p = &status.persistence;
-    counter(&mut out, "tollgate_state_commits_total", "State file transactions committed.", p.commits);
-    counter(&mut out, "tollgate_state_write_failures_total", "State file writes that failed.", p.write_failures);
-    gauge(
-        &mut out,
-        "tollgate_state_changes_unwritten",
-        "Changes held in memory until the state file is rewritten.",
-        p.changes_unwritten,
-    );
-    counter(
-        &mut out,
-        "tollgate_state_changes_dropped_total",
-        "Changes beyond the retry buffer (memory still holds them).",
-        p.changes_dropped,
-    );
-    gauge(
-        &mut out,
-        "tollgate_state_healthy",
-        "1 if the last state file write succeeded; alert on 0.",
-        u64::from(p.last_error.is_none()),
-    );
-
-    counter(&mut out, "tollgate_reloads_total", "Configuration reloads applied.", status.reloads);
-    counter(&mut out, "tollgate_reload_failures_total", "Reloads refused (bad file).", status.reload_failures);
-    gauge(&mut out, "tollgate_class_prefixes", "Prefixes in the source class file.", status.class_prefixes);
-    counter(
-        &mut out,
-        "tollgate_log_lines_suppressed_total",
-        "Refusal and audit log lines dropped by the per-second cap.",
-        status.log_lines_suppressed,
     );
 
     let mut family = Family::new(&mut out, "tollgate_limit", "gauge", "The daemon's named bounds (unit in the name).");

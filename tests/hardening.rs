@@ -1084,8 +1084,9 @@ fn mallory() -> Subject<'static> {
     who(v4(0xcb00_7105), Some("mallory"))
 }
 
-fn check_mallory(daemon: &TestDaemon) -> tollgate::protocol::Verdict<'static> {
-    verdict(runtime().block_on(daemon.client().check(LOGIN, &mallory())))
+/// One `check` on the login route.
+fn check(daemon: &TestDaemon, subject: &Subject<'_>) -> tollgate::protocol::Verdict<'static> {
+    verdict(runtime().block_on(daemon.client().check(LOGIN, subject)))
 }
 
 /// Locks mallory's pair on the manual clock with the rule's window at
@@ -1099,12 +1100,12 @@ fn lockout_across_a_window_change(before_secs: u64, after_secs: u64) -> (TestDae
     for _ in 0..5 {
         verdict(rt.block_on(client.report(LOGIN, &mallory(), Outcome::Failure)));
     }
-    let v = check_mallory(&daemon);
+    let v = check(&daemon, &mallory());
     assert_eq!((v.decision, v.retry_after_ms), (Decision::Deny, before_secs * 1000 + 1), "locked for the window");
     daemon.kill9();
     std::fs::write(daemon.config.as_ref().unwrap(), window(after_secs)).unwrap();
     daemon.spawn();
-    let v = check_mallory(&daemon);
+    let v = check(&daemon, &mallory());
     assert_eq!(v.decision, Decision::Deny, "a lockout survives a changed window length: {v:?}");
     (daemon, v.retry_after_ms)
 }
@@ -1117,7 +1118,7 @@ fn a_window_shortened_while_the_daemon_was_down_re_dates_lockouts_instead_of_del
     assert_eq!(retry_after_ms, 60_001);
     assert!(daemon.log().contains("redated=1"), "{}", daemon.log());
     daemon.advance("60001ms");
-    assert_eq!(check_mallory(&daemon).decision, Decision::Allow);
+    assert_eq!(check(&daemon, &mallory()).decision, Decision::Allow);
     // The row was written again in the new length.
     assert_eq!(daemon.terminate().code(), Some(0));
     let rows = state_rows(&daemon.state);
@@ -1131,7 +1132,7 @@ fn a_window_lengthened_while_the_daemon_was_down_does_not_lock_for_centuries() {
     // fifteen times too far in the future.
     assert_eq!(retry_after_ms, 900_001);
     daemon.advance("900001ms");
-    assert_eq!(check_mallory(&daemon).decision, Decision::Allow);
+    assert_eq!(check(&daemon, &mallory()).decision, Decision::Allow);
 }
 
 fn eve() -> Subject<'static> {
@@ -1146,10 +1147,6 @@ fn fail_five_times(daemon: &TestDaemon, subject: &Subject<'_>) {
     }
 }
 
-fn check(daemon: &TestDaemon, subject: &Subject<'_>) -> Decision {
-    verdict(runtime().block_on(daemon.client().check(LOGIN, subject))).decision
-}
-
 #[test]
 fn a_reload_to_another_window_neither_invents_nor_lifts_a_lockout() {
     let window = |secs: u64| format!("[routes.login.rules.source_failures]\nwindow_secs = {secs}\n");
@@ -1157,38 +1154,39 @@ fn a_reload_to_another_window_neither_invents_nor_lifts_a_lockout() {
     fail_five_times(&daemon, &mallory());
     daemon.advance("66s");
     // 5 × 54/60 = 4.5 of 5: no longer locked.
-    assert_eq!(check(&daemon, &mallory()), Decision::Allow);
+    assert_eq!(check(&daemon, &mallory()).decision, Decision::Allow);
     fail_five_times(&daemon, &eve());
-    assert_eq!(check(&daemon, &eve()), Decision::Deny);
+    assert_eq!(check(&daemon, &eve()).decision, Decision::Deny);
     daemon.reload_with(&window(61));
-    assert_eq!(check(&daemon, &mallory()), Decision::Allow, "4.5 failures re-dated as 4, not 5");
-    assert_eq!(check(&daemon, &eve()), Decision::Deny, "5 failures stay 5");
+    assert_eq!(check(&daemon, &mallory()).decision, Decision::Allow, "4.5 failures re-dated as 4, not 5");
+    assert_eq!(check(&daemon, &eve()).decision, Decision::Deny, "5 failures stay 5");
 }
+
+const SOURCE_FAILURES_ON: &str = "[routes.login.rules.source_failures]\nthreshold = 5\n";
+const SOURCE_FAILURES_OFF: &str = "[routes.login.rules.source_failures]\nenabled = false\n";
 
 #[test]
 fn a_failure_rule_switched_off_and_on_by_reload_starts_empty_and_its_rows_never_come_back() {
-    let on = "[routes.login.rules.source_failures]\nthreshold = 5\n";
-    let off = "[routes.login.rules.source_failures]\nenabled = false\n";
+    let (on, off) = (SOURCE_FAILURES_ON, SOURCE_FAILURES_OFF);
     let mut daemon = TestDaemon::start_with(Some(on), true);
     fail_five_times(&daemon, &mallory());
-    assert_eq!(check(&daemon, &mallory()), Decision::Deny);
+    assert_eq!(check(&daemon, &mallory()).decision, Decision::Deny);
     daemon.reload_with(off);
-    assert_eq!(check(&daemon, &mallory()), Decision::Allow, "the rule is off");
+    assert_eq!(check(&daemon, &mallory()).decision, Decision::Allow, "the rule is off");
     daemon.reload_with(on);
-    assert_eq!(check(&daemon, &mallory()), Decision::Allow, "switched on again, it starts empty");
+    assert_eq!(check(&daemon, &mallory()).decision, Decision::Allow, "switched on again, it starts empty");
     // eve's lockout is acknowledged after the writer has applied everything
     // queued before it, the reloads' deletions included.
     fail_five_times(&daemon, &eve());
     daemon.kill9();
     daemon.spawn();
-    assert_eq!(check(&daemon, &mallory()), Decision::Allow, "mallory's old row came back at the restart");
-    assert_eq!(check(&daemon, &eve()), Decision::Deny, "eve's lockout is durable");
+    assert_eq!(check(&daemon, &mallory()).decision, Decision::Allow, "mallory's old row came back at the restart");
+    assert_eq!(check(&daemon, &eve()).decision, Decision::Deny, "eve's lockout is durable");
 }
 
 #[test]
 fn rows_of_a_failure_rule_switched_off_across_a_restart_are_deleted() {
-    let on = "[routes.login.rules.source_failures]\nthreshold = 5\n";
-    let off = "[routes.login.rules.source_failures]\nenabled = false\n";
+    let (on, off) = (SOURCE_FAILURES_ON, SOURCE_FAILURES_OFF);
     let mut daemon = TestDaemon::start_with(Some(on), true);
     fail_five_times(&daemon, &mallory());
     assert_eq!(daemon.terminate().code(), Some(0));
@@ -1202,5 +1200,5 @@ fn rows_of_a_failure_rule_switched_off_across_a_restart_are_deleted() {
     assert_eq!(rule_rows(&daemon), 0, "the rule's rows are deleted");
     std::fs::write(daemon.config.as_ref().unwrap(), on).unwrap();
     daemon.spawn();
-    assert_eq!(check(&daemon, &mallory()), Decision::Allow, "switched on again, it starts empty");
+    assert_eq!(check(&daemon, &mallory()).decision, Decision::Allow, "switched on again, it starts empty");
 }
