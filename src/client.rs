@@ -14,6 +14,7 @@ use tokio::net::UnixStream;
 use crate::codec::{self, FRAME_HEADER_BYTES, RESPONSE_PAYLOAD_BYTES_MAX};
 use crate::config::{builtin_routes, FailPolicy};
 use crate::gcra::{decide, GcraSpec};
+use crate::limiter::FORWARDED_FOR_BYTES_MAX;
 use crate::protocol::{ErrorReply, Lockout, Outcome, Request, Response, Status, Subject, Verdict};
 
 /// Per-call timeout for the request path: low single-digit milliseconds, so
@@ -164,7 +165,7 @@ impl Client {
 
     /// Asks before the expensive work: may this attempt proceed?
     pub async fn check(&self, route: &str, subject: &Subject<'_>) -> Answer {
-        self.decide(route, &Request::Check { route, subject: subject.clone() }).await
+        self.decide(route, &Request::Check { route, subject: bounded(subject) }).await
     }
 
     /// Tells the outcome after verifying the credential.
@@ -182,26 +183,32 @@ impl Client {
         outcome: Outcome,
         password_digest: Option<[u8; 16]>,
     ) -> Answer {
-        self.decide(route, &Request::Report { route, subject: subject.clone(), outcome, password_digest }).await
+        let subject = bounded(subject);
+        self.decide(route, &Request::Report { route, subject, outcome, password_digest }).await
     }
 
     async fn decide(&self, route: &str, request: &Request<'_>) -> Answer {
+        // Only a check is an attempt: a report of its outcome must not spend
+        // a second unit of the static budget.
+        let spend = matches!(request, Request::Check { .. });
         match self.call(request).await {
             Ok(Response::Verdict(v)) => Answer::Verdict(v),
             Ok(Response::Error(e)) => Answer::Rejected(e),
-            Ok(other) => self.unavailable(route, ClientError::Protocol(format!("{other:?}"))),
-            Err(error) => self.unavailable(route, error),
+            Ok(other) => self.unavailable(route, ClientError::Protocol(format!("{other:?}")), spend),
+            Err(error) => self.unavailable(route, error, spend),
         }
     }
 
-    fn unavailable(&self, route: &str, error: ClientError) -> Answer {
+    /// The route's fail policy; for a closed route, whether the static
+    /// budget has room (spent from only when `spend`).
+    fn unavailable(&self, route: &str, error: ClientError, spend: bool) -> Answer {
         let policy = self.config.fail_policies.get(route).copied().unwrap_or(self.config.default_fail_policy);
         let within_static_budget = policy == FailPolicy::Closed
             && self.config.static_budgets.get(route).is_some_and(|spec| {
                 let now = self.started.elapsed().as_micros() as u64 + 1;
                 let mut tats = self.budget_tats.lock().unwrap_or_else(|e| e.into_inner());
                 let tat = tats.get(route).copied();
-                let (decision, after) = decide(*spec, tat, now, true);
+                let (decision, after) = decide(*spec, tat, now, spend);
                 tats.insert(route.to_string(), after);
                 decision.allowed
             });
@@ -292,6 +299,20 @@ impl Client {
         }
         Ok(response)
     }
+}
+
+/// The subject as sent: an X-Forwarded-For header over the daemon's limit
+/// is cut just past it. The daemon ignores an overlong header either way
+/// (the peer address is used); sent whole, a header the end user made huge
+/// would overflow the frame and get the attempt refused as malformed.
+fn bounded<'a>(subject: &Subject<'a>) -> Subject<'a> {
+    let mut subject = subject.clone();
+    if let Some(header) = subject.forwarded_for.filter(|h| h.len() > FORWARDED_FOR_BYTES_MAX) {
+        let end =
+            (FORWARDED_FOR_BYTES_MAX + 1..=header.len()).find(|&i| header.is_char_boundary(i)).unwrap_or(header.len());
+        subject.forwarded_for = Some(&header[..end]);
+    }
+    subject
 }
 
 fn is_closed(e: &std::io::Error) -> bool {

@@ -37,8 +37,32 @@ async fn a_closed_route_lets_its_static_budget_through_while_the_daemon_is_down(
         let answer = client.check("request", &s).await;
         assert!(matches!(answer, Answer::Unavailable { policy: FailPolicy::Closed, .. }));
         through += answer.proceeds() as u32;
+        // Reporting an attempt's outcome is not a second attempt.
+        let report = client.report("request", &s, Outcome::Success).await;
+        assert!(matches!(report, Answer::Unavailable { policy: FailPolicy::Closed, .. }));
     }
     assert_eq!(through, 3, "the burst of the static budget, then refusals");
+}
+
+#[tokio::test]
+async fn an_overlong_forwarded_for_header_is_ignored_like_the_daemon_does_not_refused() {
+    // The peer is a trusted proxy: a header within the limit picks the client.
+    let daemon = TestDaemon::start_with(Some("[source]\ntrusted_proxies = [\"198.51.100.0/24\"]\n"), true);
+    let client = daemon.client();
+    let short = Subject { forwarded_for: Some("203.0.113.9"), ..subject("198.51.100.7", "alice") };
+    // 3,000 hops: far over the frame size whole; the end user controls it.
+    let header = vec!["203.0.113.9"; 3000].join(", ");
+    let attempt = Subject { forwarded_for: Some(&header), ..subject("198.51.100.7", "alice") };
+    for _ in 0..2 {
+        let answer = client.report("login", &attempt, Outcome::Failure).await;
+        assert!(matches!(answer, Answer::Verdict(_)), "counted, not refused as malformed: {answer:?}");
+    }
+    let answer = client.check("login", &attempt).await;
+    assert_eq!(verdict(answer).remaining, 3, "both failures counted against the peer address's pair");
+    let plain = client.check("login", &subject("198.51.100.7", "alice")).await;
+    assert_eq!(verdict(plain).remaining, 3, "the same (alice, peer) entry: the header was ignored");
+    let honoured = client.check("login", &short).await;
+    assert_eq!(verdict(honoured).remaining, 5, "a header within the limit names another source");
 }
 
 #[tokio::test]
