@@ -14,8 +14,8 @@ use tokio::net::UnixStream;
 use crate::codec::{self, FRAME_HEADER_BYTES, RESPONSE_PAYLOAD_BYTES_MAX};
 use crate::config::{builtin_routes, FailPolicy};
 use crate::gcra::{decide, GcraSpec};
-use crate::limiter::FORWARDED_FOR_BYTES_MAX;
 use crate::protocol::{ErrorReply, Lockout, Outcome, Request, Response, Status, Subject, Verdict};
+use crate::source::forwarded_tail;
 
 /// Per-call timeout for the request path: low single-digit milliseconds, so
 /// a stalled daemon costs a login no more than a few ms before the fail
@@ -301,18 +301,12 @@ impl Client {
     }
 }
 
-/// The subject as sent: an X-Forwarded-For header over the daemon's limit
-/// is cut just past it. The daemon ignores an overlong header either way
-/// (the peer address is used); sent whole, a header the end user made huge
-/// would overflow the frame and get the attempt refused as malformed.
+/// The subject as sent: of an X-Forwarded-For header, only the part the
+/// daemon reads (`source::forwarded_tail`). Sent whole, a header the end
+/// user made huge would overflow the frame and get the attempt refused as
+/// malformed.
 fn bounded<'a>(subject: &Subject<'a>) -> Subject<'a> {
-    let mut subject = subject.clone();
-    if let Some(header) = subject.forwarded_for.filter(|h| h.len() > FORWARDED_FOR_BYTES_MAX) {
-        let end =
-            (FORWARDED_FOR_BYTES_MAX + 1..=header.len()).find(|&i| header.is_char_boundary(i)).unwrap_or(header.len());
-        subject.forwarded_for = Some(&header[..end]);
-    }
-    subject
+    Subject { forwarded_for: subject.forwarded_for.map(forwarded_tail), ..subject.clone() }
 }
 
 fn is_closed(e: &std::io::Error) -> bool {

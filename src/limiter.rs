@@ -25,7 +25,7 @@ use crate::failure_window::{Counts, FailureWindowTable, WindowSpec};
 use crate::gcra::{GcraDecision, GcraSpec, GcraTable};
 use crate::keys::{Component, Key, KeyDeriver};
 use crate::protocol::{ClassLimit, Decision, Lockout, Outcome, Reason, RouteStatus, RuleStatus, Subject, Verdict};
-use crate::source::SourcePolicy;
+use crate::source::{forwarded_tail, SourcePolicy};
 use crate::store::{Durable, Journal, PersistedEntry};
 use crate::tat_table::SlotHint;
 
@@ -37,9 +37,7 @@ const _: () = assert!(SHARDS.is_power_of_two());
 /// Longest account, device, tenant or client id accepted. Longer input is
 /// refused rather than truncated, so two long names cannot share a key.
 pub const IDENTIFIER_BYTES_MAX: usize = 512;
-/// Longest X-Forwarded-For header considered; a longer one is ignored (the
-/// peer address is used), so it can neither fail a request nor pick a bucket.
-pub const FORWARDED_FOR_BYTES_MAX: usize = 4096;
+pub use crate::source::FORWARDED_FOR_BYTES_MAX;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum RequestError {
@@ -214,7 +212,7 @@ impl SubjectKeys<'_, '_> {
             .subject
             .peer
             .ok_or_else(|| RequestError::MissingField { route: self.route.to_string(), field: "peer" })?;
-        let forwarded = self.subject.forwarded_for.filter(|h| h.len() <= FORWARDED_FOR_BYTES_MAX);
+        let forwarded = self.subject.forwarded_for.map(forwarded_tail);
         let address = self.limiter.source.client_address(peer, forwarded);
         let client = (address, self.limiter.classes.lookup(address));
         self.client = Some(client);
@@ -381,7 +379,7 @@ impl Limiter {
     /// The source prefix a subject is counted under (for log lines).
     pub fn client_prefix(&self, subject: &Subject<'_>) -> Option<crate::source::Prefix> {
         let peer = subject.peer?;
-        let forwarded = subject.forwarded_for.filter(|h| h.len() <= FORWARDED_FOR_BYTES_MAX);
+        let forwarded = subject.forwarded_for.map(forwarded_tail);
         let address = self.source.client_address(peer, forwarded);
         Some(self.source.prefix_in_class(address, self.classes.lookup(address)))
     }

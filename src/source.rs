@@ -14,6 +14,27 @@ use crate::classes::SourceClass;
 /// anything longer is treated as malformed, which means "use the peer".
 pub const FORWARDED_HOPS_MAX: usize = 16;
 
+/// Bytes of X-Forwarded-For read, from the right: the work per request is
+/// bounded however long a header the end user sends.
+pub const FORWARDED_FOR_BYTES_MAX: usize = 4096;
+
+/// The part of an X-Forwarded-For header that is read: all of it, or for a
+/// longer one the whole entries within its last `FORWARDED_FOR_BYTES_MAX`
+/// bytes. Clients add entries on the left and proxies on the right, so
+/// padding a header pushes no proxy-added hop out of view (ignoring an
+/// overlong header would hand its sender the proxy's own bucket).
+pub fn forwarded_tail(header: &str) -> &str {
+    let Some(start) = header.len().checked_sub(FORWARDED_FOR_BYTES_MAX).filter(|&s| s > 0) else {
+        return header;
+    };
+    // From the byte before the window: a comma there means the window
+    // starts with a whole entry. ASCII commas are char boundaries.
+    match header.as_bytes()[start - 1..].iter().position(|&b| b == b',') {
+        Some(at) => &header[start + at..],
+        None => "", // one entry longer than the window: malformed
+    }
+}
+
 /// Default grouping of IPv6 sources: one /64 is one subscriber line (a single
 /// line holds ~1.8e19 addresses, so /128 keys would limit nothing).
 pub const IPV6_PREFIX_LEN_DEFAULT: u8 = 64;
@@ -216,6 +237,34 @@ mod tests {
 
     fn behind_proxy() -> SourcePolicy {
         SourcePolicy { trusted_proxies: vec!["10.0.0.0/8".parse().unwrap()], ..Default::default() }
+    }
+
+    #[test]
+    fn only_the_whole_entries_of_the_last_window_of_a_long_header_are_read() {
+        let short = "198.51.100.1, 203.0.113.9";
+        assert_eq!(forwarded_tail(short), short);
+        let padding = "192.0.2.77, ".repeat(1000); // 12,000 bytes the end user chose
+        let long = format!("{padding}203.0.113.9, 10.0.0.3");
+        let tail = forwarded_tail(&long);
+        assert!(tail.len() <= FORWARDED_FOR_BYTES_MAX && long.ends_with(tail));
+        assert!(tail.starts_with("192.0.2.77") || tail.starts_with(" 192.0.2.77"), "a whole entry first: {tail:.20}");
+        assert!(tail.ends_with("203.0.113.9, 10.0.0.3"));
+        // Padding cannot push the request into the proxy's bucket: the
+        // proxy-added hops on the right are still read.
+        assert_eq!(behind_proxy().client_address(ip("10.0.0.2"), Some(tail)), ip("203.0.113.9"));
+        // A window that starts exactly at an entry keeps that entry; one
+        // that starts inside an entry drops it.
+        let aligned = format!("{},{}", "9".repeat(10), "1".repeat(FORWARDED_FOR_BYTES_MAX));
+        assert_eq!(forwarded_tail(&aligned), &aligned[11..]);
+        let inside = format!("{},{},{}", "9".repeat(10), "8".repeat(10), "1".repeat(FORWARDED_FOR_BYTES_MAX - 5));
+        assert_eq!(forwarded_tail(&inside), &inside[22..]);
+        // One giant entry is malformed: nothing is read, the peer is used.
+        let giant = "1".repeat(FORWARDED_FOR_BYTES_MAX + 1);
+        assert_eq!(forwarded_tail(&giant), "");
+        assert_eq!(behind_proxy().client_address(ip("10.0.0.2"), Some("")), ip("10.0.0.2"));
+        // Multi-byte characters: the cut is always after a comma.
+        let wide = format!("{}, 203.0.113.9", "é,".repeat(3000));
+        assert!(forwarded_tail(&wide).ends_with("203.0.113.9"));
     }
 
     #[test]

@@ -45,24 +45,30 @@ async fn a_closed_route_lets_its_static_budget_through_while_the_daemon_is_down(
 }
 
 #[tokio::test]
-async fn an_overlong_forwarded_for_header_is_ignored_like_the_daemon_does_not_refused() {
-    // The peer is a trusted proxy: a header within the limit picks the client.
+async fn an_overlong_forwarded_for_header_is_read_from_the_right_not_refused_nor_ignored() {
+    // The peer is a trusted proxy: the right-most untrusted hop is the client.
     let daemon = TestDaemon::start_with(Some("[source]\ntrusted_proxies = [\"198.51.100.0/24\"]\n"), true);
     let client = daemon.client();
     let short = Subject { forwarded_for: Some("203.0.113.9"), ..subject("198.51.100.7", "alice") };
-    // 3,000 hops: far over the frame size whole; the end user controls it.
-    let header = vec!["203.0.113.9"; 3000].join(", ");
-    let attempt = Subject { forwarded_for: Some(&header), ..subject("198.51.100.7", "alice") };
+    // 3,000 entries the end user put on the left (36 KB: over the frame
+    // size whole), then the hop the proxy added.
+    let header = format!("{}203.0.113.9", "192.0.2.77, ".repeat(3000));
+    let padded = Subject { forwarded_for: Some(&header), ..subject("198.51.100.7", "alice") };
     for _ in 0..2 {
-        let answer = client.report("login", &attempt, Outcome::Failure).await;
+        let answer = client.report("login", &padded, Outcome::Failure).await;
         assert!(matches!(answer, Answer::Verdict(_)), "counted, not refused as malformed: {answer:?}");
     }
-    let answer = client.check("login", &attempt).await;
-    assert_eq!(verdict(answer).remaining, 3, "both failures counted against the peer address's pair");
-    let plain = client.check("login", &subject("198.51.100.7", "alice")).await;
-    assert_eq!(verdict(plain).remaining, 3, "the same (alice, peer) entry: the header was ignored");
-    let honoured = client.check("login", &short).await;
-    assert_eq!(verdict(honoured).remaining, 5, "a header within the limit names another source");
+    let answer = client.check("login", &short).await;
+    assert_eq!(verdict(answer).remaining, 3, "both failures counted against (alice, 203.0.113.9)");
+    let proxy = client.check("login", &subject("198.51.100.7", "alice")).await;
+    assert_eq!(verdict(proxy).remaining, 5, "padding did not move them into the proxy's bucket");
+    // The daemon's own rule, for a caller that sends the header whole (the
+    // CLI does): 10 KB fits a frame, and is read from the right.
+    let whole = format!("{}203.0.113.9", "192.0.2.77, ".repeat(850));
+    let args = ["report", "--route", "login", "--ip", "198.51.100.7", "--account", "alice", "--outcome", "failure"];
+    let mut args = args.to_vec();
+    args.extend(["--xff", &whole]);
+    assert_eq!(daemon.cli_json(&args)["remaining"], 2, "the third failure of (alice, 203.0.113.9)");
 }
 
 #[tokio::test]
