@@ -76,6 +76,11 @@ const REQUIRED: &[(&str, &str)] = &[
     ("LockPersonality", "yes"),
     ("MemoryDenyWriteExecute", "yes"),
     ("SystemCallArchitectures", "native"),
+    // A filtered call fails with EPERM (an error the daemon reports), not SIGSYS.
+    ("SystemCallErrorNumber", "EPERM"),
+    // The socket file of tollgate.socket lives in the runtime directory:
+    // removing it with the service would strand the listening socket.
+    ("RuntimeDirectoryPreserve", "yes"),
     ("CapabilityBoundingSet", ""),
     ("AmbientCapabilities", ""),
     // SIGHUP reloads the config and class file without losing counters.
