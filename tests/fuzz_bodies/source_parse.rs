@@ -17,14 +17,14 @@
 //! Beyond "no panic" it checks: the client is the canonical peer or an
 //! address written in the header; it equals a reference reading of the
 //! README's rule; no trusted proxies and no hop count (or an untrusted peer)
-//! mean the peer; a spoofed left-hand entry never changes an untrusted
-//! result; prefixes have the policy's length for the family, no host bits,
+//! mean the peer; a spoofed left-hand entry, or padding the header past
+//! the bytes the daemon reads, never changes an untrusted result; prefixes have the policy's length for the family, no host bits,
 //! contain the address, and never come out IPv4-mapped.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use tollgate::classes::SourceClass;
-use tollgate::source::{canonical, Prefix, SourcePolicy, FORWARDED_HOPS_MAX};
+use tollgate::source::{canonical, forwarded_tail, Prefix, SourcePolicy, FORWARDED_FOR_BYTES_MAX, FORWARDED_HOPS_MAX};
 
 // The including crate declares `bytes` (tests/fuzz_bodies/bytes.rs) once.
 use crate::bytes::Bytes;
@@ -219,6 +219,14 @@ pub fn run(data: &[u8]) {
         if enough_hops || (policy.trusted_hops == 0 && !trusted(&nets, client)) {
             let spoofed = format!("{SPOOFED}, {h}");
             assert_eq!(policy.client_address(peer, Some(&spoofed)), client, "a left-hand entry moved the client");
+            // Nor does padding the header past the bytes the daemon reads:
+            // the right-hand end, where the header fits, is still read.
+            if h.len() + 2 <= FORWARDED_FOR_BYTES_MAX {
+                let padded = format!("{}{h}", format!("{SPOOFED}, ").repeat(FORWARDED_FOR_BYTES_MAX / 15 + 1));
+                let tail = forwarded_tail(&padded);
+                assert!(tail.len() <= FORWARDED_FOR_BYTES_MAX && padded.ends_with(tail));
+                assert_eq!(policy.client_address(peer, Some(tail)), client, "padding moved the client");
+            }
         }
     }
 
