@@ -69,6 +69,11 @@ pub const DELAY_MAX_MS_DEFAULT: u64 = 10_000;
 /// How long a device stays known after a successful login from it.
 pub const KNOWN_DEVICE_TTL_SECS_DEFAULT: u64 = 30 * 86_400;
 pub const KNOWN_DEVICES_MAX_DEFAULT: usize = 1_000_000;
+/// New devices one account may make known per TTL. Without a cap one
+/// account's successes could flush the table (it evicts the entry expiring
+/// soonest), putting victims' devices back under the account ceiling.
+pub const KNOWN_DEVICES_PER_ACCOUNT_MAX_DEFAULT: u16 = 16;
+pub const KNOWN_DEVICES_PER_ACCOUNT_MAX_LIMIT: u16 = 1000;
 /// Wrong-password digests remembered per (account, source prefix): a mail
 /// client retrying a stale password repeats one of a few, not many.
 pub const RECENT_PASSWORDS_DEFAULT: u8 = 4;
@@ -226,10 +231,18 @@ pub struct RouteConfig {
     pub name: String,
     pub fail_policy: FailPolicy,
     pub rules: Vec<RuleConfig>,
-    /// (ttl, entries_max) of the route's known-device table, if it has one.
-    pub known_devices: Option<(u64, usize)>,
+    /// The route's known-device table, if it has one.
+    pub known_devices: Option<KnownDevicesConfig>,
     /// (digests per key, entries_max) of repeated-password forgiveness.
     pub recent_passwords: Option<(u8, usize)>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KnownDevicesConfig {
+    pub ttl_us: u64,
+    pub entries_max: usize,
+    /// New devices one account may make known within `ttl_us` of its last.
+    pub per_account_max: u16,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -350,6 +363,7 @@ pub struct RawRoute {
     /// 0 turns known devices off for the route.
     pub known_device_ttl_secs: Option<u64>,
     pub known_devices_max: Option<usize>,
+    pub known_devices_per_account_max: Option<u16>,
     /// 0 turns repeated-password forgiveness off for the route.
     pub recent_passwords: Option<u8>,
     pub recent_passwords_max: Option<usize>,
@@ -597,6 +611,8 @@ impl Config {
             route.fail_policy = user.fail_policy.or(route.fail_policy);
             route.known_device_ttl_secs = user.known_device_ttl_secs.or(route.known_device_ttl_secs);
             route.known_devices_max = user.known_devices_max.or(route.known_devices_max);
+            route.known_devices_per_account_max =
+                user.known_devices_per_account_max.or(route.known_devices_per_account_max);
             route.recent_passwords = user.recent_passwords.or(route.recent_passwords);
             route.recent_passwords_max = user.recent_passwords_max.or(route.recent_passwords_max);
             for (rule_name, rule) in user.rules {
@@ -799,8 +815,15 @@ fn build_route(name: &str, raw: RawRoute, errors: &mut Vec<String>) -> Option<Ro
             errors.push(format!("{path}.known_device_ttl_secs: at most a year (31622400)"));
             None
         }
-        ttl => Some((ttl.saturating_mul(1_000_000), raw.known_devices_max.unwrap_or(KNOWN_DEVICES_MAX_DEFAULT))),
+        ttl => Some(KnownDevicesConfig {
+            ttl_us: ttl.saturating_mul(1_000_000),
+            entries_max: raw.known_devices_max.unwrap_or(KNOWN_DEVICES_MAX_DEFAULT),
+            per_account_max: raw.known_devices_per_account_max.unwrap_or(KNOWN_DEVICES_PER_ACCOUNT_MAX_DEFAULT),
+        }),
     };
+    if raw.known_devices_per_account_max.is_some_and(|m| m == 0 || m > KNOWN_DEVICES_PER_ACCOUNT_MAX_LIMIT) {
+        errors.push(format!("{path}.known_devices_per_account_max: must be 1..={KNOWN_DEVICES_PER_ACCOUNT_MAX_LIMIT}"));
+    }
     let recent_passwords = match raw.recent_passwords.unwrap_or(0) {
         0 => None,
         n if n > RECENT_PASSWORDS_MAX => {

@@ -128,7 +128,9 @@ impl<V: Copy> ExpiringMap<V> {
             self.sweep(now_us);
         }
         while self.map.len() >= self.entries_max {
-            // Hash order is random, so the first few entries are a sample.
+            // The first few in iteration order: the same buckets each time,
+            // but the keys in them are keyed digests, so which entries those
+            // are is not up to a client.
             let victim =
                 self.map.iter().take(EVICTION_SAMPLE).min_by_key(|(_, slot)| slot.expires_us).map(|(id, _)| *id);
             match victim {

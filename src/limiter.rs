@@ -147,6 +147,35 @@ impl Rule {
 struct KnownDevices {
     ttl_us: u64,
     shards: SharedTable<ExpiringMap<()>>,
+    per_account_max: u16,
+    /// New devices made known per account (by account tag), expiring a TTL
+    /// after the account's last one.
+    per_account: SharedTable<ExpiringMap<u16>>,
+}
+
+impl KnownDevices {
+    /// Remembers (account, device) after a success: refreshes a known one;
+    /// makes a new one known only while the account is under its cap.
+    fn remember(&self, key: Key, now_us: u64) {
+        let slot = Slot { expires_us: now_us + self.ttl_us, value: () };
+        {
+            let mut devices = self.shards.of(key);
+            if devices.get(key.tuple, now_us).is_some() {
+                devices.set(key.tuple, slot, now_us);
+                return;
+            }
+        }
+        let admitted = self.per_account.of_bits(key.account_tag).update(key.account_tag, now_us, |count| {
+            let made = count.map_or(0, |c| c.value);
+            if made >= self.per_account_max {
+                return (count, false);
+            }
+            (Some(Slot { expires_us: now_us + self.ttl_us, value: made + 1 }), true)
+        });
+        if admitted {
+            self.shards.of(key).set(key.tuple, slot, now_us);
+        }
+    }
 }
 
 /// The last few wrong-password digests per (account, source prefix).
@@ -553,8 +582,7 @@ impl Limiter {
                 (&route.known_devices, keys.has(Component::Device) && keys.has(Component::Account))
             {
                 let key = keys.key(&[Component::Account, Component::Device])?;
-                let slot = Slot { expires_us: now_us + known_devices.ttl_us, value: () };
-                known_devices.shards.of(key).set(key.tuple, slot, now_us);
+                known_devices.remember(key, now_us);
             }
         }
         let class = keys.source_class();
@@ -701,6 +729,12 @@ impl Limiter {
         (out, total)
     }
 
+    /// Route-scoped bounds for `status`'s named limits, as `route.name`.
+    pub fn route_limits(&self) -> Vec<(String, u64)> {
+        let known = self.routes.iter().filter_map(|r| Some((&r.name, r.known_devices.as_ref()?)));
+        known.map(|(name, k)| (format!("{name}.known_devices_per_account_max"), u64::from(k.per_account_max))).collect()
+    }
+
     pub fn route_status(&self) -> Vec<RouteStatus> {
         self.routes
             .iter()
@@ -782,6 +816,7 @@ impl Limiter {
             }
             if let Some(k) = &route.known_devices {
                 lock(&k.shards.0[shard]).sweep(now_us);
+                lock(&k.per_account.0[shard]).sweep(now_us);
             }
             if let Some(r) = &route.recent_passwords {
                 lock(&r.shards.0[shard]).sweep(now_us);
@@ -873,12 +908,16 @@ fn rate_spec(table: &Table, class: Option<SourceClass>) -> GcraSpec {
 fn build_route(config: &RouteConfig, previous: Option<&Limiter>, now_us: u64) -> Route {
     let old_route = previous.and_then(|p| p.routes.iter().find(|r| r.name == config.name));
     let rules = config.rules.iter().map(|rule| build_rule(config, rule, old_route, now_us)).collect();
-    let known_devices = config.known_devices.map(|(ttl_us, entries_max)| {
-        let shards = match old_route.and_then(|r| r.known_devices.as_ref()) {
-            Some(old) => reuse(&old.shards, entries_max, |t, cap| t.set_entries_max(cap)),
-            None => Arc::new(Shards::new(entries_max, ExpiringMap::new)),
-        };
-        KnownDevices { ttl_us, shards }
+    let known_devices = config.known_devices.map(|known| {
+        let old = old_route.and_then(|r| r.known_devices.as_ref());
+        // The per-account counts are bounded like the devices (an account
+        // counted has at least one device).
+        KnownDevices {
+            ttl_us: known.ttl_us,
+            shards: expiring_table(old.map(|o| &o.shards), known.entries_max),
+            per_account_max: known.per_account_max,
+            per_account: expiring_table(old.map(|o| &o.per_account), known.entries_max),
+        }
     });
     let longest_window = config
         .rules
@@ -891,13 +930,22 @@ fn build_route(config: &RouteConfig, previous: Option<&Limiter>, now_us: u64) ->
         .unwrap_or(0)
         .max(1_000_000);
     let recent_passwords = config.recent_passwords.map(|(remembered, entries_max)| {
-        let shards = match old_route.and_then(|r| r.recent_passwords.as_ref()) {
-            Some(old) => reuse(&old.shards, entries_max, |t, cap| t.set_entries_max(cap)),
-            None => Arc::new(Shards::new(entries_max, ExpiringMap::new)),
-        };
+        let shards =
+            expiring_table(old_route.and_then(|r| r.recent_passwords.as_ref()).map(|o| &o.shards), entries_max);
         RecentPasswords { remembered: remembered as usize, ttl_us: longest_window, shards }
     });
     Route { name: config.name.clone(), fail_policy: config.fail_policy, rules, known_devices, recent_passwords }
+}
+
+/// A route's bounded map: the running one with the new cap, or a new one.
+fn expiring_table<V: Copy>(
+    old: Option<&SharedTable<ExpiringMap<V>>>,
+    entries_max: usize,
+) -> SharedTable<ExpiringMap<V>> {
+    match old {
+        Some(old) => reuse(old, entries_max, |t, cap| t.set_entries_max(cap)),
+        None => Arc::new(Shards::new(entries_max, ExpiringMap::new)),
+    }
 }
 
 /// Keeps an existing sharded table, applying a new total cap to each shard.

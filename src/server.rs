@@ -123,7 +123,7 @@ impl Daemon {
                 errors: count(ERRORS),
             },
             routes: limiter.route_status(),
-            limits: vec![
+            limits: [
                 limit("connections_max", server.connections_max as u64),
                 limit("frame_read_timeout_ms", server.frame_read_timeout_ms),
                 limit("idle_timeout_ms", server.idle_timeout_ms),
@@ -139,7 +139,10 @@ impl Daemon {
                 limit("forwarded_for_bytes_max", crate::limiter::FORWARDED_FOR_BYTES_MAX as u64),
                 limit("lockouts_listed_max", LOCKOUTS_LISTED_MAX as u64),
                 limit("snapshot_interval_ms", self.config.snapshot_interval_ms),
-            ],
+            ]
+            .into_iter()
+            .chain(limiter.route_limits().into_iter().map(|(name, value)| NamedLimit { name, value }))
+            .collect(),
             persistence: PersistenceStatus {
                 state_path: self.config.state.display().to_string(),
                 snapshot_interval_ms: self.config.snapshot_interval_ms,

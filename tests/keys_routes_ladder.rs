@@ -242,6 +242,42 @@ async fn alice_on_her_known_device_logs_in_while_a_spray_holds_her_ceiling() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_account_cannot_flush_the_known_devices_and_expose_alices_device_to_the_ceiling() {
+    // A small table: 64 known devices in all, 4 new ones per account per TTL.
+    let config = "[routes.login]\nknown_devices_max = 64\nknown_devices_per_account_max = 4\n";
+    let daemon = TestDaemon::start_with(Some(config), true);
+    let client = daemon.client();
+    let phone = Subject { device: Some("alice-phone"), ..subject("203.0.113.9", "alice") };
+    assert!(attempt(&client, LOGIN, &phone, true).await.proceeds());
+    daemon.advance("1s"); // mallory's devices would all outlive alice's
+                          // mallory logs into her own account with a new device id each time:
+                          // without a per-account cap this evicts every other account's devices.
+    for n in 0..200 {
+        let device = format!("mallory-{n}");
+        let mallory = Subject { device: Some(&device), ..subject("198.51.100.66", "mallory") };
+        assert!(attempt(&client, LOGIN, &mallory, true).await.proceeds());
+    }
+    // the spray that holds alice's ceiling (50 failures on unknown devices)
+    for n in 1..=60 {
+        let _ = attempt(&client, LOGIN, &subject(&format!("192.0.2.{n}"), "alice"), false).await;
+    }
+    let v = verdict(client.check(LOGIN, &phone).await);
+    assert_eq!(v.decision, Decision::Allow, "alice's phone is still known: {v:?}");
+    // mallory's fifth new device was never made known
+    let fifth = Subject { device: Some("mallory-4"), ..subject("198.51.100.66", "mallory") };
+    let first = Subject { device: Some("mallory-0"), ..subject("198.51.100.66", "mallory") };
+    for n in 1..=60 {
+        let _ = attempt(&client, LOGIN, &subject(&format!("192.0.2.{n}"), "mallory"), false).await;
+    }
+    assert_eq!(verdict(client.check(LOGIN, &first).await).decision, Decision::Allow);
+    assert_eq!(verdict(client.check(LOGIN, &fifth).await).decision, Decision::Deny);
+    let status = daemon.cli_json(&["status"]);
+    let limit =
+        status["limits"].as_array().unwrap().iter().find(|l| l["name"] == "login.known_devices_per_account_max");
+    assert_eq!(limit.unwrap()["value"], 4, "the cap is visible in status");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_password_costs_one_failure_and_distinct_guesses_cost_each() {
     let daemon = TestDaemon::start();
     let client = daemon.client();

@@ -10,8 +10,9 @@
 //! (`fuzz/regressions/config_parse/` holds what this found).
 
 use tollgate::config::{
-    Config, DeviceScope, RouteConfig, RuleConfig, RuleKind, BURST_SPAN_US_MAX, ENTRIES_MAX_LIMIT, PERIOD_SECS_MAX,
-    RECENT_PASSWORDS_MAX, RULES_PER_ROUTE_MAX, SNAPSHOT_INTERVAL_MS_MAX,
+    Config, DeviceScope, KnownDevicesConfig, RouteConfig, RuleConfig, RuleKind, BURST_SPAN_US_MAX, ENTRIES_MAX_LIMIT,
+    KNOWN_DEVICES_PER_ACCOUNT_MAX_LIMIT, PERIOD_SECS_MAX, RECENT_PASSWORDS_MAX, RULES_PER_ROUTE_MAX,
+    SNAPSHOT_INTERVAL_MS_MAX,
 };
 use tollgate::failure_window::{FailureWindowTable, WindowSpec, THRESHOLD_MAX, WINDOW_US_MIN};
 use tollgate::gcra::{decide, GcraSpec};
@@ -93,9 +94,13 @@ fn check_route(route: &RouteConfig) {
     rule_names.sort_unstable();
     rule_names.dedup();
     assert_eq!(rule_names.len(), route.rules.len(), "{name}: a rule name twice");
-    if let Some((ttl_us, entries_max)) = route.known_devices {
+    if let Some(KnownDevicesConfig { ttl_us, entries_max, per_account_max }) = route.known_devices {
         assert!((SECOND_US..=366 * 86_400 * SECOND_US).contains(&ttl_us), "{name}: known device ttl {ttl_us}");
         assert!((1..=ENTRIES_MAX_LIMIT).contains(&entries_max), "{name}: known devices max {entries_max}");
+        assert!(
+            (1..=KNOWN_DEVICES_PER_ACCOUNT_MAX_LIMIT).contains(&per_account_max),
+            "{name}: known devices per account {per_account_max}"
+        );
     }
     if let Some((digests, entries_max)) = route.recent_passwords {
         assert!((1..=RECENT_PASSWORDS_MAX).contains(&digests), "{name}: recent passwords {digests}");
