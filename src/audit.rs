@@ -1,5 +1,6 @@
 //! Refusal and audit log lines, capped per second so that an attack cannot
-//! flood the journal. Lines over the cap are counted; the next line that
+//! flood the journal (the daemon keeps one cap for each kind, so the cheap
+//! kind cannot crowd out the other). Lines over the cap are counted; the next line that
 //! gets through says how many were suppressed, and `status` shows the total.
 
 use std::sync::atomic::{AtomicU64, Ordering};

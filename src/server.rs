@@ -55,7 +55,11 @@ pub struct Daemon {
     pub store_stats: Arc<StoreStats>,
     started_us: u64,
     access: Access,
+    /// Lockout and permission-denied lines: their own cap, so that a flood
+    /// of refusals (one request each) cannot push them out of the log.
     pub audit: LogCap,
+    /// Refusal lines (and monitor mode's would-be refusals).
+    pub refusals: LogCap,
     connections: AtomicU64,
     verdicts: [AtomicU64; 5],
     reloads: AtomicU64,
@@ -69,6 +73,7 @@ impl Daemon {
     pub fn new(limiter: Limiter, clock: Clock, config: Config, access: Access, store_stats: Arc<StoreStats>) -> Daemon {
         Daemon {
             audit: LogCap::new(config.server.log_lines_per_sec_max),
+            refusals: LogCap::new(config.server.log_lines_per_sec_max),
             access,
             limiter: ArcSwap::from_pointee(limiter),
             started_us: clock.now_us(),
@@ -156,7 +161,7 @@ impl Daemon {
             reloads: self.reloads.load(Ordering::Relaxed),
             reload_failures: self.reload_failures.load(Ordering::Relaxed),
             last_reload_error: self.last_reload_error.lock().unwrap_or_else(|e| e.into_inner()).clone(),
-            log_lines_suppressed: self.audit.suppressed_total(),
+            log_lines_suppressed: self.audit.suppressed_total() + self.refusals.suppressed_total(),
         }
     }
 
@@ -250,7 +255,7 @@ impl Daemon {
 
 impl Daemon {
     fn log_refusal(&self, limiter: &Limiter, route: &str, subject: &Subject<'_>, verdict: &Verdict<'_>, now: u64) {
-        if let Some(suppressed) = self.audit.admit(now) {
+        if let Some(suppressed) = self.refusals.admit(now) {
             let client = limiter.client_prefix(subject).map(|p| p.to_string());
             tracing::info!(
                 route,

@@ -1202,3 +1202,23 @@ fn rows_of_a_failure_rule_switched_off_across_a_restart_are_deleted() {
     daemon.spawn();
     assert_eq!(check(&daemon, &mallory()).decision, Decision::Allow, "switched on again, it starts empty");
 }
+
+#[test]
+fn a_flood_of_refusals_cannot_push_a_lockout_out_of_the_log() {
+    // A cap of 5 lines a second; the manual clock keeps everything in one.
+    let daemon = TestDaemon::start_with(Some("[server]\nlog_lines_per_sec_max = 5\n"), true);
+    fail_five_times(&daemon, &mallory());
+    let rt = runtime();
+    let client = daemon.client();
+    for _ in 0..100 {
+        assert_eq!(verdict(rt.block_on(client.check(LOGIN, &mallory()))).decision, Decision::Deny);
+    }
+    fail_five_times(&daemon, &eve());
+    let log = daemon.log();
+    let lockouts = log.lines().filter(|l| l.contains(" lockout ") && l.contains("rule=source_failures")).count();
+    assert_eq!(lockouts, 2, "mallory's and eve's lockouts are both logged:\n{log}");
+    let refusals = log.lines().filter(|l| l.contains("decision=Deny")).count();
+    assert_eq!(refusals, 5, "refusal lines keep their own cap:\n{log}");
+    let status = daemon.cli_json(&["status"]);
+    assert_eq!(status["log_lines_suppressed"], 95, "the other 95 refusals are counted");
+}
