@@ -28,6 +28,15 @@ pub const SECRET_FILE_NAME: &str = "secret";
 /// handful of failures per key at any attack rate the rate rules allow.
 pub const SNAPSHOT_INTERVAL_MS_DEFAULT: u64 = 1000;
 pub const SNAPSHOT_INTERVAL_MS_MAX: u64 = 60_000;
+/// How long an attempt admitted by `check` holds its place on failure rules
+/// while no `report` settles it: well over a slow password hash (argon2 at
+/// a second or so) plus the auth server's own work, short enough that an
+/// attempt whose report never comes (a crashed handler) frees its place
+/// within seconds.
+pub const ATTEMPT_TIMEOUT_MS_DEFAULT: u64 = 5_000;
+/// Longer would let a crashed auth server's attempts hold their keys' places
+/// for minutes.
+pub const ATTEMPT_TIMEOUT_MS_MAX: u64 = 60_000;
 
 /// The login window: long enough that 5 guesses per window is ~480 a day per
 /// (account, source), short enough that a typo-locked owner waits minutes.
@@ -273,6 +282,8 @@ pub struct Config {
     pub state: PathBuf,
     pub secret: PathBuf,
     pub snapshot_interval_ms: u64,
+    /// See `ATTEMPT_TIMEOUT_MS_DEFAULT`.
+    pub attempt_timeout_ms: u64,
     pub source: SourcePolicy,
     /// CIDR file mapping prefixes to source classes.
     pub class_file: Option<PathBuf>,
@@ -291,6 +302,7 @@ pub struct RawConfig {
     pub state: Option<PathBuf>,
     pub secret: Option<PathBuf>,
     pub snapshot_interval_ms: Option<u64>,
+    pub attempt_timeout_ms: Option<u64>,
     #[serde(default)]
     pub source: RawSource,
     #[serde(default)]
@@ -600,6 +612,10 @@ impl Config {
         if !(1..=SNAPSHOT_INTERVAL_MS_MAX).contains(&snapshot_interval_ms) {
             errors.push(format!("snapshot_interval_ms: must be 1..={SNAPSHOT_INTERVAL_MS_MAX}"));
         }
+        let attempt_timeout_ms = raw.attempt_timeout_ms.unwrap_or(ATTEMPT_TIMEOUT_MS_DEFAULT);
+        if !(1..=ATTEMPT_TIMEOUT_MS_MAX).contains(&attempt_timeout_ms) {
+            errors.push(format!("attempt_timeout_ms: must be 1..={ATTEMPT_TIMEOUT_MS_MAX}"));
+        }
         let class_file = raw.source.class_file.clone();
         let source = build_source(raw.source, &mut errors);
         let server = build_server(raw.server, &mut errors);
@@ -629,6 +645,7 @@ impl Config {
                 state,
                 secret,
                 snapshot_interval_ms,
+                attempt_timeout_ms,
                 source,
                 class_file,
                 server,

@@ -14,7 +14,9 @@
 
 use hashbrown::HashTable;
 
+use crate::expiring::{ExpiringMap, Slot as ExpiringSlot};
 use crate::keys::Key;
+use crate::overflow::OverflowSketch;
 
 /// Highest threshold a rule may have. Eviction looks for the lowest non-empty
 /// count class, so this bounds the work of one insert into a full table.
@@ -63,7 +65,7 @@ impl WindowSpec {
     }
 
     /// Estimate × window_us, in integers so that comparisons are exact.
-    fn weighted(self, counts: Counts, now_us: u64) -> u128 {
+    pub fn weighted(self, counts: Counts, now_us: u64) -> u128 {
         let c = self.rolled(counts, now_us);
         let elapsed = now_us.saturating_sub(c.window as u64 * self.window_us).min(self.window_us);
         c.previous as u128 * (self.window_us - elapsed) as u128 + c.current as u128 * self.window_us as u128
@@ -90,6 +92,20 @@ impl WindowSpec {
     /// Failures that may still be reported before the key locks.
     pub fn remaining(self, counts: Counts, now_us: u64) -> u32 {
         self.threshold.saturating_sub(self.estimate(counts, now_us))
+    }
+
+    /// Whether a check is refused: the failures counted plus the attempts
+    /// in flight (each presumed to fail) reach the threshold. With nothing
+    /// in flight this is `is_locked`.
+    pub fn refuses(self, counts: Counts, in_flight: u32, now_us: u64) -> bool {
+        let presumed = self.weighted(counts, now_us) + in_flight as u128 * self.window_us as u128;
+        presumed >= self.threshold as u128 * self.window_us as u128
+    }
+
+    /// Attempts this rule would still admit: the threshold less the
+    /// sliding-window failures (rounded up) and the attempts in flight.
+    pub fn admits_remaining(self, counts: Counts, in_flight: u32, now_us: u64) -> u32 {
+        self.remaining(counts, now_us).saturating_sub(in_flight)
     }
 
     /// The first instant at which the key is not locked, if no further
@@ -166,6 +182,17 @@ pub enum TableError {
     FullOfLockouts(usize),
 }
 
+/// What a key looks like to a check: its counts and the attempts admitted
+/// on it that have not been reported yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Standing {
+    pub counts: Counts,
+    pub in_flight: u32,
+    /// When the attempts in flight stop holding their places if no report
+    /// settles them (meaningless when `in_flight` is 0).
+    pub in_flight_until_us: u64,
+}
+
 /// A change to persist: the key's counts now, or `None` when it is gone.
 pub type Change = (Key, Option<Counts>);
 
@@ -193,6 +220,17 @@ pub struct FailureWindowTable {
     /// Persisted keys removed since the last `take_changes`.
     removed: Vec<Key>,
     refused_full: u64,
+    /// Attempts admitted by `check` and not yet settled by a report, per
+    /// key (by its tuple digest): each holds a place against the threshold,
+    /// so parallel attempts cannot all read "4 of 5" and all proceed. A
+    /// key's places lapse together `attempt_timeout_us` after its latest
+    /// admission (a place is held at most that long past the last check, so
+    /// the bound errs towards holding). Bounded like the table; never
+    /// persisted (a restart forgets attempts, not their reported failures).
+    in_flight: ExpiringMap<u16>,
+    /// Failures of keys the table could not hold (full of lockouts), made
+    /// at the first such failure.
+    overflow: Option<Box<OverflowSketch>>,
 }
 
 impl FailureWindowTable {
@@ -210,6 +248,8 @@ impl FailureWindowTable {
             changed: Vec::new(),
             removed: Vec::new(),
             refused_full: 0,
+            in_flight: ExpiringMap::new(entries_max),
+            overflow: None,
         }
     }
 
@@ -229,7 +269,8 @@ impl FailureWindowTable {
         self.entries_max
     }
 
-    /// Failures that could not be counted because the table was full of lockouts.
+    /// Failures the table could not hold because it was full of lockouts
+    /// (each counted in the overflow sketch instead).
     pub fn refused_full(&self) -> u64 {
         self.refused_full
     }
@@ -245,6 +286,64 @@ impl FailureWindowTable {
             Some(i) => self.spec.rolled(self.slots[i as usize].counts, now_us),
             None => Counts { window: self.spec.window_index(now_us), ..Counts::default() },
         }
+    }
+
+    /// The key's counts and attempts in flight as of `now_us`. Once the
+    /// table has overflowed, the counts are the larger of its entry's and
+    /// the overflow sketch's (a key may have failures in both).
+    pub fn standing(&self, key: Key, now_us: u64) -> Standing {
+        let in_flight = self.in_flight.get(key.tuple, now_us);
+        let mut counts = self.get(key, now_us);
+        if let Some(sketch) = &self.overflow {
+            let spilled = sketch.counts(self.spec, key, now_us);
+            if self.spec.weighted(spilled, now_us) > self.spec.weighted(counts, now_us) {
+                counts = spilled;
+            }
+        }
+        Standing {
+            counts,
+            in_flight: in_flight.map_or(0, |s| u32::from(s.value)),
+            in_flight_until_us: in_flight.map_or(now_us, |s| s.expires_us),
+        }
+    }
+
+    /// `check` on this rule, in one step: admits the attempt unless the
+    /// failures plus the attempts already in flight reach the threshold,
+    /// and an admitted attempt takes a place until `settle` or
+    /// `timeout_us` from now. With `hold_refused` (monitor mode, where a
+    /// refusal is not enforced) a refused attempt takes a place too.
+    /// Returns whether it was admitted and the standing after it.
+    pub fn admit(&mut self, key: Key, now_us: u64, timeout_us: u64, hold_refused: bool) -> (bool, Standing) {
+        let before = self.standing(key, now_us);
+        let admitted = !self.spec.refuses(before.counts, before.in_flight, now_us);
+        if !admitted && !hold_refused {
+            return (false, before);
+        }
+        let in_flight = before.in_flight.saturating_add(1).min(u32::from(u16::MAX));
+        let until_us = now_us.saturating_add(timeout_us.max(1));
+        self.in_flight.set(key.tuple, ExpiringSlot { expires_us: until_us, value: in_flight as u16 }, now_us);
+        (admitted, Standing { counts: before.counts, in_flight, in_flight_until_us: until_us })
+    }
+
+    /// Releases one of the key's places in flight (its report arrived, or
+    /// the check was refused by another rule); none held is fine (a report
+    /// after its place lapsed, or without a check).
+    pub fn settle(&mut self, key: Key, now_us: u64) {
+        self.in_flight.update(key.tuple, now_us, |held| match held {
+            Some(slot) if slot.value > 1 => (Some(ExpiringSlot { value: slot.value - 1, ..slot }), ()),
+            _ => (None, ()),
+        });
+    }
+
+    /// Counts a failure that `record_failure` could not (the table full of
+    /// lockouts) in the overflow sketch; returns the key's standing counts.
+    /// Spilled failures are in memory only, and neither a success nor an
+    /// unlock clears them: they drain with their window.
+    pub fn count_overflow(&mut self, key: Key, now_us: u64) -> Counts {
+        let spec = self.spec;
+        let entries_max = self.entries_max;
+        self.overflow.get_or_insert_with(|| Box::new(OverflowSketch::new(entries_max))).record(spec, key, now_us);
+        self.standing(key, now_us).counts
     }
 
     /// Counts one failure for `key`, in one step.
@@ -425,6 +524,12 @@ impl FailureWindowTable {
         }
         self.spec = spec;
         self.entries_max = entries_max.max(1);
+        self.in_flight.set_entries_max(entries_max);
+        if spec.window_us != old.window_us {
+            // Its cells count in the old window length; a reload starts the
+            // spill afresh (the table itself re-dates its entries below).
+            self.overflow = None;
+        }
         self.lists = vec![EMPTY; spec.threshold as usize + 1];
         for i in live {
             let mut counts = self.slots[i as usize].counts;

@@ -11,7 +11,8 @@
 //!   [`classes`]: the source class of an address (CIDR file).
 //! - [`keys`]: keyed BLAKE2b digests of every identifier (SipHash for
 //!   source prefixes).
-//! - [`gcra`] and [`failure_window`]: the two counters; [`tat_table`]: the
+//! - [`gcra`] and [`failure_window`]: the two counters; [`overflow`]: where
+//!   a failure table full of lockouts still counts; [`tat_table`]: the
 //!   GCRA table's storage; [`expiring`]: the bounded map behind escalation,
 //!   known devices and recent passwords.
 //! - [`store`]: the redb state file and its writer thread (the only module
@@ -44,6 +45,7 @@ pub mod gcra;
 pub mod keys;
 pub mod limiter;
 pub mod metrics;
+pub mod overflow;
 pub mod protocol;
 pub mod server;
 pub mod source;

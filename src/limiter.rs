@@ -21,7 +21,7 @@ use crate::config::{
     RULES_PER_ROUTE_MAX,
 };
 use crate::expiring::{ExpiringMap, Slot};
-use crate::failure_window::{Counts, FailureWindowTable, WindowSpec};
+use crate::failure_window::{Counts, FailureWindowTable, Standing, WindowSpec};
 use crate::gcra::{GcraDecision, GcraSpec, GcraTable};
 use crate::keys::{Component, Key, KeyDeriver};
 use crate::protocol::{ClassLimit, Decision, Lockout, Outcome, Reason, RouteStatus, RuleStatus, Subject, Verdict};
@@ -354,6 +354,9 @@ pub struct Limiter {
     responses: ResponsePolicy,
     keys: KeyDeriver,
     journal: Journal,
+    /// How long a checked attempt holds its place on failure rules without
+    /// a report (`attempt_timeout_ms`).
+    attempt_timeout_us: u64,
 }
 
 impl Limiter {
@@ -391,7 +394,15 @@ impl Limiter {
         now_us: u64,
     ) -> Limiter {
         let routes = config.routes.iter().map(|r| build_route(r, previous, now_us)).collect();
-        Limiter { routes, source: config.source.clone(), classes, responses: config.responses.clone(), keys, journal }
+        Limiter {
+            routes,
+            source: config.source.clone(),
+            classes,
+            responses: config.responses.clone(),
+            keys,
+            journal,
+            attempt_timeout_us: config.attempt_timeout_ms * 1000,
+        }
     }
 
     fn route(&self, name: &str) -> Result<&Route, RequestError> {
@@ -465,34 +476,60 @@ impl Limiter {
         }
     }
 
-    /// A check's second half: the table steps, in rule order.
+    /// A check's second half: the table steps, in rule order. Each failure
+    /// rule admits the attempt into a place of its own (`admit`); if any
+    /// rule then refuses, the places taken are given back, so a refused
+    /// check holds nothing.
     pub fn decide_check<'a>(&'a self, plan: CheckPlan<'a>, now_us: u64) -> Verdict<'a> {
         let CheckPlan { route, rule_keys, class } = plan;
         let mut answers = Answers::new();
-        for (rule, key) in route.rules.iter().zip(rule_keys.iter().copied()) {
+        // Bit i: rule i holds a place for this attempt.
+        let mut held: u32 = 0;
+        const _: () = assert!(RULES_PER_ROUTE_MAX <= 32);
+        for (i, (rule, key)) in route.rules.iter().zip(rule_keys.iter().copied()).enumerate() {
             if let (Table::Failures { shards, .. }, Some(key)) = (&rule.table, key) {
-                let (spec, counts) = {
-                    let table = shards.of(key);
-                    (table.spec(), table.get(key, now_us))
+                let (spec, admitted, standing) = {
+                    let mut table = shards.of(key);
+                    // A monitored rule never refuses, so its attempt is in
+                    // flight either way and holds a place like any other.
+                    let (admitted, standing) = table.admit(key, now_us, self.attempt_timeout_us, rule.monitor);
+                    (table.spec(), admitted, standing)
                 };
-                answers.push(self.escalate(rule, key, failure_answer(rule, spec, counts, now_us), now_us, true));
+                if admitted || rule.monitor {
+                    held |= 1 << i;
+                }
+                let answer = failure_answer(rule, spec, standing, !admitted, now_us);
+                answers.push(self.escalate(rule, key, answer, now_us, true));
             }
         }
-        if !answers.iter().any(|a| a.refused && !a.monitored) {
+        let mut refused = answers.iter().any(|a| a.refused && !a.monitored);
+        if !refused {
             for (rule, key) in route.rules.iter().zip(rule_keys.iter().copied()) {
                 if let (Table::Rate { shards, .. }, Some(key)) = (&rule.table, key) {
                     let spec = rate_spec(&rule.table, class);
                     let decision = shards.check(spec, key, now_us);
                     let answer = self.escalate(rule, key, rate_answer(rule, spec, decision), now_us, true);
-                    let stop = answer.refused && !answer.monitored;
+                    refused = answer.refused && !answer.monitored;
                     answers.push(answer);
-                    if stop {
+                    if refused {
                         break;
                     }
                 }
             }
         }
+        if refused {
+            self.give_back(route, &rule_keys, held, now_us);
+        }
         combine(&answers)
+    }
+
+    /// Gives back the places a refused check took (bit i: rule i).
+    fn give_back(&self, route: &Route, rule_keys: &RuleKeys, held: u32, now_us: u64) {
+        for (i, (rule, key)) in route.rules.iter().zip(rule_keys.iter().copied()).enumerate() {
+            if let (Table::Failures { shards, .. }, Some(key), true) = (&rule.table, key, held & (1 << i) != 0) {
+                shards.of(key).settle(key, now_us);
+            }
+        }
     }
 
     /// Places a refusal on the rule's ladder and phrases it: the rung, a
@@ -594,6 +631,10 @@ impl Limiter {
             match &rule.table {
                 Table::Failures { cleared_by_success, shards, .. } => {
                     let mut table = shards.of(key);
+                    // The report settles the place its check took, in the
+                    // same step as it is counted: the place becomes a
+                    // failure, or is released, never both nor neither.
+                    table.settle(key, now_us);
                     let counts = match outcome {
                         Outcome::Failure if !repeated => match table.record_failure(key, now_us) {
                             Ok(recorded) => {
@@ -607,7 +648,7 @@ impl Limiter {
                                 }
                                 recorded.counts
                             }
-                            Err(_) => table.get(key, now_us),
+                            Err(_) => table.count_overflow(key, now_us),
                         },
                         Outcome::Success if *cleared_by_success => {
                             table.clear(key);
@@ -616,8 +657,11 @@ impl Limiter {
                         _ => table.get(key, now_us),
                     };
                     let spec = table.spec();
+                    let standing = Standing { counts, ..table.standing(key, now_us) };
                     drop(table);
-                    answers.push(self.escalate(rule, key, failure_answer(rule, spec, counts, now_us), now_us, false));
+                    let refused = spec.refuses(counts, standing.in_flight, now_us);
+                    let answer = failure_answer(rule, spec, standing, refused, now_us);
+                    answers.push(self.escalate(rule, key, answer, now_us, false));
                 }
                 Table::Rate { shards, .. } => {
                     let spec = rate_spec(&rule.table, class);
@@ -1045,8 +1089,11 @@ fn rule_status(rule: &Rule) -> RuleStatus {
     }
 }
 
-fn failure_answer(rule: &Rule, spec: WindowSpec, counts: Counts, now_us: u64) -> RuleAnswer<'_> {
-    let refused = spec.is_locked(counts, now_us);
+/// A failure rule's answer for a key's standing. `refused` is decided by
+/// the caller: a check that was not admitted, or a report after which a
+/// check would not be.
+fn failure_answer(rule: &Rule, spec: WindowSpec, standing: Standing, refused: bool, now_us: u64) -> RuleAnswer<'_> {
+    let Standing { counts, in_flight, in_flight_until_us } = standing;
     let c = spec.rolled(counts, now_us);
     let reset_us = if c.current > 0 {
         spec.expires_at(c) - now_us
@@ -1055,15 +1102,23 @@ fn failure_answer(rule: &Rule, spec: WindowSpec, counts: Counts, now_us: u64) ->
     } else {
         0
     };
+    // Locked by failures: until the count drains. Full of attempts in
+    // flight: until they lapse, at the latest (a report may free a place
+    // sooner, or lock the key).
+    let retry_after_us = match (refused, spec.is_locked(counts, now_us)) {
+        (false, _) => 0,
+        (true, true) => spec.unlocks_at(counts, now_us) - now_us,
+        (true, false) => in_flight_until_us.saturating_sub(now_us).max(1),
+    };
     RuleAnswer {
         refused,
         monitored: false,
         reason: if refused { Reason::TooManyFailures } else { Reason::Allowed },
         rung: Rung::Deny,
-        retry_after_us: if refused { spec.unlocks_at(counts, now_us) - now_us } else { 0 },
+        retry_after_us,
         delay_us: 0,
         limit: spec.threshold,
-        remaining: spec.remaining(counts, now_us),
+        remaining: spec.admits_remaining(counts, in_flight, now_us),
         reset_us,
         rule: &rule.name,
     }

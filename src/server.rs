@@ -144,6 +144,7 @@ impl Daemon {
                 limit("forwarded_for_bytes_max", crate::limiter::FORWARDED_FOR_BYTES_MAX as u64),
                 limit("lockouts_listed_max", LOCKOUTS_LISTED_MAX as u64),
                 limit("snapshot_interval_ms", self.config.snapshot_interval_ms),
+                limit("attempt_timeout_ms", self.config.attempt_timeout_ms),
             ]
             .into_iter()
             .chain(limiter.route_limits().into_iter().map(|(name, value)| NamedLimit { name, value }))

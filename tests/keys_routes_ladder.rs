@@ -48,7 +48,8 @@ async fn a_spoofed_forwarded_for_fills_only_the_spoofers_bucket() {
         ..Subject::default()
     };
     let v = verdict(client.check(LOGIN, &victim).await);
-    assert_eq!((v.decision, v.remaining), (Decision::Allow, 5), "the victim's bucket is untouched");
+    // After a check, remaining counts the place this attempt now holds.
+    assert_eq!((v.decision, v.remaining), (Decision::Allow, 4), "the victim's bucket is untouched");
     // A peer that is not our proxy cannot use the header at all.
     let direct = Subject { peer: Some(ip("198.51.100.66")), forwarded_for: Some("203.0.113.9"), ..victim.clone() };
     assert_eq!(verdict(client.check(LOGIN, &direct).await).decision, Decision::Deny);
@@ -99,7 +100,7 @@ async fn business_gateways_log_everyone_in_while_hosting_at_the_same_rate_is_thr
     // The four hosting addresses share one /24 and its budget of 30 a minute.
     let mut last = None;
     for n in 0..40 {
-        let v = verdict(client.check(LOGIN, &subject(hosting[n % 4], "someone")).await);
+        let v = attempt(&client, LOGIN, &subject(hosting[n % 4], "someone"), true).await;
         if v.decision != Decision::Allow {
             last = Some(v);
             break;
@@ -288,7 +289,7 @@ async fn a_stale_password_costs_one_failure_and_distinct_guesses_cost_each() {
         verdict(client.report_with_password(LOGIN, &mail_client, Outcome::Failure, Some(stale)).await);
     }
     let v = verdict(client.check(LOGIN, &mail_client).await);
-    assert_eq!((v.decision, v.remaining), (Decision::Allow, 4), "500 repeats cost one failure");
+    assert_eq!((v.decision, v.remaining), (Decision::Allow, 3), "500 repeats cost one failure (and this attempt)");
 
     let guesser = subject("198.51.100.66", "bob");
     let mut allowed = 0;
@@ -320,7 +321,7 @@ async fn sighup_applies_a_new_limit_keeping_counters_and_a_bad_file_changes_noth
     assert_eq!(status["reloads"], 1);
     assert_eq!(verdict(client.check(LOGIN, &locked).await).decision, Decision::Deny, "the lockout survived");
     let v = verdict(client.check(LOGIN, &counting).await);
-    assert_eq!((v.decision, v.limit, v.remaining), (Decision::Allow, 3, 1), "two failures kept, new limit of 3");
+    assert_eq!((v.decision, v.limit, v.remaining), (Decision::Allow, 3, 0), "two failures kept, new limit of 3");
     assert_eq!(verdict(client.report(LOGIN, &counting, Outcome::Failure).await).decision, Decision::Deny);
 
     daemon.reload_with("[routes.login.rules.source_failures]\nthreshold = 0\n");
