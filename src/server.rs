@@ -44,6 +44,25 @@ pub const REPLY_BYTES_BUFFERED_MAX: usize = 256 * 1024;
 pub const LOCKOUTS_LISTED_DEFAULT: u32 = 100;
 /// Most lockouts one reply lists, so a reply stays well inside a frame.
 pub const LOCKOUTS_LISTED_MAX: u32 = 10_000;
+/// Open files the daemon needs besides its connections: standard streams,
+/// the listener, the state file, the runtime's epoll and wakers, the signal
+/// pipe, the notify socket, and a config or class file read by a reload,
+/// with room to spare. The start-up check warns when `connections_max` plus
+/// these does not fit under the open-file limit.
+pub const FILES_RESERVED_COUNT: u64 = 64;
+/// After a failed `accept` (EMFILE: the open-file limit is reached), the
+/// listener waits this long before trying again, doubling on each failure
+/// in a row up to `ACCEPT_RETRY_DELAY_MS_MAX`. 1 ms: a descriptor freed by a
+/// closing connection is used almost at once.
+pub const ACCEPT_RETRY_DELAY_MS_MIN: u64 = 1;
+/// The longest wait between failed `accept`s: at most ten futile calls a
+/// second while the table stays full, and a new connection waits at most
+/// this long once a descriptor is free.
+pub const ACCEPT_RETRY_DELAY_MS_MAX: u64 = 100;
+/// "accept failed" lines a second (wall clock); the rest are counted, the
+/// count is logged with the next line and added to `log_lines_suppressed`.
+/// One line a second says the condition persists; more says nothing new.
+pub const ACCEPT_ERROR_LINES_PER_SEC_MAX: u64 = 1;
 
 /// Everything a connection needs, shared.
 pub struct Daemon {
@@ -60,6 +79,11 @@ pub struct Daemon {
     pub audit: LogCap,
     /// Refusal lines (and monitor mode's would-be refusals).
     pub refusals: LogCap,
+    /// "accept failed" lines: at the open-file limit every retry fails.
+    accept_errors: LogCap,
+    /// The soft open-file limit in force (`raise_open_file_limit`), for
+    /// `status`; 0 if unknown.
+    pub open_files_max: u64,
     connections: AtomicU64,
     verdicts: [AtomicU64; 5],
     reloads: AtomicU64,
@@ -74,6 +98,8 @@ impl Daemon {
         Daemon {
             audit: LogCap::new(config.server.log_lines_per_sec_max),
             refusals: LogCap::new(config.server.log_lines_per_sec_max),
+            accept_errors: LogCap::new(ACCEPT_ERROR_LINES_PER_SEC_MAX),
+            open_files_max: 0,
             access,
             limiter: ArcSwap::from_pointee(limiter),
             started_us: clock.now_us(),
@@ -143,6 +169,10 @@ impl Daemon {
                 limit("identifier_bytes_max", crate::limiter::IDENTIFIER_BYTES_MAX as u64),
                 limit("forwarded_for_bytes_max", crate::limiter::FORWARDED_FOR_BYTES_MAX as u64),
                 limit("lockouts_listed_max", LOCKOUTS_LISTED_MAX as u64),
+                limit("open_files_max", self.open_files_max),
+                limit("files_reserved_count", FILES_RESERVED_COUNT),
+                limit("accept_retry_delay_ms_max", ACCEPT_RETRY_DELAY_MS_MAX),
+                limit("accept_error_lines_per_sec_max", ACCEPT_ERROR_LINES_PER_SEC_MAX),
                 limit("snapshot_interval_ms", self.config.snapshot_interval_ms),
             ]
             .into_iter()
@@ -161,7 +191,9 @@ impl Daemon {
             reloads: self.reloads.load(Ordering::Relaxed),
             reload_failures: self.reload_failures.load(Ordering::Relaxed),
             last_reload_error: self.last_reload_error.lock().unwrap_or_else(|e| e.into_inner()).clone(),
-            log_lines_suppressed: self.audit.suppressed_total() + self.refusals.suppressed_total(),
+            log_lines_suppressed: self.audit.suppressed_total()
+                + self.refusals.suppressed_total()
+                + self.accept_errors.suppressed_total(),
         }
     }
 
@@ -327,11 +359,40 @@ pub async fn bind(path: &Path, mode: u32, group: Option<u32>) -> std::io::Result
     Ok(listener)
 }
 
+/// The soft open-file limit before and after `raise_open_file_limit`, and
+/// the hard limit it could not pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpenFileLimit {
+    pub soft_before: u64,
+    pub soft: u64,
+    pub hard: u64,
+}
+
+/// Raises the soft open-file limit (RLIMIT_NOFILE) to the hard one. Every
+/// connection is a descriptor, and the usual soft default of 1024 is below
+/// the default `connections_max` plus the daemon's own files; at the limit
+/// `accept` fails with EMFILE. Under the shipped unit `LimitNOFILE=` sets
+/// both limits alike, so no call is needed there (its system-call filter
+/// refuses `setrlimit` anyway); a refusal leaves the limit as it was.
+pub fn raise_open_file_limit() -> std::io::Result<OpenFileLimit> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft_before, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    let mut soft = soft_before;
+    if soft < hard {
+        match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => soft = hard,
+            Err(e) => tracing::warn!(error = %e, soft, hard, "cannot raise the open-file limit"),
+        }
+    }
+    Ok(OpenFileLimit { soft_before, soft, hard })
+}
+
 /// Serves until `shutdown` turns true, then stops accepting, lets every
 /// connection answer what it has read, and returns within the grace period.
 pub async fn run(listener: UnixListener, daemon: Arc<Daemon>, mut shutdown: watch::Receiver<bool>) {
     let slots = Arc::new(Semaphore::new(daemon.config.server.connections_max));
     let mut connections = JoinSet::new();
+    let mut accept_retry = Duration::ZERO;
     loop {
         let permit = tokio::select! {
             permit = slots.clone().acquire_owned() => permit.expect("semaphore never closed"),
@@ -340,6 +401,7 @@ pub async fn run(listener: UnixListener, daemon: Arc<Daemon>, mut shutdown: watc
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
+                    accept_retry = Duration::ZERO;
                     let daemon = daemon.clone();
                     let shutdown = shutdown.clone();
                     connections.spawn(async move {
@@ -350,8 +412,25 @@ pub async fn run(listener: UnixListener, daemon: Arc<Daemon>, mut shutdown: watc
                     });
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    // Usually EMFILE: the connection stays in the backlog
+                    // and the listener stays readable, so without a pause
+                    // this loop would spin. A closing connection frees a
+                    // descriptor; the growing pause keeps the futile calls
+                    // (and the log) few while none does.
+                    accept_retry = (accept_retry * 2).clamp(
+                        Duration::from_millis(ACCEPT_RETRY_DELAY_MS_MIN),
+                        Duration::from_millis(ACCEPT_RETRY_DELAY_MS_MAX),
+                    );
+                    // Wall time, even on a manual clock: this cap is about
+                    // the journal, not about the limiter's time.
+                    if let Some(suppressed) = daemon.accept_errors.admit(Clock::System.now_us()) {
+                        let retry_ms = accept_retry.as_millis() as u64;
+                        tracing::warn!(error = %e, retry_ms, suppressed, "accept failed");
+                    }
+                    tokio::select! {
+                        () = tokio::time::sleep(accept_retry) => {}
+                        _ = shutdown.changed() => break,
+                    }
                 }
             },
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
