@@ -1375,3 +1375,168 @@ fn at_the_open_file_limit_the_watchdog_keeps_pinging_the_log_stays_small_and_ser
     assert!(status.limits.iter().any(|l| l.name == "open_files_max" && l.value == FD_LIMIT));
     assert!(status.log_lines_suppressed > 0, "suppressed accept-error lines are counted");
 }
+
+// ---------------------------------------------------------------------------
+// Large replies
+
+const MANY_LOCKOUTS: usize = 10_000;
+
+/// A daemon with `MANY_LOCKOUTS` lockouts in force: a route whose one rule
+/// locks an account at its first failure, and one failure per account,
+/// pipelined.
+fn daemon_with_many_lockouts(rt: &tokio::runtime::Runtime) -> TestDaemon {
+    let config = format!(
+        "[routes.trips]\nfail_policy = \"open\"\n[routes.trips.rules.account_failures]\n\
+         kind = \"failures\"\nkey = [\"account\"]\nthreshold = 1\nwindow_secs = 3600\nentries_max = {}\n",
+        MANY_LOCKOUTS * 2
+    );
+    let daemon = TestDaemon::start_with(Some(&config), true);
+    let started = Instant::now();
+    let accounts: Vec<String> = (0..MANY_LOCKOUTS).map(|i| format!("victim{i}")).collect();
+    let tripped = rt.block_on(pipeline(&daemon.socket, accounts.len(), 512, |i, out| {
+        report_frame(i, "trips", &who(v4(i as u32), Some(&accounts[i])), Outcome::Failure, out)
+    }));
+    assert!(tripped.iter().all(|r| matches!(r, Response::Verdict(v) if v.decision != Decision::Allow)));
+    let (_, total) = rt.block_on(daemon.client().lockouts(1)).unwrap();
+    assert_eq!(total, MANY_LOCKOUTS as u64);
+    eprintln!("{MANY_LOCKOUTS} lockouts made in {:?}", started.elapsed());
+    daemon
+}
+
+/// Sends `lockouts(10000)` on `stream` and reads the reply's bytes (not
+/// decoded: the test's own memory and time stay small); returns its length.
+async fn read_big_lockouts(stream: &mut UnixStream, id: u64) -> usize {
+    let mut frame = Vec::new();
+    codec::encode_request(id, &Request::Lockouts { limit: MANY_LOCKOUTS as u32 }, &mut frame);
+    stream.write_all(&frame).await.unwrap();
+    let mut header = [0u8; FRAME_HEADER_BYTES];
+    stream.read_exact(&mut header).await.unwrap();
+    let len = u32::from_le_bytes(header) as usize;
+    let mut payload = vec![0u8; len];
+    stream.read_exact(&mut payload).await.unwrap();
+    len
+}
+
+const IDLE_BIG_READERS: usize = 300;
+const IDLE_BIG_READERS_RSS_GROWTH_KIB_MAX: u64 = 64 * 1024;
+
+/// Connections that each read one 10,000-entry `lockouts` reply (about a
+/// megabyte) and then idle hold their resting buffers, not the reply's.
+#[test]
+fn connections_idle_after_a_large_reply_hold_no_more_than_resting_buffers() {
+    let rt = runtime();
+    let daemon = daemon_with_many_lockouts(&rt);
+    // One first, so the allocator's and the runtime's first growth is not
+    // counted against the connections.
+    let mut first = rt.block_on(UnixStream::connect(&daemon.socket)).unwrap();
+    let one_reply_bytes = rt.block_on(read_big_lockouts(&mut first, 1));
+    let rss_before = proc_kib(daemon.pid(), "VmRSS");
+    let started = Instant::now();
+    let streams = rt.block_on(async {
+        let tasks: Vec<_> = (0..IDLE_BIG_READERS)
+            .map(|_| {
+                let socket = daemon.socket.clone();
+                tokio::spawn(async move {
+                    let mut stream = UnixStream::connect(&socket).await.unwrap();
+                    assert_eq!(read_big_lockouts(&mut stream, 1).await, one_reply_bytes);
+                    stream
+                })
+            })
+            .collect();
+        let mut streams = Vec::new();
+        for t in tasks {
+            streams.push(t.await.unwrap());
+        }
+        streams
+    });
+    let read_in = started.elapsed();
+    std::thread::sleep(Duration::from_millis(500));
+    let status = rt.block_on(daemon.client().status()).unwrap();
+    let rss_after = proc_kib(daemon.pid(), "VmRSS");
+    let peak = proc_kib(daemon.pid(), "VmHWM");
+    let growth = rss_after.saturating_sub(rss_before);
+    eprintln!(
+        "{IDLE_BIG_READERS} connections each read a {one_reply_bytes}-byte lockouts reply in {read_in:?} and idle: \
+         daemon RSS {rss_before} -> {rss_after} KiB (+{:.1} MiB), peak {peak} KiB",
+        growth as f64 / 1024.0
+    );
+    assert!(status.connections > IDLE_BIG_READERS as u64, "the connections are held: {}", status.connections);
+    assert!(growth <= IDLE_BIG_READERS_RSS_GROWTH_KIB_MAX, "RSS grew by {growth} KiB");
+    let limit = |name: &str| status.limits.iter().find(|l| l.name == name).map(|l| l.value);
+    assert!(limit("lockouts_reply_bytes_max").is_some() && limit("reply_buffer_resting_bytes").is_some());
+    drop(streams);
+}
+
+const BIG_PIPELINERS: usize = 3;
+const TIMED_CHECKS: usize = 3000;
+/// An auth server's client timeout: a check slower than this is a failed login path.
+const CHECK_TIMEOUT: Duration = Duration::from_millis(5);
+
+/// While three connections pipeline 10,000-entry `lockouts` requests,
+/// another connection's checks stay well inside a client's 5 ms timeout.
+#[test]
+fn pipelined_large_lockouts_do_not_hold_up_another_clients_checks() {
+    let rt = runtime();
+    let daemon = daemon_with_many_lockouts(&rt);
+    let stop = Arc::new(AtomicBool::new(false));
+    let replies = Arc::new(AtomicU64::new(0));
+    let pipeliners: Vec<_> = (0..BIG_PIPELINERS)
+        .map(|_| {
+            let (socket, stop, replies) = (daemon.socket.clone(), stop.clone(), replies.clone());
+            rt.spawn(async move {
+                let mut stream = UnixStream::connect(&socket).await.unwrap();
+                // Two in flight: the daemon always has the next one read.
+                let mut frames = Vec::new();
+                codec::encode_request(0, &Request::Lockouts { limit: MANY_LOCKOUTS as u32 }, &mut frames);
+                stream.write_all(&frames).await.unwrap();
+                let mut id = 1;
+                while !stop.load(Ordering::Relaxed) {
+                    read_big_lockouts(&mut stream, id).await;
+                    replies.fetch_add(1, Ordering::Relaxed);
+                    id += 1;
+                }
+            })
+        })
+        .collect();
+    // Let the pipeliners get going.
+    while replies.load(Ordering::Relaxed) < BIG_PIPELINERS as u64 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let replies_before = replies.load(Ordering::Relaxed);
+    // Timed on a thread of its own, with a blocking socket: the test's
+    // runtime is busy reading megabytes.
+    let socket = daemon.socket.clone();
+    let started = Instant::now();
+    let latencies = std::thread::spawn(move || {
+        let mut stream = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+        (0..TIMED_CHECKS)
+            .map(|n| {
+                let peer = v4(0xc633_6400 + n as u32);
+                let t = Instant::now();
+                let reply = call_std(
+                    &mut stream,
+                    n as u64,
+                    &Request::Check { route: LOGIN, subject: who(peer, Some("carol")) },
+                );
+                let took = t.elapsed();
+                assert!(matches!(reply, Response::Verdict(_)), "{reply:?}");
+                took
+            })
+            .collect::<Vec<_>>()
+    })
+    .join()
+    .unwrap();
+    let elapsed = started.elapsed();
+    let big_replies = replies.load(Ordering::Relaxed) - replies_before;
+    stop.store(true, Ordering::Relaxed);
+    for p in pipeliners {
+        rt.block_on(p).unwrap();
+    }
+    let (p50, p99, max) = latency_summary(latencies);
+    eprintln!(
+        "{TIMED_CHECKS} checks in {elapsed:?} while {BIG_PIPELINERS} connections took {big_replies} \
+         {MANY_LOCKOUTS}-entry lockouts replies: p50 {p50:?} p99 {p99:?} max {max:?}"
+    );
+    assert!(big_replies >= BIG_PIPELINERS as u64, "the pipeliners were served meanwhile: {big_replies} replies");
+    assert!(p99 < CHECK_TIMEOUT, "check p99 {p99:?} with large lockouts replies in flight");
+}
