@@ -1,7 +1,7 @@
 //! systemd's notify protocol (READY=1, WATCHDOG=1, STOPPING=1), over one
 //! datagram socket opened at start and kept.
 //!
-//! Why not `sd_notify::notify`: it opens a new socket per message, so once
+//! Why not the sd-notify crate (0.4): its `notify` opens a new socket per message, so once
 //! the descriptor table is full (a flood of connections at the open-file
 //! limit) every watchdog ping fails with EMFILE and systemd kills a daemon
 //! that is serving fine. A socket opened at start needs no descriptor per
