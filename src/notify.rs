@@ -1,12 +1,12 @@
 //! systemd's notify protocol (READY=1, WATCHDOG=1, STOPPING=1), over one
 //! datagram socket opened at start and kept.
 //!
-//! Why not the sd-notify crate (0.4): its `notify` opens a new socket per message, so once
-//! the descriptor table is full (a flood of connections at the open-file
-//! limit) every watchdog ping fails with EMFILE and systemd kills a daemon
-//! that is serving fine. A socket opened at start needs no descriptor per
-//! ping. It also does not know abstract socket names (`@name`), which
-//! systemd uses in some set-ups (e.g. `systemd-run --user`, containers).
+//! Why not the sd-notify crate (0.4): its `notify` opens a new socket per
+//! message, so once the descriptor table is full (a flood of connections
+//! at the open-file limit) every watchdog ping fails with EMFILE and
+//! systemd kills a daemon that is serving fine. A socket opened at start
+//! needs no descriptor per ping. It also does not know abstract socket
+//! names (`@name`), which systemd uses in some set-ups.
 
 use std::ffi::OsStr;
 use std::io;
