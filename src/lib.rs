@@ -19,7 +19,8 @@
 //!   that touches redb).
 //!
 //! Around it: [`access`] (who may ask what, by peer credentials), [`audit`]
-//! (rate-capped refusal and audit lines), [`metrics`] (`status` as
+//! (rate-capped refusal and audit lines), [`notify`] (systemd readiness and
+//! watchdog), [`metrics`] (`status` as
 //! Prometheus text), [`config`] (TOML over built-in defaults), [`clock`] (the only
 //! place time is read), [`client`] (what an auth server links), [`cli`], and
 //! [`bench`] (the load generator and the echo server: the transport and
@@ -45,6 +46,7 @@ pub mod gcra;
 pub mod keys;
 pub mod limiter;
 pub mod metrics;
+pub mod notify;
 pub mod overflow;
 pub mod protocol;
 pub mod server;

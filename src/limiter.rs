@@ -745,28 +745,39 @@ impl Limiter {
     }
 
     /// Keys refused by failure rules now, at most `limit`, and how many in all.
+    ///
+    /// A shard's lock is held only to copy its locked keys and counts (a
+    /// few bytes each) and count the rest; the strings of a 10,000-entry
+    /// reply are made after it is released, so checks on that shard do not
+    /// wait for them.
     pub fn lockouts(&self, limit: usize, now_us: u64) -> (Vec<Lockout>, u64) {
         let mut out = Vec::new();
         let mut total = 0u64;
+        let mut found = Vec::new();
         for route in &self.routes {
             for rule in &route.rules {
                 let Table::Failures { shards, .. } = &rule.table else { continue };
                 for table in shards.each() {
+                    found.clear();
                     let spec = table.spec();
                     for (key, counts) in table.locked(now_us) {
                         total += 1;
-                        if out.len() < limit {
-                            let until_us = spec.unlocks_at(counts, now_us);
-                            out.push(Lockout {
-                                route: route.name.clone(),
-                                rule: rule.name.clone(),
-                                key: key.to_string(),
-                                count: spec.estimate(counts, now_us),
-                                until_ms: ceil_ms(until_us),
-                                retry_after_ms: ceil_ms(until_us - now_us),
-                            });
+                        if out.len() + found.len() < limit {
+                            found.push((key, counts));
                         }
                     }
+                    drop(table);
+                    out.extend(found.iter().map(|&(key, counts)| {
+                        let until_us = spec.unlocks_at(counts, now_us);
+                        Lockout {
+                            route: route.name.clone(),
+                            rule: rule.name.clone(),
+                            key: key.to_string(),
+                            count: spec.estimate(counts, now_us),
+                            until_ms: ceil_ms(until_us),
+                            retry_after_ms: ceil_ms(until_us - now_us),
+                        }
+                    }));
                 }
             }
         }

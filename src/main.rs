@@ -17,6 +17,7 @@ use tollgate::clock::Clock;
 use tollgate::config::{Config, ConfigError, CONFIG_PATH_DEFAULT};
 use tollgate::keys::{KeyDeriver, Secret};
 use tollgate::limiter::Limiter;
+use tollgate::notify::{self, Notifier};
 use tollgate::server::{self, Daemon};
 use tollgate::store::{Store, StoreStats};
 
@@ -111,7 +112,43 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
         tracing::warn!(refused = restored.refused, "persisted entries not restored: their tables are full of lockouts");
     }
     let access = Access::resolve(&config.server, nix::unistd::geteuid().as_raw())?;
-    let daemon = Arc::new(Daemon::new(limiter, clock, config.clone(), access, stats));
+    let mut daemon = Daemon::new(limiter, clock, config.clone(), access, stats);
+    match server::raise_open_file_limit() {
+        Ok(files) => {
+            daemon.open_files_max = files.soft;
+            let needed = config.server.connections_max as u64 + server::FILES_RESERVED_COUNT;
+            if files.soft < needed {
+                tracing::warn!(
+                    "open-file limit {} (hard {}) is below connections_max {} + {} reserved = {needed}: \
+                     connections past it wait in the backlog; raise LimitNOFILE= or lower server.connections_max",
+                    files.soft,
+                    files.hard,
+                    config.server.connections_max,
+                    server::FILES_RESERVED_COUNT,
+                );
+            } else if files.soft != files.soft_before {
+                tracing::info!(from = files.soft_before, to = files.soft, "open-file limit raised");
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot read the open-file limit"),
+    }
+    let daemon = Arc::new(daemon);
+    // Opened now, while descriptors are plentiful, and kept: a watchdog ping
+    // must not need a new descriptor (see `notify`).
+    let notifier = match Notifier::from_env() {
+        Ok(n) => n.map(Arc::new),
+        Err(e) => {
+            tracing::warn!(error = %e, "NOTIFY_SOCKET unusable; the service manager will not hear from us");
+            None
+        }
+    };
+    let notify = |message: &str| {
+        if let Some(n) = &notifier {
+            if let Err(e) = n.send(message) {
+                tracing::warn!(error = %e, message = message.trim_end(), "notify failed");
+            }
+        }
+    };
 
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     // Socket activation: systemd passes the listening socket as fd 3 and
@@ -214,20 +251,22 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
     );
     // Ready: listening, state loaded. Then keep systemd's watchdog fed from
     // the event loop itself, so a wedged loop gets the daemon restarted.
-    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready, sd_notify::NotifyState::Status("serving")]);
-    let mut watchdog_us = 0;
-    if sd_notify::watchdog_enabled(false, &mut watchdog_us) {
-        let every = Duration::from_micros(watchdog_us / 2);
+    notify("READY=1\nSTATUS=serving\n");
+    if let (Some(period), Some(notifier)) = (notify::watchdog_period(), notifier.clone()) {
+        // Twice per period, as sd_watchdog_enabled(3) advises.
+        let every = period / 2;
         runtime.spawn(async move {
             let mut tick = tokio::time::interval(every);
             loop {
                 tick.tick().await;
-                let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Watchdog]);
+                // Not logged: a failure repeats every tick, and systemd's
+                // own message about the missed watchdog says it.
+                let _ = notifier.send("WATCHDOG=1\n");
             }
         });
     }
     runtime.block_on(server::run(listener, daemon.clone(), stop_rx));
-    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
+    notify("STOPPING=1\n");
 
     maintenance_stop.store(true, Ordering::Release);
     maintenance.thread().unpark();

@@ -16,7 +16,7 @@ use smallvec::SmallVec;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{watch, Semaphore, SemaphorePermit};
 use tokio::task::JoinSet;
 
 use crate::access::{Access, Permissions};
@@ -40,10 +40,62 @@ const _: () = assert!(READ_BUFFER_BYTES >= FRAME_HEADER_BYTES + REQUEST_PAYLOAD_
 /// reading would otherwise make one batch's replies hundreds of megabytes.
 /// A pipelined check batch's replies (about 80 bytes each) stay far below.
 pub const REPLY_BYTES_BUFFERED_MAX: usize = 256 * 1024;
+/// A connection's reply buffer at rest, and what it returns to once its
+/// replies are written: a batch of a couple of hundred pipelined checks
+/// (about 80 bytes a reply) fits without growing it. A batch that grows it
+/// past this gives the memory back when written, so connections that once
+/// took a large reply and then idle hold no more than any other.
+pub const REPLY_BUFFER_RESTING_BYTES: usize = 16 * 1024;
 /// Lockouts returned by one `lockouts` request when the client names no limit.
 pub const LOCKOUTS_LISTED_DEFAULT: u32 = 100;
 /// Most lockouts one reply lists, so a reply stays well inside a frame.
 pub const LOCKOUTS_LISTED_MAX: u32 = 10_000;
+/// What one listed lockout costs while its reply is made and sent, counted
+/// generously: the `Lockout` (96 bytes), its three strings' allocations
+/// (about 110), its encoding (about 90), the copy of its key and counts
+/// taken under the shard lock (28), and the slack of vectors that grew by
+/// doubling. Measured: 300 clients each taking a 10,000-entry reply (four
+/// made or sent at a time) raised the daemon's peak resident memory by
+/// 18 MB, 6 of them the connections' own: about 3 MB a reply.
+pub const LOCKOUT_REPLY_BYTES_ESTIMATE: usize = 400;
+/// Bytes all connections' `lockouts` replies may hold at once, counted at
+/// `LOCKOUT_REPLY_BYTES_ESTIMATE` a listed entry: four 10,000-entry
+/// replies. `lockouts` is open to anyone who can connect; without this, a
+/// thousand clients each asking for 10,000 entries at once would make the
+/// daemon hold a gigabyte (and the allocator keeps much of what a peak
+/// took: this is also about what the daemon's resident size can grow by).
+/// A request over the budget waits for a share of it (checks and reports
+/// never do).
+pub const LOCKOUTS_REPLY_BYTES_MAX: usize = 16 * 1024 * 1024;
+/// `lockouts` replies made at once, each on a blocking thread. One: making
+/// a 10,000-entry reply keeps a core busy for milliseconds, and with more
+/// at once a two-core host has no core left for the runtime threads that
+/// answer checks: with three clients pipelining such requests, another
+/// client's check p99 was 2.5 ms with three made at once and 0.2 to 1.5 ms
+/// with one (p50 11 to 21 µs either way; 2 cores). `lockouts` is an
+/// operator's view, not the request path: it may queue.
+pub const LOCKOUTS_MADE_CONCURRENTLY_MAX: usize = 1;
+const _: () = assert!(LOCKOUTS_LISTED_MAX as usize * LOCKOUT_REPLY_BYTES_ESTIMATE <= LOCKOUTS_REPLY_BYTES_MAX);
+const _: () = assert!(LOCKOUTS_REPLY_BYTES_MAX <= u32::MAX as usize, "semaphore permits are u32");
+/// Open files the daemon needs besides its connections: standard streams,
+/// the listener, the state file, the runtime's epoll and wakers, the signal
+/// pipe, the notify socket, and a config or class file read by a reload,
+/// with room to spare. The start-up check warns when `connections_max` plus
+/// these does not fit under the open-file limit.
+pub const FILES_RESERVED_COUNT: u64 = 64;
+/// After a failed `accept` (EMFILE: the open-file limit is reached), the
+/// listener waits this long before trying again, doubling on each failure
+/// in a row up to `ACCEPT_RETRY_DELAY_MS_MAX`. 1 ms: a descriptor freed by a
+/// closing connection is used almost at once.
+pub const ACCEPT_RETRY_DELAY_MS_MIN: u64 = 1;
+/// The longest wait between failed `accept`s: at most ten futile calls a
+/// second while the table stays full, and a new connection waits at most
+/// this long once a descriptor is free.
+pub const ACCEPT_RETRY_DELAY_MS_MAX: u64 = 100;
+/// "accept failed" lines a second (wall clock); the rest are counted, the
+/// count is logged with the next line and added to `log_lines_suppressed`.
+/// One line a second says the condition persists; more says nothing new.
+pub const ACCEPT_ERROR_LINES_PER_SEC_MAX: u64 = 1;
 
 /// Everything a connection needs, shared.
 pub struct Daemon {
@@ -60,6 +112,15 @@ pub struct Daemon {
     pub audit: LogCap,
     /// Refusal lines (and monitor mode's would-be refusals).
     pub refusals: LogCap,
+    /// "accept failed" lines: at the open-file limit every retry fails.
+    accept_errors: LogCap,
+    /// Shares of `LOCKOUTS_REPLY_BYTES_MAX`, one byte a permit.
+    lockouts_reply_bytes: Semaphore,
+    /// `LOCKOUTS_MADE_CONCURRENTLY_MAX` permits.
+    lockouts_makers: Semaphore,
+    /// The soft open-file limit in force (`raise_open_file_limit`), for
+    /// `status`; 0 if unknown.
+    pub open_files_max: u64,
     connections: AtomicU64,
     verdicts: [AtomicU64; 5],
     reloads: AtomicU64,
@@ -74,6 +135,10 @@ impl Daemon {
         Daemon {
             audit: LogCap::new(config.server.log_lines_per_sec_max),
             refusals: LogCap::new(config.server.log_lines_per_sec_max),
+            accept_errors: LogCap::new(ACCEPT_ERROR_LINES_PER_SEC_MAX),
+            lockouts_reply_bytes: Semaphore::new(LOCKOUTS_REPLY_BYTES_MAX),
+            lockouts_makers: Semaphore::new(LOCKOUTS_MADE_CONCURRENTLY_MAX),
+            open_files_max: 0,
             access,
             limiter: ArcSwap::from_pointee(limiter),
             started_us: clock.now_us(),
@@ -140,9 +205,16 @@ impl Daemon {
                 limit("shutdown_grace_ms", server.shutdown_grace_ms),
                 limit("request_payload_bytes_max", REQUEST_PAYLOAD_BYTES_MAX as u64),
                 limit("read_buffer_bytes", READ_BUFFER_BYTES as u64),
+                limit("reply_buffer_resting_bytes", REPLY_BUFFER_RESTING_BYTES as u64),
                 limit("identifier_bytes_max", crate::limiter::IDENTIFIER_BYTES_MAX as u64),
                 limit("forwarded_for_bytes_max", crate::limiter::FORWARDED_FOR_BYTES_MAX as u64),
                 limit("lockouts_listed_max", LOCKOUTS_LISTED_MAX as u64),
+                limit("lockouts_reply_bytes_max", LOCKOUTS_REPLY_BYTES_MAX as u64),
+                limit("lockouts_made_concurrently_max", LOCKOUTS_MADE_CONCURRENTLY_MAX as u64),
+                limit("open_files_max", self.open_files_max),
+                limit("files_reserved_count", FILES_RESERVED_COUNT),
+                limit("accept_retry_delay_ms_max", ACCEPT_RETRY_DELAY_MS_MAX),
+                limit("accept_error_lines_per_sec_max", ACCEPT_ERROR_LINES_PER_SEC_MAX),
                 limit("snapshot_interval_ms", self.config.snapshot_interval_ms),
                 limit("attempt_timeout_ms", self.config.attempt_timeout_ms),
             ]
@@ -162,7 +234,9 @@ impl Daemon {
             reloads: self.reloads.load(Ordering::Relaxed),
             reload_failures: self.reload_failures.load(Ordering::Relaxed),
             last_reload_error: self.last_reload_error.lock().unwrap_or_else(|e| e.into_inner()).clone(),
-            log_lines_suppressed: self.audit.suppressed_total() + self.refusals.suppressed_total(),
+            log_lines_suppressed: self.audit.suppressed_total()
+                + self.refusals.suppressed_total()
+                + self.accept_errors.suppressed_total(),
         }
     }
 
@@ -217,11 +291,10 @@ impl Daemon {
                 }
             }
             Request::Status => (Response::Status(Box::new(self.status(limiter))), Vec::new()),
-            Request::Lockouts { limit } => {
-                let limit = if *limit == 0 { LOCKOUTS_LISTED_DEFAULT } else { (*limit).min(LOCKOUTS_LISTED_MAX) };
-                let (lockouts, total) = limiter.lockouts(limit as usize, now);
-                (Response::Lockouts { lockouts, total }, Vec::new())
-            }
+            // `serve_connection` answers these itself (`make_lockouts_reply`:
+            // off the runtime threads, within the reply budget); this is the
+            // same answer.
+            Request::Lockouts { limit } => (lockouts_reply(limiter, lockouts_listed(*limit), now), Vec::new()),
             Request::Unlock { route, account, source } => {
                 if !peer.permissions.admin {
                     return (refused("unlock"), Vec::new());
@@ -269,6 +342,50 @@ impl Daemon {
                 suppressed,
                 "refused"
             );
+        }
+    }
+}
+
+/// The lockouts a `lockouts` request with `limit` lists at most.
+fn lockouts_listed(limit: u32) -> usize {
+    (if limit == 0 { LOCKOUTS_LISTED_DEFAULT } else { limit.min(LOCKOUTS_LISTED_MAX) }) as usize
+}
+
+fn lockouts_reply(limiter: &Limiter, listed: usize, now: u64) -> Response<'static> {
+    let (lockouts, total) = limiter.lockouts(listed, now);
+    Response::Lockouts { lockouts, total }
+}
+
+/// Makes a `lockouts` reply: waits for its share of
+/// `LOCKOUTS_REPLY_BYTES_MAX` and its turn to be made, then makes and
+/// encodes it on a blocking thread (a 10,000-entry reply takes
+/// milliseconds; on a runtime thread it would hold up every check waiting
+/// for that thread). Returns the encoded reply and the share, both to be
+/// dropped once written; `None`: close the connection.
+async fn make_lockouts_reply<'d>(
+    daemon: &'d Daemon,
+    limiter: &Arc<Limiter>,
+    id: u64,
+    limit: u32,
+    now: u64,
+) -> Option<(Vec<u8>, SemaphorePermit<'d>)> {
+    let listed = lockouts_listed(limit);
+    let share = (listed * LOCKOUT_REPLY_BYTES_ESTIMATE) as u32;
+    let share = daemon.lockouts_reply_bytes.acquire_many(share).await.expect("the budget is never closed");
+    let maker = daemon.lockouts_makers.acquire().await.expect("the makers' semaphore is never closed");
+    let limiter = limiter.clone();
+    let made = tokio::task::spawn_blocking(move || {
+        let mut bytes = Vec::new();
+        codec::encode_response(id, &lockouts_reply(&limiter, listed, now), &mut bytes);
+        bytes
+    })
+    .await;
+    drop(maker);
+    match made {
+        Ok(bytes) => Some((bytes, share)),
+        Err(e) => {
+            tracing::error!(error = %e, "making a lockouts reply failed; closing the connection");
+            None
         }
     }
 }
@@ -328,11 +445,40 @@ pub async fn bind(path: &Path, mode: u32, group: Option<u32>) -> std::io::Result
     Ok(listener)
 }
 
+/// The soft open-file limit before and after `raise_open_file_limit`, and
+/// the hard limit it could not pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpenFileLimit {
+    pub soft_before: u64,
+    pub soft: u64,
+    pub hard: u64,
+}
+
+/// Raises the soft open-file limit (RLIMIT_NOFILE) to the hard one. Every
+/// connection is a descriptor, and the usual soft default of 1024 is below
+/// the default `connections_max` plus the daemon's own files; at the limit
+/// `accept` fails with EMFILE. Under the shipped unit `LimitNOFILE=` sets
+/// both limits alike, so no call is needed there (its system-call filter
+/// refuses `setrlimit` anyway); a refusal leaves the limit as it was.
+pub fn raise_open_file_limit() -> std::io::Result<OpenFileLimit> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft_before, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    let mut soft = soft_before;
+    if soft < hard {
+        match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => soft = hard,
+            Err(e) => tracing::warn!(error = %e, soft, hard, "cannot raise the open-file limit"),
+        }
+    }
+    Ok(OpenFileLimit { soft_before, soft, hard })
+}
+
 /// Serves until `shutdown` turns true, then stops accepting, lets every
 /// connection answer what it has read, and returns within the grace period.
 pub async fn run(listener: UnixListener, daemon: Arc<Daemon>, mut shutdown: watch::Receiver<bool>) {
     let slots = Arc::new(Semaphore::new(daemon.config.server.connections_max));
     let mut connections = JoinSet::new();
+    let mut accept_retry = Duration::ZERO;
     loop {
         let permit = tokio::select! {
             permit = slots.clone().acquire_owned() => permit.expect("semaphore never closed"),
@@ -341,6 +487,7 @@ pub async fn run(listener: UnixListener, daemon: Arc<Daemon>, mut shutdown: watc
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
+                    accept_retry = Duration::ZERO;
                     let daemon = daemon.clone();
                     let shutdown = shutdown.clone();
                     connections.spawn(async move {
@@ -351,8 +498,25 @@ pub async fn run(listener: UnixListener, daemon: Arc<Daemon>, mut shutdown: watc
                     });
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    // Usually EMFILE: the connection stays in the backlog
+                    // and the listener stays readable, so without a pause
+                    // this loop would spin. A closing connection frees a
+                    // descriptor; the growing pause keeps the futile calls
+                    // (and the log) few while none does.
+                    accept_retry = (accept_retry * 2).clamp(
+                        Duration::from_millis(ACCEPT_RETRY_DELAY_MS_MIN),
+                        Duration::from_millis(ACCEPT_RETRY_DELAY_MS_MAX),
+                    );
+                    // Wall time, even on a manual clock: this cap is about
+                    // the journal, not about the limiter's time.
+                    if let Some(suppressed) = daemon.accept_errors.admit(Clock::System.now_us()) {
+                        let retry_ms = accept_retry.as_millis() as u64;
+                        tracing::warn!(error = %e, retry_ms, suppressed, "accept failed");
+                    }
+                    tokio::select! {
+                        () = tokio::time::sleep(accept_retry) => {}
+                        _ = shutdown.changed() => break,
+                    }
                 }
             },
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
@@ -435,10 +599,14 @@ fn plan_frame<'b, 'l>(
 }
 
 /// Writes every buffered reply, or gives up on a client that does not take
-/// them within `timeout` (false: close the connection).
+/// them within `timeout` (false: close the connection). A buffer grown past
+/// `REPLY_BUFFER_RESTING_BYTES` is given back.
 async fn send_replies(writer: &mut OwnedWriteHalf, out: &mut Vec<u8>, timeout: Duration) -> bool {
-    let sent = matches!(tokio::time::timeout(timeout, writer.write_all(out)).await, Ok(Ok(())));
+    let sent = out.is_empty() || matches!(tokio::time::timeout(timeout, writer.write_all(out)).await, Ok(Ok(())));
     out.clear();
+    if out.capacity() > REPLY_BUFFER_RESTING_BYTES {
+        *out = Vec::with_capacity(REPLY_BUFFER_RESTING_BYTES);
+    }
     sent
 }
 
@@ -451,7 +619,7 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
     let (mut reader, mut writer) = stream.into_split();
     let mut buf = vec![0u8; READ_BUFFER_BYTES];
     let (mut start, mut filled) = (0usize, 0usize);
-    let mut out = Vec::with_capacity(4096);
+    let mut out = Vec::with_capacity(REPLY_BUFFER_RESTING_BYTES);
     let mut counts = LocalCounts::default();
     let read_timeout = Duration::from_millis(daemon.config.server.frame_read_timeout_ms);
     let idle_timeout = Duration::from_millis(daemon.config.server.idle_timeout_ms);
@@ -519,6 +687,28 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
             }
             let full_run = run.len() == PLAN_AHEAD;
             for planned in run.iter_mut() {
+                if let Ok(Request::Lockouts { limit }) = planned.request {
+                    // Replies buffered before it are written first, so a
+                    // connection holds one share of the budget at a time
+                    // and two can never each wait for the share the other
+                    // holds.
+                    if !send_replies(&mut writer, &mut out, write_timeout).await {
+                        return;
+                    }
+                    let Some((mut reply, share)) = make_lockouts_reply(daemon, limiter, planned.id, limit, now).await
+                    else {
+                        return;
+                    };
+                    let sent = send_replies(&mut writer, &mut reply, write_timeout).await;
+                    drop((reply, share));
+                    if !sent {
+                        return;
+                    }
+                    start += planned.frame_bytes;
+                    answered += 1;
+                    frame_deadline = None;
+                    continue;
+                }
                 let (response, durable) = match &planned.request {
                     Ok(request) => daemon.handle(limiter, request, planned.plan.take(), &peer, now),
                     // A malformed frame: rare, so a copy of its reply is fine.

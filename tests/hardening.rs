@@ -1236,3 +1236,321 @@ fn a_flood_of_refusals_cannot_push_a_lockout_out_of_the_log() {
     let status = daemon.cli_json(&["status"]);
     assert_eq!(status["log_lines_suppressed"], 95, "the other 95 refusals are counted");
 }
+
+// ---------------------------------------------------------------------------
+// At the open-file limit
+
+/// One request and its reply over a blocking connection.
+fn call_std(stream: &mut std::os::unix::net::UnixStream, id: u64, request: &Request<'_>) -> Response<'static> {
+    let mut frame = Vec::new();
+    codec::encode_request(id, request, &mut frame);
+    stream.write_all(&frame).unwrap();
+    let (reply_id, reply) = read_reply(stream);
+    assert_eq!(reply_id, id, "the reply names its request");
+    reply
+}
+
+/// The soft and hard "Max open files" of a process, from /proc.
+fn open_file_limits(pid: u32) -> (u64, u64) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits.lines().find(|l| l.starts_with("Max open files")).expect("Max open files in /proc/PID/limits");
+    let numbers: Vec<u64> = line.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+    (numbers[0], numbers[1])
+}
+
+/// A wrapper that starts the daemon under `ulimit` flags, as a unit's
+/// `LimitNOFILE=` or a login shell would; `exec` keeps the pid, so
+/// `WATCHDOG_PID` names the daemon as systemd's would.
+fn under_ulimit(flags: &str) -> Vec<String> {
+    let script = format!("ulimit {flags} && export WATCHDOG_PID=$$ && exec \"$0\" \"$@\"");
+    vec!["bash".into(), "-c".into(), script]
+}
+
+#[test]
+fn the_daemon_raises_its_soft_open_file_limit_to_the_hard_one_at_start() {
+    let hard = open_file_limits(std::process::id()).1;
+    assert!(hard > 256, "this test needs a hard open-file limit above 256, not {hard}");
+    let mut daemon = TestDaemon::prepare(None, true);
+    daemon.wrapper = under_ulimit("-S -n 256");
+    daemon.spawn();
+    let (soft, daemon_hard) = open_file_limits(daemon.pid());
+    eprintln!("started with soft limit 256, hard {hard}: the daemon runs with soft {soft}, hard {daemon_hard}");
+    assert_eq!((soft, daemon_hard), (hard, hard), "the soft limit is raised to the hard one");
+    let status = daemon.cli_json(&["status"]);
+    let limit = |name: &str| {
+        status["limits"].as_array().unwrap().iter().find(|l| l["name"] == name).map(|l| l["value"].clone())
+    };
+    assert_eq!(limit("open_files_max"), Some(hard.into()), "status shows the limit in force");
+    assert!(!daemon.log().contains("open-file limit 256"), "nothing to warn about:\n{}", daemon.log());
+}
+
+const FD_LIMIT: u64 = 64;
+const FLOOD_CONNECTIONS: usize = 150;
+const FLOOD_HOLD: Duration = Duration::from_secs(3);
+const WATCHDOG_USEC: u64 = 200_000;
+
+/// A daemon whose open-file limit (soft and hard, so it cannot raise it) is
+/// far below `connections_max`, flooded with connections past the limit:
+/// it says so at start, backs off and caps its "accept failed" lines, keeps
+/// feeding systemd's watchdog, keeps answering the connections it has, and
+/// serves new ones once the flood ends.
+#[test]
+fn at_the_open_file_limit_the_watchdog_keeps_pinging_the_log_stays_small_and_serving_goes_on() {
+    let mut daemon = TestDaemon::prepare(Some("[server]\nconnections_max = 1000\n"), true);
+    let notify_path = daemon.dir.path().join("notify");
+    let manager = std::os::unix::net::UnixDatagram::bind(&notify_path).unwrap();
+    manager.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+    daemon.wrapper = under_ulimit(&format!("-n {FD_LIMIT}"));
+    daemon.env.push(("NOTIFY_SOCKET".into(), notify_path.display().to_string()));
+    daemon.env.push(("WATCHDOG_USEC".into(), WATCHDOG_USEC.to_string()));
+    daemon.spawn();
+    let mut buf = [0u8; 256];
+    let mut messages = |until: Instant| {
+        let mut got = Vec::new();
+        while Instant::now() < until {
+            if let Ok(n) = manager.recv(&mut buf) {
+                got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+            }
+        }
+        got
+    };
+    let before = messages(Instant::now() + Duration::from_millis(500));
+    assert!(before.iter().any(|m| m.contains("READY=1")), "READY=1 first: {before:?}");
+    assert!(before.iter().any(|m| m.contains("WATCHDOG=1")), "pings before the flood: {before:?}");
+
+    // A connection opened before the flood, and answered during it.
+    let mut keeper = std::os::unix::net::UnixStream::connect(&daemon.socket).unwrap();
+    keeper.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let alice = subject("198.51.100.7", "alice");
+    let keeper_check = |keeper: &mut std::os::unix::net::UnixStream, id: u64| {
+        let reply = call_std(keeper, id, &Request::Check { route: LOGIN, subject: alice.clone() });
+        assert!(matches!(reply, Response::Verdict(_)), "{reply:?}");
+    };
+    keeper_check(&mut keeper, 1);
+
+    let log_lines = |daemon: &TestDaemon| daemon.log().lines().filter(|l| l.contains("accept failed")).count();
+    let flood_started = Instant::now();
+    let flood: Vec<_> =
+        (0..FLOOD_CONNECTIONS).map(|_| std::os::unix::net::UnixStream::connect(&daemon.socket).unwrap()).collect();
+    let pings = messages(flood_started + FLOOD_HOLD);
+    let held = flood_started.elapsed();
+    let watchdogs = pings.iter().filter(|m| m.contains("WATCHDOG=1")).count();
+    let t = Instant::now();
+    keeper_check(&mut keeper, 2);
+    let keeper_answered_in = t.elapsed();
+    let accept_lines = log_lines(&daemon);
+    let connections_during = {
+        // Over the limit, a new connection waits in the backlog: status
+        // goes through the keeper's connection instead.
+        match call_std(&mut keeper, 3, &Request::Status) {
+            Response::Status(s) => s.connections,
+            other => panic!("{other:?}"),
+        }
+    };
+    drop(flood);
+    eprintln!(
+        "open-file limit {FD_LIMIT}, {FLOOD_CONNECTIONS} connections held {held:?}: {connections_during} served, \
+         {watchdogs} watchdog pings (every {} ms), {accept_lines} 'accept failed' lines, an existing connection \
+         answered in {keeper_answered_in:?}",
+        WATCHDOG_USEC / 2000
+    );
+    assert!(connections_during < FLOOD_CONNECTIONS as u64, "the flood did reach the limit: {connections_during} open");
+    let expected_pings = (FLOOD_HOLD.as_micros() as u64 / (WATCHDOG_USEC / 2)) as usize;
+    assert!(
+        watchdogs >= expected_pings / 2,
+        "{watchdogs} watchdog pings while the table was full, want ~{expected_pings}"
+    );
+    assert!(
+        accept_lines <= FLOOD_HOLD.as_secs() as usize + 3,
+        "{accept_lines} 'accept failed' lines:\n{}",
+        daemon.log()
+    );
+    assert!(keeper_answered_in < Duration::from_secs(1), "the keeper waited {keeper_answered_in:?}");
+
+    // After the flood: new connections are served.
+    let rt = runtime();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let status = loop {
+        if let Ok(s) =
+            rt.block_on(async { tokio::time::timeout(Duration::from_secs(1), daemon.client().status()).await })
+        {
+            break s.unwrap();
+        }
+        assert!(Instant::now() < deadline, "no new connection served after the flood:\n{}", daemon.log());
+    };
+    let v = verdict(rt.block_on(daemon.client().check(LOGIN, &subject("198.51.100.8", "bob"))));
+    assert_eq!(v.decision, Decision::Allow);
+    keeper_check(&mut keeper, 4);
+    let log = daemon.log();
+    assert!(
+        log.contains(&format!("open-file limit {FD_LIMIT} (hard {FD_LIMIT}) is below connections_max 1000")),
+        "a warning names the numbers at start:\n{log}"
+    );
+    assert!(status.limits.iter().any(|l| l.name == "open_files_max" && l.value == FD_LIMIT));
+    assert!(status.log_lines_suppressed > 0, "suppressed accept-error lines are counted");
+}
+
+// ---------------------------------------------------------------------------
+// Large replies
+
+const MANY_LOCKOUTS: usize = 10_000;
+
+/// A daemon with `MANY_LOCKOUTS` lockouts in force: a route whose one rule
+/// locks an account at its first failure, and one failure per account,
+/// pipelined.
+fn daemon_with_many_lockouts(rt: &tokio::runtime::Runtime) -> TestDaemon {
+    let config = format!(
+        "[routes.trips]\nfail_policy = \"open\"\n[routes.trips.rules.account_failures]\n\
+         kind = \"failures\"\nkey = [\"account\"]\nthreshold = 1\nwindow_secs = 3600\nentries_max = {}\n",
+        MANY_LOCKOUTS * 2
+    );
+    let daemon = TestDaemon::start_with(Some(&config), true);
+    let started = Instant::now();
+    let accounts: Vec<String> = (0..MANY_LOCKOUTS).map(|i| format!("victim{i}")).collect();
+    let tripped = rt.block_on(pipeline(&daemon.socket, accounts.len(), 512, |i, out| {
+        report_frame(i, "trips", &who(v4(i as u32), Some(&accounts[i])), Outcome::Failure, out)
+    }));
+    assert!(tripped.iter().all(|r| matches!(r, Response::Verdict(v) if v.decision != Decision::Allow)));
+    let (_, total) = rt.block_on(daemon.client().lockouts(1)).unwrap();
+    assert_eq!(total, MANY_LOCKOUTS as u64);
+    eprintln!("{MANY_LOCKOUTS} lockouts made in {:?}", started.elapsed());
+    daemon
+}
+
+/// Sends `lockouts(10000)` on `stream` and reads the reply's bytes (not
+/// decoded: the test's own memory and time stay small); returns its length.
+async fn read_big_lockouts(stream: &mut UnixStream, id: u64) -> usize {
+    let mut frame = Vec::new();
+    codec::encode_request(id, &Request::Lockouts { limit: MANY_LOCKOUTS as u32 }, &mut frame);
+    stream.write_all(&frame).await.unwrap();
+    let mut header = [0u8; FRAME_HEADER_BYTES];
+    stream.read_exact(&mut header).await.unwrap();
+    let len = u32::from_le_bytes(header) as usize;
+    let mut payload = vec![0u8; len];
+    stream.read_exact(&mut payload).await.unwrap();
+    len
+}
+
+const IDLE_BIG_READERS: usize = 300;
+const IDLE_BIG_READERS_RSS_GROWTH_KIB_MAX: u64 = 64 * 1024;
+
+/// Connections that each read one 10,000-entry `lockouts` reply (about a
+/// megabyte) and then idle hold their resting buffers, not the reply's.
+#[test]
+fn connections_idle_after_a_large_reply_hold_no_more_than_resting_buffers() {
+    let rt = runtime();
+    let daemon = daemon_with_many_lockouts(&rt);
+    // One first, so the allocator's and the runtime's first growth is not
+    // counted against the connections.
+    let mut first = rt.block_on(UnixStream::connect(&daemon.socket)).unwrap();
+    let one_reply_bytes = rt.block_on(read_big_lockouts(&mut first, 1));
+    let rss_before = proc_kib(daemon.pid(), "VmRSS");
+    let started = Instant::now();
+    let streams = rt.block_on(async {
+        let tasks: Vec<_> = (0..IDLE_BIG_READERS)
+            .map(|_| {
+                let socket = daemon.socket.clone();
+                tokio::spawn(async move {
+                    let mut stream = UnixStream::connect(&socket).await.unwrap();
+                    assert_eq!(read_big_lockouts(&mut stream, 1).await, one_reply_bytes);
+                    stream
+                })
+            })
+            .collect();
+        let mut streams = Vec::new();
+        for t in tasks {
+            streams.push(t.await.unwrap());
+        }
+        streams
+    });
+    let read_in = started.elapsed();
+    std::thread::sleep(Duration::from_millis(500));
+    let status = rt.block_on(daemon.client().status()).unwrap();
+    let rss_after = proc_kib(daemon.pid(), "VmRSS");
+    let peak = proc_kib(daemon.pid(), "VmHWM");
+    let growth = rss_after.saturating_sub(rss_before);
+    eprintln!(
+        "{IDLE_BIG_READERS} connections each read a {one_reply_bytes}-byte lockouts reply in {read_in:?} and idle: \
+         daemon RSS {rss_before} -> {rss_after} KiB (+{:.1} MiB), peak {peak} KiB",
+        growth as f64 / 1024.0
+    );
+    assert!(status.connections > IDLE_BIG_READERS as u64, "the connections are held: {}", status.connections);
+    assert!(growth <= IDLE_BIG_READERS_RSS_GROWTH_KIB_MAX, "RSS grew by {growth} KiB");
+    let limit = |name: &str| status.limits.iter().find(|l| l.name == name).map(|l| l.value);
+    assert!(limit("lockouts_reply_bytes_max").is_some() && limit("reply_buffer_resting_bytes").is_some());
+    drop(streams);
+}
+
+const BIG_PIPELINERS: usize = 3;
+const TIMED_CHECKS: usize = 3000;
+/// An auth server's client timeout: a check slower than this is a failed login path.
+const CHECK_TIMEOUT: Duration = Duration::from_millis(5);
+
+/// While three connections pipeline 10,000-entry `lockouts` requests,
+/// another connection's checks stay well inside a client's 5 ms timeout.
+#[test]
+fn pipelined_large_lockouts_do_not_hold_up_another_clients_checks() {
+    let rt = runtime();
+    let daemon = daemon_with_many_lockouts(&rt);
+    let stop = Arc::new(AtomicBool::new(false));
+    let replies = Arc::new(AtomicU64::new(0));
+    let pipeliners: Vec<_> = (0..BIG_PIPELINERS)
+        .map(|_| {
+            let (socket, stop, replies) = (daemon.socket.clone(), stop.clone(), replies.clone());
+            rt.spawn(async move {
+                let mut stream = UnixStream::connect(&socket).await.unwrap();
+                // Two in flight: the daemon always has the next one read.
+                let mut frames = Vec::new();
+                codec::encode_request(0, &Request::Lockouts { limit: MANY_LOCKOUTS as u32 }, &mut frames);
+                stream.write_all(&frames).await.unwrap();
+                let mut id = 1;
+                while !stop.load(Ordering::Relaxed) {
+                    read_big_lockouts(&mut stream, id).await;
+                    replies.fetch_add(1, Ordering::Relaxed);
+                    id += 1;
+                }
+            })
+        })
+        .collect();
+    // Let the pipeliners get going.
+    while replies.load(Ordering::Relaxed) < BIG_PIPELINERS as u64 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let replies_before = replies.load(Ordering::Relaxed);
+    // Timed on a thread of its own, with a blocking socket: the test's
+    // runtime is busy reading megabytes.
+    let socket = daemon.socket.clone();
+    let started = Instant::now();
+    let latencies = std::thread::spawn(move || {
+        let mut stream = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+        (0..TIMED_CHECKS)
+            .map(|n| {
+                let peer = v4(0xc633_6400 + n as u32);
+                let t = Instant::now();
+                let reply = call_std(
+                    &mut stream,
+                    n as u64,
+                    &Request::Check { route: LOGIN, subject: who(peer, Some("carol")) },
+                );
+                let took = t.elapsed();
+                assert!(matches!(reply, Response::Verdict(_)), "{reply:?}");
+                took
+            })
+            .collect::<Vec<_>>()
+    })
+    .join()
+    .unwrap();
+    let elapsed = started.elapsed();
+    let big_replies = replies.load(Ordering::Relaxed) - replies_before;
+    stop.store(true, Ordering::Relaxed);
+    for p in pipeliners {
+        rt.block_on(p).unwrap();
+    }
+    let (p50, p99, max) = latency_summary(latencies);
+    eprintln!(
+        "{TIMED_CHECKS} checks in {elapsed:?} while {BIG_PIPELINERS} connections took {big_replies} \
+         {MANY_LOCKOUTS}-entry lockouts replies: p50 {p50:?} p99 {p99:?} max {max:?}"
+    );
+    assert!(big_replies >= BIG_PIPELINERS as u64, "the pipeliners were served meanwhile: {big_replies} replies");
+    assert!(p99 < CHECK_TIMEOUT, "check p99 {p99:?} with large lockouts replies in flight");
+}

@@ -45,6 +45,10 @@ fn service_values<'a>(entries: &'a [(String, String, String)], key: &str) -> Vec
 
 /// Keys that must each be assigned exactly once in [Service], with this value.
 const REQUIRED: &[(&str, &str)] = &[
+    // Descriptors for connections_max (at most 65536) and the daemon's own
+    // files: systemd's soft default of 1024 is below the default
+    // connections_max plus those, and at the limit accept fails.
+    ("LimitNOFILE", "131072"),
     ("User", "tollgate"),
     ("Group", "tollgate"),
     ("RuntimeDirectory", "tollgate"),
