@@ -858,4 +858,68 @@ mod tests {
         assert!(table.is_empty());
         assert_eq!(table.take_changes(), vec![(key(1), None)]);
     }
+
+    #[derive(Clone, Debug)]
+    enum AttemptOp {
+        Check(u8),
+        Report(u8, bool),
+        Advance(u16),
+    }
+
+    fn attempt_op() -> impl proptest::strategy::Strategy<Value = AttemptOp> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => (0u8..4).prop_map(AttemptOp::Check),
+            3 => ((0u8..4), any::<bool>()).prop_map(|(k, f)| AttemptOp::Report(k, f)),
+            1 => (0u16..3000).prop_map(AttemptOp::Advance),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Places in flight against a plain model: per key, a count and the
+        /// instant they lapse. A check is admitted exactly when the table's
+        /// own counts plus the model's places stay under the threshold; a
+        /// report settles one place, whatever its outcome; places lapse
+        /// together at the timeout after the key's latest admission.
+        #[test]
+        fn places_in_flight_follow_a_plain_model(ops in proptest::collection::vec(attempt_op(), 1..200)) {
+            const TIMEOUT_US: u64 = 1_000_000;
+            let s = spec(3);
+            let mut table = FailureWindowTable::new(s, 100);
+            let mut model: std::collections::HashMap<u8, (u32, u64)> = Default::default();
+            let mut now = 900 * WINDOW;
+            for op in ops {
+                match op {
+                    AttemptOp::Check(k) => {
+                        let held = model.get(&k).filter(|(_, until)| *until > now).map_or(0, |(n, _)| *n);
+                        let expect = !s.refuses(table.get(key(k as u64), now), held, now);
+                        let (admitted, standing) = table.admit(key(k as u64), now, TIMEOUT_US, false);
+                        proptest::prop_assert_eq!(admitted, expect);
+                        if admitted {
+                            model.insert(k, (held + 1, now + TIMEOUT_US));
+                        }
+                        proptest::prop_assert_eq!(standing.in_flight, held + admitted as u32);
+                    }
+                    AttemptOp::Report(k, failed) => {
+                        table.settle(key(k as u64), now);
+                        if let Some((n, until)) = model.get_mut(&k) {
+                            if *until > now && *n > 1 {
+                                *n -= 1;
+                            } else {
+                                model.remove(&k);
+                            }
+                        }
+                        if failed {
+                            table.record_failure(key(k as u64), now).unwrap();
+                        }
+                    }
+                    AttemptOp::Advance(ms) => now += ms as u64 * 1000,
+                }
+                for k in 0..4u8 {
+                    let held = model.get(&k).filter(|(_, until)| *until > now).map_or(0, |(n, _)| *n);
+                    proptest::prop_assert_eq!(table.standing(key(k as u64), now).in_flight, held, "key {}", k);
+                }
+            }
+        }
+    }
 }
