@@ -97,6 +97,35 @@ fn known_devices_and_their_per_account_cap_survive_kill_9_and_sigterm() {
     }
 }
 
+#[test]
+fn known_device_rows_leave_the_file_when_they_expire_and_follow_a_shortened_ttl() {
+    let config =
+        |ttl_secs: u64| format!("snapshot_interval_ms = 50\n[routes.login]\nknown_device_ttl_secs = {ttl_secs}\n");
+    let mut daemon = TestDaemon::start_with(Some(&config(3600)), true);
+    let rt = runtime();
+    let client = daemon.client();
+    rt.block_on(async {
+        for n in 0..20 {
+            let (device, account) = (format!("device-{n}"), format!("user-{}", n % 10));
+            let who = Subject { device: Some(&device), ..subject("203.0.113.9", &account) };
+            assert!(attempt(&client, &who, true).await.proceeds());
+        }
+    });
+    assert_eq!(daemon.terminate().code(), Some(0));
+    let rows = Store::open(&daemon.state, false).unwrap().load_all().unwrap().devices;
+    assert_eq!(rows.len(), 30, "20 devices and 10 account counts");
+    // A TTL shortened while the daemon was down applies to the rows.
+    std::fs::write(daemon.config.as_ref().unwrap(), config(60)).unwrap();
+    daemon.spawn();
+    daemon.advance("61s");
+    // Every shard is swept within 16 snapshot intervals; the deletions
+    // reach the file with the next snapshot.
+    std::thread::sleep(Duration::from_millis(16 * 50 + 500));
+    daemon.kill9();
+    let rows = Store::open(&daemon.state, false).unwrap().load_all().unwrap().devices;
+    assert!(rows.is_empty(), "expired rows are deleted: {rows:?}");
+}
+
 // ---- item 3: a damaged state file ----
 
 /// What a start that is not expected to serve did: exited (code and
