@@ -662,6 +662,14 @@ fn guarded<T: Send + 'static>(
     path: &Path,
     work: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
 ) -> Result<T, StoreError> {
+    guarded_for(path, Duration::from_millis(OPEN_TIMEOUT_MS), work)
+}
+
+fn guarded_for<T: Send + 'static>(
+    path: &Path,
+    timeout: Duration,
+    work: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
     quiet_guarded_panics();
     let (tx, rx) = mpsc::sync_channel(1);
     std::thread::Builder::new()
@@ -670,7 +678,7 @@ fn guarded<T: Send + 'static>(
             let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)));
         })
         .map_err(|e| StoreError::Open { path: path.into(), message: format!("cannot start a thread: {e}") })?;
-    match rx.recv_timeout(Duration::from_millis(OPEN_TIMEOUT_MS)) {
+    match rx.recv_timeout(timeout) {
         Ok(Ok(result)) => result,
         Ok(Err(panic)) => {
             let what = panic
@@ -681,7 +689,7 @@ fn guarded<T: Send + 'static>(
             Err(StoreError::corrupt(path, format!("reading it panicked in redb ({what})")))
         }
         Err(mpsc::RecvTimeoutError::Timeout) => {
-            Err(StoreError::corrupt(path, format!("reading it did not finish within {OPEN_TIMEOUT_MS} ms")))
+            Err(StoreError::corrupt(path, format!("reading it did not finish within {} ms", timeout.as_millis())))
         }
         Err(mpsc::RecvTimeoutError::Disconnected) => {
             Err(StoreError::corrupt(path, "reading it stopped without an answer"))
@@ -1261,5 +1269,28 @@ mod tests {
         assert!(err.to_string().contains("--discard-corrupt-state"), "{err}");
         let store = Store::open(&path, true).unwrap();
         assert!(store.load().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_panic_or_a_hang_while_reading_is_a_one_line_refusal() {
+        let path = Path::new("/var/lib/tollgate/state.redb");
+        let panicked = guarded_for(path, Duration::from_secs(5), || -> Result<(), StoreError> {
+            panic!("assertion failed: storage.raw_file_len()? >= header.layout().len()\nmore")
+        });
+        let err = panicked.expect_err("a panic is an error");
+        assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains("panicked") && text.contains("--discard-corrupt-state") && !text.contains('\n'),
+            "{text}"
+        );
+        let started = std::time::Instant::now();
+        let hung = guarded_for(path, Duration::from_millis(100), || -> Result<(), StoreError> {
+            std::thread::sleep(Duration::from_secs(3));
+            Ok(())
+        });
+        let err = hung.expect_err("a hang is an error");
+        assert!(err.to_string().contains("did not finish within 100 ms"), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(2), "not waited out");
     }
 }
