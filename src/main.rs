@@ -111,6 +111,11 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
             config.secret.display(),
             path.display()
         ),
+        Err(StoreError::KeyMismatch { path, found, expected }) => anyhow::bail!(
+            "state file {} was written with another secret key than secret key file {} holds (key fingerprints {found:016x} and {expected:016x}): restore the secret key file the state was made with, or start with --discard-corrupt-state to move the state file aside and start empty",
+            path.display(),
+            config.secret.display()
+        ),
         other => other?,
     };
     if secret_is_new {

@@ -371,6 +371,7 @@ fn a_state_file_is_never_paired_with_another_secret_key() {
     assert_eq!(code, Some(1), "{stderr}");
     assert!(
         stderr.contains(&state.display().to_string())
+            && stderr.contains(&new_secret.display().to_string())
             && stderr.contains("another secret key")
             && stderr.contains("--discard-corrupt-state"),
         "{stderr}"
