@@ -8,7 +8,7 @@
 
 use std::hash::{BuildHasherDefault, Hasher};
 
-use hashbrown::HashMap;
+use hashbrown::{HashMap, HashSet};
 
 /// A map sweeps out expired entries after this many inserts, or after as
 /// many inserts as half its size if larger.
@@ -51,11 +51,93 @@ pub struct ExpiringMap<V: Copy> {
     entries_max: usize,
     inserts_since_sweep: usize,
     map: HashMap<u64, Slot<V>, DigestBuildHasher>,
+    /// Ids changed since the last `take_changes`, for a map that is
+    /// persisted (`tracked`); `None` for one that lives in memory only.
+    changes: Option<ChangeLog>,
+}
+
+/// What changed since the last snapshot. Bounded by the map's cap: past it,
+/// writing the whole map costs no more than the list would, so the list is
+/// dropped and the next snapshot replaces the whole map.
+#[derive(Debug, Default)]
+struct ChangeLog {
+    ids: HashSet<u64, DigestBuildHasher>,
+    whole: bool,
+}
+
+impl ChangeLog {
+    fn record(&mut self, id: u64, entries_max: usize) {
+        if self.whole {
+            return;
+        }
+        self.ids.insert(id);
+        if self.ids.len() > entries_max {
+            self.whole = true;
+            self.ids = HashSet::default();
+        }
+    }
+}
+
+fn record(changes: &mut Option<ChangeLog>, id: u64, entries_max: usize) {
+    if let Some(log) = changes {
+        log.record(id, entries_max);
+    }
+}
+
+/// A tracked map's changes since the last call (see `take_changes`).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Changes<V> {
+    /// Each changed id with its live entry, or `None` if it is gone.
+    Some(Vec<(u64, Option<Slot<V>>)>),
+    /// Too many to list: every live entry, to replace all that was written.
+    Whole(Vec<(u64, Slot<V>)>),
 }
 
 impl<V: Copy> ExpiringMap<V> {
     pub fn new(entries_max: usize) -> ExpiringMap<V> {
-        ExpiringMap { entries_max: entries_max.max(1), inserts_since_sweep: 0, map: HashMap::default() }
+        ExpiringMap { entries_max: entries_max.max(1), inserts_since_sweep: 0, map: HashMap::default(), changes: None }
+    }
+
+    /// A map whose changes are kept for `take_changes` (a persisted map).
+    pub fn tracked(entries_max: usize) -> ExpiringMap<V> {
+        ExpiringMap { changes: Some(ChangeLog::default()), ..ExpiringMap::new(entries_max) }
+    }
+
+    /// Every change since the last call, `None` if nothing changed. An
+    /// entry expired by now reads as gone.
+    pub fn take_changes(&mut self, now_us: u64) -> Option<Changes<V>> {
+        let log = self.changes.as_mut()?;
+        if log.whole {
+            *log = ChangeLog::default();
+            return Some(Changes::Whole(self.live(now_us)));
+        }
+        if log.ids.is_empty() {
+            return None;
+        }
+        let ids = std::mem::take(&mut log.ids);
+        Some(Changes::Some(ids.into_iter().map(|id| (id, self.get(id, now_us))).collect()))
+    }
+
+    /// Every live entry (a full save).
+    pub fn live(&self, now_us: u64) -> Vec<(u64, Slot<V>)> {
+        self.map.iter().filter(|(_, s)| s.expires_us > now_us).map(|(id, s)| (*id, *s)).collect()
+    }
+
+    /// Puts back an entry read from the state file: not a change (it is
+    /// written already), unless making room evicts another.
+    pub fn restore(&mut self, id: u64, slot: Slot<V>, now_us: u64) {
+        if slot.expires_us <= now_us {
+            return;
+        }
+        if !self.map.contains_key(&id) {
+            self.make_room(now_us);
+        }
+        self.map.insert(id, slot);
+    }
+
+    /// Marks `id` changed, so the next snapshot writes it (or its absence).
+    pub fn mark_changed(&mut self, id: u64) {
+        record(&mut self.changes, id, self.entries_max);
     }
 
     pub fn len(&self) -> usize {
@@ -83,6 +165,7 @@ impl<V: Copy> ExpiringMap<V> {
     /// Sets `id`'s entry; an entry that expires at or before now is removed
     /// instead, since it carries no information.
     pub fn set(&mut self, id: u64, slot: Slot<V>, now_us: u64) {
+        record(&mut self.changes, id, self.entries_max);
         if slot.expires_us <= now_us {
             self.map.remove(&id);
             return;
@@ -99,6 +182,7 @@ impl<V: Copy> ExpiringMap<V> {
     /// (if any) and returns what to store (`None` to drop it). One hash
     /// probe when the key is present, which is the hot path of every table.
     pub fn update<R>(&mut self, id: u64, now_us: u64, f: impl FnOnce(Option<Slot<V>>) -> (Option<Slot<V>>, R)) -> R {
+        record(&mut self.changes, id, self.entries_max);
         if let Some(existing) = self.map.get_mut(&id) {
             let live = (existing.expires_us > now_us).then_some(*existing);
             let (next, result) = f(live);
@@ -119,6 +203,7 @@ impl<V: Copy> ExpiringMap<V> {
     }
 
     pub fn remove(&mut self, id: u64) -> Option<Slot<V>> {
+        record(&mut self.changes, id, self.entries_max);
         self.map.remove(&id)
     }
 
@@ -134,7 +219,10 @@ impl<V: Copy> ExpiringMap<V> {
             let victim =
                 self.map.iter().take(EVICTION_SAMPLE).min_by_key(|(_, slot)| slot.expires_us).map(|(id, _)| *id);
             match victim {
-                Some(id) => self.map.remove(&id),
+                Some(id) => {
+                    record(&mut self.changes, id, self.entries_max);
+                    self.map.remove(&id)
+                }
                 None => break,
             };
         }
@@ -144,7 +232,14 @@ impl<V: Copy> ExpiringMap<V> {
     /// only, never per request).
     pub fn sweep(&mut self, now_us: u64) {
         self.inserts_since_sweep = 0;
-        self.map.retain(|_, slot| slot.expires_us > now_us);
+        let (changes, entries_max) = (&mut self.changes, self.entries_max);
+        self.map.retain(|id, slot| {
+            let live = slot.expires_us > now_us;
+            if !live {
+                record(changes, *id, entries_max);
+            }
+            live
+        });
     }
 }
 
@@ -174,5 +269,26 @@ mod tests {
         map.set_entries_max(10);
         map.set(1, Slot { expires_us: u64::MAX, value: () }, 0);
         assert!(map.len() <= 10);
+    }
+
+    #[test]
+    fn a_tracked_map_lists_its_changes_then_replaces_itself_whole_past_its_cap() {
+        let mut map = ExpiringMap::tracked(4);
+        assert_eq!(map.take_changes(0), None);
+        map.set(1, Slot { expires_us: 100, value: 1u16 }, 0);
+        map.set(2, Slot { expires_us: 100, value: 2 }, 0);
+        map.remove(2);
+        let Some(Changes::Some(mut changes)) = map.take_changes(0) else { panic!("changes") };
+        changes.sort_by_key(|(id, _)| *id);
+        assert_eq!(changes, vec![(1, Some(Slot { expires_us: 100, value: 1 })), (2, None)]);
+        assert_eq!(map.take_changes(0), None, "taken once");
+        map.restore(3, Slot { expires_us: 100, value: 3 }, 0);
+        assert_eq!(map.take_changes(0), None, "a restored entry is on disk already");
+        for id in 10..20 {
+            map.set(id, Slot { expires_us: 100, value: 0 }, 0);
+        }
+        let Some(Changes::Whole(all)) = map.take_changes(0) else { panic!("whole") };
+        assert!(all.len() <= 4, "{all:?}");
+        assert!(ExpiringMap::<u16>::new(4).take_changes(0).is_none(), "untracked");
     }
 }

@@ -11,7 +11,7 @@ use std::io::{self, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use blake2::digest::consts::U16;
+use blake2::digest::consts::{U16, U8};
 use blake2::digest::{FixedOutput, Update};
 use blake2::Blake2b;
 use siphasher::sip128::{Hasher128, SipHasher13};
@@ -119,6 +119,18 @@ impl Secret {
 
     /// Reads the secret (hex text), or creates it with mode 0600 on first start.
     pub fn load_or_create(path: &Path) -> Result<Secret, SecretError> {
+        match Self::load(path)? {
+            Some(secret) => Ok(secret),
+            None => {
+                let secret = Self::generate(path)?;
+                secret.save(path)?;
+                Ok(secret)
+            }
+        }
+    }
+
+    /// Reads the secret; `None` if the file does not exist.
+    pub fn load(path: &Path) -> Result<Option<Secret>, SecretError> {
         match fs::read_to_string(path) {
             Ok(text) => {
                 let mode = fs::metadata(path)
@@ -129,22 +141,40 @@ impl Secret {
                     return Err(SecretError::Exposed { path: path.into(), mode: mode & 0o777 });
                 }
                 Self::parse_hex(text.trim())
+                    .map(Some)
                     .ok_or(SecretError::Malformed { path: path.into(), expected: SECRET_BYTES * 2 })
             }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Self::create(path),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(source) => Err(SecretError::Read { path: path.into(), source }),
         }
     }
 
-    fn create(path: &Path) -> Result<Secret, SecretError> {
-        let create_err = |source| SecretError::Create { path: path.into(), source };
+    /// A new random secret for `path` (not written yet: see `save`).
+    pub fn generate(path: &Path) -> Result<Secret, SecretError> {
         let mut bytes = [0u8; SECRET_BYTES];
-        getrandom::getrandom(&mut bytes).map_err(|e| create_err(io::Error::other(e.to_string())))?;
+        getrandom::getrandom(&mut bytes)
+            .map_err(|e| SecretError::Create { path: path.into(), source: io::Error::other(e.to_string()) })?;
+        Ok(Secret(bytes))
+    }
+
+    /// Writes a new secret file with mode 0600; never replaces one.
+    pub fn save(&self, path: &Path) -> Result<(), SecretError> {
+        let create_err = |source| SecretError::Create { path: path.into(), source };
         let mut file = OpenOptions::new().write(true).create_new(true).mode(0o600).open(path).map_err(create_err)?;
-        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        let hex: String = self.0.iter().map(|b| format!("{b:02x}")).collect();
         file.write_all(format!("{hex}\n").as_bytes()).map_err(create_err)?;
         file.sync_all().map_err(create_err)?;
-        Ok(Secret(bytes))
+        Ok(())
+    }
+
+    /// What the state file records to tell which secret its digests were
+    /// made with: a digest of the secret under a domain of its own, so it
+    /// reveals nothing of the secret or of any table key.
+    pub fn fingerprint(&self) -> u64 {
+        let mut hash = Blake2b::<U8>::default();
+        Update::update(&mut hash, FINGERPRINT_DOMAIN);
+        Update::update(&mut hash, &self.0);
+        u64::from_le_bytes(hash.finalize_fixed().into())
     }
 
     fn parse_hex(text: &str) -> Option<Secret> {
@@ -190,6 +220,9 @@ impl fmt::Debug for KeyDeriver {
         f.write_str("KeyDeriver(..)")
     }
 }
+
+/// Domain of the secret's fingerprint (see `Secret::fingerprint`).
+const FINGERPRINT_DOMAIN: &[u8] = b"tollgate secret key fingerprint v1";
 
 /// First byte after the secret block: the digest scheme's version.
 const TAG_VERSION: u8 = 0x01;
@@ -358,5 +391,14 @@ mod tests {
         fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
         fs::write(&path, "zz").unwrap();
         assert!(matches!(Secret::load_or_create(&path), Err(SecretError::Malformed { .. })));
+    }
+
+    #[test]
+    fn the_fingerprint_tells_secrets_apart_and_is_not_a_table_key() {
+        let a = Secret::from_bytes([1; SECRET_BYTES]);
+        assert_eq!(a.fingerprint(), Secret::from_bytes([1; SECRET_BYTES]).fingerprint());
+        assert_ne!(a.fingerprint(), Secret::from_bytes([2; SECRET_BYTES]).fingerprint());
+        let component = deriver(1).component(Component::Account, b"");
+        assert_ne!(a.fingerprint().to_le_bytes(), component[..8]);
     }
 }

@@ -20,13 +20,13 @@ use crate::config::{
     Config, DeviceScope, FailPolicy, RateLimit, ResponsePolicy, RouteConfig, RuleConfig, RuleKind, Rung,
     RULES_PER_ROUTE_MAX,
 };
-use crate::expiring::{ExpiringMap, Slot};
+use crate::expiring::{Changes, ExpiringMap, Slot};
 use crate::failure_window::{Counts, FailureWindowTable, Standing, WindowSpec};
 use crate::gcra::{GcraDecision, GcraSpec, GcraTable};
 use crate::keys::{Component, Key, KeyDeriver};
 use crate::protocol::{ClassLimit, Decision, Lockout, Outcome, Reason, RouteStatus, RuleStatus, Subject, Verdict};
 use crate::source::{forwarded_tail, SourcePolicy};
-use crate::store::{Durable, Journal, PersistedEntry};
+use crate::store::{DeviceChange, DeviceMap, DeviceRows, Durable, Journal, PersistedDevice, PersistedEntry};
 use crate::tat_table::SlotHint;
 
 /// Shards per table: a power of two a little above the core count times a
@@ -68,8 +68,7 @@ impl<T> Shards<T> {
     }
 
     fn shard(&self, bits: u64) -> &Shard<T> {
-        // Middle bits: the tables hash with the low (bucket) and top (tag) bits.
-        &self.0[(bits >> 32) as usize & (SHARDS - 1)]
+        &self.0[shard_index(bits)]
     }
 
     fn of_bits(&self, bits: u64) -> MutexGuard<'_, T> {
@@ -104,6 +103,12 @@ impl Shards<GcraTable> {
 /// consistent at every await-free step boundary, so keep serving.
 fn lock<T>(shard: &Shard<T>) -> MutexGuard<'_, T> {
     shard.0.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Which shard holds `bits`: the middle bits, since the tables hash with
+/// the low (bucket) and top (tag) bits.
+fn shard_index(bits: u64) -> usize {
+    (bits >> 32) as usize & (SHARDS - 1)
 }
 
 type SharedTable<T> = Arc<Shards<T>>;
@@ -175,6 +180,49 @@ impl KnownDevices {
         if admitted {
             self.shards.of(key).set(key.tuple, slot, now_us);
         }
+    }
+}
+
+/// A known-device map's changes as state-file rows.
+fn device_rows<V: Copy>(changes: Changes<V>, value: impl Fn(V) -> u16) -> (bool, Vec<DeviceChange>) {
+    let row = |slot: Slot<V>| (slot.expires_us, value(slot.value));
+    match changes {
+        Changes::Some(list) => (false, list.into_iter().map(|(id, slot)| (id, slot.map(row))).collect()),
+        Changes::Whole(all) => (true, all.into_iter().map(|(id, slot)| (id, Some(row(slot)))).collect()),
+    }
+}
+
+/// Sends one known-device map to the journal, shard by shard, each while
+/// its lock is held (so a later change of an entry is queued after it):
+/// the changes since the last call, or with `full` every live entry (a
+/// rewrite into a fresh file). Durable writes are pushed onto `writes`.
+#[allow(clippy::too_many_arguments)]
+fn save_device_map<V: Copy>(
+    journal: &Journal,
+    route: &Arc<str>,
+    map: DeviceMap,
+    shards: &Shards<ExpiringMap<V>>,
+    value: impl Fn(V) -> u16,
+    now_us: u64,
+    full: bool,
+    writes: &mut Vec<Durable>,
+    durable: bool,
+) {
+    for (index, shard) in shards.0.iter().enumerate() {
+        let mut table = lock(shard);
+        let changes = if full {
+            table.take_changes(now_us);
+            Some(Changes::Whole(table.live(now_us)))
+        } else {
+            table.take_changes(now_us)
+        };
+        let Some(changes) = changes else { continue };
+        let (whole, rows) = device_rows(changes, &value);
+        if rows.is_empty() && (full || !whole) {
+            continue;
+        }
+        let edit = DeviceRows { route: route.clone(), map, shard: index as u8, whole, rows };
+        writes.extend(journal.write_devices(edit, durable));
     }
 }
 
@@ -376,6 +424,12 @@ impl Limiter {
         let after = next.failure_rule_ids();
         for id in before.symmetric_difference(&after) {
             self.journal.drop_rule(id);
+        }
+        // Known devices live as long as their route keeps them.
+        for route in self.routes.iter().filter(|r| r.known_devices.is_some()) {
+            if next.routes.iter().all(|n| n.name != route.name || n.known_devices.is_none()) {
+                self.journal.drop_devices(&route.name);
+            }
         }
         next
     }
@@ -833,7 +887,75 @@ impl Limiter {
                 }
             }
         }
+        self.save_known_devices(now_us, false, &mut writes, durable);
         writes
+    }
+
+    /// Every route's known devices to the journal: the changes since the
+    /// last call, or with `full` everything (see `save_device_map`).
+    fn save_known_devices(&self, now_us: u64, full: bool, writes: &mut Vec<Durable>, durable: bool) {
+        for route in &self.routes {
+            let Some(known) = &route.known_devices else { continue };
+            let name: Arc<str> = route.name.as_str().into();
+            let (journal, devices, accounts) = (&self.journal, &known.shards, &known.per_account);
+            save_device_map(journal, &name, DeviceMap::Devices, devices, |()| 0, now_us, full, writes, durable);
+            save_device_map(journal, &name, DeviceMap::PerAccount, accounts, |n| n, now_us, full, writes, durable);
+        }
+    }
+
+    /// Puts persisted known devices back at start. Rows already expired, or
+    /// of a route that keeps no known devices, are deleted; an expiry past
+    /// the route's TTL now (shortened while the daemon was down) is cut to
+    /// it. Returns how many were restored.
+    pub fn restore_known_devices(&self, rows: Vec<PersistedDevice>, now_us: u64) -> usize {
+        let mut restored = 0;
+        let mut orphans = std::collections::BTreeSet::new();
+        let mut stale: Vec<DeviceRows> = Vec::new();
+        for row in rows {
+            let known = self.routes.iter().find(|r| r.name == row.route).and_then(|r| r.known_devices.as_ref());
+            let Some(known) = known else {
+                orphans.insert(row.route);
+                continue;
+            };
+            let slot_expires_us = row.expires_us.min(now_us.saturating_add(known.ttl_us));
+            let index = shard_index(row.id);
+            let live = slot_expires_us > now_us;
+            // An expired row, or one filed under another shard (a build
+            // with another shard count), is deleted where it is.
+            if !live || usize::from(row.shard) != index {
+                let route: Arc<str> = row.route.as_str().into();
+                let rows = vec![(row.id, None)];
+                stale.push(DeviceRows { route, map: row.map, shard: row.shard, whole: false, rows });
+            }
+            if !live {
+                continue;
+            }
+            let moved = usize::from(row.shard) != index || slot_expires_us != row.expires_us;
+            match row.map {
+                DeviceMap::Devices => {
+                    let mut table = lock(&known.shards.0[index]);
+                    table.restore(row.id, Slot { expires_us: slot_expires_us, value: () }, now_us);
+                    if moved {
+                        table.mark_changed(row.id);
+                    }
+                }
+                DeviceMap::PerAccount => {
+                    let mut table = lock(&known.per_account.0[index]);
+                    table.restore(row.id, Slot { expires_us: slot_expires_us, value: row.value }, now_us);
+                    if moved {
+                        table.mark_changed(row.id);
+                    }
+                }
+            }
+            restored += 1;
+        }
+        for edit in stale {
+            self.journal.write_devices(edit, false);
+        }
+        for route in orphans {
+            self.journal.drop_devices(&route);
+        }
+        restored
     }
 
     /// Rewrites the whole state file from memory (after a failed write left
@@ -854,6 +976,7 @@ impl Limiter {
                 }
             }
         }
+        self.save_known_devices(now_us, true, &mut Vec::new(), false);
         self.journal.rewrite_end()
     }
 
@@ -967,11 +1090,12 @@ fn build_route(config: &RouteConfig, previous: Option<&Limiter>, now_us: u64) ->
         let old = old_route.and_then(|r| r.known_devices.as_ref());
         // The per-account counts are bounded like the devices (an account
         // counted has at least one device).
+        // Both are persisted, so their maps keep change lists.
         KnownDevices {
             ttl_us: known.ttl_us,
-            shards: expiring_table(old.map(|o| &o.shards), known.entries_max),
+            shards: expiring_table_tracked(old.map(|o| &o.shards), known.entries_max),
             per_account_max: known.per_account_max,
-            per_account: expiring_table(old.map(|o| &o.per_account), known.entries_max),
+            per_account: expiring_table_tracked(old.map(|o| &o.per_account), known.entries_max),
         }
     });
     let longest_window = config
@@ -1000,6 +1124,17 @@ fn expiring_table<V: Copy>(
     match old {
         Some(old) => reuse(old, entries_max, |t, cap| t.set_entries_max(cap)),
         None => Arc::new(Shards::new(entries_max, ExpiringMap::new)),
+    }
+}
+
+/// A persisted map: like `expiring_table`, with a change list.
+fn expiring_table_tracked<V: Copy>(
+    old: Option<&SharedTable<ExpiringMap<V>>>,
+    entries_max: usize,
+) -> SharedTable<ExpiringMap<V>> {
+    match old {
+        Some(old) => reuse(old, entries_max, |t, cap| t.set_entries_max(cap)),
+        None => Arc::new(Shards::new(entries_max, ExpiringMap::tracked)),
     }
 }
 

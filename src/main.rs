@@ -19,7 +19,7 @@ use tollgate::keys::{KeyDeriver, Secret};
 use tollgate::limiter::Limiter;
 use tollgate::notify::{self, Notifier};
 use tollgate::server::{self, Daemon};
-use tollgate::store::{Store, StoreStats};
+use tollgate::store::{OpenOptions, Store, StoreError, StoreStats};
 
 /// Exit code for an invalid configuration (sysexits EX_CONFIG).
 const EXIT_CONFIG: u8 = 78;
@@ -95,16 +95,40 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
     if let Some(dir) = config.secret.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    let secret = Secret::load_or_create(&config.secret)?;
+    // A missing secret is made in memory and written only once the state
+    // file has accepted it: a state file with rows made under a lost key
+    // is refused, and no new key is left behind to hide the loss.
+    let (secret, secret_is_new) = match Secret::load(&config.secret)? {
+        Some(secret) => (secret, false),
+        None => (Secret::generate(&config.secret)?, true),
+    };
     let clock = if args.manual_clock { Clock::manual() } else { Clock::System };
 
-    let store = Store::open(&config.state, args.discard_corrupt_state)?;
-    let persisted = store.load()?;
+    let options =
+        OpenOptions { discard_corrupt: args.discard_corrupt_state, key_fingerprint: Some(secret.fingerprint()) };
+    let opened = match Store::open_with(&config.state, options) {
+        Err(StoreError::KeyMismatch { path, found, .. }) if secret_is_new => anyhow::bail!(
+            "secret key file {} is missing, and state file {} holds state made with a secret key (key fingerprint {found:016x}): restore the secret key file, or start with --discard-corrupt-state to move the state file aside and start empty with a new key",
+            config.secret.display(),
+            path.display()
+        ),
+        Err(StoreError::KeyMismatch { path, found, expected }) => anyhow::bail!(
+            "state file {} was written with another secret key than secret key file {} holds (key fingerprints {found:016x} and {expected:016x}): restore the secret key file the state was made with, or start with --discard-corrupt-state to move the state file aside and start empty",
+            path.display(),
+            config.secret.display()
+        ),
+        other => other?,
+    };
+    if secret_is_new {
+        secret.save(&config.secret)?;
+    }
+    let (store, loaded) = (opened.store, opened.loaded);
     let stats = Arc::new(StoreStats::default());
     let (journal, writer) = store.start_writer(stats.clone());
     let classes = Arc::new(load_classes(&config)?);
     let limiter = Limiter::new(&config, classes, KeyDeriver::new(&secret), journal);
-    let restored = limiter.restore(persisted, clock.now_us());
+    let restored = limiter.restore(loaded.entries, clock.now_us());
+    let known_devices = limiter.restore_known_devices(loaded.devices, clock.now_us());
     if restored.orphaned > 0 {
         tracing::warn!(orphaned = restored.orphaned, "persisted entries name rules not configured; deleted");
     }
@@ -246,6 +270,8 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
         restored = restored.restored,
         expired = restored.expired,
         redated = restored.redated,
+        known_devices,
+        damaged_rows = loaded.damaged_rows,
         manual_clock = daemon.clock.is_manual(),
         "tollgate listening"
     );
