@@ -24,7 +24,7 @@ for bin in valgrind callgrind_control callgrind_annotate; do
 done
 
 cargo build --release --quiet --manifest-path "$ROOT/Cargo.toml"
-BIN=$ROOT/target/release/tollgate
+BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/tollgate
 TMP=$(mktemp -d /tmp/tollgate-callgrind.XXXXXX)
 VG=""
 cleanup() {

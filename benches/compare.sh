@@ -29,7 +29,7 @@ done
 [ -r "$PEER" ] || { echo "compare.sh: peer script $PEER not found (set PEER=...)" >&2; exit 2; }
 
 cargo build --release --quiet --manifest-path "$ROOT/Cargo.toml"
-BIN=$ROOT/target/release/tollgate
+BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/tollgate
 export BIN CONNS DURATION KEYS
 TMP=$(mktemp -d /tmp/tollgate-compare.XXXXXX)
 PIDS=()

@@ -26,7 +26,7 @@ ROOT=$(cd "$HERE/.." && pwd)
 SECTIONS=${*:-latency keys trips startup}
 
 cargo build --release --quiet --manifest-path "$ROOT/Cargo.toml"
-BIN=$ROOT/target/release/tollgate
+BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/tollgate
 TMP=$(mktemp -d /tmp/tollgate-targets.XXXXXX)
 PIDS=()
 cleanup() {
