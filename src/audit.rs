@@ -46,10 +46,6 @@ impl LogCap {
     pub fn suppressed_total(&self) -> u64 {
         self.suppressed_total.load(Ordering::Relaxed)
     }
-
-    pub fn per_sec_max(&self) -> u64 {
-        self.per_sec_max
-    }
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! line), then `Config::build` lays it over the built-in defaults and
 //! validates everything, reporting every invalid key at once.
 //!
-//! No I/O except `Config::load`, which reads the file.
+//! No I/O except `Config::read_raw`, which reads the file.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -594,12 +594,6 @@ impl Config {
             Err(source) => return Err(ConfigError::Read { path: path.into(), source }),
         };
         Config::parse(&text).map_err(|message| ConfigError::Parse { path: path.into(), message })
-    }
-
-    /// Reads and validates a config file.
-    pub fn load(path: &Path, required: bool) -> Result<Config, ConfigError> {
-        let raw = Config::read_raw(path, required)?;
-        Config::build(raw).map_err(|errors| ConfigError::Invalid { path: path.into(), errors })
     }
 
     /// Lays `raw` over the defaults and validates the result.

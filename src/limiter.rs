@@ -466,10 +466,6 @@ impl Limiter {
             .ok_or_else(|| RequestError::UnknownRoute(name.chars().take(64).collect()))
     }
 
-    pub fn fail_policy(&self, route: &str) -> Option<FailPolicy> {
-        self.route(route).ok().map(|r| r.fail_policy)
-    }
-
     /// The source prefix a subject is counted under (for log lines).
     pub fn client_prefix(&self, subject: &Subject<'_>) -> Option<crate::source::Prefix> {
         let peer = subject.peer?;

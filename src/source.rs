@@ -122,7 +122,7 @@ impl SourcePolicy {
         let peer = canonical(peer);
         let Some(header) = forwarded_for else { return peer };
         if self.trusted_hops > 0 {
-            return self.by_hop_count(peer, header).unwrap_or(peer);
+            return self.by_hop_count(header).unwrap_or(peer);
         }
         if !self.is_trusted(peer) {
             return peer;
@@ -130,7 +130,7 @@ impl SourcePolicy {
         self.by_trusted_networks(header).unwrap_or(peer)
     }
 
-    fn by_hop_count(&self, _peer: IpAddr, header: &str) -> Option<IpAddr> {
+    fn by_hop_count(&self, header: &str) -> Option<IpAddr> {
         // With h trusted proxies the header reads "client, p1, .., p(h-1)":
         // the client is the h-th entry from the right.
         let wanted = self.trusted_hops as usize;
