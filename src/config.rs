@@ -29,14 +29,17 @@ pub const SECRET_FILE_NAME: &str = "secret";
 pub const SNAPSHOT_INTERVAL_MS_DEFAULT: u64 = 1000;
 pub const SNAPSHOT_INTERVAL_MS_MAX: u64 = 60_000;
 /// How long an attempt admitted by `check` holds its place on failure rules
-/// while no `report` settles it: well over a slow password hash (argon2 at
-/// a second or so) plus the auth server's own work, short enough that an
-/// attempt whose report never comes (a crashed handler) frees its place
-/// within seconds.
-pub const ATTEMPT_TIMEOUT_MS_DEFAULT: u64 = 5_000;
+/// while no `report` settles it. A place that lapses before its attempt's
+/// report frees room for another guess, so this must outlast the auth
+/// server's own request deadline (an attacker who can slow the auth server's
+/// password hashing past it would otherwise get a threshold's worth of
+/// guesses in flight per lapse): 30 s covers the usual HTTP handler timeout.
+/// A place whose report never comes (a crashed handler) holds its key for
+/// this long.
+pub const ATTEMPT_TIMEOUT_MS_DEFAULT: u64 = 30_000;
 /// Longer would let a crashed auth server's attempts hold their keys' places
-/// for minutes.
-pub const ATTEMPT_TIMEOUT_MS_MAX: u64 = 60_000;
+/// for more than ten minutes.
+pub const ATTEMPT_TIMEOUT_MS_MAX: u64 = 600_000;
 
 /// The login window: long enough that 5 guesses per window is ~480 a day per
 /// (account, source), short enough that a typo-locked owner waits minutes.

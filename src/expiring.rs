@@ -178,6 +178,29 @@ impl<V: Copy> ExpiringMap<V> {
         self.map.insert(id, slot);
     }
 
+    /// Sets `id`'s entry like `set`, but never evicts a live entry to make
+    /// room: returns false, storing nothing, when the map is full of live
+    /// entries (an expired one sampled, or found by a sweep amortised as in
+    /// `set`, gives way).
+    pub fn set_if_room(&mut self, id: u64, slot: Slot<V>, now_us: u64) -> bool {
+        if self.map.len() >= self.entries_max && !self.map.contains_key(&id) {
+            self.inserts_since_sweep += 1;
+            let expired =
+                self.map.iter().take(EVICTION_SAMPLE).find(|(_, s)| s.expires_us <= now_us).map(|(id, _)| *id);
+            if let Some(expired) = expired {
+                record(&mut self.changes, expired, self.entries_max);
+                self.map.remove(&expired);
+            } else if self.inserts_since_sweep >= SWEEP_INSERTS_MIN.max(self.map.len() / 2) {
+                self.sweep(now_us);
+            }
+            if self.map.len() >= self.entries_max {
+                return false;
+            }
+        }
+        self.set(id, slot, now_us);
+        true
+    }
+
     /// Reads and rewrites `id`'s entry in one step: `f` sees the live entry
     /// (if any) and returns what to store (`None` to drop it). One hash
     /// probe when the key is present, which is the hot path of every table.
@@ -257,6 +280,20 @@ mod tests {
             map.set(id, Slot { expires_us: id * 10 + 5, value: 0 }, id * 10);
         }
         assert!(map.len() <= SWEEP_INSERTS_MIN, "len {}", map.len());
+    }
+
+    #[test]
+    fn set_if_room_never_evicts_a_live_entry() {
+        let mut map = ExpiringMap::new(4);
+        for id in 0..4u64 {
+            assert!(map.set_if_room(id, Slot { expires_us: 100, value: id }, 0));
+        }
+        assert!(!map.set_if_room(9, Slot { expires_us: 100, value: 9 }, 50), "full of live entries");
+        assert!(map.set_if_room(2, Slot { expires_us: 200, value: 2 }, 50), "an existing id is updated");
+        assert_eq!((0..4).filter(|id| map.get(*id, 50).is_some()).count(), 4);
+        assert!(map.set_if_room(9, Slot { expires_us: 300, value: 9 }, 150), "expired entries give way");
+        assert_eq!(map.get(9, 150).map(|s| s.value), Some(9));
+        assert_eq!(map.get(2, 150).map(|s| s.value), Some(2));
     }
 
     #[test]

@@ -182,14 +182,75 @@ pub enum TableError {
     FullOfLockouts(usize),
 }
 
+/// Places a key's attempts in flight hold, each timed on its own: up to
+/// `PLACES_TIMED` by their own lapse instant, and any beyond that (more
+/// attempts at once than any default threshold but the account ceiling
+/// admits) together, lapsing with the newest of them.
+pub const PLACES_TIMED: usize = 8;
+
+/// The places of one key (see `PLACES_TIMED`). A report releases the newest
+/// live place, so a place whose report never comes (a crashed handler)
+/// keeps its own lapse instant however busy the key stays: an older place
+/// is never renewed by newer attempts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Places {
+    /// Lapse instants; 0 or past means the cell is free.
+    until_us: [u64; PLACES_TIMED],
+    /// Places beyond the timed ones, lapsing together at `more_until_us`.
+    more: u32,
+    more_until_us: u64,
+}
+
+impl Places {
+    pub fn live(&self, now_us: u64) -> u32 {
+        let timed = self.until_us.iter().filter(|u| **u > now_us).count() as u32;
+        timed + if self.more_until_us > now_us { self.more } else { 0 }
+    }
+
+    /// When the first live place lapses (`now_us` if none is live).
+    pub fn first_lapse(&self, now_us: u64) -> u64 {
+        let more = (self.more > 0 && self.more_until_us > now_us).then_some(self.more_until_us);
+        self.until_us.iter().copied().filter(|u| *u > now_us).chain(more).min().unwrap_or(now_us)
+    }
+
+    /// When the last live place lapses: the map entry's own expiry.
+    fn last_lapse(&self, now_us: u64) -> u64 {
+        let more = if self.more > 0 { self.more_until_us } else { 0 };
+        self.until_us.iter().copied().chain([more]).max().unwrap_or(0).max(now_us)
+    }
+
+    fn take(&mut self, until_us: u64, now_us: u64) {
+        if let Some(free) = self.until_us.iter_mut().find(|u| **u <= now_us) {
+            *free = until_us;
+            return;
+        }
+        if self.more_until_us <= now_us {
+            self.more = 0;
+        }
+        self.more = self.more.saturating_add(1);
+        self.more_until_us = until_us;
+    }
+
+    /// Releases the newest live place, if any.
+    fn release(&mut self, now_us: u64) {
+        if self.more > 0 && self.more_until_us > now_us {
+            self.more -= 1;
+            return;
+        }
+        if let Some(newest) = self.until_us.iter_mut().filter(|u| **u > now_us).max_by_key(|u| **u) {
+            *newest = 0;
+        }
+    }
+}
+
 /// What a key looks like to a check: its counts and the attempts admitted
 /// on it that have not been reported yet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Standing {
     pub counts: Counts,
     pub in_flight: u32,
-    /// When the attempts in flight stop holding their places if no report
-    /// settles them (meaningless when `in_flight` is 0).
+    /// When the first of the places in flight lapses if no report settles
+    /// it (`now` when none is held).
     pub in_flight_until_us: u64,
 }
 
@@ -222,12 +283,16 @@ pub struct FailureWindowTable {
     refused_full: u64,
     /// Attempts admitted by `check` and not yet settled by a report, per
     /// key (by its tuple digest): each holds a place against the threshold,
-    /// so parallel attempts cannot all read "4 of 5" and all proceed. A
-    /// key's places lapse together `attempt_timeout_us` after its latest
-    /// admission (a place is held at most that long past the last check, so
-    /// the bound errs towards holding). Bounded like the table; never
-    /// persisted (a restart forgets attempts, not their reported failures).
-    in_flight: ExpiringMap<u16>,
+    /// so parallel attempts cannot all read "4 of 5" and all proceed. Each
+    /// place lapses `attempt_timeout_us` after its own check (see
+    /// `Places`). Bounded like the table, and a live place is never evicted
+    /// for another key's: when the map is full of them, an attempt that
+    /// finds no room is counted as a failure at once (`presumed`), which
+    /// errs towards refusing. Never persisted (a restart forgets attempts,
+    /// not their reported failures).
+    in_flight: ExpiringMap<Places>,
+    /// Checks admitted with no room for their place, counted as failures.
+    presumed: u64,
     /// Failures of keys the table could not hold (full of lockouts), made
     /// at the first such failure.
     overflow: Option<Box<OverflowSketch>>,
@@ -249,6 +314,7 @@ impl FailureWindowTable {
             removed: Vec::new(),
             refused_full: 0,
             in_flight: ExpiringMap::new(entries_max),
+            presumed: 0,
             overflow: None,
         }
     }
@@ -289,61 +355,75 @@ impl FailureWindowTable {
     }
 
     /// The key's counts and attempts in flight as of `now_us`. Once the
-    /// table has overflowed, the counts are the larger of its entry's and
-    /// the overflow sketch's (a key may have failures in both).
+    /// table has overflowed, a key's failures are those of its entry plus
+    /// those spilled to the overflow sketch (each failure is in one of
+    /// them; the sketch only adds).
     pub fn standing(&self, key: Key, now_us: u64) -> Standing {
-        let in_flight = self.in_flight.get(key.tuple, now_us);
+        let places = self.in_flight.get(key.tuple, now_us).map(|s| s.value).unwrap_or_default();
         let mut counts = self.get(key, now_us);
         if let Some(sketch) = &self.overflow {
             let spilled = sketch.counts(self.spec, key, now_us);
-            if self.spec.weighted(spilled, now_us) > self.spec.weighted(counts, now_us) {
-                counts = spilled;
-            }
+            counts.previous = counts.previous.saturating_add(spilled.previous);
+            counts.current = counts.current.saturating_add(spilled.current);
         }
-        Standing {
-            counts,
-            in_flight: in_flight.map_or(0, |s| u32::from(s.value)),
-            in_flight_until_us: in_flight.map_or(now_us, |s| s.expires_us),
-        }
+        Standing { counts, in_flight: places.live(now_us), in_flight_until_us: places.first_lapse(now_us) }
     }
 
     /// `check` on this rule, in one step: admits the attempt unless the
     /// failures plus the attempts already in flight reach the threshold,
     /// and an admitted attempt takes a place until `settle` or
-    /// `timeout_us` from now. With `hold_refused` (monitor mode, where a
-    /// refusal is not enforced) a refused attempt takes a place too.
-    /// Returns whether it was admitted and the standing after it.
-    pub fn admit(&mut self, key: Key, now_us: u64, timeout_us: u64, hold_refused: bool) -> (bool, Standing) {
+    /// `timeout_us` from now. Returns whether it was admitted and the
+    /// standing after it.
+    pub fn admit(&mut self, key: Key, now_us: u64, timeout_us: u64) -> (bool, Standing) {
         let before = self.standing(key, now_us);
-        let admitted = !self.spec.refuses(before.counts, before.in_flight, now_us);
-        if !admitted && !hold_refused {
+        if self.spec.refuses(before.counts, before.in_flight, now_us) {
             return (false, before);
         }
-        let in_flight = before.in_flight.saturating_add(1).min(u32::from(u16::MAX));
-        let until_us = now_us.saturating_add(timeout_us.max(1));
-        self.in_flight.set(key.tuple, ExpiringSlot { expires_us: until_us, value: in_flight as u16 }, now_us);
-        (admitted, Standing { counts: before.counts, in_flight, in_flight_until_us: until_us })
+        let mut places = self.in_flight.get(key.tuple, now_us).map(|s| s.value).unwrap_or_default();
+        places.take(now_us.saturating_add(timeout_us.max(1)), now_us);
+        let slot = ExpiringSlot { expires_us: places.last_lapse(now_us), value: places };
+        if !self.in_flight.set_if_room(key.tuple, slot, now_us) {
+            // Full of live places: the attempt is counted as a failure now,
+            // and its report, finding no place, counts again (a success
+            // clears what it clears). Over-counting, only under a flood.
+            self.presumed += 1;
+            if self.record_failure(key, now_us).is_err() {
+                self.count_overflow(key, now_us);
+            }
+            return (true, self.standing(key, now_us));
+        }
+        (true, self.standing(key, now_us))
     }
 
-    /// Releases one of the key's places in flight (its report arrived, or
-    /// the check was refused by another rule); none held is fine (a report
-    /// after its place lapsed, or without a check).
+    /// Releases the newest of the key's places in flight (its report
+    /// arrived, or the check was refused by another rule); none held is
+    /// fine (a report after its place lapsed, or without a check).
     pub fn settle(&mut self, key: Key, now_us: u64) {
         self.in_flight.update(key.tuple, now_us, |held| match held {
-            Some(slot) if slot.value > 1 => (Some(ExpiringSlot { value: slot.value - 1, ..slot }), ()),
-            _ => (None, ()),
+            Some(mut slot) => {
+                slot.value.release(now_us);
+                let live = slot.value.live(now_us) > 0;
+                slot.expires_us = slot.value.last_lapse(now_us);
+                (live.then_some(slot), ())
+            }
+            None => (None, ()),
         });
     }
 
+    /// Checks admitted when the map of places was full of live ones, each
+    /// counted as a failure at once (in `status`, with `refused_full`).
+    pub fn presumed_failures(&self) -> u64 {
+        self.presumed
+    }
+
     /// Counts a failure that `record_failure` could not (the table full of
-    /// lockouts) in the overflow sketch; returns the key's standing counts.
+    /// lockouts) in the overflow sketch.
     /// Spilled failures are in memory only, and neither a success nor an
     /// unlock clears them: they drain with their window.
-    pub fn count_overflow(&mut self, key: Key, now_us: u64) -> Counts {
+    pub fn count_overflow(&mut self, key: Key, now_us: u64) {
         let spec = self.spec;
         let entries_max = self.entries_max;
         self.overflow.get_or_insert_with(|| Box::new(OverflowSketch::new(entries_max))).record(spec, key, now_us);
-        self.standing(key, now_us).counts
     }
 
     /// Counts one failure for `key`, in one step.
@@ -384,6 +464,12 @@ impl FailureWindowTable {
         self.write(i, counts);
         self.mark_persisted(key);
         Ok(true)
+    }
+
+    /// Drops places that lapsed: a scan, for maintenance only (the map
+    /// also sweeps itself, amortised, as it fills).
+    pub fn sweep_places(&mut self, now_us: u64) {
+        self.in_flight.sweep(now_us);
     }
 
     /// Drops entries whose windows are both over. Pops list heads only.
@@ -526,9 +612,9 @@ impl FailureWindowTable {
         self.entries_max = entries_max.max(1);
         self.in_flight.set_entries_max(entries_max);
         if spec.window_us != old.window_us {
-            // Its cells count in the old window length; a reload starts the
-            // spill afresh (the table itself re-dates its entries below).
-            self.overflow = None;
+            if let Some(sketch) = &mut self.overflow {
+                sketch.redate(old, spec, now_us);
+            }
         }
         self.lists = vec![EMPTY; spec.threshold as usize + 1];
         for i in live {
@@ -859,6 +945,27 @@ mod tests {
         assert_eq!(table.take_changes(), vec![(key(1), None)]);
     }
 
+    #[test]
+    fn a_key_with_failures_in_the_table_and_the_sketch_reads_their_sum() {
+        // Found by review: the two were combined by max, so a key whose
+        // failures were split between them read fewer than it had.
+        let mut table = FailureWindowTable::new(spec(5), 1);
+        let now = 800 * WINDOW;
+        for _ in 0..5 {
+            table.record_failure(key(1), now).unwrap();
+        }
+        for _ in 0..3 {
+            assert!(table.record_failure(key(2), now).is_err(), "full of a lockout");
+            table.count_overflow(key(2), now);
+        }
+        table.clear(key(1));
+        table.record_failure(key(2), now).unwrap();
+        table.record_failure(key(2), now).unwrap();
+        let standing = table.standing(key(2), now);
+        assert_eq!(table.spec().estimate(standing.counts, now), 5, "3 spilled + 2 in the table");
+        assert!(table.spec().is_locked(standing.counts, now));
+    }
+
     #[derive(Clone, Debug)]
     enum AttemptOp {
         Check(u8),
@@ -876,38 +983,38 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// Places in flight against a plain model: per key, a count and the
-        /// instant they lapse. A check is admitted exactly when the table's
-        /// own counts plus the model's places stay under the threshold; a
-        /// report settles one place, whatever its outcome; places lapse
-        /// together at the timeout after the key's latest admission.
+        /// Places in flight against a plain model: per key, the lapse
+        /// instant of each place. A check is admitted exactly when the
+        /// table's own counts plus the live places stay under the
+        /// threshold; a report releases the newest live place, whatever its
+        /// outcome; each place lapses on its own.
         #[test]
         fn places_in_flight_follow_a_plain_model(ops in proptest::collection::vec(attempt_op(), 1..200)) {
             const TIMEOUT_US: u64 = 1_000_000;
             let s = spec(3);
             let mut table = FailureWindowTable::new(s, 100);
-            let mut model: std::collections::HashMap<u8, (u32, u64)> = Default::default();
+            let mut model: std::collections::HashMap<u8, Vec<u64>> = Default::default();
             let mut now = 900 * WINDOW;
             for op in ops {
                 match op {
                     AttemptOp::Check(k) => {
-                        let held = model.get(&k).filter(|(_, until)| *until > now).map_or(0, |(n, _)| *n);
+                        let places = model.entry(k).or_default();
+                        places.retain(|until| *until > now);
+                        let held = places.len() as u32;
                         let expect = !s.refuses(table.get(key(k as u64), now), held, now);
-                        let (admitted, standing) = table.admit(key(k as u64), now, TIMEOUT_US, false);
+                        let (admitted, standing) = table.admit(key(k as u64), now, TIMEOUT_US);
                         proptest::prop_assert_eq!(admitted, expect);
                         if admitted {
-                            model.insert(k, (held + 1, now + TIMEOUT_US));
+                            places.push(now + TIMEOUT_US);
                         }
                         proptest::prop_assert_eq!(standing.in_flight, held + admitted as u32);
                     }
                     AttemptOp::Report(k, failed) => {
                         table.settle(key(k as u64), now);
-                        if let Some((n, until)) = model.get_mut(&k) {
-                            if *until > now && *n > 1 {
-                                *n -= 1;
-                            } else {
-                                model.remove(&k);
-                            }
+                        let places = model.entry(k).or_default();
+                        places.retain(|until| *until > now);
+                        if let Some(newest) = places.iter().enumerate().max_by_key(|(_, u)| **u).map(|(i, _)| i) {
+                            places.remove(newest);
                         }
                         if failed {
                             table.record_failure(key(k as u64), now).unwrap();
@@ -916,7 +1023,7 @@ mod tests {
                     AttemptOp::Advance(ms) => now += ms as u64 * 1000,
                 }
                 for k in 0..4u8 {
-                    let held = model.get(&k).filter(|(_, until)| *until > now).map_or(0, |(n, _)| *n);
+                    let held = model.get(&k).map_or(0, |p| p.iter().filter(|u| **u > now).count()) as u32;
                     proptest::prop_assert_eq!(table.standing(key(k as u64), now).in_flight, held, "key {}", k);
                 }
             }

@@ -540,12 +540,13 @@ impl Limiter {
             if let (Table::Failures { shards, .. }, Some(key)) = (&rule.table, key) {
                 let (spec, admitted, standing) = {
                     let mut table = shards.of(key);
-                    // A monitored rule never refuses, so its attempt is in
-                    // flight either way and holds a place like any other.
-                    let (admitted, standing) = table.admit(key, now_us, self.attempt_timeout_us, rule.monitor);
+                    // A monitored rule's would-be refusal takes no place,
+                    // exactly as an enforced one, so that switching it to
+                    // enforcing finds the places enforcing would have.
+                    let (admitted, standing) = table.admit(key, now_us, self.attempt_timeout_us);
                     (table.spec(), admitted, standing)
                 };
-                if admitted || rule.monitor {
+                if admitted {
                     held |= 1 << i;
                 }
                 let answer = failure_answer(rule, spec, standing, !admitted, now_us);
@@ -685,31 +686,31 @@ impl Limiter {
                     // same step as it is counted: the place becomes a
                     // failure, or is released, never both nor neither.
                     table.settle(key, now_us);
-                    let counts = match outcome {
+                    match outcome {
                         Outcome::Failure if !repeated => match table.record_failure(key, now_us) {
-                            Ok(recorded) => {
-                                if recorded.now_locked && !recorded.was_locked {
-                                    // Written while the shard is locked, so it is
-                                    // queued before any later change of this key.
-                                    let window_us = table.spec().window_us;
-                                    let change = vec![(key, Some(recorded.counts))];
-                                    durable.push(self.journal.write_durably(&rule.id, window_us, change));
-                                    table.mark_persisted(key);
-                                }
-                                recorded.counts
+                            Ok(recorded) if recorded.now_locked && !recorded.was_locked => {
+                                // Written while the shard is locked, so it is
+                                // queued before any later change of this key.
+                                let window_us = table.spec().window_us;
+                                let change = vec![(key, Some(recorded.counts))];
+                                durable.push(self.journal.write_durably(&rule.id, window_us, change));
+                                table.mark_persisted(key);
                             }
-                            Err(_) => table.count_overflow(key, now_us),
+                            Ok(_) => {}
+                            Err(_) => {
+                                table.count_overflow(key, now_us);
+                            }
                         },
                         Outcome::Success if *cleared_by_success => {
                             table.clear(key);
-                            table.get(key, now_us)
                         }
-                        _ => table.get(key, now_us),
-                    };
+                        _ => {}
+                    }
                     let spec = table.spec();
-                    let standing = Standing { counts, ..table.standing(key, now_us) };
+                    // The failures the table and its overflow sketch hold.
+                    let standing = table.standing(key, now_us);
                     drop(table);
-                    let refused = spec.refuses(counts, standing.in_flight, now_us);
+                    let refused = spec.refuses(standing.counts, standing.in_flight, now_us);
                     let answer = failure_answer(rule, spec, standing, refused, now_us);
                     answers.push(self.escalate(rule, key, answer, now_us, false));
                 }
@@ -977,14 +978,15 @@ impl Limiter {
     }
 
     /// Sweeps expired entries of the rate, escalation, known-device and
-    /// password tables, one shard per call (round robin by `tick`), so no
+    /// password tables and lapsed places of failure rules, one shard per call (round robin by `tick`), so no
     /// call holds a lock for a whole table.
     pub fn sweep(&self, tick: u64, now_us: u64) {
         let shard = tick as usize % SHARDS;
         for route in &self.routes {
             for rule in &route.rules {
-                if let Table::Rate { shards, .. } = &rule.table {
-                    lock(&shards.0[shard]).sweep(now_us);
+                match &rule.table {
+                    Table::Rate { shards, .. } => lock(&shards.0[shard]).sweep(now_us),
+                    Table::Failures { shards, .. } => lock(&shards.0[shard]).sweep_places(now_us),
                 }
                 lock(&rule.escalation.0[shard]).sweep(now_us);
             }
@@ -1206,7 +1208,7 @@ fn rule_status(rule: &Rule) -> RuleStatus {
             }
             Table::Failures { spec, cleared_by_success, shards } => {
                 let fill = shards.each().fold((0, 0, 0), |(n, m, f), t| {
-                    (n + t.len() as u64, m + t.entries_max() as u64, f + t.refused_full())
+                    (n + t.len() as u64, m + t.entries_max() as u64, f + t.refused_full() + t.presumed_failures())
                 });
                 ("failures", spec.threshold, 0, spec.window_us / 1000, *cleared_by_success, Vec::new(), fill)
             }

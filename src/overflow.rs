@@ -80,11 +80,22 @@ impl OverflowSketch {
             .expect("OVERFLOW_ROWS > 0")
     }
 
+    /// Re-dates every cell to a new window length the way a table re-dates
+    /// its entries at a reload: its sliding count, rounded down, becomes
+    /// the current window's count, so a reload neither lifts nor invents a
+    /// spilled lockout.
+    pub fn redate(&mut self, old: WindowSpec, new: WindowSpec, now_us: u64) {
+        let window = new.window_index(now_us);
+        for cell in self.cells.iter_mut() {
+            *cell = Counts { window, previous: 0, current: old.whole_failures(*cell, now_us) };
+        }
+    }
+
     /// Counts one failure of `key`. Conservative update: only cells below
     /// the key's estimate plus one failure are raised, which keeps the
     /// over-count of other keys down and the key's own estimate at least its
     /// true count.
-    pub fn record(&mut self, spec: WindowSpec, key: Key, now_us: u64) -> Counts {
+    pub fn record(&mut self, spec: WindowSpec, key: Key, now_us: u64) {
         let target = spec.weighted(self.counts(spec, key, now_us), now_us) + spec.window_us as u128;
         for row in 0..OVERFLOW_ROWS {
             let i = self.cell(key, row);
@@ -94,7 +105,6 @@ impl OverflowSketch {
             }
             self.cells[i] = cell;
         }
-        self.counts(spec, key, now_us)
     }
 }
 

@@ -103,3 +103,26 @@ fn parallel_guesses_on_a_fresh_key_in_a_full_table_are_held_to_five() {
     }
     assert_eq!(tried, 5);
 }
+
+#[test]
+fn a_spilled_lockout_shows_in_report_verdicts_and_survives_a_reload_to_another_window() {
+    // Found by review: a report's verdict read the table alone, and a
+    // reload that changed the window dropped the overflow sketch.
+    let daemon = TestDaemon::start_with(Some(CONFIG), true);
+    fill_both_tables_with_lockouts(&daemon);
+    let rt = runtime();
+    let client = daemon.client();
+    let victim = subject("198.51.100.202", "third-victim");
+    for _ in 0..5 {
+        verdict(rt.block_on(client.report("login", &victim, Outcome::Failure)));
+    }
+    let v = verdict(rt.block_on(client.report("login", &victim, Outcome::Success)));
+    assert_eq!((v.decision, v.rule.as_ref()), (Decision::Deny, "source_failures"), "the report sees the sketch");
+    let longer = CONFIG.replace(
+        "[routes.login.rules.source_failures]\n",
+        "[routes.login.rules.source_failures]\nwindow_secs = 1800\n",
+    );
+    daemon.reload_with(&longer);
+    let v = verdict(rt.block_on(client.check("login", &victim)));
+    assert_eq!((v.decision, v.rule.as_ref()), (Decision::Deny, "source_failures"), "re-dated, not dropped: {v:?}");
+}

@@ -193,3 +193,84 @@ fn an_office_of_a_thousand_behind_four_addresses_logging_in_at_once_is_never_ref
     }));
     assert_eq!(refusals.iter().sum::<usize>(), 0);
 }
+
+#[test]
+fn a_flood_of_checks_on_other_keys_never_frees_a_victims_places() {
+    // Found by review: places lived in a map that evicted live entries, so
+    // a flood of distinct keys freed a victim's places and its attempts got
+    // past the threshold. 64 keys of places per rule (4 per shard), then
+    // 4,000 admitted checks on other keys, none reported.
+    let config = "[routes.login.rules.source_failures]\nentries_max = 64\n\
+                  [routes.login.rules.account_failures]\nentries_max = 64\n";
+    let daemon = TestDaemon::start_with(Some(config), true);
+    let rt = runtime();
+    let client = daemon.client();
+    let victims: Vec<String> = (0..8).map(|n| format!("victim-{n}")).collect();
+    let mut admitted = 0;
+    for v in &victims {
+        for _ in 0..10 {
+            admitted += verdict(rt.block_on(client.check("login", &subject("198.51.100.7", v)))).proceeds() as u32;
+        }
+    }
+    assert_eq!(admitted, 40, "5 places each");
+    let flood: Vec<(String, String)> =
+        (0..4000).map(|n| (format!("flood-{n}"), format!("2001:db8:{:x}:{:x}::1", n / 1000, n % 1000))).collect();
+    rt.block_on(pipeline(&daemon.socket, flood.len(), 64, |i, out| {
+        let request = tollgate::protocol::Request::Check { route: "login", subject: subject(&flood[i].1, &flood[i].0) };
+        tollgate::codec::encode_request(i as u64, &request, out);
+    }));
+    for v in &victims {
+        for _ in 0..10 {
+            admitted += verdict(rt.block_on(client.check("login", &subject("198.51.100.7", v)))).proceeds() as u32;
+        }
+    }
+    assert_eq!(admitted, 40, "the flood freed none of the victims' places");
+}
+
+#[test]
+fn a_place_whose_report_never_comes_lapses_however_busy_its_key() {
+    // Found by review: a key's places lapsed together after its latest
+    // check, so steady traffic kept places whose reports were lost alive
+    // for good. 4 lost reports, then a check and its report every second.
+    let daemon = TestDaemon::start_with(Some("attempt_timeout_ms = 5000\n"), true);
+    let rt = runtime();
+    let client = daemon.client();
+    let gina = subject("198.51.100.10", "gina");
+    for _ in 0..4 {
+        assert_eq!(verdict(rt.block_on(client.check("login", &gina))).decision, Decision::Allow);
+    }
+    for second in 0..30 {
+        daemon.advance("1s");
+        let v = verdict(rt.block_on(client.check("login", &gina)));
+        assert_eq!(v.decision, Decision::Allow, "second {second}");
+        verdict(rt.block_on(client.report("login", &gina, Outcome::Success)));
+    }
+    let admitted: u32 = (0..5).map(|_| verdict(rt.block_on(client.check("login", &gina))).proceeds() as u32).sum();
+    assert_eq!(admitted, 5, "the 4 lost places lapsed 5 s after their own checks");
+}
+
+#[test]
+fn monitor_mode_holds_no_place_it_would_have_refused() {
+    // Found by review: monitored rules took a place even when they would
+    // refuse, so switching to enforcing refused a key with no failure.
+    let monitor = "[routes.login.rules.source_failures]\nmonitor = true\n";
+    let daemon = TestDaemon::start_with(Some(monitor), true);
+    let rt = runtime();
+    let client = daemon.client();
+    let hana = subject("198.51.100.11", "hana");
+    for _ in 0..45 {
+        assert_eq!(verdict(rt.block_on(client.check("login", &hana))).decision, Decision::Allow);
+    }
+    daemon.reload_with("[routes.login.rules.source_failures]\nmonitor = false\n");
+    let v = verdict(rt.block_on(client.check("login", &hana)));
+    assert_eq!((v.decision, v.rule.as_ref()), (Decision::Deny, "source_failures"), "the 5 places enforcing takes");
+    let status = daemon.cli_json(&["status"]);
+    let login = status["routes"].as_array().unwrap().iter().find(|r| r["name"] == "login").unwrap().clone();
+    let rule = login["rules"].as_array().unwrap().iter().find(|r| r["name"] == "source_failures").unwrap().clone();
+    assert_eq!(rule["would_refuse"], 40, "45 checks, 5 places: 40 would-be refusals");
+    // The 5 admitted attempts report; nothing else holds a place.
+    for _ in 0..5 {
+        verdict(rt.block_on(client.report("login", &hana, Outcome::Success)));
+    }
+    assert_eq!(verdict(rt.block_on(client.check("login", &hana))).decision, Decision::Allow);
+}
