@@ -53,6 +53,11 @@ fn serve(args: ServeArgs) -> ExitCode {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("TOLLGATE_LOG").unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        // By default a failed log write is reported with `eprintln!`, which
+        // panics when stderr cannot be written (a full disk under the log):
+        // that killed the state writer and snapshot threads while the
+        // daemon kept answering. A lost log line must cost only itself.
+        .log_internal_errors(false)
         .init();
     let config = match load_config(&args) {
         Ok(c) => c,

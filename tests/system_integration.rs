@@ -70,6 +70,39 @@ fn a_full_disk_keeps_the_daemon_answering_and_nothing_is_lost_once_it_clears() {
     }
 }
 
+#[test]
+fn a_full_disk_under_the_log_as_well_keeps_the_state_writer_alive() {
+    // Found by review: a failed log write was reported with `eprintln!`,
+    // which panicked in the logging thread: the state writer and the
+    // snapshot thread died, and every later lockout lived in memory only.
+    if !have("prlimit") {
+        eprintln!("skipped: prlimit (util-linux) is not installed");
+        return;
+    }
+    let mut daemon = TestDaemon::start();
+    let pid = daemon.pid().to_string();
+    report_failures(&daemon, "before", "198.51.100.20", 5);
+    // Room for a line or two more of log, none for the state file.
+    let log_bytes = std::fs::metadata(daemon.log_path()).unwrap().len();
+    let limit = format!("--fsize={}:unlimited", log_bytes + 200);
+    assert!(Command::new("prlimit").args(["--pid", &pid, &limit]).status().unwrap().success());
+    for n in 0..5 {
+        report_failures(&daemon, &format!("during{n}"), &format!("198.51.100.{}", 30 + n), 5);
+    }
+    assert!(Command::new("prlimit").args(["--pid", &pid, "--fsize=unlimited:unlimited"]).status().unwrap().success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while daemon.cli_json(&["status"])["persistence"]["changes_unwritten"] != 0 {
+        assert!(Instant::now() < deadline, "the writer never recovered:\n{}", daemon.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    daemon.kill9();
+    daemon.spawn();
+    assert_eq!(check_decision(&daemon, "before", "198.51.100.20"), "deny");
+    for n in 0..5 {
+        assert_eq!(check_decision(&daemon, &format!("during{n}"), &format!("198.51.100.{}", 30 + n)), "deny", "{n}");
+    }
+}
+
 /// Runs the CLI as `nobody` (uid and gid 65534).
 fn as_nobody(daemon: &TestDaemon, args: &[&str]) -> std::process::Output {
     Command::new("setpriv")
