@@ -578,7 +578,8 @@ fn entry_row(rule: &str, digest: u128, window_us: u64, counts: Counts) -> EntryR
 /// fails. Nothing is committed unless all of it succeeds.
 fn prepare(db: &Database, path: &Path, key_fingerprint: Option<u64>) -> Result<Loaded, StoreError> {
     let corrupt = |e: &dyn std::fmt::Display| StoreError::corrupt(path, e);
-    let txn = db.begin_write().map_err(|e| corrupt(&e))?;
+    let mut txn = db.begin_write().map_err(|e| corrupt(&e))?;
+    txn.set_two_phase_commit(true);
     let loaded = {
         let mut meta = txn.open_table(META).map_err(|e| corrupt(&e))?;
         let found = meta.get("schema_version").map_err(|e| corrupt(&e))?.map(|v| v.value());
@@ -626,7 +627,11 @@ fn prepare(db: &Database, path: &Path, key_fingerprint: Option<u64>) -> Result<L
 
 /// A fresh file (a rewrite from memory) says what it is before any row.
 fn init_fresh(db: &Database, key_fingerprint: Option<u64>) -> Result<(), String> {
-    let txn = db.begin_write().map_err(|e| e.to_string())?;
+    let mut txn = db.begin_write().map_err(|e| e.to_string())?;
+    // Two-phase: after a crash, redb otherwise falls back to the older
+    // commit slot when the newer one reads as damaged, silently rolling
+    // back an acknowledged lockout; with it, that damage is refused.
+    txn.set_two_phase_commit(true);
     {
         let mut meta = txn.open_table(META).map_err(|e| e.to_string())?;
         meta.insert("schema_version", SCHEMA_VERSION).map_err(|e| e.to_string())?;
@@ -988,7 +993,11 @@ fn migrate_to_v3(txn: &redb::WriteTransaction) -> Result<usize, String> {
 }
 
 fn commit(db: &Database, batch: &[Edit]) -> Result<(), String> {
-    let txn = db.begin_write().map_err(|e| e.to_string())?;
+    let mut txn = db.begin_write().map_err(|e| e.to_string())?;
+    // Two-phase: after a crash, redb otherwise falls back to the older
+    // commit slot when the newer one reads as damaged, silently rolling
+    // back an acknowledged lockout; with it, that damage is refused.
+    txn.set_two_phase_commit(true);
     {
         let mut table = txn.open_table(ENTRIES).map_err(|e| e.to_string())?;
         let mut devices = txn.open_table(DEVICES).map_err(|e| e.to_string())?;
