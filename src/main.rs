@@ -96,6 +96,11 @@ fn load_classes(config: &Config) -> Result<ClassTable, tollgate::classes::ClassF
 }
 
 fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
+    // Past a file-size limit (RLIMIT_FSIZE) a write should fail like a full
+    // disk, with an error the writer reports and retries, not kill the
+    // daemon: SIGXFSZ gets a handler instead of its default action, before
+    // the state file is first written.
+    signal_hook::flag::register(signal_hook::consts::SIGXFSZ, Arc::new(AtomicBool::new(false)))?;
     use anyhow::Context;
     if let Some(dir) = config.secret.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -207,10 +212,6 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
     };
     let our_socket = if socket_activated { None } else { server::socket_identity(&config.socket) };
 
-    // Past a file-size limit (RLIMIT_FSIZE) a write should fail like a full
-    // disk, with an error the writer reports and retries, not kill the
-    // daemon: SIGXFSZ gets a handler instead of its default action.
-    signal_hook::flag::register(signal_hook::consts::SIGXFSZ, Arc::new(AtomicBool::new(false)))?;
     let (stop_tx, stop_rx) = watch::channel(false);
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])?;

@@ -439,7 +439,7 @@ impl Store {
             prepare(&db, &at, key_fingerprint).map(|_| ())
         })?;
         let at = path.to_path_buf();
-        guarded(path, move || {
+        let opened = guarded(path, move || {
             let db = Database::builder().set_cache_size(CACHE_BYTES).open(&at).map_err(|e| match e {
                 redb::DatabaseError::DatabaseAlreadyOpen => {
                     StoreError::Open { path: at.clone(), message: "in use by a running daemon".into() }
@@ -451,6 +451,16 @@ impl Store {
                 tracing::warn!(state = %at.display(), rows = loaded.damaged_rows, "state file rows failed their check (a damaged disk); dropped and deleted");
             }
             Ok(Opened { store: Store { db, path: at, key_fingerprint }, loaded })
+        });
+        // The copy passed every check, so what fails now is the disk (full,
+        // read-only, an I/O error), not the file: never a reason to discard
+        // it, whatever the flag says.
+        opened.map_err(|e| match e {
+            StoreError::Corrupt { path, message } => StoreError::Open {
+                path,
+                message: format!("the file passed its checks but could not be opened for writing (is the disk full or read-only?); it is left as it is: {message}"),
+            },
+            other => other,
         })
     }
 

@@ -138,10 +138,23 @@ enum Start {
 /// Starts `tollgate serve` on `dir`'s state file and secret; if it listens,
 /// lists its lockouts and kills it.
 fn start_on(dir: &Path, extra: &[&str]) -> Start {
+    start_under(&[], dir, extra)
+}
+
+/// `start_on`, run under `wrapper` (such as `prlimit --fsize=..`).
+fn start_under(wrapper: &[&str], dir: &Path, extra: &[&str]) -> Start {
     let socket = dir.join("tollgate.sock");
     let log_path = dir.join("serve.log");
     let log = std::fs::File::create(&log_path).unwrap();
-    let mut child = Command::new(BIN)
+    let mut command = match wrapper.split_first() {
+        Some((program, args)) => {
+            let mut c = Command::new(program);
+            c.args(args).arg(BIN);
+            c
+        }
+        None => Command::new(BIN),
+    };
+    let mut child = command
         .arg("serve")
         .arg("--socket")
         .arg(&socket)
@@ -428,4 +441,33 @@ fn damage_to_the_newest_commit_after_kill_9_is_refused_not_rolled_back() {
         }
     }
     eprintln!("header flips after kill -9: {loaded} loaded whole, {refused} refused");
+}
+
+#[test]
+fn a_full_disk_at_start_is_not_damage_and_never_discards_the_file() {
+    // Found by review: an I/O error while opening the real file (a full
+    // disk) was reported as corruption, so --discard-corrupt-state moved a
+    // healthy file full of lockouts aside.
+    let (daemon, lockouts) = state_with_lockouts();
+    let dir = daemon.dir.path();
+    let state = dir.join("state.redb");
+    let before = std::fs::read(&state).unwrap();
+    // No write past 4 KiB: every commit fails, as on a full disk.
+    let start = start_under(&["prlimit", "--fsize=4096"], dir, &["--discard-corrupt-state"]);
+    match &start {
+        Start::Exited { code, stderr } => {
+            assert!(code.is_some_and(|c| c != 0 && c != 101), "{stderr}");
+            assert!(stderr.contains("could not be opened for writing"), "{stderr}");
+        }
+        Start::Listening { lockouts: listed, .. } => assert_eq!(listed, &lockouts, "started: then all of it"),
+    }
+    let aside: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains("corrupt-"))
+        .collect();
+    assert!(aside.is_empty(), "a healthy file was moved aside: {aside:?}");
+    assert_eq!(std::fs::read(&state).unwrap().len() >= before.len(), true);
+    let Start::Listening { lockouts: after, .. } = start_on(dir, &[]) else { panic!("the disk is fine again") };
+    assert_eq!(after, lockouts, "every lockout kept");
 }
