@@ -451,7 +451,6 @@ fn a_full_disk_at_start_is_not_damage_and_never_discards_the_file() {
     let (daemon, lockouts) = state_with_lockouts();
     let dir = daemon.dir.path();
     let state = dir.join("state.redb");
-    let before = std::fs::read(&state).unwrap();
     // No write past 4 KiB: every commit fails, as on a full disk.
     let start = start_under(&["prlimit", "--fsize=4096"], dir, &["--discard-corrupt-state"]);
     match &start {
@@ -467,7 +466,6 @@ fn a_full_disk_at_start_is_not_damage_and_never_discards_the_file() {
         .filter(|e| e.file_name().to_string_lossy().contains("corrupt-"))
         .collect();
     assert!(aside.is_empty(), "a healthy file was moved aside: {aside:?}");
-    assert_eq!(std::fs::read(&state).unwrap().len() >= before.len(), true);
     let Start::Listening { lockouts: after, .. } = start_on(dir, &[]) else { panic!("the disk is fine again") };
     assert_eq!(after, lockouts, "every lockout kept");
 }
