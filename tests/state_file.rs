@@ -450,7 +450,6 @@ fn a_full_disk_at_start_is_not_damage_and_never_discards_the_file() {
     // healthy file full of lockouts aside.
     let (daemon, lockouts) = state_with_lockouts();
     let dir = daemon.dir.path();
-    let state = dir.join("state.redb");
     // No write past 4 KiB: every commit fails, as on a full disk.
     let start = start_under(&["prlimit", "--fsize=4096"], dir, &["--discard-corrupt-state"]);
     match &start {
