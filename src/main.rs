@@ -114,8 +114,11 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
     };
     let clock = if args.manual_clock { Clock::manual() } else { Clock::System };
 
-    let options =
-        OpenOptions { discard_corrupt: args.discard_corrupt_state, key_fingerprint: Some(secret.fingerprint()) };
+    let options = OpenOptions {
+        discard_corrupt: args.discard_corrupt_state,
+        key_fingerprint: Some(secret.fingerprint()),
+        key_is_new: secret_is_new,
+    };
     let opened = match Store::open_with(&config.state, options) {
         Err(StoreError::KeyMismatch { path, found, .. }) if secret_is_new => anyhow::bail!(
             "secret key file {} is missing, and state file {} holds state made with a secret key (key fingerprint {found:016x}): restore the secret key file, or start with --discard-corrupt-state to move the state file aside and start empty with a new key",

@@ -101,6 +101,8 @@ pub enum StoreError {
     Schema { path: PathBuf, found: u64 },
     #[error("state file {path} was written with another secret key (key fingerprint {found:016x}, the secret key file's is {expected:016x}): restore the secret key file it was written with, or start with --discard-corrupt-state to move the state file aside and start empty")]
     KeyMismatch { path: PathBuf, found: u64, expected: u64 },
+    #[error("state file {path} holds rows from before key fingerprints were recorded, and its secret key file is missing: restore the secret key file it was written with, or start with --discard-corrupt-state to move the state file aside and start empty")]
+    KeyMissing { path: PathBuf },
 }
 
 impl StoreError {
@@ -122,6 +124,10 @@ pub struct OpenOptions {
     /// fingerprint is refused; a file without one (written before it was
     /// recorded) or without rows adopts it. `None` checks nothing (tools).
     pub key_fingerprint: Option<u64>,
+    /// The key was made just now (its file was missing): a file with rows
+    /// but no fingerprint cannot adopt it, since its rows were made with a
+    /// key that is lost.
+    pub key_is_new: bool,
 }
 
 /// One persisted failure entry.
@@ -369,7 +375,8 @@ impl Store {
     /// Opens (or creates) the state file without a key check (tests and
     /// tools; the daemon uses `open_with`).
     pub fn open(path: &Path, discard_corrupt: bool) -> Result<Store, StoreError> {
-        Self::open_with(path, OpenOptions { discard_corrupt, key_fingerprint: None }).map(|opened| opened.store)
+        Self::open_with(path, OpenOptions { discard_corrupt, key_fingerprint: None, key_is_new: false })
+            .map(|opened| opened.store)
     }
 
     /// Opens the state file, creating it only if it does not exist, and
@@ -377,22 +384,24 @@ impl Store {
     /// another secret key, is an error unless `discard_corrupt`, which moves
     /// it aside and starts empty.
     pub fn open_with(path: &Path, options: OpenOptions) -> Result<Opened, StoreError> {
-        match Self::try_open(path, options.key_fingerprint) {
+        match Self::try_open(path, options.key_fingerprint, options.key_is_new) {
             Ok(opened) => Ok(opened),
-            Err(e @ (StoreError::Corrupt { .. } | StoreError::KeyMismatch { .. })) if options.discard_corrupt => {
+            Err(e @ (StoreError::Corrupt { .. } | StoreError::KeyMismatch { .. } | StoreError::KeyMissing { .. }))
+                if options.discard_corrupt =>
+            {
                 let aside = path.with_extension(format!("corrupt-{}", std::process::id()));
                 std::fs::rename(path, &aside).map_err(|e| StoreError::Open {
                     path: path.into(),
                     message: format!("cannot move the damaged file aside: {e}"),
                 })?;
                 tracing::warn!(state = %path.display(), moved_to = %aside.display(), error = %e, "discarded the state file; starting empty");
-                Self::try_open(path, options.key_fingerprint)
+                Self::try_open(path, options.key_fingerprint, options.key_is_new)
             }
             Err(e) => Err(e),
         }
     }
 
-    fn try_open(path: &Path, key_fingerprint: Option<u64>) -> Result<Opened, StoreError> {
+    fn try_open(path: &Path, key_fingerprint: Option<u64>, key_is_new: bool) -> Result<Opened, StoreError> {
         // A rewrite that a crash interrupted left only a partial fresh file;
         // the state file itself is whole (the swap is a rename).
         let _ = std::fs::remove_file(rewrite_path(path));
@@ -404,7 +413,7 @@ impl Store {
             // Only a missing file is a fresh start.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let db = open_database(path).map_err(|e| open_err(e.to_string()))?;
-                let loaded = prepare(&db, path, key_fingerprint)?;
+                let loaded = prepare(&db, path, key_fingerprint, key_is_new)?;
                 return Ok(Opened { store: Store { db, path: path.into(), key_fingerprint }, loaded });
             }
             Err(e) => return Err(open_err(e.to_string())),
@@ -436,7 +445,7 @@ impl Store {
                 }
                 Err(e) => return Err(StoreError::corrupt(&at, e)),
             }
-            prepare(&db, &at, key_fingerprint).map(|_| ())
+            prepare(&db, &at, key_fingerprint, key_is_new).map(|_| ())
         })?;
         let at = path.to_path_buf();
         let opened = guarded(path, move || {
@@ -446,7 +455,7 @@ impl Store {
                 }
                 other => StoreError::corrupt(&at, other),
             })?;
-            let loaded = prepare(&db, &at, key_fingerprint)?;
+            let loaded = prepare(&db, &at, key_fingerprint, key_is_new)?;
             if loaded.damaged_rows > 0 {
                 tracing::warn!(state = %at.display(), rows = loaded.damaged_rows, "state file rows failed their check (a damaged disk); dropped and deleted");
             }
@@ -586,7 +595,7 @@ fn entry_row(rule: &str, digest: u128, window_us: u64, counts: Counts) -> EntryR
 /// In one write transaction: checks the schema (migrating older ones) and
 /// the key fingerprint, reads every row, and deletes the rows whose check
 /// fails. Nothing is committed unless all of it succeeds.
-fn prepare(db: &Database, path: &Path, key_fingerprint: Option<u64>) -> Result<Loaded, StoreError> {
+fn prepare(db: &Database, path: &Path, key_fingerprint: Option<u64>, key_is_new: bool) -> Result<Loaded, StoreError> {
     let corrupt = |e: &dyn std::fmt::Display| StoreError::corrupt(path, e);
     let mut txn = db.begin_write().map_err(|e| corrupt(&e))?;
     txn.set_two_phase_commit(true);
@@ -621,6 +630,10 @@ fn prepare(db: &Database, path: &Path, key_fingerprint: Option<u64>) -> Result<L
                 Some(found) if found == expected => {}
                 // Rows made with another key: nobody can match or unlock them.
                 Some(found) if rows > 0 => return Err(StoreError::KeyMismatch { path: path.into(), found, expected }),
+                // Rows from before fingerprints, and the key they were made
+                // with is gone: adopting the new one would keep locks that
+                // nobody can match or unlock.
+                None if rows > 0 && key_is_new => return Err(StoreError::KeyMissing { path: path.into() }),
                 // A file from before fingerprints adopts the key it is
                 // opened with (its rows were made with the key in use); an
                 // empty one has nothing to lose.
@@ -1180,7 +1193,8 @@ mod tests {
             window_us: 60_000_000,
             counts: Counts { window: 7, previous: 2, current: 5 },
         }];
-        let keyed = |fingerprint| OpenOptions { discard_corrupt: false, key_fingerprint: Some(fingerprint) };
+        let keyed =
+            |fingerprint| OpenOptions { discard_corrupt: false, key_fingerprint: Some(fingerprint), key_is_new: false };
         let opened = Store::open_with(&path, keyed(0xA)).unwrap();
         assert_eq!((&opened.loaded.entries, opened.loaded.damaged_rows), (&expected, 0));
         drop(opened);
@@ -1197,10 +1211,30 @@ mod tests {
     }
 
     #[test]
+    fn a_schema_2_file_with_rows_refuses_a_key_made_just_now() {
+        // Found by review: with its secret key file missing, a schema 2
+        // file (rows, no fingerprint) adopted the newly made key, keeping
+        // locks nobody could match or unlock.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.redb");
+        schema_2_file(&path, Key { account_tag: 9, tuple: 8 }.to_u128());
+        let new_key = OpenOptions { discard_corrupt: false, key_fingerprint: Some(0xC), key_is_new: true };
+        let err = Store::open_with(&path, new_key).err().expect("refused");
+        assert!(matches!(err, StoreError::KeyMissing { .. }), "{err}");
+        assert!(err.to_string().contains("--discard-corrupt-state"), "{err}");
+        let discard = OpenOptions { discard_corrupt: true, ..new_key };
+        assert!(Store::open_with(&path, discard).unwrap().loaded.entries.is_empty(), "moved aside with the flag");
+    }
+
+    #[test]
     fn a_file_without_rows_adopts_any_key_and_with_the_flag_another_keys_file_is_moved_aside() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state.redb");
-        let keyed = |fingerprint, discard_corrupt| OpenOptions { discard_corrupt, key_fingerprint: Some(fingerprint) };
+        let keyed = |fingerprint, discard_corrupt| OpenOptions {
+            discard_corrupt,
+            key_fingerprint: Some(fingerprint),
+            key_is_new: false,
+        };
         drop(Store::open_with(&path, keyed(1, false)).unwrap());
         drop(Store::open_with(&path, keyed(2, false)).expect("nothing to lose"));
         schema_2_file(&dir.path().join("other.redb"), 5);

@@ -290,7 +290,8 @@ fn random_bit_flips_never_panic_and_never_silently_change_a_lockout() {
         }
         let dir = trial_dir(&secret_path, &bytes);
         let state = dir.path().join("state.redb");
-        let keyed = |discard_corrupt| OpenOptions { discard_corrupt, key_fingerprint: Some(fingerprint) };
+        let keyed =
+            |discard_corrupt| OpenOptions { discard_corrupt, key_fingerprint: Some(fingerprint), key_is_new: false };
         let what = format!("trial {trial} ({flips} bits)");
         // Directly, on a copy: either every row it loads is one that was
         // written (a damaged row is dropped and counted), or it refuses.
@@ -395,7 +396,11 @@ fn a_state_file_is_never_paired_with_another_secret_key() {
     };
     assert!(served.is_empty() && log.contains("moved_to="), "{log}");
     let fingerprint = Secret::load(&new_secret).unwrap().unwrap().fingerprint();
-    Store::open_with(&state, OpenOptions { discard_corrupt: false, key_fingerprint: Some(fingerprint) }).unwrap();
+    Store::open_with(
+        &state,
+        OpenOptions { discard_corrupt: false, key_fingerprint: Some(fingerprint), key_is_new: false },
+    )
+    .unwrap();
 }
 
 #[test]
