@@ -365,6 +365,11 @@ impl Journal {
 }
 
 pub struct Store {
+    /// Held for as long as the store lives (the writer thread's life): redb's
+    /// own lock on the state file lapses while the writer has closed it
+    /// (after a failed write, until a rewrite swaps a fresh file in), and a
+    /// second daemon must not open the file then.
+    _lock: Option<nix::fcntl::Flock<std::fs::File>>,
     db: Database,
     path: PathBuf,
     /// Written into a fresh file when the state is rewritten from memory.
@@ -384,6 +389,13 @@ impl Store {
     /// another secret key, is an error unless `discard_corrupt`, which moves
     /// it aside and starts empty.
     pub fn open_with(path: &Path, options: OpenOptions) -> Result<Opened, StoreError> {
+        let lock = lock_for_life(path)?;
+        let mut opened = Self::open_unlocked(path, options)?;
+        opened.store._lock = Some(lock);
+        Ok(opened)
+    }
+
+    fn open_unlocked(path: &Path, options: OpenOptions) -> Result<Opened, StoreError> {
         match Self::try_open(path, options.key_fingerprint, options.key_is_new) {
             Ok(opened) => Ok(opened),
             Err(e @ (StoreError::Corrupt { .. } | StoreError::KeyMismatch { .. } | StoreError::KeyMissing { .. }))
@@ -414,7 +426,7 @@ impl Store {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let db = open_database(path).map_err(|e| open_err(e.to_string()))?;
                 let loaded = prepare(&db, path, key_fingerprint, key_is_new)?;
-                return Ok(Opened { store: Store { db, path: path.into(), key_fingerprint }, loaded });
+                return Ok(Opened { store: Store { _lock: None, db, path: path.into(), key_fingerprint }, loaded });
             }
             Err(e) => return Err(open_err(e.to_string())),
             Ok(meta) if meta.len() == 0 => {
@@ -459,7 +471,7 @@ impl Store {
             if loaded.damaged_rows > 0 {
                 tracing::warn!(state = %at.display(), rows = loaded.damaged_rows, "state file rows failed their check (a damaged disk); dropped and deleted");
             }
-            Ok(Opened { store: Store { db, path: at, key_fingerprint }, loaded })
+            Ok(Opened { store: Store { _lock: None, db, path: at, key_fingerprint }, loaded })
         });
         // The copy passed every check, so what fails now is the disk (full,
         // read-only, an I/O error), not the file: never a reason to discard
@@ -668,6 +680,29 @@ fn init_fresh(db: &Database, key_fingerprint: Option<u64>) -> Result<(), String>
 /// Refuses a file another process holds open (redb's lock), before the
 /// file is read: a copy read under a live writer could look damaged, and
 /// `--discard-corrupt-state` would then move a live daemon's file aside.
+/// Takes `STATE.lock` (created if missing) for the life of the store: one
+/// daemon per state file, including while the state file itself is closed
+/// for a rewrite.
+fn lock_for_life(path: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, StoreError> {
+    use nix::fcntl::{Flock, FlockArg};
+    let open_err = |message: String| StoreError::Open { path: path.into(), message };
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| open_err(e.to_string()))?;
+    }
+    let mut lock_path = path.as_os_str().to_owned();
+    lock_path.push(".lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| open_err(format!("cannot open its lock file: {e}")))?;
+    Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|(_, errno)| match errno {
+        nix::errno::Errno::EWOULDBLOCK => open_err("in use by a running daemon".into()),
+        other => open_err(format!("cannot lock its lock file: {other}")),
+    })
+}
+
 fn ensure_not_in_use(path: &Path) -> Result<(), StoreError> {
     use nix::fcntl::{Flock, FlockArg};
     let Ok(file) = std::fs::File::open(path) else { return Ok(()) };

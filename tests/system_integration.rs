@@ -103,6 +103,48 @@ fn a_full_disk_under_the_log_as_well_keeps_the_state_writer_alive() {
     }
 }
 
+#[test]
+fn a_second_daemon_is_refused_the_state_file_even_while_writes_are_failing() {
+    // Found by review: while writes failed the writer closed the state file
+    // and with it redb's lock, so a second daemon could open the same file
+    // and later lose the lockouts it had acknowledged.
+    if !have("prlimit") {
+        eprintln!("skipped: prlimit (util-linux) is not installed");
+        return;
+    }
+    let daemon = TestDaemon::start();
+    let pid = daemon.pid().to_string();
+    assert!(Command::new("prlimit").args(["--pid", &pid, "--fsize=4096:unlimited"]).status().unwrap().success());
+    report_failures(&daemon, "ivy", "198.51.100.40", 5);
+    let failing = daemon.cli_json(&["status"]);
+    assert!(failing["persistence"]["write_failures"].as_u64().unwrap() > 0, "{}", failing["persistence"]);
+    let log = daemon.dir.path().join("second.log");
+    let mut second = Command::new(common::BIN)
+        .args(["serve", "--manual-clock", "--socket"])
+        .arg(daemon.dir.path().join("second.sock"))
+        .arg("--state")
+        .arg(&daemon.state)
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = second.try_wait().unwrap() {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = second.kill();
+            let _ = second.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    assert!(status.is_some(), "a second daemon started on the same state file: {stderr}");
+    assert!(!status.unwrap().success() && stderr.contains("in use by a running daemon"), "{stderr}");
+    assert!(Command::new("prlimit").args(["--pid", &pid, "--fsize=unlimited:unlimited"]).status().unwrap().success());
+}
+
 /// Runs the CLI as `nobody` (uid and gid 65534).
 fn as_nobody(daemon: &TestDaemon, args: &[&str]) -> std::process::Output {
     Command::new("setpriv")
