@@ -1164,7 +1164,8 @@ fn fail_five_times(daemon: &TestDaemon, subject: &Subject<'_>) {
 
 #[test]
 fn a_reload_to_another_window_neither_invents_nor_lifts_a_lockout() {
-    let window = |secs: u64| format!("[routes.login.rules.source_failures]\nwindow_secs = {secs}\n");
+    let window =
+        |secs: u64| format!("attempt_timeout_ms = 1000\n[routes.login.rules.source_failures]\nwindow_secs = {secs}\n");
     let daemon = TestDaemon::start_with(Some(&window(60)), true);
     fail_five_times(&daemon, &mallory());
     daemon.advance("66s");
@@ -1173,10 +1174,10 @@ fn a_reload_to_another_window_neither_invents_nor_lifts_a_lockout() {
     fail_five_times(&daemon, &eve());
     assert_eq!(check(&daemon, &eve()).decision, Decision::Deny);
     // Past the attempt timeout, so the allowed check above holds no place:
-    // 5 × 49/60 = 4.08 of 5.
-    daemon.advance("5s");
+    // 5 × 53/60 = 4.42 of 5.
+    daemon.advance("1s");
     daemon.reload_with(&window(61));
-    assert_eq!(check(&daemon, &mallory()).decision, Decision::Allow, "4.08 failures re-dated as 4, not 5");
+    assert_eq!(check(&daemon, &mallory()).decision, Decision::Allow, "4.42 failures re-dated as 4, not 5");
     assert_eq!(check(&daemon, &eve()).decision, Decision::Deny, "5 failures stay 5");
 }
 
