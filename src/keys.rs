@@ -160,10 +160,24 @@ impl Secret {
     /// Writes a new secret file with mode 0600; never replaces one.
     pub fn save(&self, path: &Path) -> Result<(), SecretError> {
         let create_err = |source| SecretError::Create { path: path.into(), source };
-        let mut file = OpenOptions::new().write(true).create_new(true).mode(0o600).open(path).map_err(create_err)?;
+        // Written whole under a temporary name, then linked into place
+        // (which, like `create_new`, fails if the file exists): a crash
+        // leaves no secret file or a whole one, never an empty one that
+        // every later start would refuse.
+        let mut temporary = path.as_os_str().to_owned();
+        temporary.push(format!(".tmp-{}", std::process::id()));
+        let temporary = std::path::PathBuf::from(temporary);
+        let _ = std::fs::remove_file(&temporary);
+        let mut file =
+            OpenOptions::new().write(true).create_new(true).mode(0o600).open(&temporary).map_err(create_err)?;
         let hex: String = self.0.iter().map(|b| format!("{b:02x}")).collect();
-        file.write_all(format!("{hex}\n").as_bytes()).map_err(create_err)?;
-        file.sync_all().map_err(create_err)?;
+        let written = file.write_all(format!("{hex}\n").as_bytes()).and_then(|()| file.sync_all());
+        let linked = written.and_then(|()| std::fs::hard_link(&temporary, path));
+        let _ = std::fs::remove_file(&temporary);
+        linked.map_err(create_err)?;
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(create_err)?;
+        }
         Ok(())
     }
 

@@ -401,7 +401,7 @@ impl Store {
             Err(e @ (StoreError::Corrupt { .. } | StoreError::KeyMismatch { .. } | StoreError::KeyMissing { .. }))
                 if options.discard_corrupt =>
             {
-                let aside = path.with_extension(format!("corrupt-{}", std::process::id()));
+                let aside = unused_path(path.with_extension(format!("corrupt-{}", std::process::id())));
                 std::fs::rename(path, &aside).map_err(|e| StoreError::Open {
                     path: path.into(),
                     message: format!("cannot move the damaged file aside: {e}"),
@@ -680,6 +680,21 @@ fn init_fresh(db: &Database, key_fingerprint: Option<u64>) -> Result<(), String>
 /// Refuses a file another process holds open (redb's lock), before the
 /// file is read: a copy read under a live writer could look damaged, and
 /// `--discard-corrupt-state` would then move a live daemon's file aside.
+/// `path`, or the first of `path.1`, `path.2`, ... that does not exist: a
+/// PID repeats (PID 1 in a container, after a reboot), and a file moved
+/// aside before must not be replaced.
+fn unused_path(path: PathBuf) -> PathBuf {
+    let mut candidate = path.clone();
+    let mut n = 0u32;
+    while candidate.symlink_metadata().is_ok() {
+        n += 1;
+        let mut name = path.as_os_str().to_owned();
+        name.push(format!(".{n}"));
+        candidate = PathBuf::from(name);
+    }
+    candidate
+}
+
 /// Takes `STATE.lock` (created if missing) for the life of the store: one
 /// daemon per state file, including while the state file itself is closed
 /// for a rewrite.
@@ -1243,6 +1258,18 @@ mod tests {
         assert_eq!(std::fs::read(&path).unwrap(), before, "a refused file is not written to");
         let txn = Store::open(&path, false).unwrap().db.begin_read().unwrap();
         assert!(txn.open_table(ENTRIES_V2).is_err(), "the schema 2 table is gone");
+    }
+
+    #[test]
+    fn a_file_moved_aside_never_replaces_an_earlier_one() {
+        // Found by review: `STATE.corrupt-PID` was made by a rename that
+        // replaces, and PIDs repeat.
+        let dir = tempfile::tempdir().unwrap();
+        let aside = dir.path().join("state.corrupt-1");
+        assert_eq!(unused_path(aside.clone()), aside);
+        std::fs::write(&aside, b"earlier").unwrap();
+        std::fs::write(dir.path().join("state.corrupt-1.1"), b"earlier too").unwrap();
+        assert_eq!(unused_path(aside), dir.path().join("state.corrupt-1.2"));
     }
 
     #[test]
