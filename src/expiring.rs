@@ -251,6 +251,18 @@ impl<V: Copy> ExpiringMap<V> {
         }
     }
 
+    /// Ends every entry's life by `latest_us` at the latest (a reload that
+    /// shortened a TTL). A scan: reloads only.
+    pub fn cap_expiry(&mut self, latest_us: u64) {
+        let (changes, entries_max) = (&mut self.changes, self.entries_max);
+        for (id, slot) in self.map.iter_mut() {
+            if slot.expires_us > latest_us {
+                slot.expires_us = latest_us;
+                record(changes, *id, entries_max);
+            }
+        }
+    }
+
     /// Drops every expired entry (a scan: maintenance and amortised inserts
     /// only, never per request).
     pub fn sweep(&mut self, now_us: u64) {

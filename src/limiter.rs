@@ -1089,12 +1089,21 @@ fn build_route(config: &RouteConfig, previous: Option<&Limiter>, now_us: u64) ->
         // The per-account counts are bounded like the devices (an account
         // counted has at least one device).
         // Both are persisted, so their maps keep change lists.
-        KnownDevices {
+        let known_devices = KnownDevices {
             ttl_us: known.ttl_us,
             shards: expiring_table_tracked(old.map(|o| &o.shards), known.entries_max),
             per_account_max: known.per_account_max,
             per_account: expiring_table_tracked(old.map(|o| &o.per_account), known.entries_max),
+        };
+        if old.is_some_and(|o| o.ttl_us > known.ttl_us) {
+            // A shortened TTL applies to devices already known, as it does
+            // to rows restored at start: whether a device is known must not
+            // depend on whether a restart happened since.
+            let latest_us = now_us.saturating_add(known.ttl_us);
+            known_devices.shards.each().for_each(|mut map| map.cap_expiry(latest_us));
+            known_devices.per_account.each().for_each(|mut map| map.cap_expiry(latest_us));
         }
+        known_devices
     });
     let longest_window = config
         .rules

@@ -473,3 +473,22 @@ fn a_full_disk_at_start_is_not_damage_and_never_discards_the_file() {
     let Start::Listening { lockouts: after, .. } = start_on(dir, &[]) else { panic!("the disk is fine again") };
     assert_eq!(after, lockouts, "every lockout kept");
 }
+
+#[test]
+fn a_known_device_ttl_shortened_by_reload_applies_at_once() {
+    // Found by review: a reload that shortened the TTL left devices known
+    // for the old one until a restart capped them.
+    let daemon = TestDaemon::start_with(Some("[routes.login]\nknown_device_ttl_secs = 3600\n"), true);
+    let rt = runtime();
+    let client = daemon.client();
+    let home = Subject { device: Some("cookie-d1"), ..subject("203.0.113.9", "june") };
+    rt.block_on(async {
+        assert!(attempt(&client, &home, true).await.proceeds(), "june's device is known");
+        spray(&client, "june").await;
+        assert!(attempt(&client, &home, true).await.proceeds(), "her known device passes the ceiling");
+    });
+    daemon.reload_with("[routes.login]\nknown_device_ttl_secs = 60\n");
+    daemon.advance("120s");
+    let v = verdict(rt.block_on(client.check(LOGIN, &home)));
+    assert_eq!((v.decision, v.rule.as_ref()), (Decision::Deny, "account_failures"), "no longer known: {v:?}");
+}
