@@ -271,13 +271,13 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
                 );
                 for l in &lockouts {
                     println!(
-                        "{}/{}  key {}  count {}  until {} ms  (retry after {} s)",
+                        "{}/{}  key {}  count {}  until {} ms  (retry after {})",
                         l.route,
                         l.rule,
                         l.key,
                         l.count,
                         l.until_ms,
-                        l.retry_after_ms.div_ceil(1000)
+                        human_duration(l.retry_after_ms)
                     );
                 }
             }
@@ -322,25 +322,62 @@ fn print_verdict(common: &CommonArgs, response: Response<'static>) -> Result<(),
     Ok(())
 }
 
+/// A duration as people read it: `850 ms`, `45s`, `20m 14s`, `2d 3h`
+/// (whole seconds rounded up, so a wait is never shown shorter than it is;
+/// at most the two largest units).
+pub fn human_duration(ms: u64) -> String {
+    if ms < 1000 {
+        return format!("{ms} ms");
+    }
+    let secs = ms.div_ceil(1000);
+    let parts = [(secs / 86_400, "d"), (secs / 3600 % 24, "h"), (secs / 60 % 60, "m"), (secs % 60, "s")];
+    let first = parts.iter().position(|(n, _)| *n > 0).unwrap_or(3);
+    parts[first..]
+        .iter()
+        .take(2)
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, unit)| format!("{n}{unit}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// A named limit's value in its unit: durations as people read them, the
+/// socket mode in octal.
+fn human_limit(name: &str, value: u64) -> String {
+    if name == "socket_mode" {
+        format!("0{value:o}")
+    } else if name.ends_with("_ms") || name.ends_with("_ms_max") {
+        human_duration(value)
+    } else {
+        value.to_string()
+    }
+}
+
 fn describe(v: &Verdict<'_>) -> String {
     let rule = if v.rule.is_empty() { "no rule".to_string() } else { format!("rule {}", v.rule) };
     match v.decision {
         Decision::Allow => {
-            format!("allow  ({rule}: {} of {} left, full again in {} ms)", v.remaining, v.limit, v.reset_ms)
+            format!(
+                "allow  ({rule}: {} of {} left, full again in {})",
+                v.remaining,
+                v.limit,
+                human_duration(v.reset_ms)
+            )
         }
-        Decision::Delay => format!("delay {} ms  ({rule})", v.delay_ms),
+        Decision::Delay => format!("delay {}  ({rule})", human_duration(v.delay_ms)),
         Decision::Challenge => format!("challenge  ({rule})"),
         Decision::Deny => {
-            format!("deny  retry after {} ms  ({rule}: {})", v.retry_after_ms, json(&v.reason).trim_matches('"'))
+            let reason = json(&v.reason);
+            format!("deny  retry after {}  ({rule}: {})", human_duration(v.retry_after_ms), reason.trim_matches('"'))
         }
     }
 }
 
 fn print_status(s: &crate::protocol::Status) {
     println!(
-        "tollgate {}  up {} s{}",
+        "tollgate {}  up {}{}",
         s.version,
-        s.uptime_ms / 1000,
+        human_duration(s.uptime_ms),
         if s.manual_clock { "  (manual clock)" } else { "" }
     );
     println!(
@@ -360,16 +397,17 @@ fn print_status(s: &crate::protocol::Status) {
         println!("route {}  (fail {}{extras})", route.name, route.fail_policy);
         for r in &route.rules {
             let limit = if r.kind == "rate" {
-                let mut text = format!("{} per {} s, burst {}", r.limit, r.period_ms / 1000, r.burst);
+                let mut text = format!("{} per {}, burst {}", r.limit, human_duration(r.period_ms), r.burst);
                 for c in &r.class_limits {
-                    text += &format!("; {} {} per {} s, burst {}", c.class, c.limit, c.period_ms / 1000, c.burst);
+                    text +=
+                        &format!("; {} {} per {}, burst {}", c.class, c.limit, human_duration(c.period_ms), c.burst);
                 }
                 text
             } else {
                 format!(
-                    "{} failures per {} s{}",
+                    "{} failures per {}{}",
                     r.limit,
-                    r.period_ms / 1000,
+                    human_duration(r.period_ms),
                     if r.cleared_by_success { ", cleared by success" } else { "" }
                 )
             };
@@ -397,7 +435,8 @@ fn print_status(s: &crate::protocol::Status) {
         s.reload_failures,
         s.last_reload_error.as_ref().map(|e| format!("  LAST RELOAD ERROR: {e}")).unwrap_or_default()
     );
-    let limits: Vec<String> = s.limits.iter().map(|l| format!("{}={}", l.name, l.value)).collect();
+    let limits: Vec<String> =
+        s.limits.iter().map(|l| format!("{}={}", l.name, human_limit(&l.name, l.value))).collect();
     println!("limits: {}", limits.join("  "));
     let p = &s.persistence;
     println!(
@@ -409,4 +448,25 @@ fn print_status(s: &crate::protocol::Status) {
         p.changes_dropped,
         p.last_error.as_ref().map(|e| format!("  LAST ERROR: {e}")).unwrap_or_default()
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_as_people_read_them_and_never_shorter() {
+        assert_eq!(human_duration(0), "0 ms");
+        assert_eq!(human_duration(850), "850 ms");
+        assert_eq!(human_duration(1000), "1s");
+        assert_eq!(human_duration(1001), "2s", "rounded up: a wait is never shown shorter");
+        assert_eq!(human_duration(1_213_714), "20m 14s");
+        assert_eq!(human_duration(900_000), "15m");
+        assert_eq!(human_duration(3_600_000), "1h");
+        assert_eq!(human_duration(3_660_000), "1h 1m");
+        assert_eq!(human_duration(2 * 86_400_000 + 3 * 3_600_000 + 5_000), "2d 3h");
+        assert_eq!(human_limit("socket_mode", 432), "0660");
+        assert_eq!(human_limit("attempt_timeout_ms", 30_000), "30s");
+        assert_eq!(human_limit("connections_max", 1024), "1024");
+    }
 }
