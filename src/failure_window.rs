@@ -359,6 +359,11 @@ impl FailureWindowTable {
     /// those spilled to the overflow sketch (each failure is in one of
     /// them; the sketch only adds).
     pub fn standing(&self, key: Key, now_us: u64) -> Standing {
+        self.standing_and_places(key, now_us).0
+    }
+
+    /// `standing`, and the places it read (one probe of each map).
+    fn standing_and_places(&self, key: Key, now_us: u64) -> (Standing, Places) {
         let places = self.in_flight.get(key.tuple, now_us).map(|s| s.value).unwrap_or_default();
         let mut counts = self.get(key, now_us);
         if let Some(sketch) = &self.overflow {
@@ -366,7 +371,7 @@ impl FailureWindowTable {
             counts.previous = counts.previous.saturating_add(spilled.previous);
             counts.current = counts.current.saturating_add(spilled.current);
         }
-        Standing { counts, in_flight: places.live(now_us), in_flight_until_us: places.first_lapse(now_us) }
+        (Standing { counts, in_flight: places.live(now_us), in_flight_until_us: places.first_lapse(now_us) }, places)
     }
 
     /// `check` on this rule, in one step: admits the attempt unless the
@@ -375,11 +380,10 @@ impl FailureWindowTable {
     /// `timeout_us` from now. Returns whether it was admitted and the
     /// standing after it.
     pub fn admit(&mut self, key: Key, now_us: u64, timeout_us: u64) -> (bool, Standing) {
-        let before = self.standing(key, now_us);
+        let (before, mut places) = self.standing_and_places(key, now_us);
         if self.spec.refuses(before.counts, before.in_flight, now_us) {
             return (false, before);
         }
-        let mut places = self.in_flight.get(key.tuple, now_us).map(|s| s.value).unwrap_or_default();
         places.take(now_us.saturating_add(timeout_us.max(1)), now_us);
         let slot = ExpiringSlot { expires_us: places.last_lapse(now_us), value: places };
         if !self.in_flight.set_if_room(key.tuple, slot, now_us) {
@@ -392,7 +396,9 @@ impl FailureWindowTable {
             }
             return (true, self.standing(key, now_us));
         }
-        (true, self.standing(key, now_us))
+        let after =
+            Standing { in_flight: places.live(now_us), in_flight_until_us: places.first_lapse(now_us), ..before };
+        (true, after)
     }
 
     /// Releases the newest of the key's places in flight (its report
