@@ -1128,10 +1128,7 @@ fn expiring_table<V: Copy>(
     old: Option<&SharedTable<ExpiringMap<V>>>,
     entries_max: usize,
 ) -> SharedTable<ExpiringMap<V>> {
-    match old {
-        Some(old) => reuse(old, entries_max, |t, cap| t.set_entries_max(cap)),
-        None => Arc::new(Shards::new(entries_max, ExpiringMap::new)),
-    }
+    expiring_table_made(old, entries_max, ExpiringMap::new)
 }
 
 /// A persisted map: like `expiring_table`, with a change list.
@@ -1139,9 +1136,17 @@ fn expiring_table_tracked<V: Copy>(
     old: Option<&SharedTable<ExpiringMap<V>>>,
     entries_max: usize,
 ) -> SharedTable<ExpiringMap<V>> {
+    expiring_table_made(old, entries_max, ExpiringMap::tracked)
+}
+
+fn expiring_table_made<V: Copy>(
+    old: Option<&SharedTable<ExpiringMap<V>>>,
+    entries_max: usize,
+    make: fn(usize) -> ExpiringMap<V>,
+) -> SharedTable<ExpiringMap<V>> {
     match old {
         Some(old) => reuse(old, entries_max, |t, cap| t.set_entries_max(cap)),
-        None => Arc::new(Shards::new(entries_max, ExpiringMap::tracked)),
+        None => Arc::new(Shards::new(entries_max, make)),
     }
 }
 
