@@ -40,6 +40,7 @@ pub mod client;
 pub mod clock;
 pub mod codec;
 pub mod config;
+pub mod daemon;
 pub mod expiring;
 pub mod failure_window;
 pub mod gcra;

@@ -1,0 +1,278 @@
+//! The daemon's shared state and its one dispatch: `Daemon::handle` turns
+//! each decoded request into a reply, asking the limiter for verdicts.
+//! `start` brings the daemon up and down (state file, listener, signals,
+//! snapshots, systemd); `server` owns the socket and the connections.
+
+pub(crate) mod lockouts;
+mod start;
+mod status;
+
+pub use lockouts::{
+    LOCKOUTS_LISTED_DEFAULT, LOCKOUTS_LISTED_MAX, LOCKOUTS_MADE_CONCURRENTLY_MAX, LOCKOUTS_REPLY_BYTES_MAX,
+    LOCKOUT_REPLY_BYTES_ESTIMATE,
+};
+pub use start::{load_config, serve};
+
+use lockouts::{lockouts_listed, lockouts_reply};
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use tokio::sync::Semaphore;
+
+use crate::access::{Access, Permissions};
+use crate::audit::LogCap;
+use crate::classes::ClassTable;
+use crate::clock::{ceil_ms, Clock};
+use crate::config::{Config, ServerConfig};
+use crate::limiter::{CheckPlan, Limiter, RequestError};
+use crate::protocol::{Decision, ErrorCode, Request, Response, Subject, Verdict};
+use crate::server::ACCEPT_ERROR_LINES_PER_SEC_MAX;
+use crate::store::{Durable, StoreStats};
+
+/// Everything a connection needs, shared.
+pub struct Daemon {
+    /// Swapped whole by a reload; a connection takes the current one per
+    /// batch of frames.
+    limiter: ArcSwap<Limiter>,
+    clock: Clock,
+    config: Config,
+    store_stats: Arc<StoreStats>,
+    started_us: u64,
+    access: Access,
+    /// Lockout and permission-denied lines: their own cap, so that a flood
+    /// of refusals (one request each) cannot push them out of the log.
+    audit: LogCap,
+    /// Refusal lines (and monitor mode's would-be refusals).
+    refusals: LogCap,
+    /// "accept failed" lines: at the open-file limit every retry fails.
+    accept_errors: LogCap,
+    /// Shares of `LOCKOUTS_REPLY_BYTES_MAX`, one byte a permit.
+    lockouts_reply_bytes: Semaphore,
+    /// `LOCKOUTS_MADE_CONCURRENTLY_MAX` permits.
+    lockouts_makers: Semaphore,
+    /// The soft open-file limit in force (`raise_open_file_limit`), for
+    /// `status`; 0 if unknown.
+    open_files_max: u64,
+    connections: AtomicU64,
+    verdicts: [AtomicU64; ERRORS + 1],
+    reloads: AtomicU64,
+    reload_failures: AtomicU64,
+    last_reload_error: std::sync::Mutex<Option<String>>,
+}
+
+/// Where `Response::Error` is counted among the verdict counters.
+pub(crate) const ERRORS: usize = 4;
+/// Allow, delay, challenge, deny (by `Decision as usize`), then errors.
+pub(crate) type VerdictCounters = [u64; ERRORS + 1];
+
+impl Daemon {
+    pub fn new(limiter: Limiter, clock: Clock, config: Config, access: Access, store_stats: Arc<StoreStats>) -> Daemon {
+        Daemon {
+            audit: LogCap::new(config.server.log_lines_per_sec_max),
+            refusals: LogCap::new(config.server.log_lines_per_sec_max),
+            accept_errors: LogCap::new(ACCEPT_ERROR_LINES_PER_SEC_MAX),
+            lockouts_reply_bytes: Semaphore::new(LOCKOUTS_REPLY_BYTES_MAX),
+            lockouts_makers: Semaphore::new(LOCKOUTS_MADE_CONCURRENTLY_MAX),
+            open_files_max: 0,
+            access,
+            limiter: ArcSwap::from_pointee(limiter),
+            started_us: clock.now_us(),
+            clock,
+            config,
+            store_stats,
+            connections: AtomicU64::new(0),
+            verdicts: Default::default(),
+            reloads: AtomicU64::new(0),
+            reload_failures: AtomicU64::new(0),
+            last_reload_error: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// The limiter in force; a reload swaps it whole.
+    pub fn limiter(&self) -> &ArcSwap<Limiter> {
+        &self.limiter
+    }
+
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    pub fn server_config(&self) -> &ServerConfig {
+        &self.config.server
+    }
+
+    /// What a peer with these credentials may ask.
+    pub(crate) fn permissions(&self, uid: u32, gid: u32) -> Permissions {
+        self.access.of(uid, gid)
+    }
+
+    /// Counts an open connection for `status`; the guard uncounts it.
+    pub(crate) fn connection_opened(&self) -> impl Drop + '_ {
+        struct Open<'d>(&'d AtomicU64);
+        impl Drop for Open<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        self.connections.fetch_add(1, Ordering::Relaxed);
+        Open(&self.connections)
+    }
+
+    /// Adds a connection's verdict counts to the daemon's and zeroes them.
+    pub(crate) fn add_verdicts(&self, counts: &mut VerdictCounters) {
+        for (total, n) in self.verdicts.iter().zip(counts.iter_mut()) {
+            if *n > 0 {
+                total.fetch_add(*n, Ordering::Relaxed);
+                *n = 0;
+            }
+        }
+    }
+
+    /// Whether to log an "accept failed" line now, and how many went unlogged.
+    pub(crate) fn admit_accept_error(&self, now_us: u64) -> Option<u64> {
+        self.accept_errors.admit(now_us)
+    }
+
+    /// Applies a reloaded configuration, keeping every table of the rules
+    /// it shares with the running one; or, given the reason a reload
+    /// failed, keeps the running configuration and records why.
+    pub fn reload(&self, loaded: Result<(Config, Arc<ClassTable>), String>) {
+        match loaded {
+            Ok((config, classes)) => {
+                let next = self.limiter.load().reconfigured(&config, classes, self.clock.now_us());
+                self.limiter.store(Arc::new(next));
+                self.reloads.fetch_add(1, Ordering::Relaxed);
+                *self.last_reload_error.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                tracing::info!("configuration reloaded");
+            }
+            Err(why) => {
+                self.reload_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(error = %why, "reload failed; keeping the running configuration");
+                *self.last_reload_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+            }
+        }
+    }
+
+    /// One request, one reply, at `now` (read once per batch of frames). The
+    /// durable writes, if any, must complete before the reply is sent.
+    /// A `check` arrives with its plan (`Limiter::plan_check`), made when
+    /// its batch was read.
+    pub(crate) fn handle<'l>(
+        &self,
+        limiter: &'l Limiter,
+        request: &Request<'_>,
+        plan: Option<Result<CheckPlan<'l>, RequestError>>,
+        peer: &Peer,
+        now: u64,
+    ) -> (Response<'l>, Vec<Durable>) {
+        let refused = |what: &str| {
+            if let Some(suppressed) = self.audit.admit(now) {
+                tracing::warn!(uid = peer.uid, gid = peer.gid, operation = what, suppressed, "permission denied");
+            }
+            Response::error(ErrorCode::PermissionDenied, format!("permission denied: uid {} may not {what}", peer.uid))
+        };
+        match request {
+            Request::Check { .. } | Request::Report { .. } if !peer.permissions.attempts => {
+                (refused("check or report"), Vec::new())
+            }
+            Request::Check { route, subject } => match plan
+                .unwrap_or_else(|| limiter.plan_check(route, subject, now))
+                .map(|plan| limiter.decide_check(plan, now))
+            {
+                Ok(verdict) => {
+                    // Monitor mode's would-be refusals are logged too: the
+                    // log is how an operator judges a rule before enforcing it.
+                    if verdict.decision != Decision::Allow || verdict.reason.is_monitored() {
+                        self.log_refusal(limiter, route, subject, &verdict, now);
+                    }
+                    (Response::Verdict(verdict), Vec::new())
+                }
+                Err(e) => (request_error(e), Vec::new()),
+            },
+            Request::Report { route, subject, outcome, password_digest } => {
+                match limiter.report(route, subject, *outcome, *password_digest, now) {
+                    Ok((verdict, durable)) => {
+                        if !durable.is_empty() {
+                            if let Some(suppressed) = self.audit.admit(now) {
+                                let client = limiter.client_prefix(subject).map(|p| p.to_string());
+                                tracing::info!(route, rule = %verdict.rule, client, suppressed, "lockout");
+                            }
+                        }
+                        (Response::Verdict(verdict), durable)
+                    }
+                    Err(e) => (request_error(e), Vec::new()),
+                }
+            }
+            Request::Status => (Response::Status(Box::new(self.status(limiter))), Vec::new()),
+            // `serve_connection` answers these itself (`make_lockouts_reply`:
+            // off the runtime threads, within the reply budget); this is the
+            // same answer.
+            Request::Lockouts { limit } => (lockouts_reply(limiter, lockouts_listed(*limit), now), Vec::new()),
+            Request::Unlock { route, account, source } => {
+                if !peer.permissions.admin {
+                    return (refused("unlock"), Vec::new());
+                }
+                match limiter.unlock(route, account, *source) {
+                    Ok((cleared, writes)) => {
+                        // Audit lines for admin actions are never capped.
+                        tracing::info!(route, cleared, uid = peer.uid, "unlock");
+                        (Response::Unlocked { cleared }, writes)
+                    }
+                    Err(e) => (request_error(e), Vec::new()),
+                }
+            }
+            Request::ClockAdvance { by_ms } => {
+                if !peer.permissions.admin {
+                    return (refused("clock advance"), Vec::new());
+                }
+                match self.clock.advance(by_ms.saturating_mul(1000)) {
+                    Some(now) => (Response::ClockAdvanced { now_ms: ceil_ms(now) }, Vec::new()),
+                    None => (
+                        Response::error(
+                            ErrorCode::NotManualClock,
+                            "the daemon runs on the system clock; start it with --manual-clock",
+                        ),
+                        Vec::new(),
+                    ),
+                }
+            }
+        }
+    }
+}
+
+impl Daemon {
+    fn log_refusal(&self, limiter: &Limiter, route: &str, subject: &Subject<'_>, verdict: &Verdict<'_>, now: u64) {
+        if let Some(suppressed) = self.refusals.admit(now) {
+            let client = limiter.client_prefix(subject).map(|p| p.to_string());
+            tracing::info!(
+                route,
+                rule = %verdict.rule,
+                decision = ?verdict.decision,
+                reason = ?verdict.reason,
+                monitor = verdict.reason.is_monitored(),
+                retry_after_ms = verdict.retry_after_ms,
+                client,
+                suppressed,
+                "refused"
+            );
+        }
+    }
+}
+
+/// The connection's peer, from SO_PEERCRED when the connection opens.
+pub(crate) struct Peer {
+    pub uid: u32,
+    pub gid: u32,
+    pub permissions: Permissions,
+}
+
+fn request_error(e: RequestError) -> Response<'static> {
+    let code = match e {
+        RequestError::UnknownRoute(_) => ErrorCode::UnknownRoute,
+        RequestError::MissingField { .. } => ErrorCode::MissingField,
+        RequestError::FieldTooLong { .. } => ErrorCode::FieldTooLong,
+    };
+    Response::error(code, e.to_string())
+}

@@ -1,0 +1,378 @@
+//! `tollgate serve`, step by step: read the configuration, open the state
+//! file under its key, restore the tables, listen, serve until a signal, and
+//! save everything on the way out.
+
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::net::UnixListener;
+
+use super::Daemon;
+use crate::access::Access;
+use crate::classes::{ClassFileError, ClassTable};
+use crate::cli::ServeArgs;
+use crate::clock::Clock;
+use crate::config::{Config, ConfigError, CONFIG_PATH_DEFAULT};
+use crate::keys::{KeyDeriver, Secret};
+use crate::limiter::{Limiter, Restored};
+use crate::notify::{self, Notifier};
+use crate::server;
+use crate::store::{Durable, Loaded, OpenOptions, Store, StoreError, StoreStats};
+
+/// Exit code for an invalid configuration (sysexits EX_CONFIG).
+const EXIT_CONFIG: u8 = 78;
+
+/// Runs `tollgate serve` to its end: the process's exit code.
+pub fn serve(args: ServeArgs) -> ExitCode {
+    init_logging();
+    let config = match load_config(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("tollgate: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    match start(args, config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tollgate: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("TOLLGATE_LOG").unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        // By default a failed log write is reported with `eprintln!`, which
+        // panics when stderr cannot be written (a full disk under the log):
+        // that killed the state writer and snapshot threads while the
+        // daemon kept answering. A lost log line must cost only itself.
+        .log_internal_errors(false)
+        .init();
+}
+
+/// The configuration file (when there is one) over the built-in defaults,
+/// with the command line's paths winning over the file's.
+pub fn load_config(args: &ServeArgs) -> Result<Config, ConfigError> {
+    let (path, required) = match &args.config {
+        Some(p) => (p.clone(), true),
+        None => (CONFIG_PATH_DEFAULT.into(), false),
+    };
+    let mut raw = Config::read_raw(&path, required)?;
+    raw.socket = args.socket.clone().or(raw.socket);
+    raw.state = args.state.clone().or(raw.state);
+    raw.secret = args.secret.clone().or(raw.secret);
+    Config::build(raw).map_err(|errors| ConfigError::Invalid { path, errors })
+}
+
+fn load_classes(config: &Config) -> Result<ClassTable, ClassFileError> {
+    match &config.class_file {
+        Some(path) => ClassTable::load(path),
+        None => Ok(ClassTable::default()),
+    }
+}
+
+fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
+    // Past a file-size limit (RLIMIT_FSIZE) a write should fail like a full
+    // disk, with an error the writer reports and retries, not kill the
+    // daemon: SIGXFSZ gets a handler instead of its default action, before
+    // the state file is first written.
+    signal_hook::flag::register(signal_hook::consts::SIGXFSZ, Arc::new(AtomicBool::new(false)))?;
+    let clock = if args.manual_clock { Clock::manual() } else { Clock::System };
+    let (secret, store, loaded) = open_state(&config, args.discard_corrupt_state)?;
+    let stats = Arc::new(StoreStats::default());
+    let (journal, writer) = store.start_writer(stats.clone());
+    let limiter = Limiter::new(&config, Arc::new(load_classes(&config)?), KeyDeriver::new(&secret), journal);
+    let restored = restore(&limiter, loaded, clock.now_us());
+    let access = Access::resolve(&config.server, nix::unistd::geteuid().as_raw())?;
+    let mut daemon = Daemon::new(limiter, clock, config.clone(), access, stats);
+    daemon.open_files_max = raise_open_file_limit(&config);
+    let daemon = Arc::new(daemon);
+    // Opened now, while descriptors are plentiful, and kept: a watchdog ping
+    // must not need a new descriptor (see `notify`).
+    let notifier = open_notifier();
+
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let (listener, our_socket) = listen(&runtime, &config)?;
+    let (stopped, signals) = handle_signals(daemon.clone(), args)?;
+    let maintenance = Maintenance::spawn(daemon.clone(), Duration::from_millis(config.snapshot_interval_ms))?;
+    tracing::info!(
+        socket = %config.socket.display(),
+        state = %config.state.display(),
+        restored = restored.rows.restored,
+        expired = restored.rows.expired,
+        redated = restored.rows.redated,
+        known_devices = restored.known_devices,
+        damaged_rows = restored.damaged_rows,
+        manual_clock = daemon.clock.is_manual(),
+        "tollgate listening"
+    );
+    // Ready: listening, state loaded. Then keep systemd's watchdog fed from
+    // the event loop itself, so a wedged loop gets the daemon restarted.
+    send_notification(&notifier, "READY=1\nSTATUS=serving\n");
+    if let (Some(period), Some(notifier)) = (notify::watchdog_period(), notifier.clone()) {
+        runtime.spawn(feed_watchdog(notifier, period));
+    }
+    runtime.block_on(server::run(listener, daemon.clone(), async {
+        let _ = stopped.await;
+    }));
+    send_notification(&notifier, "STOPPING=1\n");
+
+    maintenance.stop();
+    signals.close();
+    let failed = save_all(&daemon);
+    writer.stop();
+    if our_socket.is_some() && server::socket_identity(&config.socket) == our_socket {
+        let _ = std::fs::remove_file(&config.socket);
+    }
+    if failed > 0 {
+        anyhow::bail!("{failed} shard(s) of counters could not be saved at stop");
+    }
+    tracing::info!("stopped; counters saved");
+    Ok(())
+}
+
+/// Opens the state file under the secret key it was made with. A missing
+/// secret is made in memory and written only once the state file has
+/// accepted it: a state file with rows made under a lost key is refused,
+/// and no new key is left behind to hide the loss.
+fn open_state(config: &Config, discard_corrupt: bool) -> anyhow::Result<(Secret, Store, Loaded)> {
+    if let Some(dir) = config.secret.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let (secret, secret_is_new) = match Secret::load(&config.secret)? {
+        Some(secret) => (secret, false),
+        None => (Secret::generate(&config.secret)?, true),
+    };
+    let options =
+        OpenOptions { discard_corrupt, key_fingerprint: Some(secret.fingerprint()), key_is_new: secret_is_new };
+    let opened = match Store::open_with(&config.state, options) {
+        Err(StoreError::KeyMismatch { path, found, .. }) if secret_is_new => anyhow::bail!(
+            "secret key file {} is missing, and state file {} holds state made with a secret key (key fingerprint {found:016x}): restore the secret key file, or start with --discard-corrupt-state to move the state file aside and start empty with a new key",
+            config.secret.display(),
+            path.display()
+        ),
+        Err(StoreError::KeyMismatch { path, found, expected }) => anyhow::bail!(
+            "state file {} was written with another secret key than secret key file {} holds (key fingerprints {found:016x} and {expected:016x}): restore the secret key file the state was made with, or start with --discard-corrupt-state to move the state file aside and start empty",
+            path.display(),
+            config.secret.display()
+        ),
+        other => other?,
+    };
+    if secret_is_new {
+        secret.save(&config.secret)?;
+    }
+    Ok((secret, opened.store, opened.loaded))
+}
+
+/// What start-up put back in the tables, for the "listening" line.
+struct Restoration {
+    rows: Restored,
+    known_devices: usize,
+    damaged_rows: usize,
+}
+
+/// Puts the state file's rows back in the tables.
+fn restore(limiter: &Limiter, loaded: Loaded, now_us: u64) -> Restoration {
+    let rows = limiter.restore(loaded.entries, now_us);
+    let known_devices = limiter.restore_known_devices(loaded.devices, now_us);
+    if rows.orphaned > 0 {
+        tracing::warn!(orphaned = rows.orphaned, "persisted entries name rules not configured; deleted");
+    }
+    if rows.refused > 0 {
+        tracing::warn!(refused = rows.refused, "persisted entries not restored: their tables are full of lockouts");
+    }
+    Restoration { rows, known_devices, damaged_rows: loaded.damaged_rows }
+}
+
+/// Raises the open-file limit as far as allowed and warns when it is below
+/// what `connections_max` needs; returns the limit for `status` (0 if
+/// unknown).
+fn raise_open_file_limit(config: &Config) -> u64 {
+    match server::raise_open_file_limit() {
+        Ok(files) => {
+            let needed = config.server.connections_max as u64 + server::FILES_RESERVED_COUNT;
+            if files.soft < needed {
+                tracing::warn!(
+                    "open-file limit {} (hard {}) is below connections_max {} + {} reserved = {needed}: \
+                     connections past it wait in the backlog; raise LimitNOFILE= or lower server.connections_max",
+                    files.soft,
+                    files.hard,
+                    config.server.connections_max,
+                    server::FILES_RESERVED_COUNT,
+                );
+            } else if files.soft != files.soft_before {
+                tracing::info!(from = files.soft_before, to = files.soft, "open-file limit raised");
+            }
+            files.soft
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the open-file limit");
+            0
+        }
+    }
+}
+
+fn open_notifier() -> Option<Arc<Notifier>> {
+    match Notifier::from_env() {
+        Ok(n) => n.map(Arc::new),
+        Err(e) => {
+            tracing::warn!(error = %e, "NOTIFY_SOCKET unusable; the service manager will not hear from us");
+            None
+        }
+    }
+}
+
+fn send_notification(notifier: &Option<Arc<Notifier>>, message: &str) {
+    if let Some(n) = notifier {
+        if let Err(e) = n.send(message) {
+            tracing::warn!(error = %e, message = message.trim_end(), "notify failed");
+        }
+    }
+}
+
+/// Pings systemd's watchdog twice per period, as sd_watchdog_enabled(3)
+/// advises, from the event loop itself.
+async fn feed_watchdog(notifier: Arc<Notifier>, period: Duration) {
+    let mut tick = tokio::time::interval(period / 2);
+    loop {
+        tick.tick().await;
+        // Not logged: a failure repeats every tick, and systemd's own
+        // message about the missed watchdog says it.
+        let _ = notifier.send("WATCHDOG=1\n");
+    }
+}
+
+/// The listening socket: the one systemd passes (socket activation: fd 3,
+/// whose file systemd owns), or one we bind. Also returns our socket file's
+/// identity, so that at stop we remove only a file we made.
+fn listen(runtime: &tokio::runtime::Runtime, config: &Config) -> anyhow::Result<(UnixListener, Option<(u64, u64)>)> {
+    if let Some(std_listener) = listenfd::ListenFd::from_env().take_unix_listener(0)? {
+        std_listener.set_nonblocking(true)?;
+        let _guard = runtime.enter();
+        return Ok((UnixListener::from_std(std_listener)?, None));
+    }
+    let group = match &config.server.socket_group {
+        Some(name) => Some(
+            name.parse::<u32>()
+                .ok()
+                .or_else(|| crate::access::group_id(name))
+                .with_context(|| format!("server.socket_group: no such group `{name}`"))?,
+        ),
+        None => None,
+    };
+    let listener = runtime
+        .block_on(server::bind(&config.socket, config.server.socket_mode, group))
+        .with_context(|| format!("cannot listen on {}", config.socket.display()))?;
+    Ok((listener, server::socket_identity(&config.socket)))
+}
+
+/// SIGHUP reloads; SIGTERM or SIGINT resolves the returned receiver, which
+/// stops the server. Close the handle to end the thread.
+fn handle_signals(
+    daemon: Arc<Daemon>,
+    args: ServeArgs,
+) -> anyhow::Result<(tokio::sync::oneshot::Receiver<()>, signal_hook::iterator::Handle)> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])?;
+    let handle = signals.handle();
+    std::thread::Builder::new().name("tollgate-signals".into()).spawn(move || {
+        for signal in signals.forever() {
+            if signal == SIGHUP {
+                // Read and validate everything before touching the running
+                // configuration; a bad file changes nothing.
+                daemon.reload(load_config(&args).map_err(|e| e.to_string()).and_then(|config| {
+                    let classes = load_classes(&config).map_err(|e| e.to_string())?;
+                    Ok((config, Arc::new(classes)))
+                }));
+                continue;
+            }
+            tracing::info!(signal, "stopping");
+            let _ = stop_tx.send(());
+            break;
+        }
+    })?;
+    Ok((stop_rx, handle))
+}
+
+/// The writes that bring the state file up to date: a whole rewrite when
+/// an earlier write failed (the file may lack changes since dropped from
+/// the queue), otherwise a snapshot of what changed.
+fn writes_due(daemon: &Daemon, now_us: u64) -> (Vec<Durable>, bool) {
+    let limiter = daemon.limiter.load();
+    if daemon.store_stats.needs_rewrite.load(Ordering::Acquire) {
+        (vec![limiter.rewrite(now_us)], true)
+    } else {
+        (limiter.snapshot(now_us, true), false)
+    }
+}
+
+/// The final save at stop; returns how many writes failed.
+fn save_all(daemon: &Daemon) -> usize {
+    let (writes, _) = writes_due(daemon, daemon.clock.now_us());
+    let mut failed = 0;
+    for write in writes {
+        if let Err(e) = write.wait_blocking() {
+            tracing::error!(error = %e, "final snapshot incomplete");
+            failed += 1;
+        }
+    }
+    failed
+}
+
+/// The snapshot thread: every `snapshot_interval_ms`, brings the state file
+/// up to date and sweeps expired entries out of the tables.
+struct Maintenance {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+impl Maintenance {
+    fn spawn(daemon: Arc<Daemon>, interval: Duration) -> std::io::Result<Maintenance> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        let thread = std::thread::Builder::new().name("tollgate-snapshot".into()).spawn(move || {
+            let mut tick = 0u64;
+            while !stopping.load(Ordering::Acquire) {
+                // Parked, not slept: a stop unparks it at once.
+                std::thread::park_timeout(interval);
+                if stopping.load(Ordering::Acquire) {
+                    break;
+                }
+                let now = daemon.clock.now_us();
+                let (writes, rewrite) = writes_due(&daemon, now);
+                // Waiting for the commit bounds what is queued for the disk
+                // to one snapshot, however fast keys churn.
+                for write in writes {
+                    if let Err(e) = write.wait_blocking() {
+                        if rewrite {
+                            tracing::warn!(error = %e, "state file still not writable; will try again");
+                        } else {
+                            tracing::warn!(error = %e, "snapshot not written; will retry");
+                        }
+                    }
+                }
+                if rewrite {
+                    continue;
+                }
+                daemon.limiter.load().sweep(tick, now);
+                tick += 1;
+            }
+        })?;
+        Ok(Maintenance { stop, thread })
+    }
+
+    fn stop(self) {
+        self.stop.store(true, Ordering::Release);
+        self.thread.thread().unpark();
+        let _ = self.thread.join();
+    }
+}

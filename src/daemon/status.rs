@@ -1,0 +1,82 @@
+//! `status`: the daemon's counters and every named limit in force.
+
+use std::sync::atomic::Ordering;
+
+use super::lockouts::{LOCKOUTS_LISTED_MAX, LOCKOUTS_MADE_CONCURRENTLY_MAX, LOCKOUTS_REPLY_BYTES_MAX};
+use super::{Daemon, ERRORS};
+use crate::codec::REQUEST_PAYLOAD_BYTES_MAX;
+use crate::limiter::Limiter;
+use crate::protocol::{Decision, NamedLimit, PersistenceStatus, Status, VerdictCounts};
+use crate::server::{
+    ACCEPT_ERROR_LINES_PER_SEC_MAX, ACCEPT_RETRY_DELAY_MS_MAX, FILES_RESERVED_COUNT, READ_BUFFER_BYTES,
+    REPLY_BUFFER_RESTING_BYTES, REPLY_BYTES_BUFFERED_MAX,
+};
+
+impl Daemon {
+    pub(crate) fn status(&self, limiter: &Limiter) -> Status {
+        let now = self.clock.now_us();
+        let count = |i: usize| self.verdicts[i].load(Ordering::Relaxed);
+        let server = &self.config.server;
+        let limit = |name: &str, value: u64| NamedLimit { name: name.into(), value };
+        let stats = &self.store_stats;
+        Status {
+            version: env!("CARGO_PKG_VERSION").into(),
+            uptime_ms: (now.saturating_sub(self.started_us)) / 1000,
+            now_ms: now / 1000,
+            manual_clock: self.clock.is_manual(),
+            connections: self.connections.load(Ordering::Relaxed),
+            verdicts: VerdictCounts {
+                allow: count(Decision::Allow as usize),
+                delay: count(Decision::Delay as usize),
+                challenge: count(Decision::Challenge as usize),
+                deny: count(Decision::Deny as usize),
+                errors: count(ERRORS),
+            },
+            routes: limiter.route_status(),
+            limits: [
+                limit("connections_max", server.connections_max as u64),
+                limit("frame_read_timeout_ms", server.frame_read_timeout_ms),
+                limit("idle_timeout_ms", server.idle_timeout_ms),
+                limit("reply_write_timeout_ms", server.reply_write_timeout_ms),
+                limit("reply_bytes_buffered_max", REPLY_BYTES_BUFFERED_MAX as u64),
+                limit("in_flight_per_connection_max", server.in_flight_per_connection_max as u64),
+                limit("log_lines_per_sec_max", server.log_lines_per_sec_max),
+                limit("socket_mode", server.socket_mode as u64),
+                limit("shutdown_grace_ms", server.shutdown_grace_ms),
+                limit("request_payload_bytes_max", REQUEST_PAYLOAD_BYTES_MAX as u64),
+                limit("read_buffer_bytes", READ_BUFFER_BYTES as u64),
+                limit("reply_buffer_resting_bytes", REPLY_BUFFER_RESTING_BYTES as u64),
+                limit("identifier_bytes_max", crate::limiter::IDENTIFIER_BYTES_MAX as u64),
+                limit("forwarded_for_bytes_max", crate::limiter::FORWARDED_FOR_BYTES_MAX as u64),
+                limit("lockouts_listed_max", LOCKOUTS_LISTED_MAX as u64),
+                limit("lockouts_reply_bytes_max", LOCKOUTS_REPLY_BYTES_MAX as u64),
+                limit("lockouts_made_concurrently_max", LOCKOUTS_MADE_CONCURRENTLY_MAX as u64),
+                limit("open_files_max", self.open_files_max),
+                limit("files_reserved_count", FILES_RESERVED_COUNT),
+                limit("accept_retry_delay_ms_max", ACCEPT_RETRY_DELAY_MS_MAX),
+                limit("accept_error_lines_per_sec_max", ACCEPT_ERROR_LINES_PER_SEC_MAX),
+                limit("snapshot_interval_ms", self.config.snapshot_interval_ms),
+                limit("attempt_timeout_ms", self.config.attempt_timeout_ms),
+            ]
+            .into_iter()
+            .chain(limiter.route_limits().into_iter().map(|(name, value)| NamedLimit { name, value }))
+            .collect(),
+            persistence: PersistenceStatus {
+                state_path: self.config.state.display().to_string(),
+                snapshot_interval_ms: self.config.snapshot_interval_ms,
+                commits: stats.commits.load(Ordering::Relaxed),
+                write_failures: stats.write_failures.load(Ordering::Relaxed),
+                last_error: stats.last_error.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+                changes_unwritten: stats.changes_unwritten.load(Ordering::Relaxed),
+                changes_dropped: stats.changes_dropped.load(Ordering::Relaxed),
+            },
+            class_prefixes: limiter.class_prefixes() as u64,
+            reloads: self.reloads.load(Ordering::Relaxed),
+            reload_failures: self.reload_failures.load(Ordering::Relaxed),
+            last_reload_error: self.last_reload_error.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+            log_lines_suppressed: self.audit.suppressed_total()
+                + self.refusals.suppressed_total()
+                + self.accept_errors.suppressed_total(),
+        }
+    }
+}
