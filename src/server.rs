@@ -22,8 +22,8 @@ use crate::access::Permissions;
 use crate::clock::Clock;
 use crate::codec::{self, FrameError, PayloadError, FRAME_HEADER_BYTES, REQUEST_PAYLOAD_BYTES_MAX};
 use crate::daemon::lockouts::make_lockouts_reply;
-use crate::daemon::{Daemon, Peer, VerdictCounters, ERRORS};
-use crate::limiter::{CheckPlan, Limiter, RequestError};
+use crate::daemon::{Daemon, Job, Peer, VerdictCounters, ERRORS};
+use crate::limiter::Limiter;
 use crate::protocol::{ErrorCode, Request, Response};
 
 /// Bytes read per connection buffer: a whole maximal frame fits, and a
@@ -220,8 +220,8 @@ const PLAN_AHEAD: usize = 16;
 /// the two passes was 8% of the daemon's time.
 struct Planned<'b, 'l> {
     id: u64,
-    request: Result<Request<'b>, Response<'static>>,
-    plan: Option<Result<CheckPlan<'l>, RequestError>>,
+    /// Taken when answered; the error reply of a frame that did not decode.
+    job: Option<Result<Job<'b, 'l>, Response<'static>>>,
     frame_bytes: usize,
 }
 
@@ -234,20 +234,11 @@ fn plan_frame<'b, 'l>(
 ) -> Planned<'b, 'l> {
     match codec::decode_request(payload) {
         Ok((id, request)) => {
-            let plan = match &request {
-                Request::Check { route, subject } if peer.permissions.attempts => {
-                    Some(limiter.plan_check(route, subject, now))
-                }
-                _ => None,
-            };
-            Planned { id, request: Ok(request), plan, frame_bytes }
+            Planned { id, job: Some(Ok(Job::new(limiter, request, peer.permissions, now))), frame_bytes }
         }
-        Err(failure) => Planned {
-            id: failure.id.unwrap_or(0),
-            request: Err(payload_error(&failure.error)),
-            plan: None,
-            frame_bytes,
-        },
+        Err(failure) => {
+            Planned { id: failure.id.unwrap_or(0), job: Some(Err(payload_error(&failure.error))), frame_bytes }
+        }
     }
 }
 
@@ -316,11 +307,10 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
                         close = true;
                         run.push(Planned {
                             id: 0,
-                            request: Err(Response::error(
+                            job: Some(Err(Response::error(
                                 ErrorCode::FrameTooLarge,
                                 format!("frame of {len} bytes is over the maximum of {max}; closing"),
-                            )),
-                            plan: None,
+                            ))),
                             frame_bytes: 0,
                         });
                         break;
@@ -335,13 +325,13 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
             // together those walks overlap instead of each stalling between
             // two key derivations.
             for planned in &run {
-                if let Some(Ok(plan)) = &planned.plan {
+                if let Some(Ok(Job::Check { plan: Ok(plan), .. })) = &planned.job {
                     limiter.prefetch(plan);
                 }
             }
             let full_run = run.len() == PLAN_AHEAD;
             for planned in run.iter_mut() {
-                if let Ok(Request::Lockouts { limit }) = planned.request {
+                if let Some(Ok(Job::Other(Request::Lockouts { limit }))) = planned.job {
                     // Replies buffered before it are written first, so a
                     // connection holds one share of the budget at a time
                     // and two can never each wait for the share the other
@@ -363,10 +353,10 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
                     frame_deadline = None;
                     continue;
                 }
-                let (response, durable) = match &planned.request {
-                    Ok(request) => daemon.handle(limiter, request, planned.plan.take(), &peer, now),
-                    // A malformed frame: rare, so a copy of its reply is fine.
-                    Err(error) => (error.clone(), Vec::new()),
+                let (response, durable) = match planned.job.take() {
+                    Some(Ok(job)) => daemon.handle(limiter, job, &peer, now),
+                    Some(Err(error)) => (error, Vec::new()),
+                    None => continue, // answered (a `lockouts`, above)
                 };
                 counts.count(&response);
                 if !durable.is_empty() {

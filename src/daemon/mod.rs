@@ -157,46 +157,38 @@ impl Daemon {
 
     /// One request, one reply, at `now` (read once per batch of frames). The
     /// durable writes, if any, must complete before the reply is sent.
-    /// A `check` arrives with its plan (`Limiter::plan_check`), made when
-    /// its batch was read.
-    pub(crate) fn handle<'l>(
-        &self,
-        limiter: &'l Limiter,
-        request: &Request<'_>,
-        plan: Option<Result<CheckPlan<'l>, RequestError>>,
-        peer: &Peer,
-        now: u64,
-    ) -> (Response<'l>, Vec<Durable>) {
-        let refused = |what: &str| {
-            if let Some(suppressed) = self.audit.admit(now) {
-                tracing::warn!(uid = peer.uid, gid = peer.gid, operation = what, suppressed, "permission denied");
+    pub(crate) fn handle<'l>(&self, limiter: &'l Limiter, job: Job<'_, 'l>, peer: &Peer, now: u64) -> Answer<'l> {
+        let request = match job {
+            Job::Denied(operation) => {
+                if let Some(suppressed) = self.audit.admit(now) {
+                    tracing::warn!(uid = peer.uid, gid = peer.gid, operation, suppressed, "permission denied");
+                }
+                let message = format!("permission denied: uid {} may not {operation}", peer.uid);
+                return (Response::error(ErrorCode::PermissionDenied, message), Vec::new());
             }
-            Response::error(ErrorCode::PermissionDenied, format!("permission denied: uid {} may not {what}", peer.uid))
+            Job::Check { route, subject, plan } => {
+                return match plan.map(|plan| limiter.decide_check(plan, now)) {
+                    Ok(verdict) => {
+                        // Monitor mode's would-be refusals are logged too: the
+                        // log is how an operator judges a rule before enforcing it.
+                        if verdict.decision != Decision::Allow || verdict.reason.is_monitored() {
+                            self.log_refusal(limiter, route, &subject, &verdict, now);
+                        }
+                        (Response::Verdict(verdict), Vec::new())
+                    }
+                    Err(e) => (request_error(e), Vec::new()),
+                };
+            }
+            Job::Other(request) => request,
         };
         match request {
-            Request::Check { .. } | Request::Report { .. } if !peer.permissions.attempts => {
-                (refused("check or report"), Vec::new())
-            }
-            Request::Check { route, subject } => match plan
-                .unwrap_or_else(|| limiter.plan_check(route, subject, now))
-                .map(|plan| limiter.decide_check(plan, now))
-            {
-                Ok(verdict) => {
-                    // Monitor mode's would-be refusals are logged too: the
-                    // log is how an operator judges a rule before enforcing it.
-                    if verdict.decision != Decision::Allow || verdict.reason.is_monitored() {
-                        self.log_refusal(limiter, route, subject, &verdict, now);
-                    }
-                    (Response::Verdict(verdict), Vec::new())
-                }
-                Err(e) => (request_error(e), Vec::new()),
-            },
+            Request::Check { .. } => unreachable!("Job::new plans every check"),
             Request::Report { route, subject, outcome, password_digest } => {
-                match limiter.report(route, subject, *outcome, *password_digest, now) {
+                match limiter.report(route, &subject, outcome, password_digest, now) {
                     Ok((verdict, durable)) => {
                         if !durable.is_empty() {
                             if let Some(suppressed) = self.audit.admit(now) {
-                                let client = limiter.client_prefix(subject).map(|p| p.to_string());
+                                let client = limiter.client_prefix(&subject).map(|p| p.to_string());
                                 tracing::info!(route, rule = %verdict.rule, client, suppressed, "lockout");
                             }
                         }
@@ -209,35 +201,58 @@ impl Daemon {
             // `serve_connection` answers these itself (`make_lockouts_reply`:
             // off the runtime threads, within the reply budget); this is the
             // same answer.
-            Request::Lockouts { limit } => (lockouts_reply(limiter, lockouts_listed(*limit), now), Vec::new()),
-            Request::Unlock { route, account, source } => {
-                if !peer.permissions.admin {
-                    return (refused("unlock"), Vec::new());
+            Request::Lockouts { limit } => (lockouts_reply(limiter, lockouts_listed(limit), now), Vec::new()),
+            Request::Unlock { route, account, source } => match limiter.unlock(route, account, source) {
+                Ok((cleared, writes)) => {
+                    // Audit lines for admin actions are never capped.
+                    tracing::info!(route, cleared, uid = peer.uid, "unlock");
+                    (Response::Unlocked { cleared }, writes)
                 }
-                match limiter.unlock(route, account, *source) {
-                    Ok((cleared, writes)) => {
-                        // Audit lines for admin actions are never capped.
-                        tracing::info!(route, cleared, uid = peer.uid, "unlock");
-                        (Response::Unlocked { cleared }, writes)
-                    }
-                    Err(e) => (request_error(e), Vec::new()),
-                }
-            }
-            Request::ClockAdvance { by_ms } => {
-                if !peer.permissions.admin {
-                    return (refused("clock advance"), Vec::new());
-                }
-                match self.clock.advance(by_ms.saturating_mul(1000)) {
-                    Some(now) => (Response::ClockAdvanced { now_ms: ceil_ms(now) }, Vec::new()),
-                    None => (
-                        Response::error(
-                            ErrorCode::NotManualClock,
-                            "the daemon runs on the system clock; start it with --manual-clock",
-                        ),
-                        Vec::new(),
+                Err(e) => (request_error(e), Vec::new()),
+            },
+            Request::ClockAdvance { by_ms } => match self.clock.advance(by_ms.saturating_mul(1000)) {
+                Some(now) => (Response::ClockAdvanced { now_ms: ceil_ms(now) }, Vec::new()),
+                None => (
+                    Response::error(
+                        ErrorCode::NotManualClock,
+                        "the daemon runs on the system clock; start it with --manual-clock",
                     ),
-                }
+                    Vec::new(),
+                ),
+            },
+        }
+    }
+}
+
+/// A reply, and the durable writes that must complete before it is sent.
+pub(crate) type Answer<'l> = (Response<'l>, Vec<Durable>);
+
+/// A decoded request, ready to answer: a peer's permission already
+/// decided, and a check's keys already derived (`Limiter::plan_check`), so
+/// that a batch's table slots can be prefetched before any is decided.
+pub(crate) enum Job<'b, 'l> {
+    Check {
+        route: &'b str,
+        subject: Subject<'b>,
+        plan: Result<CheckPlan<'l>, RequestError>,
+    },
+    /// The peer may not ask this (the operation, for the reply and the log).
+    Denied(&'static str),
+    /// Any other request the peer may ask; never a check.
+    Other(Request<'b>),
+}
+
+impl<'b, 'l> Job<'b, 'l> {
+    pub(crate) fn new(limiter: &'l Limiter, request: Request<'b>, permissions: Permissions, now: u64) -> Job<'b, 'l> {
+        match request {
+            Request::Check { .. } | Request::Report { .. } if !permissions.attempts => Job::Denied("check or report"),
+            Request::Unlock { .. } if !permissions.admin => Job::Denied("unlock"),
+            Request::ClockAdvance { .. } if !permissions.admin => Job::Denied("clock advance"),
+            Request::Check { route, subject } => {
+                let plan = limiter.plan_check(route, &subject, now);
+                Job::Check { route, subject, plan }
             }
+            other => Job::Other(other),
         }
     }
 }

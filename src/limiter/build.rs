@@ -1,0 +1,147 @@
+//! Building a limiter from its configuration, and rebuilding it on reload
+//! around the tables of every rule the new configuration keeps.
+
+use std::sync::Arc;
+
+use super::route::{KnownDevices, RecentPasswords, Route, Rule, Table};
+use super::shards::{expiring_table, expiring_table_tracked, reuse, Shards};
+use super::Limiter;
+use crate::classes::ClassTable;
+use crate::config::{Config, RouteConfig, RuleConfig, RuleKind};
+use crate::failure_window::{FailureWindowTable, WindowSpec};
+use crate::gcra::GcraTable;
+use crate::keys::KeyDeriver;
+use crate::store::Journal;
+
+impl Limiter {
+    pub fn new(config: &Config, classes: Arc<ClassTable>, keys: KeyDeriver, journal: Journal) -> Limiter {
+        Limiter::build(config, classes, keys, journal, None, 0)
+    }
+
+    /// A limiter for a new configuration that keeps the tables (counters,
+    /// lockouts, known devices) of every rule and route it shares with
+    /// `self`, applying new limits to them. A failure rule the reload
+    /// removes loses its state, and one it adds starts empty: their rows
+    /// are deleted, queued before the new limiter can write any (see
+    /// `Journal::drop_rule`).
+    pub fn reconfigured(&self, config: &Config, classes: Arc<ClassTable>, now_us: u64) -> Limiter {
+        let next = Limiter::build(config, classes, self.keys.clone(), self.journal.clone(), Some(self), now_us);
+        let before = self.failure_rule_ids();
+        let after = next.failure_rule_ids();
+        for id in before.symmetric_difference(&after) {
+            self.journal.drop_rule(id);
+        }
+        // Known devices live as long as their route keeps them.
+        for route in self.routes.iter().filter(|r| r.known_devices.is_some()) {
+            if next.routes.iter().all(|n| n.name != route.name || n.known_devices.is_none()) {
+                self.journal.drop_devices(&route.name);
+            }
+        }
+        next
+    }
+
+    fn failure_rule_ids(&self) -> std::collections::BTreeSet<&str> {
+        let rules = self.routes.iter().flat_map(|r| &r.rules);
+        rules.filter(|r| matches!(r.table, Table::Failures { .. })).map(|r| &*r.id).collect()
+    }
+
+    fn build(
+        config: &Config,
+        classes: Arc<ClassTable>,
+        keys: KeyDeriver,
+        journal: Journal,
+        previous: Option<&Limiter>,
+        now_us: u64,
+    ) -> Limiter {
+        let routes = config.routes.iter().map(|r| build_route(r, previous, now_us)).collect();
+        Limiter {
+            routes,
+            source: config.source.clone(),
+            classes,
+            responses: config.responses.clone(),
+            keys,
+            journal,
+            attempt_timeout_us: config.attempt_timeout_ms * 1000,
+        }
+    }
+}
+
+pub(super) fn build_route(config: &RouteConfig, previous: Option<&Limiter>, now_us: u64) -> Route {
+    let old_route = previous.and_then(|p| p.routes.iter().find(|r| r.name == config.name));
+    let rules = config.rules.iter().map(|rule| build_rule(config, rule, old_route, now_us)).collect();
+    let known_devices = config.known_devices.map(|known| {
+        let old = old_route.and_then(|r| r.known_devices.as_ref());
+        // The per-account counts are bounded like the devices (an account
+        // counted has at least one device).
+        // Both are persisted, so their maps keep change lists.
+        let known_devices = KnownDevices {
+            ttl_us: known.ttl_us,
+            shards: expiring_table_tracked(old.map(|o| &o.shards), known.entries_max),
+            per_account_max: known.per_account_max,
+            per_account: expiring_table_tracked(old.map(|o| &o.per_account), known.entries_max),
+        };
+        if old.is_some_and(|o| o.ttl_us > known.ttl_us) {
+            // A shortened TTL applies to devices already known, as it does
+            // to rows restored at start: whether a device is known must not
+            // depend on whether a restart happened since.
+            let latest_us = now_us.saturating_add(known.ttl_us);
+            known_devices.shards.each().for_each(|mut map| map.cap_expiry(latest_us));
+            known_devices.per_account.each().for_each(|mut map| map.cap_expiry(latest_us));
+        }
+        known_devices
+    });
+    let longest_window = config
+        .rules
+        .iter()
+        .map(|r| match r.kind {
+            RuleKind::Failures { window_us, .. } => window_us,
+            RuleKind::Rate { .. } => 0,
+        })
+        .max()
+        .unwrap_or(0)
+        .max(1_000_000);
+    let recent_passwords = config.recent_passwords.map(|(remembered, entries_max)| {
+        let shards =
+            expiring_table(old_route.and_then(|r| r.recent_passwords.as_ref()).map(|o| &o.shards), entries_max);
+        RecentPasswords { remembered: remembered as usize, ttl_us: longest_window, shards }
+    });
+    Route { name: config.name.clone(), fail_policy: config.fail_policy, rules, known_devices, recent_passwords }
+}
+
+pub(super) fn build_rule(route: &RouteConfig, rule: &RuleConfig, old_route: Option<&Route>, now_us: u64) -> Rule {
+    let old = old_route.and_then(|r| r.rules.iter().find(|o| o.name == rule.name));
+    let table = match rule.kind {
+        RuleKind::Rate { rate, by_class, entries_max } => {
+            let shards = match old.map(|o| &o.table) {
+                Some(Table::Rate { shards, .. }) => reuse(shards, entries_max, |t, cap| t.set_entries_max(cap)),
+                _ => Arc::new(Shards::new(entries_max, GcraTable::new)),
+            };
+            Table::Rate { rate, by_class, shards }
+        }
+        RuleKind::Failures { threshold, window_us, cleared_by_success, entries_max } => {
+            let spec = WindowSpec { window_us, threshold };
+            let shards = match old.map(|o| &o.table) {
+                Some(Table::Failures { shards, .. }) => {
+                    reuse(shards, entries_max, |t, cap| t.reconfigure(spec, cap, now_us))
+                }
+                _ => Arc::new(Shards::new(entries_max, |cap| FailureWindowTable::new(spec, cap))),
+            };
+            Table::Failures { spec, cleared_by_success, shards }
+        }
+    };
+    let entries_max = match rule.kind {
+        RuleKind::Rate { entries_max, .. } | RuleKind::Failures { entries_max, .. } => entries_max,
+    };
+    Rule {
+        name: rule.name.clone(),
+        id: format!("{}/{}", route.name, rule.name).into(),
+        key: rule.key.clone(),
+        monitor: rule.monitor,
+        responses: rule.responses.clone(),
+        required: rule.required,
+        devices: rule.devices,
+        table,
+        escalation: expiring_table(old.map(|o| &o.escalation), entries_max),
+        counters: old.map(|o| o.counters.clone()).unwrap_or_default(),
+    }
+}

@@ -1,0 +1,358 @@
+//! Off the request path: unlock and the lockouts list (admin), snapshots,
+//! rewrites and restores of the state file, and sweeping expired entries.
+
+use std::sync::Arc;
+
+use std::sync::MutexGuard;
+
+use super::route::{Route, Rule, Table};
+use super::shards::{shard_index, Shards, SHARDS};
+use super::{Limiter, RequestError, IDENTIFIER_BYTES_MAX};
+use crate::clock::ceil_ms;
+use crate::expiring::{Changes, ExpiringMap, Slot};
+use crate::failure_window::{Counts, FailureWindowTable, WindowSpec};
+use crate::keys::{Component, Key};
+use crate::protocol::{Lockout, Subject};
+use crate::store::{DeviceChange, DeviceMap, DeviceRows, Durable, Journal, PersistedDevice, PersistedEntry};
+
+impl Limiter {
+    /// Every failure rule's shards, each locked in turn (the lock is the
+    /// item's: it is released when the loop moves on), with its route and rule.
+    fn failure_shards(&self) -> impl Iterator<Item = (&Route, &Rule, MutexGuard<'_, FailureWindowTable>)> {
+        let rules = self.routes.iter().flat_map(|route| route.rules.iter().map(move |rule| (route, rule)));
+        let failure_rules = rules.filter_map(|(route, rule)| match &rule.table {
+            Table::Failures { shards, .. } => Some((route, rule, shards)),
+            Table::Rate { .. } => None,
+        });
+        failure_rules.flat_map(|(route, rule, shards)| shards.each().map(move |table| (route, rule, table)))
+    }
+
+    /// Clears an account's entries on a route's failure rules: with a
+    /// source, its (account, source) entries and the account-wide ones;
+    /// without, every entry of the account. Durable before it returns Ok.
+    pub fn unlock(
+        &self,
+        route: &str,
+        account: &str,
+        source: Option<std::net::IpAddr>,
+    ) -> Result<(u32, Vec<Durable>), RequestError> {
+        let route = self.route(route)?;
+        if account.len() > IDENTIFIER_BYTES_MAX {
+            return Err(RequestError::FieldTooLong { field: "account", len: account.len(), max: IDENTIFIER_BYTES_MAX });
+        }
+        let tag = self.keys.account_tag(account);
+        let subject = Subject { peer: source, account: Some(account), ..Subject::default() };
+        let mut keys = self.subject_keys(&route.name, &subject);
+        let mut cleared = 0;
+        let mut writes = Vec::new();
+        for rule in &route.rules {
+            let Table::Failures { shards, .. } = &rule.table else { continue };
+            if !rule.key.contains(&Component::Account) {
+                continue;
+            }
+            let exact =
+                rule.key.iter().all(|c| *c == Component::Account || (*c == Component::Prefix && source.is_some()));
+            if exact {
+                let key = keys.key(&rule.key)?;
+                let mut table = shards.of(key);
+                if table.clear(key).is_some() {
+                    cleared += 1;
+                    writes.push(self.journal.write_durably(&rule.id, table.spec().window_us, vec![(key, None)]));
+                }
+                continue;
+            }
+            if source.is_some() {
+                continue; // e.g. (account, device): not this source's entry
+            }
+            for mut table in shards.each() {
+                let doomed: Vec<Key> = table.entries().filter(|(k, _)| k.account_tag == tag).map(|(k, _)| k).collect();
+                if doomed.is_empty() {
+                    continue;
+                }
+                for key in &doomed {
+                    table.clear(*key);
+                }
+                cleared += doomed.len() as u32;
+                let removals = doomed.into_iter().map(|k| (k, None)).collect();
+                writes.push(self.journal.write_durably(&rule.id, table.spec().window_us, removals));
+            }
+        }
+        Ok((cleared, writes))
+    }
+
+    /// Keys refused by failure rules now, at most `limit`, and how many in all.
+    ///
+    /// A shard's lock is held only to copy its locked keys and counts (a
+    /// few bytes each) and count the rest; the strings of a 10,000-entry
+    /// reply are made after it is released, so checks on that shard do not
+    /// wait for them.
+    pub fn lockouts(&self, limit: usize, now_us: u64) -> (Vec<Lockout>, u64) {
+        let mut out = Vec::new();
+        let mut total = 0u64;
+        let mut found = Vec::new();
+        for (route, rule, table) in self.failure_shards() {
+            found.clear();
+            let spec = table.spec();
+            for (key, counts) in table.locked(now_us) {
+                total += 1;
+                if out.len() + found.len() < limit {
+                    found.push((key, counts));
+                }
+            }
+            drop(table);
+            out.extend(found.iter().map(|&(key, counts)| {
+                let until_us = spec.unlocks_at(counts, now_us);
+                Lockout {
+                    route: route.name.clone(),
+                    rule: rule.name.clone(),
+                    key: key.to_string(),
+                    count: spec.estimate(counts, now_us),
+                    until_ms: ceil_ms(until_us),
+                    retry_after_ms: ceil_ms(until_us - now_us),
+                }
+            }));
+        }
+        (out, total)
+    }
+
+    /// Maintenance, off the request path: expires failure entries and sends
+    /// every change since the last call to the journal. With `durable`, the
+    /// returned writes complete when the changes are on disk.
+    pub fn snapshot(&self, now_us: u64, durable: bool) -> Vec<Durable> {
+        let mut writes = Vec::new();
+        for (_, rule, mut table) in self.failure_shards() {
+            table.expire(now_us);
+            let changes = table.take_changes();
+            if changes.is_empty() {
+                continue;
+            }
+            // Sent while the shard is locked: see `report`.
+            let window_us = table.spec().window_us;
+            if durable {
+                writes.push(self.journal.write_durably(&rule.id, window_us, changes));
+            } else {
+                self.journal.write(&rule.id, window_us, changes);
+            }
+        }
+        self.save_known_devices(now_us, false, &mut writes, durable);
+        writes
+    }
+
+    /// Every route's known devices to the journal: the changes since the
+    /// last call, or with `full` everything (see `save_device_map`).
+    fn save_known_devices(&self, now_us: u64, full: bool, writes: &mut Vec<Durable>, durable: bool) {
+        for route in &self.routes {
+            let Some(known) = &route.known_devices else { continue };
+            let name: Arc<str> = route.name.as_str().into();
+            let (journal, devices, accounts) = (&self.journal, &known.shards, &known.per_account);
+            save_device_map(journal, &name, DeviceMap::Devices, devices, |()| 0, now_us, full, writes, durable);
+            save_device_map(journal, &name, DeviceMap::PerAccount, accounts, |n| n, now_us, full, writes, durable);
+        }
+    }
+
+    /// Puts persisted known devices back at start. Rows already expired, or
+    /// of a route that keeps no known devices, are deleted; an expiry past
+    /// the route's TTL now (shortened while the daemon was down) is cut to
+    /// it. Returns how many were restored.
+    pub fn restore_known_devices(&self, rows: Vec<PersistedDevice>, now_us: u64) -> usize {
+        let mut restored = 0;
+        let mut orphans = std::collections::BTreeSet::new();
+        let mut stale: Vec<DeviceRows> = Vec::new();
+        for row in rows {
+            let known = self.routes.iter().find(|r| r.name == row.route).and_then(|r| r.known_devices.as_ref());
+            let Some(known) = known else {
+                orphans.insert(row.route);
+                continue;
+            };
+            let slot_expires_us = row.expires_us.min(now_us.saturating_add(known.ttl_us));
+            let index = shard_index(row.id);
+            let live = slot_expires_us > now_us;
+            // An expired row, or one filed under another shard (a build
+            // with another shard count), is deleted where it is.
+            if !live || usize::from(row.shard) != index {
+                let route: Arc<str> = row.route.as_str().into();
+                let rows = vec![(row.id, None)];
+                stale.push(DeviceRows { route, map: row.map, shard: row.shard, whole: false, rows });
+            }
+            if !live {
+                continue;
+            }
+            let moved = usize::from(row.shard) != index || slot_expires_us != row.expires_us;
+            match row.map {
+                DeviceMap::Devices => {
+                    let mut table = known.shards.at(index);
+                    table.restore(row.id, Slot { expires_us: slot_expires_us, value: () }, now_us);
+                    if moved {
+                        table.mark_changed(row.id);
+                    }
+                }
+                DeviceMap::PerAccount => {
+                    let mut table = known.per_account.at(index);
+                    table.restore(row.id, Slot { expires_us: slot_expires_us, value: row.value }, now_us);
+                    if moved {
+                        table.mark_changed(row.id);
+                    }
+                }
+            }
+            restored += 1;
+        }
+        for edit in stale {
+            self.journal.write_devices(edit, false);
+        }
+        for route in orphans {
+            self.journal.drop_devices(&route);
+        }
+        restored
+    }
+
+    /// Rewrites the whole state file from memory (after a failed write left
+    /// it behind). Each shard's entries are sent while its lock is held, so
+    /// a change made after a shard was collected reaches the writer after
+    /// it; the returned write resolves when the fresh file is in place.
+    pub fn rewrite(&self, now_us: u64) -> Durable {
+        self.journal.rewrite_begin();
+        for (_, rule, mut table) in self.failure_shards() {
+            table.expire(now_us);
+            let entries = table.full_snapshot();
+            if !entries.is_empty() {
+                self.journal.write(&rule.id, table.spec().window_us, entries);
+            }
+        }
+        self.save_known_devices(now_us, true, &mut Vec::new(), false);
+        self.journal.rewrite_end()
+    }
+
+    /// Sweeps expired entries of the rate, escalation, known-device and
+    /// password tables and lapsed places of failure rules, one shard per call (round robin by `tick`), so no
+    /// call holds a lock for a whole table.
+    pub fn sweep(&self, tick: u64, now_us: u64) {
+        let shard = tick as usize % SHARDS;
+        for route in &self.routes {
+            for rule in &route.rules {
+                match &rule.table {
+                    Table::Rate { shards, .. } => shards.at(shard).sweep(now_us),
+                    Table::Failures { shards, .. } => shards.at(shard).sweep_places(now_us),
+                }
+                rule.escalation.at(shard).sweep(now_us);
+            }
+            if let Some(k) = &route.known_devices {
+                k.shards.at(shard).sweep(now_us);
+                k.per_account.at(shard).sweep(now_us);
+            }
+            if let Some(r) = &route.recent_passwords {
+                r.shards.at(shard).sweep(now_us);
+            }
+        }
+    }
+
+    /// Puts persisted entries back at start. Rows already expired are
+    /// deleted by the first snapshot; rows of rules not configured are
+    /// deleted (see `Journal::drop_rule`). A row written under another
+    /// window length is re-dated the way a reload re-dates entries (its
+    /// estimate, rounded down, becomes the current window's count) and
+    /// written again in the rule's length now.
+    pub fn restore(&self, entries: Vec<PersistedEntry>, now_us: u64) -> Restored {
+        let mut counts = Restored::default();
+        let mut placed = Vec::with_capacity(entries.len());
+        let mut orphans = std::collections::BTreeSet::new();
+        for entry in entries {
+            let rule = self.routes.iter().flat_map(|r| &r.rules).find(|r| *r.id == *entry.rule);
+            let Some(Table::Failures { spec, shards, .. }) = rule.map(|r| &r.table) else {
+                counts.orphaned += 1;
+                orphans.insert(entry.rule);
+                continue;
+            };
+            let redated = entry.window_us != 0 && entry.window_us != spec.window_us;
+            let restored = if redated {
+                let then = WindowSpec { window_us: entry.window_us, threshold: spec.threshold };
+                Counts {
+                    window: spec.window_index(now_us),
+                    previous: 0,
+                    current: then.whole_failures(entry.counts, now_us),
+                }
+            } else {
+                entry.counts
+            };
+            placed.push((shards, Key::from_u128(entry.key), restored, redated));
+        }
+        // In window order, so each table's lists stay ordered.
+        placed.sort_by_key(|(_, _, c, _)| c.window);
+        for (shards, key, restored, redated) in placed {
+            let mut table = shards.of(key);
+            match table.restore(key, restored, now_us) {
+                Ok(true) => {
+                    counts.restored += 1;
+                    if redated {
+                        counts.redated += 1;
+                        table.mark_unwritten(key);
+                    }
+                }
+                Ok(false) => counts.expired += 1,
+                Err(_) => counts.refused += 1,
+            }
+        }
+        for rule in orphans {
+            self.journal.drop_rule(&rule);
+        }
+        counts
+    }
+}
+
+/// What `Limiter::restore` did with the state file's rows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Restored {
+    /// Live again in their tables.
+    pub restored: usize,
+    /// Both windows over while the daemon was down; their rows are deleted.
+    pub expired: usize,
+    /// Restored from rows written under another window length (counted in
+    /// `restored` too).
+    pub redated: usize,
+    /// Naming a rule that is not configured (or is no longer a failure
+    /// rule); deleted.
+    pub orphaned: usize,
+    /// Not placed: the table was full of lockouts.
+    pub refused: usize,
+}
+
+/// A known-device map's changes as state-file rows.
+fn device_rows<V: Copy>(changes: Changes<V>, value: impl Fn(V) -> u16) -> (bool, Vec<DeviceChange>) {
+    let row = |slot: Slot<V>| (slot.expires_us, value(slot.value));
+    match changes {
+        Changes::Some(list) => (false, list.into_iter().map(|(id, slot)| (id, slot.map(row))).collect()),
+        Changes::Whole(all) => (true, all.into_iter().map(|(id, slot)| (id, Some(row(slot)))).collect()),
+    }
+}
+
+/// Sends one known-device map to the journal, shard by shard, each while
+/// its lock is held (so a later change of an entry is queued after it):
+/// the changes since the last call, or with `full` every live entry (a
+/// rewrite into a fresh file). Durable writes are pushed onto `writes`.
+#[allow(clippy::too_many_arguments)]
+fn save_device_map<V: Copy>(
+    journal: &Journal,
+    route: &Arc<str>,
+    map: DeviceMap,
+    shards: &Shards<ExpiringMap<V>>,
+    value: impl Fn(V) -> u16,
+    now_us: u64,
+    full: bool,
+    writes: &mut Vec<Durable>,
+    durable: bool,
+) {
+    for (index, mut table) in shards.each().enumerate() {
+        let changes = if full {
+            table.take_changes(now_us);
+            Some(Changes::Whole(table.live(now_us)))
+        } else {
+            table.take_changes(now_us)
+        };
+        let Some(changes) = changes else { continue };
+        let (whole, rows) = device_rows(changes, &value);
+        if rows.is_empty() && (full || !whole) {
+            continue;
+        }
+        let edit = DeviceRows { route: route.clone(), map, shard: index as u8, whole, rows };
+        writes.extend(journal.write_devices(edit, durable));
+    }
+}

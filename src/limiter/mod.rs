@@ -1,0 +1,287 @@
+//! The limiter: routes, their rules, and the tables behind them. Given a
+//! request and the time, it answers with a verdict. It reads no clock and
+//! does no I/O; changes to persist go to the `Journal` it is given.
+//!
+//! Tables are sharded, each shard behind a `std::sync::Mutex` held for one
+//! table step and never across an `.await`: a step is a few hundred
+//! nanoseconds, so a blocking mutex beats an async one, and sharding keeps
+//! two cores from queueing on one lock. Tables live behind `Arc`s so that a
+//! reloaded limiter keeps every counter and lockout of the rules it keeps.
+
+mod build;
+mod maintenance;
+mod route;
+mod shards;
+mod status;
+mod subject;
+mod verdict;
+
+pub use maintenance::Restored;
+pub use shards::SHARDS;
+
+use std::sync::Arc;
+
+use crate::classes::{ClassTable, SourceClass};
+use crate::config::{ResponsePolicy, RULES_PER_ROUTE_MAX};
+use crate::expiring::Slot;
+use crate::keys::{Component, Key, KeyDeriver};
+use crate::protocol::{Outcome, Subject, Verdict};
+use crate::source::SourcePolicy;
+use crate::store::{Durable, Journal};
+use route::{RecentPasswords, Route, Table};
+use subject::{check_lengths, RuleKeys, SubjectKeys};
+use verdict::{combine, failure_answer, rate_answer, rate_spec, Answers};
+
+/// Longest account, device, tenant or client id accepted. Longer input is
+/// refused rather than truncated, so two long names cannot share a key.
+pub const IDENTIFIER_BYTES_MAX: usize = 512;
+pub use crate::source::FORWARDED_FOR_BYTES_MAX;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RequestError {
+    #[error("unknown route `{0}`")]
+    UnknownRoute(String),
+    #[error("route `{route}` needs `{field}` in the subject")]
+    MissingField { route: String, field: &'static str },
+    #[error("`{field}` is {len} bytes; the maximum is {max}")]
+    FieldTooLong { field: &'static str, len: usize, max: usize },
+}
+
+/// A check with its keys derived, not yet decided (see `plan_check`).
+pub struct CheckPlan<'l> {
+    route: &'l Route,
+    rule_keys: RuleKeys,
+    class: Option<SourceClass>,
+}
+
+/// The routes and tables; shared by every connection.
+pub struct Limiter {
+    routes: Vec<Route>,
+    source: SourcePolicy,
+    classes: Arc<ClassTable>,
+    responses: ResponsePolicy,
+    keys: KeyDeriver,
+    journal: Journal,
+    /// How long a checked attempt holds its place on failure rules without
+    /// a report (`attempt_timeout_ms`).
+    attempt_timeout_us: u64,
+}
+
+impl Limiter {
+    fn route(&self, name: &str) -> Result<&Route, RequestError> {
+        self.routes
+            .iter()
+            .find(|r| r.name == name)
+            .ok_or_else(|| RequestError::UnknownRoute(name.chars().take(64).collect()))
+    }
+
+    fn known_device(&self, route: &Route, keys: &mut SubjectKeys<'_, '_>, now_us: u64) -> Result<bool, RequestError> {
+        let Some(known) = &route.known_devices else { return Ok(false) };
+        if keys.subject.account.is_none() || keys.subject.device.is_none() {
+            return Ok(false);
+        }
+        let key = keys.key(&[Component::Account, Component::Device])?;
+        Ok(known.shards.of(key).get(key.tuple, now_us).is_some())
+    }
+
+    /// `check`: may this attempt proceed? Failure rules are read first; an
+    /// attempt they refuse spends nothing. Then every rate rule spends one.
+    /// A refusal moves the key one rung up its rule's ladder.
+    pub fn check<'a>(&'a self, route: &str, subject: &Subject<'_>, now_us: u64) -> Result<Verdict<'a>, RequestError> {
+        Ok(self.decide_check(self.plan_check(route, subject, now_us)?, now_us))
+    }
+
+    /// A check's first half: every key it needs, derived without taking a
+    /// table lock. The server plans a batch of pipelined checks, prefetches
+    /// their table slots, then decides them, so that the cache misses of a
+    /// large table overlap instead of queueing one behind the other.
+    pub fn plan_check<'a>(
+        &'a self,
+        route: &str,
+        subject: &Subject<'_>,
+        now_us: u64,
+    ) -> Result<CheckPlan<'a>, RequestError> {
+        let route = self.route(route)?;
+        check_lengths(subject)?;
+        let mut keys = self.subject_keys(&route.name, subject);
+        let known = self.known_device(route, &mut keys, now_us)?;
+        let rule_keys = keys.rule_keys(&route.rules, known)?;
+        Ok(CheckPlan { route, rule_keys, class: keys.source_class() })
+    }
+
+    /// Asks the memory system for the rate-table slots a planned check will
+    /// touch; a hint only, it changes nothing.
+    pub fn prefetch(&self, plan: &CheckPlan<'_>) {
+        for (rule, key) in plan.route.rules.iter().zip(plan.rule_keys.iter()) {
+            if let (Table::Rate { shards, .. }, Some(key)) = (&rule.table, key) {
+                shards.prefetch(*key);
+            }
+        }
+    }
+
+    /// A check's second half: the table steps, in rule order. Each failure
+    /// rule admits the attempt into a place of its own (`admit`); if any
+    /// rule then refuses, the places taken are given back, so a refused
+    /// check holds nothing.
+    pub fn decide_check<'a>(&'a self, plan: CheckPlan<'a>, now_us: u64) -> Verdict<'a> {
+        let CheckPlan { route, rule_keys, class } = plan;
+        let mut answers = Answers::new();
+        // Bit i: rule i holds a place for this attempt.
+        let mut held: u32 = 0;
+        const _: () = assert!(RULES_PER_ROUTE_MAX <= 32);
+        for (i, (rule, key)) in route.rules.iter().zip(rule_keys.iter().copied()).enumerate() {
+            if let (Table::Failures { shards, .. }, Some(key)) = (&rule.table, key) {
+                let (spec, admitted, standing) = {
+                    let mut table = shards.of(key);
+                    // A monitored rule's would-be refusal takes no place,
+                    // exactly as an enforced one, so that switching it to
+                    // enforcing finds the places enforcing would have.
+                    let (admitted, standing) = table.admit(key, now_us, self.attempt_timeout_us);
+                    (table.spec(), admitted, standing)
+                };
+                if admitted {
+                    held |= 1 << i;
+                }
+                let answer = failure_answer(rule, spec, standing, !admitted, now_us);
+                answers.push(self.escalate(rule, key, answer, now_us, true));
+            }
+        }
+        let mut refused = answers.iter().any(|a| a.refused && !a.monitored);
+        if !refused {
+            for (rule, key) in route.rules.iter().zip(rule_keys.iter().copied()) {
+                if let (Table::Rate { shards, .. }, Some(key)) = (&rule.table, key) {
+                    let spec = rate_spec(&rule.table, class);
+                    let decision = shards.check(spec, key, now_us);
+                    let answer = self.escalate(rule, key, rate_answer(rule, spec, decision), now_us, true);
+                    refused = answer.refused && !answer.monitored;
+                    answers.push(answer);
+                    if refused {
+                        break;
+                    }
+                }
+            }
+        }
+        if refused {
+            self.give_back(route, &rule_keys, held, now_us);
+        }
+        combine(&answers)
+    }
+
+    /// Gives back the places a refused check took (bit i: rule i).
+    fn give_back(&self, route: &Route, rule_keys: &RuleKeys, held: u32, now_us: u64) {
+        for (i, (rule, key)) in route.rules.iter().zip(rule_keys.iter().copied()).enumerate() {
+            if let (Table::Failures { shards, .. }, Some(key), true) = (&rule.table, key, held & (1 << i) != 0) {
+                shards.of(key).settle(key, now_us);
+            }
+        }
+    }
+
+    /// `report`: counts a failure on every failure rule that applies, or
+    /// clears the (own-key) entries of rules cleared by success, and records
+    /// a known device on success. Returns the verdict a check would now give
+    /// (without spending or climbing), and, for each key this report
+    /// locked, the durable write the reply must wait for.
+    pub fn report<'a>(
+        &'a self,
+        route: &str,
+        subject: &Subject<'_>,
+        outcome: Outcome,
+        password_digest: Option<[u8; 16]>,
+        now_us: u64,
+    ) -> Result<(Verdict<'a>, Vec<Durable>), RequestError> {
+        let route = self.route(route)?;
+        check_lengths(subject)?;
+        let mut keys = self.subject_keys(&route.name, subject);
+        let known = self.known_device(route, &mut keys, now_us)?;
+        // Derive every key before touching any table, so a missing field
+        // cannot leave a report counted on some rules and not others.
+        let rule_keys = keys.rule_keys(&route.rules, known)?;
+        let repeated = match (outcome, password_digest, &route.recent_passwords) {
+            (Outcome::Failure, Some(digest), Some(recent))
+                if keys.has(Component::Prefix) && keys.has(Component::Account) =>
+            {
+                let key = keys.key(&[Component::Account, Component::Prefix])?;
+                self.remember_password(recent, key, &digest, now_us)
+            }
+            _ => false,
+        };
+        if outcome == Outcome::Success {
+            if let (Some(known_devices), true) =
+                (&route.known_devices, keys.has(Component::Device) && keys.has(Component::Account))
+            {
+                let key = keys.key(&[Component::Account, Component::Device])?;
+                known_devices.remember(key, now_us);
+            }
+        }
+        let class = keys.source_class();
+        let mut answers = Answers::new();
+        // One per rule this report locked: the reply waits for each.
+        let mut durable = Vec::new();
+        for (rule, key) in route.rules.iter().zip(rule_keys.iter().copied()) {
+            let Some(key) = key else { continue };
+            match &rule.table {
+                Table::Failures { cleared_by_success, shards, .. } => {
+                    let mut table = shards.of(key);
+                    // The report settles the place its check took, in the
+                    // same step as it is counted: the place becomes a
+                    // failure, or is released, never both nor neither.
+                    table.settle(key, now_us);
+                    match outcome {
+                        Outcome::Failure if !repeated => match table.record_failure(key, now_us) {
+                            Ok(recorded) if recorded.now_locked && !recorded.was_locked => {
+                                // Written while the shard is locked, so it is
+                                // queued before any later change of this key.
+                                let window_us = table.spec().window_us;
+                                let change = vec![(key, Some(recorded.counts))];
+                                durable.push(self.journal.write_durably(&rule.id, window_us, change));
+                                table.mark_persisted(key);
+                            }
+                            Ok(_) => {}
+                            Err(_) => {
+                                table.count_overflow(key, now_us);
+                            }
+                        },
+                        Outcome::Success if *cleared_by_success => {
+                            table.clear(key);
+                        }
+                        _ => {}
+                    }
+                    let spec = table.spec();
+                    // The failures the table and its overflow sketch hold.
+                    let standing = table.standing(key, now_us);
+                    drop(table);
+                    let refused = spec.refuses(standing.counts, standing.in_flight, now_us);
+                    let answer = failure_answer(rule, spec, standing, refused, now_us);
+                    answers.push(self.escalate(rule, key, answer, now_us, false));
+                }
+                Table::Rate { shards, .. } => {
+                    let spec = rate_spec(&rule.table, class);
+                    let decision = shards.of(key).peek(spec, key, now_us);
+                    answers.push(self.escalate(rule, key, rate_answer(rule, spec, decision), now_us, false));
+                }
+            }
+        }
+        Ok((combine(&answers), durable))
+    }
+
+    /// Records a wrong-password digest for (account, prefix); true if it was
+    /// one of the last few already (a repeat, not a new guess).
+    fn remember_password(&self, recent: &RecentPasswords, key: Key, digest: &[u8; 16], now_us: u64) -> bool {
+        // Re-keyed with the daemon's secret and cut to 32 bits: enough to
+        // tell a few passwords apart, useless to anyone reading memory.
+        let mine = self.keys.component(Component::Account, digest);
+        let tag = u32::from_le_bytes([mine[0], mine[1], mine[2], mine[3]]) | 1; // 0 marks an empty slot
+        let mut table = recent.shards.of(key);
+        let mut seen = table.get(key.tuple, now_us).map_or([0; 4], |s| s.value);
+        let repeated = seen[..recent.remembered].contains(&tag);
+        if !repeated {
+            seen.copy_within(0..recent.remembered - 1, 1);
+            seen[0] = tag;
+        }
+        table.set(key.tuple, Slot { expires_us: now_us + recent.ttl_us, value: seen }, now_us);
+        repeated
+    }
+}
+
+#[cfg(test)]
+mod tests;

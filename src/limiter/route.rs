@@ -1,0 +1,96 @@
+//! A route's rules and the tables behind them, as the limiter holds them.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use super::shards::SharedTable;
+use crate::config::{DeviceScope, FailPolicy, RateLimit, Rung};
+use crate::expiring::{ExpiringMap, Slot};
+use crate::failure_window::{FailureWindowTable, WindowSpec};
+use crate::gcra::GcraTable;
+use crate::keys::{Component, Key};
+
+pub(super) enum Table {
+    Rate { rate: RateLimit, by_class: [Option<RateLimit>; 4], shards: SharedTable<GcraTable> },
+    Failures { spec: WindowSpec, cleared_by_success: bool, shards: SharedTable<FailureWindowTable> },
+}
+
+#[derive(Default)]
+pub(super) struct RuleCounters {
+    pub(super) refused: AtomicU64,
+    pub(super) would_refuse: AtomicU64,
+}
+
+pub(super) struct Rule {
+    pub(super) name: String,
+    /// `route/rule`: how the state file names this rule's entries.
+    pub(super) id: Arc<str>,
+    pub(super) key: Vec<Component>,
+    pub(super) monitor: bool,
+    pub(super) responses: Vec<Rung>,
+    pub(super) required: bool,
+    pub(super) devices: DeviceScope,
+    pub(super) table: Table,
+    /// Refusals per key within a cool-down: the ladder's position.
+    pub(super) escalation: SharedTable<ExpiringMap<u16>>,
+    pub(super) counters: Arc<RuleCounters>,
+}
+
+impl Rule {
+    /// How long a key's escalation lasts after its last refusal.
+    pub(super) fn cool_down_us(&self) -> u64 {
+        match &self.table {
+            Table::Rate { rate, .. } => rate.period_us,
+            Table::Failures { spec, .. } => spec.window_us,
+        }
+    }
+}
+
+pub(super) struct KnownDevices {
+    pub(super) ttl_us: u64,
+    pub(super) shards: SharedTable<ExpiringMap<()>>,
+    pub(super) per_account_max: u16,
+    /// New devices made known per account (by account tag), expiring a TTL
+    /// after the account's last one.
+    pub(super) per_account: SharedTable<ExpiringMap<u16>>,
+}
+
+impl KnownDevices {
+    /// Remembers (account, device) after a success: refreshes a known one;
+    /// makes a new one known only while the account is under its cap.
+    pub(super) fn remember(&self, key: Key, now_us: u64) {
+        let slot = Slot { expires_us: now_us + self.ttl_us, value: () };
+        {
+            let mut devices = self.shards.of(key);
+            if devices.get(key.tuple, now_us).is_some() {
+                devices.set(key.tuple, slot, now_us);
+                return;
+            }
+        }
+        let admitted = self.per_account.of_bits(key.account_tag).update(key.account_tag, now_us, |count| {
+            let made = count.map_or(0, |c| c.value);
+            if made >= self.per_account_max {
+                return (count, false);
+            }
+            (Some(Slot { expires_us: now_us + self.ttl_us, value: made + 1 }), true)
+        });
+        if admitted {
+            self.shards.of(key).set(key.tuple, slot, now_us);
+        }
+    }
+}
+
+/// The last few wrong-password digests per (account, source prefix).
+pub(super) struct RecentPasswords {
+    pub(super) remembered: usize,
+    pub(super) ttl_us: u64,
+    pub(super) shards: SharedTable<ExpiringMap<[u32; 4]>>,
+}
+
+pub(super) struct Route {
+    pub(super) name: String,
+    pub(super) fail_policy: FailPolicy,
+    pub(super) rules: Vec<Rule>,
+    pub(super) known_devices: Option<KnownDevices>,
+    pub(super) recent_passwords: Option<RecentPasswords>,
+}

@@ -1,0 +1,95 @@
+//! What `status` shows of the limiter: every route, rule and table fill.
+
+use std::sync::atomic::Ordering;
+
+use super::route::{Rule, Table};
+use super::Limiter;
+use crate::classes::SourceClass;
+use crate::protocol::{ClassLimit, RouteStatus, RuleStatus, Subject};
+use crate::source::forwarded_tail;
+
+impl Limiter {
+    /// The source prefix a subject is counted under (for log lines).
+    pub fn client_prefix(&self, subject: &Subject<'_>) -> Option<crate::source::Prefix> {
+        let peer = subject.peer?;
+        let forwarded = subject.forwarded_for.map(forwarded_tail);
+        let address = self.source.client_address(peer, forwarded);
+        Some(self.source.prefix_in_class(address, self.classes.lookup(address)))
+    }
+
+    pub fn class_prefixes(&self) -> usize {
+        self.classes.len()
+    }
+
+    /// Route-scoped bounds for `status`'s named limits, as `route.name`.
+    pub fn route_limits(&self) -> Vec<(String, u64)> {
+        let known = self.routes.iter().filter_map(|r| Some((&r.name, r.known_devices.as_ref()?)));
+        known.map(|(name, k)| (format!("{name}.known_devices_per_account_max"), u64::from(k.per_account_max))).collect()
+    }
+
+    pub fn route_status(&self) -> Vec<RouteStatus> {
+        self.routes
+            .iter()
+            .map(|route| {
+                let (known_devices, known_devices_max) = route.known_devices.as_ref().map_or((0, 0), |k| {
+                    k.shards.each().fold((0, 0), |(n, m), t| (n + t.len() as u64, m + t.entries_max() as u64))
+                });
+                RouteStatus {
+                    name: route.name.clone(),
+                    fail_policy: route.fail_policy.name().to_string(),
+                    rules: route.rules.iter().map(rule_status).collect(),
+                    known_devices,
+                    known_devices_max,
+                    recent_passwords: route.recent_passwords.as_ref().map_or(0, |r| r.remembered as u8),
+                }
+            })
+            .collect()
+    }
+}
+
+fn rule_status(rule: &Rule) -> RuleStatus {
+    let key = rule.key.iter().map(|c| c.name().to_string()).collect();
+    let (kind, limit, burst, period_ms, cleared_by_success, class_limits, (entries, entries_max, refused_full)) =
+        match &rule.table {
+            Table::Rate { rate, by_class, shards } => {
+                let class_limits = SourceClass::ALL
+                    .iter()
+                    .filter_map(|c| {
+                        by_class[*c as usize].map(|r| ClassLimit {
+                            class: c.name().into(),
+                            limit: r.limit,
+                            burst: r.burst,
+                            period_ms: r.period_us / 1000,
+                        })
+                    })
+                    .collect();
+                let fill =
+                    shards.each().fold((0, 0, 0), |(n, m, f), t| (n + t.len() as u64, m + t.entries_max() as u64, f));
+                ("rate", rate.limit, rate.burst, rate.period_us / 1000, false, class_limits, fill)
+            }
+            Table::Failures { spec, cleared_by_success, shards } => {
+                let fill = shards.each().fold((0, 0, 0), |(n, m, f), t| {
+                    (n + t.len() as u64, m + t.entries_max() as u64, f + t.refused_full() + t.presumed_failures())
+                });
+                ("failures", spec.threshold, 0, spec.window_us / 1000, *cleared_by_success, Vec::new(), fill)
+            }
+        };
+    RuleStatus {
+        name: rule.name.clone(),
+        kind: kind.into(),
+        key,
+        limit,
+        burst,
+        period_ms,
+        cleared_by_success,
+        entries,
+        entries_max,
+        refused_full,
+        monitor: rule.monitor,
+        responses: rule.responses.iter().map(|r| r.name().to_string()).collect(),
+        devices: rule.devices.name().into(),
+        refused: rule.counters.refused.load(Ordering::Relaxed),
+        would_refuse: rule.counters.would_refuse.load(Ordering::Relaxed),
+        class_limits,
+    }
+}

@@ -1,0 +1,190 @@
+//! The pure limiter, without a daemon or a disk: time is an argument, so
+//! each verdict is asserted exactly at a chosen instant.
+
+use std::sync::Arc;
+
+use super::verdict::{combine, RuleAnswer};
+use super::Limiter;
+use crate::classes::ClassTable;
+use crate::config::{Config, Rung};
+use crate::failure_window::Counts;
+use crate::keys::{Component, KeyDeriver, Secret, SECRET_BYTES};
+use crate::protocol::{Decision, Outcome, Reason, Subject, Verdict};
+use crate::store::{Journal, PersistedEntry};
+
+const SECOND: u64 = 1_000_000;
+const WINDOW: u64 = 60 * SECOND;
+/// The start of a one-minute window (index 100), and of a two-minute one.
+const T0: u64 = 100 * WINDOW;
+
+/// One failure rule on route `t`: 3 failures a minute per account, no
+/// jitter, so every figure is exact.
+fn rule(extra: &str) -> String {
+    format!(
+        "[responses]\njitter_percent = 0\n\
+         [routes.t.rules.per_account]\nkind = \"failures\"\nkey = [\"account\"]\nthreshold = 3\nwindow_secs = 60\n{extra}"
+    )
+}
+
+fn secret() -> Secret {
+    Secret::from_bytes([7; SECRET_BYTES])
+}
+
+fn limiter(config: &str) -> Limiter {
+    let config = Config::build(Config::parse(config).expect("parses")).expect("valid");
+    Limiter::new(&config, Arc::new(ClassTable::default()), KeyDeriver::new(&secret()), Journal::discard())
+}
+
+fn account(name: &str) -> Subject<'_> {
+    Subject { account: Some(name), ..Subject::default() }
+}
+
+fn check(limiter: &Limiter, who: &str, now_us: u64) -> Verdict<'static> {
+    limiter.check("t", &account(who), now_us).expect("a known route").into_owned()
+}
+
+/// An attempt that fails: a check, then its report.
+fn fail(limiter: &Limiter, who: &str, now_us: u64) -> Verdict<'static> {
+    assert!(check(limiter, who, now_us).proceeds(), "{who} may still try at {now_us}");
+    let (verdict, _) = limiter.report("t", &account(who), Outcome::Failure, None, now_us).expect("a known route");
+    verdict.into_owned()
+}
+
+fn figures(v: &Verdict<'_>) -> (Decision, u64, u64, u32, u64) {
+    (v.decision, v.retry_after_ms, v.delay_ms, v.remaining, v.reset_ms)
+}
+
+#[test]
+fn a_locked_key_climbs_the_ladder_and_lifts_just_after_the_next_window_starts() {
+    let limiter = limiter(&rule("responses = [\"delay\", \"challenge\", \"deny\"]\n"));
+    assert_eq!(check(&limiter, "alice", T0).remaining, 2, "a check counts its own place");
+    let _ = limiter.report("t", &account("alice"), Outcome::Failure, None, T0);
+    fail(&limiter, "alice", T0);
+    let third = fail(&limiter, "alice", T0);
+    // The third failure locks: a report shows the first rung without
+    // climbing it. Locked until 1 µs into the next window (the sliding
+    // estimate 3·(W−e)/W falls below 3 once e > 0); the counts expire at the
+    // end of the next window.
+    assert_eq!(figures(&third), (Decision::Delay, 60_001, 1_000, 0, 120_000));
+
+    // Each refusal climbs one rung; Retry-After is never below the true wait
+    // and grows by the configured steps (1 s, 5 s, 30 s, 120 s).
+    let rungs: Vec<_> = (0..4).map(|_| figures(&check(&limiter, "alice", T0))).collect();
+    assert_eq!(
+        rungs,
+        [
+            (Decision::Delay, 60_001, 1_000, 0, 120_000),
+            (Decision::Challenge, 60_001, 0, 0, 120_000),
+            (Decision::Deny, 60_001, 0, 0, 120_000),
+            (Decision::Deny, 120_000, 0, 0, 120_000),
+        ]
+    );
+    assert_eq!(check(&limiter, "alice", T0 + WINDOW).decision, Decision::Deny, "still locked at the window's start");
+    let lifted = check(&limiter, "alice", T0 + WINDOW + 1);
+    assert_eq!((lifted.decision, lifted.reason), (Decision::Allow, Reason::Allowed), "lifted 1 µs later");
+    assert_eq!(check(&limiter, "bob", T0).decision, Decision::Allow, "another account is untouched");
+}
+
+#[test]
+fn monitor_mode_allows_names_the_would_be_refusal_and_never_climbs() {
+    let limiter = limiter(&rule("monitor = true\nresponses = [\"delay\", \"deny\"]\n"));
+    for _ in 0..3 {
+        fail(&limiter, "alice", T0);
+    }
+    for _ in 0..4 {
+        let v = check(&limiter, "alice", T0 + SECOND);
+        assert_eq!(
+            (v.decision, v.reason, v.rule.as_ref(), v.retry_after_ms, v.delay_ms),
+            (Decision::Allow, Reason::MonitorTooManyFailures, "per_account", 0, 0)
+        );
+        let _ = limiter.report("t", &account("alice"), Outcome::Success, None, T0 + SECOND);
+    }
+    let status = limiter.route_status();
+    let rule = &status.iter().find(|r| r.name == "t").expect("route t").rules[0];
+    assert_eq!((rule.refused, rule.would_refuse), (0, 4), "counted as would-be refusals only");
+}
+
+#[test]
+fn a_refused_check_holds_no_place_and_a_report_settles_the_place_its_check_took() {
+    let limiter = limiter(&rule(""));
+    // Three checks in flight fill the rule: a fourth is refused at once.
+    for remaining in [2, 1, 0] {
+        assert_eq!(figures(&check(&limiter, "alice", T0)).3, remaining);
+    }
+    let fourth = check(&limiter, "alice", T0);
+    assert_eq!(fourth.decision, Decision::Deny);
+    // A success releases its place; nothing was counted, so one place is free.
+    let _ = limiter.report("t", &account("alice"), Outcome::Success, None, T0);
+    assert_eq!(check(&limiter, "alice", T0).decision, Decision::Allow);
+}
+
+#[test]
+fn restored_rows_written_under_another_window_are_re_dated_rounding_down() {
+    let limiter = limiter(&rule(""));
+    let keys = KeyDeriver::new(&secret());
+    let key = |name: &str| keys.tuple(&[(Component::Account, keys.component(Component::Account, name.as_bytes()))]);
+    // Written under a two-minute window; restored half-way through it (at
+    // T0 + 1 min, window 50 of the old length). Alice's sliding count is
+    // 4·½ + 1 = 3 (locked at 3); Bob's 4·½ = 2.
+    let row = |who: &str, previous, current| PersistedEntry {
+        rule: "t/per_account".into(),
+        key: key(who).to_u128(),
+        window_us: 2 * WINDOW,
+        counts: Counts { window: 50, previous, current },
+    };
+    let now = T0 + WINDOW;
+    let restored = limiter.restore(vec![row("alice", 4, 1), row("bob", 4, 0)], now);
+    assert_eq!((restored.restored, restored.redated, restored.expired), (2, 2, 0));
+    assert_eq!(check(&limiter, "alice", now).decision, Decision::Deny, "3 of 3: locked as before the restart");
+    let bob = check(&limiter, "bob", now);
+    assert_eq!((bob.decision, bob.remaining), (Decision::Allow, 0), "2 of 3, and this attempt's place");
+    // A row of a rule no longer configured is not restored.
+    let orphan = PersistedEntry { rule: "t/gone".into(), ..row("carol", 0, 1) };
+    assert_eq!(limiter.restore(vec![orphan], now).orphaned, 1);
+}
+
+fn answer(refused: bool, monitored: bool, rung: Rung, retry_after_ms: u64, remaining: u32) -> RuleAnswer<'static> {
+    RuleAnswer {
+        refused,
+        monitored,
+        reason: if refused { Reason::TooManyFailures } else { Reason::Allowed },
+        rung,
+        retry_after_us: retry_after_ms * 1000,
+        delay_us: if rung == Rung::Delay { 2_000_000 } else { 0 },
+        limit: 5,
+        remaining,
+        reset_us: 0,
+        rule: match (refused, monitored) {
+            (true, true) => "monitored",
+            (true, false) => "enforced",
+            _ => "open",
+        },
+    }
+}
+
+#[test]
+fn combine_takes_the_severest_rung_then_the_longest_wait() {
+    let deny_short = RuleAnswer { rule: "deny-short", ..answer(true, false, Rung::Deny, 1_000, 0) };
+    let deny_long = RuleAnswer { rule: "deny-long", ..answer(true, false, Rung::Deny, 9_000, 0) };
+    let delay = answer(true, false, Rung::Delay, 50_000, 0);
+    let v = combine(&[delay, deny_short, deny_long]);
+    assert_eq!((v.decision, v.retry_after_ms, v.rule.as_ref(), v.delay_ms), (Decision::Deny, 9_000, "deny-long", 0));
+
+    let v = combine(&[answer(true, false, Rung::Delay, 3_000, 0), answer(false, false, Rung::Deny, 0, 4)]);
+    assert_eq!((v.decision, v.delay_ms, v.retry_after_ms), (Decision::Delay, 2_000, 3_000));
+
+    // Nothing enforced: the tightest rule's figures, or the would-be refusal.
+    let v = combine(&[answer(false, false, Rung::Deny, 0, 4), answer(false, false, Rung::Deny, 0, 1)]);
+    assert_eq!((v.decision, v.remaining, v.reason), (Decision::Allow, 1, Reason::Allowed));
+    let v = combine(&[answer(false, false, Rung::Deny, 0, 0), answer(true, true, Rung::Deny, 7_000, 3)]);
+    assert_eq!(
+        (v.decision, v.rule.as_ref(), v.remaining, v.reason, v.retry_after_ms),
+        (Decision::Allow, "monitored", 3, Reason::MonitorTooManyFailures, 0)
+    );
+    // A monitored refusal never outranks an enforced one.
+    let v = combine(&[answer(true, true, Rung::Deny, 90_000, 0), answer(true, false, Rung::Challenge, 1_000, 0)]);
+    assert_eq!((v.decision, v.rule.as_ref()), (Decision::Challenge, "enforced"));
+    // No rule applied: allowed, naming none.
+    let v = combine(&[]);
+    assert_eq!((v.decision, v.rule.as_ref(), v.limit), (Decision::Allow, "", 0));
+}
