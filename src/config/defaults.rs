@@ -4,7 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use super::{FailPolicy, RawClassLimit, RawRoute, RawRule};
+use super::{DeviceScope, FailPolicy, RawClassLimit, RawRoute, RawRule, RawRuleKind};
+use crate::classes::SourceClass;
+use crate::keys::Component::{self, Account, ClientId, Device, Prefix, Tenant};
 
 pub const SOCKET_PATH_DEFAULT: &str = "/run/tollgate/tollgate.sock";
 pub const STATE_PATH_DEFAULT: &str = "/var/lib/tollgate/state.redb";
@@ -124,8 +126,8 @@ pub const SHUTDOWN_GRACE_MS_DEFAULT: u64 = 5_000;
 
 fn rate(limit: u32, burst: u32) -> RawRule {
     RawRule {
-        kind: Some("rate".into()),
-        key: Some(vec!["prefix".into()]),
+        kind: Some(RawRuleKind::Rate),
+        key: Some(vec![Prefix]),
         limit: Some(limit),
         period_secs: Some(RATE_PERIOD_SECS_DEFAULT),
         burst: Some(burst),
@@ -134,13 +136,13 @@ fn rate(limit: u32, burst: u32) -> RawRule {
     }
 }
 
-fn keyed(mut rule: RawRule, key: &[&str]) -> RawRule {
-    rule.key = Some(key.iter().map(|k| k.to_string()).collect());
+fn keyed(mut rule: RawRule, key: &[Component]) -> RawRule {
+    rule.key = Some(key.to_vec());
     rule
 }
 
 fn per(mut rule: RawRule, period_secs: u64) -> RawRule {
-    if rule.kind.as_deref() == Some("rate") {
+    if rule.kind == Some(RawRuleKind::Rate) {
         rule.period_secs = Some(period_secs);
     } else {
         rule.window_secs = Some(period_secs);
@@ -148,10 +150,10 @@ fn per(mut rule: RawRule, period_secs: u64) -> RawRule {
     rule
 }
 
-fn failures(key: &[&str], threshold: u32, cleared_by_success: bool) -> RawRule {
+fn failures(key: &[Component], threshold: u32, cleared_by_success: bool) -> RawRule {
     RawRule {
-        kind: Some("failures".into()),
-        key: Some(key.iter().map(|k| k.to_string()).collect()),
+        kind: Some(RawRuleKind::Failures),
+        key: Some(key.to_vec()),
         threshold: Some(threshold),
         window_secs: Some(LOGIN_WINDOW_SECS_DEFAULT),
         cleared_by_success: Some(cleared_by_success),
@@ -168,12 +170,12 @@ pub fn builtin_routes() -> BTreeMap<String, RawRoute> {
         rules: rules.into_iter().map(|(n, r)| (n.to_string(), r)).collect(),
         ..RawRoute::default()
     };
-    let class_limits = |pairs: &[(&str, u32, u32)]| {
+    let class_limits = |pairs: &[(SourceClass, u32, u32)]| {
         Some(
             pairs
                 .iter()
                 .map(|&(class, limit, burst)| {
-                    (class.to_string(), RawClassLimit { limit: Some(limit), period_secs: None, burst: Some(burst) })
+                    (class, RawClassLimit { limit: Some(limit), period_secs: None, burst: Some(burst) })
                 })
                 .collect(),
         )
@@ -182,26 +184,30 @@ pub fn builtin_routes() -> BTreeMap<String, RawRoute> {
     // and people rarely do), loose for carrier and office gateways that put
     // thousands of people behind one address.
     let login_rate = RawRule {
-        classes: class_limits(&[("hosting", 30, 10), ("mobile", 1200, 600), ("business", 1200, 600)]),
+        classes: class_limits(&[
+            (SourceClass::Hosting, 30, 10),
+            (SourceClass::Mobile, 1200, 600),
+            (SourceClass::Business, 1200, 600),
+        ]),
         ..rate(LOGIN_RATE_LIMIT_DEFAULT, LOGIN_RATE_BURST_DEFAULT)
     };
     let mut login = route(
         FailPolicy::Open,
         vec![
             ("source_rate", login_rate),
-            ("source_failures", failures(&["account", "prefix"], SOURCE_FAILURES_THRESHOLD_DEFAULT, true)),
+            ("source_failures", failures(&[Account, Prefix], SOURCE_FAILURES_THRESHOLD_DEFAULT, true)),
             (
                 "account_failures",
                 RawRule {
-                    devices: Some("unknown".into()),
-                    ..failures(&["account"], ACCOUNT_FAILURES_THRESHOLD_DEFAULT, false)
+                    devices: Some(DeviceScope::UnknownDevices),
+                    ..failures(&[Account], ACCOUNT_FAILURES_THRESHOLD_DEFAULT, false)
                 },
             ),
             (
                 "known_device_failures",
                 RawRule {
-                    devices: Some("known".into()),
-                    ..failures(&["account", "device"], SOURCE_FAILURES_THRESHOLD_DEFAULT, true)
+                    devices: Some(DeviceScope::KnownDevices),
+                    ..failures(&[Account, Device], SOURCE_FAILURES_THRESHOLD_DEFAULT, true)
                 },
             ),
         ],
@@ -214,7 +220,7 @@ pub fn builtin_routes() -> BTreeMap<String, RawRoute> {
             "reauth".to_string(),
             route(
                 FailPolicy::Open,
-                vec![("device_failures", failures(&["account", "device"], REAUTH_FAILURES_THRESHOLD_DEFAULT, true))],
+                vec![("device_failures", failures(&[Account, Device], REAUTH_FAILURES_THRESHOLD_DEFAULT, true))],
             ),
         ),
         (
@@ -228,20 +234,20 @@ pub fn builtin_routes() -> BTreeMap<String, RawRoute> {
         // target: resending a code buys no fresh guesses.
         (
             "mfa_verify".to_string(),
-            route(FailPolicy::Closed, vec![("account_failures", failures(&["account"], 5, true))]),
+            route(FailPolicy::Closed, vec![("account_failures", failures(&[Account], 5, true))]),
         ),
         (
             "mfa_resend".to_string(),
-            route(FailPolicy::Closed, vec![("account_rate", per(keyed(rate(3, 3), &["account"]), 900))]),
+            route(FailPolicy::Closed, vec![("account_rate", per(keyed(rate(3, 3), &[Account]), 900))]),
         ),
         (
             "password_reset".to_string(),
             route(
                 FailPolicy::Closed,
                 vec![
-                    ("account_rate", per(keyed(rate(3, 3), &["account"]), 3600)),
+                    ("account_rate", per(keyed(rate(3, 3), &[Account]), 3600)),
                     ("source_rate", per(rate(20, 10), 3600)),
-                    ("tenant_rate", RawRule { required: Some(false), ..per(keyed(rate(300, 100), &["tenant"]), 3600) }),
+                    ("tenant_rate", RawRule { required: Some(false), ..per(keyed(rate(300, 100), &[Tenant]), 3600) }),
                 ],
             ),
         ),
@@ -252,8 +258,8 @@ pub fn builtin_routes() -> BTreeMap<String, RawRoute> {
             route(
                 FailPolicy::Closed,
                 vec![
-                    ("client_rate", keyed(rate(600, 100), &["client_id", "prefix"])),
-                    ("client_failures", failures(&["client_id", "prefix"], 10, true)),
+                    ("client_rate", keyed(rate(600, 100), &[ClientId, Prefix])),
+                    ("client_failures", failures(&[ClientId, Prefix], 10, true)),
                 ],
             ),
         ),

@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::{Config, ConfigError, FailPolicy};
+use super::{Config, ConfigError, DeviceScope, FailPolicy, Rung};
+use crate::classes::SourceClass;
+use crate::keys::Component;
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -60,7 +62,7 @@ pub struct RawSource {
     pub class_file: Option<PathBuf>,
     /// Prefix lengths per source class.
     #[serde(default)]
-    pub classes: BTreeMap<String, RawClassPrefix>,
+    pub classes: BTreeMap<SourceClass, RawClassPrefix>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -99,9 +101,8 @@ pub struct RawRoute {
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRule {
-    /// `rate` or `failures`.
-    pub kind: Option<String>,
-    pub key: Option<Vec<String>>,
+    pub kind: Option<RawRuleKind>,
+    pub key: Option<Vec<Component>>,
     /// `false` removes a built-in rule.
     pub enabled: Option<bool>,
     pub limit: Option<u32>,
@@ -112,12 +113,21 @@ pub struct RawRule {
     pub cleared_by_success: Option<bool>,
     pub entries_max: Option<usize>,
     pub monitor: Option<bool>,
-    pub responses: Option<Vec<String>>,
+    pub responses: Option<Vec<Rung>>,
     pub required: Option<bool>,
-    /// `all`, `unknown` or `known`.
-    pub devices: Option<String>,
+    pub devices: Option<DeviceScope>,
     /// Rate rules: limits per source class.
-    pub classes: Option<BTreeMap<String, RawClassLimit>>,
+    pub classes: Option<BTreeMap<SourceClass, RawClassLimit>>,
+}
+
+/// Which `RuleKind` a rule builds: `rate` or `failures` in the file. Its
+/// settings are checked against it when the rule is built, since a user's
+/// rule may override only some of a built-in one's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RawRuleKind {
+    Rate,
+    Failures,
 }
 
 impl Config {

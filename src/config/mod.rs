@@ -20,7 +20,9 @@ mod file;
 mod validate;
 
 pub use defaults::*;
-pub use file::{RawClassLimit, RawClassPrefix, RawConfig, RawResponses, RawRoute, RawRule, RawServer, RawSource};
+pub use file::{
+    RawClassLimit, RawClassPrefix, RawConfig, RawResponses, RawRoute, RawRule, RawRuleKind, RawServer, RawSource,
+};
 
 /// What a client does for a route when the daemon cannot answer in time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -50,8 +52,9 @@ pub struct RateLimit {
     pub burst: u32,
 }
 
-/// One rung of the response ladder.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+/// One rung of the response ladder; the file spells it as `name` does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Rung {
     /// Hold the attempt, then let it proceed.
     Delay,
@@ -70,14 +73,18 @@ impl Rung {
     }
 }
 
-/// Which attempts a rule counts, by whether the device is known.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Which attempts a rule counts, by whether the device is known; the file
+/// spells it as `name` does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 pub enum DeviceScope {
+    #[serde(rename = "all")]
     All,
     /// Skipped when the attempt comes from a device the account has logged
     /// in from before (the account ceiling: the owner's device is exempt).
+    #[serde(rename = "unknown")]
     UnknownDevices,
     /// Applies only to attempts from a known device.
+    #[serde(rename = "known")]
     KnownDevices,
 }
 

@@ -1,4 +1,5 @@
 use super::*;
+use crate::classes::SourceClass;
 
 #[test]
 fn defaults_have_login_reauth_and_request() {
@@ -56,5 +57,85 @@ fn rule_names_that_could_carry_an_escape_or_a_separator_are_refused() {
         let text = format!("[routes.api.rules.{name}]\nkind = \"rate\"\nkey = [\"prefix\"]\nlimit = 5\n");
         let errors = Config::build(Config::parse(&text).unwrap()).unwrap_err().0.join("\n");
         assert!(errors.contains("rule names are 1-64 characters of [A-Za-z0-9_-]"), "{name}: {errors}");
+    }
+}
+
+/// The one rule `routes.api.rules.r` of a file, as parsed.
+fn parsed_rule(text: &str) -> RawRule {
+    let mut raw = Config::parse(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+    raw.routes.remove("api").and_then(|mut route| route.rules.remove("r")).expect("routes.api.rules.r")
+}
+
+#[test]
+fn every_spelling_of_a_closed_set_parses_to_its_variant() {
+    for (spelling, kind) in [("rate", RawRuleKind::Rate), ("failures", RawRuleKind::Failures)] {
+        let rule = parsed_rule(&format!("[routes.api.rules.r]\nkind = \"{spelling}\"\n"));
+        assert_eq!(rule.kind, Some(kind), "{spelling}");
+    }
+    for component in Component::ALL {
+        let rule = parsed_rule(&format!("[routes.api.rules.r]\nkey = [\"{}\"]\n", component.name()));
+        assert_eq!(rule.key, Some(vec![component]));
+    }
+    for rung in [Rung::Delay, Rung::Challenge, Rung::Deny] {
+        let rule = parsed_rule(&format!("[routes.api.rules.r]\nresponses = [\"{}\"]\n", rung.name()));
+        assert_eq!(rule.responses, Some(vec![rung]));
+    }
+    for scope in [DeviceScope::All, DeviceScope::UnknownDevices, DeviceScope::KnownDevices] {
+        let rule = parsed_rule(&format!("[routes.api.rules.r]\ndevices = \"{}\"\n", scope.name()));
+        assert_eq!(rule.devices, Some(scope));
+    }
+    for class in SourceClass::ALL {
+        let rule = parsed_rule(&format!("[routes.api.rules.r.classes.{}]\nlimit = 1\n", class.name()));
+        assert_eq!(rule.classes.unwrap().into_keys().collect::<Vec<_>>(), [class]);
+        let raw = Config::parse(&format!("[source.classes.{}]\nipv4_prefix_len = 20\n", class.name())).unwrap();
+        assert_eq!(raw.source.classes.into_keys().collect::<Vec<_>>(), [class]);
+    }
+}
+
+#[test]
+fn the_spellings_reach_the_built_rule() {
+    let text = "[routes.api]\nknown_device_ttl_secs = 60\n[routes.api.rules.r]\nkind = \"rate\"\n\
+                key = [\"client_id\", \"prefix\"]\nlimit = 5\nresponses = [\"delay\", \"deny\"]\ndevices = \"known\"\n\
+                [routes.api.rules.r.classes.mobile]\nlimit = 7\n";
+    let config = Config::build(Config::parse(text).unwrap()).unwrap();
+    let rule = &config.route("api").unwrap().rules[0];
+    assert_eq!(rule.key, [Component::ClientId, Component::Prefix]);
+    assert_eq!(rule.responses, [Rung::Delay, Rung::Deny]);
+    assert_eq!(rule.devices, DeviceScope::KnownDevices);
+    let RuleKind::Rate { by_class, .. } = &rule.kind else { panic!("{rule:?}") };
+    assert_eq!(by_class[SourceClass::Mobile as usize].map(|r| r.limit), Some(7));
+    assert_eq!(by_class.iter().flatten().count(), 1, "{by_class:?}");
+}
+
+#[test]
+fn a_misspelling_of_a_closed_set_is_refused_at_parse_naming_it() {
+    for (text, bad, expected) in [
+        ("[routes.api.rules.r]\nkind = \"rat\"\n", "rat", "`rate` or `failures`"),
+        ("[routes.api.rules.r]\nkind = \"Rate\"\n", "Rate", "`rate` or `failures`"),
+        ("[routes.api.rules.r]\nkey = [\"prefix\", \"acount\"]\n", "acount", "`client_id`"),
+        ("[routes.api.rules.r]\nresponses = [\"dney\"]\n", "dney", "`delay`, `challenge`, `deny`"),
+        ("[routes.api.rules.r]\ndevices = \"unknown_devices\"\n", "unknown_devices", "`all`, `unknown`, `known`"),
+        ("[routes.api.rules.r.classes.hostin]\nlimit = 1\n", "hostin", "`residential`"),
+        ("[source.classes.cloud]\nipv4_prefix_len = 20\n", "cloud", "`residential`"),
+    ] {
+        let err = Config::parse(text).unwrap_err();
+        let line = text.lines().find(|l| l.contains(bad)).unwrap();
+        assert!(err.contains(&format!("unknown variant `{bad}`, expected")), "{text}: {err}");
+        assert!(err.contains(expected), "{text}: {err}");
+        // the line (so the key) is shown with the error
+        assert!(err.contains(line), "{text}: {err}");
+    }
+}
+
+#[test]
+fn a_misspelling_in_a_file_names_the_file_the_line_and_the_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tollgate.toml");
+    std::fs::write(&path, "[routes.api.rules.r]\nkind = \"rat\"\nkey = [\"prefix\"]\n").unwrap();
+    let err = Config::read_raw(&path, true).unwrap_err();
+    assert!(matches!(err, ConfigError::Parse { .. }), "{err:?}");
+    let text = err.to_string();
+    for part in [&path.display().to_string(), "line 2", "kind = \"rat\"", "unknown variant `rat`"] {
+        assert!(text.contains(part), "{part} missing from: {text}");
     }
 }

@@ -128,11 +128,8 @@ fn build_source(raw: RawSource, errors: &mut Vec<String>) -> SourcePolicy {
     // Hosting networks rent out neighbouring IPv4 addresses to one tenant,
     // so one hosting /24 is one source unless the file says otherwise.
     policy.class_prefix_lens[SourceClass::Hosting as usize] = Some((24, policy.ipv6_prefix_len));
-    for (name, lens) in &raw.classes {
-        let Some(class) = SourceClass::parse(name) else {
-            errors.push(format!("source.classes.{name}: unknown class (hosting, mobile, business, residential)"));
-            continue;
-        };
+    for (&class, lens) in &raw.classes {
+        let name = class.name();
         let v4 = lens.ipv4_prefix_len.unwrap_or(policy.ipv4_prefix_len);
         let v6 = lens.ipv6_prefix_len.unwrap_or(policy.ipv6_prefix_len);
         if !(source::IPV4_PREFIX_LEN_MIN..=32).contains(&v4) {
@@ -298,13 +295,11 @@ fn build_rule(path: &str, name: &str, raw: RawRule, errors: &mut Vec<String>) ->
         }
         Some(names) => {
             let mut key = Vec::new();
-            for n in names {
-                match Component::parse(&n) {
-                    Some(c) if !key.contains(&c) => key.push(c),
-                    Some(_) => errors.push(format!("{path}.key: `{n}` appears twice")),
-                    None => errors.push(format!(
-                        "{path}.key: unknown component `{n}` (one of prefix, account, device, tenant, client_id)"
-                    )),
+            for c in names {
+                if key.contains(&c) {
+                    errors.push(format!("{path}.key: `{}` appears twice", c.name()));
+                } else {
+                    key.push(c);
                 }
             }
             if key.is_empty() {
@@ -318,8 +313,8 @@ fn build_rule(path: &str, name: &str, raw: RawRule, errors: &mut Vec<String>) ->
             errors.push(format!("{path}.{field}: must be {lo}..={hi}"));
         }
     };
-    let kind = match raw.kind.as_deref() {
-        Some("rate") => {
+    let kind = match raw.kind {
+        Some(RawRuleKind::Rate) => {
             for (field, set) in [
                 ("threshold", raw.threshold.is_some()),
                 ("window_secs", raw.window_secs.is_some()),
@@ -338,13 +333,8 @@ fn build_rule(path: &str, name: &str, raw: RawRule, errors: &mut Vec<String>) ->
             in_range(errors, "burst", burst as u64, 1, 1_000_000_000);
             in_range(errors, "entries_max", entries_max as u64, 1, ENTRIES_MAX_LIMIT as u64);
             let mut by_class = [None; 4];
-            for (class_name, c) in raw.classes.clone().unwrap_or_default() {
-                let Some(class) = SourceClass::parse(&class_name) else {
-                    errors.push(format!(
-                        "{path}.classes.{class_name}: unknown class (hosting, mobile, business, residential)"
-                    ));
-                    continue;
-                };
+            for (class, c) in raw.classes.clone().unwrap_or_default() {
+                let class_name = class.name();
                 let limit = c.limit.unwrap_or(limit);
                 let period_secs = c.period_secs.unwrap_or(period_secs);
                 let burst = c.burst.unwrap_or(burst);
@@ -368,7 +358,7 @@ fn build_rule(path: &str, name: &str, raw: RawRule, errors: &mut Vec<String>) ->
             }
             RuleKind::Rate { rate, by_class, entries_max }
         }
-        Some("failures") => {
+        Some(RawRuleKind::Failures) => {
             for (field, set) in [
                 ("limit", raw.limit.is_some()),
                 ("period_secs", raw.period_secs.is_some()),
@@ -392,10 +382,6 @@ fn build_rule(path: &str, name: &str, raw: RawRule, errors: &mut Vec<String>) ->
                 entries_max,
             }
         }
-        Some(other) => {
-            errors.push(format!("{path}.kind: `{other}` is not `rate` or `failures`"));
-            return None;
-        }
         None => {
             errors.push(format!("{path}.kind: required (`rate` or `failures`)"));
             return None;
@@ -406,27 +392,10 @@ fn build_rule(path: &str, name: &str, raw: RawRule, errors: &mut Vec<String>) ->
             "{path}.key: never key on client_id alone (anyone can name a victim's client); add `prefix`"
         ));
     }
-    let mut responses = Vec::new();
-    for r in raw.responses.unwrap_or_else(|| vec!["deny".into()]) {
-        match r.as_str() {
-            "delay" => responses.push(Rung::Delay),
-            "challenge" => responses.push(Rung::Challenge),
-            "deny" => responses.push(Rung::Deny),
-            other => errors.push(format!("{path}.responses: `{other}` is not delay, challenge or deny")),
-        }
-    }
+    let responses = raw.responses.unwrap_or_else(|| vec![Rung::Deny]);
     if responses.is_empty() || responses.len() > 16 {
         errors.push(format!("{path}.responses: 1 to 16 rungs"));
     }
-    let devices = match raw.devices.as_deref().unwrap_or("all") {
-        "all" => DeviceScope::All,
-        "unknown" => DeviceScope::UnknownDevices,
-        "known" => DeviceScope::KnownDevices,
-        other => {
-            errors.push(format!("{path}.devices: `{other}` is not all, unknown or known"));
-            DeviceScope::All
-        }
-    };
     (errors.len() == before).then(|| RuleConfig {
         name: name.to_string(),
         key,
@@ -434,6 +403,6 @@ fn build_rule(path: &str, name: &str, raw: RawRule, errors: &mut Vec<String>) ->
         monitor: raw.monitor.unwrap_or(false),
         responses,
         required: raw.required.unwrap_or(true),
-        devices,
+        devices: raw.devices.unwrap_or(DeviceScope::All),
     })
 }
