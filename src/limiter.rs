@@ -17,7 +17,7 @@ use smallvec::SmallVec;
 use crate::classes::{ClassTable, SourceClass};
 use crate::clock::ceil_ms;
 use crate::config::{
-    Config, DeviceScope, FailPolicy, RateLimit, ResponsePolicy, RouteConfig, RuleConfig, RuleKind, Rung,
+    ByClass, Config, DeviceScope, FailPolicy, RateLimit, ResponsePolicy, RouteConfig, RuleConfig, RuleKind, Rung,
     RULES_PER_ROUTE_MAX,
 };
 use crate::expiring::{Changes, ExpiringMap, Slot};
@@ -114,7 +114,7 @@ fn shard_index(bits: u64) -> usize {
 type SharedTable<T> = Arc<Shards<T>>;
 
 enum Table {
-    Rate { rate: RateLimit, by_class: [Option<RateLimit>; 4], shards: SharedTable<GcraTable> },
+    Rate { rate: RateLimit, by_class: ByClass<Option<RateLimit>>, shards: SharedTable<GcraTable> },
     Failures { spec: WindowSpec, cleared_by_success: bool, shards: SharedTable<FailureWindowTable> },
 }
 
@@ -1076,7 +1076,7 @@ fn gcra_spec(rate: RateLimit) -> GcraSpec {
 
 fn rate_spec(table: &Table, class: Option<SourceClass>) -> GcraSpec {
     match table {
-        Table::Rate { rate, by_class, .. } => gcra_spec(class.and_then(|c| by_class[c as usize]).unwrap_or(*rate)),
+        Table::Rate { rate, by_class, .. } => gcra_spec(class.and_then(|c| by_class[c]).unwrap_or(*rate)),
         Table::Failures { .. } => unreachable!("rate_spec of a failure rule"),
     }
 }
@@ -1208,7 +1208,7 @@ fn rule_status(rule: &Rule) -> RuleStatus {
                 let class_limits = SourceClass::ALL
                     .iter()
                     .filter_map(|c| {
-                        by_class[*c as usize].map(|r| ClassLimit {
+                        by_class[*c].map(|r| ClassLimit {
                             class: c.name().into(),
                             limit: r.limit,
                             burst: r.burst,

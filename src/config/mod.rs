@@ -8,10 +8,12 @@
 //! No I/O except `Config::read_raw`, which reads the file.
 
 use std::fmt;
+use std::ops::{Index, IndexMut};
 use std::path::PathBuf;
 
 use serde::Deserialize;
 
+use crate::classes::SourceClass;
 use crate::keys::Component;
 use crate::source::SourcePolicy;
 
@@ -98,10 +100,53 @@ impl DeviceScope {
     }
 }
 
+/// One value per source class, indexed by the class:
+/// `by_class[SourceClass::Hosting]`. It has a slot for each of
+/// `SourceClass::ALL`, in that order.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ByClass<T>([T; SourceClass::ALL.len()]);
+
+// A class's slot is its discriminant: `SourceClass::ALL` must list the
+// classes in declaration order, so no two share a slot and none is out of
+// bounds.
+const _: () = {
+    let mut slot = 0;
+    while slot < SourceClass::ALL.len() {
+        assert!(SourceClass::ALL[slot] as usize == slot, "SourceClass::ALL lists the classes in declaration order");
+        slot += 1;
+    }
+};
+
+impl<T> ByClass<T> {
+    /// The values, in `SourceClass::ALL` order.
+    pub fn iter(&self) -> std::slice::Iter<'_, T> {
+        self.0.iter()
+    }
+
+    /// Each class with its value, in `SourceClass::ALL` order.
+    pub fn entries(&self) -> impl Iterator<Item = (SourceClass, &T)> {
+        SourceClass::ALL.into_iter().zip(&self.0)
+    }
+}
+
+impl<T> Index<SourceClass> for ByClass<T> {
+    type Output = T;
+
+    fn index(&self, class: SourceClass) -> &T {
+        &self.0[class as usize]
+    }
+}
+
+impl<T> IndexMut<SourceClass> for ByClass<T> {
+    fn index_mut(&mut self, class: SourceClass) -> &mut T {
+        &mut self.0[class as usize]
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum RuleKind {
-    /// GCRA, with optional per-source-class limits (by `SourceClass as usize`).
-    Rate { rate: RateLimit, by_class: [Option<RateLimit>; 4], entries_max: usize },
+    /// GCRA, with optional per-source-class limits.
+    Rate { rate: RateLimit, by_class: ByClass<Option<RateLimit>>, entries_max: usize },
     /// Failure counting in a sliding window; locked at `threshold`.
     Failures { threshold: u32, window_us: u64, cleared_by_success: bool, entries_max: usize },
 }

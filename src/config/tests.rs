@@ -103,7 +103,7 @@ fn the_spellings_reach_the_built_rule() {
     assert_eq!(rule.responses, [Rung::Delay, Rung::Deny]);
     assert_eq!(rule.devices, DeviceScope::KnownDevices);
     let RuleKind::Rate { by_class, .. } = &rule.kind else { panic!("{rule:?}") };
-    assert_eq!(by_class[SourceClass::Mobile as usize].map(|r| r.limit), Some(7));
+    assert_eq!(by_class[SourceClass::Mobile].map(|r| r.limit), Some(7));
     assert_eq!(by_class.iter().flatten().count(), 1, "{by_class:?}");
 }
 

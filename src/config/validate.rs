@@ -332,7 +332,7 @@ fn build_rule(path: &str, name: &str, raw: RawRule, errors: &mut Vec<String>) ->
             in_range(errors, "period_secs", period_secs, 1, PERIOD_SECS_MAX);
             in_range(errors, "burst", burst as u64, 1, 1_000_000_000);
             in_range(errors, "entries_max", entries_max as u64, 1, ENTRIES_MAX_LIMIT as u64);
-            let mut by_class = [None; 4];
+            let mut by_class = ByClass::default();
             for (class, c) in raw.classes.clone().unwrap_or_default() {
                 let class_name = class.name();
                 let limit = c.limit.unwrap_or(limit);
@@ -341,12 +341,11 @@ fn build_rule(path: &str, name: &str, raw: RawRule, errors: &mut Vec<String>) ->
                 in_range(errors, &format!("classes.{class_name}.limit"), limit as u64, 1, 1_000_000_000);
                 in_range(errors, &format!("classes.{class_name}.period_secs"), period_secs, 1, PERIOD_SECS_MAX);
                 in_range(errors, &format!("classes.{class_name}.burst"), burst as u64, 1, 1_000_000_000);
-                by_class[class as usize] =
-                    Some(RateLimit { limit, period_us: period_secs.saturating_mul(1_000_000), burst });
+                by_class[class] = Some(RateLimit { limit, period_us: period_secs.saturating_mul(1_000_000), burst });
             }
             let rate = RateLimit { limit, period_us: period_secs.saturating_mul(1_000_000), burst };
-            let all = std::iter::once(("", rate))
-                .chain(SourceClass::ALL.iter().filter_map(|c| by_class[*c as usize].map(|r| (c.name(), r))));
+            let all =
+                std::iter::once(("", rate)).chain(by_class.entries().filter_map(|(c, r)| r.map(|r| (c.name(), r))));
             for (class, r) in all {
                 if !rate_fits(r) {
                     let at = if class.is_empty() { String::new() } else { format!(".classes.{class}") };
