@@ -19,6 +19,8 @@ pub const SECRET_FILE_NAME: &str = "secret";
 /// written before its report is answered). One second keeps the loss to a
 /// handful of failures per key at any attack rate the rate rules allow.
 pub const SNAPSHOT_INTERVAL_MS_DEFAULT: u64 = 1000;
+/// A minute: a crash may lose this much of sub-threshold counts, and more
+/// than a minute's worth is more than the rate rules let a guesser forget.
 pub const SNAPSHOT_INTERVAL_MS_MAX: u64 = 60_000;
 /// How long an attempt admitted by `check` holds its place on failure rules
 /// while no `report` settles it. A place that lapses before its attempt's
@@ -66,21 +68,36 @@ pub const RETRY_AFTER_STEPS_SECS_DEFAULT: [u64; 4] = [1, 5, 30, 120];
 /// (never subtracted, so waiting it out is always enough), so refused
 /// clients do not retry in lock-step.
 pub const JITTER_PERCENT_DEFAULT: u8 = 10;
+/// At most the whole step again, so a refused client never waits more than
+/// twice the step it was told.
+pub const JITTER_PERCENT_MAX: u8 = 100;
+/// Steps of the Retry-After escalation: a client refused more than 16
+/// times in one cool-down ignores Retry-After, and further steps say nothing.
+pub const RETRY_AFTER_STEPS_MAX: usize = 16;
+/// Rungs of a rule's response ladder, for the same reason as the steps.
+pub const RUNGS_PER_RULE_MAX: usize = 16;
 /// First `delay` of a key, doubling per refusal up to the cap: slow enough to
 /// cost a guesser, short enough that a human barely notices the first.
 pub const DELAY_BASE_MS_DEFAULT: u64 = 1000;
 pub const DELAY_MAX_MS_DEFAULT: u64 = 10_000;
+/// A delay holds the auth server's request open: past a minute its own
+/// request deadline passes first, and the attempt is lost, not delayed.
+pub const DELAY_MAX_MS_LIMIT: u64 = 60_000;
 /// How long a device stays known after a successful login from it.
 pub const KNOWN_DEVICE_TTL_SECS_DEFAULT: u64 = 30 * 86_400;
+/// A (leap) year: a device not seen for longer is no longer known.
+pub const KNOWN_DEVICE_TTL_SECS_MAX: u64 = 366 * 86_400;
 pub const KNOWN_DEVICES_MAX_DEFAULT: usize = 1_000_000;
 /// New devices one account may make known per TTL. Without a cap one
 /// account's successes could flush the table (it evicts the entry expiring
 /// soonest), putting victims' devices back under the account ceiling.
 pub const KNOWN_DEVICES_PER_ACCOUNT_MAX_DEFAULT: u16 = 16;
+/// A thousand new devices per account per TTL is no cap any more.
 pub const KNOWN_DEVICES_PER_ACCOUNT_MAX_LIMIT: u16 = 1000;
 /// Wrong-password digests remembered per (account, source prefix): a mail
 /// client retrying a stale password repeats one of a few, not many.
 pub const RECENT_PASSWORDS_DEFAULT: u8 = 4;
+/// The limiter keeps each key's digests in a fixed array of four.
 pub const RECENT_PASSWORDS_MAX: u8 = 4;
 pub const RECENT_PASSWORD_ENTRIES_MAX_DEFAULT: usize = 100_000;
 
@@ -96,33 +113,100 @@ pub const RULES_PER_ROUTE_MAX: usize = 16;
 pub const ENTRIES_MAX_LIMIT: usize = 100_000_000;
 /// Longest rate period and failure window a rule may have (one day).
 pub const PERIOD_SECS_MAX: u64 = 86_400;
+/// A rate rule's `limit` and `burst`: a billion per period is past any real
+/// login or API rate, so a larger number is a typo.
+pub const RATE_LIMIT_MAX: u32 = 1_000_000_000;
+pub const RATE_BURST_MAX: u32 = 1_000_000_000;
+/// Route and rule names reach logs, `status`, metric labels and the state
+/// file's rule ids: 64 bytes is plenty for a name and bounds them all.
+pub const NAME_BYTES_MAX: usize = 64;
+
+/// An IPv4 address has 32 bits: a /32 prefix is one address.
+pub const IPV4_PREFIX_LEN_MAX: u8 = 32;
+/// Hosting networks rent out neighbouring IPv4 addresses to one tenant, so
+/// one hosting /24 is one source unless the file says otherwise.
+pub const HOSTING_IPV4_PREFIX_LEN_DEFAULT: u8 = 24;
 
 /// Open connections the daemon serves at once; more wait in the backlog.
 /// An auth server pools a few dozen; 1024 leaves room for the CLI and bursts.
 pub const CONNECTIONS_MAX_DEFAULT: usize = 1024;
+/// Each connection holds a descriptor and a read buffer of up to 64 KiB:
+/// 65536 of them is already 4 GiB of buffers.
+pub const CONNECTIONS_MAX_LIMIT: usize = 65_536;
 /// A client that has sent part of a frame must send the rest within this,
 /// or it is dropped (it holds a buffer and a connection slot).
 pub const FRAME_READ_TIMEOUT_MS_DEFAULT: u64 = 5_000;
+/// Ten minutes: longer lets a client that stopped mid-frame hold its
+/// buffer and slot for as long as an idle one.
+pub const FRAME_READ_TIMEOUT_MS_MAX: u64 = 600_000;
 /// A connection that sends nothing for this long is closed; the client
 /// reconnects on its next call. Ten minutes keeps an auth server's pooled
 /// connections while bounding what abandoned ones hold.
 pub const IDLE_TIMEOUT_MS_DEFAULT: u64 = 600_000;
+/// A second: shorter would close a pooled connection between the `check`
+/// and the `report` of one login, costing a reconnect each.
+pub const IDLE_TIMEOUT_MS_MIN: u64 = 1_000;
+/// A day: longer lets abandoned connections hold their slots for days.
+pub const IDLE_TIMEOUT_MS_MAX: u64 = 86_400_000;
 /// A client must take its replies within this, or it is dropped: one that
 /// pipelines requests and never reads would otherwise hold its connection,
 /// and the replies buffered for it, for as long as it liked.
 pub const REPLY_WRITE_TIMEOUT_MS_DEFAULT: u64 = 5_000;
+/// Ten minutes, as for a frame: longer is holding a connection, not reading.
+pub const REPLY_WRITE_TIMEOUT_MS_MAX: u64 = 600_000;
 /// Requests answered per connection before its replies are written: a
 /// client pipelining faster than it reads cannot make one batch grow
 /// without bound.
 pub const IN_FLIGHT_PER_CONNECTION_MAX_DEFAULT: usize = 1024;
+/// A batch's replies are buffered before they are written: 65536 of them
+/// is already megabytes held for one client.
+pub const IN_FLIGHT_PER_CONNECTION_MAX_LIMIT: usize = 65_536;
 /// Refusal and audit log lines per second; the rest are counted and the
 /// count is logged with the next line, so an attack cannot flood the journal.
 pub const LOG_LINES_PER_SEC_MAX_DEFAULT: u64 = 100;
+/// A million lines a second is more than a journal takes: past it the cap
+/// caps nothing.
+pub const LOG_LINES_PER_SEC_MAX_LIMIT: u64 = 1_000_000;
 /// Owner and group may connect: the auth server joins the socket's group.
 pub const SOCKET_MODE_DEFAULT: u32 = 0o660;
+/// A socket's mode is permission bits only: no setuid, setgid or sticky.
+pub const SOCKET_MODE_PERMISSION_BITS: u32 = 0o777;
+/// The owner (the daemon's user, which runs admin commands) must be able
+/// to read and write, or it locks itself out of its own socket.
+pub const SOCKET_MODE_OWNER_READ_WRITE: u32 = 0o600;
 /// Graceful stop: in-flight requests get this long to be answered before
 /// the final snapshot is written regardless.
 pub const SHUTDOWN_GRACE_MS_DEFAULT: u64 = 5_000;
+/// Ten minutes: a stop that waits longer for stragglers delays the final
+/// snapshot past what a service manager waits before killing it.
+pub const SHUTDOWN_GRACE_MS_MAX: u64 = 600_000;
+
+// Every default is within its bounds.
+const _: () = {
+    assert!(SNAPSHOT_INTERVAL_MS_DEFAULT <= SNAPSHOT_INTERVAL_MS_MAX);
+    assert!(ATTEMPT_TIMEOUT_MS_DEFAULT <= ATTEMPT_TIMEOUT_MS_MAX);
+    assert!(LOGIN_WINDOW_SECS_DEFAULT <= PERIOD_SECS_MAX && RATE_PERIOD_SECS_DEFAULT <= PERIOD_SECS_MAX);
+    assert!(LOGIN_RATE_LIMIT_DEFAULT <= RATE_LIMIT_MAX && LOGIN_RATE_BURST_DEFAULT <= RATE_BURST_MAX);
+    assert!(REQUEST_RATE_LIMIT_DEFAULT <= RATE_LIMIT_MAX && REQUEST_RATE_BURST_DEFAULT <= RATE_BURST_MAX);
+    assert!(FAILURE_ENTRIES_MAX_DEFAULT <= ENTRIES_MAX_LIMIT && RATE_ENTRIES_MAX_DEFAULT <= ENTRIES_MAX_LIMIT);
+    assert!(KNOWN_DEVICES_MAX_DEFAULT <= ENTRIES_MAX_LIMIT && RECENT_PASSWORD_ENTRIES_MAX_DEFAULT <= ENTRIES_MAX_LIMIT);
+    assert!(RETRY_AFTER_STEPS_SECS_DEFAULT.len() <= RETRY_AFTER_STEPS_MAX);
+    assert!(JITTER_PERCENT_DEFAULT <= JITTER_PERCENT_MAX);
+    assert!(DELAY_BASE_MS_DEFAULT <= DELAY_MAX_MS_DEFAULT && DELAY_MAX_MS_DEFAULT <= DELAY_MAX_MS_LIMIT);
+    assert!(KNOWN_DEVICE_TTL_SECS_DEFAULT <= KNOWN_DEVICE_TTL_SECS_MAX);
+    assert!(KNOWN_DEVICES_PER_ACCOUNT_MAX_DEFAULT <= KNOWN_DEVICES_PER_ACCOUNT_MAX_LIMIT);
+    assert!(RECENT_PASSWORDS_DEFAULT <= RECENT_PASSWORDS_MAX);
+    assert!(HOSTING_IPV4_PREFIX_LEN_DEFAULT <= IPV4_PREFIX_LEN_MAX);
+    assert!(CONNECTIONS_MAX_DEFAULT <= CONNECTIONS_MAX_LIMIT);
+    assert!(FRAME_READ_TIMEOUT_MS_DEFAULT <= FRAME_READ_TIMEOUT_MS_MAX);
+    assert!(IDLE_TIMEOUT_MS_MIN <= IDLE_TIMEOUT_MS_DEFAULT && IDLE_TIMEOUT_MS_DEFAULT <= IDLE_TIMEOUT_MS_MAX);
+    assert!(REPLY_WRITE_TIMEOUT_MS_DEFAULT <= REPLY_WRITE_TIMEOUT_MS_MAX);
+    assert!(IN_FLIGHT_PER_CONNECTION_MAX_DEFAULT <= IN_FLIGHT_PER_CONNECTION_MAX_LIMIT);
+    assert!(LOG_LINES_PER_SEC_MAX_DEFAULT <= LOG_LINES_PER_SEC_MAX_LIMIT);
+    assert!(SOCKET_MODE_DEFAULT & !SOCKET_MODE_PERMISSION_BITS == 0);
+    assert!(SOCKET_MODE_DEFAULT & SOCKET_MODE_OWNER_READ_WRITE == SOCKET_MODE_OWNER_READ_WRITE);
+    assert!(SHUTDOWN_GRACE_MS_DEFAULT <= SHUTDOWN_GRACE_MS_MAX);
+};
 
 fn rate(limit: u32, burst: u32) -> RawRule {
     RawRule {

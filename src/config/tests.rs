@@ -139,3 +139,36 @@ fn a_misspelling_in_a_file_names_the_file_the_line_and_the_value() {
         assert!(text.contains(part), "{part} missing from: {text}");
     }
 }
+
+#[test]
+fn each_bound_is_reported_with_its_number() {
+    let text = "[server]\nidle_timeout_ms = 999\nin_flight_per_connection_max = 65537\nlog_lines_per_sec_max = 1000001\n\
+                socket_mode = 0o1660\nconnections_max = 0\nframe_read_timeout_ms = 600001\n\
+                reply_write_timeout_ms = 600001\nshutdown_grace_ms = 600001\n\
+                [responses]\nretry_after_steps_secs = [1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]\njitter_percent = 101\n\
+                delay_max_ms = 60001\n[source]\nipv4_prefix_len = 33\n\
+                [routes.api]\nknown_device_ttl_secs = 31622401\n[routes.api.rules.r]\nkind = \"rate\"\n\
+                key = [\"prefix\"]\nlimit = 1000000001\nburst = 1000000001\n\
+                responses = [\"deny\",\"deny\",\"deny\",\"deny\",\"deny\",\"deny\",\"deny\",\"deny\",\"deny\",\"deny\",\"deny\",\"deny\",\"deny\",\"deny\",\"deny\",\"deny\",\"deny\"]\n";
+    let errors = Config::build(Config::parse(text).unwrap()).unwrap_err().0;
+    for expected in [
+        "server.idle_timeout_ms: must be 1000..=86400000",
+        "server.in_flight_per_connection_max: must be 1..=65536",
+        "server.log_lines_per_sec_max: must be at most 1000000",
+        "server.socket_mode: permission bits (e.g. 0o660) that let the owner read and write",
+        "server.connections_max: must be 1..=65536",
+        "server.frame_read_timeout_ms: must be 1..=600000",
+        "server.reply_write_timeout_ms: must be 1..=600000",
+        "server.shutdown_grace_ms: must be at most 600000",
+        "responses.retry_after_steps_secs: 1 to 16 steps, each 0..=86400",
+        "responses.jitter_percent: must be 0..=100",
+        "responses.delay_max_ms: must be at most 60000 and at least delay_base_ms",
+        "source.ipv4_prefix_len: must be 16..=32",
+        "routes.api.known_device_ttl_secs: at most a year (31622400)",
+        "routes.api.rules.r.limit: must be 1..=1000000000",
+        "routes.api.rules.r.burst: must be 1..=1000000000",
+        "routes.api.rules.r.responses: 1 to 16 rungs",
+    ] {
+        assert!(errors.iter().any(|e| e == expected), "{expected} missing from {errors:#?}");
+    }
+}

@@ -121,19 +121,21 @@ fn build_source(raw: RawSource, errors: &mut Vec<String>) -> SourcePolicy {
         errors.push("source.trusted_hops: set either trusted_hops or trusted_proxies, not both".into());
     }
     policy.ipv4_prefix_len = raw.ipv4_prefix_len.unwrap_or(source::IPV4_PREFIX_LEN_DEFAULT);
-    if !(source::IPV4_PREFIX_LEN_MIN..=32).contains(&policy.ipv4_prefix_len) {
-        errors.push(format!("source.ipv4_prefix_len: must be {}..=32", source::IPV4_PREFIX_LEN_MIN));
+    if !(source::IPV4_PREFIX_LEN_MIN..=IPV4_PREFIX_LEN_MAX).contains(&policy.ipv4_prefix_len) {
+        errors.push(format!("source.ipv4_prefix_len: must be {}..={IPV4_PREFIX_LEN_MAX}", source::IPV4_PREFIX_LEN_MIN));
     }
     policy.ipv6_prefix_len = raw.ipv6_prefix_len.unwrap_or(source::IPV6_PREFIX_LEN_DEFAULT);
-    // Hosting networks rent out neighbouring IPv4 addresses to one tenant,
-    // so one hosting /24 is one source unless the file says otherwise.
-    policy.class_prefix_lens[SourceClass::Hosting as usize] = Some((24, policy.ipv6_prefix_len));
+    policy.class_prefix_lens[SourceClass::Hosting as usize] =
+        Some((HOSTING_IPV4_PREFIX_LEN_DEFAULT, policy.ipv6_prefix_len));
     for (&class, lens) in &raw.classes {
         let name = class.name();
         let v4 = lens.ipv4_prefix_len.unwrap_or(policy.ipv4_prefix_len);
         let v6 = lens.ipv6_prefix_len.unwrap_or(policy.ipv6_prefix_len);
-        if !(source::IPV4_PREFIX_LEN_MIN..=32).contains(&v4) {
-            errors.push(format!("source.classes.{name}.ipv4_prefix_len: must be {}..=32", source::IPV4_PREFIX_LEN_MIN));
+        if !(source::IPV4_PREFIX_LEN_MIN..=IPV4_PREFIX_LEN_MAX).contains(&v4) {
+            errors.push(format!(
+                "source.classes.{name}.ipv4_prefix_len: must be {}..={IPV4_PREFIX_LEN_MAX}",
+                source::IPV4_PREFIX_LEN_MIN
+            ));
         }
         if !(source::IPV6_PREFIX_LEN_MIN..=source::IPV6_PREFIX_LEN_MAX).contains(&v6) {
             errors.push(format!(
@@ -170,37 +172,41 @@ fn build_server(raw: RawServer, errors: &mut Vec<String>) -> ServerConfig {
         admin_users: raw.admin_users.unwrap_or_default(),
         admin_groups: raw.admin_groups.unwrap_or_default(),
     };
-    if !(1_000..=86_400_000).contains(&server.idle_timeout_ms) {
-        errors.push("server.idle_timeout_ms: must be 1000..=86400000".into());
+    if !(IDLE_TIMEOUT_MS_MIN..=IDLE_TIMEOUT_MS_MAX).contains(&server.idle_timeout_ms) {
+        errors.push(format!("server.idle_timeout_ms: must be {IDLE_TIMEOUT_MS_MIN}..={IDLE_TIMEOUT_MS_MAX}"));
     }
-    if !(1..=65_536).contains(&server.in_flight_per_connection_max) {
-        errors.push("server.in_flight_per_connection_max: must be 1..=65536".into());
+    if !(1..=IN_FLIGHT_PER_CONNECTION_MAX_LIMIT).contains(&server.in_flight_per_connection_max) {
+        errors.push(format!("server.in_flight_per_connection_max: must be 1..={IN_FLIGHT_PER_CONNECTION_MAX_LIMIT}"));
     }
-    if server.log_lines_per_sec_max > 1_000_000 {
-        errors.push("server.log_lines_per_sec_max: must be at most 1000000".into());
+    if server.log_lines_per_sec_max > LOG_LINES_PER_SEC_MAX_LIMIT {
+        errors.push(format!("server.log_lines_per_sec_max: must be at most {LOG_LINES_PER_SEC_MAX_LIMIT}"));
     }
-    if server.socket_mode & !0o777 != 0 || server.socket_mode & 0o600 != 0o600 {
+    if server.socket_mode & !SOCKET_MODE_PERMISSION_BITS != 0
+        || server.socket_mode & SOCKET_MODE_OWNER_READ_WRITE != SOCKET_MODE_OWNER_READ_WRITE
+    {
         errors.push("server.socket_mode: permission bits (e.g. 0o660) that let the owner read and write".into());
     }
-    if !(1..=65_536).contains(&server.connections_max) {
-        errors.push("server.connections_max: must be 1..=65536".into());
+    if !(1..=CONNECTIONS_MAX_LIMIT).contains(&server.connections_max) {
+        errors.push(format!("server.connections_max: must be 1..={CONNECTIONS_MAX_LIMIT}"));
     }
-    if !(1..=600_000).contains(&server.frame_read_timeout_ms) {
-        errors.push("server.frame_read_timeout_ms: must be 1..=600000".into());
+    if !(1..=FRAME_READ_TIMEOUT_MS_MAX).contains(&server.frame_read_timeout_ms) {
+        errors.push(format!("server.frame_read_timeout_ms: must be 1..={FRAME_READ_TIMEOUT_MS_MAX}"));
     }
-    if !(1..=600_000).contains(&server.reply_write_timeout_ms) {
-        errors.push("server.reply_write_timeout_ms: must be 1..=600000".into());
+    if !(1..=REPLY_WRITE_TIMEOUT_MS_MAX).contains(&server.reply_write_timeout_ms) {
+        errors.push(format!("server.reply_write_timeout_ms: must be 1..={REPLY_WRITE_TIMEOUT_MS_MAX}"));
     }
-    if server.shutdown_grace_ms > 600_000 {
-        errors.push("server.shutdown_grace_ms: must be at most 600000".into());
+    if server.shutdown_grace_ms > SHUTDOWN_GRACE_MS_MAX {
+        errors.push(format!("server.shutdown_grace_ms: must be at most {SHUTDOWN_GRACE_MS_MAX}"));
     }
     server
 }
 
 fn build_responses(raw: RawResponses, errors: &mut Vec<String>) -> ResponsePolicy {
     let steps = raw.retry_after_steps_secs.unwrap_or_else(|| RETRY_AFTER_STEPS_SECS_DEFAULT.to_vec());
-    if steps.is_empty() || steps.len() > 16 || steps.iter().any(|s| *s > PERIOD_SECS_MAX) {
-        errors.push(format!("responses.retry_after_steps_secs: 1 to 16 steps, each 0..={PERIOD_SECS_MAX}"));
+    if steps.is_empty() || steps.len() > RETRY_AFTER_STEPS_MAX || steps.iter().any(|s| *s > PERIOD_SECS_MAX) {
+        errors.push(format!(
+            "responses.retry_after_steps_secs: 1 to {RETRY_AFTER_STEPS_MAX} steps, each 0..={PERIOD_SECS_MAX}"
+        ));
     }
     let policy = ResponsePolicy {
         retry_after_steps_us: steps.iter().map(|s| s.saturating_mul(1_000_000)).collect(),
@@ -208,11 +214,11 @@ fn build_responses(raw: RawResponses, errors: &mut Vec<String>) -> ResponsePolic
         delay_base_us: raw.delay_base_ms.unwrap_or(DELAY_BASE_MS_DEFAULT).saturating_mul(1000),
         delay_max_us: raw.delay_max_ms.unwrap_or(DELAY_MAX_MS_DEFAULT).saturating_mul(1000),
     };
-    if policy.jitter_percent > 100 {
-        errors.push("responses.jitter_percent: must be 0..=100".into());
+    if policy.jitter_percent > JITTER_PERCENT_MAX {
+        errors.push(format!("responses.jitter_percent: must be 0..={JITTER_PERCENT_MAX}"));
     }
-    if policy.delay_max_us > 60_000_000 || policy.delay_base_us > policy.delay_max_us {
-        errors.push("responses.delay_max_ms: must be at most 60000 and at least delay_base_ms".into());
+    if policy.delay_max_us > DELAY_MAX_MS_LIMIT * 1000 || policy.delay_base_us > policy.delay_max_us {
+        errors.push(format!("responses.delay_max_ms: must be at most {DELAY_MAX_MS_LIMIT} and at least delay_base_ms"));
     }
     policy
 }
@@ -220,7 +226,7 @@ fn build_responses(raw: RawResponses, errors: &mut Vec<String>) -> ResponsePolic
 fn build_route(name: &str, raw: RawRoute, errors: &mut Vec<String>) -> Option<RouteConfig> {
     let path = format!("routes.{name}");
     if !is_plain_name(name) {
-        errors.push(format!("{path}: route names are 1-64 characters of [A-Za-z0-9_-]"));
+        errors.push(format!("{path}: route names are 1-{NAME_BYTES_MAX} characters of [A-Za-z0-9_-]"));
         return None;
     }
     let rules: Vec<RuleConfig> = raw
@@ -234,8 +240,8 @@ fn build_route(name: &str, raw: RawRoute, errors: &mut Vec<String>) -> Option<Ro
     }
     let known_devices = match raw.known_device_ttl_secs.unwrap_or(0) {
         0 => None,
-        ttl if ttl > 366 * 86_400 => {
-            errors.push(format!("{path}.known_device_ttl_secs: at most a year (31622400)"));
+        ttl if ttl > KNOWN_DEVICE_TTL_SECS_MAX => {
+            errors.push(format!("{path}.known_device_ttl_secs: at most a year ({KNOWN_DEVICE_TTL_SECS_MAX})"));
             None
         }
         ttl => Some(KnownDevicesConfig {
@@ -278,12 +284,14 @@ fn build_route(name: &str, raw: RawRoute, errors: &mut Vec<String>) -> Option<Ro
 /// file's rule ids: plain characters only, so none can carry a terminal
 /// escape or a separator.
 fn is_plain_name(name: &str) -> bool {
-    !name.is_empty() && name.len() <= 64 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    !name.is_empty()
+        && name.len() <= NAME_BYTES_MAX
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 fn build_rule(path: &str, name: &str, raw: RawRule, errors: &mut Vec<String>) -> Option<RuleConfig> {
     if !is_plain_name(name) {
-        errors.push(format!("{path}: rule names are 1-64 characters of [A-Za-z0-9_-]"));
+        errors.push(format!("{path}: rule names are 1-{NAME_BYTES_MAX} characters of [A-Za-z0-9_-]"));
         return None;
     }
     let before = errors.len();
@@ -328,9 +336,9 @@ fn build_rule(path: &str, name: &str, raw: RawRule, errors: &mut Vec<String>) ->
             let period_secs = raw.period_secs.unwrap_or(RATE_PERIOD_SECS_DEFAULT);
             let burst = raw.burst.unwrap_or(limit);
             let entries_max = raw.entries_max.unwrap_or(RATE_ENTRIES_MAX_DEFAULT);
-            in_range(errors, "limit", limit as u64, 1, 1_000_000_000);
+            in_range(errors, "limit", limit as u64, 1, RATE_LIMIT_MAX as u64);
             in_range(errors, "period_secs", period_secs, 1, PERIOD_SECS_MAX);
-            in_range(errors, "burst", burst as u64, 1, 1_000_000_000);
+            in_range(errors, "burst", burst as u64, 1, RATE_BURST_MAX as u64);
             in_range(errors, "entries_max", entries_max as u64, 1, ENTRIES_MAX_LIMIT as u64);
             let mut by_class = ByClass::default();
             for (class, c) in raw.classes.clone().unwrap_or_default() {
@@ -338,9 +346,9 @@ fn build_rule(path: &str, name: &str, raw: RawRule, errors: &mut Vec<String>) ->
                 let limit = c.limit.unwrap_or(limit);
                 let period_secs = c.period_secs.unwrap_or(period_secs);
                 let burst = c.burst.unwrap_or(burst);
-                in_range(errors, &format!("classes.{class_name}.limit"), limit as u64, 1, 1_000_000_000);
+                in_range(errors, &format!("classes.{class_name}.limit"), limit as u64, 1, RATE_LIMIT_MAX as u64);
                 in_range(errors, &format!("classes.{class_name}.period_secs"), period_secs, 1, PERIOD_SECS_MAX);
-                in_range(errors, &format!("classes.{class_name}.burst"), burst as u64, 1, 1_000_000_000);
+                in_range(errors, &format!("classes.{class_name}.burst"), burst as u64, 1, RATE_BURST_MAX as u64);
                 by_class[class] = Some(RateLimit { limit, period_us: period_secs.saturating_mul(1_000_000), burst });
             }
             let rate = RateLimit { limit, period_us: period_secs.saturating_mul(1_000_000), burst };
@@ -392,8 +400,8 @@ fn build_rule(path: &str, name: &str, raw: RawRule, errors: &mut Vec<String>) ->
         ));
     }
     let responses = raw.responses.unwrap_or_else(|| vec![Rung::Deny]);
-    if responses.is_empty() || responses.len() > 16 {
-        errors.push(format!("{path}.responses: 1 to 16 rungs"));
+    if responses.is_empty() || responses.len() > RUNGS_PER_RULE_MAX {
+        errors.push(format!("{path}.responses: 1 to {RUNGS_PER_RULE_MAX} rungs"));
     }
     (errors.len() == before).then(|| RuleConfig {
         name: name.to_string(),
