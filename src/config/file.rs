@@ -1,5 +1,8 @@
 //! The configuration file as written: every field optional, unknown keys
-//! refused by the parser with their line. No defaults, no validation.
+//! refused by the parser with their line. A closed set (a rule's `kind`,
+//! `key` components, `responses` rungs, `devices` scope, class names) is a
+//! serde enum, so a misspelling is refused here too, with the line and the
+//! accepted spellings. No defaults, no validation of values.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -1,9 +1,9 @@
-//! Configuration in two stages: the TOML file as written ([`file`]: every
+//! Configuration in two stages: the TOML file as written (`file.rs`: every
 //! field optional, unknown keys and unknown spellings refused by the parser
-//! with their line), then `Config::build` ([`validate`]) lays it over the
-//! built-in defaults ([`defaults`]) and validates everything, reporting every
-//! invalid key at once. This module holds what comes out: the built,
-//! validated `Config`.
+//! with their line), then `Config::build` (`validate.rs`) lays it over the
+//! built-in defaults (`defaults.rs`, with every bound) and validates
+//! everything, reporting every invalid key at once. This module holds what
+//! comes out: the built, validated `Config`, and the public API.
 //!
 //! No I/O except `Config::read_raw`, which reads the file.
 
