@@ -105,6 +105,53 @@ pub enum StoreError {
     KeyMissing { path: PathBuf },
 }
 
+/// Why a write is not (known to be) in the state file a restart opens.
+/// What `Durable` resolves to on failure; one failed group commit sends the
+/// same error to every write in it, so it is `Clone`.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum WriteError {
+    /// redb failed to commit (or to set up a fresh file): the file may no
+    /// longer match memory, so it is to be rewritten from memory.
+    #[error(transparent)]
+    Redb(Arc<redb::Error>),
+    /// An earlier commit failed; nothing is written to the state file until
+    /// a rewrite from memory has replaced it.
+    #[error("waiting for the state file to be rewritten from memory")]
+    AwaitingRewrite,
+    /// A write of the rewrite failed, so the fresh file was not swapped in.
+    #[error("rewrite failed")]
+    RewriteFailed,
+    #[error("rename {path}: {source}")]
+    Rename { path: PathBuf, source: Arc<std::io::Error> },
+    #[error("sync {path}: {source}")]
+    SyncDirectory { path: PathBuf, source: Arc<std::io::Error> },
+    /// Committed to the fresh file of a rewrite that the stop cut short, so
+    /// not in the file a restart opens.
+    #[error("stopped before the state file rewrite finished")]
+    StoppedMidRewrite,
+    #[error("state writer stopped")]
+    WriterStopped,
+}
+
+/// Every redb error a write can meet converts with `?`.
+macro_rules! write_error_from_redb {
+    ($($error:ty),*) => {$(
+        impl From<$error> for WriteError {
+            fn from(e: $error) -> WriteError {
+                WriteError::Redb(Arc::new(e.into()))
+            }
+        }
+    )*};
+}
+write_error_from_redb!(
+    redb::Error,
+    redb::DatabaseError,
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError
+);
+
 impl StoreError {
     fn corrupt(path: &Path, message: impl std::fmt::Display) -> StoreError {
         // One line: redb's messages can span several, and a refusal is read
@@ -220,21 +267,21 @@ pub struct StoreStats {
 }
 
 /// Resolves when a write is on disk (or failed to get there).
-pub struct Durable(tokio::sync::oneshot::Receiver<Result<(), String>>);
+pub struct Durable(tokio::sync::oneshot::Receiver<Result<(), WriteError>>);
 
 impl Durable {
-    fn done(result: Result<(), String>) -> Durable {
+    fn done(result: Result<(), WriteError>) -> Durable {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let _ = tx.send(result);
         Durable(rx)
     }
 
-    pub async fn wait(self) -> Result<(), String> {
-        self.0.await.unwrap_or_else(|_| Err("state writer stopped".into()))
+    pub async fn wait(self) -> Result<(), WriteError> {
+        self.0.await.unwrap_or(Err(WriteError::WriterStopped))
     }
 
-    pub fn wait_blocking(self) -> Result<(), String> {
-        self.0.blocking_recv().unwrap_or_else(|_| Err("state writer stopped".into()))
+    pub fn wait_blocking(self) -> Result<(), WriteError> {
+        self.0.blocking_recv().unwrap_or(Err(WriteError::WriterStopped))
     }
 }
 
@@ -266,14 +313,14 @@ impl Edit {
 enum Message {
     Write {
         edit: Edit,
-        ack: Option<tokio::sync::oneshot::Sender<Result<(), String>>>,
+        ack: Option<Ack>,
     },
     /// Start writing a fresh file: what follows until `RewriteEnd` is the
     /// whole state, collected from memory (see `Limiter::rewrite`).
     RewriteBegin,
     /// Swap the fresh file in for the state file, if every write succeeded.
     RewriteEnd {
-        ack: tokio::sync::oneshot::Sender<Result<(), String>>,
+        ack: Ack,
     },
     Stop,
 }
@@ -323,7 +370,7 @@ impl Journal {
         let (ack, rx) = tokio::sync::oneshot::channel();
         Some(match tx.send(Message::Write { edit, ack: Some(ack) }) {
             Ok(()) => Durable(rx),
-            Err(_) => Durable::done(Err("state writer stopped".into())),
+            Err(_) => Durable::done(Err(WriteError::WriterStopped)),
         })
     }
 
@@ -348,7 +395,7 @@ impl Journal {
         let (ack, rx) = tokio::sync::oneshot::channel();
         match tx.send(Message::RewriteEnd { ack }) {
             Ok(()) => Durable(rx),
-            Err(_) => Durable::done(Err("state writer stopped".into())),
+            Err(_) => Durable::done(Err(WriteError::WriterStopped)),
         }
     }
 
@@ -359,7 +406,7 @@ impl Journal {
         let edit = Edit::Entries { rule: rule.clone(), window_us, changes };
         match tx.send(Message::Write { edit, ack: Some(ack) }) {
             Ok(()) => Durable(rx),
-            Err(_) => Durable::done(Err("state writer stopped".into())),
+            Err(_) => Durable::done(Err(WriteError::WriterStopped)),
         }
     }
 }
@@ -661,20 +708,21 @@ fn prepare(db: &Database, path: &Path, key_fingerprint: Option<u64>, key_is_new:
 }
 
 /// A fresh file (a rewrite from memory) says what it is before any row.
-fn init_fresh(db: &Database, key_fingerprint: Option<u64>) -> Result<(), String> {
-    let mut txn = db.begin_write().map_err(|e| e.to_string())?;
+fn init_fresh(db: &Database, key_fingerprint: Option<u64>) -> Result<(), WriteError> {
+    let mut txn = db.begin_write()?;
     // Two-phase: after a crash, redb otherwise falls back to the older
     // commit slot when the newer one reads as damaged, silently rolling
     // back an acknowledged lockout; with it, that damage is refused.
     txn.set_two_phase_commit(true);
     {
-        let mut meta = txn.open_table(META).map_err(|e| e.to_string())?;
-        meta.insert("schema_version", SCHEMA_VERSION).map_err(|e| e.to_string())?;
+        let mut meta = txn.open_table(META)?;
+        meta.insert("schema_version", SCHEMA_VERSION)?;
         if let Some(fingerprint) = key_fingerprint {
-            meta.insert(META_KEY_FINGERPRINT, fingerprint).map_err(|e| e.to_string())?;
+            meta.insert(META_KEY_FINGERPRINT, fingerprint)?;
         }
     }
-    txn.commit().map_err(|e| e.to_string())
+    txn.commit()?;
+    Ok(())
 }
 
 /// Refuses a file another process holds open (redb's lock), before the
@@ -866,7 +914,7 @@ impl Writer {
     }
 }
 
-type Ack = tokio::sync::oneshot::Sender<Result<(), String>>;
+type Ack = tokio::sync::oneshot::Sender<Result<(), WriteError>>;
 
 fn run_writer(store: Store, rx: Receiver<Message>, stats: Arc<StoreStats>) {
     let path = store.path.clone();
@@ -908,7 +956,7 @@ fn run_writer(store: Store, rx: Receiver<Message>, stats: Arc<StoreStats>) {
             let attempted = db.is_some() && !(rewriting && rewrite_failed);
             let result = match &db {
                 Some(open) if attempted => commit(open, &batch),
-                _ => Err("waiting for the state file to be rewritten from memory".to_string()),
+                _ => Err(WriteError::AwaitingRewrite),
             };
             match result {
                 Ok(()) => {
@@ -943,7 +991,7 @@ fn run_writer(store: Store, rx: Receiver<Message>, stats: Arc<StoreStats>) {
                     // that wait for the rewrite after it would flood both.
                     if attempted {
                         tracing::error!(state = %path.display(), error = %message, changes, "state write failed; answering from memory, will rewrite the file from memory");
-                        *stats.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(message.clone());
+                        *stats.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(message.to_string());
                     }
                     for ack in acks {
                         let _ = ack.send(Err(message.clone()));
@@ -957,7 +1005,7 @@ fn run_writer(store: Store, rx: Receiver<Message>, stats: Arc<StoreStats>) {
                 db = None;
                 rewriting = true;
                 let _ = std::fs::remove_file(&fresh);
-                match open_database(&fresh).map_err(|e| e.to_string()).and_then(|open| {
+                match open_database(&fresh).map_err(WriteError::from).and_then(|open| {
                     init_fresh(&open, key_fingerprint)?;
                     Ok(open)
                 }) {
@@ -973,7 +1021,7 @@ fn run_writer(store: Store, rx: Receiver<Message>, stats: Arc<StoreStats>) {
             }
             Some(Message::RewriteEnd { ack }) => {
                 let result =
-                    if rewrite_failed { Err("rewrite failed".to_string()) } else { swap_in(&mut db, &fresh, &path) };
+                    if rewrite_failed { Err(WriteError::RewriteFailed) } else { swap_in(&mut db, &fresh, &path) };
                 rewriting = false;
                 for ack in deferred.drain(..) {
                     let _ = ack.send(result.clone());
@@ -997,7 +1045,7 @@ fn run_writer(store: Store, rx: Receiver<Message>, stats: Arc<StoreStats>) {
             }
             Some(Message::Stop) => {
                 for ack in deferred.drain(..) {
-                    let _ = ack.send(Err("stopped before the state file rewrite finished".into()));
+                    let _ = ack.send(Err(WriteError::StoppedMidRewrite));
                 }
                 if held > 0 {
                     tracing::error!(changes = held, "stopping with changes that could not be written");
@@ -1018,13 +1066,15 @@ fn rewrite_path(path: &Path) -> PathBuf {
 
 /// Closes the fresh file, renames it over the state file (atomic), makes
 /// the rename durable, and opens the result as the database.
-fn swap_in(db: &mut Option<Database>, fresh: &Path, path: &Path) -> Result<(), String> {
+fn swap_in(db: &mut Option<Database>, fresh: &Path, path: &Path) -> Result<(), WriteError> {
     *db = None;
-    std::fs::rename(fresh, path).map_err(|e| format!("rename {}: {e}", fresh.display()))?;
+    std::fs::rename(fresh, path).map_err(|e| WriteError::Rename { path: fresh.into(), source: Arc::new(e) })?;
     if let Some(dir) = path.parent() {
-        std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| format!("sync {}: {e}", dir.display()))?;
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| WriteError::SyncDirectory { path: dir.into(), source: Arc::new(e) })?;
     }
-    *db = Some(open_database(path).map_err(|e| e.to_string())?);
+    *db = Some(open_database(path)?);
     Ok(())
 }
 
@@ -1065,30 +1115,30 @@ fn migrate_to_v3(txn: &redb::WriteTransaction) -> Result<usize, String> {
     Ok(rows.len())
 }
 
-fn commit(db: &Database, batch: &[Edit]) -> Result<(), String> {
-    let mut txn = db.begin_write().map_err(|e| e.to_string())?;
+fn commit(db: &Database, batch: &[Edit]) -> Result<(), WriteError> {
+    let mut txn = db.begin_write()?;
     // Two-phase: after a crash, redb otherwise falls back to the older
     // commit slot when the newer one reads as damaged, silently rolling
     // back an acknowledged lockout; with it, that damage is refused.
     txn.set_two_phase_commit(true);
     {
-        let mut table = txn.open_table(ENTRIES).map_err(|e| e.to_string())?;
-        let mut devices = txn.open_table(DEVICES).map_err(|e| e.to_string())?;
+        let mut table = txn.open_table(ENTRIES)?;
+        let mut devices = txn.open_table(DEVICES)?;
         for edit in batch {
             let (rule, window_us, changes) = match edit {
                 Edit::Entries { rule, window_us, changes } => (rule, window_us, changes),
                 Edit::DropRule(rule) => {
                     let rows = (&**rule, 0u128)..=(&**rule, u128::MAX);
-                    table.retain_in(rows, |_, _| false).map_err(|e| e.to_string())?;
+                    table.retain_in(rows, |_, _| false)?;
                     continue;
                 }
                 Edit::Devices(edit) => {
-                    commit_devices(&mut devices, edit).map_err(|e| e.to_string())?;
+                    commit_devices(&mut devices, edit)?;
                     continue;
                 }
                 Edit::DropDevices(route) => {
                     let rows = (&**route, 0u8, 0u8, 0u64)..=(&**route, u8::MAX, u8::MAX, u64::MAX);
-                    devices.retain_in(rows, |_, _| false).map_err(|e| e.to_string())?;
+                    devices.retain_in(rows, |_, _| false)?;
                     continue;
                 }
             };
@@ -1096,16 +1146,17 @@ fn commit(db: &Database, batch: &[Edit]) -> Result<(), String> {
                 let id = (&**rule, key.to_u128());
                 match counts {
                     Some(c) => {
-                        table.insert(id, entry_row(rule, key.to_u128(), *window_us, *c)).map_err(|e| e.to_string())?;
+                        table.insert(id, entry_row(rule, key.to_u128(), *window_us, *c))?;
                     }
                     None => {
-                        table.remove(id).map_err(|e| e.to_string())?;
+                        table.remove(id)?;
                     }
                 }
             }
         }
     }
-    txn.commit().map_err(|e| e.to_string())
+    txn.commit()?;
+    Ok(())
 }
 
 fn commit_devices(

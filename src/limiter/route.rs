@@ -4,14 +4,14 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use super::shards::SharedTable;
-use crate::config::{DeviceScope, FailPolicy, RateLimit, Rung};
+use crate::config::{ByClass, DeviceScope, FailPolicy, RateLimit, Rung};
 use crate::expiring::{ExpiringMap, Slot};
 use crate::failure_window::{FailureWindowTable, WindowSpec};
 use crate::gcra::GcraTable;
 use crate::keys::{Component, Key};
 
 pub(super) enum Table {
-    Rate { rate: RateLimit, by_class: [Option<RateLimit>; 4], shards: SharedTable<GcraTable> },
+    Rate { rate: RateLimit, by_class: ByClass<Option<RateLimit>>, shards: SharedTable<GcraTable> },
     Failures { spec: WindowSpec, cleared_by_success: bool, shards: SharedTable<FailureWindowTable> },
 }
 

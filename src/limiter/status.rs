@@ -55,7 +55,7 @@ fn rule_status(rule: &Rule) -> RuleStatus {
                 let class_limits = SourceClass::ALL
                     .iter()
                     .filter_map(|c| {
-                        by_class[*c as usize].map(|r| ClassLimit {
+                        by_class[*c].map(|r| ClassLimit {
                             class: c.name().into(),
                             limit: r.limit,
                             burst: r.burst,

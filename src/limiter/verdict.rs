@@ -97,7 +97,7 @@ pub(super) fn gcra_spec(rate: RateLimit) -> GcraSpec {
 
 pub(super) fn rate_spec(table: &Table, class: Option<SourceClass>) -> GcraSpec {
     match table {
-        Table::Rate { rate, by_class, .. } => gcra_spec(class.and_then(|c| by_class[c as usize]).unwrap_or(*rate)),
+        Table::Rate { rate, by_class, .. } => gcra_spec(class.and_then(|c| by_class[c]).unwrap_or(*rate)),
         Table::Failures { .. } => unreachable!("rate_spec of a failure rule"),
     }
 }

@@ -1,0 +1,351 @@
+//! The built-in defaults: every default and every bound as a named
+//! constant with why it is that value, and the built-in routes, written as
+//! if they came from a file.
+
+use std::collections::BTreeMap;
+
+use super::{DeviceScope, FailPolicy, RawClassLimit, RawRoute, RawRule, RawRuleKind};
+use crate::classes::SourceClass;
+use crate::keys::Component::{self, Account, ClientId, Device, Prefix, Tenant};
+
+pub const SOCKET_PATH_DEFAULT: &str = "/run/tollgate/tollgate.sock";
+pub const STATE_PATH_DEFAULT: &str = "/var/lib/tollgate/state.redb";
+pub const CONFIG_PATH_DEFAULT: &str = "/etc/tollgate/tollgate.toml";
+/// Name of the secret key file, next to the state file unless configured.
+pub const SECRET_FILE_NAME: &str = "secret";
+
+/// How often live failure counters are written to the state file. A crash
+/// loses at most this much of sub-threshold counts (never a lockout, which is
+/// written before its report is answered). One second keeps the loss to a
+/// handful of failures per key at any attack rate the rate rules allow.
+pub const SNAPSHOT_INTERVAL_MS_DEFAULT: u64 = 1000;
+/// A minute: a crash may lose this much of sub-threshold counts, and more
+/// than a minute's worth is more than the rate rules let a guesser forget.
+pub const SNAPSHOT_INTERVAL_MS_MAX: u64 = 60_000;
+/// How long an attempt admitted by `check` holds its place on failure rules
+/// while no `report` settles it. A place that lapses before its attempt's
+/// report frees room for another guess, so this must outlast the auth
+/// server's own request deadline (an attacker who can slow the auth server's
+/// password hashing past it would otherwise get a threshold's worth of
+/// guesses in flight per lapse): 30 s covers the usual HTTP handler timeout.
+/// A place whose report never comes (a crashed handler) holds its key for
+/// this long.
+pub const ATTEMPT_TIMEOUT_MS_DEFAULT: u64 = 30_000;
+/// Longer would let a crashed auth server's attempts hold their keys' places
+/// for more than ten minutes.
+pub const ATTEMPT_TIMEOUT_MS_MAX: u64 = 600_000;
+
+/// The login window: long enough that 5 guesses per window is ~480 a day per
+/// (account, source), short enough that a typo-locked owner waits minutes.
+pub const LOGIN_WINDOW_SECS_DEFAULT: u64 = 15 * 60;
+/// Failures per (account, source prefix) per window. Five covers a user's
+/// typos and caps one source's guesses at 5 per window.
+pub const SOURCE_FAILURES_THRESHOLD_DEFAULT: u32 = 5;
+/// Failures per account from everywhere per window: ten sources' worth, so a
+/// distributed guesser is stopped while one stranger cannot lock the owner.
+pub const ACCOUNT_FAILURES_THRESHOLD_DEFAULT: u32 = 50;
+/// Re-auth (UIA) failures per (account, device) per window.
+pub const REAUTH_FAILURES_THRESHOLD_DEFAULT: u32 = 5;
+/// Entries per failure table: ~50 bytes each, so ~5 MB per table at the cap.
+pub const FAILURE_ENTRIES_MAX_DEFAULT: usize = 100_000;
+/// Login attempts per source prefix: 600 a minute sustained with a burst of
+/// 300. A 22,000-person office behind 4 addresses peaks near 165 logins a
+/// minute per address; this leaves 3.6x headroom for it while a single
+/// address still cannot exceed 10 attempts a second.
+pub const LOGIN_RATE_LIMIT_DEFAULT: u32 = 600;
+pub const LOGIN_RATE_BURST_DEFAULT: u32 = 300;
+/// Generic API route groups: 100 a minute per prefix, burst 100.
+pub const REQUEST_RATE_LIMIT_DEFAULT: u32 = 100;
+pub const REQUEST_RATE_BURST_DEFAULT: u32 = 100;
+pub const RATE_PERIOD_SECS_DEFAULT: u64 = 60;
+/// Keys per rate table: 16 bytes plus hash-map overhead each.
+pub const RATE_ENTRIES_MAX_DEFAULT: usize = 1_000_000;
+/// Retry-After escalation per key: the n-th refusal of a key within a
+/// cool-down says "retry after" at least this long (the last step repeats).
+/// A client that honours it backs off; one that ignores it stands out.
+pub const RETRY_AFTER_STEPS_SECS_DEFAULT: [u64; 4] = [1, 5, 30, 120];
+/// Jitter added to each escalated Retry-After, as a percentage of the step
+/// (never subtracted, so waiting it out is always enough), so refused
+/// clients do not retry in lock-step.
+pub const JITTER_PERCENT_DEFAULT: u8 = 10;
+/// At most the whole step again, so a refused client never waits more than
+/// twice the step it was told.
+pub const JITTER_PERCENT_MAX: u8 = 100;
+/// Steps of the Retry-After escalation: a client refused more than 16
+/// times in one cool-down ignores Retry-After, and further steps say nothing.
+pub const RETRY_AFTER_STEPS_MAX: usize = 16;
+/// Rungs of a rule's response ladder, for the same reason as the steps.
+pub const RUNGS_PER_RULE_MAX: usize = 16;
+/// First `delay` of a key, doubling per refusal up to the cap: slow enough to
+/// cost a guesser, short enough that a human barely notices the first.
+pub const DELAY_BASE_MS_DEFAULT: u64 = 1000;
+pub const DELAY_MAX_MS_DEFAULT: u64 = 10_000;
+/// A delay holds the auth server's request open: past a minute its own
+/// request deadline passes first, and the attempt is lost, not delayed.
+pub const DELAY_MAX_MS_LIMIT: u64 = 60_000;
+/// How long a device stays known after a successful login from it.
+pub const KNOWN_DEVICE_TTL_SECS_DEFAULT: u64 = 30 * 86_400;
+/// A (leap) year: a device not seen for longer is no longer known.
+pub const KNOWN_DEVICE_TTL_SECS_MAX: u64 = 366 * 86_400;
+pub const KNOWN_DEVICES_MAX_DEFAULT: usize = 1_000_000;
+/// New devices one account may make known per TTL. Without a cap one
+/// account's successes could flush the table (it evicts the entry expiring
+/// soonest), putting victims' devices back under the account ceiling.
+pub const KNOWN_DEVICES_PER_ACCOUNT_MAX_DEFAULT: u16 = 16;
+/// A thousand new devices per account per TTL is no cap any more.
+pub const KNOWN_DEVICES_PER_ACCOUNT_MAX_LIMIT: u16 = 1000;
+/// Wrong-password digests remembered per (account, source prefix): a mail
+/// client retrying a stale password repeats one of a few, not many.
+pub const RECENT_PASSWORDS_DEFAULT: u8 = 4;
+/// The limiter keeps each key's digests in a fixed array of four.
+pub const RECENT_PASSWORDS_MAX: u8 = 4;
+pub const RECENT_PASSWORD_ENTRIES_MAX_DEFAULT: usize = 100_000;
+
+/// Longest a rate rule's burst may take to refill (burst × period / limit):
+/// a year. Beyond it the numbers are a typo, and the GCRA tolerance would
+/// approach the range of its microsecond arithmetic.
+pub const BURST_SPAN_US_MAX: u64 = 366 * 86_400_000_000;
+
+/// Rules one route may have: a request derives at most one key per rule,
+/// kept on the stack, and no real route needs more.
+pub const RULES_PER_ROUTE_MAX: usize = 16;
+/// Upper bound on any table's entries, so a typo cannot exhaust memory.
+pub const ENTRIES_MAX_LIMIT: usize = 100_000_000;
+/// Longest rate period and failure window a rule may have (one day).
+pub const PERIOD_SECS_MAX: u64 = 86_400;
+/// A rate rule's `limit` and `burst`: a billion per period is past any real
+/// login or API rate, so a larger number is a typo.
+pub const RATE_LIMIT_MAX: u32 = 1_000_000_000;
+pub const RATE_BURST_MAX: u32 = 1_000_000_000;
+/// Route and rule names reach logs, `status`, metric labels and the state
+/// file's rule ids: 64 bytes is plenty for a name and bounds them all.
+pub const NAME_BYTES_MAX: usize = 64;
+
+/// An IPv4 address has 32 bits: a /32 prefix is one address.
+pub const IPV4_PREFIX_LEN_MAX: u8 = 32;
+/// Hosting networks rent out neighbouring IPv4 addresses to one tenant, so
+/// one hosting /24 is one source unless the file says otherwise.
+pub const HOSTING_IPV4_PREFIX_LEN_DEFAULT: u8 = 24;
+
+/// Open connections the daemon serves at once; more wait in the backlog.
+/// An auth server pools a few dozen; 1024 leaves room for the CLI and bursts.
+pub const CONNECTIONS_MAX_DEFAULT: usize = 1024;
+/// Each connection holds a descriptor and a read buffer of up to 64 KiB:
+/// 65536 of them is already 4 GiB of buffers.
+pub const CONNECTIONS_MAX_LIMIT: usize = 65_536;
+/// A client that has sent part of a frame must send the rest within this,
+/// or it is dropped (it holds a buffer and a connection slot).
+pub const FRAME_READ_TIMEOUT_MS_DEFAULT: u64 = 5_000;
+/// Ten minutes: longer lets a client that stopped mid-frame hold its
+/// buffer and slot for as long as an idle one.
+pub const FRAME_READ_TIMEOUT_MS_MAX: u64 = 600_000;
+/// A connection that sends nothing for this long is closed; the client
+/// reconnects on its next call. Ten minutes keeps an auth server's pooled
+/// connections while bounding what abandoned ones hold.
+pub const IDLE_TIMEOUT_MS_DEFAULT: u64 = 600_000;
+/// A second: shorter would close a pooled connection between the `check`
+/// and the `report` of one login, costing a reconnect each.
+pub const IDLE_TIMEOUT_MS_MIN: u64 = 1_000;
+/// A day: longer lets abandoned connections hold their slots for days.
+pub const IDLE_TIMEOUT_MS_MAX: u64 = 86_400_000;
+/// A client must take its replies within this, or it is dropped: one that
+/// pipelines requests and never reads would otherwise hold its connection,
+/// and the replies buffered for it, for as long as it liked.
+pub const REPLY_WRITE_TIMEOUT_MS_DEFAULT: u64 = 5_000;
+/// Ten minutes, as for a frame: longer is holding a connection, not reading.
+pub const REPLY_WRITE_TIMEOUT_MS_MAX: u64 = 600_000;
+/// Requests answered per connection before its replies are written: a
+/// client pipelining faster than it reads cannot make one batch grow
+/// without bound.
+pub const IN_FLIGHT_PER_CONNECTION_MAX_DEFAULT: usize = 1024;
+/// A batch's replies are buffered before they are written: 65536 of them
+/// is already megabytes held for one client.
+pub const IN_FLIGHT_PER_CONNECTION_MAX_LIMIT: usize = 65_536;
+/// Refusal and audit log lines per second; the rest are counted and the
+/// count is logged with the next line, so an attack cannot flood the journal.
+pub const LOG_LINES_PER_SEC_MAX_DEFAULT: u64 = 100;
+/// A million lines a second is more than a journal takes: past it the cap
+/// caps nothing.
+pub const LOG_LINES_PER_SEC_MAX_LIMIT: u64 = 1_000_000;
+/// Owner and group may connect: the auth server joins the socket's group.
+pub const SOCKET_MODE_DEFAULT: u32 = 0o660;
+/// A socket's mode is permission bits only: no setuid, setgid or sticky.
+pub const SOCKET_MODE_PERMISSION_BITS: u32 = 0o777;
+/// The owner (the daemon's user, which runs admin commands) must be able
+/// to read and write, or it locks itself out of its own socket.
+pub const SOCKET_MODE_OWNER_READ_WRITE: u32 = 0o600;
+/// Graceful stop: in-flight requests get this long to be answered before
+/// the final snapshot is written regardless.
+pub const SHUTDOWN_GRACE_MS_DEFAULT: u64 = 5_000;
+/// Ten minutes: a stop that waits longer for stragglers delays the final
+/// snapshot past what a service manager waits before killing it.
+pub const SHUTDOWN_GRACE_MS_MAX: u64 = 600_000;
+
+// Every default is within its bounds.
+const _: () = {
+    assert!(SNAPSHOT_INTERVAL_MS_DEFAULT <= SNAPSHOT_INTERVAL_MS_MAX);
+    assert!(ATTEMPT_TIMEOUT_MS_DEFAULT <= ATTEMPT_TIMEOUT_MS_MAX);
+    assert!(LOGIN_WINDOW_SECS_DEFAULT <= PERIOD_SECS_MAX && RATE_PERIOD_SECS_DEFAULT <= PERIOD_SECS_MAX);
+    assert!(LOGIN_RATE_LIMIT_DEFAULT <= RATE_LIMIT_MAX && LOGIN_RATE_BURST_DEFAULT <= RATE_BURST_MAX);
+    assert!(REQUEST_RATE_LIMIT_DEFAULT <= RATE_LIMIT_MAX && REQUEST_RATE_BURST_DEFAULT <= RATE_BURST_MAX);
+    assert!(FAILURE_ENTRIES_MAX_DEFAULT <= ENTRIES_MAX_LIMIT && RATE_ENTRIES_MAX_DEFAULT <= ENTRIES_MAX_LIMIT);
+    assert!(KNOWN_DEVICES_MAX_DEFAULT <= ENTRIES_MAX_LIMIT && RECENT_PASSWORD_ENTRIES_MAX_DEFAULT <= ENTRIES_MAX_LIMIT);
+    assert!(RETRY_AFTER_STEPS_SECS_DEFAULT.len() <= RETRY_AFTER_STEPS_MAX);
+    assert!(JITTER_PERCENT_DEFAULT <= JITTER_PERCENT_MAX);
+    assert!(DELAY_BASE_MS_DEFAULT <= DELAY_MAX_MS_DEFAULT && DELAY_MAX_MS_DEFAULT <= DELAY_MAX_MS_LIMIT);
+    assert!(KNOWN_DEVICE_TTL_SECS_DEFAULT <= KNOWN_DEVICE_TTL_SECS_MAX);
+    assert!(KNOWN_DEVICES_PER_ACCOUNT_MAX_DEFAULT <= KNOWN_DEVICES_PER_ACCOUNT_MAX_LIMIT);
+    assert!(RECENT_PASSWORDS_DEFAULT <= RECENT_PASSWORDS_MAX);
+    assert!(HOSTING_IPV4_PREFIX_LEN_DEFAULT <= IPV4_PREFIX_LEN_MAX);
+    assert!(CONNECTIONS_MAX_DEFAULT <= CONNECTIONS_MAX_LIMIT);
+    assert!(FRAME_READ_TIMEOUT_MS_DEFAULT <= FRAME_READ_TIMEOUT_MS_MAX);
+    assert!(IDLE_TIMEOUT_MS_MIN <= IDLE_TIMEOUT_MS_DEFAULT && IDLE_TIMEOUT_MS_DEFAULT <= IDLE_TIMEOUT_MS_MAX);
+    assert!(REPLY_WRITE_TIMEOUT_MS_DEFAULT <= REPLY_WRITE_TIMEOUT_MS_MAX);
+    assert!(IN_FLIGHT_PER_CONNECTION_MAX_DEFAULT <= IN_FLIGHT_PER_CONNECTION_MAX_LIMIT);
+    assert!(LOG_LINES_PER_SEC_MAX_DEFAULT <= LOG_LINES_PER_SEC_MAX_LIMIT);
+    assert!(SOCKET_MODE_DEFAULT & !SOCKET_MODE_PERMISSION_BITS == 0);
+    assert!(SOCKET_MODE_DEFAULT & SOCKET_MODE_OWNER_READ_WRITE == SOCKET_MODE_OWNER_READ_WRITE);
+    assert!(SHUTDOWN_GRACE_MS_DEFAULT <= SHUTDOWN_GRACE_MS_MAX);
+};
+
+fn rate(limit: u32, burst: u32) -> RawRule {
+    RawRule {
+        kind: Some(RawRuleKind::Rate),
+        key: Some(vec![Prefix]),
+        limit: Some(limit),
+        period_secs: Some(RATE_PERIOD_SECS_DEFAULT),
+        burst: Some(burst),
+        entries_max: Some(RATE_ENTRIES_MAX_DEFAULT),
+        ..RawRule::default()
+    }
+}
+
+fn keyed(mut rule: RawRule, key: &[Component]) -> RawRule {
+    rule.key = Some(key.to_vec());
+    rule
+}
+
+fn per(mut rule: RawRule, period_secs: u64) -> RawRule {
+    if rule.kind == Some(RawRuleKind::Rate) {
+        rule.period_secs = Some(period_secs);
+    } else {
+        rule.window_secs = Some(period_secs);
+    }
+    rule
+}
+
+fn failures(key: &[Component], threshold: u32, cleared_by_success: bool) -> RawRule {
+    RawRule {
+        kind: Some(RawRuleKind::Failures),
+        key: Some(key.to_vec()),
+        threshold: Some(threshold),
+        window_secs: Some(LOGIN_WINDOW_SECS_DEFAULT),
+        cleared_by_success: Some(cleared_by_success),
+        entries_max: Some(FAILURE_ENTRIES_MAX_DEFAULT),
+        ..RawRule::default()
+    }
+}
+
+/// The built-in routes, as if written in a file. A user file is laid over
+/// these key by key. README.md's preset table describes them.
+pub fn builtin_routes() -> BTreeMap<String, RawRoute> {
+    let route = |policy, rules: Vec<(&str, RawRule)>| RawRoute {
+        fail_policy: Some(policy),
+        rules: rules.into_iter().map(|(n, r)| (n.to_string(), r)).collect(),
+        ..RawRoute::default()
+    };
+    let class_limits = |pairs: &[(SourceClass, u32, u32)]| {
+        Some(
+            pairs
+                .iter()
+                .map(|&(class, limit, burst)| {
+                    (class, RawClassLimit { limit: Some(limit), period_secs: None, burst: Some(burst) })
+                })
+                .collect(),
+        )
+    };
+    // Login per source prefix: tight for hosting networks (where bots live
+    // and people rarely do), loose for carrier and office gateways that put
+    // thousands of people behind one address.
+    let login_rate = RawRule {
+        classes: class_limits(&[
+            (SourceClass::Hosting, 30, 10),
+            (SourceClass::Mobile, 1200, 600),
+            (SourceClass::Business, 1200, 600),
+        ]),
+        ..rate(LOGIN_RATE_LIMIT_DEFAULT, LOGIN_RATE_BURST_DEFAULT)
+    };
+    let mut login = route(
+        FailPolicy::Open,
+        vec![
+            ("source_rate", login_rate),
+            ("source_failures", failures(&[Account, Prefix], SOURCE_FAILURES_THRESHOLD_DEFAULT, true)),
+            (
+                "account_failures",
+                RawRule {
+                    devices: Some(DeviceScope::UnknownDevices),
+                    ..failures(&[Account], ACCOUNT_FAILURES_THRESHOLD_DEFAULT, false)
+                },
+            ),
+            (
+                "known_device_failures",
+                RawRule {
+                    devices: Some(DeviceScope::KnownDevices),
+                    ..failures(&[Account, Device], SOURCE_FAILURES_THRESHOLD_DEFAULT, true)
+                },
+            ),
+        ],
+    );
+    login.known_device_ttl_secs = Some(KNOWN_DEVICE_TTL_SECS_DEFAULT);
+    login.recent_passwords = Some(RECENT_PASSWORDS_DEFAULT);
+    BTreeMap::from([
+        ("login".to_string(), login),
+        (
+            "reauth".to_string(),
+            route(
+                FailPolicy::Open,
+                vec![("device_failures", failures(&[Account, Device], REAUTH_FAILURES_THRESHOLD_DEFAULT, true))],
+            ),
+        ),
+        (
+            "request".to_string(),
+            route(
+                FailPolicy::Closed,
+                vec![("source_rate", rate(REQUEST_RATE_LIMIT_DEFAULT, REQUEST_RATE_BURST_DEFAULT))],
+            ),
+        ),
+        // Verification attempts per account per window, whatever code they
+        // target: resending a code buys no fresh guesses.
+        (
+            "mfa_verify".to_string(),
+            route(FailPolicy::Closed, vec![("account_failures", failures(&[Account], 5, true))]),
+        ),
+        (
+            "mfa_resend".to_string(),
+            route(FailPolicy::Closed, vec![("account_rate", per(keyed(rate(3, 3), &[Account]), 900))]),
+        ),
+        (
+            "password_reset".to_string(),
+            route(
+                FailPolicy::Closed,
+                vec![
+                    ("account_rate", per(keyed(rate(3, 3), &[Account]), 3600)),
+                    ("source_rate", per(rate(20, 10), 3600)),
+                    ("tenant_rate", RawRule { required: Some(false), ..per(keyed(rate(300, 100), &[Tenant]), 3600) }),
+                ],
+            ),
+        ),
+        ("registration".to_string(), route(FailPolicy::Closed, vec![("source_rate", per(rate(10, 5), 3600))])),
+        // Never keyed on client_id alone: anyone can name a victim's client.
+        (
+            "token".to_string(),
+            route(
+                FailPolicy::Closed,
+                vec![
+                    ("client_rate", keyed(rate(600, 100), &[ClientId, Prefix])),
+                    ("client_failures", failures(&[ClientId, Prefix], 10, true)),
+                ],
+            ),
+        ),
+    ])
+}

@@ -1,0 +1,152 @@
+//! The configuration file as written: every field optional, unknown keys
+//! refused by the parser with their line. A closed set (a rule's `kind`,
+//! `key` components, `responses` rungs, `devices` scope, class names) is a
+//! serde enum, so a misspelling is refused here too, with the line and the
+//! accepted spellings. No defaults, no validation of values.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::{Config, ConfigError, DeviceScope, FailPolicy, Rung};
+use crate::classes::SourceClass;
+use crate::keys::Component;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    pub socket: Option<PathBuf>,
+    pub state: Option<PathBuf>,
+    pub secret: Option<PathBuf>,
+    pub snapshot_interval_ms: Option<u64>,
+    pub attempt_timeout_ms: Option<u64>,
+    #[serde(default)]
+    pub source: RawSource,
+    #[serde(default)]
+    pub server: RawServer,
+    #[serde(default)]
+    pub responses: RawResponses,
+    #[serde(default)]
+    pub routes: BTreeMap<String, RawRoute>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawResponses {
+    pub retry_after_steps_secs: Option<Vec<u64>>,
+    pub jitter_percent: Option<u8>,
+    pub delay_base_ms: Option<u64>,
+    pub delay_max_ms: Option<u64>,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawClassPrefix {
+    pub ipv4_prefix_len: Option<u8>,
+    pub ipv6_prefix_len: Option<u8>,
+}
+
+#[derive(Debug, Default, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawClassLimit {
+    pub limit: Option<u32>,
+    pub period_secs: Option<u64>,
+    pub burst: Option<u32>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSource {
+    pub trusted_proxies: Option<Vec<String>>,
+    pub trusted_hops: Option<u8>,
+    pub ipv4_prefix_len: Option<u8>,
+    pub ipv6_prefix_len: Option<u8>,
+    pub class_file: Option<PathBuf>,
+    /// Prefix lengths per source class.
+    #[serde(default)]
+    pub classes: BTreeMap<SourceClass, RawClassPrefix>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawServer {
+    pub connections_max: Option<usize>,
+    pub frame_read_timeout_ms: Option<u64>,
+    pub shutdown_grace_ms: Option<u64>,
+    pub idle_timeout_ms: Option<u64>,
+    pub reply_write_timeout_ms: Option<u64>,
+    pub in_flight_per_connection_max: Option<usize>,
+    pub log_lines_per_sec_max: Option<u64>,
+    pub socket_mode: Option<u32>,
+    pub socket_group: Option<String>,
+    pub client_users: Option<Vec<String>>,
+    pub client_groups: Option<Vec<String>>,
+    pub admin_users: Option<Vec<String>>,
+    pub admin_groups: Option<Vec<String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRoute {
+    pub fail_policy: Option<FailPolicy>,
+    /// 0 turns known devices off for the route.
+    pub known_device_ttl_secs: Option<u64>,
+    pub known_devices_max: Option<usize>,
+    pub known_devices_per_account_max: Option<u16>,
+    /// 0 turns repeated-password forgiveness off for the route.
+    pub recent_passwords: Option<u8>,
+    pub recent_passwords_max: Option<usize>,
+    #[serde(default)]
+    pub rules: BTreeMap<String, RawRule>,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRule {
+    pub kind: Option<RawRuleKind>,
+    pub key: Option<Vec<Component>>,
+    /// `false` removes a built-in rule.
+    pub enabled: Option<bool>,
+    pub limit: Option<u32>,
+    pub period_secs: Option<u64>,
+    pub burst: Option<u32>,
+    pub threshold: Option<u32>,
+    pub window_secs: Option<u64>,
+    pub cleared_by_success: Option<bool>,
+    pub entries_max: Option<usize>,
+    pub monitor: Option<bool>,
+    pub responses: Option<Vec<Rung>>,
+    pub required: Option<bool>,
+    pub devices: Option<DeviceScope>,
+    /// Rate rules: limits per source class.
+    pub classes: Option<BTreeMap<SourceClass, RawClassLimit>>,
+}
+
+/// Which `RuleKind` a rule builds: `rate` or `failures` in the file. Its
+/// settings are checked against it when the rule is built, since a user's
+/// rule may override only some of a built-in one's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RawRuleKind {
+    Rate,
+    Failures,
+}
+
+impl Config {
+    /// Parses TOML text (no defaults applied yet).
+    pub fn parse(text: &str) -> Result<RawConfig, String> {
+        toml::from_str(text).map_err(|e| e.to_string())
+    }
+
+    /// Reads a config file as written. `required` is false for the default
+    /// path, where a missing file means "built-in defaults".
+    pub fn read_raw(path: &Path, required: bool) -> Result<RawConfig, ConfigError> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => String::new(),
+            Err(source) => return Err(ConfigError::Read { path: path.into(), source }),
+        };
+        Config::parse(&text).map_err(|message| ConfigError::Parse { path: path.into(), message })
+    }
+}

@@ -1,0 +1,277 @@
+//! Configuration in two stages: the TOML file as written (`file.rs`: every
+//! field optional, unknown keys and unknown spellings refused by the parser
+//! with their line), then `Config::build` (`validate.rs`) lays it over the
+//! built-in defaults (`defaults.rs`, with every bound) and validates
+//! everything, reporting every invalid key at once. This module holds what
+//! comes out: the built, validated `Config`, and the public API.
+//!
+//! No I/O except `Config::read_raw`, which reads the file.
+
+use std::fmt;
+use std::ops::{Index, IndexMut};
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use crate::classes::SourceClass;
+use crate::keys::Component;
+use crate::source::SourcePolicy;
+
+mod defaults;
+mod file;
+mod validate;
+
+pub use defaults::*;
+pub use file::{
+    RawClassLimit, RawClassPrefix, RawConfig, RawResponses, RawRoute, RawRule, RawRuleKind, RawServer, RawSource,
+};
+
+/// What a client does for a route when the daemon cannot answer in time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FailPolicy {
+    /// Let the attempt proceed: the rule protects users, and refusing every
+    /// login while the limiter is down would be the bigger harm.
+    Open,
+    /// Refuse the attempt: the rule protects the system.
+    Closed,
+}
+
+impl FailPolicy {
+    pub fn name(self) -> &'static str {
+        match self {
+            FailPolicy::Open => "open",
+            FailPolicy::Closed => "closed",
+        }
+    }
+}
+
+/// A rate: `limit` per `period_us` sustained, `burst` at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RateLimit {
+    pub limit: u32,
+    pub period_us: u64,
+    pub burst: u32,
+}
+
+/// One rung of the response ladder; the file spells it as `name` does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Rung {
+    /// Hold the attempt, then let it proceed.
+    Delay,
+    /// Let it proceed only after a step-up challenge.
+    Challenge,
+    Deny,
+}
+
+impl Rung {
+    pub fn name(self) -> &'static str {
+        match self {
+            Rung::Delay => "delay",
+            Rung::Challenge => "challenge",
+            Rung::Deny => "deny",
+        }
+    }
+}
+
+/// Which attempts a rule counts, by whether the device is known; the file
+/// spells it as `name` does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+pub enum DeviceScope {
+    #[serde(rename = "all")]
+    All,
+    /// Skipped when the attempt comes from a device the account has logged
+    /// in from before (the account ceiling: the owner's device is exempt).
+    #[serde(rename = "unknown")]
+    UnknownDevices,
+    /// Applies only to attempts from a known device.
+    #[serde(rename = "known")]
+    KnownDevices,
+}
+
+impl DeviceScope {
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceScope::All => "all",
+            DeviceScope::UnknownDevices => "unknown",
+            DeviceScope::KnownDevices => "known",
+        }
+    }
+}
+
+/// One value per source class, indexed by the class:
+/// `by_class[SourceClass::Hosting]`. It has a slot for each of
+/// `SourceClass::ALL`, in that order.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ByClass<T>([T; SourceClass::ALL.len()]);
+
+// A class's slot is its discriminant: `SourceClass::ALL` must list the
+// classes in declaration order, so no two share a slot and none is out of
+// bounds.
+const _: () = {
+    let mut slot = 0;
+    while slot < SourceClass::ALL.len() {
+        assert!(SourceClass::ALL[slot] as usize == slot, "SourceClass::ALL lists the classes in declaration order");
+        slot += 1;
+    }
+};
+
+impl<T> ByClass<T> {
+    /// The values, in `SourceClass::ALL` order.
+    pub fn iter(&self) -> std::slice::Iter<'_, T> {
+        self.0.iter()
+    }
+
+    /// Each class with its value, in `SourceClass::ALL` order.
+    pub fn entries(&self) -> impl Iterator<Item = (SourceClass, &T)> {
+        SourceClass::ALL.into_iter().zip(&self.0)
+    }
+}
+
+impl<T> Index<SourceClass> for ByClass<T> {
+    type Output = T;
+
+    fn index(&self, class: SourceClass) -> &T {
+        &self.0[class as usize]
+    }
+}
+
+impl<T> IndexMut<SourceClass> for ByClass<T> {
+    fn index_mut(&mut self, class: SourceClass) -> &mut T {
+        &mut self.0[class as usize]
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum RuleKind {
+    /// GCRA, with optional per-source-class limits.
+    Rate { rate: RateLimit, by_class: ByClass<Option<RateLimit>>, entries_max: usize },
+    /// Failure counting in a sliding window; locked at `threshold`.
+    Failures { threshold: u32, window_us: u64, cleared_by_success: bool, entries_max: usize },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct RuleConfig {
+    pub name: String,
+    pub key: Vec<Component>,
+    pub kind: RuleKind,
+    /// Evaluate and count, never enforce.
+    pub monitor: bool,
+    /// The ladder: the n-th refusal of a key uses `responses[min(n, len−1)]`.
+    pub responses: Vec<Rung>,
+    /// Without it, a request lacking a key field is an error; with it false,
+    /// the rule is skipped for such requests.
+    pub required: bool,
+    pub devices: DeviceScope,
+}
+
+/// How refusals are phrased (all rules).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResponsePolicy {
+    pub retry_after_steps_us: Vec<u64>,
+    pub jitter_percent: u8,
+    pub delay_base_us: u64,
+    pub delay_max_us: u64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouteConfig {
+    pub name: String,
+    pub fail_policy: FailPolicy,
+    pub rules: Vec<RuleConfig>,
+    /// The route's known-device table, if it has one.
+    pub known_devices: Option<KnownDevicesConfig>,
+    /// (digests per key, entries_max) of repeated-password forgiveness.
+    pub recent_passwords: Option<(u8, usize)>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KnownDevicesConfig {
+    pub ttl_us: u64,
+    pub entries_max: usize,
+    /// New devices one account may make known within `ttl_us` of its last.
+    pub per_account_max: u16,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServerConfig {
+    pub connections_max: usize,
+    pub frame_read_timeout_ms: u64,
+    pub shutdown_grace_ms: u64,
+    pub idle_timeout_ms: u64,
+    pub reply_write_timeout_ms: u64,
+    pub in_flight_per_connection_max: usize,
+    pub log_lines_per_sec_max: u64,
+    /// Permission bits of the socket file the daemon creates.
+    pub socket_mode: u32,
+    /// Group to give the socket file (a name or a number).
+    pub socket_group: Option<String>,
+    /// Who may `check` and `report` (users and primary groups, by name or
+    /// number). Both empty: whoever can open the socket.
+    pub client_users: Vec<String>,
+    pub client_groups: Vec<String>,
+    /// Who may run admin operations besides root and the daemon's own user.
+    pub admin_users: Vec<String>,
+    pub admin_groups: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub socket: PathBuf,
+    pub state: PathBuf,
+    pub secret: PathBuf,
+    pub snapshot_interval_ms: u64,
+    /// See `ATTEMPT_TIMEOUT_MS_DEFAULT`.
+    pub attempt_timeout_ms: u64,
+    pub source: SourcePolicy,
+    /// CIDR file mapping prefixes to source classes.
+    pub class_file: Option<PathBuf>,
+    pub server: ServerConfig,
+    pub responses: ResponsePolicy,
+    /// Sorted by name.
+    pub routes: Vec<RouteConfig>,
+}
+
+/// Every problem found in a configuration, one `key: message` per line.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ConfigErrors(pub Vec<String>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("config file {path} is invalid:\n{errors}")]
+    Invalid { path: PathBuf, errors: ConfigErrors },
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config::build(RawConfig::default()).expect("built-in defaults are valid")
+    }
+}
+
+impl Config {
+    pub fn route(&self, name: &str) -> Option<&RouteConfig> {
+        self.routes.iter().find(|r| r.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests;

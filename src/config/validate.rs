@@ -1,0 +1,415 @@
+//! Validation and building: lays a file over the built-in defaults and
+//! checks every value, collecting every problem instead of stopping at the
+//! first.
+
+use std::path::Path;
+
+use super::*;
+use crate::classes::SourceClass;
+use crate::failure_window::{THRESHOLD_MAX, WINDOW_US_MIN};
+use crate::source::{self, SourcePolicy};
+
+impl Config {
+    /// Lays `raw` over the defaults and validates the result.
+    pub fn build(raw: RawConfig) -> Result<Config, ConfigErrors> {
+        let mut errors = Vec::new();
+        let state = raw.state.unwrap_or_else(|| STATE_PATH_DEFAULT.into());
+        let secret =
+            raw.secret.unwrap_or_else(|| state.parent().unwrap_or_else(|| Path::new(".")).join(SECRET_FILE_NAME));
+        let snapshot_interval_ms = raw.snapshot_interval_ms.unwrap_or(SNAPSHOT_INTERVAL_MS_DEFAULT);
+        if !(1..=SNAPSHOT_INTERVAL_MS_MAX).contains(&snapshot_interval_ms) {
+            errors.push(format!("snapshot_interval_ms: must be 1..={SNAPSHOT_INTERVAL_MS_MAX}"));
+        }
+        let attempt_timeout_ms = raw.attempt_timeout_ms.unwrap_or(ATTEMPT_TIMEOUT_MS_DEFAULT);
+        if !(1..=ATTEMPT_TIMEOUT_MS_MAX).contains(&attempt_timeout_ms) {
+            errors.push(format!("attempt_timeout_ms: must be 1..={ATTEMPT_TIMEOUT_MS_MAX}"));
+        }
+        let class_file = raw.source.class_file.clone();
+        let source = build_source(raw.source, &mut errors);
+        let server = build_server(raw.server, &mut errors);
+        let responses = build_responses(raw.responses, &mut errors);
+
+        let mut merged = builtin_routes();
+        for (name, user) in raw.routes {
+            let route = merged.entry(name).or_default();
+            route.fail_policy = user.fail_policy.or(route.fail_policy);
+            route.known_device_ttl_secs = user.known_device_ttl_secs.or(route.known_device_ttl_secs);
+            route.known_devices_max = user.known_devices_max.or(route.known_devices_max);
+            route.known_devices_per_account_max =
+                user.known_devices_per_account_max.or(route.known_devices_per_account_max);
+            route.recent_passwords = user.recent_passwords.or(route.recent_passwords);
+            route.recent_passwords_max = user.recent_passwords_max.or(route.recent_passwords_max);
+            for (rule_name, rule) in user.rules {
+                let base = route.rules.entry(rule_name).or_default();
+                *base = overlay(base.clone(), rule);
+            }
+        }
+        let routes: Vec<RouteConfig> =
+            merged.into_iter().filter_map(|(name, raw)| build_route(&name, raw, &mut errors)).collect();
+
+        if errors.is_empty() {
+            Ok(Config {
+                socket: raw.socket.unwrap_or_else(|| SOCKET_PATH_DEFAULT.into()),
+                state,
+                secret,
+                snapshot_interval_ms,
+                attempt_timeout_ms,
+                source,
+                class_file,
+                server,
+                responses,
+                routes,
+            })
+        } else {
+            Err(ConfigErrors(errors))
+        }
+    }
+}
+
+fn rate_fits(r: RateLimit) -> bool {
+    let interval = r.period_us.div_ceil(r.limit.max(1) as u64);
+    interval.checked_mul(r.burst as u64).is_some_and(|span| span <= BURST_SPAN_US_MAX)
+}
+
+fn overlay(base: RawRule, user: RawRule) -> RawRule {
+    let classes = match (base.classes, user.classes) {
+        (Some(mut base), Some(user)) => {
+            for (class, limit) in user {
+                let merged = base.get(&class).map_or(limit, |b| RawClassLimit {
+                    limit: limit.limit.or(b.limit),
+                    period_secs: limit.period_secs.or(b.period_secs),
+                    burst: limit.burst.or(b.burst),
+                });
+                base.insert(class, merged);
+            }
+            Some(base)
+        }
+        (base, user) => user.or(base),
+    };
+    RawRule {
+        classes,
+        monitor: user.monitor.or(base.monitor),
+        responses: user.responses.or(base.responses),
+        required: user.required.or(base.required),
+        devices: user.devices.or(base.devices),
+        kind: user.kind.or(base.kind),
+        key: user.key.or(base.key),
+        enabled: user.enabled.or(base.enabled),
+        limit: user.limit.or(base.limit),
+        period_secs: user.period_secs.or(base.period_secs),
+        burst: user.burst.or(base.burst),
+        threshold: user.threshold.or(base.threshold),
+        window_secs: user.window_secs.or(base.window_secs),
+        cleared_by_success: user.cleared_by_success.or(base.cleared_by_success),
+        entries_max: user.entries_max.or(base.entries_max),
+    }
+}
+
+fn build_source(raw: RawSource, errors: &mut Vec<String>) -> SourcePolicy {
+    let mut policy = SourcePolicy::default();
+    for (i, cidr) in raw.trusted_proxies.unwrap_or_default().iter().enumerate() {
+        match source::parse_cidr(cidr) {
+            Some(net) => policy.trusted_proxies.push(net.trunc()),
+            None => errors.push(format!("source.trusted_proxies[{i}]: `{cidr}` is not a CIDR")),
+        }
+    }
+    policy.trusted_hops = raw.trusted_hops.unwrap_or(0);
+    if policy.trusted_hops as usize > source::FORWARDED_HOPS_MAX {
+        errors.push(format!("source.trusted_hops: must be at most {}", source::FORWARDED_HOPS_MAX));
+    }
+    if policy.trusted_hops > 0 && !policy.trusted_proxies.is_empty() {
+        errors.push("source.trusted_hops: set either trusted_hops or trusted_proxies, not both".into());
+    }
+    policy.ipv4_prefix_len = raw.ipv4_prefix_len.unwrap_or(source::IPV4_PREFIX_LEN_DEFAULT);
+    if !(source::IPV4_PREFIX_LEN_MIN..=IPV4_PREFIX_LEN_MAX).contains(&policy.ipv4_prefix_len) {
+        errors.push(format!("source.ipv4_prefix_len: must be {}..={IPV4_PREFIX_LEN_MAX}", source::IPV4_PREFIX_LEN_MIN));
+    }
+    policy.ipv6_prefix_len = raw.ipv6_prefix_len.unwrap_or(source::IPV6_PREFIX_LEN_DEFAULT);
+    policy.class_prefix_lens[SourceClass::Hosting as usize] =
+        Some((HOSTING_IPV4_PREFIX_LEN_DEFAULT, policy.ipv6_prefix_len));
+    for (&class, lens) in &raw.classes {
+        let name = class.name();
+        let v4 = lens.ipv4_prefix_len.unwrap_or(policy.ipv4_prefix_len);
+        let v6 = lens.ipv6_prefix_len.unwrap_or(policy.ipv6_prefix_len);
+        if !(source::IPV4_PREFIX_LEN_MIN..=IPV4_PREFIX_LEN_MAX).contains(&v4) {
+            errors.push(format!(
+                "source.classes.{name}.ipv4_prefix_len: must be {}..={IPV4_PREFIX_LEN_MAX}",
+                source::IPV4_PREFIX_LEN_MIN
+            ));
+        }
+        if !(source::IPV6_PREFIX_LEN_MIN..=source::IPV6_PREFIX_LEN_MAX).contains(&v6) {
+            errors.push(format!(
+                "source.classes.{name}.ipv6_prefix_len: must be {}..={}",
+                source::IPV6_PREFIX_LEN_MIN,
+                source::IPV6_PREFIX_LEN_MAX
+            ));
+        }
+        policy.class_prefix_lens[class as usize] = Some((v4, v6));
+    }
+    if !(source::IPV6_PREFIX_LEN_MIN..=source::IPV6_PREFIX_LEN_MAX).contains(&policy.ipv6_prefix_len) {
+        errors.push(format!(
+            "source.ipv6_prefix_len: must be {}..={} (never /128: one line holds 2^64 addresses)",
+            source::IPV6_PREFIX_LEN_MIN,
+            source::IPV6_PREFIX_LEN_MAX
+        ));
+    }
+    policy
+}
+
+fn build_server(raw: RawServer, errors: &mut Vec<String>) -> ServerConfig {
+    let server = ServerConfig {
+        connections_max: raw.connections_max.unwrap_or(CONNECTIONS_MAX_DEFAULT),
+        frame_read_timeout_ms: raw.frame_read_timeout_ms.unwrap_or(FRAME_READ_TIMEOUT_MS_DEFAULT),
+        shutdown_grace_ms: raw.shutdown_grace_ms.unwrap_or(SHUTDOWN_GRACE_MS_DEFAULT),
+        idle_timeout_ms: raw.idle_timeout_ms.unwrap_or(IDLE_TIMEOUT_MS_DEFAULT),
+        reply_write_timeout_ms: raw.reply_write_timeout_ms.unwrap_or(REPLY_WRITE_TIMEOUT_MS_DEFAULT),
+        in_flight_per_connection_max: raw.in_flight_per_connection_max.unwrap_or(IN_FLIGHT_PER_CONNECTION_MAX_DEFAULT),
+        log_lines_per_sec_max: raw.log_lines_per_sec_max.unwrap_or(LOG_LINES_PER_SEC_MAX_DEFAULT),
+        socket_mode: raw.socket_mode.unwrap_or(SOCKET_MODE_DEFAULT),
+        socket_group: raw.socket_group,
+        client_users: raw.client_users.unwrap_or_default(),
+        client_groups: raw.client_groups.unwrap_or_default(),
+        admin_users: raw.admin_users.unwrap_or_default(),
+        admin_groups: raw.admin_groups.unwrap_or_default(),
+    };
+    if !(IDLE_TIMEOUT_MS_MIN..=IDLE_TIMEOUT_MS_MAX).contains(&server.idle_timeout_ms) {
+        errors.push(format!("server.idle_timeout_ms: must be {IDLE_TIMEOUT_MS_MIN}..={IDLE_TIMEOUT_MS_MAX}"));
+    }
+    if !(1..=IN_FLIGHT_PER_CONNECTION_MAX_LIMIT).contains(&server.in_flight_per_connection_max) {
+        errors.push(format!("server.in_flight_per_connection_max: must be 1..={IN_FLIGHT_PER_CONNECTION_MAX_LIMIT}"));
+    }
+    if server.log_lines_per_sec_max > LOG_LINES_PER_SEC_MAX_LIMIT {
+        errors.push(format!("server.log_lines_per_sec_max: must be at most {LOG_LINES_PER_SEC_MAX_LIMIT}"));
+    }
+    if server.socket_mode & !SOCKET_MODE_PERMISSION_BITS != 0
+        || server.socket_mode & SOCKET_MODE_OWNER_READ_WRITE != SOCKET_MODE_OWNER_READ_WRITE
+    {
+        errors.push("server.socket_mode: permission bits (e.g. 0o660) that let the owner read and write".into());
+    }
+    if !(1..=CONNECTIONS_MAX_LIMIT).contains(&server.connections_max) {
+        errors.push(format!("server.connections_max: must be 1..={CONNECTIONS_MAX_LIMIT}"));
+    }
+    if !(1..=FRAME_READ_TIMEOUT_MS_MAX).contains(&server.frame_read_timeout_ms) {
+        errors.push(format!("server.frame_read_timeout_ms: must be 1..={FRAME_READ_TIMEOUT_MS_MAX}"));
+    }
+    if !(1..=REPLY_WRITE_TIMEOUT_MS_MAX).contains(&server.reply_write_timeout_ms) {
+        errors.push(format!("server.reply_write_timeout_ms: must be 1..={REPLY_WRITE_TIMEOUT_MS_MAX}"));
+    }
+    if server.shutdown_grace_ms > SHUTDOWN_GRACE_MS_MAX {
+        errors.push(format!("server.shutdown_grace_ms: must be at most {SHUTDOWN_GRACE_MS_MAX}"));
+    }
+    server
+}
+
+fn build_responses(raw: RawResponses, errors: &mut Vec<String>) -> ResponsePolicy {
+    let steps = raw.retry_after_steps_secs.unwrap_or_else(|| RETRY_AFTER_STEPS_SECS_DEFAULT.to_vec());
+    if steps.is_empty() || steps.len() > RETRY_AFTER_STEPS_MAX || steps.iter().any(|s| *s > PERIOD_SECS_MAX) {
+        errors.push(format!(
+            "responses.retry_after_steps_secs: 1 to {RETRY_AFTER_STEPS_MAX} steps, each 0..={PERIOD_SECS_MAX}"
+        ));
+    }
+    let policy = ResponsePolicy {
+        retry_after_steps_us: steps.iter().map(|s| s.saturating_mul(1_000_000)).collect(),
+        jitter_percent: raw.jitter_percent.unwrap_or(JITTER_PERCENT_DEFAULT),
+        delay_base_us: raw.delay_base_ms.unwrap_or(DELAY_BASE_MS_DEFAULT).saturating_mul(1000),
+        delay_max_us: raw.delay_max_ms.unwrap_or(DELAY_MAX_MS_DEFAULT).saturating_mul(1000),
+    };
+    if policy.jitter_percent > JITTER_PERCENT_MAX {
+        errors.push(format!("responses.jitter_percent: must be 0..={JITTER_PERCENT_MAX}"));
+    }
+    if policy.delay_max_us > DELAY_MAX_MS_LIMIT * 1000 || policy.delay_base_us > policy.delay_max_us {
+        errors.push(format!("responses.delay_max_ms: must be at most {DELAY_MAX_MS_LIMIT} and at least delay_base_ms"));
+    }
+    policy
+}
+
+fn build_route(name: &str, raw: RawRoute, errors: &mut Vec<String>) -> Option<RouteConfig> {
+    let path = format!("routes.{name}");
+    if !is_plain_name(name) {
+        errors.push(format!("{path}: route names are 1-{NAME_BYTES_MAX} characters of [A-Za-z0-9_-]"));
+        return None;
+    }
+    let rules: Vec<RuleConfig> = raw
+        .rules
+        .into_iter()
+        .filter(|(_, rule)| rule.enabled != Some(false))
+        .filter_map(|(rule_name, rule)| build_rule(&format!("{path}.rules.{rule_name}"), &rule_name, rule, errors))
+        .collect();
+    if rules.len() > RULES_PER_ROUTE_MAX {
+        errors.push(format!("{path}.rules: at most {RULES_PER_ROUTE_MAX} rules per route"));
+    }
+    let known_devices = match raw.known_device_ttl_secs.unwrap_or(0) {
+        0 => None,
+        ttl if ttl > KNOWN_DEVICE_TTL_SECS_MAX => {
+            errors.push(format!("{path}.known_device_ttl_secs: at most a year ({KNOWN_DEVICE_TTL_SECS_MAX})"));
+            None
+        }
+        ttl => Some(KnownDevicesConfig {
+            ttl_us: ttl.saturating_mul(1_000_000),
+            entries_max: raw.known_devices_max.unwrap_or(KNOWN_DEVICES_MAX_DEFAULT),
+            per_account_max: raw.known_devices_per_account_max.unwrap_or(KNOWN_DEVICES_PER_ACCOUNT_MAX_DEFAULT),
+        }),
+    };
+    if raw.known_devices_per_account_max.is_some_and(|m| m == 0 || m > KNOWN_DEVICES_PER_ACCOUNT_MAX_LIMIT) {
+        errors.push(format!("{path}.known_devices_per_account_max: must be 1..={KNOWN_DEVICES_PER_ACCOUNT_MAX_LIMIT}"));
+    }
+    let recent_passwords = match raw.recent_passwords.unwrap_or(0) {
+        0 => None,
+        n if n > RECENT_PASSWORDS_MAX => {
+            errors.push(format!("{path}.recent_passwords: at most {RECENT_PASSWORDS_MAX}"));
+            None
+        }
+        n => Some((n, raw.recent_passwords_max.unwrap_or(RECENT_PASSWORD_ENTRIES_MAX_DEFAULT))),
+    };
+    for (field, max) in
+        [("known_devices_max", raw.known_devices_max), ("recent_passwords_max", raw.recent_passwords_max)]
+    {
+        if max.is_some_and(|m| m == 0 || m > ENTRIES_MAX_LIMIT) {
+            errors.push(format!("{path}.{field}: must be 1..={ENTRIES_MAX_LIMIT}"));
+        }
+    }
+    if known_devices.is_none() && rules.iter().any(|r| r.devices != DeviceScope::All) {
+        errors.push(format!("{path}: rules scoped by `devices` need known_device_ttl_secs > 0"));
+    }
+    Some(RouteConfig {
+        name: name.to_string(),
+        fail_policy: raw.fail_policy.unwrap_or(FailPolicy::Open),
+        rules,
+        known_devices,
+        recent_passwords,
+    })
+}
+
+/// Route and rule names reach logs, `status`, metric labels and the state
+/// file's rule ids: plain characters only, so none can carry a terminal
+/// escape or a separator.
+fn is_plain_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= NAME_BYTES_MAX
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+fn build_rule(path: &str, name: &str, raw: RawRule, errors: &mut Vec<String>) -> Option<RuleConfig> {
+    if !is_plain_name(name) {
+        errors.push(format!("{path}: rule names are 1-{NAME_BYTES_MAX} characters of [A-Za-z0-9_-]"));
+        return None;
+    }
+    let before = errors.len();
+    let mut missing = |field: &str| errors.push(format!("{path}.{field}: required"));
+    let key: Vec<Component> = match raw.key {
+        None => {
+            missing("key");
+            Vec::new()
+        }
+        Some(names) => {
+            let mut key = Vec::new();
+            for c in names {
+                if key.contains(&c) {
+                    errors.push(format!("{path}.key: `{}` appears twice", c.name()));
+                } else {
+                    key.push(c);
+                }
+            }
+            if key.is_empty() {
+                errors.push(format!("{path}.key: must name at least one component"));
+            }
+            key
+        }
+    };
+    let in_range = |errors: &mut Vec<String>, field: &str, value: u64, lo: u64, hi: u64| {
+        if !(lo..=hi).contains(&value) {
+            errors.push(format!("{path}.{field}: must be {lo}..={hi}"));
+        }
+    };
+    let kind = match raw.kind {
+        Some(RawRuleKind::Rate) => {
+            for (field, set) in [
+                ("threshold", raw.threshold.is_some()),
+                ("window_secs", raw.window_secs.is_some()),
+                ("cleared_by_success", raw.cleared_by_success.is_some()),
+            ] {
+                if set {
+                    errors.push(format!("{path}.{field}: not a setting of a rate rule"));
+                }
+            }
+            let limit = raw.limit.unwrap_or(0);
+            let period_secs = raw.period_secs.unwrap_or(RATE_PERIOD_SECS_DEFAULT);
+            let burst = raw.burst.unwrap_or(limit);
+            let entries_max = raw.entries_max.unwrap_or(RATE_ENTRIES_MAX_DEFAULT);
+            in_range(errors, "limit", limit as u64, 1, RATE_LIMIT_MAX as u64);
+            in_range(errors, "period_secs", period_secs, 1, PERIOD_SECS_MAX);
+            in_range(errors, "burst", burst as u64, 1, RATE_BURST_MAX as u64);
+            in_range(errors, "entries_max", entries_max as u64, 1, ENTRIES_MAX_LIMIT as u64);
+            let mut by_class = ByClass::default();
+            for (class, c) in raw.classes.clone().unwrap_or_default() {
+                let class_name = class.name();
+                let limit = c.limit.unwrap_or(limit);
+                let period_secs = c.period_secs.unwrap_or(period_secs);
+                let burst = c.burst.unwrap_or(burst);
+                in_range(errors, &format!("classes.{class_name}.limit"), limit as u64, 1, RATE_LIMIT_MAX as u64);
+                in_range(errors, &format!("classes.{class_name}.period_secs"), period_secs, 1, PERIOD_SECS_MAX);
+                in_range(errors, &format!("classes.{class_name}.burst"), burst as u64, 1, RATE_BURST_MAX as u64);
+                by_class[class] = Some(RateLimit { limit, period_us: period_secs.saturating_mul(1_000_000), burst });
+            }
+            let rate = RateLimit { limit, period_us: period_secs.saturating_mul(1_000_000), burst };
+            let all =
+                std::iter::once(("", rate)).chain(by_class.entries().filter_map(|(c, r)| r.map(|r| (c.name(), r))));
+            for (class, r) in all {
+                if !rate_fits(r) {
+                    let at = if class.is_empty() { String::new() } else { format!(".classes.{class}") };
+                    errors.push(format!(
+                        "{path}{at}: burst x period_secs / limit is over {} days; a key would never refill",
+                        BURST_SPAN_US_MAX / 86_400_000_000
+                    ));
+                }
+            }
+            RuleKind::Rate { rate, by_class, entries_max }
+        }
+        Some(RawRuleKind::Failures) => {
+            for (field, set) in [
+                ("limit", raw.limit.is_some()),
+                ("period_secs", raw.period_secs.is_some()),
+                ("burst", raw.burst.is_some()),
+                ("classes", raw.classes.is_some()),
+            ] {
+                if set {
+                    errors.push(format!("{path}.{field}: not a setting of a failures rule"));
+                }
+            }
+            let threshold = raw.threshold.unwrap_or(0);
+            let window_secs = raw.window_secs.unwrap_or(LOGIN_WINDOW_SECS_DEFAULT);
+            let entries_max = raw.entries_max.unwrap_or(FAILURE_ENTRIES_MAX_DEFAULT);
+            in_range(errors, "threshold", threshold as u64, 1, THRESHOLD_MAX as u64);
+            in_range(errors, "window_secs", window_secs, WINDOW_US_MIN / 1_000_000, PERIOD_SECS_MAX);
+            in_range(errors, "entries_max", entries_max as u64, 1, ENTRIES_MAX_LIMIT as u64);
+            RuleKind::Failures {
+                threshold,
+                window_us: window_secs.saturating_mul(1_000_000),
+                cleared_by_success: raw.cleared_by_success.unwrap_or(false),
+                entries_max,
+            }
+        }
+        None => {
+            errors.push(format!("{path}.kind: required (`rate` or `failures`)"));
+            return None;
+        }
+    };
+    if key.len() == 1 && key[0] == Component::ClientId {
+        errors.push(format!(
+            "{path}.key: never key on client_id alone (anyone can name a victim's client); add `prefix`"
+        ));
+    }
+    let responses = raw.responses.unwrap_or_else(|| vec![Rung::Deny]);
+    if responses.is_empty() || responses.len() > RUNGS_PER_RULE_MAX {
+        errors.push(format!("{path}.responses: 1 to {RUNGS_PER_RULE_MAX} rungs"));
+    }
+    (errors.len() == before).then(|| RuleConfig {
+        name: name.to_string(),
+        key,
+        kind,
+        monitor: raw.monitor.unwrap_or(false),
+        responses,
+        required: raw.required.unwrap_or(true),
+        devices: raw.devices.unwrap_or(DeviceScope::All),
+    })
+}
