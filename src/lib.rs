@@ -31,14 +31,17 @@
 // huge-page advice for large GCRA tables (`advise_huge_pages`).
 #![deny(unsafe_code)]
 
+// The client side is its own crate (what an auth server links); the daemon
+// speaks through the same types.
+pub use tollgate_client as client;
+pub use tollgate_client::{codec, protocol};
+
 pub mod access;
 pub mod audit;
 pub mod bench;
 pub mod classes;
 pub mod cli;
-pub mod client;
 pub mod clock;
-pub mod codec;
 pub mod config;
 pub mod daemon;
 pub mod expiring;
@@ -49,7 +52,6 @@ pub mod limiter;
 pub mod metrics;
 pub mod notify;
 pub mod overflow;
-pub mod protocol;
 pub mod server;
 pub mod source;
 pub mod store;

@@ -14,26 +14,9 @@ use crate::classes::SourceClass;
 /// anything longer is treated as malformed, which means "use the peer".
 pub const FORWARDED_HOPS_MAX: usize = 16;
 
-/// Bytes of X-Forwarded-For read, from the right: the work per request is
-/// bounded however long a header the end user sends.
-pub const FORWARDED_FOR_BYTES_MAX: usize = 4096;
-
-/// The part of an X-Forwarded-For header that is read: all of it, or for a
-/// longer one the whole entries within its last `FORWARDED_FOR_BYTES_MAX`
-/// bytes. Clients add entries on the left and proxies on the right, so
-/// padding a header pushes no proxy-added hop out of view (ignoring an
-/// overlong header would hand its sender the proxy's own bucket).
-pub fn forwarded_tail(header: &str) -> &str {
-    let Some(start) = header.len().checked_sub(FORWARDED_FOR_BYTES_MAX).filter(|&s| s > 0) else {
-        return header;
-    };
-    // From the byte before the window: a comma there means the window
-    // starts with a whole entry. ASCII commas are char boundaries.
-    match header.as_bytes()[start - 1..].iter().position(|&b| b == b',') {
-        Some(at) => &header[start + at..],
-        None => "", // one entry longer than the window: malformed
-    }
-}
+// The client sends only the part of the header the daemon reads, so both
+// take it from one place: the client crate.
+pub use tollgate_client::{forwarded_tail, FORWARDED_FOR_BYTES_MAX};
 
 /// Default grouping of IPv6 sources: one /64 is one subscriber line (a single
 /// line holds ~1.8e19 addresses, so /128 keys would limit nothing).

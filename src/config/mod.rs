@@ -26,25 +26,9 @@ pub use file::{
     RawClassLimit, RawClassPrefix, RawConfig, RawResponses, RawRoute, RawRule, RawRuleKind, RawServer, RawSource,
 };
 
-/// What a client does for a route when the daemon cannot answer in time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum FailPolicy {
-    /// Let the attempt proceed: the rule protects users, and refusing every
-    /// login while the limiter is down would be the bigger harm.
-    Open,
-    /// Refuse the attempt: the rule protects the system.
-    Closed,
-}
-
-impl FailPolicy {
-    pub fn name(self) -> &'static str {
-        match self {
-            FailPolicy::Open => "open",
-            FailPolicy::Closed => "closed",
-        }
-    }
-}
+/// What a client does for a route when the daemon cannot answer in time:
+/// the client crate's type, so the daemon's file and the client agree.
+pub use tollgate_client::FailPolicy;
 
 /// A rate: `limit` per `period_us` sustained, `burst` at once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

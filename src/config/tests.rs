@@ -172,3 +172,14 @@ fn each_bound_is_reported_with_its_number() {
         assert!(errors.iter().any(|e| e == expected), "{expected} missing from {errors:#?}");
     }
 }
+
+#[test]
+fn the_client_knows_every_builtin_routes_fail_policy() {
+    // The client crate cannot depend on the daemon's config, so it keeps the
+    // built-in policies as a table of its own: held to the routes here.
+    let builtin: Vec<_> = builtin_routes().into_iter().map(|(name, route)| (name, route.fail_policy)).collect();
+    let mut client: Vec<_> =
+        tollgate_client::BUILTIN_FAIL_POLICIES.iter().map(|&(name, policy)| (name.to_string(), Some(policy))).collect();
+    client.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(builtin, client);
+}

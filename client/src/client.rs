@@ -12,10 +12,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
 use crate::codec::{self, FRAME_HEADER_BYTES, RESPONSE_PAYLOAD_BYTES_MAX};
-use crate::config::{builtin_routes, FailPolicy};
 use crate::gcra::{decide, GcraSpec};
 use crate::protocol::{ErrorReply, Lockout, Outcome, Request, Response, Status, Subject, Verdict};
-use crate::source::forwarded_tail;
+use crate::{forwarded_tail, FailPolicy, BUILTIN_FAIL_POLICIES};
 
 /// Per-call timeout for the request path: low single-digit milliseconds, so
 /// a stalled daemon costs a login no more than a few ms before the fail
@@ -101,8 +100,7 @@ pub struct ClientConfig {
 impl ClientConfig {
     /// The built-in routes' policies, the 5 ms timeout.
     pub fn new(socket: impl Into<PathBuf>) -> ClientConfig {
-        let fail_policies =
-            builtin_routes().into_iter().filter_map(|(name, route)| route.fail_policy.map(|p| (name, p))).collect();
+        let fail_policies = BUILTIN_FAIL_POLICIES.iter().map(|&(name, policy)| (name.to_string(), policy)).collect();
         ClientConfig {
             socket: socket.into(),
             timeout: CALL_TIMEOUT_DEFAULT,
@@ -302,7 +300,7 @@ impl Client {
 }
 
 /// The subject as sent: of an X-Forwarded-For header, only the part the
-/// daemon reads (`source::forwarded_tail`). Sent whole, a header the end
+/// daemon reads (`forwarded_tail`). Sent whole, a header the end
 /// user made huge would overflow the frame and get the attempt refused as
 /// malformed.
 fn bounded<'a>(subject: &Subject<'a>) -> Subject<'a> {

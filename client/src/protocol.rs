@@ -8,7 +8,6 @@ use std::borrow::Cow;
 use std::net::IpAddr;
 
 use bincode::{BorrowDecode, Decode, Encode};
-use serde::Serialize;
 
 /// Version byte at the start of every payload; a frame with another version
 /// gets an `unsupported_version` error and the connection survives.
@@ -28,8 +27,9 @@ pub struct Subject<'a> {
     pub client_id: Option<&'a str>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Encode, Decode)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum Outcome {
     Success,
     Failure,
@@ -70,8 +70,9 @@ pub enum Request<'a> {
     },
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Encode, Decode)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum Decision {
     Allow,
     Delay,
@@ -81,8 +82,9 @@ pub enum Decision {
 
 /// Why a verdict is what it is. For logs and the audit trail only: the end
 /// user sees one refusal form whatever the reason.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Encode, Decode)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 pub enum Reason {
     /// Every rule consulted has room.
     Allowed,
@@ -98,7 +100,8 @@ pub enum Reason {
     MonitorTooManyFailures,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Verdict<'a> {
     pub decision: Decision,
     /// When refused: wait at least this long before trying again.
@@ -116,8 +119,9 @@ pub struct Verdict<'a> {
     pub rule: Cow<'a, str>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Encode, Decode)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 pub enum ErrorCode {
     /// The payload does not decode as a request.
     Malformed,
@@ -135,13 +139,15 @@ pub enum ErrorCode {
     Internal,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct ErrorReply {
     pub code: ErrorCode,
     pub message: String,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Encode, Decode, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Encode, Decode)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct VerdictCounts {
     pub allow: u64,
     pub delay: u64,
@@ -150,7 +156,8 @@ pub struct VerdictCounts {
     pub errors: u64,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct RuleStatus {
     pub name: String,
     /// `rate` or `failures`.
@@ -182,7 +189,8 @@ pub struct RuleStatus {
     pub class_limits: Vec<ClassLimit>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct ClassLimit {
     pub class: String,
     pub limit: u32,
@@ -190,7 +198,8 @@ pub struct ClassLimit {
     pub period_ms: u64,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct RouteStatus {
     pub name: String,
     /// `open` or `closed`: what a client does when the daemon is unreachable.
@@ -204,13 +213,15 @@ pub struct RouteStatus {
 }
 
 /// A named bound of the daemon itself, with its unit in the name.
-#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct NamedLimit {
     pub name: String,
     pub value: u64,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct PersistenceStatus {
     pub state_path: String,
     pub snapshot_interval_ms: u64,
@@ -223,7 +234,8 @@ pub struct PersistenceStatus {
     pub changes_dropped: u64,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Status {
     pub version: String,
     pub uptime_ms: u64,
@@ -245,7 +257,8 @@ pub struct Status {
 
 /// A key currently refused by a failure rule. The key is a digest: the
 /// daemon never holds the account it came from.
-#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Lockout {
     pub route: String,
     pub rule: String,
@@ -255,8 +268,9 @@ pub struct Lockout {
     pub retry_after_ms: u64,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(tag = "type", rename_all = "snake_case"))]
 pub enum Response<'a> {
     Verdict(Verdict<'a>),
     Status(Box<Status>),
