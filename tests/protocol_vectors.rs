@@ -138,6 +138,20 @@ fn cases() -> Vec<Case> {
             }),
         ),
         response(
+            "verdict-deny-lockout",
+            2,
+            Response::Verdict(Verdict {
+                decision: Decision::Deny,
+                retry_after_ms: 899_251,
+                delay_ms: 0,
+                limit: 5,
+                remaining: 0,
+                reset_ms: 1_799_250,
+                reason: Reason::TooManyFailures,
+                rule: Cow::Borrowed("source_failures"),
+            }),
+        ),
+        response(
             "verdict-delay",
             1,
             Response::Verdict(Verdict {
