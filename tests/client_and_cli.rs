@@ -284,6 +284,59 @@ fn bad_frames_get_error_replies_and_the_connection_survives() {
     assert_eq!(daemon.cli_json(&["status"])["verdicts"]["errors"], 4);
 }
 
+/// A `malformed` reply's message names what is wrong in plain words (no
+/// decoder's Debug text), with the request's id, and the connection serves
+/// on. PROTOCOL.md, section 8, lists these texts as informational.
+#[test]
+fn malformed_replies_say_what_is_wrong_in_plain_words() {
+    let daemon = TestDaemon::start();
+    let mut stream = std::os::unix::net::UnixStream::connect(&daemon.socket).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let frame = |id: u64, body: &[u8]| {
+        let mut payload = vec![1u8];
+        payload.extend_from_slice(&id.to_le_bytes());
+        payload.extend_from_slice(body);
+        let mut f = (payload.len() as u32).to_le_bytes().to_vec();
+        f.extend_from_slice(&payload);
+        f
+    };
+    let mut bad_route = 0u32.to_le_bytes().to_vec(); // Check, route "\xff\xfe"
+    bad_route.extend_from_slice(&2u64.to_le_bytes());
+    bad_route.extend_from_slice(&[0xff, 0xfe]);
+    let mut status_and_more = 2u32.to_le_bytes().to_vec();
+    status_and_more.extend_from_slice(&[0, 0, 0]);
+    for (id, body, expected) in [
+        (50, 42u32.to_le_bytes().to_vec(), "unknown request tag 42 (the known tags are 0 to 5)"),
+        (51, bad_route, "string not UTF-8 in field `route` (at byte 0 of it)"),
+        (52, vec![5, 0, 0, 0, 1, 2, 3], "message ends inside field `by_ms`: 8 bytes needed, 3 left"),
+        (53, status_and_more, "3 byte(s) left over after a complete message"),
+    ] {
+        stream.write_all(&frame(id, &body)).unwrap();
+        let (reply_id, reply) = read_reply(&mut stream);
+        assert_eq!(reply_id, id);
+        match reply {
+            Response::Error(e) => assert_eq!((e.code, e.message.as_ref()), (ErrorCode::Malformed, expected)),
+            other => panic!("expected malformed, got {other:?}"),
+        }
+    }
+    // Shorter than the envelope: id 0.
+    stream.write_all(&[3, 0, 0, 0, 1, 2, 3]).unwrap();
+    match read_reply(&mut stream) {
+        (0, Response::Error(e)) => assert_eq!(
+            (e.code, e.message.as_ref()),
+            (
+                ErrorCode::Malformed,
+                "payload of 3 bytes is shorter than the 9-byte envelope (version byte and request id)"
+            )
+        ),
+        other => panic!("expected malformed with id 0, got {other:?}"),
+    }
+    let mut status = Vec::new();
+    codec::encode_request(54, &Request::Status, &mut status);
+    stream.write_all(&status).unwrap();
+    assert!(matches!(read_reply(&mut stream), (54, Response::Status(_))));
+}
+
 #[test]
 fn no_raw_account_name_reaches_the_state_file_or_the_log() {
     let mut daemon = TestDaemon::start();

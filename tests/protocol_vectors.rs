@@ -1,17 +1,21 @@
-//! The hex vectors in PROTOCOL.md, checked against the codec both ways.
+//! The hex vectors in `tests/vectors/protocol.json`, checked against the
+//! codec both ways.
 //!
-//! Every vector in the document must have an entry in `cases()` and every
-//! entry must be in the document, so the two cannot drift apart. For each
-//! vector the test checks that:
-//! - encoding the case's message with the case's id gives exactly the
-//!   documented bytes;
-//! - decoding the documented bytes gives back the case's id and message;
-//! - each annotated line's bytes match the type and value its comment names
-//!   (so the human breakdown cannot be wrong about which bytes are which).
+//! Every vector in the file must have an entry in `cases()` and every entry
+//! must be in the file, so the two cannot drift apart. For each vector the
+//! test checks that:
+//! - its `frame` is exactly its `fields`' bytes joined, and its `kind` and
+//!   `id` are the case's;
+//! - encoding the case's message with the case's id gives exactly `frame`;
+//! - decoding `frame` gives back the case's id and message;
+//! - each field's bytes match the type and value its `meaning` names (so the
+//!   human breakdown cannot be wrong about which bytes are which).
 //!
-//! It also checks that every request and response variant has a vector, and
-//! that the document's tables of `Outcome`, `Decision`, `Reason` and
-//! `ErrorCode` values list exactly the values the code decodes.
+//! It also checks that every request and response variant has a vector, that
+//! PROTOCOL.md links the file and that the worked example it shows inline is
+//! the file's vector, and that the document's tables of `Outcome`,
+//! `Decision`, `Reason` and `ErrorCode` values list exactly the values the
+//! code decodes.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -23,10 +27,12 @@ use tollgate::codec::{
 };
 use tollgate::protocol::{
     ClassLimit, Decision, ErrorCode, ErrorReply, Lockout, NamedLimit, Outcome, PersistenceStatus, Reason, Request,
-    Response, RouteStatus, RuleStatus, Status, Subject, Verdict, VerdictCounts,
+    Response, RouteStatus, RuleStatus, Status, Subject, Verdict, VerdictCounts, PROTOCOL_VERSION,
 };
 
 const DOC: &str = "PROTOCOL.md";
+/// The vectors, in the format PROTOCOL.md section 10 describes.
+const VECTORS: &str = "tests/vectors/protocol.json";
 
 enum Message {
     Request(Request<'static>),
@@ -55,7 +61,7 @@ fn alice_from_v4() -> Subject<'static> {
     Subject { peer: Some(ip("198.51.100.7")), account: Some("alice"), ..Subject::default() }
 }
 
-/// Every vector PROTOCOL.md documents, by name.
+/// Every vector in the file, by name.
 fn cases() -> Vec<Case> {
     vec![
         request("check-login-v4", 1, Request::Check { route: "login", subject: alice_from_v4() }),
@@ -127,6 +133,20 @@ fn cases() -> Vec<Case> {
                 limit: 5,
                 remaining: 0,
                 reset_ms: 899_250,
+                reason: Reason::TooManyFailures,
+                rule: Cow::Borrowed("source_failures"),
+            }),
+        ),
+        response(
+            "verdict-deny-lockout",
+            2,
+            Response::Verdict(Verdict {
+                decision: Decision::Deny,
+                retry_after_ms: 899_251,
+                delay_ms: 0,
+                limit: 5,
+                remaining: 0,
+                reset_ms: 1_799_250,
                 reason: Reason::TooManyFailures,
                 rule: Cow::Borrowed("source_failures"),
             }),
@@ -262,26 +282,6 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// One annotated run of bytes: a line with a `#` comment and any following
-/// lines without one.
-struct Field {
-    line: usize,
-    bytes: Vec<u8>,
-    comment: String,
-}
-
-struct Vector {
-    name: String,
-    line: usize,
-    fields: Vec<Field>,
-}
-
-impl Vector {
-    fn bytes(&self) -> Vec<u8> {
-        self.fields.iter().flat_map(|f| f.bytes.iter().copied()).collect()
-    }
-}
-
 fn parse_hex(text: &str) -> Result<Vec<u8>, String> {
     let digits: Vec<u8> = text.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
     if let Some(bad) = digits.iter().find(|b| !b.is_ascii_hexdigit()) {
@@ -294,10 +294,108 @@ fn parse_hex(text: &str) -> Result<Vec<u8>, String> {
     Ok(digits.chunks(2).map(|pair| value(pair[0]) << 4 | value(pair[1])).collect())
 }
 
-/// Every vector in the document. A vector is a fenced block whose first
-/// line is `vector: <name>`, followed by `hex:` and the frame's bytes; text
-/// after `#` on a line is that line's annotation.
-fn parse_vectors(doc: &str) -> Result<Vec<Vector>, String> {
+/// The vector file, as PROTOCOL.md section 10 describes it.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VectorFile {
+    #[allow(dead_code)] // for readers of the file
+    about: String,
+    protocol_version: u8,
+    vectors: Vec<FileVector>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileVector {
+    name: String,
+    kind: String,
+    id: u64,
+    #[allow(dead_code)] // for readers of the file
+    description: String,
+    frame: String,
+    fields: Vec<FileField>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileField {
+    hex: String,
+    meaning: String,
+}
+
+/// One annotated run of bytes and what it means (`<type> <field> = <value>`).
+struct Field {
+    /// Where it is written, for messages: `file:line` or `vector field n`.
+    at: String,
+    bytes: Vec<u8>,
+    comment: String,
+}
+
+/// A vector as read from the file (or from PROTOCOL.md's inline example),
+/// with its bytes parsed.
+struct Vector {
+    name: String,
+    /// Where it is written, for messages.
+    at: String,
+    kind: Option<String>,
+    id: Option<u64>,
+    frame: Vec<u8>,
+    fields: Vec<Field>,
+}
+
+impl Vector {
+    fn field_bytes(&self) -> Vec<u8> {
+        self.fields.iter().flat_map(|f| f.bytes.iter().copied()).collect()
+    }
+}
+
+fn read(path: &str) -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+fn read_document() -> String {
+    read(DOC)
+}
+
+/// Every vector in the file, its hex parsed; the frame must be exactly its
+/// fields' bytes joined.
+fn parse_file(text: &str) -> Result<Vec<Vector>, String> {
+    let file: VectorFile = serde_json::from_str(text).map_err(|e| format!("{VECTORS}: {e}"))?;
+    if file.protocol_version != PROTOCOL_VERSION {
+        return Err(format!("{VECTORS}: protocol_version {} is not {PROTOCOL_VERSION}", file.protocol_version));
+    }
+    let mut vectors = Vec::new();
+    for (i, v) in file.vectors.into_iter().enumerate() {
+        let at = format!("{VECTORS}: vectors[{i}] `{}`", v.name);
+        let frame = parse_hex(&v.frame).map_err(|e| format!("{at}: frame: {e}"))?;
+        let mut fields = Vec::new();
+        for (n, f) in v.fields.into_iter().enumerate() {
+            let bytes = parse_hex(&f.hex).map_err(|e| format!("{at}: fields[{n}]: {e}"))?;
+            if bytes.is_empty() {
+                return Err(format!("{at}: fields[{n}] has no bytes"));
+            }
+            fields.push(Field { at: format!("{at} fields[{n}]"), bytes, comment: f.meaning });
+        }
+        let vector = Vector { name: v.name, at, kind: Some(v.kind), id: Some(v.id), frame, fields };
+        if vector.field_bytes() != vector.frame {
+            return Err(format!(
+                "{}: the fields join to {}, but the frame is {}",
+                vector.at,
+                hex(&vector.field_bytes()),
+                hex(&vector.frame)
+            ));
+        }
+        vectors.push(vector);
+    }
+    Ok(vectors)
+}
+
+/// The vectors PROTOCOL.md still shows inline (its worked example). Such a
+/// vector is a fenced block whose first line is `vector: <name>`, followed
+/// by `hex:` and the frame's bytes; text after `#` on a line is that line's
+/// annotation, and a line without one continues the field above.
+fn parse_document_vectors(doc: &str) -> Result<Vec<Vector>, String> {
     let mut vectors = Vec::new();
     let mut in_fence = false;
     let mut current: Option<Vector> = None;
@@ -306,10 +404,11 @@ fn parse_vectors(doc: &str) -> Result<Vec<Vector>, String> {
         let n = i + 1;
         let line = raw.trim();
         if line.starts_with("```") {
-            if let Some(vector) = current.take() {
+            if let Some(mut vector) = current.take() {
                 if vector.fields.is_empty() {
-                    return Err(format!("{DOC}:{}: vector `{}` has no bytes", vector.line, vector.name));
+                    return Err(format!("{}: vector `{}` has no bytes", vector.at, vector.name));
                 }
+                vector.frame = vector.field_bytes();
                 vectors.push(vector);
             }
             in_fence = !in_fence;
@@ -323,7 +422,15 @@ fn parse_vectors(doc: &str) -> Result<Vec<Vector>, String> {
             if let Some(open) = &current {
                 return Err(format!("{DOC}:{n}: second vector in the block of `{}`", open.name));
             }
-            current = Some(Vector { name: name.trim().to_string(), line: n, fields: Vec::new() });
+            let at = format!("{DOC}:{n}");
+            current = Some(Vector {
+                name: name.trim().to_string(),
+                at,
+                kind: None,
+                id: None,
+                frame: Vec::new(),
+                fields: Vec::new(),
+            });
             continue;
         }
         let Some(vector) = current.as_mut() else { continue };
@@ -341,12 +448,13 @@ fn parse_vectors(doc: &str) -> Result<Vec<Vector>, String> {
             None => (rest, None),
         };
         let bytes = parse_hex(digits).map_err(|e| format!("{DOC}:{n}: {e}"))?;
+        let at = format!("{DOC}:{n}");
         match (comment, vector.fields.last_mut()) {
             // A line with only a comment, or an empty line, adds nothing.
             _ if bytes.is_empty() => {}
-            (Some(comment), _) => vector.fields.push(Field { line: n, bytes, comment: comment.to_string() }),
+            (Some(comment), _) => vector.fields.push(Field { at, bytes, comment: comment.to_string() }),
             (None, Some(field)) => field.bytes.extend(bytes),
-            (None, None) => vector.fields.push(Field { line: n, bytes, comment: String::new() }),
+            (None, None) => vector.fields.push(Field { at, bytes, comment: String::new() }),
         }
     }
     if in_fence {
@@ -355,17 +463,19 @@ fn parse_vectors(doc: &str) -> Result<Vec<Vector>, String> {
     Ok(vectors)
 }
 
-fn read_document() -> String {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(DOC);
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+fn file_vectors() -> Vec<Vector> {
+    parse_file(&read(VECTORS)).unwrap_or_else(|e| panic!("{e}"))
 }
 
-fn documented() -> Vec<Vector> {
-    parse_vectors(&read_document()).unwrap_or_else(|e| panic!("{e}"))
+fn kind(message: &Message) -> &'static str {
+    match message {
+        Message::Request(_) => "request",
+        Message::Response(_) => "response",
+    }
 }
 
-/// The documented vectors by name, and the cases by name, both checked to
-/// be one-to-one.
+/// The file's vectors by name, and the cases by name, both checked to be
+/// one-to-one, with matching kind and id.
 fn pairs() -> Vec<(Vector, Case)> {
     let mut by_name: BTreeMap<&str, Case> = BTreeMap::new();
     for case in cases() {
@@ -375,21 +485,31 @@ fn pairs() -> Vec<(Vector, Case)> {
     let mut pairs = Vec::new();
     let mut problems = Vec::new();
     let mut seen = BTreeMap::new();
-    for vector in documented() {
-        if let Some(first) = seen.insert(vector.name.clone(), vector.line) {
-            problems.push(format!(
-                "{DOC}:{}: vector `{}` is documented twice (first at line {first})",
-                vector.line, vector.name
-            ));
+    for vector in file_vectors() {
+        if let Some(first) = seen.insert(vector.name.clone(), vector.at.clone()) {
+            problems.push(format!("{}: vector `{}` is listed twice (first at {first})", vector.at, vector.name));
             continue;
         }
         match by_name.remove(vector.name.as_str()) {
-            Some(case) => pairs.push((vector, case)),
-            None => problems.push(format!("{DOC}:{}: vector `{}` has no test case", vector.line, vector.name)),
+            Some(case) => {
+                if vector.kind.as_deref() != Some(kind(&case.message)) {
+                    problems.push(format!(
+                        "{}: kind is {:?}, the case is a {}",
+                        vector.at,
+                        vector.kind,
+                        kind(&case.message)
+                    ));
+                }
+                if vector.id != Some(case.id) {
+                    problems.push(format!("{}: id is {:?}, the case's is {}", vector.at, vector.id, case.id));
+                }
+                pairs.push((vector, case))
+            }
+            None => problems.push(format!("{}: vector `{}` has no test case", vector.at, vector.name)),
         }
     }
     for name in by_name.keys() {
-        problems.push(format!("test case `{name}` is not documented in {DOC}"));
+        problems.push(format!("test case `{name}` is not in {VECTORS}"));
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
     pairs
@@ -435,22 +555,20 @@ fn fail_on(problems: Vec<String>) {
 }
 
 #[test]
-fn every_documented_vector_has_a_case_and_every_case_is_documented() {
+fn every_vector_in_the_file_has_a_case_and_every_case_is_in_the_file() {
     assert!(!pairs().is_empty());
 }
 
 #[test]
-fn the_encoder_writes_exactly_the_documented_bytes() {
+fn the_encoder_writes_exactly_the_bytes_in_the_file() {
     let mut problems = Vec::new();
     for (vector, case) in pairs() {
-        let documented = vector.bytes();
         let encoded = encode(&case);
-        if encoded != documented {
+        if encoded != vector.frame {
             problems.push(format!(
-                "{DOC}:{}: vector `{}`\n  documented {}\n  encoder    {}",
-                vector.line,
-                vector.name,
-                hex(&documented),
+                "{}\n  in the file {}\n  encoder     {}",
+                vector.at,
+                hex(&vector.frame),
                 hex(&encoded)
             ));
         }
@@ -458,19 +576,18 @@ fn the_encoder_writes_exactly_the_documented_bytes() {
             Message::Request(_) => REQUEST_PAYLOAD_BYTES_MAX,
             Message::Response(_) => RESPONSE_PAYLOAD_BYTES_MAX,
         };
-        if frame_len(&documented, max) != Ok(Some(documented.len())) {
-            problems.push(format!("{DOC}:{}: vector `{}` is not exactly one frame", vector.line, vector.name));
+        if frame_len(&vector.frame, max) != Ok(Some(vector.frame.len())) {
+            problems.push(format!("{}: not exactly one frame", vector.at));
         }
     }
     fail_on(problems);
 }
 
 #[test]
-fn the_documented_bytes_decode_to_the_case() {
+fn the_bytes_in_the_file_decode_to_the_case() {
     let mut problems = Vec::new();
     for (vector, case) in pairs() {
-        let bytes = vector.bytes();
-        let payload = bytes.get(FRAME_HEADER_BYTES..).unwrap_or_default();
+        let payload = vector.frame.get(FRAME_HEADER_BYTES..).unwrap_or_default();
         let mismatch = match &case.message {
             Message::Request(expected) => match decode_request(payload) {
                 Ok((id, request)) if (id, &request) == (case.id, expected) => None,
@@ -484,7 +601,7 @@ fn the_documented_bytes_decode_to_the_case() {
             },
         };
         if let Some(mismatch) = mismatch {
-            problems.push(format!("{DOC}:{}: vector `{}` {mismatch}", vector.line, vector.name));
+            problems.push(format!("{} {mismatch}", vector.at));
         }
     }
     fail_on(problems);
@@ -496,7 +613,35 @@ fn every_annotation_matches_its_bytes() {
     for (vector, _) in pairs() {
         for field in &vector.fields {
             if let Err(e) = check_annotation(field) {
-                problems.push(format!("{DOC}:{}: vector `{}`: {e}", field.line, vector.name));
+                problems.push(format!("{}: {e}", field.at));
+            }
+        }
+    }
+    fail_on(problems);
+}
+
+/// PROTOCOL.md links the file, and a vector it shows inline as a worked
+/// example is the file's vector of that name, field for field.
+#[test]
+fn the_document_links_the_file_and_its_inline_examples_are_the_files() {
+    let doc = read_document();
+    assert!(doc.contains(VECTORS), "{DOC} does not mention {VECTORS}");
+    let inline = parse_document_vectors(&doc).unwrap_or_else(|e| panic!("{e}"));
+    assert!(!inline.is_empty(), "{DOC} shows no worked example");
+    let file = file_vectors();
+    let mut problems = Vec::new();
+    for example in &inline {
+        let Some(vector) = file.iter().find(|v| v.name == example.name) else {
+            problems.push(format!("{}: vector `{}` is not in {VECTORS}", example.at, example.name));
+            continue;
+        };
+        let fields = |v: &Vector| v.fields.iter().map(|f| (f.bytes.clone(), f.comment.clone())).collect::<Vec<_>>();
+        if fields(example) != fields(vector) {
+            problems.push(format!("{}: vector `{}` differs from {}", example.at, example.name, vector.at));
+        }
+        for field in &example.fields {
+            if let Err(e) = check_annotation(field) {
+                problems.push(format!("{}: {e}", field.at));
             }
         }
     }
@@ -505,7 +650,7 @@ fn every_annotation_matches_its_bytes() {
 
 /// Every variant of both message enums. `variant` below is exhaustive, so
 /// a new variant does not compile until it is named there; add it here too,
-/// and the test below fails until PROTOCOL.md has a vector for it.
+/// and the test below fails until the vector file has a vector for it.
 const VARIANTS: [&str; 12] = [
     "Request::Check",
     "Request::Report",
@@ -546,7 +691,7 @@ fn variant(message: &Message) -> &'static str {
 fn every_request_and_response_variant_has_a_vector() {
     let covered: Vec<&str> = pairs().iter().map(|(_, case)| variant(&case.message)).collect();
     let missing: Vec<&str> = VARIANTS.iter().copied().filter(|v| !covered.contains(v)).collect();
-    assert!(missing.is_empty(), "no vector in {DOC} for {missing:?}");
+    assert!(missing.is_empty(), "no vector in {VECTORS} for {missing:?}");
 }
 
 /// Every value of a fieldless enum, found by decoding discriminants 0, 1, ...

@@ -1,4 +1,4 @@
-//! Issue 12's state-file guarantees, against real daemons: known devices
+//! The state file's guarantees, against real daemons: known devices
 //! survive `kill -9` and SIGTERM with their per-account caps; a damaged
 //! state file (truncated, empty, bits flipped) never panics or hangs a
 //! start, and is refused with one line unless `--discard-corrupt-state`;

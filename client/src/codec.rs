@@ -38,15 +38,19 @@ pub enum FrameError {
     TooLarge { len: usize, max: usize },
 }
 
+/// Why a payload did not decode. The texts are sentences for people (sent
+/// as a `malformed` reply's message): they name what is wrong, never a
+/// decoder's internals.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PayloadError {
-    #[error("payload is shorter than its envelope ({0} bytes)")]
+    #[error("payload of {0} bytes is shorter than the {ENVELOPE_BYTES}-byte envelope (version byte and request id)")]
     Truncated(usize),
     #[error("protocol version {found} is not supported (this daemon speaks {PROTOCOL_VERSION})")]
     UnsupportedVersion { found: u8 },
-    #[error("malformed message: {0}")]
+    /// The message does not decode; the text says where and why.
+    #[error("{0}")]
     Malformed(String),
-    #[error("{0} trailing bytes after the message")]
+    #[error("{0} byte(s) left over after a complete message")]
     TrailingBytes(usize),
 }
 
@@ -99,8 +103,10 @@ pub fn decode_request(payload: &[u8]) -> Result<(u64, Request<'_>), DecodeFailur
 }
 
 fn decode_request_general(id: u64, body: &[u8]) -> Result<(u64, Request<'_>), DecodeFailure> {
-    let (request, used) = bincode::borrow_decode_from_slice::<Request<'_>, _>(body, WIRE)
-        .map_err(|e| failure(Some(id), PayloadError::Malformed(e.to_string())))?;
+    let (request, used) = bincode::borrow_decode_from_slice::<Request<'_>, _>(body, WIRE).map_err(|e| {
+        let why = describe_bad_request(body).err().unwrap_or_else(|| plain_decode_error(&e));
+        failure(Some(id), PayloadError::Malformed(why))
+    })?;
     if used != body.len() {
         return Err(failure(Some(id), PayloadError::TrailingBytes(body.len() - used)));
     }
@@ -178,12 +184,130 @@ impl<'b> Reader<'b> {
     }
 }
 
+/// Why a request body bincode refused does not decode, by field, in the
+/// order bincode reads it: `Err` with the first problem. Only a refused body
+/// is walked, so this costs the fast path nothing; the request layouts are
+/// PROTOCOL.md's section 5. `Ok` means the walk found nothing wrong (the
+/// caller then falls back to `plain_decode_error`).
+fn describe_bad_request(body: &[u8]) -> Result<(), String> {
+    let mut body = Walker(body);
+    match body.u32("the request tag")? {
+        0 => {
+            body.str("route")?;
+            body.subject()
+        }
+        1 => {
+            body.str("route")?;
+            body.subject()?;
+            match body.u32("field `outcome`")? {
+                0 | 1 => {}
+                other => return Err(format!("outcome {other} is not 0 (success) or 1 (failure)")),
+            }
+            if body.option_tag("password_digest")? {
+                body.take(16, "field `password_digest`")?;
+            }
+            Ok(())
+        }
+        2 => Ok(()),
+        3 => body.take(4, "field `limit`").map(drop),
+        4 => {
+            body.str("route")?;
+            body.str("account")?;
+            body.optional_ip("source")
+        }
+        5 => body.take(8, "field `by_ms`").map(drop),
+        other => Err(format!("unknown request tag {other} (the known tags are 0 to 5)")),
+    }
+}
+
+/// A request body read for `describe_bad_request`: each read names the
+/// field it is in when the bytes do not fit.
+struct Walker<'b>(&'b [u8]);
+
+impl<'b> Walker<'b> {
+    fn take(&mut self, n: usize, what: &str) -> Result<&'b [u8], String> {
+        if self.0.len() < n {
+            return Err(format!("message ends inside {what}: {n} bytes needed, {} left", self.0.len()));
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+
+    fn u32(&mut self, what: &str) -> Result<u32, String> {
+        Ok(u32::from_le_bytes(self.take(4, what)?.try_into().expect("4 bytes")))
+    }
+
+    fn str(&mut self, field: &str) -> Result<(), String> {
+        let len = u64::from_le_bytes(self.take(8, &format!("the length of field `{field}`"))?.try_into().expect("8"));
+        let left = self.0.len();
+        let bytes = match usize::try_from(len) {
+            Ok(len) if len <= left => self.take(len, field)?,
+            _ => return Err(format!("field `{field}` claims {len} bytes, but only {left} are left")),
+        };
+        std::str::from_utf8(bytes)
+            .map(drop)
+            .map_err(|e| format!("string not UTF-8 in field `{field}` (at byte {} of it)", e.valid_up_to()))
+    }
+
+    /// An `Option`'s tag: whether a value follows.
+    fn option_tag(&mut self, field: &str) -> Result<bool, String> {
+        match self.take(1, &format!("the option tag of field `{field}`"))?[0] {
+            0 => Ok(false),
+            1 => Ok(true),
+            other => Err(format!("option tag {other} in field `{field}` is not 0 (none) or 1 (some)")),
+        }
+    }
+
+    fn optional_ip(&mut self, field: &str) -> Result<(), String> {
+        if !self.option_tag(field)? {
+            return Ok(());
+        }
+        let octets = match self.u32(&format!("the address family of field `{field}`"))? {
+            0 => 4,
+            1 => 16,
+            other => return Err(format!("address family {other} in field `{field}` is not 0 (IPv4) or 1 (IPv6)")),
+        };
+        self.take(octets, &format!("field `{field}`")).map(drop)
+    }
+
+    fn subject(&mut self) -> Result<(), String> {
+        self.optional_ip("subject.peer")?;
+        for field in ["forwarded_for", "account", "device", "tenant", "client_id"] {
+            let field = format!("subject.{field}");
+            if self.option_tag(&field)? {
+                self.str(&field)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// bincode's error in words: its own `Display` is its `Debug` text.
+fn plain_decode_error(e: &bincode::error::DecodeError) -> String {
+    use bincode::error::{AllowedEnumVariants, DecodeError};
+    match e {
+        DecodeError::UnexpectedEnd { additional } => {
+            format!("message ends early: at least {additional} more bytes needed")
+        }
+        DecodeError::LimitExceeded => "message is longer than the limit".into(),
+        DecodeError::UnexpectedVariant { type_name, allowed: AllowedEnumVariants::Range { min, max }, found } => {
+            format!("unknown {type_name} tag {found} (the known tags are {min} to {max})")
+        }
+        DecodeError::UnexpectedVariant { type_name, found, .. } => format!("unknown {type_name} tag {found}"),
+        DecodeError::Utf8 { .. } => "a string is not UTF-8".into(),
+        DecodeError::InvalidBooleanValue(byte) => format!("boolean byte {byte} is not 0 (false) or 1 (true)"),
+        DecodeError::OutsideUsizeRange(len) => format!("a length of {len} is too large"),
+        _ => "message does not decode".into(),
+    }
+}
+
 /// Decodes a response payload into owned values (client side).
 pub fn decode_response(payload: &[u8]) -> Result<(u64, Response<'static>), DecodeFailure> {
     let (id, body) = open_envelope(payload)?;
     let (response, used) =
         bincode::decode_from_slice::<Response<'static>, _>(body, WIRE.with_limit::<RESPONSE_PAYLOAD_BYTES_MAX>())
-            .map_err(|e| failure(Some(id), PayloadError::Malformed(e.to_string())))?;
+            .map_err(|e| failure(Some(id), PayloadError::Malformed(plain_decode_error(&e))))?;
     if used != body.len() {
         return Err(failure(Some(id), PayloadError::TrailingBytes(body.len() - used)));
     }
@@ -196,7 +320,7 @@ pub fn decode_response_borrowed(payload: &[u8]) -> Result<(u64, Response<'_>), D
     let (id, body) = open_envelope(payload)?;
     let (response, used) =
         bincode::borrow_decode_from_slice::<Response<'_>, _>(body, WIRE.with_limit::<RESPONSE_PAYLOAD_BYTES_MAX>())
-            .map_err(|e| failure(Some(id), PayloadError::Malformed(e.to_string())))?;
+            .map_err(|e| failure(Some(id), PayloadError::Malformed(plain_decode_error(&e))))?;
     if used != body.len() {
         return Err(failure(Some(id), PayloadError::TrailingBytes(body.len() - used)));
     }
@@ -272,6 +396,12 @@ pub fn fuzz_request_frames(data: &[u8]) {
             // The check fast path agrees with bincode wherever it answers.
             if let Some(check) = decode_check(body) {
                 assert_eq!(decode_request_general(id, body), Ok((id, check)), "the check fast path is bincode's");
+            }
+        }
+        if let Ok((_, body)) = open_envelope(payload) {
+            // Every body bincode refuses is described by field.
+            if decode_request_general(0, body).is_err_and(|f| matches!(f.error, PayloadError::Malformed(_))) {
+                assert!(describe_bad_request(body).is_err(), "a refused body is described");
             }
         }
         if let Ok((id, request)) = decode_request(payload) {
@@ -399,6 +529,101 @@ mod tests {
             encode_frame(id, &response, &mut general);
             prop_assert_eq!(&fast, &general);
             prop_assert_eq!(decode_response(&fast[at + FRAME_HEADER_BYTES..]), Ok((id, response.into_owned())));
+        }
+    }
+
+    /// The `malformed` text for a request body (after the envelope).
+    fn why(body: &[u8]) -> String {
+        let mut payload = vec![PROTOCOL_VERSION];
+        payload.extend_from_slice(&3u64.to_le_bytes());
+        payload.extend_from_slice(body);
+        match decode_request(&payload) {
+            Err(DecodeFailure { id: Some(3), error: PayloadError::Malformed(why) }) => why,
+            other => panic!("not malformed: {other:?}"),
+        }
+    }
+
+    /// A body from pieces: u32s, u64 lengths and raw bytes, in order.
+    fn body(parts: &[&[u8]]) -> Vec<u8> {
+        parts.concat()
+    }
+
+    #[test]
+    fn malformed_requests_are_described_in_plain_words_by_field() {
+        let s = |text: &str| {
+            let mut out = (text.len() as u64).to_le_bytes().to_vec();
+            out.extend_from_slice(text.as_bytes());
+            out
+        };
+        let login = s("login");
+        let v4 = [&[1u8][..], &0u32.to_le_bytes(), &[198, 51, 100, 7]].concat();
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (vec![], "message ends inside the request tag: 4 bytes needed, 0 left"),
+            (42u32.to_le_bytes().to_vec(), "unknown request tag 42 (the known tags are 0 to 5)"),
+            (
+                body(&[&0u32.to_le_bytes(), &2u64.to_le_bytes(), &[0xff, 0xfe]]),
+                "string not UTF-8 in field `route` (at byte 0 of it)",
+            ),
+            (
+                body(&[&0u32.to_le_bytes(), &login, &v4, &[0, 1], &2u64.to_le_bytes(), b"a\xc3"]),
+                "string not UTF-8 in field `subject.account` (at byte 1 of it)",
+            ),
+            (
+                body(&[&0u32.to_le_bytes(), &login, &v4, &[0, 1], &5u64.to_le_bytes(), b"al"]),
+                "field `subject.account` claims 5 bytes, but only 2 are left",
+            ),
+            (
+                body(&[&0u32.to_le_bytes(), &login, &v4, &[0, 0, 7]]),
+                "option tag 7 in field `subject.device` is not 0 (none) or 1 (some)",
+            ),
+            (
+                body(&[&0u32.to_le_bytes(), &login, &[1], &9u32.to_le_bytes()]),
+                "address family 9 in field `subject.peer` is not 0 (IPv4) or 1 (IPv6)",
+            ),
+            (
+                body(&[&0u32.to_le_bytes(), &login, &v4[..3]]),
+                "message ends inside the address family of field `subject.peer`: 4 bytes needed, 2 left",
+            ),
+            (
+                body(&[&1u32.to_le_bytes(), &login, &v4, &[0, 0, 0, 0, 0], &2u32.to_le_bytes(), &[0]]),
+                "outcome 2 is not 0 (success) or 1 (failure)",
+            ),
+            (
+                body(&[&1u32.to_le_bytes(), &login, &v4, &[0, 0, 0, 0, 0], &1u32.to_le_bytes(), &[1, 0, 0]]),
+                "message ends inside field `password_digest`: 16 bytes needed, 2 left",
+            ),
+            (body(&[&5u32.to_le_bytes(), &[1, 2, 3]]), "message ends inside field `by_ms`: 8 bytes needed, 3 left"),
+        ];
+        for (body, expected) in cases {
+            assert_eq!(why(&body), expected, "body {body:02x?}");
+        }
+        let mut trailing = Vec::new();
+        encode_request(8, &Request::Status, &mut trailing);
+        trailing.extend_from_slice(&[0, 0]);
+        let failure = decode_request(&trailing[FRAME_HEADER_BYTES..]).unwrap_err();
+        assert_eq!(failure.error.to_string(), "2 byte(s) left over after a complete message");
+        let failure = decode_request(&[1, 2, 3]).unwrap_err();
+        assert_eq!(
+            failure.error.to_string(),
+            "payload of 3 bytes is shorter than the 9-byte envelope (version byte and request id)"
+        );
+    }
+
+    proptest! {
+        /// Whatever the bytes, a refused request is described by field, in
+        /// words: no decoder's Debug text (braces, quotes, `::`).
+        #[test]
+        fn every_malformed_request_is_described_by_field_in_words(
+            tag in 0u32..7, rest in proptest::collection::vec(any::<u8>(), 0..48),
+        ) {
+            let mut body = tag.to_le_bytes().to_vec();
+            body.extend_from_slice(&rest);
+            if decode_request_general(0, &body).is_err_and(|f| matches!(f.error, PayloadError::Malformed(_))) {
+                let described = describe_bad_request(&body);
+                prop_assert!(described.is_err(), "not described: {:02x?}", body);
+                let text = described.unwrap_err();
+                prop_assert!(!text.contains(['{', '}', '"']) && !text.contains("::"), "{}", text);
+            }
         }
     }
 

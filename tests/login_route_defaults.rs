@@ -1,5 +1,8 @@
-//! Issue 2's acceptance scenarios, each against a real daemon on the manual
-//! clock, asserting exact verdicts.
+//! The built-in login route's defaults in the scenarios they exist for
+//! (offices behind a few addresses, a stranger failing as alice, distributed
+//! guessing, IPv6 rotation, bursts across a window boundary, crashes,
+//! parallel attempts, unknown accounts, a million claimed accounts), each
+//! against a real daemon on the manual clock, asserting exact verdicts.
 
 mod common;
 

@@ -1,6 +1,7 @@
-//! Issue 3's acceptance scenarios against real daemons on the manual clock:
-//! keys an attacker cannot steer, the login-adjacent routes, the response
-//! ladder, monitor mode, known devices, stale passwords and reload.
+//! What rules and routes offer beyond counting, against real daemons on the
+//! manual clock: keys an attacker cannot steer, the login-adjacent routes,
+//! the response ladder, monitor mode, known devices, stale passwords and
+//! reload.
 
 mod common;
 

@@ -1,0 +1,61 @@
+//! What `status` says about the daemon itself, against real daemons on the
+//! manual clock, held to PROTOCOL.md's `Status` section: the named limits
+//! are exactly the documented list, in order, then one
+//! `<route>.known_devices_per_account_max` per route that keeps known
+//! devices; `socket_mode` is the mode's bits in decimal; `uptime_ms` follows
+//! the manual clock.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+/// The names PROTOCOL.md lists between "The daemon lists these limits" and
+/// the paragraph on `socket_mode`, in order.
+fn documented_limit_names() -> Vec<String> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("PROTOCOL.md");
+    let doc = std::fs::read_to_string(path).unwrap();
+    let start = doc.find("The daemon lists these limits").expect("the limits paragraph");
+    let list = &doc[start..];
+    let list = &list[list.find("\n\n").unwrap()..list.find("`socket_mode` is the socket file's").unwrap()];
+    list.split('`').skip(1).step_by(2).map(str::to_string).collect()
+}
+
+async fn limits(daemon: &TestDaemon) -> Vec<(String, u64)> {
+    let status = daemon.client().status().await.unwrap();
+    status.limits.into_iter().map(|l| (l.name, l.value)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_lists_the_documented_limits_then_one_per_route_keeping_known_devices() {
+    let documented = documented_limit_names();
+    assert_eq!(documented.len(), 23, "{documented:?}");
+
+    let daemon = TestDaemon::start();
+    let names: Vec<String> = limits(&daemon).await.into_iter().map(|(name, _)| name).collect();
+    let mut expected = documented.clone();
+    expected.push("login.known_devices_per_account_max".into());
+    assert_eq!(names, expected);
+
+    // A second route keeping known devices adds its own, in route order.
+    let config = "[routes.reauth]\nknown_device_ttl_secs = 3600\nknown_devices_per_account_max = 4\n";
+    let daemon = TestDaemon::start_with(Some(config), true);
+    let all = limits(&daemon).await;
+    let per_route: Vec<(&str, u64)> = all[documented.len()..].iter().map(|(n, v)| (n.as_str(), *v)).collect();
+    assert_eq!(per_route, [("login.known_devices_per_account_max", 16), ("reauth.known_devices_per_account_max", 4)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn socket_mode_is_sent_in_decimal_and_uptime_follows_the_manual_clock() {
+    let daemon = TestDaemon::start();
+    let client = daemon.client();
+    let socket_mode = limits(&daemon).await.into_iter().find(|(name, _)| name == "socket_mode").unwrap().1;
+    assert_eq!(socket_mode, 432, "0660 in decimal");
+
+    let status = client.status().await.unwrap();
+    assert_eq!((status.uptime_ms, status.now_ms), (0, 1_893_456_000_000));
+    client.advance_clock(Duration::from_millis(90_061_500)).await.unwrap();
+    let status = client.status().await.unwrap();
+    assert_eq!((status.uptime_ms, status.now_ms), (90_061_500, 1_893_456_000_000 + 90_061_500));
+}
