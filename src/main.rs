@@ -28,6 +28,14 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => serve(args),
+        Command::Man => {
+            let printed = cli::man_page().and_then(|page| std::io::Write::write_all(&mut std::io::stdout(), &page));
+            if let Err(e) = printed {
+                eprintln!("tollgate: error: {e}");
+                return ExitCode::FAILURE;
+            }
+            ExitCode::SUCCESS
+        }
         command => {
             // The load generator and the echo server want every core; the
             // CLI's one request, one thread.
