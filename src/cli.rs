@@ -52,6 +52,9 @@ pub enum Command {
         #[arg(long)]
         verdict: bool,
     },
+    /// Print the man page (roff): `tollgate man > /usr/local/share/man/man1/tollgate.1`.
+    #[command(hide = true)]
+    Man,
 }
 
 #[derive(Debug, Args)]
@@ -164,6 +167,44 @@ pub enum ClockCommand {
     },
 }
 
+/// The man page, made from the clap definitions above so it cannot drift
+/// from `--help`: the top-level page (which lists every command), then each
+/// command's synopsis and options as a section of its own.
+pub fn man_page() -> std::io::Result<Vec<u8>> {
+    fn commands(cmd: &clap::Command, path: &str, page: &mut Vec<u8>) -> std::io::Result<()> {
+        for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+            let name = format!("{path} {}", sub.get_name());
+            let man = clap_mangen::Man::new(sub.clone().bin_name(&name));
+            let mut part = Vec::new();
+            man.render_synopsis_section(&mut part)?;
+            man.render_options_section(&mut part)?;
+            // One page: each command's headings become a section and a subsection.
+            let part = String::from_utf8_lossy(&part)
+                .replacen(".SH SYNOPSIS", &format!(".SH \"{}\"", name.to_uppercase()), 1)
+                .replacen(".SH OPTIONS", ".SS Options", 1);
+            page.extend_from_slice(part.as_bytes());
+            commands(sub, &name, page)?;
+        }
+        Ok(())
+    }
+    let cmd = <Cli as clap::CommandFactory>::command();
+    let mut page = Vec::new();
+    clap_mangen::Man::new(cmd.clone()).render(&mut page)?;
+    commands(&cmd, "tollgate", &mut page)?;
+    Ok(page)
+}
+
+/// `tollgate man`: the page on stdout.
+pub fn print_man_page() -> std::process::ExitCode {
+    match man_page().and_then(|page| std::io::Write::write_all(&mut std::io::stdout(), &page)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tollgate: error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text).map_err(|e| format!("`{text}`: {e} (try 500ms, 30s, 15m, 1h)"))
 }
@@ -197,6 +238,7 @@ fn client(common: &CommonArgs) -> Client {
 pub async fn run(command: Command) -> Result<(), ClientError> {
     match command {
         Command::Serve(_) => unreachable!("main handles serve"),
+        Command::Man => unreachable!("main handles man"),
         Command::Bench(args) => {
             let json_out = args.json;
             let r = crate::bench::run(args).await?;

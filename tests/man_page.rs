@@ -1,0 +1,40 @@
+//! `tollgate man` prints a man page made from the clap definitions: it must
+//! name every command, so a new subcommand cannot be left out of it.
+
+use std::process::Command;
+
+use clap::CommandFactory;
+use tollgate::cli::Cli;
+
+/// Every visible command as the page names it, nested ones included:
+/// `serve`, ..., `clock advance`.
+fn command_paths(cmd: &clap::Command, prefix: &str, out: &mut Vec<String>) {
+    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+        let path = format!("{prefix}{}", sub.get_name());
+        out.push(path.clone());
+        command_paths(sub, &format!("{path} "), out);
+    }
+}
+
+#[test]
+fn the_man_page_names_every_subcommand() {
+    let output = Command::new(env!("CARGO_BIN_EXE_tollgate")).arg("man").output().expect("run tollgate man");
+    let page = String::from_utf8(output.stdout).expect("roff is UTF-8");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "tollgate man failed: {}\n{stderr}", output.status);
+    assert!(page.contains(".TH tollgate 1"), "not a roff man page:\n{page}");
+
+    let mut commands = Vec::new();
+    command_paths(&Cli::command(), "", &mut commands);
+    assert!(commands.len() >= 10, "too few commands found: {commands:?}");
+    let missing: Vec<&String> =
+        commands.iter().filter(|c| !page.contains(&format!(".SH \"TOLLGATE {}\"", c.to_uppercase()))).collect();
+    assert!(missing.is_empty(), "the man page has no section for {missing:?}; page:\n{page}");
+    // The top-level list names each first-level command too (roff escapes `-`).
+    for c in commands.iter().filter(|c| !c.contains(' ')) {
+        let listed = format!("tollgate\\-{}", c.replace('-', "\\-"));
+        assert!(page.contains(&listed), "the command list lacks `{c}`; page:\n{page}");
+    }
+    // `man` itself is hidden: it prints the page, it is not a command to document.
+    assert!(!page.contains("TOLLGATE MAN"), "the hidden `man` command is documented:\n{page}");
+}
