@@ -30,10 +30,10 @@
 
 use std::process::Command;
 
-use tollgate::expiring::{ExpiringMap, Slot};
-use tollgate::failure_window::{FailureWindowTable, WindowSpec};
-use tollgate::gcra::{GcraSpec, GcraTable};
-use tollgate::keys::Key;
+use tollgate::Key;
+use tollgate::{ExpiringMap, Slot};
+use tollgate::{FailureWindowTable, WindowSpec};
+use tollgate::{GcraSpec, GcraTable};
 
 const SECOND: u64 = 1_000_000;
 const NOW_US: u64 = 1_700_000_000 * SECOND;

@@ -20,16 +20,16 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 
-use tollgate::classes::ClassTable;
 use tollgate::codec::{self, FRAME_HEADER_BYTES};
-use tollgate::config::Config;
-use tollgate::failure_window::{FailureWindowTable, WindowSpec};
-use tollgate::gcra::{GcraSpec, GcraTable};
-use tollgate::keys::{Component, Key, KeyDeriver, Secret};
-use tollgate::limiter::Limiter;
 use tollgate::protocol::{Decision, Reason, Request, Response, Subject, Verdict};
-use tollgate::source::SourcePolicy;
-use tollgate::store::Journal;
+use tollgate::ClassTable;
+use tollgate::Config;
+use tollgate::Journal;
+use tollgate::Limiter;
+use tollgate::SourcePolicy;
+use tollgate::{Component, Key, KeyDeriver, Secret};
+use tollgate::{FailureWindowTable, WindowSpec};
+use tollgate::{GcraSpec, GcraTable};
 
 const SECOND: u64 = 1_000_000;
 /// An arbitrary instant (2023) for benches that keep time still.

@@ -418,7 +418,7 @@ fn hex(bytes: &[u8]) -> String {
 #[command(about = "Example login server in front of a tollgate daemon")]
 struct Args {
     /// The tollgate daemon's socket.
-    #[arg(long, env = "TOLLGATE_SOCKET", default_value = tollgate::config::SOCKET_PATH_DEFAULT)]
+    #[arg(long, env = "TOLLGATE_SOCKET", default_value = tollgate::SOCKET_PATH_DEFAULT)]
     socket: PathBuf,
     /// Address to listen on; loopback only (this is an example).
     #[arg(long, env = "LOGIN_SERVER_LISTEN", default_value = "127.0.0.1:8080")]

@@ -1,31 +1,27 @@
 //! tollgate: a per-host login rate limiter.
 //!
-//! The request path, in order:
-//! - [`server`]: accepts connections on the Unix socket, reads frames, and
-//!   dispatches each request (`Daemon::handle`).
-//! - [`codec`]: frames and the bincode payloads (pure, no I/O).
-//! - [`protocol`]: every request and response type.
-//! - [`limiter`]: routes and rules; plans a check (derives its keys), then
-//!   runs one table step per rule (pure: time is passed in).
-//! - [`source`]: the client address behind proxies, and its prefix;
-//!   [`classes`]: the source class of an address (CIDR file).
-//! - [`keys`]: keyed BLAKE2b digests of every identifier (SipHash for
-//!   source prefixes).
-//! - [`gcra`] and [`failure_window`]: the two counters; [`overflow`]: where
-//!   a failure table full of lockouts still counts; [`tat_table`]: the
-//!   GCRA table's storage; [`expiring`]: the bounded map behind escalation,
-//!   known devices and recent passwords.
-//! - [`store`]: the redb state file and its writer thread (the only module
-//!   that touches redb).
+//! What an auth server links is the client crate, re-exported here as
+//! [`client`], [`protocol`] and [`codec`]. The binary's two halves are
+//! [`daemon`] (`tollgate serve`) and [`cli`] (every other command). The
+//! rest of the crate is private; what is re-exported at the root below are
+//! the parts that stand alone (the counters and their tables, key
+//! derivation, the state file, the configuration), which the property
+//! tests, benches and fuzz targets drive directly.
 //!
-//! Around it: [`access`] (who may ask what, by peer credentials), [`audit`]
-//! (rate-capped refusal and audit lines), [`notify`] (systemd readiness and
-//! watchdog), [`metrics`] (`status` as
-//! Prometheus text), [`config`] (TOML over built-in defaults), [`clock`] (the only
-//! place time is read), [`client`] (what an auth server links), [`cli`], and
-//! [`bench`] (the load generator and the echo server: the transport and
-//! codec floors).
-//! ARCHITECTURE.md states the invariants.
+//! The request path, in order (ARCHITECTURE.md has the map and the
+//! invariants): `server` accepts connections and reads frames; `codec`
+//! decodes them; `daemon` turns each into a `Job` and answers it
+//! (`Daemon::handle`); `limiter` plans a check (derives its keys in
+//! `limiter/subject.rs`), then runs one table step per rule (pure: time is
+//! passed in) on `gcra` and `failure_window` tables (`overflow` counts what
+//! a table full of lockouts cannot hold; `expiring` is the bounded map
+//! behind escalation, known devices and recent passwords); `store` is the
+//! redb state file and its writer thread (the only module that touches
+//! redb). Around it: `source` and `classes` (who the client is), `keys`
+//! (keyed digests of every identifier), `access` (who may ask what),
+//! `audit` (rate-capped log lines), `notify` (systemd), `metrics`
+//! (Prometheus text), `config`, `clock` (the only place time is read) and
+//! `bench` (the load generator and the echo server).
 // No unsafe code, with two audited exceptions in `tat_table`, both hints
 // that cannot change memory: the cache prefetch (`prefetch_read`) and the
 // huge-page advice for large GCRA tables (`advise_huge_pages`).
@@ -36,26 +32,59 @@
 pub use tollgate_client as client;
 pub use tollgate_client::{codec, protocol};
 
-pub mod access;
-pub mod audit;
-pub mod bench;
-pub mod classes;
 pub mod cli;
-pub mod clock;
-pub mod config;
 pub mod daemon;
-pub mod expiring;
-pub mod failure_window;
-pub mod gcra;
-pub mod keys;
-pub mod limiter;
-pub mod metrics;
-pub mod notify;
-pub mod overflow;
-pub mod server;
-pub mod source;
-pub mod store;
-pub mod tat_table;
+
+mod access;
+mod audit;
+mod bench;
+mod classes;
+mod clock;
+mod config;
+mod expiring;
+mod failure_window;
+mod gcra;
+mod keys;
+mod limiter;
+mod metrics;
+mod notify;
+mod overflow;
+mod server;
+mod source;
+mod store;
+mod tat_table;
+
+// The counters and the tables behind them, usable alone.
+pub use expiring::{ExpiringMap, Slot};
+pub use failure_window::{
+    Change, Counts, FailureWindowTable, Recorded, TableError, WindowSpec, THRESHOLD_MAX, TOP_CLASS_EVICTION_SCAN,
+    WINDOW_US_MIN,
+};
+pub use gcra::{decide, GcraDecision, GcraSpec, GcraTable};
+pub use limiter::Limiter;
+pub use tat_table::TatTable;
+
+// Who a request is from, and the digests every identifier becomes.
+pub use classes::{fuzz_class_file, ClassTable, SourceClass};
+pub use keys::{Component, Key, KeyDeriver, Secret, SECRET_BYTES};
+pub use source::{
+    canonical, forwarded_tail, Prefix, SourcePolicy, FORWARDED_FOR_BYTES_MAX, FORWARDED_HOPS_MAX, IPV4_PREFIX_LEN_MIN,
+    IPV6_PREFIX_LEN_MAX, IPV6_PREFIX_LEN_MIN,
+};
+
+// The configuration, as written and as validated, with its bounds.
+pub use config::{
+    Config, DeviceScope, FailPolicy, KnownDevicesConfig, RawConfig, RawRuleKind, RouteConfig, RuleConfig, RuleKind,
+    Rung, BURST_SPAN_US_MAX, ENTRIES_MAX_LIMIT, KNOWN_DEVICES_PER_ACCOUNT_MAX_LIMIT, PERIOD_SECS_MAX,
+    RECENT_PASSWORDS_MAX, RULES_PER_ROUTE_MAX, SNAPSHOT_INTERVAL_MS_MAX, SOCKET_PATH_DEFAULT,
+};
+
+// The state file.
+pub use store::{Journal, OpenOptions, PersistedEntry, Store, StoreError};
+
+// The load generator's random numbers (the example login server's test
+// draws its traffic from them).
+pub use bench::Rng;
 
 /// The README's Rust example compiles as a doctest, so it cannot rot.
 #[cfg(doctest)]

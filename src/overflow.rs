@@ -59,11 +59,6 @@ impl OverflowSketch {
         }
     }
 
-    /// Memory the sketch holds.
-    pub fn bytes(&self) -> usize {
-        std::mem::size_of_val(&*self.cells)
-    }
-
     /// The key's cell in `row`. Digests are keyed with the install's secret,
     /// so which keys share a cell is not up to a client.
     fn cell(&self, key: Key, row: usize) -> usize {

@@ -9,8 +9,8 @@ use std::time::Duration;
 use common::*;
 use tollgate::client::{Answer, Client, ClientConfig, ClientError};
 use tollgate::codec;
-use tollgate::config::FailPolicy;
 use tollgate::protocol::{Decision, ErrorCode, Outcome, Request, Response, Subject};
+use tollgate::FailPolicy;
 
 #[tokio::test]
 async fn an_unreachable_daemon_gets_each_routes_fail_policy() {

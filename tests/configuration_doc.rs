@@ -13,9 +13,9 @@
 use std::collections::BTreeSet;
 
 use serde_reflection::{ContainerFormat, Format, Registry, Tracer, TracerConfig};
-use tollgate::classes::SourceClass;
-use tollgate::config::{Config, DeviceScope, FailPolicy, RawConfig, RawRuleKind, Rung};
-use tollgate::keys::Component;
+use tollgate::Component;
+use tollgate::SourceClass;
+use tollgate::{Config, DeviceScope, FailPolicy, RawConfig, RawRuleKind, Rung};
 
 const DOC_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/configuration.md");
 /// The heading of the section holding the complete example file.

@@ -21,8 +21,8 @@ use tokio::net::UnixStream;
 use common::*;
 use tollgate::client::{Client, ClientConfig};
 use tollgate::codec::{self, FRAME_HEADER_BYTES, RESPONSE_PAYLOAD_BYTES_MAX};
-use tollgate::keys::{KeyDeriver, Secret};
 use tollgate::protocol::{Decision, Outcome, Request, Response, Subject};
+use tollgate::{KeyDeriver, Secret};
 
 const LOGIN: &str = "login";
 

@@ -181,7 +181,7 @@ async fn http(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str
 
 /// The sequences are the same on every run: the load generator's seeded
 /// xorshift, with a picker.
-use tollgate::bench::Rng;
+use tollgate::Rng;
 
 trait Pick {
     fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str;

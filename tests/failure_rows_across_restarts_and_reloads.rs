@@ -28,8 +28,8 @@ fn who(peer: IpAddr, account: Option<&str>) -> Subject<'_> {
 }
 
 /// Rows in the state file, read as the daemon reads them at start.
-fn state_rows(path: &Path) -> Vec<tollgate::store::PersistedEntry> {
-    tollgate::store::Store::open(path, false).expect("state file opens").load().expect("state file loads")
+fn state_rows(path: &Path) -> Vec<tollgate::PersistedEntry> {
+    tollgate::Store::open(path, false).expect("state file opens").load().expect("state file loads")
 }
 
 #[test]

@@ -5,10 +5,10 @@ use std::collections::HashMap;
 
 use proptest::prelude::*;
 
-use tollgate::failure_window::{Counts, FailureWindowTable, WindowSpec};
-use tollgate::gcra::{GcraSpec, GcraTable};
-use tollgate::keys::Key;
-use tollgate::tat_table::TatTable;
+use tollgate::Key;
+use tollgate::TatTable;
+use tollgate::{Counts, FailureWindowTable, WindowSpec};
+use tollgate::{GcraSpec, GcraTable};
 
 fn key(n: u8) -> Key {
     let n = n as u64 + 1;

@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use tollgate::client::Client;
-use tollgate::keys::Secret;
 use tollgate::protocol::{Decision, Outcome, Subject};
-use tollgate::store::{OpenOptions, Store, StoreError};
+use tollgate::Secret;
+use tollgate::{OpenOptions, Store, StoreError};
 
 const LOGIN: &str = "login";
 
@@ -379,7 +379,7 @@ fn a_state_file_is_never_paired_with_another_secret_key() {
 
     // Another secret: refused.
     std::fs::remove_file(&new_secret).unwrap();
-    let other = Secret::from_bytes([7; tollgate::keys::SECRET_BYTES]);
+    let other = Secret::from_bytes([7; tollgate::SECRET_BYTES]);
     other.save(&new_secret).unwrap();
     let Start::Exited { code, stderr } = start_on(dir.path(), &[]) else { panic!("started with another secret") };
     assert_eq!(code, Some(1), "{stderr}");

@@ -22,9 +22,7 @@ mod file;
 mod validate;
 
 pub use defaults::*;
-pub use file::{
-    RawClassLimit, RawClassPrefix, RawConfig, RawResponses, RawRoute, RawRule, RawRuleKind, RawServer, RawSource,
-};
+pub use file::{RawClassLimit, RawConfig, RawResponses, RawRoute, RawRule, RawRuleKind, RawServer, RawSource};
 
 /// What a client does for a route when the daemon cannot answer in time:
 /// the client crate's type, so the daemon's file and the client agree.

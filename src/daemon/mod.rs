@@ -7,13 +7,9 @@ pub(crate) mod lockouts;
 mod start;
 mod status;
 
-pub use lockouts::{
-    LOCKOUTS_LISTED_DEFAULT, LOCKOUTS_LISTED_MAX, LOCKOUTS_MADE_CONCURRENTLY_MAX, LOCKOUTS_REPLY_BYTES_MAX,
-    LOCKOUT_REPLY_BYTES_ESTIMATE,
-};
-pub use start::{load_config, serve};
+pub use start::serve;
 
-use lockouts::{lockouts_listed, lockouts_reply};
+use lockouts::{lockouts_listed, lockouts_reply, LOCKOUTS_MADE_CONCURRENTLY_MAX, LOCKOUTS_REPLY_BYTES_MAX};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

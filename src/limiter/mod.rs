@@ -17,7 +17,6 @@ mod subject;
 mod verdict;
 
 pub use maintenance::Restored;
-pub use shards::SHARDS;
 
 use std::sync::Arc;
 

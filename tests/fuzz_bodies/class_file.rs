@@ -2,7 +2,7 @@
 //! (which replays `fuzz/corpus/class_file/` on stable). Uses only `tollgate`
 //! and std.
 //!
-//! Runs the crate's own entry point (`tollgate::classes::fuzz_class_file`:
+//! Runs the crate's own entry point (`tollgate::fuzz_class_file`:
 //! no panics, each listed network finds its class), then, when the text
 //! parses, compares `ClassTable::lookup` with a brute-force longest-prefix
 //! match over the lines read independently, at each listed network's first
@@ -12,8 +12,8 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use tollgate::classes::{ClassTable, SourceClass};
-use tollgate::source::canonical;
+use tollgate::canonical;
+use tollgate::{ClassTable, SourceClass};
 
 /// Addresses taken from the input bytes, per family.
 const INPUT_ADDRESSES_MAX: usize = 32;
@@ -81,7 +81,7 @@ fn reference_lookup(entries: &[(Net, SourceClass)], address: IpAddr) -> Option<S
 }
 
 pub fn run(data: &[u8]) {
-    tollgate::classes::fuzz_class_file(data);
+    tollgate::fuzz_class_file(data);
 
     let text = String::from_utf8_lossy(data);
     let Ok(table) = ClassTable::parse(&text) else { return };

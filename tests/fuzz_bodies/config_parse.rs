@@ -9,15 +9,15 @@
 //! including that the tables and the GCRA arithmetic accept its limits
 //! (`fuzz/regressions/config_parse/` holds what this found).
 
-use tollgate::config::{
+use tollgate::Component;
+use tollgate::{decide, GcraSpec};
+use tollgate::{
     Config, DeviceScope, KnownDevicesConfig, RouteConfig, RuleConfig, RuleKind, BURST_SPAN_US_MAX, ENTRIES_MAX_LIMIT,
     KNOWN_DEVICES_PER_ACCOUNT_MAX_LIMIT, PERIOD_SECS_MAX, RECENT_PASSWORDS_MAX, RULES_PER_ROUTE_MAX,
     SNAPSHOT_INTERVAL_MS_MAX,
 };
-use tollgate::failure_window::{FailureWindowTable, WindowSpec, THRESHOLD_MAX, WINDOW_US_MIN};
-use tollgate::gcra::{decide, GcraSpec};
-use tollgate::keys::Component;
-use tollgate::source::{FORWARDED_HOPS_MAX, IPV4_PREFIX_LEN_MIN, IPV6_PREFIX_LEN_MAX, IPV6_PREFIX_LEN_MIN};
+use tollgate::{FailureWindowTable, WindowSpec, THRESHOLD_MAX, WINDOW_US_MIN};
+use tollgate::{FORWARDED_HOPS_MAX, IPV4_PREFIX_LEN_MIN, IPV6_PREFIX_LEN_MAX, IPV6_PREFIX_LEN_MIN};
 
 const SECOND_US: u64 = 1_000_000;
 /// A plausible now for the GCRA arithmetic: 2030-01-01.

@@ -23,8 +23,8 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use tollgate::classes::SourceClass;
-use tollgate::source::{canonical, forwarded_tail, Prefix, SourcePolicy, FORWARDED_FOR_BYTES_MAX, FORWARDED_HOPS_MAX};
+use tollgate::SourceClass;
+use tollgate::{canonical, forwarded_tail, Prefix, SourcePolicy, FORWARDED_FOR_BYTES_MAX, FORWARDED_HOPS_MAX};
 
 // The including crate declares `bytes` (tests/fuzz_bodies/bytes.rs) once.
 use crate::bytes::Bytes;

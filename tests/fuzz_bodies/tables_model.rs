@@ -28,12 +28,12 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use tollgate::expiring::{ExpiringMap, Slot};
-use tollgate::failure_window::{
+use tollgate::Key;
+use tollgate::{
     Change, Counts, FailureWindowTable, Recorded, TableError, WindowSpec, THRESHOLD_MAX, TOP_CLASS_EVICTION_SCAN,
 };
-use tollgate::gcra::{GcraDecision, GcraSpec, GcraTable};
-use tollgate::keys::Key;
+use tollgate::{ExpiringMap, Slot};
+use tollgate::{GcraDecision, GcraSpec, GcraTable};
 
 // The including crate declares `bytes` (tests/fuzz_bodies/bytes.rs) once.
 use crate::bytes::Bytes;

@@ -31,7 +31,7 @@ use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 
-use tollgate::tat_table::TatTable;
+use tollgate::TatTable;
 
 // The including crate declares `bytes` (tests/fuzz_bodies/bytes.rs) once.
 use crate::bytes::Bytes;
