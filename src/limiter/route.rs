@@ -10,6 +10,11 @@ use crate::failure_window::{FailureWindowTable, WindowSpec};
 use crate::gcra::GcraTable;
 use crate::keys::{Component, Key};
 
+/// A rule's table. A failure rule's `spec` is also held by each shard's
+/// table, which needs it for its own arithmetic; this copy is the same value
+/// (both set from one `WindowSpec` in `build_rule`, on build and reload),
+/// read without taking a shard lock (the ladder's cool-down, status,
+/// restore).
 pub(super) enum Table {
     Rate { rate: RateLimit, by_class: ByClass<Option<RateLimit>>, shards: SharedTable<GcraTable> },
     Failures { spec: WindowSpec, cleared_by_success: bool, shards: SharedTable<FailureWindowTable> },
