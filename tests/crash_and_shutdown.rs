@@ -9,7 +9,7 @@ mod common;
 
 use std::collections::HashMap;
 use std::io::ErrorKind;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,44 +21,10 @@ use tokio::net::UnixStream;
 use common::*;
 use tollgate::client::{Client, ClientConfig};
 use tollgate::codec::{self, FRAME_HEADER_BYTES, RESPONSE_PAYLOAD_BYTES_MAX};
-use tollgate::protocol::{Decision, Outcome, Request, Response, Subject};
+use tollgate::protocol::{Decision, Outcome, Request, Response};
 use tollgate::{KeyDeriver, Secret};
 
 const LOGIN: &str = "login";
-
-/// xorshift64: seeded, so a failing run can be replayed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
-}
-
-fn v4(n: u32) -> IpAddr {
-    IpAddr::V4(Ipv4Addr::from(n))
-}
-
-/// An address in a /64 of its own for every `n` (the /64 is the first four
-/// segments; `n` fills the third and fourth).
-fn own_64(first: u16, second: u16, n: u32) -> IpAddr {
-    IpAddr::V6(Ipv6Addr::new(first, second, (n >> 16) as u16, n as u16, 0x1a2b, 0x3c4d, 0, 1))
-}
-
-fn who(peer: IpAddr, account: Option<&str>) -> Subject<'_> {
-    Subject { peer: Some(peer), account, ..Subject::default() }
-}
 
 /// One connection speaking the raw protocol, one request at a time. Unlike
 /// the pooled client it reports every I/O error as such (a killed daemon).
@@ -89,10 +55,6 @@ impl Conn {
         assert_eq!(reply_id, id, "the reply names its request");
         Ok(response)
     }
-}
-
-fn check_frame(id: usize, route: &str, subject: &Subject<'_>, out: &mut Vec<u8>) {
-    codec::encode_request(id as u64, &Request::Check { route, subject: subject.clone() }, out);
 }
 
 // ---------------------------------------------------------------------------

@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
 use std::time::Duration;
 
@@ -14,18 +13,6 @@ use common::*;
 use tollgate::protocol::{Decision, Outcome, Subject};
 
 const LOGIN: &str = "login";
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
-}
-
-fn v4(n: u32) -> IpAddr {
-    IpAddr::V4(Ipv4Addr::from(n))
-}
-
-fn who(peer: IpAddr, account: Option<&str>) -> Subject<'_> {
-    Subject { peer: Some(peer), account, ..Subject::default() }
-}
 
 /// Rows in the state file, read as the daemon reads them at start.
 fn state_rows(path: &Path) -> Vec<tollgate::PersistedEntry> {
@@ -62,11 +49,6 @@ fn rows_that_expire_while_the_daemon_is_down_are_deleted_at_the_next_start() {
     assert!(log.contains("restored=0") && log.contains("expired=80"), "start-up log counts them: {log}");
     let rows = state_rows(&daemon.state);
     assert_eq!(rows.len(), 6, "only the 3 new pairs' entries are left");
-}
-
-/// mallory from 203.0.113.5: the pair the window-change tests lock.
-fn mallory() -> Subject<'static> {
-    who(v4(0xcb00_7105), Some("mallory"))
 }
 
 /// One `check` on the login route.
@@ -118,18 +100,6 @@ fn a_window_lengthened_while_the_daemon_was_down_does_not_lock_for_centuries() {
     assert_eq!(retry_after_ms, 900_001);
     daemon.advance("900001ms");
     assert_eq!(check(&daemon, &mallory()).decision, Decision::Allow);
-}
-
-fn eve() -> Subject<'static> {
-    who(v4(0xcb00_7106), Some("eve"))
-}
-
-fn fail_five_times(daemon: &TestDaemon, subject: &Subject<'_>) {
-    let rt = runtime();
-    let client = daemon.client();
-    for _ in 0..5 {
-        verdict(rt.block_on(client.report(LOGIN, subject, Outcome::Failure)));
-    }
 }
 
 #[test]

@@ -21,10 +21,6 @@ threshold = 5
 /// them with probability 16 × (15/16)^200 < 10^-4).
 const FILLERS: usize = 200;
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
-}
-
 /// 5 failures for each of `FILLERS` accounts, each from its own address:
 /// enough lockouts to fill every shard of both tables.
 fn fill_both_tables_with_lockouts(daemon: &TestDaemon) {

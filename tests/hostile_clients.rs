@@ -7,7 +7,6 @@
 mod common;
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,83 +16,9 @@ use tokio::net::UnixStream;
 
 use common::*;
 use tollgate::codec::{self, FRAME_HEADER_BYTES, REQUEST_PAYLOAD_BYTES_MAX};
-use tollgate::protocol::{Decision, ErrorCode, Outcome, Request, Response, Subject, PROTOCOL_VERSION};
+use tollgate::protocol::{Decision, ErrorCode, Outcome, Request, Response, PROTOCOL_VERSION};
 
 const LOGIN: &str = "login";
-
-/// xorshift64: seeded, so a failing run can be replayed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
-}
-
-fn v4(n: u32) -> IpAddr {
-    IpAddr::V4(Ipv4Addr::from(n))
-}
-
-fn who(peer: IpAddr, account: Option<&str>) -> Subject<'_> {
-    Subject { peer: Some(peer), account, ..Subject::default() }
-}
-
-/// A field of /proc/PID/status in KiB (VmRSS, VmHWM, VmPeak...).
-fn proc_kib(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field).and_then(|v| v.strip_prefix(':')))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"))
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
-fn latency_summary(mut samples: Vec<Duration>) -> (Duration, Duration, Duration) {
-    samples.sort();
-    (percentile(&samples, 0.5), percentile(&samples, 0.99), *samples.last().unwrap())
-}
-
-/// One request and its reply over a blocking connection.
-fn call_std(stream: &mut std::os::unix::net::UnixStream, id: u64, request: &Request<'_>) -> Response<'static> {
-    let mut frame = Vec::new();
-    codec::encode_request(id, request, &mut frame);
-    stream.write_all(&frame).unwrap();
-    let (reply_id, reply) = read_reply(stream);
-    assert_eq!(reply_id, id, "the reply names its request");
-    reply
-}
-
-/// mallory from 203.0.113.5: the pair the window-change tests lock.
-fn mallory() -> Subject<'static> {
-    who(v4(0xcb00_7105), Some("mallory"))
-}
-
-fn eve() -> Subject<'static> {
-    who(v4(0xcb00_7106), Some("eve"))
-}
-
-fn fail_five_times(daemon: &TestDaemon, subject: &Subject<'_>) {
-    let rt = runtime();
-    let client = daemon.client();
-    for _ in 0..5 {
-        verdict(rt.block_on(client.report(LOGIN, subject, Outcome::Failure)));
-    }
-}
 
 // ---------------------------------------------------------------------------
 // 3. A thousand stalled half-frames
@@ -211,14 +136,6 @@ fn a_thousand_stalled_half_frames_do_not_stall_others_and_are_freed_after_the_ti
 
 // ---------------------------------------------------------------------------
 // 4. Hostile length prefixes
-
-fn read_reply(stream: &mut std::os::unix::net::UnixStream) -> (u64, Response<'static>) {
-    let mut header = [0u8; FRAME_HEADER_BYTES];
-    stream.read_exact(&mut header).unwrap();
-    let mut payload = vec![0u8; u32::from_le_bytes(header) as usize];
-    stream.read_exact(&mut payload).unwrap();
-    codec::decode_response(&payload).unwrap()
-}
 
 #[test]
 fn hostile_length_prefixes_are_refused_from_the_header_without_allocating() {

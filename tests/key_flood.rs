@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -16,42 +15,9 @@ use tokio::net::UnixStream;
 use common::*;
 use tollgate::client::{Client, ClientConfig};
 use tollgate::codec::{self, FRAME_HEADER_BYTES, RESPONSE_PAYLOAD_BYTES_MAX};
-use tollgate::protocol::{Decision, Outcome, Reason, Request, Response, Subject};
+use tollgate::protocol::{Decision, Outcome, Reason, Response};
 
 const LOGIN: &str = "login";
-
-fn v4(n: u32) -> IpAddr {
-    IpAddr::V4(Ipv4Addr::from(n))
-}
-
-/// An address in a /64 of its own for every `n` (the /64 is the first four
-/// segments; `n` fills the third and fourth).
-fn own_64(first: u16, second: u16, n: u32) -> IpAddr {
-    IpAddr::V6(Ipv6Addr::new(first, second, (n >> 16) as u16, n as u16, 0x1a2b, 0x3c4d, 0, 1))
-}
-
-fn who(peer: IpAddr, account: Option<&str>) -> Subject<'_> {
-    Subject { peer: Some(peer), account, ..Subject::default() }
-}
-
-/// A field of /proc/PID/status in KiB (VmRSS, VmHWM, VmPeak...).
-fn proc_kib(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field).and_then(|v| v.strip_prefix(':')))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"))
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
-fn latency_summary(mut samples: Vec<Duration>) -> (Duration, Duration, Duration) {
-    samples.sort();
-    (percentile(&samples, 0.5), percentile(&samples, 0.99), *samples.last().unwrap())
-}
 
 /// Like `common::pipeline`, but hands each reply to `check` instead of
 /// keeping it, so ten million replies cost no memory; returns the replies
@@ -91,10 +57,6 @@ async fn flood(
         inbuf.drain(..at);
     }
     got
-}
-
-fn check_frame(id: usize, route: &str, subject: &Subject<'_>, out: &mut Vec<u8>) {
-    codec::encode_request(id as u64, &Request::Check { route, subject: subject.clone() }, out);
 }
 
 // ---------------------------------------------------------------------------

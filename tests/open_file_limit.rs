@@ -4,39 +4,15 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 use common::*;
-use tollgate::codec::{self, FRAME_HEADER_BYTES};
 use tollgate::protocol::{Decision, Request, Response};
 
 const LOGIN: &str = "login";
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
-}
-
-fn read_reply(stream: &mut std::os::unix::net::UnixStream) -> (u64, Response<'static>) {
-    let mut header = [0u8; FRAME_HEADER_BYTES];
-    stream.read_exact(&mut header).unwrap();
-    let mut payload = vec![0u8; u32::from_le_bytes(header) as usize];
-    stream.read_exact(&mut payload).unwrap();
-    codec::decode_response(&payload).unwrap()
-}
-
 // ---------------------------------------------------------------------------
 // At the open-file limit
-
-/// One request and its reply over a blocking connection.
-fn call_std(stream: &mut std::os::unix::net::UnixStream, id: u64, request: &Request<'_>) -> Response<'static> {
-    let mut frame = Vec::new();
-    codec::encode_request(id, request, &mut frame);
-    stream.write_all(&frame).unwrap();
-    let (reply_id, reply) = read_reply(stream);
-    assert_eq!(reply_id, id, "the reply names its request");
-    reply
-}
 
 /// The soft and hard "Max open files" of a process, from /proc.
 fn open_file_limits(pid: u32) -> (u64, u64) {

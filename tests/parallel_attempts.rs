@@ -15,10 +15,6 @@ use tollgate::protocol::{Decision, Outcome, Subject};
 const PASSWORD_HASH: Duration = Duration::from_millis(100);
 const ATTEMPTS: usize = 200;
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
-}
-
 /// One attempt as an auth server makes it, from its own connection: check;
 /// if it may proceed, hash the password (sleep), then report `outcome`.
 /// True if the password was tried.

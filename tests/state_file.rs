@@ -19,10 +19,6 @@ use tollgate::{OpenOptions, Store, StoreError};
 
 const LOGIN: &str = "login";
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
-}
-
 /// A check, and a report of `ok` if the check lets it proceed.
 async fn attempt(client: &Client, subject: &Subject<'_>, ok: bool) -> tollgate::protocol::Verdict<'static> {
     let check = verdict(client.check(LOGIN, subject).await);

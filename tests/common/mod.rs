@@ -3,7 +3,8 @@
 //! failing test the daemon's log is printed.
 #![allow(dead_code)]
 
-use std::net::IpAddr;
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -299,4 +300,98 @@ where
         out.push(t.await.unwrap());
     }
     out
+}
+
+// ---- helpers several test files share ----
+
+/// xorshift64: seeded, so a failing run can be replayed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+pub fn v4(n: u32) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::from(n))
+}
+
+/// An address in a /64 of its own for every `n` (the /64 is the first four
+/// segments; `n` fills the third and fourth).
+pub fn own_64(first: u16, second: u16, n: u32) -> IpAddr {
+    IpAddr::V6(Ipv6Addr::new(first, second, (n >> 16) as u16, n as u16, 0x1a2b, 0x3c4d, 0, 1))
+}
+
+pub fn who(peer: IpAddr, account: Option<&str>) -> Subject<'_> {
+    Subject { peer: Some(peer), account, ..Subject::default() }
+}
+
+/// A field of /proc/PID/status in KiB (VmRSS, VmHWM, VmPeak...).
+pub fn proc_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field).and_then(|v| v.strip_prefix(':')))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"))
+}
+
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+pub fn latency_summary(mut samples: Vec<Duration>) -> (Duration, Duration, Duration) {
+    samples.sort();
+    (percentile(&samples, 0.5), percentile(&samples, 0.99), *samples.last().unwrap())
+}
+
+/// One request and its reply over a blocking connection.
+pub fn call_std(stream: &mut std::os::unix::net::UnixStream, id: u64, request: &Request<'_>) -> Response<'static> {
+    let mut frame = Vec::new();
+    codec::encode_request(id, request, &mut frame);
+    stream.write_all(&frame).unwrap();
+    let (reply_id, reply) = read_reply(stream);
+    assert_eq!(reply_id, id, "the reply names its request");
+    reply
+}
+
+pub fn read_reply(stream: &mut std::os::unix::net::UnixStream) -> (u64, Response<'static>) {
+    let mut header = [0u8; FRAME_HEADER_BYTES];
+    stream.read_exact(&mut header).unwrap();
+    let mut payload = vec![0u8; u32::from_le_bytes(header) as usize];
+    stream.read_exact(&mut payload).unwrap();
+    codec::decode_response(&payload).unwrap()
+}
+
+pub fn check_frame(id: usize, route: &str, subject: &Subject<'_>, out: &mut Vec<u8>) {
+    codec::encode_request(id as u64, &Request::Check { route, subject: subject.clone() }, out);
+}
+
+/// mallory from 203.0.113.5: the pair the window-change tests lock.
+pub fn mallory() -> Subject<'static> {
+    who(v4(0xcb00_7105), Some("mallory"))
+}
+
+pub fn eve() -> Subject<'static> {
+    who(v4(0xcb00_7106), Some("eve"))
+}
+
+pub fn fail_five_times(daemon: &TestDaemon, subject: &Subject<'_>) {
+    let rt = runtime();
+    let client = daemon.client();
+    for _ in 0..5 {
+        verdict(rt.block_on(client.report("login", subject, Outcome::Failure)));
+    }
 }
