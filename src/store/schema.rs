@@ -1,0 +1,117 @@
+//! The state file's layout: its tables, what a row holds and how its
+//! BLAKE2b-64 check is made, and the migration from schemas 1 and 2 (run
+//! inside the opening transaction, see `start_checks.rs`).
+//!
+//! Opens no file and starts no transaction; what to do with a row whose
+//! check fails is decided in `start_checks.rs`.
+
+use blake2::digest::consts::U8;
+use blake2::digest::{FixedOutput, Update};
+use blake2::Blake2b;
+use redb::{ReadableTable, TableDefinition};
+
+use crate::failure_window::Counts;
+
+/// A failure entry's row: (window_us, window index, previous, current, check).
+pub(super) type EntryRow = (u64, u32, u32, u32, u64);
+/// (rule id, key digest) -> the entry.
+pub(super) const ENTRIES: TableDefinition<(&str, u128), EntryRow> = TableDefinition::new("failure_entries_v3");
+/// (route, map, shard, id) -> (expires_us, value, check): a known device
+/// (`DeviceMap::Devices`, id the (account, device) digest's low half) or an
+/// account's count of new devices (`DeviceMap::PerAccount`, id the account
+/// tag). The shard is in the key so that a shard can be replaced whole.
+pub(super) const DEVICES: TableDefinition<DeviceKey, DeviceValue> = TableDefinition::new("known_devices_v3");
+/// (route, map, shard, id).
+pub(super) type DeviceKey = (&'static str, u8, u8, u64);
+/// (expires_us, value, check).
+pub(super) type DeviceValue = (u64, u16, u64);
+/// Schema 2's table: the counts without a check. Migrated at open.
+pub(super) const ENTRIES_V2: TableDefinition<(&str, u128), (u64, u32, u32, u32)> =
+    TableDefinition::new("failure_entries_v2");
+/// Schema 1's table: the counts without their window length. Migrated at
+/// open (with window length 0: "the rule's length now", as schema 1 assumed).
+pub(super) const ENTRIES_V1: TableDefinition<(&str, u128), (u32, u32, u32)> = TableDefinition::new("failure_entries");
+pub(super) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+pub(super) const SCHEMA_VERSION: u64 = 3;
+/// `meta` key of the secret key's fingerprint (`Secret::fingerprint`).
+pub(super) const META_KEY_FINGERPRINT: &str = "key_fingerprint";
+/// Domain of the row checks: a check of one table's row never matches a
+/// row of another shape.
+const ROW_CHECK_DOMAIN: &[u8] = b"tollgate state row check v3";
+
+/// BLAKE2b-64 over a row. Unkeyed: it detects damage, not forgery (anyone
+/// who can write the file can stop the daemon anyway).
+fn row_check(parts: &[&[u8]]) -> u64 {
+    let mut hash = Blake2b::<U8>::default();
+    Update::update(&mut hash, ROW_CHECK_DOMAIN);
+    for part in parts {
+        Update::update(&mut hash, &(part.len() as u32).to_le_bytes());
+        Update::update(&mut hash, part);
+    }
+    u64::from_le_bytes(hash.finalize_fixed().into())
+}
+
+pub(super) fn entry_check(
+    rule: &str,
+    digest: u128,
+    (window_us, window, previous, current): (u64, u32, u32, u32),
+) -> u64 {
+    row_check(&[
+        b"entry",
+        rule.as_bytes(),
+        &digest.to_le_bytes(),
+        &window_us.to_le_bytes(),
+        &window.to_le_bytes(),
+        &previous.to_le_bytes(),
+        &current.to_le_bytes(),
+    ])
+}
+
+pub(super) fn device_check((route, map, shard, id): (&str, u8, u8, u64), expires_us: u64, value: u16) -> u64 {
+    row_check(&[
+        b"device",
+        route.as_bytes(),
+        &[map, shard],
+        &id.to_le_bytes(),
+        &expires_us.to_le_bytes(),
+        &value.to_le_bytes(),
+    ])
+}
+
+pub(super) fn entry_row(rule: &str, digest: u128, window_us: u64, counts: Counts) -> EntryRow {
+    let check = entry_check(rule, digest, (window_us, counts.window, counts.previous, counts.current));
+    (window_us, counts.window, counts.previous, counts.current, check)
+}
+
+/// Moves schema 1's and schema 2's rows into schema 3's table, each with
+/// its check, inside the opening transaction (so a crash mid-migration
+/// leaves the old schema intact).
+pub(super) fn migrate_to_v3(txn: &redb::WriteTransaction) -> Result<usize, String> {
+    let text = |e: &dyn std::fmt::Display| e.to_string();
+    let mut rows: Vec<(String, u128, u64, Counts)> = Vec::new();
+    {
+        let old = txn.open_table(ENTRIES_V1).map_err(|e| text(&e))?;
+        for row in old.iter().map_err(|e| text(&e))? {
+            let (key, value) = row.map_err(|e| text(&e))?;
+            let (rule, digest) = key.value();
+            let (window, previous, current) = value.value();
+            rows.push((rule.to_string(), digest, 0, Counts { window, previous, current }));
+        }
+    }
+    {
+        let old = txn.open_table(ENTRIES_V2).map_err(|e| text(&e))?;
+        for row in old.iter().map_err(|e| text(&e))? {
+            let (key, value) = row.map_err(|e| text(&e))?;
+            let (rule, digest) = key.value();
+            let (window_us, window, previous, current) = value.value();
+            rows.push((rule.to_string(), digest, window_us, Counts { window, previous, current }));
+        }
+    }
+    txn.delete_table(ENTRIES_V1).map_err(|e| text(&e))?;
+    txn.delete_table(ENTRIES_V2).map_err(|e| text(&e))?;
+    let mut new = txn.open_table(ENTRIES).map_err(|e| text(&e))?;
+    for (rule, digest, window_us, counts) in &rows {
+        new.insert((rule.as_str(), *digest), entry_row(rule, *digest, *window_us, *counts)).map_err(|e| text(&e))?;
+    }
+    Ok(rows.len())
+}

@@ -1,0 +1,281 @@
+//! Unit tests of the state file: commits, the rewrite, migrations, the key
+//! fingerprint, damaged rows and files, and the guarded reader.
+
+use std::time::Duration;
+
+use redb::ReadableTable;
+
+use super::schema::{ENTRIES_V1, ENTRIES_V2, META};
+use super::start_checks::{guarded_for, unused_path};
+use super::*;
+use crate::keys::Key;
+
+#[test]
+fn committed_entries_survive_reopening_and_removals_stick() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let rule: Arc<str> = "login/source_failures".into();
+    let k1 = Key { account_tag: 1, tuple: 2 };
+    let k2 = Key { account_tag: 3, tuple: 4 };
+    {
+        let store = Store::open(&path, false).unwrap();
+        let (journal, writer) = store.start_writer(Arc::default());
+        let counts = Counts { window: 7, previous: 1, current: 5 };
+        journal
+            .write_durably(&rule, 900_000_000, vec![(k1, Some(counts)), (k2, Some(counts))])
+            .wait_blocking()
+            .unwrap();
+        journal.write(&rule, 900_000_000, vec![(k2, None)]);
+        writer.stop();
+    }
+    let store = Store::open(&path, false).unwrap();
+    let entries = store.load().unwrap();
+    assert_eq!(
+        entries,
+        vec![PersistedEntry {
+            rule: rule.to_string(),
+            key: k1.to_u128(),
+            window_us: 900_000_000,
+            counts: Counts { window: 7, previous: 1, current: 5 }
+        }]
+    );
+}
+
+#[test]
+fn a_write_acknowledged_during_a_rewrite_is_in_the_file_a_restart_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let rule: Arc<str> = "login/source_failures".into();
+    let key = Key { account_tag: 5, tuple: 6 };
+    let lockout = Counts { window: 7, previous: 0, current: 5 };
+    let store = Store::open(&path, false).unwrap();
+    let (journal, writer) = store.start_writer(Arc::default());
+    journal.rewrite_begin();
+    let mut durable = journal.write_durably(&rule, 900_000_000, vec![(key, Some(lockout))]);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // An ack now promises the lockout survives a crash now, and a crash
+    // restarts from `path` (the half-built fresh file is discarded).
+    if let Ok(result) = durable.0.try_recv() {
+        result.unwrap();
+        let restarted = Store::open(&path, false).unwrap().load().unwrap();
+        assert!(restarted.iter().any(|e| e.key == key.to_u128()), "acknowledged, then lost by a crash");
+        return;
+    }
+    journal.write(&rule, 900_000_000, vec![(Key { account_tag: 1, tuple: 1 }, Some(lockout))]);
+    journal.rewrite_end().wait_blocking().unwrap();
+    durable.wait_blocking().unwrap();
+    writer.stop();
+    let keys: Vec<u128> = Store::open(&path, false).unwrap().load().unwrap().iter().map(|e| e.key).collect();
+    assert!(keys.contains(&key.to_u128()) && keys.len() == 2, "{keys:?}");
+}
+
+#[test]
+fn a_schema_1_file_is_migrated_with_its_rows_and_their_window_length_unknown() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let digest = Key { account_tag: 9, tuple: 8 }.to_u128();
+    {
+        let db = Database::create(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(META).unwrap().insert("schema_version", 1).unwrap();
+        txn.open_table(ENTRIES_V1).unwrap().insert(("login/source_failures", digest), (7, 2, 5)).unwrap();
+        txn.commit().unwrap();
+    }
+    let expected = vec![PersistedEntry {
+        rule: "login/source_failures".into(),
+        key: digest,
+        window_us: 0,
+        counts: Counts { window: 7, previous: 2, current: 5 },
+    }];
+    assert_eq!(Store::open(&path, false).unwrap().load().unwrap(), expected);
+    // Migrated once: the second open finds schema 2 and the same rows.
+    let store = Store::open(&path, false).unwrap();
+    assert_eq!(store.load().unwrap(), expected);
+    let txn = store.db.begin_read().unwrap();
+    assert_eq!(txn.open_table(META).unwrap().get("schema_version").unwrap().unwrap().value(), SCHEMA_VERSION);
+    assert!(txn.open_table(ENTRIES_V1).is_err(), "the schema 1 table is gone");
+}
+
+/// A schema 2 file (no row checks, no key fingerprint) as the previous
+/// version wrote it.
+fn schema_2_file(path: &Path, digest: u128) {
+    let db = Database::create(path).unwrap();
+    let txn = db.begin_write().unwrap();
+    txn.open_table(META).unwrap().insert("schema_version", 2).unwrap();
+    txn.open_table(ENTRIES_V2).unwrap().insert(("login/source_failures", digest), (60_000_000, 7, 2, 5)).unwrap();
+    txn.commit().unwrap();
+}
+
+#[test]
+fn a_schema_2_file_is_migrated_with_checks_and_adopts_the_key_it_is_opened_with() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let digest = Key { account_tag: 9, tuple: 8 }.to_u128();
+    schema_2_file(&path, digest);
+    let expected = vec![PersistedEntry {
+        rule: "login/source_failures".into(),
+        key: digest,
+        window_us: 60_000_000,
+        counts: Counts { window: 7, previous: 2, current: 5 },
+    }];
+    let keyed =
+        |fingerprint| OpenOptions { discard_corrupt: false, key_fingerprint: Some(fingerprint), key_is_new: false };
+    let opened = Store::open_with(&path, keyed(0xA)).unwrap();
+    assert_eq!((&opened.loaded.entries, opened.loaded.damaged_rows), (&expected, 0));
+    drop(opened);
+    // Migrated, with the fingerprint recorded: the same key opens it,
+    // another is refused (and the file is left as it was).
+    assert_eq!(Store::open_with(&path, keyed(0xA)).unwrap().loaded.entries, expected);
+    let before = std::fs::read(&path).unwrap();
+    let err = Store::open_with(&path, keyed(0xB)).err().expect("another key is refused");
+    assert!(matches!(err, StoreError::KeyMismatch { found: 0xA, expected: 0xB, .. }), "{err}");
+    assert!(err.to_string().contains("--discard-corrupt-state"), "{err}");
+    assert_eq!(std::fs::read(&path).unwrap(), before, "a refused file is not written to");
+    let txn = Store::open(&path, false).unwrap().db.begin_read().unwrap();
+    assert!(txn.open_table(ENTRIES_V2).is_err(), "the schema 2 table is gone");
+}
+
+#[test]
+fn a_file_moved_aside_never_replaces_an_earlier_one() {
+    // Found by review: `STATE.corrupt-PID` was made by a rename that
+    // replaces, and PIDs repeat.
+    let dir = tempfile::tempdir().unwrap();
+    let aside = dir.path().join("state.corrupt-1");
+    assert_eq!(unused_path(aside.clone()), aside);
+    std::fs::write(&aside, b"earlier").unwrap();
+    std::fs::write(dir.path().join("state.corrupt-1.1"), b"earlier too").unwrap();
+    assert_eq!(unused_path(aside), dir.path().join("state.corrupt-1.2"));
+}
+
+#[test]
+fn a_schema_2_file_with_rows_refuses_a_key_made_just_now() {
+    // Found by review: with its secret key file missing, a schema 2
+    // file (rows, no fingerprint) adopted the newly made key, keeping
+    // locks nobody could match or unlock.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    schema_2_file(&path, Key { account_tag: 9, tuple: 8 }.to_u128());
+    let new_key = OpenOptions { discard_corrupt: false, key_fingerprint: Some(0xC), key_is_new: true };
+    let err = Store::open_with(&path, new_key).err().expect("refused");
+    assert!(matches!(err, StoreError::KeyMissing { .. }), "{err}");
+    assert!(err.to_string().contains("--discard-corrupt-state"), "{err}");
+    let discard = OpenOptions { discard_corrupt: true, ..new_key };
+    assert!(Store::open_with(&path, discard).unwrap().loaded.entries.is_empty(), "moved aside with the flag");
+}
+
+#[test]
+fn a_file_without_rows_adopts_any_key_and_with_the_flag_another_keys_file_is_moved_aside() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let keyed = |fingerprint, discard_corrupt| OpenOptions {
+        discard_corrupt,
+        key_fingerprint: Some(fingerprint),
+        key_is_new: false,
+    };
+    drop(Store::open_with(&path, keyed(1, false)).unwrap());
+    drop(Store::open_with(&path, keyed(2, false)).expect("nothing to lose"));
+    schema_2_file(&dir.path().join("other.redb"), 5);
+    let other = dir.path().join("other.redb");
+    drop(Store::open_with(&other, keyed(3, false)).unwrap());
+    let opened = Store::open_with(&other, keyed(4, true)).expect("moved aside");
+    assert!(opened.loaded.entries.is_empty());
+    let aside = other.with_extension(format!("corrupt-{}", std::process::id()));
+    assert!(aside.exists());
+}
+
+#[test]
+fn a_row_whose_check_fails_is_dropped_counted_and_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let rule: Arc<str> = "login/source_failures".into();
+    let (good, bad) = (Key { account_tag: 1, tuple: 2 }, Key { account_tag: 3, tuple: 4 });
+    let counts = Counts { window: 7, previous: 0, current: 5 };
+    {
+        let store = Store::open(&path, false).unwrap();
+        let (journal, writer) = store.start_writer(Arc::default());
+        journal.write_durably(&rule, 1, vec![(good, Some(counts)), (bad, Some(counts))]).wait_blocking().unwrap();
+        let devices = DeviceRows {
+            route: "login".into(),
+            map: DeviceMap::Devices,
+            shard: 3,
+            whole: false,
+            rows: vec![(11, Some((99, 0))), (12, Some((99, 0)))],
+        };
+        journal.write_devices(devices, true).unwrap().wait_blocking().unwrap();
+        writer.stop();
+    }
+    {
+        // What a flipped bit in a row looks like: the value changed
+        // under its check.
+        let db = Database::create(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut table = txn.open_table(ENTRIES).unwrap();
+            let (w, win, p, _, check) = table.get(("login/source_failures", bad.to_u128())).unwrap().unwrap().value();
+            table.insert(("login/source_failures", bad.to_u128()), (w, win, p, 1, check)).unwrap();
+            let mut devices = txn.open_table(DEVICES).unwrap();
+            let (expires, value, check) = devices.get(("login", 0, 3, 12)).unwrap().unwrap().value();
+            devices.insert(("login", 0, 3, 12), (expires ^ 1 << 40, value, check)).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let opened = Store::open_with(&path, OpenOptions::default()).unwrap();
+    assert_eq!(opened.loaded.damaged_rows, 2);
+    assert_eq!(opened.loaded.entries.iter().map(|e| e.key).collect::<Vec<_>>(), vec![good.to_u128()]);
+    assert_eq!(opened.loaded.devices.iter().map(|d| d.id).collect::<Vec<_>>(), vec![11]);
+    assert_eq!(opened.store.load_all().unwrap().damaged_rows, 0, "deleted from the file");
+}
+
+#[test]
+fn an_empty_or_truncated_file_is_damage_not_a_fresh_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    {
+        let store = Store::open(&path, false).unwrap();
+        let (journal, writer) = store.start_writer(Arc::default());
+        let lockout = Counts { window: 7, previous: 0, current: 5 };
+        let keys = (0..500u64).map(|n| (Key { account_tag: n, tuple: n }, Some(lockout))).collect();
+        journal.write_durably(&"login/source_failures".into(), 1, keys).wait_blocking().unwrap();
+        writer.stop();
+    }
+    let good = std::fs::read(&path).unwrap();
+    for len in [0, 1, 100, 511, 512, 4096, good.len() / 2, good.len() - 1] {
+        std::fs::write(&path, &good[..len]).unwrap();
+        let err = Store::open(&path, false).err().unwrap_or_else(|| panic!("a {len}-byte cut opened"));
+        assert!(matches!(err, StoreError::Corrupt { .. }), "{len}: {err}");
+        assert!(!err.to_string().contains('\n'), "one line: {err}");
+        assert_eq!(std::fs::read(&path).unwrap().len(), len, "left as it was");
+        assert!(Store::open(&path, true).unwrap().load().unwrap().is_empty());
+    }
+}
+
+#[test]
+fn a_corrupt_file_is_refused_unless_discarded() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    std::fs::write(&path, vec![0xAB; 8192]).unwrap();
+    let err = Store::open(&path, false).err().expect("corrupt file refused");
+    assert!(err.to_string().contains("--discard-corrupt-state"), "{err}");
+    let store = Store::open(&path, true).unwrap();
+    assert!(store.load().unwrap().is_empty());
+}
+
+#[test]
+fn a_panic_or_a_hang_while_reading_is_a_one_line_refusal() {
+    let path = Path::new("/var/lib/tollgate/state.redb");
+    let panicked = guarded_for(path, Duration::from_secs(5), || -> Result<(), StoreError> {
+        panic!("assertion failed: storage.raw_file_len()? >= header.layout().len()\nmore")
+    });
+    let err = panicked.expect_err("a panic is an error");
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+    let text = err.to_string();
+    assert!(text.contains("panicked") && text.contains("--discard-corrupt-state") && !text.contains('\n'), "{text}");
+    let started = std::time::Instant::now();
+    let hung = guarded_for(path, Duration::from_millis(100), || -> Result<(), StoreError> {
+        std::thread::sleep(Duration::from_secs(3));
+        Ok(())
+    });
+    let err = hung.expect_err("a hang is an error");
+    assert!(err.to_string().contains("did not finish within 100 ms"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(2), "not waited out");
+}
