@@ -41,8 +41,7 @@ pub const CLASS_FILE_BYTES_MAX: usize = CLASS_FILE_ENTRIES_MAX * 128;
 pub const CLASS_FILE_ERRORS_MAX: usize = 100;
 
 /// Kinds of networks clients come from; rules may set per-class limits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum SourceClass {
     /// Data centres and cloud providers: where automated guessing runs.
     Hosting,

@@ -62,8 +62,7 @@ impl fmt::Display for Key {
 
 /// One part of a composite key. The discriminant is mixed into the digest so
 /// that an account named like a device can never share a key with it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Component {
     Prefix = 1,
     Account = 2,

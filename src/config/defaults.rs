@@ -210,8 +210,8 @@ const _: () = {
 
 fn rate(limit: u32, burst: u32) -> RawRule {
     RawRule {
-        kind: Some(RawRuleKind::Rate),
-        key: Some(vec![Prefix]),
+        kind: Some(RawRuleKind::Rate.into()),
+        key: Some(vec![Prefix.into()]),
         limit: Some(limit),
         period_secs: Some(RATE_PERIOD_SECS_DEFAULT),
         burst: Some(burst),
@@ -221,12 +221,12 @@ fn rate(limit: u32, burst: u32) -> RawRule {
 }
 
 fn keyed(mut rule: RawRule, key: &[Component]) -> RawRule {
-    rule.key = Some(key.to_vec());
+    rule.key = Some(key.iter().map(|&c| c.into()).collect());
     rule
 }
 
 fn per(mut rule: RawRule, period_secs: u64) -> RawRule {
-    if rule.kind == Some(RawRuleKind::Rate) {
+    if rule.kind == Some(RawRuleKind::Rate.into()) {
         rule.period_secs = Some(period_secs);
     } else {
         rule.window_secs = Some(period_secs);
@@ -236,8 +236,8 @@ fn per(mut rule: RawRule, period_secs: u64) -> RawRule {
 
 fn failures(key: &[Component], threshold: u32, cleared_by_success: bool) -> RawRule {
     RawRule {
-        kind: Some(RawRuleKind::Failures),
-        key: Some(key.to_vec()),
+        kind: Some(RawRuleKind::Failures.into()),
+        key: Some(key.iter().map(|&c| c.into()).collect()),
         threshold: Some(threshold),
         window_secs: Some(LOGIN_WINDOW_SECS_DEFAULT),
         cleared_by_success: Some(cleared_by_success),
@@ -259,7 +259,7 @@ pub fn builtin_routes() -> BTreeMap<String, RawRoute> {
             pairs
                 .iter()
                 .map(|&(class, limit, burst)| {
-                    (class, RawClassLimit { limit: Some(limit), period_secs: None, burst: Some(burst) })
+                    (class.into(), RawClassLimit { limit: Some(limit), period_secs: None, burst: Some(burst) })
                 })
                 .collect(),
         )
@@ -283,14 +283,14 @@ pub fn builtin_routes() -> BTreeMap<String, RawRoute> {
             (
                 "account_failures",
                 RawRule {
-                    devices: Some(DeviceScope::UnknownDevices),
+                    devices: Some(DeviceScope::UnknownDevices.into()),
                     ..failures(&[Account], ACCOUNT_FAILURES_THRESHOLD_DEFAULT, false)
                 },
             ),
             (
                 "known_device_failures",
                 RawRule {
-                    devices: Some(DeviceScope::KnownDevices),
+                    devices: Some(DeviceScope::KnownDevices.into()),
                     ..failures(&[Account, Device], SOURCE_FAILURES_THRESHOLD_DEFAULT, true)
                 },
             ),

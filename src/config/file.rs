@@ -1,8 +1,9 @@
 //! The configuration file as written: every field optional, unknown keys
 //! refused by the parser with their line. A closed set (a rule's `kind`,
-//! `key` components, `responses` rungs, `devices` scope, class names) is a
-//! serde enum, so a misspelling is refused here too, with the line and the
-//! accepted spellings. No defaults, no validation of values.
+//! `key` components, `responses` rungs, `devices` scope, class names) is
+//! typed here as a `Word`: a string only, a misspelling kept as written for
+//! validation to report with its key path. No defaults, no validation of
+//! values.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -65,7 +66,7 @@ pub struct RawSource {
     pub class_file: Option<PathBuf>,
     /// Prefix lengths per source class.
     #[serde(default)]
-    pub classes: BTreeMap<SourceClass, RawClassPrefix>,
+    pub classes: BTreeMap<Word<SourceClass>, RawClassPrefix>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -104,8 +105,8 @@ pub struct RawRoute {
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRule {
-    pub kind: Option<RawRuleKind>,
-    pub key: Option<Vec<Component>>,
+    pub kind: Option<Word<RawRuleKind>>,
+    pub key: Option<Vec<Word<Component>>>,
     /// `false` removes a built-in rule.
     pub enabled: Option<bool>,
     pub limit: Option<u32>,
@@ -116,21 +117,107 @@ pub struct RawRule {
     pub cleared_by_success: Option<bool>,
     pub entries_max: Option<usize>,
     pub monitor: Option<bool>,
-    pub responses: Option<Vec<Rung>>,
+    pub responses: Option<Vec<Word<Rung>>>,
     pub required: Option<bool>,
-    pub devices: Option<DeviceScope>,
+    pub devices: Option<Word<DeviceScope>>,
     /// Rate rules: limits per source class.
-    pub classes: Option<BTreeMap<SourceClass, RawClassLimit>>,
+    pub classes: Option<BTreeMap<Word<SourceClass>, RawClassLimit>>,
 }
 
 /// Which `RuleKind` a rule builds: `rate` or `failures` in the file. Its
 /// settings are checked against it when the rule is built, since a user's
 /// rule may override only some of a built-in one's.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum RawRuleKind {
     Rate,
     Failures,
+}
+
+/// A word from a closed set (a rule's kind, a key component, a rung, a
+/// device scope, a source class), typed as the file is read. Only a string
+/// is accepted. A word outside the set is kept as written rather than
+/// refused by the parser, so that validation reports it with its key path
+/// beside every other problem, and a rule removed with `enabled = false`
+/// is not judged.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Word<T> {
+    Known(T),
+    Unknown(String),
+}
+
+/// A closed set of words, as the file spells them.
+pub trait Spelled: Sized + Copy {
+    /// The words accepted, for the error message.
+    const ACCEPTED: &'static str;
+    fn from_word(word: &str) -> Option<Self>;
+}
+
+impl<T: Spelled> Word<T> {
+    /// The value, or `None` after recording why `written` is not one
+    /// (`{path}.{field}: ...`).
+    pub fn known(&self, at: &str, errors: &mut Vec<String>) -> Option<T> {
+        match self {
+            Word::Known(value) => Some(*value),
+            Word::Unknown(written) => {
+                errors.push(format!("{at}: `{written}` is not {}", T::ACCEPTED));
+                None
+            }
+        }
+    }
+}
+
+impl<T> From<T> for Word<T> {
+    fn from(value: T) -> Word<T> {
+        Word::Known(value)
+    }
+}
+
+impl<'de, T: Spelled> Deserialize<'de> for Word<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Word<T>, D::Error> {
+        let written = String::deserialize(deserializer)?;
+        Ok(T::from_word(&written).map_or(Word::Unknown(written), Word::Known))
+    }
+}
+
+impl Spelled for RawRuleKind {
+    const ACCEPTED: &'static str = "`rate` or `failures`";
+    fn from_word(word: &str) -> Option<RawRuleKind> {
+        match word {
+            "rate" => Some(RawRuleKind::Rate),
+            "failures" => Some(RawRuleKind::Failures),
+            _ => None,
+        }
+    }
+}
+
+impl Spelled for Component {
+    const ACCEPTED: &'static str = "a key component (prefix, account, device, tenant, client_id)";
+    fn from_word(word: &str) -> Option<Component> {
+        Component::parse(word)
+    }
+}
+
+impl Spelled for Rung {
+    const ACCEPTED: &'static str = "delay, challenge or deny";
+    fn from_word(word: &str) -> Option<Rung> {
+        [Rung::Delay, Rung::Challenge, Rung::Deny].into_iter().find(|r| r.name() == word)
+    }
+}
+
+impl Spelled for DeviceScope {
+    const ACCEPTED: &'static str = "all, unknown or known";
+    fn from_word(word: &str) -> Option<DeviceScope> {
+        [DeviceScope::All, DeviceScope::UnknownDevices, DeviceScope::KnownDevices]
+            .into_iter()
+            .find(|d| d.name() == word)
+    }
+}
+
+impl Spelled for SourceClass {
+    const ACCEPTED: &'static str = "a source class (hosting, mobile, business, residential)";
+    fn from_word(word: &str) -> Option<SourceClass> {
+        SourceClass::parse(word)
+    }
 }
 
 impl Config {

@@ -1,6 +1,6 @@
 //! Configuration in two stages: the TOML file as written (`file.rs`: every
-//! field optional, unknown keys and unknown spellings refused by the parser
-//! with their line), then `Config::build` (`validate.rs`) lays it over the
+//! field optional, unknown keys refused by the parser with their line; a
+//! closed set of words typed as a `Word`), then `Config::build` (`validate.rs`) lays it over the
 //! built-in defaults (`defaults.rs`, with every bound) and validates
 //! everything, reporting every invalid key at once. This module holds what
 //! comes out: the built, validated `Config`, and the public API.
@@ -11,8 +11,6 @@ use std::fmt;
 use std::ops::{Index, IndexMut};
 use std::path::PathBuf;
 
-use serde::Deserialize;
-
 use crate::classes::SourceClass;
 use crate::keys::Component;
 use crate::source::SourcePolicy;
@@ -22,7 +20,7 @@ mod file;
 mod validate;
 
 pub use defaults::*;
-pub use file::{RawClassLimit, RawConfig, RawResponses, RawRoute, RawRule, RawRuleKind, RawServer, RawSource};
+pub use file::{RawClassLimit, RawConfig, RawResponses, RawRoute, RawRule, RawRuleKind, RawServer, RawSource, Word};
 
 /// What a client does for a route when the daemon cannot answer in time:
 /// the client crate's type, so the daemon's file and the client agree.
@@ -36,9 +34,9 @@ pub struct RateLimit {
     pub burst: u32,
 }
 
-/// One rung of the response ladder; the file spells it as `name` does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
-#[serde(rename_all = "lowercase")]
+/// One rung of the response ladder; the file spells it as `name` does
+/// (see `Spelled`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Rung {
     /// Hold the attempt, then let it proceed.
     Delay,
@@ -59,16 +57,13 @@ impl Rung {
 
 /// Which attempts a rule counts, by whether the device is known; the file
 /// spells it as `name` does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum DeviceScope {
-    #[serde(rename = "all")]
     All,
     /// Skipped when the attempt comes from a device the account has logged
     /// in from before (the account ceiling: the owner's device is exempt).
-    #[serde(rename = "unknown")]
     UnknownDevices,
     /// Applies only to attempts from a known device.
-    #[serde(rename = "known")]
     KnownDevices,
 }
 

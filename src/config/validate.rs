@@ -127,7 +127,14 @@ fn build_source(raw: RawSource, errors: &mut Vec<String>) -> SourcePolicy {
     policy.ipv6_prefix_len = raw.ipv6_prefix_len.unwrap_or(source::IPV6_PREFIX_LEN_DEFAULT);
     policy.class_prefix_lens[SourceClass::Hosting as usize] =
         Some((HOSTING_IPV4_PREFIX_LEN_DEFAULT, policy.ipv6_prefix_len));
-    for (&class, lens) in &raw.classes {
+    for (class, lens) in &raw.classes {
+        let class = match class {
+            Word::Known(class) => *class,
+            Word::Unknown(name) => {
+                errors.push(format!("source.classes.{name}: unknown class (hosting, mobile, business, residential)"));
+                continue;
+            }
+        };
         let name = class.name();
         let v4 = lens.ipv4_prefix_len.unwrap_or(policy.ipv4_prefix_len);
         let v6 = lens.ipv6_prefix_len.unwrap_or(policy.ipv6_prefix_len);
@@ -301,9 +308,10 @@ fn build_rule(path: &str, name: &str, raw: RawRule, errors: &mut Vec<String>) ->
             missing("key");
             Vec::new()
         }
-        Some(names) => {
+        Some(words) => {
             let mut key = Vec::new();
-            for c in names {
+            for word in words {
+                let Some(c) = word.known(&format!("{path}.key"), errors) else { continue };
                 if key.contains(&c) {
                     errors.push(format!("{path}.key: `{}` appears twice", c.name()));
                 } else {
@@ -321,8 +329,15 @@ fn build_rule(path: &str, name: &str, raw: RawRule, errors: &mut Vec<String>) ->
             errors.push(format!("{path}.{field}: must be {lo}..={hi}"));
         }
     };
-    let kind = match raw.kind {
-        Some(RawRuleKind::Rate) => {
+    let kind = match &raw.kind {
+        Some(word) => word.known(&format!("{path}.kind"), errors)?,
+        None => {
+            errors.push(format!("{path}.kind: required (`rate` or `failures`)"));
+            return None;
+        }
+    };
+    let kind = match kind {
+        RawRuleKind::Rate => {
             for (field, set) in [
                 ("threshold", raw.threshold.is_some()),
                 ("window_secs", raw.window_secs.is_some()),
@@ -342,6 +357,15 @@ fn build_rule(path: &str, name: &str, raw: RawRule, errors: &mut Vec<String>) ->
             in_range(errors, "entries_max", entries_max as u64, 1, ENTRIES_MAX_LIMIT as u64);
             let mut by_class = ByClass::default();
             for (class, c) in raw.classes.clone().unwrap_or_default() {
+                let class = match class {
+                    Word::Known(class) => class,
+                    Word::Unknown(name) => {
+                        errors.push(format!(
+                            "{path}.classes.{name}: unknown class (hosting, mobile, business, residential)"
+                        ));
+                        continue;
+                    }
+                };
                 let class_name = class.name();
                 let limit = c.limit.unwrap_or(limit);
                 let period_secs = c.period_secs.unwrap_or(period_secs);
@@ -365,7 +389,7 @@ fn build_rule(path: &str, name: &str, raw: RawRule, errors: &mut Vec<String>) ->
             }
             RuleKind::Rate { rate, by_class, entries_max }
         }
-        Some(RawRuleKind::Failures) => {
+        RawRuleKind::Failures => {
             for (field, set) in [
                 ("limit", raw.limit.is_some()),
                 ("period_secs", raw.period_secs.is_some()),
@@ -389,20 +413,25 @@ fn build_rule(path: &str, name: &str, raw: RawRule, errors: &mut Vec<String>) ->
                 entries_max,
             }
         }
-        None => {
-            errors.push(format!("{path}.kind: required (`rate` or `failures`)"));
-            return None;
-        }
     };
     if key.len() == 1 && key[0] == Component::ClientId {
         errors.push(format!(
             "{path}.key: never key on client_id alone (anyone can name a victim's client); add `prefix`"
         ));
     }
-    let responses = raw.responses.unwrap_or_else(|| vec![Rung::Deny]);
-    if responses.is_empty() || responses.len() > RUNGS_PER_RULE_MAX {
-        errors.push(format!("{path}.responses: 1 to {RUNGS_PER_RULE_MAX} rungs"));
-    }
+    let responses = match &raw.responses {
+        None => vec![Rung::Deny],
+        Some(words) => {
+            if words.is_empty() || words.len() > RUNGS_PER_RULE_MAX {
+                errors.push(format!("{path}.responses: 1 to {RUNGS_PER_RULE_MAX} rungs"));
+            }
+            words.iter().filter_map(|w| w.known(&format!("{path}.responses"), errors)).collect()
+        }
+    };
+    let devices = match &raw.devices {
+        None => DeviceScope::All,
+        Some(word) => word.known(&format!("{path}.devices"), errors).unwrap_or(DeviceScope::All),
+    };
     (errors.len() == before).then(|| RuleConfig {
         name: name.to_string(),
         key,
@@ -410,6 +439,6 @@ fn build_rule(path: &str, name: &str, raw: RawRule, errors: &mut Vec<String>) ->
         monitor: raw.monitor.unwrap_or(false),
         responses,
         required: raw.required.unwrap_or(true),
-        devices: raw.devices.unwrap_or(DeviceScope::All),
+        devices,
     })
 }
