@@ -80,7 +80,7 @@ pub(crate) async fn make_lockouts_reply<'d>(
     match made {
         Ok(bytes) => Some((bytes, share)),
         Err(e) => {
-            tracing::error!(error = %e, "making a lockouts reply failed; closing the connection");
+            tracing::error!(target: super::LOG_TARGET, error = %e, "making a lockouts reply failed; closing the connection");
             None
         }
     }

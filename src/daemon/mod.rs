@@ -58,6 +58,12 @@ pub struct Daemon {
     last_reload_error: std::sync::Mutex<Option<String>>,
 }
 
+/// The target of the daemon's audit, refusal and reload lines: the one they
+/// had when `Daemon` lived in `server.rs`. The formatter prints it on every
+/// line and `TOLLGATE_LOG` filters by it, so journal searches and filters
+/// written for it keep working.
+pub(crate) const LOG_TARGET: &str = "tollgate::server";
+
 /// Where `Response::Error` is counted among the verdict counters.
 pub(crate) const ERRORS: usize = 4;
 /// Allow, delay, challenge, deny (by `Decision as usize`), then errors.
@@ -141,11 +147,11 @@ impl Daemon {
                 self.limiter.store(Arc::new(next));
                 self.reloads.fetch_add(1, Ordering::Relaxed);
                 *self.last_reload_error.lock().unwrap_or_else(|e| e.into_inner()) = None;
-                tracing::info!("configuration reloaded");
+                tracing::info!(target: LOG_TARGET, "configuration reloaded");
             }
             Err(why) => {
                 self.reload_failures.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(error = %why, "reload failed; keeping the running configuration");
+                tracing::error!(target: LOG_TARGET, error = %why, "reload failed; keeping the running configuration");
                 *self.last_reload_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
             }
         }
@@ -157,7 +163,7 @@ impl Daemon {
         let request = match job {
             Job::Denied(operation) => {
                 if let Some(suppressed) = self.audit.admit(now) {
-                    tracing::warn!(uid = peer.uid, gid = peer.gid, operation, suppressed, "permission denied");
+                    tracing::warn!(target: LOG_TARGET, uid = peer.uid, gid = peer.gid, operation, suppressed, "permission denied");
                 }
                 let message = format!("permission denied: uid {} may not {operation}", peer.uid);
                 return (Response::error(ErrorCode::PermissionDenied, message), Vec::new());
@@ -185,7 +191,7 @@ impl Daemon {
                         if !durable.is_empty() {
                             if let Some(suppressed) = self.audit.admit(now) {
                                 let client = limiter.client_prefix(&subject).map(|p| p.to_string());
-                                tracing::info!(route, rule = %verdict.rule, client, suppressed, "lockout");
+                                tracing::info!(target: LOG_TARGET, route, rule = %verdict.rule, client, suppressed, "lockout");
                             }
                         }
                         (Response::Verdict(verdict), durable)
@@ -201,7 +207,7 @@ impl Daemon {
             Request::Unlock { route, account, source } => match limiter.unlock(route, account, source) {
                 Ok((cleared, writes)) => {
                     // Audit lines for admin actions are never capped.
-                    tracing::info!(route, cleared, uid = peer.uid, "unlock");
+                    tracing::info!(target: LOG_TARGET, route, cleared, uid = peer.uid, "unlock");
                     (Response::Unlocked { cleared }, writes)
                 }
                 Err(e) => (request_error(e), Vec::new()),
@@ -257,7 +263,7 @@ impl Daemon {
     fn log_refusal(&self, limiter: &Limiter, route: &str, subject: &Subject<'_>, verdict: &Verdict<'_>, now: u64) {
         if let Some(suppressed) = self.refusals.admit(now) {
             let client = limiter.client_prefix(subject).map(|p| p.to_string());
-            tracing::info!(
+            tracing::info!(target: LOG_TARGET,
                 route,
                 rule = %verdict.rule,
                 decision = ?verdict.decision,

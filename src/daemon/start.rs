@@ -23,6 +23,10 @@ use crate::notify::{self, Notifier};
 use crate::server;
 use crate::store::{Durable, Loaded, OpenOptions, Store, StoreError, StoreStats};
 
+/// The target of the start and stop lines: the binary's, where they were
+/// logged before start-up moved here (see `super::LOG_TARGET`).
+const START_LOG_TARGET: &str = "tollgate";
+
 /// Exit code for an invalid configuration (sysexits EX_CONFIG).
 const EXIT_CONFIG: u8 = 78;
 
@@ -103,7 +107,7 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
     let (listener, our_socket) = listen(&runtime, &config)?;
     let (stopped, signals) = handle_signals(daemon.clone(), args)?;
     let maintenance = Maintenance::spawn(daemon.clone(), Duration::from_millis(config.snapshot_interval_ms))?;
-    tracing::info!(
+    tracing::info!(target: START_LOG_TARGET,
         socket = %config.socket.display(),
         state = %config.state.display(),
         restored = restored.rows.restored,
@@ -135,7 +139,7 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
     if failed > 0 {
         anyhow::bail!("{failed} shard(s) of counters could not be saved at stop");
     }
-    tracing::info!("stopped; counters saved");
+    tracing::info!(target: START_LOG_TARGET, "stopped; counters saved");
     Ok(())
 }
 
@@ -184,10 +188,10 @@ fn restore(limiter: &Limiter, loaded: Loaded, now_us: u64) -> Restoration {
     let rows = limiter.restore(loaded.entries, now_us);
     let known_devices = limiter.restore_known_devices(loaded.devices, now_us);
     if rows.orphaned > 0 {
-        tracing::warn!(orphaned = rows.orphaned, "persisted entries name rules not configured; deleted");
+        tracing::warn!(target: START_LOG_TARGET, orphaned = rows.orphaned, "persisted entries name rules not configured; deleted");
     }
     if rows.refused > 0 {
-        tracing::warn!(refused = rows.refused, "persisted entries not restored: their tables are full of lockouts");
+        tracing::warn!(target: START_LOG_TARGET, refused = rows.refused, "persisted entries not restored: their tables are full of lockouts");
     }
     Restoration { rows, known_devices, damaged_rows: loaded.damaged_rows }
 }
@@ -200,7 +204,7 @@ fn raise_open_file_limit(config: &Config) -> u64 {
         Ok(files) => {
             let needed = config.server.connections_max as u64 + server::FILES_RESERVED_COUNT;
             if files.soft < needed {
-                tracing::warn!(
+                tracing::warn!(target: START_LOG_TARGET,
                     "open-file limit {} (hard {}) is below connections_max {} + {} reserved = {needed}: \
                      connections past it wait in the backlog; raise LimitNOFILE= or lower server.connections_max",
                     files.soft,
@@ -209,12 +213,12 @@ fn raise_open_file_limit(config: &Config) -> u64 {
                     server::FILES_RESERVED_COUNT,
                 );
             } else if files.soft != files.soft_before {
-                tracing::info!(from = files.soft_before, to = files.soft, "open-file limit raised");
+                tracing::info!(target: START_LOG_TARGET, from = files.soft_before, to = files.soft, "open-file limit raised");
             }
             files.soft
         }
         Err(e) => {
-            tracing::warn!(error = %e, "cannot read the open-file limit");
+            tracing::warn!(target: START_LOG_TARGET, error = %e, "cannot read the open-file limit");
             0
         }
     }
@@ -224,7 +228,7 @@ fn open_notifier() -> Option<Arc<Notifier>> {
     match Notifier::from_env() {
         Ok(n) => n.map(Arc::new),
         Err(e) => {
-            tracing::warn!(error = %e, "NOTIFY_SOCKET unusable; the service manager will not hear from us");
+            tracing::warn!(target: START_LOG_TARGET, error = %e, "NOTIFY_SOCKET unusable; the service manager will not hear from us");
             None
         }
     }
@@ -233,7 +237,7 @@ fn open_notifier() -> Option<Arc<Notifier>> {
 fn send_notification(notifier: &Option<Arc<Notifier>>, message: &str) {
     if let Some(n) = notifier {
         if let Err(e) = n.send(message) {
-            tracing::warn!(error = %e, message = message.trim_end(), "notify failed");
+            tracing::warn!(target: START_LOG_TARGET, error = %e, message = message.trim_end(), "notify failed");
         }
     }
 }
@@ -295,7 +299,7 @@ fn handle_signals(
                 }));
                 continue;
             }
-            tracing::info!(signal, "stopping");
+            tracing::info!(target: START_LOG_TARGET, signal, "stopping");
             let _ = stop_tx.send(());
             break;
         }
@@ -321,7 +325,7 @@ fn save_all(daemon: &Daemon) -> usize {
     let mut failed = 0;
     for write in writes {
         if let Err(e) = write.wait_blocking() {
-            tracing::error!(error = %e, "final snapshot incomplete");
+            tracing::error!(target: START_LOG_TARGET, error = %e, "final snapshot incomplete");
             failed += 1;
         }
     }
@@ -354,9 +358,9 @@ impl Maintenance {
                 for write in writes {
                     if let Err(e) = write.wait_blocking() {
                         if rewrite {
-                            tracing::warn!(error = %e, "state file still not writable; will try again");
+                            tracing::warn!(target: START_LOG_TARGET, error = %e, "state file still not writable; will try again");
                         } else {
-                            tracing::warn!(error = %e, "snapshot not written; will retry");
+                            tracing::warn!(target: START_LOG_TARGET, error = %e, "snapshot not written; will retry");
                         }
                     }
                 }
