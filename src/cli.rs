@@ -194,17 +194,6 @@ pub fn man_page() -> std::io::Result<Vec<u8>> {
     Ok(page)
 }
 
-/// `tollgate man`: the page on stdout.
-pub fn print_man_page() -> std::process::ExitCode {
-    match man_page().and_then(|page| std::io::Write::write_all(&mut std::io::stdout(), &page)) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("tollgate: error: {e}");
-            std::process::ExitCode::FAILURE
-        }
-    }
-}
-
 fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text).map_err(|e| format!("`{text}`: {e} (try 500ms, 30s, 15m, 1h)"))
 }
@@ -238,7 +227,10 @@ fn client(common: &CommonArgs) -> Client {
 pub async fn run(command: Command) -> Result<(), ClientError> {
     match command {
         Command::Serve(_) => unreachable!("main handles serve"),
-        Command::Man => unreachable!("main handles man"),
+        Command::Man => {
+            std::io::Write::write_all(&mut std::io::stdout(), &man_page()?)?;
+            Ok(())
+        }
         Command::Bench(args) => {
             let json_out = args.json;
             let r = crate::bench::run(args).await?;

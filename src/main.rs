@@ -14,7 +14,6 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let command = match cli.command {
         Command::Serve(args) => return daemon::serve(args),
-        Command::Man => return cli::print_man_page(),
         command => command,
     };
     // The load generator and the echo server want every core; the CLI's one

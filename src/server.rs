@@ -353,10 +353,12 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
                     frame_deadline = None;
                     continue;
                 }
-                let (response, durable) = match planned.job.take() {
-                    Some(Ok(job)) => daemon.handle(limiter, job, &peer, now),
-                    Some(Err(error)) => (error, Vec::new()),
-                    None => continue, // answered (a `lockouts`, above)
+                // Each job is taken once, here (a `lockouts` job is answered
+                // above and never reaches this line).
+                let Some(job) = planned.job.take() else { continue };
+                let (response, durable) = match job {
+                    Ok(job) => daemon.handle(limiter, job, &peer, now),
+                    Err(error) => (error, Vec::new()),
                 };
                 counts.count(&response);
                 if !durable.is_empty() {
