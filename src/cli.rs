@@ -194,6 +194,17 @@ pub fn man_page() -> std::io::Result<Vec<u8>> {
     Ok(page)
 }
 
+/// `tollgate man`: the page on stdout, or one plain error line.
+pub fn print_man_page() -> std::process::ExitCode {
+    match man_page().and_then(|page| std::io::Write::write_all(&mut std::io::stdout(), &page)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tollgate: error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text).map_err(|e| format!("`{text}`: {e} (try 500ms, 30s, 15m, 1h)"))
 }

@@ -14,6 +14,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let command = match cli.command {
         Command::Serve(args) => return daemon::serve(args),
+        // Not a client of the daemon: its errors are the output's, not a connection's.
+        Command::Man => return cli::print_man_page(),
         command => command,
     };
     // The load generator and the echo server want every core; the CLI's one

@@ -220,8 +220,8 @@ const PLAN_AHEAD: usize = 16;
 /// the two passes was 8% of the daemon's time.
 struct Planned<'b, 'l> {
     id: u64,
-    /// Taken when answered; the error reply of a frame that did not decode.
-    job: Option<Result<Job<'b, 'l>, Response<'static>>>,
+    /// The job, or the error reply of a frame that did not decode.
+    job: Result<Job<'b, 'l>, Response<'static>>,
     frame_bytes: usize,
 }
 
@@ -233,12 +233,8 @@ fn plan_frame<'b, 'l>(
     now: u64,
 ) -> Planned<'b, 'l> {
     match codec::decode_request(payload) {
-        Ok((id, request)) => {
-            Planned { id, job: Some(Ok(Job::new(limiter, request, peer.permissions, now))), frame_bytes }
-        }
-        Err(failure) => {
-            Planned { id: failure.id.unwrap_or(0), job: Some(Err(payload_error(&failure.error))), frame_bytes }
-        }
+        Ok((id, request)) => Planned { id, job: Ok(Job::new(limiter, request, peer.permissions, now)), frame_bytes },
+        Err(failure) => Planned { id: failure.id.unwrap_or(0), job: Err(payload_error(&failure.error)), frame_bytes },
     }
 }
 
@@ -307,10 +303,10 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
                         close = true;
                         run.push(Planned {
                             id: 0,
-                            job: Some(Err(Response::error(
+                            job: Err(Response::error(
                                 ErrorCode::FrameTooLarge,
                                 format!("frame of {len} bytes is over the maximum of {max}; closing"),
-                            ))),
+                            )),
                             frame_bytes: 0,
                         });
                         break;
@@ -325,13 +321,13 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
             // together those walks overlap instead of each stalling between
             // two key derivations.
             for planned in &run {
-                if let Some(Ok(Job::Check { plan: Ok(plan), .. })) = &planned.job {
+                if let Ok(Job::Check { plan: Ok(plan), .. }) = &planned.job {
                     limiter.prefetch(plan);
                 }
             }
             let full_run = run.len() == PLAN_AHEAD;
-            for planned in run.iter_mut() {
-                if let Some(Ok(Job::Other(Request::Lockouts { limit }))) = planned.job {
+            for planned in run.drain(..) {
+                if let Ok(Job::Other(Request::Lockouts { limit })) = planned.job {
                     // Replies buffered before it are written first, so a
                     // connection holds one share of the budget at a time
                     // and two can never each wait for the share the other
@@ -353,10 +349,7 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
                     frame_deadline = None;
                     continue;
                 }
-                // Each job is taken once, here (a `lockouts` job is answered
-                // above and never reaches this line).
-                let Some(job) = planned.job.take() else { continue };
-                let (response, durable) = match job {
+                let (response, durable) = match planned.job {
                     Ok(job) => daemon.handle(limiter, job, &peer, now),
                     Err(error) => (error, Vec::new()),
                 };

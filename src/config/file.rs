@@ -158,10 +158,11 @@ impl<T: Spelled> Word<T> {
     pub fn known(&self, at: &str, errors: &mut Vec<String>) -> Option<T> {
         match self {
             Word::Known(value) => Some(*value),
-            Word::Unknown(written) => {
+            // A `Word` built in code may hold a right spelling as Unknown.
+            Word::Unknown(written) => T::from_word(written).or_else(|| {
                 errors.push(format!("{at}: `{written}` is not {}", T::ACCEPTED));
                 None
-            }
+            }),
         }
     }
 }

@@ -121,7 +121,7 @@ fn a_misspelling_of_a_closed_set_is_refused_naming_its_key_and_the_words_accepte
         ),
         (
             "[routes.api.rules.r]\nkind = \"rate\"\nkey = [\"prefix\", \"acount\"]\nlimit = 5\n".to_string(),
-            "routes.api.rules.r.key: `acount` is not a key component (prefix, account, device, tenant, client_id)",
+            "routes.api.rules.r.key: unknown component `acount` (one of prefix, account, device, tenant, client_id)",
         ),
         (
             format!("{rule}responses = [\"dney\"]\n"),

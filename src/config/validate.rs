@@ -311,7 +311,18 @@ fn build_rule(path: &str, name: &str, raw: RawRule, errors: &mut Vec<String>) ->
         Some(words) => {
             let mut key = Vec::new();
             for word in words {
-                let Some(c) = word.known(&format!("{path}.key"), errors) else { continue };
+                let c = match word {
+                    Word::Known(c) => c,
+                    Word::Unknown(n) => match Component::parse(&n) {
+                        Some(c) => c,
+                        None => {
+                            errors.push(format!(
+                                "{path}.key: unknown component `{n}` (one of prefix, account, device, tenant, client_id)"
+                            ));
+                            continue;
+                        }
+                    },
+                };
                 if key.contains(&c) {
                     errors.push(format!("{path}.key: `{}` appears twice", c.name()));
                 } else {
@@ -421,13 +432,11 @@ fn build_rule(path: &str, name: &str, raw: RawRule, errors: &mut Vec<String>) ->
     }
     let responses = match &raw.responses {
         None => vec![Rung::Deny],
-        Some(words) => {
-            if words.is_empty() || words.len() > RUNGS_PER_RULE_MAX {
-                errors.push(format!("{path}.responses: 1 to {RUNGS_PER_RULE_MAX} rungs"));
-            }
-            words.iter().filter_map(|w| w.known(&format!("{path}.responses"), errors)).collect()
-        }
+        Some(words) => words.iter().filter_map(|w| w.known(&format!("{path}.responses"), errors)).collect(),
     };
+    if responses.is_empty() || responses.len() > RUNGS_PER_RULE_MAX {
+        errors.push(format!("{path}.responses: 1 to {RUNGS_PER_RULE_MAX} rungs"));
+    }
     let devices = match &raw.devices {
         None => DeviceScope::All,
         Some(word) => word.known(&format!("{path}.devices"), errors).unwrap_or(DeviceScope::All),

@@ -39,6 +39,11 @@
 //!
 //! Outside this folder nothing imports redb.
 
+/// The target of the store's log lines: the one they had before the store
+/// became a folder. The formatter prints it on every line, so journal
+/// searches written for it keep working.
+const LOG_TARGET: &str = "tollgate::store";
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};

@@ -55,7 +55,7 @@ impl Store {
                     path: path.into(),
                     message: format!("cannot move the damaged file aside: {e}"),
                 })?;
-                tracing::warn!(state = %path.display(), moved_to = %aside.display(), error = %e, "discarded the state file; starting empty");
+                tracing::warn!(target: super::LOG_TARGET, state = %path.display(), moved_to = %aside.display(), error = %e, "discarded the state file; starting empty");
                 Self::try_open(path, options.key_fingerprint, options.key_is_new)
             }
             Err(e) => Err(e),
@@ -118,7 +118,7 @@ impl Store {
             })?;
             let loaded = prepare(&db, &at, key_fingerprint, key_is_new)?;
             if loaded.damaged_rows > 0 {
-                tracing::warn!(state = %at.display(), rows = loaded.damaged_rows, "state file rows failed their check (a damaged disk); dropped and deleted");
+                tracing::warn!(target: super::LOG_TARGET, state = %at.display(), rows = loaded.damaged_rows, "state file rows failed their check (a damaged disk); dropped and deleted");
             }
             Ok(Opened { store: Store { _lock: None, db, path: at, key_fingerprint }, loaded })
         });
@@ -199,7 +199,7 @@ fn prepare(db: &Database, path: &Path, key_fingerprint: Option<u64>, key_is_new:
             Some(old @ (1 | 2)) => {
                 let migrated = migrate_to_v3(&txn).map_err(|e| corrupt(&e))?;
                 meta.insert("schema_version", SCHEMA_VERSION).map_err(|e| corrupt(&e))?;
-                tracing::info!(state = %path.display(), rows = migrated, "state file migrated from schema {old} to {SCHEMA_VERSION}");
+                tracing::info!(target: super::LOG_TARGET, state = %path.display(), rows = migrated, "state file migrated from schema {old} to {SCHEMA_VERSION}");
             }
             Some(SCHEMA_VERSION) => {}
             Some(found) => return Err(StoreError::Schema { path: path.into(), found }),

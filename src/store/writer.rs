@@ -132,7 +132,7 @@ fn run_writer(store: Store, rx: Receiver<Message>, stats: Arc<StoreStats>) {
                     // Only a real failure is logged and shown; the writes
                     // that wait for the rewrite after it would flood both.
                     if attempted {
-                        tracing::error!(state = %path.display(), error = %message, changes, "state write failed; answering from memory, will rewrite the file from memory");
+                        tracing::error!(target: super::LOG_TARGET, state = %path.display(), error = %message, changes, "state write failed; answering from memory, will rewrite the file from memory");
                         *stats.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(message.to_string());
                     }
                     for ack in acks {
@@ -156,7 +156,7 @@ fn run_writer(store: Store, rx: Receiver<Message>, stats: Arc<StoreStats>) {
                         rewrite_failed = false;
                     }
                     Err(e) => {
-                        tracing::error!(file = %fresh.display(), error = %e, "cannot start rewriting the state file");
+                        tracing::error!(target: super::LOG_TARGET, file = %fresh.display(), error = %e, "cannot start rewriting the state file");
                         rewrite_failed = true;
                     }
                 }
@@ -174,13 +174,13 @@ fn run_writer(store: Store, rx: Receiver<Message>, stats: Arc<StoreStats>) {
                         stats.changes_unwritten.store(0, Ordering::Relaxed);
                         stats.needs_rewrite.store(false, Ordering::Release);
                         *stats.last_error.lock().unwrap_or_else(|e| e.into_inner()) = None;
-                        tracing::warn!(state = %path.display(), "state file rewritten from memory; everything is on disk again");
+                        tracing::warn!(target: super::LOG_TARGET, state = %path.display(), "state file rewritten from memory; everything is on disk again");
                     }
                     Err(e) => {
                         db = None;
                         let _ = std::fs::remove_file(&fresh);
                         stats.needs_rewrite.store(true, Ordering::Release);
-                        tracing::error!(state = %path.display(), error = %e, "state file rewrite failed; will try again");
+                        tracing::error!(target: super::LOG_TARGET, state = %path.display(), error = %e, "state file rewrite failed; will try again");
                     }
                 }
                 let _ = ack.send(result);
@@ -190,7 +190,7 @@ fn run_writer(store: Store, rx: Receiver<Message>, stats: Arc<StoreStats>) {
                     let _ = ack.send(Err(WriteError::StoppedMidRewrite));
                 }
                 if held > 0 {
-                    tracing::error!(changes = held, "stopping with changes that could not be written");
+                    tracing::error!(target: super::LOG_TARGET, changes = held, "stopping with changes that could not be written");
                 }
                 return;
             }
