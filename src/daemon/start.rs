@@ -9,6 +9,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::Context;
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
 use tokio::net::UnixListener;
 
 use super::Daemon;
@@ -89,6 +91,11 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
     // daemon: SIGXFSZ gets a handler instead of its default action, before
     // the state file is first written.
     signal_hook::flag::register(signal_hook::consts::SIGXFSZ, Arc::new(AtomicBool::new(false)))?;
+    // Stop and reload signals are caught from here on and held until the
+    // signal thread reads them: a SIGTERM that arrives while the state file
+    // is opened or the socket bound stops the daemon cleanly (after its
+    // start-up) instead of killing it by the default action.
+    let signals = Signals::new([SIGTERM, SIGINT, SIGHUP])?;
     let clock = if args.manual_clock { Clock::manual() } else { Clock::System };
     let (secret, store, loaded) = open_state(&config, args.discard_corrupt_state)?;
     let stats = Arc::new(StoreStats::default());
@@ -105,7 +112,7 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
 
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let (listener, our_socket) = listen(&runtime, &config)?;
-    let (stopped, signals) = handle_signals(daemon.clone(), args)?;
+    let (stopped, signals) = handle_signals(daemon.clone(), args, signals)?;
     let maintenance = Maintenance::spawn(daemon.clone(), Duration::from_millis(config.snapshot_interval_ms))?;
     tracing::info!(target: START_LOG_TARGET,
         socket = %config.socket.display(),
@@ -278,15 +285,15 @@ fn listen(runtime: &tokio::runtime::Runtime, config: &Config) -> anyhow::Result<
     Ok((listener, server::socket_identity(&config.socket)))
 }
 
-/// SIGHUP reloads; SIGTERM or SIGINT resolves the returned receiver, which
-/// stops the server. Close the handle to end the thread.
+/// Reads the signals caught since `signals` was made: SIGHUP reloads;
+/// SIGTERM or SIGINT resolves the returned receiver, which stops the server.
+/// Close the handle to end the thread.
 fn handle_signals(
     daemon: Arc<Daemon>,
     args: ServeArgs,
+    mut signals: Signals,
 ) -> anyhow::Result<(tokio::sync::oneshot::Receiver<()>, signal_hook::iterator::Handle)> {
-    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
-    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])?;
     let handle = signals.handle();
     std::thread::Builder::new().name("tollgate-signals".into()).spawn(move || {
         for signal in signals.forever() {
