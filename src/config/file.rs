@@ -221,6 +221,21 @@ impl Spelled for SourceClass {
     }
 }
 
+impl Word<SourceClass> {
+    /// The class a `classes` table names, or `None` after recording that
+    /// `{table}.{name}` names none (a class is a table's key, so the key
+    /// path ends with the word itself).
+    pub fn class(&self, table: &str, errors: &mut Vec<String>) -> Option<SourceClass> {
+        match self {
+            Word::Known(class) => Some(*class),
+            Word::Unknown(name) => SourceClass::parse(name).or_else(|| {
+                errors.push(format!("{table}.{name}: unknown class (hosting, mobile, business, residential)"));
+                None
+            }),
+        }
+    }
+}
+
 impl Config {
     /// Parses TOML text (no defaults applied yet).
     pub fn parse(text: &str) -> Result<RawConfig, String> {

@@ -128,13 +128,7 @@ fn build_source(raw: RawSource, errors: &mut Vec<String>) -> SourcePolicy {
     policy.class_prefix_lens[SourceClass::Hosting as usize] =
         Some((HOSTING_IPV4_PREFIX_LEN_DEFAULT, policy.ipv6_prefix_len));
     for (class, lens) in &raw.classes {
-        let class = match class {
-            Word::Known(class) => *class,
-            Word::Unknown(name) => {
-                errors.push(format!("source.classes.{name}: unknown class (hosting, mobile, business, residential)"));
-                continue;
-            }
-        };
+        let Some(class) = class.class("source.classes", errors) else { continue };
         let name = class.name();
         let v4 = lens.ipv4_prefix_len.unwrap_or(policy.ipv4_prefix_len);
         let v6 = lens.ipv6_prefix_len.unwrap_or(policy.ipv6_prefix_len);
@@ -368,15 +362,7 @@ fn build_rule(path: &str, name: &str, raw: RawRule, errors: &mut Vec<String>) ->
             in_range(errors, "entries_max", entries_max as u64, 1, ENTRIES_MAX_LIMIT as u64);
             let mut by_class = ByClass::default();
             for (class, c) in raw.classes.clone().unwrap_or_default() {
-                let class = match class {
-                    Word::Known(class) => class,
-                    Word::Unknown(name) => {
-                        errors.push(format!(
-                            "{path}.classes.{name}: unknown class (hosting, mobile, business, residential)"
-                        ));
-                        continue;
-                    }
-                };
+                let Some(class) = class.class(&format!("{path}.classes"), errors) else { continue };
                 let class_name = class.name();
                 let limit = c.limit.unwrap_or(limit);
                 let period_secs = c.period_secs.unwrap_or(period_secs);
