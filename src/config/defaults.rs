@@ -181,6 +181,86 @@ pub const SHUTDOWN_GRACE_MS_DEFAULT: u64 = 5_000;
 /// snapshot past what a service manager waits before killing it.
 pub const SHUTDOWN_GRACE_MS_MAX: u64 = 600_000;
 
+/// Namespace of every key tollgate writes in the shared store, so two
+/// deployments (or a test one) can share one server. Short, because it is
+/// in every key.
+pub const SHARED_KEY_PREFIX_DEFAULT: &str = "tg";
+/// The prefix is in every key and every log line that names one: 32 bytes
+/// is room for a deployment's name.
+pub const SHARED_KEY_PREFIX_BYTES_MAX: usize = 32;
+/// Redis ACL user names are free text; 64 characters is past any real one
+/// and keeps the log line that names it short.
+pub const SHARED_USERNAME_CHARS_MAX: usize = 64;
+/// How long a request waits for the store before it is answered from this
+/// host's tables: a store on the local network answers in well under a
+/// millisecond, and the client's own call timeout (5 ms) must not pass first.
+pub const SHARED_TIMEOUT_MS_DEFAULT: u64 = 2;
+/// A second per login spent waiting is an outage of its own; more is a typo.
+pub const SHARED_TIMEOUT_MS_MAX: u64 = 1_000;
+/// A (re)connect is done by the breaker's probe, off the request path, so
+/// it may take far longer than a request's wait.
+pub const SHARED_CONNECT_TIMEOUT_MS_DEFAULT: u64 = 200;
+/// Shorter fails a TCP handshake that lost one packet.
+pub const SHARED_CONNECT_TIMEOUT_MS_MIN: u64 = 10;
+/// Longer holds a probe on a black-holed address past several probe rounds.
+pub const SHARED_CONNECT_TIMEOUT_MS_MAX: u64 = 10_000;
+/// First probe of a store the breaker gave up on; the delay doubles per
+/// failed probe up to `probe_max_ms`, so a blip is over in a tenth of a
+/// second and a dead store costs a probe every couple of seconds.
+pub const SHARED_PROBE_INTERVAL_MS_DEFAULT: u64 = 100;
+/// Shorter reconnects in a tight loop against a store that is down.
+pub const SHARED_PROBE_INTERVAL_MS_MIN: u64 = 10;
+pub const SHARED_PROBE_INTERVAL_MS_MAX: u64 = 10_000;
+/// The doubling's cap: a store back up is used again within 2 s.
+pub const SHARED_PROBE_MAX_MS_DEFAULT: u64 = 2_000;
+/// A minute of a recovered store left unused, answering from local tables,
+/// is the most the back-off may cost.
+pub const SHARED_PROBE_MAX_MS_LIMIT: u64 = 60_000;
+/// Consecutive failed store calls that open the breaker: one lost packet
+/// does not put every host's global rules into degraded mode.
+pub const SHARED_BREAKER_FAILURES_DEFAULT: u32 = 3;
+/// Past a hundred, a dead store costs a hundred timed-out logins per host
+/// before the breaker notices.
+pub const SHARED_BREAKER_FAILURES_MAX: u32 = 100;
+/// Operations sent in one script call: enough to carry a busy host's
+/// logins in a round trip or two.
+pub const SHARED_BATCH_MAX_DEFAULT: usize = 64;
+/// A batch's keys and arguments go through Lua's `unpack` and the server's
+/// ARGV, which stop well above this but not far above it.
+pub const SHARED_BATCH_MAX_LIMIT: usize = 1024;
+/// Operations queued for the store; when full, a request is answered from
+/// this host's tables at once rather than waiting.
+pub const SHARED_PENDING_MAX_DEFAULT: usize = 4096;
+/// Each queued operation holds its key and a waiter: a million is already
+/// hundreds of megabytes held for a store that is not answering.
+pub const SHARED_PENDING_MAX_LIMIT: usize = 1_000_000;
+/// Hosts sharing the store, which divide a global limit while the store is
+/// down: 0 learns them from the store's heartbeats.
+pub const SHARED_HOSTS_DEFAULT: u32 = 0;
+/// A thousand hosts on one store is past any deployment this is built for,
+/// so a larger number is a typo.
+pub const SHARED_HOSTS_MAX: u32 = 1_000;
+/// The divisor before any heartbeat was seen and `hosts` is 0: a shared
+/// deployment has at least two hosts, and assuming more would lock out
+/// real users in an outage.
+pub const SHARED_HOSTS_WHEN_UNKNOWN_DEFAULT: u32 = 2;
+pub const SHARED_HOSTS_WHEN_UNKNOWN_MAX: u32 = 1_000;
+/// How often a host tells the store it is alive (how hosts are counted).
+pub const SHARED_HEARTBEAT_MS_DEFAULT: u64 = 1_000;
+/// Faster is a write per host ten times a second for a number that changes
+/// when a host starts or stops.
+pub const SHARED_HEARTBEAT_MS_MIN: u64 = 100;
+/// Slower leaves a new host uncounted for over a minute.
+pub const SHARED_HEARTBEAT_MS_MAX: u64 = 60_000;
+/// A host not heard from for this long is no longer counted: ten missed
+/// heartbeats, so a slow one is not dropped and re-added.
+pub const SHARED_HOST_TTL_MS_DEFAULT: u64 = 10_000;
+/// Ten minutes: the learned count is the maximum over that long anyway.
+pub const SHARED_HOST_TTL_MS_MAX: u64 = 600_000;
+/// `host_ttl_ms` is at least this many heartbeats, so one late heartbeat
+/// does not drop a live host.
+pub const SHARED_HOST_TTL_HEARTBEATS_MIN: u64 = 2;
+
 // Every default is within its bounds.
 const _: () = {
     assert!(SNAPSHOT_INTERVAL_MS_DEFAULT <= SNAPSHOT_INTERVAL_MS_MAX);
@@ -206,6 +286,37 @@ const _: () = {
     assert!(SOCKET_MODE_DEFAULT & !SOCKET_MODE_PERMISSION_BITS == 0);
     assert!(SOCKET_MODE_DEFAULT & SOCKET_MODE_OWNER_READ_WRITE == SOCKET_MODE_OWNER_READ_WRITE);
     assert!(SHUTDOWN_GRACE_MS_DEFAULT <= SHUTDOWN_GRACE_MS_MAX);
+    assert!(!SHARED_KEY_PREFIX_DEFAULT.is_empty() && SHARED_KEY_PREFIX_DEFAULT.len() <= SHARED_KEY_PREFIX_BYTES_MAX);
+    assert!(1 <= SHARED_TIMEOUT_MS_DEFAULT && SHARED_TIMEOUT_MS_DEFAULT <= SHARED_TIMEOUT_MS_MAX);
+    assert!(
+        SHARED_CONNECT_TIMEOUT_MS_MIN <= SHARED_CONNECT_TIMEOUT_MS_DEFAULT
+            && SHARED_CONNECT_TIMEOUT_MS_DEFAULT <= SHARED_CONNECT_TIMEOUT_MS_MAX
+    );
+    assert!(
+        SHARED_PROBE_INTERVAL_MS_MIN <= SHARED_PROBE_INTERVAL_MS_DEFAULT
+            && SHARED_PROBE_INTERVAL_MS_DEFAULT <= SHARED_PROBE_INTERVAL_MS_MAX
+    );
+    assert!(
+        SHARED_PROBE_INTERVAL_MS_DEFAULT <= SHARED_PROBE_MAX_MS_DEFAULT
+            && SHARED_PROBE_MAX_MS_DEFAULT <= SHARED_PROBE_MAX_MS_LIMIT
+    );
+    assert!(SHARED_PROBE_INTERVAL_MS_MAX <= SHARED_PROBE_MAX_MS_LIMIT);
+    assert!(1 <= SHARED_BREAKER_FAILURES_DEFAULT && SHARED_BREAKER_FAILURES_DEFAULT <= SHARED_BREAKER_FAILURES_MAX);
+    assert!(1 <= SHARED_BATCH_MAX_DEFAULT && SHARED_BATCH_MAX_DEFAULT <= SHARED_BATCH_MAX_LIMIT);
+    assert!(1 <= SHARED_PENDING_MAX_DEFAULT && SHARED_PENDING_MAX_DEFAULT <= SHARED_PENDING_MAX_LIMIT);
+    assert!(SHARED_HOSTS_DEFAULT <= SHARED_HOSTS_MAX);
+    assert!(
+        1 <= SHARED_HOSTS_WHEN_UNKNOWN_DEFAULT && SHARED_HOSTS_WHEN_UNKNOWN_DEFAULT <= SHARED_HOSTS_WHEN_UNKNOWN_MAX
+    );
+    assert!(
+        SHARED_HEARTBEAT_MS_MIN <= SHARED_HEARTBEAT_MS_DEFAULT
+            && SHARED_HEARTBEAT_MS_DEFAULT <= SHARED_HEARTBEAT_MS_MAX
+    );
+    assert!(
+        SHARED_HOST_TTL_HEARTBEATS_MIN * SHARED_HEARTBEAT_MS_DEFAULT <= SHARED_HOST_TTL_MS_DEFAULT
+            && SHARED_HOST_TTL_MS_DEFAULT <= SHARED_HOST_TTL_MS_MAX
+    );
+    assert!(SHARED_HOST_TTL_HEARTBEATS_MIN * SHARED_HEARTBEAT_MS_MIN <= SHARED_HOST_TTL_MS_MAX);
 };
 
 fn rate(limit: u32, burst: u32) -> RawRule {

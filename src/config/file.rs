@@ -1,6 +1,6 @@
 //! The configuration file as written: every field optional, unknown keys
 //! refused by the parser with their line. A closed set (a rule's `kind`,
-//! `key` components, `responses` rungs, `devices` scope, class names) is
+//! `key` components, `responses` rungs, `devices`, `scope`, class names) is
 //! typed here as a `Word`: a string only, a misspelling kept as written for
 //! validation to report with its key path. No defaults, no validation of
 //! values.
@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::{Config, ConfigError, DeviceScope, FailPolicy, Rung};
+use super::{Config, ConfigError, DeviceScope, FailPolicy, Rung, Scope};
 use crate::classes::SourceClass;
 use crate::keys::Component;
 
@@ -30,6 +30,28 @@ pub struct RawConfig {
     pub responses: RawResponses,
     #[serde(default)]
     pub routes: BTreeMap<String, RawRoute>,
+    /// Absent: no store, every rule counts on this host alone.
+    pub shared: Option<RawShared>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawShared {
+    pub url: Option<String>,
+    pub username: Option<String>,
+    pub password_file: Option<PathBuf>,
+    pub key_prefix: Option<String>,
+    pub timeout_ms: Option<u64>,
+    pub connect_timeout_ms: Option<u64>,
+    pub probe_interval_ms: Option<u64>,
+    pub probe_max_ms: Option<u64>,
+    pub breaker_failures: Option<u32>,
+    pub batch_max: Option<usize>,
+    pub pending_max: Option<usize>,
+    pub hosts: Option<u32>,
+    pub hosts_when_unknown: Option<u32>,
+    pub heartbeat_ms: Option<u64>,
+    pub host_ttl_ms: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -120,6 +142,7 @@ pub struct RawRule {
     pub responses: Option<Vec<Word<Rung>>>,
     pub required: Option<bool>,
     pub devices: Option<Word<DeviceScope>>,
+    pub scope: Option<Word<Scope>>,
     /// Rate rules: limits per source class.
     pub classes: Option<BTreeMap<Word<SourceClass>, RawClassLimit>>,
 }
@@ -134,7 +157,7 @@ pub enum RawRuleKind {
 }
 
 /// A word from a closed set (a rule's kind, a key component, a rung, a
-/// device scope, a source class), typed as the file is read. Only a string
+/// device scope, a rule's scope, a source class), typed as the file is read. Only a string
 /// is accepted. A word outside the set is kept as written rather than
 /// refused by the parser, so that validation reports it with its key path
 /// beside every other problem, and a rule removed with `enabled = false`
@@ -211,6 +234,13 @@ impl Spelled for DeviceScope {
         [DeviceScope::All, DeviceScope::UnknownDevices, DeviceScope::KnownDevices]
             .into_iter()
             .find(|d| d.name() == word)
+    }
+}
+
+impl Spelled for Scope {
+    const ACCEPTED: &'static str = "host or global";
+    fn from_word(word: &str) -> Option<Scope> {
+        [Scope::Host, Scope::Global].into_iter().find(|s| s.name() == word)
     }
 }
 

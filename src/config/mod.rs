@@ -20,7 +20,9 @@ mod file;
 mod validate;
 
 pub use defaults::*;
-pub use file::{RawClassLimit, RawConfig, RawResponses, RawRoute, RawRule, RawRuleKind, RawServer, RawSource, Word};
+pub use file::{
+    RawClassLimit, RawConfig, RawResponses, RawRoute, RawRule, RawRuleKind, RawServer, RawShared, RawSource, Word,
+};
 
 /// What a client does for a route when the daemon cannot answer in time:
 /// the client crate's type, so the daemon's file and the client agree.
@@ -73,6 +75,40 @@ impl DeviceScope {
             DeviceScope::All => "all",
             DeviceScope::UnknownDevices => "unknown",
             DeviceScope::KnownDevices => "known",
+        }
+    }
+}
+
+/// Where a rule's counters live when `[shared]` is set; the file spells it
+/// as `name` does. Without `[shared]` every rule counts on this host alone,
+/// whatever its scope.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Scope {
+    /// In this host's tables only, so the limit holds per host.
+    Host,
+    /// In the shared store, so the limit holds across every host.
+    Global,
+}
+
+impl Scope {
+    pub fn name(self) -> &'static str {
+        match self {
+            Scope::Host => "host",
+            Scope::Global => "global",
+        }
+    }
+
+    /// The scope of a rule whose file does not give one. Failures and
+    /// anything keyed on an account protect accounts and credentials: a
+    /// guesser spreading attempts over hosts must meet one count, so they
+    /// are global. The rest (rates per source, tenant or client) protect
+    /// this host's capacity, which another host's traffic does not use, and
+    /// keeping them per host keeps them off the store's round trip.
+    pub fn default_for(kind: &RuleKind, key: &[Component]) -> Scope {
+        if matches!(kind, RuleKind::Failures { .. }) || key.contains(&Component::Account) {
+            Scope::Global
+        } else {
+            Scope::Host
         }
     }
 }
@@ -141,6 +177,34 @@ pub struct RuleConfig {
     /// the rule is skipped for such requests.
     pub required: bool,
     pub devices: DeviceScope,
+    /// Resolved even without `[shared]` (where it changes nothing), so a
+    /// file's scopes are judged before the store is turned on.
+    pub scope: Scope,
+}
+
+/// The store that global rules count in (`[shared]`). Bounds and why are
+/// beside the defaults in `defaults.rs`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SharedConfig {
+    /// redis://host:port[/db], redis+unix:///path/to.sock or unix:///path/to.sock
+    pub url: String,
+    pub username: Option<String>,
+    /// Read by the daemon at start, never here, so validating a file needs
+    /// no access to the secret.
+    pub password_file: Option<PathBuf>,
+    pub key_prefix: String,
+    pub timeout_ms: u64,
+    pub connect_timeout_ms: u64,
+    pub probe_interval_ms: u64,
+    pub probe_max_ms: u64,
+    pub breaker_failures: u32,
+    pub batch_max: usize,
+    pub pending_max: usize,
+    /// 0: learn the number of hosts from the store's heartbeats.
+    pub hosts: u32,
+    pub hosts_when_unknown: u32,
+    pub heartbeat_ms: u64,
+    pub host_ttl_ms: u64,
 }
 
 /// How refusals are phrased (all rules).
@@ -208,6 +272,8 @@ pub struct Config {
     pub responses: ResponsePolicy,
     /// Sorted by name.
     pub routes: Vec<RouteConfig>,
+    /// None: every rule counts on this host alone.
+    pub shared: Option<SharedConfig>,
 }
 
 /// Every problem found in a configuration, one `key: message` per line.

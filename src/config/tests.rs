@@ -84,6 +84,10 @@ fn every_spelling_of_a_closed_set_parses_to_its_variant() {
         let rule = parsed_rule(&format!("[routes.api.rules.r]\ndevices = \"{}\"\n", scope.name()));
         assert_eq!(rule.devices, Some(Word::Known(scope)));
     }
+    for scope in [Scope::Host, Scope::Global] {
+        let rule = parsed_rule(&format!("[routes.api.rules.r]\nscope = \"{}\"\n", scope.name()));
+        assert_eq!(rule.scope, Some(Word::Known(scope)));
+    }
     for class in SourceClass::ALL {
         let rule = parsed_rule(&format!("[routes.api.rules.r.classes.{}]\nlimit = 1\n", class.name()));
         assert_eq!(rule.classes.unwrap().into_keys().collect::<Vec<_>>(), [Word::Known(class)]);
@@ -200,4 +204,216 @@ fn the_client_knows_every_builtin_routes_fail_policy() {
         tollgate_client::BUILTIN_FAIL_POLICIES.iter().map(|&(name, policy)| (name.to_string(), Some(policy))).collect();
     client.sort_by(|a, b| a.0.cmp(&b.0));
     assert_eq!(builtin, client);
+}
+
+#[test]
+fn the_builtin_rules_resolve_to_their_scopes() {
+    let global = [
+        ("login", "source_failures"),
+        ("login", "account_failures"),
+        ("login", "known_device_failures"),
+        ("reauth", "device_failures"),
+        ("mfa_verify", "account_failures"),
+        ("mfa_resend", "account_rate"),
+        ("password_reset", "account_rate"),
+        ("token", "client_failures"),
+    ];
+    let config = Config::default();
+    let mut seen_global = Vec::new();
+    for route in &config.routes {
+        for rule in &route.rules {
+            let pair = (route.name.as_str(), rule.name.as_str());
+            let expected = if global.contains(&pair) { Scope::Global } else { Scope::Host };
+            assert_eq!(rule.scope, expected, "{pair:?}");
+            if rule.scope == Scope::Global {
+                seen_global.push(pair);
+            }
+        }
+    }
+    seen_global.sort();
+    let mut global = global.to_vec();
+    global.sort();
+    assert_eq!(seen_global, global, "a built-in rule named here is missing");
+    assert_eq!(config.shared, None);
+}
+
+#[test]
+fn a_rule_s_scope_is_the_file_s_when_given_and_a_misspelling_names_its_key() {
+    let text = "[routes.login.rules.source_failures]\nscope = \"host\"\n\
+                [routes.login.rules.source_rate]\nscope = \"global\"\n\
+                [routes.api.rules.r]\nkind = \"rate\"\nkey = [\"tenant\"]\nlimit = 5\n\
+                [routes.api.rules.a]\nkind = \"rate\"\nkey = [\"account\", \"prefix\"]\nlimit = 5\n";
+    let config = Config::build(Config::parse(text).unwrap()).unwrap();
+    let scope =
+        |route: &str, rule: &str| config.route(route).unwrap().rules.iter().find(|r| r.name == rule).unwrap().scope;
+    assert_eq!(scope("login", "source_failures"), Scope::Host);
+    assert_eq!(scope("login", "source_rate"), Scope::Global);
+    assert_eq!(scope("api", "r"), Scope::Host);
+    assert_eq!(scope("api", "a"), Scope::Global);
+
+    let text = "[routes.login.rules.source_failures]\nscope = \"globl\"\n";
+    let errors = Config::build(Config::parse(text).expect("a misspelling is not a parse error")).unwrap_err().0;
+    assert_eq!(errors, ["routes.login.rules.source_failures.scope: `globl` is not host or global"]);
+
+    // A disabled rule is not judged, its scope included.
+    let text = "[routes.login.rules.source_failures]\nenabled = false\nscope = \"globl\"\n";
+    Config::build(Config::parse(text).unwrap()).unwrap();
+}
+
+/// A `[shared]` table holding `lines`.
+fn shared(lines: &str) -> Result<Option<SharedConfig>, Vec<String>> {
+    let text = format!("[shared]\n{lines}\n");
+    Config::build(Config::parse(&text).unwrap_or_else(|e| panic!("{text}: {e}"))).map(|c| c.shared).map_err(|e| e.0)
+}
+
+#[test]
+fn shared_takes_its_defaults_and_needs_only_a_url() {
+    let built = shared("url = \"redis://10.0.0.5:6379/0\"").unwrap().unwrap();
+    assert_eq!(
+        built,
+        SharedConfig {
+            url: "redis://10.0.0.5:6379/0".into(),
+            username: None,
+            password_file: None,
+            key_prefix: "tg".into(),
+            timeout_ms: 2,
+            connect_timeout_ms: 200,
+            probe_interval_ms: 100,
+            probe_max_ms: 2000,
+            breaker_failures: 3,
+            batch_max: 64,
+            pending_max: 4096,
+            hosts: 0,
+            hosts_when_unknown: 2,
+            heartbeat_ms: 1000,
+            host_ttl_ms: 10_000,
+        }
+    );
+    assert_eq!(
+        shared("").unwrap_err(),
+        ["shared.url: required, one of redis://host:port[/db], redis+unix:///path or unix:///path"]
+    );
+}
+
+#[test]
+fn shared_url_forms() {
+    for url in [
+        "redis://10.0.0.5:6379/0",
+        "redis://store.internal",
+        "redis://tollgate@store:6379",
+        "redis+unix:///run/redis/redis.sock",
+        "unix:///run/redis/redis.sock?db=2",
+    ] {
+        assert!(shared(&format!("url = \"{url}\"")).is_ok(), "{url} refused");
+    }
+    let schemes = "shared.url: the scheme must be one of redis://host:port[/db], redis+unix:///path or unix:///path";
+    for (url, expected) in [
+        ("rediss://store:6380", "shared.url: TLS (rediss://) is not supported yet; use a Unix socket or a TLS tunnel"),
+        ("http://store:6379", schemes),
+        ("valkey://store:6379", schemes),
+        ("", "shared.url: required, one of redis://host:port[/db], redis+unix:///path or unix:///path"),
+        ("store:6379", "shared.url: required, one of redis://host:port[/db], redis+unix:///path or unix:///path"),
+        ("redis://", "shared.url: redis:// needs a host (redis://host:port[/db])"),
+        ("unix://relative.sock", "shared.url: unix:// needs an absolute socket path (unix:///path/to.sock)"),
+        ("redis://sto re:6379", "shared.url: must not contain whitespace or control characters"),
+    ] {
+        assert_eq!(shared(&format!("url = \"{url}\"")).unwrap_err(), [expected], "{url}");
+    }
+}
+
+#[test]
+fn a_password_in_the_url_is_refused_and_never_echoed() {
+    for url in [
+        "redis://:hunter2@store:6379",
+        "redis://tollgate:hunter2@store:6379/0",
+        "redis+unix:///run/redis.sock?pass=hunter2",
+        "unix:///run/redis.sock?db=1&password=hunter2",
+        "rediss://:hunter2@store",
+        "valkey://:hunter2@store",
+    ] {
+        let errors = shared(&format!("url = \"{url}\"")).unwrap_err();
+        assert!(errors.iter().all(|e| !e.contains("hunter2")), "{url}: {errors:?}");
+        if url.starts_with("redis://") || url.contains("unix") {
+            assert_eq!(
+                errors,
+                ["shared.url: holds a password, which would be shown wherever the URL is; put it in password_file"]
+            );
+        }
+    }
+}
+
+#[test]
+fn each_shared_bound_is_reported_with_its_number_and_all_at_once() {
+    let url = "url = \"redis://store\"\n";
+    let cases = [
+        ("timeout_ms = 0", "shared.timeout_ms: must be 1..=1000"),
+        ("timeout_ms = 1001", "shared.timeout_ms: must be 1..=1000"),
+        ("connect_timeout_ms = 9", "shared.connect_timeout_ms: must be 10..=10000"),
+        ("connect_timeout_ms = 10001", "shared.connect_timeout_ms: must be 10..=10000"),
+        ("probe_interval_ms = 9", "shared.probe_interval_ms: must be 10..=10000"),
+        ("probe_interval_ms = 10001\nprobe_max_ms = 20000", "shared.probe_interval_ms: must be 10..=10000"),
+        (
+            "probe_interval_ms = 500\nprobe_max_ms = 499",
+            "shared.probe_max_ms: must be at least probe_interval_ms and at most 60000",
+        ),
+        ("probe_max_ms = 60001", "shared.probe_max_ms: must be at least probe_interval_ms and at most 60000"),
+        ("breaker_failures = 0", "shared.breaker_failures: must be 1..=100"),
+        ("breaker_failures = 101", "shared.breaker_failures: must be 1..=100"),
+        ("batch_max = 0", "shared.batch_max: must be 1..=1024"),
+        ("batch_max = 1025", "shared.batch_max: must be 1..=1024"),
+        ("pending_max = 0", "shared.pending_max: must be 1..=1000000"),
+        ("pending_max = 1000001", "shared.pending_max: must be 1..=1000000"),
+        ("hosts = 1001", "shared.hosts: must be 0..=1000"),
+        ("hosts_when_unknown = 0", "shared.hosts_when_unknown: must be 1..=1000"),
+        ("hosts_when_unknown = 1001", "shared.hosts_when_unknown: must be 1..=1000"),
+        ("heartbeat_ms = 99", "shared.heartbeat_ms: must be 100..=60000"),
+        ("heartbeat_ms = 60001\nhost_ttl_ms = 600000", "shared.heartbeat_ms: must be 100..=60000"),
+        (
+            "heartbeat_ms = 5000\nhost_ttl_ms = 9999",
+            "shared.host_ttl_ms: must be at least 2 x heartbeat_ms and at most 600000",
+        ),
+        ("host_ttl_ms = 600001", "shared.host_ttl_ms: must be at least 2 x heartbeat_ms and at most 600000"),
+        ("key_prefix = \"\"", "shared.key_prefix: 1-32 characters of [A-Za-z0-9_-]"),
+        ("key_prefix = \"{tg}\"", "shared.key_prefix: 1-32 characters of [A-Za-z0-9_-]"),
+        ("key_prefix = \"tg:\"", "shared.key_prefix: 1-32 characters of [A-Za-z0-9_-]"),
+        ("key_prefix = \"abcdefghijklmnopqrstuvwxyz0123456\"", "shared.key_prefix: 1-32 characters of [A-Za-z0-9_-]"),
+        ("username = \"\"", "shared.username: 1-64 characters, no whitespace or control characters"),
+        ("username = \"tolls gate\"", "shared.username: 1-64 characters, no whitespace or control characters"),
+        (
+            "username = \"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"",
+            "shared.username: 1-64 characters, no whitespace or control characters",
+        ),
+    ];
+    for (lines, expected) in cases {
+        assert_eq!(shared(&format!("{url}{lines}")).unwrap_err(), [expected], "{lines}");
+    }
+    // Each bound's edge is accepted.
+    let edges = "timeout_ms = 1000\nconnect_timeout_ms = 10\nprobe_interval_ms = 10\nprobe_max_ms = 10\n\
+                 breaker_failures = 100\nbatch_max = 1024\npending_max = 1000000\nhosts = 1000\n\
+                 hosts_when_unknown = 1000\nheartbeat_ms = 100\nhost_ttl_ms = 200\n\
+                 key_prefix = \"abcdefghijklmnopqrstuvwxyz012345\"\nusername = \"tollgate\"\n\
+                 password_file = \"/run/credentials/redis\"";
+    let built = shared(&format!("{url}{edges}")).unwrap().unwrap();
+    assert_eq!((built.hosts, built.host_ttl_ms, built.probe_max_ms), (1000, 200, 10));
+    assert_eq!(built.password_file, Some(PathBuf::from("/run/credentials/redis")));
+
+    // Every problem at once, the rules' beside the store's.
+    let text = "[shared]\nurl = \"rediss://store\"\ntimeout_ms = 0\nbatch_max = 0\n\
+                [routes.login.rules.source_failures]\nscope = \"globl\"\nthreshold = 0\n";
+    let errors = Config::build(Config::parse(text).unwrap()).unwrap_err().0;
+    for expected in [
+        "shared.url: TLS (rediss://) is not supported yet; use a Unix socket or a TLS tunnel",
+        "shared.timeout_ms: must be 1..=1000",
+        "shared.batch_max: must be 1..=1024",
+        "routes.login.rules.source_failures.scope: `globl` is not host or global",
+        "routes.login.rules.source_failures.threshold: must be 1..=1000",
+    ] {
+        assert!(errors.iter().any(|e| e == expected), "{expected} missing from {errors:#?}");
+    }
+}
+
+#[test]
+fn shared_refuses_unknown_keys() {
+    let err = Config::parse("[shared]\nurl = \"redis://store\"\nnodes = []\n").unwrap_err();
+    assert!(err.contains("nodes"), "{err}");
 }

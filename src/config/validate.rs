@@ -28,6 +28,7 @@ impl Config {
         let source = build_source(raw.source, &mut errors);
         let server = build_server(raw.server, &mut errors);
         let responses = build_responses(raw.responses, &mut errors);
+        let shared = raw.shared.and_then(|shared| build_shared(shared, &mut errors));
 
         let mut merged = builtin_routes();
         for (name, user) in raw.routes {
@@ -59,6 +60,7 @@ impl Config {
                 server,
                 responses,
                 routes,
+                shared,
             })
         } else {
             Err(ConfigErrors(errors))
@@ -92,6 +94,7 @@ fn overlay(base: RawRule, user: RawRule) -> RawRule {
         responses: user.responses.or(base.responses),
         required: user.required.or(base.required),
         devices: user.devices.or(base.devices),
+        scope: user.scope.or(base.scope),
         kind: user.kind.or(base.kind),
         key: user.key.or(base.key),
         enabled: user.enabled.or(base.enabled),
@@ -222,6 +225,114 @@ fn build_responses(raw: RawResponses, errors: &mut Vec<String>) -> ResponsePolic
         errors.push(format!("responses.delay_max_ms: must be at most {DELAY_MAX_MS_LIMIT} and at least delay_base_ms"));
     }
     policy
+}
+
+fn build_shared(raw: RawShared, errors: &mut Vec<String>) -> Option<SharedConfig> {
+    let before = errors.len();
+    let url = raw.url.unwrap_or_default();
+    if let Err(why) = check_store_url(&url) {
+        errors.push(format!("shared.url: {why}"));
+    }
+    if let Some(name) = &raw.username {
+        let chars = name.chars().count();
+        if chars == 0 || chars > SHARED_USERNAME_CHARS_MAX || name.chars().any(|c| c.is_whitespace() || c.is_control())
+        {
+            errors.push(format!(
+                "shared.username: 1-{SHARED_USERNAME_CHARS_MAX} characters, no whitespace or control characters"
+            ));
+        }
+    }
+    let key_prefix = raw.key_prefix.unwrap_or_else(|| SHARED_KEY_PREFIX_DEFAULT.into());
+    // Braces would end the hash tag that keeps one operation's keys in one
+    // cluster slot, and a colon would read as the separator after the prefix.
+    if key_prefix.is_empty()
+        || key_prefix.len() > SHARED_KEY_PREFIX_BYTES_MAX
+        || !key_prefix.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
+        errors.push(format!("shared.key_prefix: 1-{SHARED_KEY_PREFIX_BYTES_MAX} characters of [A-Za-z0-9_-]"));
+    }
+    let shared = SharedConfig {
+        url,
+        username: raw.username,
+        password_file: raw.password_file,
+        key_prefix,
+        timeout_ms: raw.timeout_ms.unwrap_or(SHARED_TIMEOUT_MS_DEFAULT),
+        connect_timeout_ms: raw.connect_timeout_ms.unwrap_or(SHARED_CONNECT_TIMEOUT_MS_DEFAULT),
+        probe_interval_ms: raw.probe_interval_ms.unwrap_or(SHARED_PROBE_INTERVAL_MS_DEFAULT),
+        probe_max_ms: raw.probe_max_ms.unwrap_or(SHARED_PROBE_MAX_MS_DEFAULT),
+        breaker_failures: raw.breaker_failures.unwrap_or(SHARED_BREAKER_FAILURES_DEFAULT),
+        batch_max: raw.batch_max.unwrap_or(SHARED_BATCH_MAX_DEFAULT),
+        pending_max: raw.pending_max.unwrap_or(SHARED_PENDING_MAX_DEFAULT),
+        hosts: raw.hosts.unwrap_or(SHARED_HOSTS_DEFAULT),
+        hosts_when_unknown: raw.hosts_when_unknown.unwrap_or(SHARED_HOSTS_WHEN_UNKNOWN_DEFAULT),
+        heartbeat_ms: raw.heartbeat_ms.unwrap_or(SHARED_HEARTBEAT_MS_DEFAULT),
+        host_ttl_ms: raw.host_ttl_ms.unwrap_or(SHARED_HOST_TTL_MS_DEFAULT),
+    };
+    let mut in_range = |field: &str, value: u64, lo: u64, hi: u64| {
+        if !(lo..=hi).contains(&value) {
+            errors.push(format!("shared.{field}: must be {lo}..={hi}"));
+        }
+    };
+    in_range("timeout_ms", shared.timeout_ms, 1, SHARED_TIMEOUT_MS_MAX);
+    in_range(
+        "connect_timeout_ms",
+        shared.connect_timeout_ms,
+        SHARED_CONNECT_TIMEOUT_MS_MIN,
+        SHARED_CONNECT_TIMEOUT_MS_MAX,
+    );
+    in_range("probe_interval_ms", shared.probe_interval_ms, SHARED_PROBE_INTERVAL_MS_MIN, SHARED_PROBE_INTERVAL_MS_MAX);
+    in_range("breaker_failures", shared.breaker_failures.into(), 1, SHARED_BREAKER_FAILURES_MAX.into());
+    in_range("batch_max", shared.batch_max as u64, 1, SHARED_BATCH_MAX_LIMIT as u64);
+    in_range("pending_max", shared.pending_max as u64, 1, SHARED_PENDING_MAX_LIMIT as u64);
+    in_range("hosts", shared.hosts.into(), 0, SHARED_HOSTS_MAX.into());
+    in_range("hosts_when_unknown", shared.hosts_when_unknown.into(), 1, SHARED_HOSTS_WHEN_UNKNOWN_MAX.into());
+    in_range("heartbeat_ms", shared.heartbeat_ms, SHARED_HEARTBEAT_MS_MIN, SHARED_HEARTBEAT_MS_MAX);
+    if shared.probe_max_ms < shared.probe_interval_ms || shared.probe_max_ms > SHARED_PROBE_MAX_MS_LIMIT {
+        errors.push(format!(
+            "shared.probe_max_ms: must be at least probe_interval_ms and at most {SHARED_PROBE_MAX_MS_LIMIT}"
+        ));
+    }
+    if shared.host_ttl_ms < shared.heartbeat_ms.saturating_mul(SHARED_HOST_TTL_HEARTBEATS_MIN)
+        || shared.host_ttl_ms > SHARED_HOST_TTL_MS_MAX
+    {
+        errors.push(format!(
+            "shared.host_ttl_ms: must be at least {SHARED_HOST_TTL_HEARTBEATS_MIN} x heartbeat_ms and at most {SHARED_HOST_TTL_MS_MAX}"
+        ));
+    }
+    (errors.len() == before).then_some(shared)
+}
+
+/// Why `url` cannot name the store, if it cannot. The message never quotes
+/// the URL: it may hold a password, and errors reach logs and terminals.
+fn check_store_url(url: &str) -> Result<(), String> {
+    const ACCEPTED: &str = "redis://host:port[/db], redis+unix:///path or unix:///path";
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Err(format!("required, one of {ACCEPTED}"));
+    };
+    match scheme {
+        "redis" | "redis+unix" | "unix" => {}
+        "rediss" => return Err("TLS (rediss://) is not supported yet; use a Unix socket or a TLS tunnel".into()),
+        _ => return Err(format!("the scheme must be one of {ACCEPTED}")),
+    }
+    let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let authority = before_query.split('/').next().unwrap_or("");
+    let userinfo = authority.rsplit_once('@').map_or("", |(userinfo, _)| userinfo);
+    // redis-rs also takes a password from a Unix URL's `pass` parameter.
+    let password_param = query.split('&').any(|pair| matches!(pair.split('=').next(), Some("pass" | "password")));
+    if userinfo.contains(':') || password_param {
+        return Err("holds a password, which would be shown wherever the URL is; put it in password_file".into());
+    }
+    if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err("must not contain whitespace or control characters".into());
+    }
+    let host = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
+    if scheme == "redis" && host.is_empty() {
+        return Err("redis:// needs a host (redis://host:port[/db])".into());
+    }
+    if scheme != "redis" && (!authority.is_empty() || before_query.len() <= 1) {
+        return Err(format!("{scheme}:// needs an absolute socket path ({scheme}:///path/to.sock)"));
+    }
+    Ok(())
 }
 
 fn build_route(name: &str, raw: RawRoute, errors: &mut Vec<String>) -> Option<RouteConfig> {
@@ -427,6 +538,10 @@ fn build_rule(path: &str, name: &str, raw: RawRule, errors: &mut Vec<String>) ->
         None => DeviceScope::All,
         Some(word) => word.known(&format!("{path}.devices"), errors).unwrap_or(DeviceScope::All),
     };
+    let scope = match &raw.scope {
+        None => Scope::default_for(&kind, &key),
+        Some(word) => word.known(&format!("{path}.scope"), errors).unwrap_or(Scope::Host),
+    };
     (errors.len() == before).then(|| RuleConfig {
         name: name.to_string(),
         key,
@@ -435,5 +550,6 @@ fn build_rule(path: &str, name: &str, raw: RawRule, errors: &mut Vec<String>) ->
         responses,
         required: raw.required.unwrap_or(true),
         devices,
+        scope,
     })
 }
