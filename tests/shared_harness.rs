@@ -137,6 +137,8 @@ fn proxy_modes() {
 
     proxy.set_mode(ProxyMode::Drop);
     assert_cut(&mut before_drop, "an open connection, dropped");
+    assert_cut(&mut passing, "a connection black-holed while open, then dropped");
+    assert_cut(&mut holed, "a connection black-holed at accept, then dropped");
     // The RST can beat connect()'s own completion check: refused either way.
     match TcpStream::connect_timeout(&proxy.addr(), Duration::from_secs(2)) {
         Err(e) if e.kind() == ErrorKind::ConnectionReset => {}

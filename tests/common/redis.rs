@@ -538,7 +538,7 @@ async fn accept_loop(
         match now {
             ProxyMode::Drop => reset(&client),
             ProxyMode::BlackHole => {
-                tokio::spawn(black_hole(client));
+                tokio::spawn(black_hole(client, mode.clone()));
             }
             ProxyMode::Pass | ProxyMode::Delay(_) => {
                 let mode = mode.clone();
@@ -560,16 +560,26 @@ fn reset(stream: &tokio::net::TcpStream) {
     let _ = stream.set_zero_linger();
 }
 
-/// Holds the connection open until the proxy itself goes away.
-async fn black_hole(client: tokio::net::TcpStream) {
+/// Holds the connection open until the proxy goes away or is switched to
+/// `Drop`, which resets black-holed connections like all others.
+async fn black_hole(client: tokio::net::TcpStream, mut mode: tokio::sync::watch::Receiver<ProxyMode>) {
     let mut buf = vec![0u8; 16 * 1024];
+    let mut peer_closed = false;
     loop {
-        match read_some(&client, &mut buf).await {
-            Ok(0) | Err(_) => {
-                // The peer closed: keep the socket (never close first), idle.
-                std::future::pending::<()>().await;
+        tokio::select! {
+            r = read_some(&client, &mut buf), if !peer_closed => {
+                // The peer closed: still never close first.
+                peer_closed = matches!(r, Ok(0) | Err(_));
             }
-            Ok(_) => {}
+            changed = mode.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                if *mode.borrow_and_update() == ProxyMode::Drop {
+                    reset(&client);
+                    return;
+                }
+            }
         }
     }
 }
@@ -593,7 +603,7 @@ async fn forward(
         End::Closed if holed.load(std::sync::atomic::Ordering::Relaxed) => {
             // A black-holed client must not see its connection end.
             drop(server);
-            black_hole(client).await;
+            black_hole(client, mode).await;
         }
         End::Closed => {}
     }
