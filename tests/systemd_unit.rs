@@ -10,11 +10,16 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const UNIT_PATH: &str = "systemd/tollgate.service";
+const DROP_IN_PATH: &str = "systemd/shared-store.conf.example";
 const EXEC_PATH: &str = "/usr/bin/tollgate";
 const VERIFY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// (section, key, value) for every assignment, in file order.
 fn parse_unit(text: &str) -> Vec<(String, String, String)> {
+    parse_unit_file(UNIT_PATH, text)
+}
+
+fn parse_unit_file(name: &str, text: &str) -> Vec<(String, String, String)> {
     let mut section = String::new();
     let mut entries = Vec::new();
     for line in text.lines() {
@@ -26,15 +31,19 @@ fn parse_unit(text: &str) -> Vec<(String, String, String)> {
             section = name.to_string();
             continue;
         }
-        let (key, value) = line.split_once('=').unwrap_or_else(|| panic!("{UNIT_PATH}: not an assignment: {line:?}"));
-        assert!(!value.ends_with('\\'), "{UNIT_PATH}: keep assignments on one line: {line:?}");
+        let (key, value) = line.split_once('=').unwrap_or_else(|| panic!("{name}: not an assignment: {line:?}"));
+        assert!(!value.ends_with('\\'), "{name}: keep assignments on one line: {line:?}");
         entries.push((section.clone(), key.trim().to_string(), value.trim().to_string()));
     }
     entries
 }
 
 fn unit_text() -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(UNIT_PATH);
+    repo_file(UNIT_PATH)
+}
+
+fn repo_file(relative: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(relative);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
 }
 
@@ -204,29 +213,28 @@ fn with_built_binary(text: &str, binary: &Path) -> String {
     text.replace(&from, &format!("ExecStart={binary} "))
 }
 
+/// First a trivial unit: if even that does not verify, the environment
+/// (not the unit) is the problem, and the caller skips. `Err` is the reason.
+fn verify_works_here(dir: &Path, binary: &Path) -> Result<(), String> {
+    let baseline = dir.join("tollgate-baseline-probe.service");
+    std::fs::write(&baseline, format!("[Service]\nType=oneshot\nExecStart={} --version\n", binary.display()))
+        .expect("writing the probe unit");
+    match systemd_analyze_verify(&baseline) {
+        Run::Unavailable(reason) => Err(reason),
+        Run::Finished { success: false, code, stderr } => {
+            Err(format!("systemd-analyze verify fails even on a trivial unit here (exit {code:?}): {}", stderr.trim()))
+        }
+        Run::Finished { success: true, .. } => Ok(()),
+    }
+}
+
 #[test]
 fn systemd_analyze_verify_accepts_the_unit() {
     let binary = PathBuf::from(env!("CARGO_BIN_EXE_tollgate"));
     let dir = tempfile::tempdir().expect("temporary directory");
-
-    // First a trivial unit: if even that does not verify, the environment
-    // (not the unit) is the problem, and this part is skipped.
-    let baseline = dir.path().join("tollgate-baseline-probe.service");
-    std::fs::write(&baseline, format!("[Service]\nType=oneshot\nExecStart={} --version\n", binary.display()))
-        .expect("writing the probe unit");
-    match systemd_analyze_verify(&baseline) {
-        Run::Unavailable(reason) => {
-            println!("skipped: {reason}");
-            return;
-        }
-        Run::Finished { success: false, code, stderr } => {
-            println!(
-                "skipped: systemd-analyze verify fails even on a trivial unit here (exit {code:?}): {}",
-                stderr.trim()
-            );
-            return;
-        }
-        Run::Finished { success: true, .. } => {}
+    if let Err(reason) = verify_works_here(dir.path(), &binary) {
+        println!("skipped: {reason}");
+        return;
     }
 
     let unit = dir.path().join("tollgate.service");
@@ -242,6 +250,79 @@ fn systemd_analyze_verify_accepts_the_unit() {
                 stderr.lines().filter(|l| l.contains(&*unit_name) || l.starts_with("tollgate.service:")).collect();
             assert!(warnings.is_empty(), "systemd-analyze verify warns about {UNIT_PATH}:\n{}", warnings.join("\n"));
             println!("systemd-analyze verify {UNIT_PATH}: ok");
+        }
+    }
+}
+
+/// The only keys the shared-store drop-in may set: it opens the network the
+/// store needs (or, for a Unix-socket store, the redis group) and leaves the
+/// rest of the sandbox as shipped.
+const DROP_IN_ALLOWED: &[&str] = &[
+    "PrivateNetwork",
+    "RestrictAddressFamilies",
+    "IPAddressDeny",
+    "IPAddressAllow",
+    "LoadCredential",
+    "SupplementaryGroups",
+];
+
+#[test]
+fn shared_store_drop_in_opens_only_the_network() {
+    let entries = parse_unit_file(DROP_IN_PATH, &repo_file(DROP_IN_PATH));
+    let mut problems = Vec::new();
+    for (section, key, value) in &entries {
+        if section != "Service" {
+            problems.push(format!("[{section}] {key}={value}: a drop-in for the sandbox belongs in [Service]"));
+        } else if !DROP_IN_ALLOWED.contains(&key.as_str()) {
+            problems.push(format!("{key}={value} is outside the keys a store needs ({DROP_IN_ALLOWED:?})"));
+        }
+    }
+    // Leaving the namespace without a deny-all would open every peer.
+    let values = |key| service_values(&entries, key);
+    if values("PrivateNetwork") == ["no"] && values("IPAddressDeny") != ["any"] {
+        problems.push(format!("PrivateNetwork=no needs IPAddressDeny=any, found {:?}", values("IPAddressDeny")));
+    }
+    for families in values("RestrictAddressFamilies") {
+        if !families.split_whitespace().any(|f| f == "AF_UNIX") {
+            problems.push(format!("RestrictAddressFamilies={families} drops AF_UNIX, the daemon's own socket"));
+        }
+    }
+    assert!(problems.is_empty(), "{DROP_IN_PATH}:\n  {}", problems.join("\n  "));
+
+    // The drop-in is opt-in: the unit as shipped stays off the network.
+    let unit = parse_unit(&unit_text());
+    assert_eq!(service_values(&unit, "PrivateNetwork"), ["yes"], "{UNIT_PATH}");
+    assert_eq!(service_values(&unit, "RestrictAddressFamilies"), ["AF_UNIX"], "{UNIT_PATH}");
+}
+
+#[test]
+fn systemd_analyze_verify_accepts_the_shared_store_drop_in() {
+    let binary = PathBuf::from(env!("CARGO_BIN_EXE_tollgate"));
+    let dir = tempfile::tempdir().expect("temporary directory");
+    if let Err(reason) = verify_works_here(dir.path(), &binary) {
+        println!("skipped: {reason}");
+        return;
+    }
+
+    // verify puts the unit's directory on the load path, so the drop-in is
+    // found where systemd would find it under /etc/systemd/system.
+    let unit = dir.path().join("tollgate.service");
+    std::fs::write(&unit, with_built_binary(&unit_text(), &binary)).expect("writing the unit copy");
+    let drop_in_dir = dir.path().join("tollgate.service.d");
+    std::fs::create_dir(&drop_in_dir).unwrap();
+    let drop_in = drop_in_dir.join("shared-store.conf");
+    std::fs::write(&drop_in, repo_file(DROP_IN_PATH)).expect("writing the drop-in copy");
+    match systemd_analyze_verify(&unit) {
+        Run::Unavailable(reason) => println!("skipped: {reason}"),
+        Run::Finished { success, code, stderr } => {
+            assert!(success, "systemd-analyze verify with {DROP_IN_PATH} exited {code:?}:\n{stderr}");
+            let names = [drop_in.to_string_lossy().into_owned(), unit.to_string_lossy().into_owned()];
+            let warnings: Vec<&str> = stderr
+                .lines()
+                .filter(|l| names.iter().any(|n| l.contains(n.as_str())) || l.starts_with("shared-store.conf:"))
+                .collect();
+            assert!(warnings.is_empty(), "systemd-analyze verify warns about {DROP_IN_PATH}:\n{}", warnings.join("\n"));
+            println!("systemd-analyze verify {UNIT_PATH} + {DROP_IN_PATH}: ok");
         }
     }
 }

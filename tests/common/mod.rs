@@ -3,6 +3,9 @@
 //! failing test the daemon's log is printed.
 #![allow(dead_code)]
 
+/// Real Redis servers, a cluster and a fault proxy for the shared-store tests.
+pub mod redis;
+
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};

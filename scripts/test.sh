@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The README's test command. The shared-store tests (issue 14) start real
+# redis-server processes, so a fresh Debian machine gets the packages first;
+# the tests themselves refuse to skip when Redis is missing.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+if ! { command -v redis-server >/dev/null && command -v redis-cli >/dev/null; }; then
+    # Root in containers and CI; sudo on a developer's machine.
+    as_root=()
+    if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null; then
+        as_root=(sudo)
+    fi
+    # The package does not start a server in a container without an init;
+    # the tests start their own on temp sockets and free ports.
+    "${as_root[@]}" apt-get update -qq
+    "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -qq --no-install-recommends redis-server redis-tools
+fi
+
+exec cargo test --release "$@"
