@@ -2,6 +2,10 @@
 //! version byte, the request id (u64 LE), and the bincode-2 message (fixed-
 //! width little-endian integers). See PROTOCOL.md.
 //!
+//! Versions 1 and 2 share every request's bytes; a version-2 reply is
+//! version 1's message followed by what version 1 has no room for
+//! (`ReplyExtras`), so a version-1 client never sees a byte it cannot read.
+//!
 //! Pure: no tokio, no I/O. "Need more bytes" (`Ok(None)`) and "malformed"
 //! (`Err`) are different results, and a length over the maximum is refused
 //! from the 4-byte header, before anything is allocated.
@@ -10,7 +14,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use bincode::config::{self, Configuration, Fixint, LittleEndian, NoLimit};
 
-use crate::protocol::{Request, Response, Subject, Verdict, PROTOCOL_VERSION};
+use crate::protocol::{Request, Response, SharedStatus, Subject, Verdict, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN};
 
 /// Bytes of the length prefix.
 pub const FRAME_HEADER_BYTES: usize = 4;
@@ -45,7 +49,9 @@ pub enum FrameError {
 pub enum PayloadError {
     #[error("payload of {0} bytes is shorter than the {ENVELOPE_BYTES}-byte envelope (version byte and request id)")]
     Truncated(usize),
-    #[error("protocol version {found} is not supported (this daemon speaks {PROTOCOL_VERSION})")]
+    #[error(
+        "protocol version {found} is not supported (this daemon speaks {PROTOCOL_VERSION_MIN} and {PROTOCOL_VERSION})"
+    )]
     UnsupportedVersion { found: u8 },
     /// The message does not decode; the text says where and why.
     #[error("{0}")]
@@ -80,14 +86,49 @@ pub fn frame_len(buf: &[u8], payload_max: usize) -> Result<Option<usize>, FrameE
     Ok((buf.len() >= end).then_some(end))
 }
 
+/// What a version-2 reply carries beyond version 1's message.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ReplyExtras<'a> {
+    /// At least one global rule of this verdict was decided on this host's degraded share.
+    pub degraded: bool,
+    /// For a Status reply.
+    pub shared: Option<&'a SharedStatus>,
+}
+
+/// A reply's extras as decoded (owned): what the client reads of them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DecodedExtras {
+    /// The reply's version byte.
+    pub version: u8,
+    /// A version-2 verdict's flag bit 0; false for version 1 and other replies.
+    pub degraded: bool,
+    /// A version-2 status reply's store status; `None` for version 1.
+    pub shared: Option<SharedStatus>,
+}
+
+/// Bit 0 of a version-2 verdict's `flags`; bits 1-7 are reserved: sent as
+/// 0 and ignored, so a later version can give them a meaning without
+/// breaking version-2 clients.
+pub const FLAG_DEGRADED: u8 = 1;
+
+/// The request's version byte (first payload byte), or None for an empty payload.
+pub fn request_version(payload: &[u8]) -> Option<u8> {
+    payload.first().copied()
+}
+
+fn is_spoken(version: u8) -> bool {
+    (PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION).contains(&version)
+}
+
 /// Splits a payload into (id, message bytes). The id is readable even when
 /// the message is not, so a malformed request still gets a matching reply.
+/// Accepts every version spoken; `request_version` tells them apart.
 pub fn open_envelope(payload: &[u8]) -> Result<(u64, &[u8]), DecodeFailure> {
     if payload.len() < ENVELOPE_BYTES {
         return Err(failure(None, PayloadError::Truncated(payload.len())));
     }
     let id = u64::from_le_bytes(payload[1..9].try_into().expect("8 bytes"));
-    if payload[0] != PROTOCOL_VERSION {
+    if !is_spoken(payload[0]) {
         return Err(failure(Some(id), PayloadError::UnsupportedVersion { found: payload[0] }));
     }
     Ok((id, &payload[ENVELOPE_BYTES..]))
@@ -302,51 +343,133 @@ fn plain_decode_error(e: &bincode::error::DecodeError) -> String {
     }
 }
 
-/// Decodes a response payload into owned values (client side).
+/// Decodes a response payload into owned values (client side), dropping a
+/// version-2 reply's extras (`decode_response_versioned` keeps them).
 pub fn decode_response(payload: &[u8]) -> Result<(u64, Response<'static>), DecodeFailure> {
+    decode_response_versioned(payload).map(|(id, response, _)| (id, response))
+}
+
+/// Decodes a response payload of either version into owned values, with
+/// what a version-2 reply carries beyond version 1's message.
+pub fn decode_response_versioned(payload: &[u8]) -> Result<(u64, Response<'static>, DecodedExtras), DecodeFailure> {
     let (id, body) = open_envelope(payload)?;
     let (response, used) =
         bincode::decode_from_slice::<Response<'static>, _>(body, WIRE.with_limit::<RESPONSE_PAYLOAD_BYTES_MAX>())
             .map_err(|e| failure(Some(id), PayloadError::Malformed(plain_decode_error(&e))))?;
-    if used != body.len() {
-        return Err(failure(Some(id), PayloadError::TrailingBytes(body.len() - used)));
-    }
-    Ok((id, response))
+    let extras = decode_extras(payload[0], id, &response, &body[used..])?;
+    Ok((id, response, extras))
 }
 
 /// Decodes a response payload borrowing its strings from `payload` (the
-/// load generator: no allocation per reply).
+/// load generator: no allocation per reply). A version-2 reply's extras are
+/// checked and dropped.
 pub fn decode_response_borrowed(payload: &[u8]) -> Result<(u64, Response<'_>), DecodeFailure> {
     let (id, body) = open_envelope(payload)?;
     let (response, used) =
         bincode::borrow_decode_from_slice::<Response<'_>, _>(body, WIRE.with_limit::<RESPONSE_PAYLOAD_BYTES_MAX>())
             .map_err(|e| failure(Some(id), PayloadError::Malformed(plain_decode_error(&e))))?;
-    if used != body.len() {
-        return Err(failure(Some(id), PayloadError::TrailingBytes(body.len() - used)));
-    }
+    decode_extras(payload[0], id, &response, &body[used..])?;
     Ok((id, response))
 }
 
-fn encode_frame<T: bincode::Encode>(id: u64, message: &T, out: &mut Vec<u8>) {
+/// What follows version 1's message in a reply of `version`: nothing for
+/// version 1; for version 2 a verdict's `flags` byte or a status's
+/// `Option<SharedStatus>`. Anything after that is an error, as in version 1:
+/// version 3 will have its own version byte, so there is no reason to skip.
+fn decode_extras(version: u8, id: u64, response: &Response<'_>, rest: &[u8]) -> Result<DecodedExtras, DecodeFailure> {
+    let mut extras = DecodedExtras { version, ..DecodedExtras::default() };
+    let used = match (version, response) {
+        (1, _) => 0,
+        (_, Response::Verdict(_)) => {
+            let Some(&flags) = rest.first() else {
+                return Err(failure(
+                    Some(id),
+                    PayloadError::Malformed("message ends before the verdict's flags".into()),
+                ));
+            };
+            extras.degraded = flags & FLAG_DEGRADED != 0;
+            1
+        }
+        (_, Response::Status(_)) => {
+            let (shared, used) = bincode::decode_from_slice::<Option<SharedStatus>, _>(
+                rest,
+                WIRE.with_limit::<RESPONSE_PAYLOAD_BYTES_MAX>(),
+            )
+            .map_err(|e| failure(Some(id), PayloadError::Malformed(plain_decode_error(&e))))?;
+            extras.shared = shared;
+            used
+        }
+        _ => 0,
+    };
+    if used != rest.len() {
+        return Err(failure(Some(id), PayloadError::TrailingBytes(rest.len() - used)));
+    }
+    Ok(extras)
+}
+
+/// A frame of `message` followed by `extra` (a version-2 status's
+/// `Option<SharedStatus>`), if any.
+fn encode_frame<T: bincode::Encode, E: bincode::Encode>(
+    version: u8,
+    id: u64,
+    message: &T,
+    extra: Option<&E>,
+    out: &mut Vec<u8>,
+) {
     let start = out.len();
     out.extend_from_slice(&[0; FRAME_HEADER_BYTES]);
-    out.push(PROTOCOL_VERSION);
+    out.push(version);
     out.extend_from_slice(&id.to_le_bytes());
     bincode::encode_into_std_write(message, out, WIRE).expect("encoding into a Vec cannot fail");
+    if let Some(extra) = extra {
+        bincode::encode_into_std_write(extra, out, WIRE).expect("encoding into a Vec cannot fail");
+    }
     let len = (out.len() - start - FRAME_HEADER_BYTES) as u32;
     out[start..start + FRAME_HEADER_BYTES].copy_from_slice(&len.to_le_bytes());
 }
 
-/// Appends one request frame to `out`.
+/// No extra value after the message.
+const NO_EXTRA: Option<&()> = None;
+
+/// Appends one request frame to `out`, in `PROTOCOL_VERSION`.
 pub fn encode_request(id: u64, request: &Request<'_>, out: &mut Vec<u8>) {
-    encode_frame(id, request, out)
+    encode_request_versioned(PROTOCOL_VERSION, id, request, out)
 }
 
-/// Appends one response frame to `out`.
+/// Appends one request frame in `version` (a request's bytes are the same
+/// in every version but for the version byte): a client falling back to
+/// version 1 for an old daemon, and the vectors.
+pub fn encode_request_versioned(version: u8, id: u64, request: &Request<'_>, out: &mut Vec<u8>) {
+    encode_frame(version, id, request, NO_EXTRA, out)
+}
+
+/// Appends one version-1 response frame to `out`.
 pub fn encode_response(id: u64, response: &Response<'_>, out: &mut Vec<u8>) {
+    encode_response_versioned(1, id, response, &ReplyExtras::default(), out)
+}
+
+/// Encodes a reply in `version` (1 or 2). Version 1 is byte-for-byte what
+/// `encode_response` writes today (extras ignored). Version 2: envelope
+/// version byte 2; a Verdict's message is v1's followed by one `flags: u8`
+/// (bit 0 = degraded; bits 1-7 reserved, sent 0, ignored by clients); a
+/// Status's message is v1's followed by a bincode `Option<SharedStatus>`;
+/// every other response is v1's message unchanged.
+pub fn encode_response_versioned(
+    version: u8,
+    id: u64,
+    response: &Response<'_>,
+    extras: &ReplyExtras<'_>,
+    out: &mut Vec<u8>,
+) {
+    debug_assert!(is_spoken(version), "replies go out in the request's version, which was checked");
+    let v2 = version >= 2;
     match response {
-        Response::Verdict(verdict) => encode_verdict(id, verdict, out),
-        other => encode_frame(id, other, out),
+        Response::Verdict(verdict) => {
+            let flags = v2.then_some(if extras.degraded { FLAG_DEGRADED } else { 0 });
+            encode_verdict(version, id, verdict, flags, out)
+        }
+        Response::Status(_) if v2 => encode_frame(version, id, response, Some(&extras.shared), out),
+        other => encode_frame(version, id, other, NO_EXTRA, out),
     }
 }
 
@@ -354,14 +477,16 @@ pub fn encode_response(id: u64, response: &Response<'_>, out: &mut Vec<u8>) {
 /// gets one, and bincode's writer checked capacity and length at each of
 /// its nine fields: 235 instructions a reply against 77 here. The bytes are
 /// bincode's own, which a property test holds this to for every verdict.
-fn encode_verdict(id: u64, verdict: &Verdict<'_>, out: &mut Vec<u8>) {
+/// `flags` is version 2's trailing byte (`None` in version 1).
+fn encode_verdict(version: u8, id: u64, verdict: &Verdict<'_>, flags: Option<u8>, out: &mut Vec<u8>) {
     // Length prefix, version, id, then the Response variant (0 = Verdict),
     // decision, retry_after_ms, delay_ms, limit, remaining, reset_ms,
     // reason and the rule's length: fixed offsets, so one stack array and
     // one copy (a copy per field called memcpy for each).
     const FIXED_BYTES: usize = FRAME_HEADER_BYTES + ENVELOPE_BYTES + 4 + 4 + 8 + 8 + 4 + 4 + 8 + 4 + 8;
     let rule = verdict.rule.as_bytes();
-    let payload = FIXED_BYTES - FRAME_HEADER_BYTES + rule.len();
+    let flags = flags.as_slice();
+    let payload = FIXED_BYTES - FRAME_HEADER_BYTES + rule.len() + flags.len();
     let mut fixed = [0u8; FIXED_BYTES];
     let mut at = 0;
     let mut put = |bytes: &[u8]| {
@@ -369,7 +494,7 @@ fn encode_verdict(id: u64, verdict: &Verdict<'_>, out: &mut Vec<u8>) {
         at += bytes.len();
     };
     put(&(payload as u32).to_le_bytes());
-    put(&[PROTOCOL_VERSION]);
+    put(&[version]);
     put(&id.to_le_bytes());
     put(&0u32.to_le_bytes());
     put(&(verdict.decision as u32).to_le_bytes());
@@ -380,9 +505,10 @@ fn encode_verdict(id: u64, verdict: &Verdict<'_>, out: &mut Vec<u8>) {
     put(&verdict.reset_ms.to_le_bytes());
     put(&(verdict.reason as u32).to_le_bytes());
     put(&(rule.len() as u64).to_le_bytes());
-    out.reserve(FIXED_BYTES + rule.len());
+    out.reserve(FIXED_BYTES + rule.len() + flags.len());
     out.extend_from_slice(&fixed);
     out.extend_from_slice(rule);
+    out.extend_from_slice(flags);
 }
 
 /// The fuzz target's body, shared with the corpus-replay test: decode every
@@ -406,7 +532,8 @@ pub fn fuzz_request_frames(data: &[u8]) {
         }
         if let Ok((id, request)) = decode_request(payload) {
             let mut again = Vec::new();
-            encode_request(id, &request, &mut again);
+            let version = request_version(payload).expect("a decoded payload has a version byte");
+            encode_request_versioned(version, id, &request, &mut again);
             assert_eq!(&again[..], &rest[..end], "a decoded request re-encodes to its bytes");
         }
         rest = &rest[end..];
@@ -526,7 +653,7 @@ mod tests {
             let at = before.len();
             let (mut fast, mut general) = (before.clone(), before);
             encode_response(id, &response, &mut fast);
-            encode_frame(id, &response, &mut general);
+            encode_frame(1, id, &response, NO_EXTRA, &mut general);
             prop_assert_eq!(&fast, &general);
             prop_assert_eq!(decode_response(&fast[at + FRAME_HEADER_BYTES..]), Ok((id, response.into_owned())));
         }
@@ -659,5 +786,174 @@ mod tests {
             decode_request(&trailing[FRAME_HEADER_BYTES..]),
             Err(DecodeFailure { id: Some(8), error: PayloadError::TrailingBytes(1) })
         ));
+    }
+
+    fn shared_sample() -> SharedStatus {
+        SharedStatus {
+            url: "redis://10.0.0.5:6379/0".into(),
+            state: "open".into(),
+            degraded: true,
+            degraded_for_ms: 1_500,
+            hosts_in_force: 3,
+            hosts_source: "configured".into(),
+            clock_offset_us: -42,
+            last_error: Some("timed out".into()),
+            global_rules: vec!["login/source_failures".into()],
+            ..SharedStatus::default()
+        }
+    }
+
+    fn verdict_sample() -> Response<'static> {
+        Response::Verdict(Verdict {
+            decision: Decision::Deny,
+            retry_after_ms: 1_000,
+            delay_ms: 0,
+            limit: 5,
+            remaining: 0,
+            reset_ms: 2_000,
+            reason: Reason::TooManyFailures,
+            rule: "source_failures".into(),
+        })
+    }
+
+    /// One of every response kind.
+    fn every_response() -> Vec<Response<'static>> {
+        use crate::protocol::{ErrorCode, Status};
+        let status: Status = bincode::decode_from_slice(&[0u8; 512], WIRE).expect("zeroes decode to a Status").0;
+        vec![
+            verdict_sample(),
+            Response::Status(Box::new(status)),
+            Response::Lockouts { lockouts: vec![], total: 3 },
+            Response::Unlocked { cleared: 2 },
+            Response::ClockAdvanced { now_ms: 9 },
+            Response::error(ErrorCode::UnknownRoute, "unknown route `x`"),
+        ]
+    }
+
+    fn payload(frame: &[u8]) -> &[u8] {
+        &frame[FRAME_HEADER_BYTES..]
+    }
+
+    #[test]
+    fn version_1_replies_are_the_old_bytes_whatever_the_extras() {
+        let shared = shared_sample();
+        for response in every_response() {
+            let mut plain = Vec::new();
+            encode_frame(1, 5, &response, NO_EXTRA, &mut plain);
+            for extras in [ReplyExtras::default(), ReplyExtras { degraded: true, shared: Some(&shared) }] {
+                let mut v1 = Vec::new();
+                encode_response_versioned(1, 5, &response, &extras, &mut v1);
+                assert_eq!(v1, plain, "{response:?}");
+                let mut old = Vec::new();
+                encode_response(5, &response, &mut old);
+                assert_eq!(old, plain);
+            }
+            let extras = DecodedExtras { version: 1, degraded: false, shared: None };
+            assert_eq!(decode_response_versioned(payload(&plain)), Ok((5, response.clone(), extras)));
+        }
+    }
+
+    #[test]
+    fn version_2_replies_round_trip_with_their_extras() {
+        let shared = shared_sample();
+        for response in every_response() {
+            for (degraded, shared) in [(false, None), (true, None), (false, Some(&shared)), (true, Some(&shared))] {
+                let mut v2 = Vec::new();
+                encode_response_versioned(2, 6, &response, &ReplyExtras { degraded, shared }, &mut v2);
+                assert_eq!(v2[FRAME_HEADER_BYTES], 2);
+                let mut v1 = Vec::new();
+                encode_response(6, &response, &mut v1);
+                // Version 1's message, then the extras, if this kind has any.
+                let extra = match response {
+                    Response::Verdict(_) => vec![u8::from(degraded)],
+                    Response::Status(_) => bincode::encode_to_vec(shared, WIRE).unwrap(),
+                    _ => vec![],
+                };
+                assert_eq!(v2[FRAME_HEADER_BYTES + 1..], [&v1[FRAME_HEADER_BYTES + 1..], &extra[..]].concat());
+                let expected = DecodedExtras {
+                    version: 2,
+                    degraded: degraded && matches!(response, Response::Verdict(_)),
+                    shared: shared.filter(|_| matches!(response, Response::Status(_))).cloned(),
+                };
+                assert_eq!(decode_response_versioned(payload(&v2)), Ok((6, response.clone(), expected)));
+                assert_eq!(decode_response_borrowed(payload(&v2)), Ok((6, response.clone())));
+            }
+        }
+    }
+
+    #[test]
+    fn version_2_extras_that_are_short_or_followed_by_bytes_are_refused() {
+        let shared = shared_sample();
+        for response in every_response() {
+            let mut frame = Vec::new();
+            encode_response_versioned(
+                2,
+                7,
+                &response,
+                &ReplyExtras { degraded: true, shared: Some(&shared) },
+                &mut frame,
+            );
+            let mut longer = payload(&frame).to_vec();
+            longer.push(0);
+            let trailing = decode_response_versioned(&longer).unwrap_err();
+            assert_eq!(trailing, DecodeFailure { id: Some(7), error: PayloadError::TrailingBytes(1) }, "{response:?}");
+            assert!(decode_response_borrowed(&longer).is_err());
+            if matches!(response, Response::Verdict(_) | Response::Status(_)) {
+                let short = &payload(&frame)[..payload(&frame).len() - 1];
+                let failure = decode_response_versioned(short).unwrap_err();
+                assert!(matches!(failure.error, PayloadError::Malformed(_)), "{response:?}: {failure:?}");
+            }
+        }
+        // A version-1 verdict read as version 2 lacks its flags.
+        let mut v1 = Vec::new();
+        encode_response(8, &verdict_sample(), &mut v1);
+        let mut relabelled = payload(&v1).to_vec();
+        relabelled[0] = 2;
+        assert_eq!(
+            decode_response_versioned(&relabelled).unwrap_err().error.to_string(),
+            "message ends before the verdict's flags"
+        );
+    }
+
+    #[test]
+    fn reserved_flag_bits_are_ignored() {
+        let mut frame = Vec::new();
+        encode_response_versioned(2, 9, &verdict_sample(), &ReplyExtras::default(), &mut frame);
+        let last = frame.len() - 1;
+        for (flags, degraded) in [(0xfe, false), (0xff, true), (0x02, false), (0x81, true)] {
+            frame[last] = flags;
+            let (_, response, extras) = decode_response_versioned(payload(&frame)).unwrap();
+            assert_eq!((response, extras.degraded), (verdict_sample(), degraded), "flags {flags:#04x}");
+        }
+    }
+
+    #[test]
+    fn requests_decode_in_both_versions_and_the_version_is_readable() {
+        for version in [1, 2] {
+            let mut frame = Vec::new();
+            encode_request_versioned(version, 11, &sample(), &mut frame);
+            assert_eq!(request_version(payload(&frame)), Some(version));
+            assert_eq!(decode_request(payload(&frame)), Ok((11, sample())));
+            let check =
+                Request::Check { route: "login", subject: Subject { account: Some("a"), ..Subject::default() } };
+            frame.clear();
+            encode_request_versioned(version, 12, &check, &mut frame);
+            let (_, body) = open_envelope(payload(&frame)).unwrap();
+            assert_eq!(decode_check(body), Some(check.clone()), "the fast path reads version {version}");
+            assert_eq!(decode_request(payload(&frame)), Ok((12, check)));
+        }
+        let mut frame = Vec::new();
+        encode_request(13, &Request::Status, &mut frame);
+        assert_eq!(request_version(payload(&frame)), Some(PROTOCOL_VERSION));
+        assert_eq!(request_version(&[]), None);
+        for found in [0, 3, 255] {
+            frame[FRAME_HEADER_BYTES] = found;
+            let failure = decode_request(payload(&frame)).unwrap_err();
+            assert_eq!(failure, DecodeFailure { id: Some(13), error: PayloadError::UnsupportedVersion { found } });
+            assert_eq!(
+                failure.error.to_string(),
+                format!("protocol version {found} is not supported (this daemon speaks 1 and 2)")
+            );
+        }
     }
 }

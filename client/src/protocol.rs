@@ -9,9 +9,14 @@ use std::net::IpAddr;
 
 use bincode::{BorrowDecode, Decode, Encode};
 
-/// Version byte at the start of every payload; a frame with another version
-/// gets an `unsupported_version` error and the connection survives.
-pub const PROTOCOL_VERSION: u8 = 1;
+/// The version this client sends (and the newest the daemon speaks).
+/// Version byte at the start of every payload; a frame with a version
+/// outside `PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION` gets an
+/// `unsupported_version` error and the connection survives.
+pub const PROTOCOL_VERSION: u8 = 2;
+/// The oldest version the daemon still answers, in that version's bytes:
+/// auth servers linking an older client keep working across an upgrade.
+pub const PROTOCOL_VERSION_MIN: u8 = 1;
 
 /// Who is attempting what. The daemon derives every key from these fields.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Encode, BorrowDecode)]
@@ -253,6 +258,45 @@ pub struct Status {
     pub last_reload_error: Option<String>,
     /// Refusal and audit log lines suppressed by the per-second cap.
     pub log_lines_suppressed: u64,
+}
+
+/// Version 2's status of the shared store (absent when the daemon runs without `[shared]`).
+/// A separate trailing value rather than a `Status` field, so that `Status`
+/// keeps version 1's bytes for version-1 clients.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct SharedStatus {
+    pub url: String,
+    /// closed | open | recovering | refused
+    pub state: String,
+    pub degraded: bool,
+    pub degraded_for_ms: u64,
+    pub degraded_total_ms: u64,
+    pub transitions: u64,
+    pub hosts_in_force: u32,
+    pub hosts_live: u32,
+    /// configured | learned | assumed
+    pub hosts_source: String,
+    pub calls: u64,
+    pub timeouts: u64,
+    pub errors: u64,
+    pub bad_values: u64,
+    pub not_asked: u64,
+    pub degraded_answers: u64,
+    pub noscript_reloads: u64,
+    pub late_replies: u64,
+    pub releases_sent: u64,
+    pub batches: u64,
+    pub batched_ops: u64,
+    pub rtt_mean_us: u64,
+    pub rtt_max_us: u64,
+    pub known_lockouts: u64,
+    pub known_lockout_refusals: u64,
+    pub written_back: u64,
+    pub clock_offset_us: i64,
+    pub last_error: Option<String>,
+    /// `route/rule` of every rule decided in the store.
+    pub global_rules: Vec<String>,
 }
 
 /// A key currently refused by a failure rule. The key is a digest: the
