@@ -11,9 +11,12 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
-use crate::codec::{self, FRAME_HEADER_BYTES, RESPONSE_PAYLOAD_BYTES_MAX};
+use crate::codec::{self, DecodedExtras, FRAME_HEADER_BYTES, RESPONSE_PAYLOAD_BYTES_MAX};
 use crate::gcra::{decide, GcraSpec};
-use crate::protocol::{ErrorReply, Lockout, Outcome, Request, Response, Status, Subject, Verdict};
+use crate::protocol::{
+    ErrorCode, ErrorReply, Lockout, Outcome, Request, Response, SharedStatus, Status, Subject, Verdict,
+    PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
+};
 use crate::{forwarded_tail, FailPolicy, BUILTIN_FAIL_POLICIES};
 
 /// Per-call timeout for the request path: low single-digit milliseconds, so
@@ -84,6 +87,18 @@ impl Answer {
     }
 }
 
+/// An `Answer` with what a version-2 verdict says beyond it. A separate
+/// wrapper because `Answer::Verdict` holds the v1 `Verdict` and callers
+/// destructure it: adding the flag there would break every one of them.
+#[derive(Debug)]
+pub struct Answered {
+    pub answer: Answer,
+    /// At least one global rule of the verdict was decided on this host's
+    /// degraded share (the shared store was unreachable). False for any other
+    /// answer, and from a daemon that speaks version 1 only.
+    pub degraded: bool,
+}
+
 #[derive(Clone, Debug)]
 pub struct ClientConfig {
     pub socket: PathBuf,
@@ -95,6 +110,10 @@ pub struct ClientConfig {
     /// the daemon is unreachable (a GCRA per route, not per key). None by
     /// default: closed means refuse.
     pub static_budgets: HashMap<String, GcraSpec>,
+    /// The protocol version sent on a new connection (`PROTOCOL_VERSION`
+    /// by default). A connection whose daemon refuses it as unsupported
+    /// falls back to version 1 by itself.
+    pub protocol_version: u8,
 }
 
 impl ClientConfig {
@@ -107,7 +126,22 @@ impl ClientConfig {
             fail_policies,
             default_fail_policy: FailPolicy::Open,
             static_budgets: HashMap::new(),
+            protocol_version: PROTOCOL_VERSION,
         }
+    }
+
+    /// Speaks `version` from the first request: 1 skips the fallback's extra
+    /// round trip per connection to a daemon known to be old.
+    ///
+    /// # Panics
+    /// If `version` is not one this client speaks.
+    pub fn protocol_version(mut self, version: u8) -> ClientConfig {
+        assert!(
+            (PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION).contains(&version),
+            "protocol version {version} is not one this client speaks ({PROTOCOL_VERSION_MIN} to {PROTOCOL_VERSION})"
+        );
+        self.protocol_version = version;
+        self
     }
 
     /// Lets a closed route through at `limit` per `period` (burst `burst`)
@@ -133,6 +167,9 @@ impl ClientConfig {
 struct Connection {
     stream: UnixStream,
     buf: Vec<u8>,
+    /// The version this connection's requests go out in: 1 once its daemon
+    /// refused a newer one, for as long as the connection lives.
+    version: u8,
 }
 
 /// A client for one daemon. Share it (`Arc<Client>`); calls may run
@@ -163,7 +200,24 @@ impl Client {
 
     /// Asks before the expensive work: may this attempt proceed?
     pub async fn check(&self, route: &str, subject: &Subject<'_>) -> Answer {
+        self.check_answered(route, subject).await.answer
+    }
+
+    /// `check`, with whether the verdict was degraded.
+    pub async fn check_answered(&self, route: &str, subject: &Subject<'_>) -> Answered {
         self.decide(route, &Request::Check { route, subject: bounded(subject) }).await
+    }
+
+    /// `report_with_password`, with whether the verdict was degraded.
+    pub async fn report_answered(
+        &self,
+        route: &str,
+        subject: &Subject<'_>,
+        outcome: Outcome,
+        password_digest: Option<[u8; 16]>,
+    ) -> Answered {
+        let subject = bounded(subject);
+        self.decide(route, &Request::Report { route, subject, outcome, password_digest }).await
     }
 
     /// Tells the outcome after verifying the credential.
@@ -181,20 +235,20 @@ impl Client {
         outcome: Outcome,
         password_digest: Option<[u8; 16]>,
     ) -> Answer {
-        let subject = bounded(subject);
-        self.decide(route, &Request::Report { route, subject, outcome, password_digest }).await
+        self.report_answered(route, subject, outcome, password_digest).await.answer
     }
 
-    async fn decide(&self, route: &str, request: &Request<'_>) -> Answer {
+    async fn decide(&self, route: &str, request: &Request<'_>) -> Answered {
         // Only a check is an attempt: a report of its outcome must not spend
         // a second unit of the static budget.
         let spend = matches!(request, Request::Check { .. });
-        match self.call(request).await {
-            Ok(Response::Verdict(v)) => Answer::Verdict(v),
-            Ok(Response::Error(e)) => Answer::Rejected(e),
-            Ok(other) => self.unavailable(route, ClientError::Protocol(format!("{other:?}")), spend),
-            Err(error) => self.unavailable(route, error, spend),
-        }
+        let (answer, degraded) = match self.call_versioned(request).await {
+            Ok((Response::Verdict(v), extras)) => (Answer::Verdict(v), extras.degraded),
+            Ok((Response::Error(e), _)) => (Answer::Rejected(e), false),
+            Ok((other, _)) => (self.unavailable(route, ClientError::Protocol(format!("{other:?}")), spend), false),
+            Err(error) => (self.unavailable(route, error, spend), false),
+        };
+        Answered { answer, degraded }
     }
 
     /// The route's fail policy; for a closed route, whether the static
@@ -214,9 +268,15 @@ impl Client {
     }
 
     pub async fn status(&self) -> Result<Status, ClientError> {
-        match self.call(&Request::Status).await? {
-            Response::Status(s) => Ok(*s),
-            other => Err(unexpected(other)),
+        self.status_with_shared().await.map(|(status, _)| status)
+    }
+
+    /// The status, and the shared store's (`None` without `[shared]`, and
+    /// from a daemon that speaks version 1 only).
+    pub async fn status_with_shared(&self) -> Result<(Status, Option<SharedStatus>), ClientError> {
+        match self.call_versioned(&Request::Status).await? {
+            (Response::Status(s), extras) => Ok((*s, extras.shared)),
+            (other, _) => Err(unexpected(other)),
         }
     }
 
@@ -249,6 +309,15 @@ impl Client {
     /// One request and its reply, within the configured timeout. A daemon
     /// error reply is `Ok(Response::Error(..))`.
     pub async fn call(&self, request: &Request<'_>) -> Result<Response<'static>, ClientError> {
+        self.call_versioned(request).await.map(|(response, _)| response)
+    }
+
+    /// `call`, with what a version-2 reply carries beyond version 1's
+    /// message (and the reply's version).
+    pub async fn call_versioned(
+        &self,
+        request: &Request<'_>,
+    ) -> Result<(Response<'static>, DecodedExtras), ClientError> {
         let timeout = self.config.timeout;
         match tokio::time::timeout(timeout, self.call_untimed(request)).await {
             Ok(result) => result,
@@ -256,7 +325,7 @@ impl Client {
         }
     }
 
-    async fn call_untimed(&self, request: &Request<'_>) -> Result<Response<'static>, ClientError> {
+    async fn call_untimed(&self, request: &Request<'_>) -> Result<(Response<'static>, DecodedExtras), ClientError> {
         let pooled = self.pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let Some(conn) = pooled else {
             return self.call_on(self.connect().await?, request).await;
@@ -274,28 +343,48 @@ impl Client {
         let stream = UnixStream::connect(&self.config.socket)
             .await
             .map_err(|source| ClientError::Connect { path: self.config.socket.clone(), source })?;
-        Ok(Connection { stream, buf: Vec::with_capacity(512) })
+        Ok(Connection { stream, buf: Vec::with_capacity(512), version: self.config.protocol_version })
     }
 
     /// One exchange; the connection goes back to the pool only if it ended
     /// cleanly (on any error or timeout its state is unknown: dropped).
-    async fn call_on(&self, mut conn: Connection, request: &Request<'_>) -> Result<Response<'static>, ClientError> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        conn.buf.clear();
-        codec::encode_request(id, request, &mut conn.buf);
-        conn.stream.write_all(&conn.buf).await?;
-        let response = read_response(&mut conn).await?;
-        let (reply_id, response) =
-            codec::decode_response(&response).map_err(|f| ClientError::Protocol(f.error.to_string()))?;
-        // Id 0 is the daemon's reply to a frame it could not read at all.
-        if reply_id != id && !(reply_id == 0 && matches!(response, Response::Error(_))) {
-            return Err(ClientError::Protocol(format!("reply id {reply_id} for request {id}")));
+    async fn call_on(
+        &self,
+        mut conn: Connection,
+        request: &Request<'_>,
+    ) -> Result<(Response<'static>, DecodedExtras), ClientError> {
+        let mut reply = self.exchange(&mut conn, request).await?;
+        // A daemon older than version 2 refuses it in version 1's bytes, the
+        // only ones it has: ask again in those, once per connection.
+        if conn.version > 1 && refuses_version(&reply) {
+            conn.version = 1;
+            reply = self.exchange(&mut conn, request).await?;
         }
         let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
         if pool.len() < POOL_CONNECTIONS_MAX {
             pool.push(conn);
         }
-        Ok(response)
+        Ok(reply)
+    }
+
+    /// Writes the request in the connection's version and reads its reply.
+    async fn exchange(
+        &self,
+        conn: &mut Connection,
+        request: &Request<'_>,
+    ) -> Result<(Response<'static>, DecodedExtras), ClientError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        conn.buf.clear();
+        codec::encode_request_versioned(conn.version, id, request, &mut conn.buf);
+        conn.stream.write_all(&conn.buf).await?;
+        let response = read_response(conn).await?;
+        let (reply_id, response, extras) =
+            codec::decode_response_versioned(&response).map_err(|f| ClientError::Protocol(f.error.to_string()))?;
+        // Id 0 is the daemon's reply to a frame it could not read at all.
+        if reply_id != id && !(reply_id == 0 && matches!(response, Response::Error(_))) {
+            return Err(ClientError::Protocol(format!("reply id {reply_id} for request {id}")));
+        }
+        Ok((response, extras))
     }
 }
 
@@ -305,6 +394,12 @@ impl Client {
 /// malformed.
 fn bounded<'a>(subject: &Subject<'a>) -> Subject<'a> {
     Subject { forwarded_for: subject.forwarded_for.map(forwarded_tail), ..subject.clone() }
+}
+
+/// A version-1 `unsupported_version` reply: an old daemon's answer to a
+/// newer version (a daemon that speaks 2 never refuses it).
+fn refuses_version((response, extras): &(Response<'static>, DecodedExtras)) -> bool {
+    extras.version == 1 && matches!(response, Response::Error(e) if e.code == ErrorCode::UnsupportedVersion)
 }
 
 fn is_closed(e: &std::io::Error) -> bool {
