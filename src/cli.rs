@@ -283,20 +283,27 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
         }
         Command::Check(args) => {
             let request = Request::Check { route: &args.route, subject: args.subject() };
-            print_verdict(&args.common, client(&args.common).call(&request).await?)
+            print_verdict(&args.common, client(&args.common).call_versioned(&request).await?)
         }
         Command::Report(args) => {
             let a = &args.attempt;
             let request =
                 Request::Report { route: &a.route, subject: a.subject(), outcome: args.outcome, password_digest: None };
-            print_verdict(&a.common, client(&a.common).call(&request).await?)
+            print_verdict(&a.common, client(&a.common).call_versioned(&request).await?)
         }
         Command::Status(common) => {
-            let status = client(&common).status().await?;
+            let (status, shared) = client(&common).status_with_shared().await?;
             if common.json {
-                println!("{}", json(&status));
+                // `shared` is null without the store, so scripts can tell
+                // "no store" from "an old CLI" by the key's presence.
+                let mut value = serde_json::to_value(&status).expect("plain data serializes");
+                value["shared"] = serde_json::to_value(&shared).expect("plain data serializes");
+                println!("{value}");
             } else {
                 print_status(&status);
+                if let Some(shared) = &shared {
+                    print_shared(shared);
+                }
             }
             Ok(())
         }
@@ -353,14 +360,21 @@ fn json<T: serde::Serialize>(value: &T) -> String {
     serde_json::to_string(value).expect("plain data serializes")
 }
 
-fn print_verdict(common: &CommonArgs, response: Response<'static>) -> Result<(), ClientError> {
+fn print_verdict(
+    common: &CommonArgs,
+    (response, extras): (Response<'static>, crate::codec::DecodedExtras),
+) -> Result<(), ClientError> {
     let verdict = match response {
         Response::Verdict(v) => v,
         Response::Error(e) => return Err(ClientError::Daemon(e)),
         other => return Err(ClientError::Protocol(format!("{other:?}"))),
     };
     if common.json {
-        println!("{}", json(&verdict));
+        let mut value = serde_json::to_value(&verdict).expect("plain data serializes");
+        value["degraded"] = extras.degraded.into();
+        println!("{value}");
+    } else if extras.degraded {
+        println!("{}  DEGRADED (decided on this host's share: the shared store was unreachable)", describe(&verdict));
     } else {
         println!("{}", describe(&verdict));
     }
@@ -492,6 +506,27 @@ fn print_status(s: &crate::protocol::Status) {
         p.changes_unwritten,
         p.changes_dropped,
         p.last_error.as_ref().map(|e| format!("  LAST ERROR: {e}")).unwrap_or_default()
+    );
+}
+
+fn print_shared(s: &crate::protocol::SharedStatus) {
+    let degraded = if s.degraded {
+        format!("  DEGRADED for {} (total {})", human_duration(s.degraded_for_ms), human_duration(s.degraded_total_ms))
+    } else {
+        String::new()
+    };
+    println!("shared store: {}  {}{degraded}  transitions {}", s.url, s.state, s.transitions);
+    println!(
+        "  hosts {} ({}), {} live  calls {}  timeouts {}  errors {}  bad values {}  degraded answers {}",
+        s.hosts_in_force, s.hosts_source, s.hosts_live, s.calls, s.timeouts, s.errors, s.bad_values, s.degraded_answers
+    );
+    println!(
+        "  rtt us: mean {}  max {}  clock offset us {}  global rules: {}{}",
+        s.rtt_mean_us,
+        s.rtt_max_us,
+        s.clock_offset_us,
+        s.global_rules.join(", "),
+        s.last_error.as_ref().map(|e| format!("  LAST ERROR: {e}")).unwrap_or_default()
     );
 }
 
