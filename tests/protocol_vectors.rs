@@ -22,12 +22,12 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use tollgate::codec::{
-    decode_request, decode_response, encode_request, encode_response, frame_len, FRAME_HEADER_BYTES,
-    REQUEST_PAYLOAD_BYTES_MAX, RESPONSE_PAYLOAD_BYTES_MAX, WIRE,
+    decode_request, decode_response_versioned, encode_request_versioned, encode_response_versioned, frame_len,
+    request_version, ReplyExtras, FRAME_HEADER_BYTES, REQUEST_PAYLOAD_BYTES_MAX, RESPONSE_PAYLOAD_BYTES_MAX, WIRE,
 };
 use tollgate::protocol::{
     ClassLimit, Decision, ErrorCode, ErrorReply, Lockout, NamedLimit, Outcome, PersistenceStatus, Reason, Request,
-    Response, RouteStatus, RuleStatus, Status, Subject, Verdict, VerdictCounts, PROTOCOL_VERSION,
+    Response, RouteStatus, RuleStatus, SharedStatus, Status, Subject, Verdict, VerdictCounts, PROTOCOL_VERSION,
 };
 
 const DOC: &str = "PROTOCOL.md";
@@ -42,15 +42,85 @@ enum Message {
 struct Case {
     name: &'static str,
     id: u64,
+    /// The envelope's version byte: 1 unless the file's vector says otherwise.
+    version: u8,
     message: Message,
+    /// A version-2 reply's extras.
+    degraded: bool,
+    shared: Option<SharedStatus>,
 }
 
 fn request(name: &'static str, id: u64, request: Request<'static>) -> Case {
-    Case { name, id, message: Message::Request(request) }
+    Case { name, id, version: 1, message: Message::Request(request), degraded: false, shared: None }
 }
 
 fn response(name: &'static str, id: u64, response: Response<'static>) -> Case {
-    Case { name, id, message: Message::Response(response) }
+    Case { name, id, version: 1, message: Message::Response(response), degraded: false, shared: None }
+}
+
+/// A version-1 case's message in version 2.
+fn v2(name: &'static str, case: Case) -> Case {
+    Case { name, version: 2, ..case }
+}
+
+/// The first case named `name`, again (the version-2 cases reuse the
+/// version-1 messages, so the two cannot drift apart).
+fn again(cases: &[Case], name: &str) -> Case {
+    let case = cases.iter().find(|c| c.name == name).unwrap_or_else(|| panic!("no case `{name}`"));
+    let message = match &case.message {
+        Message::Request(r) => Message::Request(r.clone()),
+        Message::Response(r) => Message::Response(r.clone()),
+    };
+    Case { message, shared: case.shared.clone(), ..*case }
+}
+
+/// The store's status in `status-small-v2-shared`: unreachable for 12 s.
+fn shared_unreachable() -> SharedStatus {
+    SharedStatus {
+        url: "redis://10.0.0.5:6379/0".into(),
+        state: "open".into(),
+        degraded: true,
+        degraded_for_ms: 12_000,
+        degraded_total_ms: 45_000,
+        transitions: 3,
+        hosts_in_force: 3,
+        hosts_live: 2,
+        hosts_source: "configured".into(),
+        calls: 1_000,
+        timeouts: 4,
+        errors: 1,
+        bad_values: 0,
+        not_asked: 2,
+        degraded_answers: 7,
+        noscript_reloads: 1,
+        late_replies: 2,
+        releases_sent: 2,
+        batches: 400,
+        batched_ops: 1_000,
+        rtt_mean_us: 350,
+        rtt_max_us: 2_100,
+        known_lockouts: 1,
+        known_lockout_refusals: 5,
+        written_back: 1,
+        clock_offset_us: -1_500,
+        last_error: Some("timed out after 2 ms".into()),
+        global_rules: vec!["login/source_failures".into(), "login/account_failures".into()],
+    }
+}
+
+/// Every vector in the file, by name: version 1's, then version 2's.
+fn cases() -> Vec<Case> {
+    let mut cases = v1_cases();
+    let v2_cases = vec![
+        v2("check-login-v4-v2", again(&cases, "check-login-v4")),
+        v2("verdict-allow-v2", again(&cases, "verdict-allow")),
+        Case { degraded: true, ..v2("verdict-deny-degraded-v2", again(&cases, "verdict-deny")) },
+        v2("status-small-v2-no-store", again(&cases, "status-small")),
+        Case { shared: Some(shared_unreachable()), ..v2("status-small-v2-shared", again(&cases, "status-small")) },
+        v2("unlocked-2-v2", again(&cases, "unlocked-2")),
+    ];
+    cases.extend(v2_cases);
+    cases
 }
 
 fn ip(text: &str) -> IpAddr {
@@ -61,8 +131,8 @@ fn alice_from_v4() -> Subject<'static> {
     Subject { peer: Some(ip("198.51.100.7")), account: Some("alice"), ..Subject::default() }
 }
 
-/// Every vector in the file, by name.
-fn cases() -> Vec<Case> {
+/// Every version-1 vector in the file, by name.
+fn v1_cases() -> Vec<Case> {
     vec![
         request("check-login-v4", 1, Request::Check { route: "login", subject: alice_from_v4() }),
         request(
@@ -272,8 +342,11 @@ fn cases() -> Vec<Case> {
 fn encode(case: &Case) -> Vec<u8> {
     let mut out = Vec::new();
     match &case.message {
-        Message::Request(r) => encode_request(case.id, r, &mut out),
-        Message::Response(r) => encode_response(case.id, r, &mut out),
+        Message::Request(r) => encode_request_versioned(case.version, case.id, r, &mut out),
+        Message::Response(r) => {
+            let extras = ReplyExtras { degraded: case.degraded, shared: case.shared.as_ref() };
+            encode_response_versioned(case.version, case.id, r, &extras, &mut out)
+        }
     }
     out
 }
@@ -300,6 +373,7 @@ fn parse_hex(text: &str) -> Result<Vec<u8>, String> {
 struct VectorFile {
     #[allow(dead_code)] // for readers of the file
     about: String,
+    /// The newest version the file has vectors for.
     protocol_version: u8,
     vectors: Vec<FileVector>,
 }
@@ -310,6 +384,9 @@ struct FileVector {
     name: String,
     kind: String,
     id: u64,
+    /// Absent for version 1, so the version-1 vectors read as they always did.
+    #[serde(default = "version_1")]
+    version: u8,
     #[allow(dead_code)] // for readers of the file
     description: String,
     frame: String,
@@ -321,6 +398,10 @@ struct FileVector {
 struct FileField {
     hex: String,
     meaning: String,
+}
+
+fn version_1() -> u8 {
+    1
 }
 
 /// One annotated run of bytes and what it means (`<type> <field> = <value>`).
@@ -339,6 +420,7 @@ struct Vector {
     at: String,
     kind: Option<String>,
     id: Option<u64>,
+    version: Option<u8>,
     frame: Vec<u8>,
     fields: Vec<Field>,
 }
@@ -377,7 +459,8 @@ fn parse_file(text: &str) -> Result<Vec<Vector>, String> {
             }
             fields.push(Field { at: format!("{at} fields[{n}]"), bytes, comment: f.meaning });
         }
-        let vector = Vector { name: v.name, at, kind: Some(v.kind), id: Some(v.id), frame, fields };
+        let vector =
+            Vector { name: v.name, at, kind: Some(v.kind), id: Some(v.id), version: Some(v.version), frame, fields };
         if vector.field_bytes() != vector.frame {
             return Err(format!(
                 "{}: the fields join to {}, but the frame is {}",
@@ -428,6 +511,7 @@ fn parse_document_vectors(doc: &str) -> Result<Vec<Vector>, String> {
                 at,
                 kind: None,
                 id: None,
+                version: None,
                 frame: Vec::new(),
                 fields: Vec::new(),
             });
@@ -503,6 +587,12 @@ fn pairs() -> Vec<(Vector, Case)> {
                 if vector.id != Some(case.id) {
                     problems.push(format!("{}: id is {:?}, the case's is {}", vector.at, vector.id, case.id));
                 }
+                if vector.version != Some(case.version) {
+                    problems.push(format!(
+                        "{}: version is {:?}, the case's is {}",
+                        vector.at, vector.version, case.version
+                    ));
+                }
                 pairs.push((vector, case))
             }
             None => problems.push(format!("{}: vector `{}` has no test case", vector.at, vector.name)),
@@ -527,6 +617,7 @@ fn check_annotation(field: &Field) -> Result<(), String> {
         "u8" => vec![first.parse::<u8>().map_err(|e| bad(&e))?],
         "u32" => first.parse::<u32>().map_err(|e| bad(&e))?.to_le_bytes().to_vec(),
         "u64" => first.parse::<u64>().map_err(|e| bad(&e))?.to_le_bytes().to_vec(),
+        "i64" => first.parse::<i64>().map_err(|e| bad(&e))?.to_le_bytes().to_vec(),
         "bool" => match first {
             "false" => vec![0],
             "true" => vec![1],
@@ -589,14 +680,24 @@ fn the_bytes_in_the_file_decode_to_the_case() {
     for (vector, case) in pairs() {
         let payload = vector.frame.get(FRAME_HEADER_BYTES..).unwrap_or_default();
         let mismatch = match &case.message {
+            _ if request_version(payload) != Some(case.version) => {
+                Some(format!("has version byte {:?}, not {}", request_version(payload), case.version))
+            }
             Message::Request(expected) => match decode_request(payload) {
                 Ok((id, request)) if (id, &request) == (case.id, expected) => None,
                 Ok(decoded) => Some(format!("decodes to {decoded:?}, not {:?}", (case.id, expected))),
                 Err(failure) => Some(format!("does not decode: {}", failure.error)),
             },
-            Message::Response(expected) => match decode_response(payload) {
-                Ok((id, response)) if (id, &response) == (case.id, expected) => None,
-                Ok(decoded) => Some(format!("decodes to {decoded:?}, not {:?}", (case.id, expected))),
+            Message::Response(expected) => match decode_response_versioned(payload) {
+                Ok((id, response, extras))
+                    if (id, &response, extras.degraded, &extras.shared)
+                        == (case.id, expected, case.degraded, &case.shared) =>
+                {
+                    None
+                }
+                Ok(decoded) => {
+                    Some(format!("decodes to {decoded:?}, not {:?}", (case.id, expected, case.degraded, &case.shared)))
+                }
                 Err(failure) => Some(format!("does not decode: {}", failure.error)),
             },
         };
