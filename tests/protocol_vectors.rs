@@ -360,7 +360,7 @@ fn parse_hex(text: &str) -> Result<Vec<u8>, String> {
     if let Some(bad) = digits.iter().find(|b| !b.is_ascii_hexdigit()) {
         return Err(format!("`{}` is not a hex digit in `{}`", char::from(*bad), text.trim()));
     }
-    if digits.len() % 2 != 0 {
+    if !digits.len().is_multiple_of(2) {
         return Err(format!("odd number of hex digits in `{}`", text.trim()));
     }
     let value = |d: u8| char::from(d).to_digit(16).expect("checked above") as u8;
