@@ -50,6 +50,7 @@ mod metrics;
 mod notify;
 mod overflow;
 mod server;
+mod shared;
 mod source;
 mod store;
 mod tat_table;

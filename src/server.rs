@@ -20,11 +20,12 @@ use tokio::task::JoinSet;
 
 use crate::access::Permissions;
 use crate::clock::Clock;
+use crate::codec::ReplyExtras;
 use crate::codec::{self, FrameError, PayloadError, FRAME_HEADER_BYTES, REQUEST_PAYLOAD_BYTES_MAX};
 use crate::daemon::lockouts::make_lockouts_reply;
 use crate::daemon::{Daemon, Job, Peer, VerdictCounters, ERRORS};
 use crate::limiter::Limiter;
-use crate::protocol::{ErrorCode, Request, Response};
+use crate::protocol::{ErrorCode, Request, Response, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN};
 
 /// Bytes read per connection buffer: a whole maximal frame fits, and a
 /// client pipelining small checks gets hundreds read in one syscall.
@@ -220,6 +221,9 @@ const PLAN_AHEAD: usize = 16;
 /// the two passes was 8% of the daemon's time.
 struct Planned<'b, 'l> {
     id: u64,
+    /// The request's protocol version, which its reply is written in (1 for
+    /// a frame whose version is not spoken: its error reply is version 1's).
+    version: u8,
     /// The job, or the error reply of a frame that did not decode.
     job: Result<Job<'b, 'l>, Response<'static>>,
     frame_bytes: usize,
@@ -232,9 +236,22 @@ fn plan_frame<'b, 'l>(
     peer: &Peer,
     now: u64,
 ) -> Planned<'b, 'l> {
+    let version = match codec::request_version(payload) {
+        Some(v) if (PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION).contains(&v) => v,
+        _ => PROTOCOL_VERSION_MIN,
+    };
     match codec::decode_request(payload) {
-        Ok((id, request)) => Planned { id, job: Ok(Job::new(limiter, request, peer.permissions, now)), frame_bytes },
-        Err(failure) => Planned { id: failure.id.unwrap_or(0), job: Err(payload_error(&failure.error)), frame_bytes },
+        Ok((id, request)) => {
+            Planned { id, version, job: Ok(Job::new(limiter, request, peer.permissions, now)), frame_bytes }
+        }
+        // A frame that did not decode is answered in version 1, which
+        // every client reads (PROTOCOL.md §8).
+        Err(failure) => Planned {
+            id: failure.id.unwrap_or(0),
+            version: PROTOCOL_VERSION_MIN,
+            job: Err(payload_error(&failure.error)),
+            frame_bytes,
+        },
     }
 }
 
@@ -303,6 +320,7 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
                         close = true;
                         run.push(Planned {
                             id: 0,
+                            version: PROTOCOL_VERSION_MIN,
                             job: Err(Response::error(
                                 ErrorCode::FrameTooLarge,
                                 format!("frame of {len} bytes is over the maximum of {max}; closing"),
@@ -335,8 +353,8 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
                     if !send_replies(&mut writer, &mut out, write_timeout).await {
                         return;
                     }
-                    let Some((mut reply, share)) = make_lockouts_reply(daemon, limiter, planned.id, limit, now).await
-                    else {
+                    let made = make_lockouts_reply(daemon, limiter, planned.version, planned.id, limit, now).await;
+                    let Some((mut reply, share)) = made else {
                         return;
                     };
                     let sent = send_replies(&mut writer, &mut reply, write_timeout).await;
@@ -349,9 +367,9 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
                     frame_deadline = None;
                     continue;
                 }
-                let (response, durable) = match planned.job {
-                    Ok(job) => daemon.handle(limiter, job, &peer, now),
-                    Err(error) => (error, Vec::new()),
+                let (response, durable, degraded) = match planned.job {
+                    Ok(job) => daemon.handle(limiter, job, &peer, now).await,
+                    Err(error) => (error, Vec::new(), false),
                 };
                 counts.count(&response);
                 if !durable.is_empty() {
@@ -365,7 +383,14 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
                         }
                     }
                 }
-                codec::encode_response(planned.id, &response, &mut out);
+                // A version-2 status carries the shared store's; computed
+                // here, where the reply is written, as status is rare.
+                let shared = match (&response, planned.version) {
+                    (Response::Status(_), 2..) => daemon.shared_status(limiter),
+                    _ => None,
+                };
+                let extras = ReplyExtras { degraded, shared: shared.as_ref() };
+                codec::encode_response_versioned(planned.version, planned.id, &response, &extras, &mut out);
                 start += planned.frame_bytes;
                 answered += 1;
                 frame_deadline = None;

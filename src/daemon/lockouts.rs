@@ -61,6 +61,7 @@ pub(crate) fn lockouts_reply(limiter: &Limiter, listed: usize, now: u64) -> Resp
 pub(crate) async fn make_lockouts_reply<'d>(
     daemon: &'d Daemon,
     limiter: &Arc<Limiter>,
+    version: u8,
     id: u64,
     limit: u32,
     now: u64,
@@ -72,7 +73,8 @@ pub(crate) async fn make_lockouts_reply<'d>(
     let limiter = limiter.clone();
     let made = tokio::task::spawn_blocking(move || {
         let mut bytes = Vec::new();
-        codec::encode_response(id, &lockouts_reply(&limiter, listed, now), &mut bytes);
+        let extras = codec::ReplyExtras::default();
+        codec::encode_response_versioned(version, id, &lockouts_reply(&limiter, listed, now), &extras, &mut bytes);
         bytes
     })
     .await;

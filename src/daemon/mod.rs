@@ -4,6 +4,7 @@
 //! snapshots, systemd); `server` owns the socket and the connections.
 
 pub(crate) mod lockouts;
+mod shared;
 mod start;
 mod status;
 
@@ -25,6 +26,7 @@ use crate::config::{Config, ServerConfig};
 use crate::limiter::{CheckPlan, Limiter, RequestError};
 use crate::protocol::{Decision, ErrorCode, Request, Response, Subject, Verdict};
 use crate::server::ACCEPT_ERROR_LINES_PER_SEC_MAX;
+use crate::shared::SharedStore;
 use crate::store::{Durable, StoreStats};
 
 /// Everything a connection needs, shared.
@@ -56,6 +58,14 @@ pub struct Daemon {
     reloads: AtomicU64,
     reload_failures: AtomicU64,
     last_reload_error: std::sync::Mutex<Option<String>>,
+    /// The configuration the limiter in force was built from; held while
+    /// the limiter is rebuilt (a reload, a new host count), so two
+    /// rebuilds cannot undo each other.
+    config_in_force: std::sync::Mutex<Config>,
+    /// Shared mode: the store global rules are decided in.
+    shared: Option<Arc<SharedStore>>,
+    /// The task hearing the other hosts' lockouts (shared mode).
+    listener: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 /// The target of the daemon's audit, refusal and reload lines: the one they
@@ -82,13 +92,16 @@ impl Daemon {
             limiter: ArcSwap::from_pointee(limiter),
             started_us: clock.now_us(),
             clock,
-            config,
             store_stats,
             connections: AtomicU64::new(0),
             verdicts: Default::default(),
             reloads: AtomicU64::new(0),
             reload_failures: AtomicU64::new(0),
             last_reload_error: std::sync::Mutex::new(None),
+            shared: config.shared.clone().map(SharedStore::new),
+            listener: std::sync::Mutex::new(None),
+            config_in_force: std::sync::Mutex::new(config.clone()),
+            config,
         }
     }
 
@@ -141,10 +154,22 @@ impl Daemon {
     /// it shares with the running one; or, given the reason a reload
     /// failed, keeps the running configuration and records why.
     pub fn reload(&self, loaded: Result<(Config, Arc<ClassTable>), String>) {
+        // The store's connection and its limits are set up once, at start.
+        let loaded = loaded.and_then(|(config, classes)| {
+            if config.shared != self.config.shared {
+                return Err(
+                    "[shared] differs from the running configuration's; changing it needs a restart".to_string()
+                );
+            }
+            Ok((config, classes))
+        });
         match loaded {
             Ok((config, classes)) => {
+                let mut in_force = self.config_in_force.lock().unwrap_or_else(|e| e.into_inner());
                 let next = self.limiter.load().reconfigured(&config, classes, self.clock.now_us());
                 self.limiter.store(Arc::new(next));
+                *in_force = config;
+                drop(in_force);
                 self.reloads.fetch_add(1, Ordering::Relaxed);
                 *self.last_reload_error.lock().unwrap_or_else(|e| e.into_inner()) = None;
                 tracing::info!(target: LOG_TARGET, "configuration reloaded");
@@ -159,26 +184,32 @@ impl Daemon {
 
     /// One request, one reply, at `now` (read once per batch of frames). The
     /// durable writes, if any, must complete before the reply is sent.
-    pub(crate) fn handle<'l>(&self, limiter: &'l Limiter, job: Job<'_, 'l>, peer: &Peer, now: u64) -> Answer<'l> {
+    pub(crate) async fn handle<'l>(&self, limiter: &'l Limiter, job: Job<'_, 'l>, peer: &Peer, now: u64) -> Answer<'l> {
         let request = match job {
             Job::Denied(operation) => {
                 if let Some(suppressed) = self.audit.admit(now) {
                     tracing::warn!(target: LOG_TARGET, uid = peer.uid, gid = peer.gid, operation, suppressed, "permission denied");
                 }
                 let message = format!("permission denied: uid {} may not {operation}", peer.uid);
-                return (Response::error(ErrorCode::PermissionDenied, message), Vec::new());
+                return (Response::error(ErrorCode::PermissionDenied, message), Vec::new(), false);
             }
             Job::Check { route, subject, plan } => {
-                return match plan.map(|plan| limiter.decide_check(plan, now)) {
-                    Ok(verdict) => {
+                let verdict = match (plan, &self.shared) {
+                    (Ok(plan), Some(store)) if limiter.is_shared() => {
+                        Ok(self.check_shared(store, limiter, plan, now).await)
+                    }
+                    (plan, _) => plan.map(|plan| (limiter.decide_check(plan, now), false)),
+                };
+                return match verdict {
+                    Ok((verdict, degraded)) => {
                         // Monitor mode's would-be refusals are logged too: the
                         // log is how an operator judges a rule before enforcing it.
                         if verdict.decision != Decision::Allow || verdict.reason.is_monitored() {
                             self.log_refusal(limiter, route, &subject, &verdict, now);
                         }
-                        (Response::Verdict(verdict), Vec::new())
+                        (Response::Verdict(verdict), Vec::new(), degraded)
                     }
-                    Err(e) => (request_error(e), Vec::new()),
+                    Err(e) => (request_error(e), Vec::new(), false),
                 };
             }
             Job::Other(request) => request,
@@ -186,48 +217,77 @@ impl Daemon {
         match request {
             Request::Check { .. } => unreachable!("Job::new plans every check"),
             Request::Report { route, subject, outcome, password_digest } => {
-                match limiter.report(route, &subject, outcome, password_digest, now) {
-                    Ok((verdict, durable)) => {
+                let reported = match &self.shared {
+                    Some(store) if limiter.is_shared() => {
+                        self.report_shared(store, limiter, route, &subject, outcome, password_digest, now).await
+                    }
+                    _ => limiter.report(route, &subject, outcome, password_digest, now).map(|(v, d)| (v, d, false)),
+                };
+                match reported {
+                    Ok((verdict, durable, degraded)) => {
                         if !durable.is_empty() {
                             if let Some(suppressed) = self.audit.admit(now) {
                                 let client = limiter.client_prefix(&subject).map(|p| p.to_string());
                                 tracing::info!(target: LOG_TARGET, route, rule = %verdict.rule, client, suppressed, "lockout");
                             }
                         }
-                        (Response::Verdict(verdict), durable)
+                        (Response::Verdict(verdict), durable, degraded)
                     }
-                    Err(e) => (request_error(e), Vec::new()),
+                    Err(e) => (request_error(e), Vec::new(), false),
                 }
             }
-            Request::Status => (Response::Status(Box::new(self.status(limiter))), Vec::new()),
+            Request::Status => (Response::Status(Box::new(self.status(limiter))), Vec::new(), false),
             // `serve_connection` answers these itself (`make_lockouts_reply`:
             // off the runtime threads, within the reply budget); this is the
             // same answer.
-            Request::Lockouts { limit } => (lockouts_reply(limiter, lockouts_listed(limit), now), Vec::new()),
+            Request::Lockouts { limit } => (lockouts_reply(limiter, lockouts_listed(limit), now), Vec::new(), false),
             Request::Unlock { route, account, source } => match limiter.unlock(route, account, source) {
-                Ok((cleared, writes)) => {
+                Ok((mut cleared, writes)) => {
+                    let in_store = match &self.shared {
+                        Some(store) if limiter.is_shared() => {
+                            self.unlock_shared(store, limiter, route, account, source, now).await
+                        }
+                        _ => Ok(0),
+                    };
+                    cleared += *in_store.as_ref().unwrap_or(&0);
                     // Audit lines for admin actions are never capped.
-                    tracing::info!(target: LOG_TARGET, route, cleared, uid = peer.uid, "unlock");
-                    (Response::Unlocked { cleared }, writes)
+                    tracing::info!(target: LOG_TARGET, route, cleared, uid = peer.uid, store_error = in_store.as_ref().err(), "unlock");
+                    match in_store {
+                        Ok(_) => (Response::Unlocked { cleared }, writes, false),
+                        Err(why) => (
+                            Response::error(
+                                ErrorCode::Internal,
+                                format!(
+                                    "cleared {cleared} entries on this host, but not in the shared store ({why}); \
+                                     unlock again when the store is reachable"
+                                ),
+                            ),
+                            writes,
+                            false,
+                        ),
+                    }
                 }
-                Err(e) => (request_error(e), Vec::new()),
+                Err(e) => (request_error(e), Vec::new(), false),
             },
             Request::ClockAdvance { by_ms } => match self.clock.advance(by_ms.saturating_mul(1000)) {
-                Some(now) => (Response::ClockAdvanced { now_ms: ceil_ms(now) }, Vec::new()),
+                Some(now) => (Response::ClockAdvanced { now_ms: ceil_ms(now) }, Vec::new(), false),
                 None => (
                     Response::error(
                         ErrorCode::NotManualClock,
                         "the daemon runs on the system clock; start it with --manual-clock",
                     ),
                     Vec::new(),
+                    false,
                 ),
             },
         }
     }
 }
 
-/// A reply, and the durable writes that must complete before it is sent.
-pub(crate) type Answer<'l> = (Response<'l>, Vec<Durable>);
+/// A reply, the durable writes that must complete before it is sent, and
+/// whether a global rule was decided on this host's degraded share (a
+/// version-2 reply's flag).
+pub(crate) type Answer<'l> = (Response<'l>, Vec<Durable>, bool);
 
 /// A decoded request, ready to answer: a peer's permission already
 /// decided, and a check's keys already derived (`Limiter::plan_check`), so

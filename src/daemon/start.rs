@@ -111,6 +111,7 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
     let notifier = open_notifier();
 
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    join_shared_store(&runtime, &daemon, &config, &secret)?;
     let (listener, our_socket) = listen(&runtime, &config)?;
     let (stopped, signals) = handle_signals(daemon.clone(), args, signals)?;
     let maintenance = Maintenance::spawn(daemon.clone(), Duration::from_millis(config.snapshot_interval_ms))?;
@@ -147,6 +148,35 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
         anyhow::bail!("{failed} shard(s) of counters could not be saved at stop");
     }
     tracing::info!(target: START_LOG_TARGET, "stopped; counters saved");
+    Ok(())
+}
+
+/// Shared mode: connects to the store before listening (a store joined
+/// with another secret stops the start with the reason), then keeps a
+/// supervisor running for the daemon's life.
+fn join_shared_store(
+    runtime: &tokio::runtime::Runtime,
+    daemon: &Arc<Daemon>,
+    config: &Config,
+    secret: &Secret,
+) -> anyhow::Result<()> {
+    let Some(shared) = &config.shared else { return Ok(()) };
+    let fingerprint = format!("{:016x}", secret.fingerprint());
+    runtime.block_on(super::shared::join_at_start(daemon, &fingerprint)).map_err(anyhow::Error::msg)?;
+    // One id per daemon that stays the same across its restarts, so the
+    // store counts a restarted host once: the host name and the socket
+    // path (two daemons on one machine have two sockets). A digest, so
+    // the path is not written to the store.
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let socket = {
+        use std::hash::Hasher;
+        let mut hash = siphasher::sip::SipHasher13::new();
+        hash.write(config.socket.as_os_str().as_encoded_bytes());
+        hash.finish()
+    };
+    let host_id = format!("{}:{socket:016x}", host.trim());
+    runtime.spawn(super::shared::supervise(daemon.clone(), fingerprint, host_id));
+    tracing::info!(target: START_LOG_TARGET, url = %shared.url, state = daemon.shared().map_or("", |s| s.state().name()), "shared store");
     Ok(())
 }
 

@@ -6,13 +6,83 @@ use super::lockouts::{LOCKOUTS_LISTED_MAX, LOCKOUTS_MADE_CONCURRENTLY_MAX, LOCKO
 use super::{Daemon, ERRORS};
 use crate::codec::REQUEST_PAYLOAD_BYTES_MAX;
 use crate::limiter::Limiter;
-use crate::protocol::{Decision, NamedLimit, PersistenceStatus, Status, VerdictCounts};
+use crate::protocol::{Decision, NamedLimit, PersistenceStatus, SharedStatus, Status, VerdictCounts};
 use crate::server::{
     ACCEPT_ERROR_LINES_PER_SEC_MAX, ACCEPT_RETRY_DELAY_MS_MAX, FILES_RESERVED_COUNT, READ_BUFFER_BYTES,
     REPLY_BUFFER_RESTING_BYTES, REPLY_BYTES_BUFFERED_MAX,
 };
 
 impl Daemon {
+    /// The shared store's state for a version-2 status (None without
+    /// `[shared]`).
+    pub(crate) fn shared_status(&self, limiter: &Limiter) -> Option<SharedStatus> {
+        let store = self.shared.as_ref()?;
+        let stats = &store.stats;
+        let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+        let wall = crate::clock::Clock::System.now_us();
+        let degraded_for_us = store.degraded_since_us().map_or(0, |s| wall.saturating_sub(s));
+        let batches = get(&stats.batches);
+        let hosts_source = match (store.config.hosts, store.hosts_live()) {
+            (0, 0) => "assumed",
+            (0, _) => "learned",
+            _ => "configured",
+        };
+        Some(SharedStatus {
+            url: store.config.url.clone(),
+            state: store.state().name().into(),
+            degraded: !store.is_up(),
+            degraded_for_ms: degraded_for_us / 1000,
+            degraded_total_ms: (get(&stats.degraded_us_total) + degraded_for_us) / 1000,
+            transitions: get(&stats.transitions),
+            hosts_in_force: store.hosts_in_force(),
+            hosts_live: store.hosts_live(),
+            hosts_source: hosts_source.into(),
+            calls: get(&stats.calls),
+            timeouts: get(&stats.timeouts),
+            errors: get(&stats.errors),
+            bad_values: get(&stats.bad_values),
+            not_asked: get(&stats.not_asked),
+            degraded_answers: get(&stats.degraded_answers),
+            noscript_reloads: get(&stats.noscript_reloads),
+            late_replies: get(&stats.late_replies),
+            releases_sent: get(&stats.releases_sent),
+            batches,
+            batched_ops: get(&stats.batched_ops),
+            rtt_mean_us: get(&stats.rtt_us_sum).checked_div(batches).unwrap_or(0),
+            rtt_max_us: get(&stats.rtt_us_max),
+            known_lockouts: limiter.known_lockouts(self.clock.now_us()),
+            known_lockout_refusals: get(&stats.known_lockout_refusals),
+            written_back: get(&stats.written_back),
+            clock_offset_us: store.clock_offset_us(),
+            last_error: store.last_error(),
+            global_rules: limiter.global_rules(),
+        })
+    }
+
+    /// `[shared]`'s limits and the store client's own, when shared.
+    fn shared_limits(&self) -> Vec<NamedLimit> {
+        let Some(c) = &self.config.shared else { return Vec::new() };
+        [
+            ("shared.timeout_ms", c.timeout_ms),
+            ("shared.connect_timeout_ms", c.connect_timeout_ms),
+            ("shared.probe_interval_ms", c.probe_interval_ms),
+            ("shared.probe_max_ms", c.probe_max_ms),
+            ("shared.breaker_failures", u64::from(c.breaker_failures)),
+            ("shared.batch_max", c.batch_max as u64),
+            ("shared.pending_max", c.pending_max as u64),
+            ("shared.hosts", u64::from(c.hosts)),
+            ("shared.hosts_when_unknown", u64::from(c.hosts_when_unknown)),
+            ("shared.heartbeat_ms", c.heartbeat_ms),
+            ("shared.host_ttl_ms", c.host_ttl_ms),
+            ("shared.late_reply_wait_ms", crate::shared::LATE_REPLY_WAIT_MS),
+            ("shared.batches_in_flight_max", crate::shared::BATCHES_IN_FLIGHT_MAX as u64),
+            ("shared.hosts_learned_memory_ms", crate::shared::HOSTS_LEARNED_MEMORY_MS),
+        ]
+        .into_iter()
+        .map(|(name, value)| NamedLimit { name: name.into(), value })
+        .collect()
+    }
+
     pub(crate) fn status(&self, limiter: &Limiter) -> Status {
         let now = self.clock.now_us();
         let count = |i: usize| self.verdicts[i].load(Ordering::Relaxed);
@@ -59,6 +129,7 @@ impl Daemon {
                 limit("attempt_timeout_ms", self.config.attempt_timeout_ms),
             ]
             .into_iter()
+            .chain(self.shared_limits())
             .chain(limiter.route_limits().into_iter().map(|(name, value)| NamedLimit { name, value }))
             .collect(),
             persistence: PersistenceStatus {

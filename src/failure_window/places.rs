@@ -133,17 +133,19 @@ impl FailureWindowTable {
 
     /// Releases the newest of the key's places in flight (its report
     /// arrived, or the check was refused by another rule); none held is
-    /// fine (a report after its place lapsed, or without a check).
-    pub fn settle(&mut self, key: Key, now_us: u64) {
+    /// fine (a report after its place lapsed, or without a check). True
+    /// if a live place was released.
+    pub fn settle(&mut self, key: Key, now_us: u64) -> bool {
         self.in_flight.update(key.tuple, now_us, |held| match held {
             Some(mut slot) => {
+                let released = slot.value.live(now_us) > 0;
                 slot.value.release(now_us);
                 let live = slot.value.live(now_us) > 0;
                 slot.expires_us = slot.value.last_lapse(now_us);
-                (live.then_some(slot), ())
+                (live.then_some(slot), released)
             }
-            None => (None, ()),
-        });
+            None => (None, false),
+        })
     }
 
     /// Checks admitted when the map of places was full of live ones, each

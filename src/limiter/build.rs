@@ -3,11 +3,12 @@
 
 use std::sync::Arc;
 
-use super::route::{KnownDevices, RecentPasswords, Route, Rule, Table};
+use super::route::{Full, KnownDevices, RecentPasswords, Route, Rule, Table};
 use super::shards::{expiring_table, expiring_table_tracked, reuse, Shards};
 use super::Limiter;
 use crate::classes::ClassTable;
-use crate::config::{Config, RouteConfig, RuleConfig, RuleKind};
+use crate::classes::SourceClass;
+use crate::config::{Config, RateLimit, RouteConfig, RuleConfig, RuleKind, Scope};
 use crate::failure_window::{FailureWindowTable, WindowSpec};
 use crate::gcra::GcraTable;
 use crate::keys::KeyDeriver;
@@ -15,7 +16,19 @@ use crate::store::Journal;
 
 impl Limiter {
     pub fn new(config: &Config, classes: Arc<ClassTable>, keys: KeyDeriver, journal: Journal) -> Limiter {
-        Limiter::build(config, classes, keys, journal, None, 0)
+        let hosts = config.shared.as_ref().map_or(1, |s| if s.hosts > 0 { s.hosts } else { s.hosts_when_unknown });
+        Limiter::build(config, classes, keys, journal, None, 0, hosts)
+    }
+
+    /// The hosts whose share a global rule's degraded table holds.
+    pub fn hosts(&self) -> u32 {
+        self.hosts
+    }
+
+    /// This limiter with the degraded share of `hosts` hosts: the global
+    /// rules' tables are kept and their limits set to ceil(limit / hosts).
+    pub fn with_hosts(&self, config: &Config, hosts: u32, now_us: u64) -> Limiter {
+        Limiter::build(config, self.classes.clone(), self.keys.clone(), self.journal.clone(), Some(self), now_us, hosts)
     }
 
     /// A limiter for a new configuration that keeps the tables (counters,
@@ -25,7 +38,8 @@ impl Limiter {
     /// are deleted, queued before the new limiter can write any (see
     /// `Journal::drop_rule`).
     pub fn reconfigured(&self, config: &Config, classes: Arc<ClassTable>, now_us: u64) -> Limiter {
-        let next = Limiter::build(config, classes, self.keys.clone(), self.journal.clone(), Some(self), now_us);
+        let next =
+            Limiter::build(config, classes, self.keys.clone(), self.journal.clone(), Some(self), now_us, self.hosts);
         let before = self.failure_rule_ids();
         let after = next.failure_rule_ids();
         for id in before.symmetric_difference(&after) {
@@ -52,9 +66,14 @@ impl Limiter {
         journal: Journal,
         previous: Option<&Limiter>,
         now_us: u64,
+        hosts: u32,
     ) -> Limiter {
-        let routes = config.routes.iter().map(|r| build_route(r, previous, now_us)).collect();
+        // Without `[shared]` every rule is this host's, whatever its scope.
+        let hosts_sharing = config.shared.as_ref().map(|_| hosts.max(1));
+        let routes = config.routes.iter().map(|r| build_route(r, previous, now_us, hosts_sharing)).collect();
         Limiter {
+            shared_prefix: config.shared.as_ref().map(|s| s.key_prefix.clone()),
+            hosts: hosts.max(1),
             routes,
             source: config.source.clone(),
             classes,
@@ -66,9 +85,28 @@ impl Limiter {
     }
 }
 
-pub(super) fn build_route(config: &RouteConfig, previous: Option<&Limiter>, now_us: u64) -> Route {
+pub(super) fn build_route(
+    config: &RouteConfig,
+    previous: Option<&Limiter>,
+    now_us: u64,
+    hosts_sharing: Option<u32>,
+) -> Route {
     let old_route = previous.and_then(|p| p.routes.iter().find(|r| r.name == config.name));
-    let rules = config.rules.iter().map(|rule| build_rule(config, rule, old_route, now_us)).collect();
+    let rules: Vec<Rule> =
+        config.rules.iter().map(|rule| build_rule(config, rule, old_route, now_us, hosts_sharing)).collect();
+    // Known lockouts, bounded like the largest global failure rule (each
+    // is one of its keys).
+    let lockouts_max = config
+        .rules
+        .iter()
+        .zip(&rules)
+        .filter(|(_, built)| matches!(built.global, Some(Full::Failures(_))))
+        .map(|(r, _)| match r.kind {
+            RuleKind::Failures { entries_max, .. } | RuleKind::Rate { entries_max, .. } => entries_max,
+        })
+        .max();
+    let known_lockouts =
+        lockouts_max.map(|max| expiring_table_tracked(old_route.and_then(|r| r.known_lockouts.as_ref()), max));
     let known_devices = config.known_devices.map(|known| {
         let old = old_route.and_then(|r| r.known_devices.as_ref());
         // The per-account counts are bounded like the devices (an account
@@ -105,12 +143,56 @@ pub(super) fn build_route(config: &RouteConfig, previous: Option<&Limiter>, now_
             expiring_table(old_route.and_then(|r| r.recent_passwords.as_ref()).map(|o| &o.shards), entries_max);
         RecentPasswords { remembered: remembered as usize, ttl_us: longest_window, shards }
     });
-    Route { name: config.name.clone(), fail_policy: config.fail_policy, rules, known_devices, recent_passwords }
+    Route {
+        name: config.name.clone(),
+        fail_policy: config.fail_policy,
+        rules,
+        known_devices,
+        recent_passwords,
+        known_lockouts,
+    }
 }
 
-pub(super) fn build_rule(route: &RouteConfig, rule: &RuleConfig, old_route: Option<&Route>, now_us: u64) -> Rule {
+/// This host's share of a limit among `hosts`: rounded up, so a limit
+/// below the host count still lets one through per host.
+fn share(limit: u32, hosts: u32) -> u32 {
+    limit.div_ceil(hosts.max(1)).max(1)
+}
+
+fn rate_share(rate: RateLimit, hosts: u32) -> RateLimit {
+    RateLimit { limit: share(rate.limit, hosts), period_us: rate.period_us, burst: share(rate.burst, hosts) }
+}
+
+pub(super) fn build_rule(
+    route: &RouteConfig,
+    rule: &RuleConfig,
+    old_route: Option<&Route>,
+    now_us: u64,
+    hosts_sharing: Option<u32>,
+) -> Rule {
     let old = old_route.and_then(|r| r.rules.iter().find(|o| o.name == rule.name));
-    let table = match rule.kind {
+    let global = match (hosts_sharing, rule.scope) {
+        (Some(hosts), Scope::Global) => Some(hosts),
+        _ => None,
+    };
+    let full = global.map(|_| match rule.kind {
+        RuleKind::Rate { rate, by_class, .. } => Full::Rate { rate, by_class },
+        RuleKind::Failures { threshold, window_us, .. } => Full::Failures(WindowSpec { window_us, threshold }),
+    });
+    // A global rule's own table holds this host's degraded share.
+    let kind = match (global, rule.kind.clone()) {
+        (Some(hosts), RuleKind::Rate { rate, mut by_class, entries_max }) => {
+            for class in SourceClass::ALL {
+                by_class[class] = by_class[class].map(|r| rate_share(r, hosts));
+            }
+            RuleKind::Rate { rate: rate_share(rate, hosts), by_class, entries_max }
+        }
+        (Some(hosts), RuleKind::Failures { threshold, window_us, cleared_by_success, entries_max }) => {
+            RuleKind::Failures { threshold: share(threshold, hosts), window_us, cleared_by_success, entries_max }
+        }
+        (None, kind) => kind,
+    };
+    let table = match kind {
         RuleKind::Rate { rate, by_class, entries_max } => {
             let shards = match old.map(|o| &o.table) {
                 Some(Table::Rate { shards, .. }) => reuse(shards, entries_max, |t, cap| t.set_entries_max(cap)),
@@ -143,5 +225,6 @@ pub(super) fn build_rule(route: &RouteConfig, rule: &RuleConfig, old_route: Opti
         table,
         escalation: expiring_table(old.map(|o| &o.escalation), entries_max),
         counters: old.map(|o| o.counters.clone()).unwrap_or_default(),
+        global: full,
     }
 }

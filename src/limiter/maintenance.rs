@@ -142,9 +142,14 @@ impl Limiter {
     /// last call, or with `full` everything (see `save_device_map`).
     fn save_known_devices(&self, now_us: u64, full: bool, writes: &mut Vec<Durable>, durable: bool) {
         for route in &self.routes {
-            let Some(known) = &route.known_devices else { continue };
             let name: Arc<str> = route.name.as_str().into();
-            let (journal, devices, accounts) = (&self.journal, &known.shards, &known.per_account);
+            let journal = &self.journal;
+            if let Some(lockouts) = &route.known_lockouts {
+                let map = DeviceMap::KnownLockouts;
+                save_device_map(journal, &name, map, lockouts, |rule| rule, now_us, full, writes, durable);
+            }
+            let Some(known) = &route.known_devices else { continue };
+            let (devices, accounts) = (&known.shards, &known.per_account);
             save_device_map(journal, &name, DeviceMap::Devices, devices, |()| 0, now_us, full, writes, durable);
             save_device_map(journal, &name, DeviceMap::PerAccount, accounts, |n| n, now_us, full, writes, durable);
         }
@@ -158,10 +163,41 @@ impl Limiter {
         let mut restored = 0;
         let mut orphans = std::collections::BTreeSet::new();
         let mut stale: Vec<DeviceRows> = Vec::new();
+        // A route keeps its rows while it keeps either map; rows of a map
+        // it no longer keeps are deleted one by one.
+        let keeps = |name: &str| {
+            self.routes.iter().any(|r| r.name == name && (r.known_devices.is_some() || r.known_lockouts.is_some()))
+        };
         for row in rows {
-            let known = self.routes.iter().find(|r| r.name == row.route).and_then(|r| r.known_devices.as_ref());
+            let route = self.routes.iter().find(|r| r.name == row.route);
+            if row.map == DeviceMap::KnownLockouts {
+                let lockouts = route.and_then(|r| r.known_lockouts.as_ref());
+                let index = shard_index(row.id);
+                let live = row.expires_us > now_us;
+                if lockouts.is_none() || !live || usize::from(row.shard) != index {
+                    let route: Arc<str> = row.route.as_str().into();
+                    let rows = vec![(row.id, None)];
+                    stale.push(DeviceRows { route, map: row.map, shard: row.shard, whole: false, rows });
+                }
+                if let (Some(lockouts), true) = (lockouts, live) {
+                    let mut table = lockouts.at(index);
+                    table.restore(row.id, Slot { expires_us: row.expires_us, value: row.value }, now_us);
+                    if usize::from(row.shard) != index {
+                        table.mark_changed(row.id);
+                    }
+                    restored += 1;
+                }
+                continue;
+            }
+            let known = route.and_then(|r| r.known_devices.as_ref());
             let Some(known) = known else {
-                orphans.insert(row.route);
+                if keeps(&row.route) {
+                    let route: Arc<str> = row.route.as_str().into();
+                    let rows = vec![(row.id, None)];
+                    stale.push(DeviceRows { route, map: row.map, shard: row.shard, whole: false, rows });
+                } else {
+                    orphans.insert(row.route);
+                }
                 continue;
             };
             let slot_expires_us = row.expires_us.min(now_us.saturating_add(known.ttl_us));
@@ -193,6 +229,7 @@ impl Limiter {
                         table.mark_changed(row.id);
                     }
                 }
+                DeviceMap::KnownLockouts => unreachable!("restored above"),
             }
             restored += 1;
         }
@@ -241,6 +278,9 @@ impl Limiter {
             }
             if let Some(r) = &route.recent_passwords {
                 r.shards.at(shard).sweep(now_us);
+            }
+            if let Some(l) = &route.known_lockouts {
+                l.at(shard).sweep(now_us);
             }
         }
     }

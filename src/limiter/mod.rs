@@ -9,6 +9,7 @@
 //! reloaded limiter keeps every counter and lockout of the rules it keeps.
 
 mod build;
+mod global;
 mod maintenance;
 mod route;
 mod shards;
@@ -16,6 +17,7 @@ mod status;
 mod subject;
 mod verdict;
 
+pub use global::{CheckStored, CheckedLocally, ReportStored, ReportedLocally};
 pub use maintenance::Restored;
 
 use std::sync::Arc;
@@ -46,6 +48,35 @@ pub enum RequestError {
     FieldTooLong { field: &'static str, len: usize, max: usize },
 }
 
+/// Which of a route's rules a step covers: in shared mode the global
+/// rules go to the store, and this host's tables hold only their
+/// degraded share.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Rules {
+    All,
+    Host,
+    Global,
+}
+
+impl Rules {
+    fn has(self, rule: &route::Rule) -> bool {
+        match self {
+            Rules::All => true,
+            Rules::Host => rule.global.is_none(),
+            Rules::Global => rule.global.is_some(),
+        }
+    }
+}
+
+/// A report with its keys derived and its password judged.
+struct PreparedReport<'l> {
+    route: &'l Route,
+    rule_keys: RuleKeys,
+    class: Option<SourceClass>,
+    outcome: Outcome,
+    repeated: bool,
+}
+
 /// A check with its keys derived, not yet decided (see `plan_check`).
 pub struct CheckPlan<'l> {
     route: &'l Route,
@@ -64,6 +95,10 @@ pub struct Limiter {
     /// How long a checked attempt holds its place on failure rules without
     /// a report (`attempt_timeout_ms`).
     attempt_timeout_us: u64,
+    /// Shared mode: the store's key prefix. Global rules go to the store.
+    shared_prefix: Option<String>,
+    /// The hosts sharing the global rules' limits, for their degraded share.
+    hosts: u32,
 }
 
 impl Limiter {
@@ -127,8 +162,33 @@ impl Limiter {
         let mut answers = Answers::new();
         // Bit i: rule i holds a place for this attempt.
         let mut held: u32 = 0;
+        let mut refused = self.admit_failures(route, &rule_keys, Rules::All, now_us, &mut answers, &mut held);
+        if !refused {
+            refused = self.spend_rates(route, &rule_keys, class, Rules::All, now_us, &mut answers);
+        }
+        if refused {
+            self.give_back(route, &rule_keys, held, now_us);
+        }
+        combine(&answers)
+    }
+
+    /// Each failure rule of `which` admits the attempt into a place of its
+    /// own (`admit`); true if an enforced one refused.
+    fn admit_failures<'a>(
+        &'a self,
+        route: &'a Route,
+        rule_keys: &RuleKeys,
+        which: Rules,
+        now_us: u64,
+        answers: &mut Answers<'a>,
+        held: &mut u32,
+    ) -> bool {
         const _: () = assert!(RULES_PER_ROUTE_MAX <= 32);
+        let mut refused = false;
         for (i, (rule, key)) in route.rules.iter().zip(rule_keys.iter().copied()).enumerate() {
+            if !which.has(rule) {
+                continue;
+            }
             if let (Table::Failures { shards, .. }, Some(key)) = (&rule.table, key) {
                 let (spec, admitted, standing) = {
                     let mut table = shards.of(key);
@@ -139,31 +199,44 @@ impl Limiter {
                     (table.spec(), admitted, standing)
                 };
                 if admitted {
-                    held |= 1 << i;
+                    *held |= 1 << i;
                 }
-                let answer = failure_answer(rule, spec, standing, !admitted, now_us);
-                answers.push(self.escalate(rule, key, answer, now_us, true));
+                let answer =
+                    self.escalate(rule, key, failure_answer(rule, spec, standing, !admitted, now_us), now_us, true);
+                refused |= answer.refused && !answer.monitored;
+                answers.push(answer);
             }
         }
-        let mut refused = answers.iter().any(|a| a.refused && !a.monitored);
-        if !refused {
-            for (rule, key) in route.rules.iter().zip(rule_keys.iter().copied()) {
-                if let (Table::Rate { shards, .. }, Some(key)) = (&rule.table, key) {
-                    let spec = rate_spec(&rule.table, class);
-                    let decision = shards.check(spec, key, now_us);
-                    let answer = self.escalate(rule, key, rate_answer(rule, spec, decision), now_us, true);
-                    refused = answer.refused && !answer.monitored;
-                    answers.push(answer);
-                    if refused {
-                        break;
-                    }
+        refused
+    }
+
+    /// Each rate rule of `which` spends one, stopping at the first
+    /// enforced refusal; true if there was one.
+    fn spend_rates<'a>(
+        &'a self,
+        route: &'a Route,
+        rule_keys: &RuleKeys,
+        class: Option<SourceClass>,
+        which: Rules,
+        now_us: u64,
+        answers: &mut Answers<'a>,
+    ) -> bool {
+        for (rule, key) in route.rules.iter().zip(rule_keys.iter().copied()) {
+            if !which.has(rule) {
+                continue;
+            }
+            if let (Table::Rate { shards, .. }, Some(key)) = (&rule.table, key) {
+                let spec = rate_spec(&rule.table, class);
+                let decision = shards.check(spec, key, now_us);
+                let answer = self.escalate(rule, key, rate_answer(rule, spec, decision), now_us, true);
+                let refused = answer.refused && !answer.monitored;
+                answers.push(answer);
+                if refused {
+                    return true;
                 }
             }
         }
-        if refused {
-            self.give_back(route, &rule_keys, held, now_us);
-        }
-        combine(&answers)
+        false
     }
 
     /// Gives back the places a refused check took (bit i: rule i).
@@ -188,6 +261,23 @@ impl Limiter {
         password_digest: Option<[u8; 16]>,
         now_us: u64,
     ) -> Result<(Verdict<'a>, Vec<Durable>), RequestError> {
+        let prepared = self.prepare_report(route, subject, outcome, password_digest, now_us)?;
+        let mut answers = Answers::new();
+        let mut durable = Vec::new();
+        self.report_rules(&prepared, Rules::All, true, now_us, &mut answers, &mut durable);
+        Ok((combine(&answers), durable))
+    }
+
+    /// A report's first half, the same for every rule: its keys, whether
+    /// its password is a repeat, and a success's known device.
+    fn prepare_report<'a>(
+        &'a self,
+        route: &str,
+        subject: &Subject<'_>,
+        outcome: Outcome,
+        password_digest: Option<[u8; 16]>,
+        now_us: u64,
+    ) -> Result<PreparedReport<'a>, RequestError> {
         let route = self.route(route)?;
         check_lengths(subject)?;
         let mut keys = self.subject_keys(&route.name, subject);
@@ -212,19 +302,35 @@ impl Limiter {
                 known_devices.remember(key, now_us);
             }
         }
-        let class = keys.source_class();
-        let mut answers = Answers::new();
-        // One per rule this report locked: the reply waits for each.
-        let mut durable = Vec::new();
+        Ok(PreparedReport { route, rule_keys, class: keys.source_class(), outcome, repeated })
+    }
+
+    /// Counts a report on this host's tables for the rules of `which`. With
+    /// `settle`, each failure rule first settles the place its check took.
+    fn report_rules<'a>(
+        &'a self,
+        report: &PreparedReport<'a>,
+        which: Rules,
+        settle: bool,
+        now_us: u64,
+        answers: &mut Answers<'a>,
+        durable: &mut Vec<Durable>,
+    ) {
+        let PreparedReport { route, ref rule_keys, class, outcome, repeated } = *report;
         for (rule, key) in route.rules.iter().zip(rule_keys.iter().copied()) {
             let Some(key) = key else { continue };
+            if !which.has(rule) {
+                continue;
+            }
             match &rule.table {
                 Table::Failures { cleared_by_success, shards, .. } => {
                     let mut table = shards.of(key);
                     // The report settles the place its check took, in the
                     // same step as it is counted: the place becomes a
                     // failure, or is released, never both nor neither.
-                    table.settle(key, now_us);
+                    if settle {
+                        table.settle(key, now_us);
+                    }
                     match outcome {
                         Outcome::Failure if !repeated => match table.record_failure(key, now_us) {
                             Ok(recorded) if recorded.now_locked && !recorded.was_locked => {
@@ -260,7 +366,6 @@ impl Limiter {
                 }
             }
         }
-        Ok((combine(&answers), durable))
     }
 
     /// Records a wrong-password digest for (account, prefix); true if it was

@@ -39,6 +39,17 @@ pub(super) struct Rule {
     /// Refusals per key within a cool-down: the ladder's position.
     pub(super) escalation: SharedTable<ExpiringMap<u16>>,
     pub(super) counters: Arc<RuleCounters>,
+    /// In shared mode, a global rule's whole limit, which the store
+    /// enforces for every host; `table` then holds this host's degraded
+    /// share, ceil(limit / hosts), used while the store cannot answer.
+    pub(super) global: Option<Full>,
+}
+
+/// A global rule's limit across every host.
+#[derive(Clone, Copy)]
+pub(super) enum Full {
+    Failures(WindowSpec),
+    Rate { rate: RateLimit, by_class: ByClass<Option<RateLimit>> },
 }
 
 impl Rule {
@@ -98,4 +109,8 @@ pub(super) struct Route {
     pub(super) rules: Vec<Rule>,
     pub(super) known_devices: Option<KnownDevices>,
     pub(super) recent_passwords: Option<RecentPasswords>,
+    /// Shared mode: keys the store said are locked, each with its rule's
+    /// index and the instant (this host's clock) the lockout ends, so a
+    /// known lockout is refused from memory without a round trip.
+    pub(super) known_lockouts: Option<SharedTable<ExpiringMap<u16>>>,
 }

@@ -2,7 +2,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::route::{Rule, Table};
+use super::route::{Full, Rule, Table};
 use super::Limiter;
 use crate::classes::SourceClass;
 use crate::protocol::{ClassLimit, RouteStatus, RuleStatus, Subject};
@@ -24,7 +24,28 @@ impl Limiter {
     /// Route-scoped bounds for `status`'s named limits, as `route.name`.
     pub fn route_limits(&self) -> Vec<(String, u64)> {
         let known = self.routes.iter().filter_map(|r| Some((&r.name, r.known_devices.as_ref()?)));
-        known.map(|(name, k)| (format!("{name}.known_devices_per_account_max"), u64::from(k.per_account_max))).collect()
+        let mut limits: Vec<(String, u64)> = known
+            .map(|(name, k)| (format!("{name}.known_devices_per_account_max"), u64::from(k.per_account_max)))
+            .collect();
+        for route in &self.routes {
+            if let Some(lockouts) = &route.known_lockouts {
+                let max = lockouts.each().map(|t| t.entries_max() as u64).sum();
+                limits.push((format!("{}.known_lockouts_max", route.name), max));
+            }
+        }
+        limits
+    }
+
+    /// Shared mode: `route/rule` of every rule the store decides.
+    pub fn global_rules(&self) -> Vec<String> {
+        let rules = self.routes.iter().flat_map(|r| &r.rules);
+        rules.filter(|r| r.global.is_some()).map(|r| r.id.to_string()).collect()
+    }
+
+    /// Lockouts the store reported that this host refuses from memory.
+    pub fn known_lockouts(&self, now_us: u64) -> u64 {
+        let tables = self.routes.iter().filter_map(|r| r.known_lockouts.as_ref());
+        tables.flat_map(|t| t.each()).map(|t| t.live(now_us).len() as u64).sum()
     }
 
     pub fn route_status(&self) -> Vec<RouteStatus> {
@@ -49,9 +70,18 @@ impl Limiter {
 
 fn rule_status(rule: &Rule) -> RuleStatus {
     let key = rule.key.iter().map(|c| c.name().to_string()).collect();
+    // A global rule's table holds this host's degraded share; status
+    // shows the rule's whole limit, the one the store enforces.
+    let (full_rate, full_by_class, full_spec) = match (&rule.global, &rule.table) {
+        (Some(Full::Rate { rate, by_class }), _) => (Some(*rate), Some(*by_class), None),
+        (Some(Full::Failures(spec)), _) => (None, None, Some(*spec)),
+        _ => (None, None, None),
+    };
     let (kind, limit, burst, period_ms, cleared_by_success, class_limits, (entries, entries_max, refused_full)) =
         match &rule.table {
             Table::Rate { rate, by_class, shards } => {
+                let rate = full_rate.as_ref().unwrap_or(rate);
+                let by_class = full_by_class.as_ref().unwrap_or(by_class);
                 let class_limits = SourceClass::ALL
                     .iter()
                     .filter_map(|c| {
@@ -68,6 +98,7 @@ fn rule_status(rule: &Rule) -> RuleStatus {
                 ("rate", rate.limit, rate.burst, rate.period_us / 1000, false, class_limits, fill)
             }
             Table::Failures { spec, cleared_by_success, shards } => {
+                let spec = full_spec.as_ref().unwrap_or(spec);
                 let fill = shards.each().fold((0, 0, 0), |(n, m, f), t| {
                     (n + t.len() as u64, m + t.entries_max() as u64, f + t.refused_full() + t.presumed_failures())
                 });

@@ -174,6 +174,10 @@ pub enum DeviceMap {
     Devices = 0,
     /// New devices made known per account (by account tag).
     PerAccount = 1,
+    /// Shared mode: keys the store said are locked (id the key's tuple,
+    /// value the rule's index in its route, expiry the lockout's end), so
+    /// a restart without the store still refuses them.
+    KnownLockouts = 2,
 }
 
 impl DeviceMap {
@@ -181,6 +185,7 @@ impl DeviceMap {
         match value {
             0 => Some(DeviceMap::Devices),
             1 => Some(DeviceMap::PerAccount),
+            2 => Some(DeviceMap::KnownLockouts),
             _ => None,
         }
     }

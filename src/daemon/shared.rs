@@ -1,0 +1,365 @@
+//! The daemon's side of the shared store: a check or report with global
+//! rules waits for the store at most its timeout, then is answered on this
+//! host; a supervisor task probes the store while it is away, writes back
+//! the lockouts taken meanwhile, keeps this host's heartbeat, and learns
+//! how many hosts share the limits.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::Daemon;
+use crate::limiter::{CheckPlan, CheckStored, CheckedLocally, Limiter, ReportStored, ReportedLocally};
+use crate::protocol::{Outcome, Subject, Verdict};
+use crate::shared::script::Op;
+use crate::shared::{CallError, ProbeError, SharedStore, State, HOSTS_LEARNED_MEMORY_MS, LOG_TARGET};
+use crate::store::Durable;
+
+/// How often the supervisor looks at the breaker: the granularity of a
+/// probe's back-off and of the heartbeat.
+const SUPERVISOR_TICK_MS: u64 = 10;
+/// Lockouts written back per batch after an outage.
+const WRITE_BACK_BATCH: usize = 64;
+
+impl Daemon {
+    pub(crate) fn shared(&self) -> Option<&Arc<SharedStore>> {
+        self.shared.as_ref()
+    }
+
+    /// A check in shared mode: this host's rules, then the store for the
+    /// global ones, or this host's degraded share if the store does not
+    /// answer within the timeout.
+    pub(super) async fn check_shared<'l>(
+        &self,
+        store: &Arc<SharedStore>,
+        limiter: &'l Limiter,
+        plan: CheckPlan<'l>,
+        now: u64,
+    ) -> (Verdict<'l>, bool) {
+        let mut check = match limiter.begin_check(plan, now) {
+            CheckedLocally::Done(verdict) => return (verdict, false),
+            CheckedLocally::KnownLockout(verdict) => {
+                store.stats.known_lockout_refusals.fetch_add(1, Ordering::Relaxed);
+                // From memory either way; degraded when the store could
+                // not have been asked.
+                return (verdict, !store.is_up());
+            }
+            CheckedLocally::Store(check) => check,
+        };
+        let op = std::mem::take(&mut check.op);
+        match store.call(op, Some(check.release.clone())).await {
+            Ok(reply) => match limiter.finish_check_stored(check, &reply, now) {
+                Ok(CheckStored { verdict, store_now, give_back }) => {
+                    store.note_store_time(store_now, now);
+                    if let Some(op) = give_back {
+                        give_back_later(store, op);
+                    }
+                    (verdict, false)
+                }
+                Err((check, e)) => {
+                    self.bad_store_value(store, &e.to_string(), now);
+                    degraded(store, limiter.finish_check_locally(check, now))
+                }
+            },
+            Err(e) => {
+                if let CallError::BadValue(e) = &e {
+                    self.bad_store_value(store, &e.to_string(), now);
+                }
+                degraded(store, limiter.finish_check_locally(check, now))
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)] // a report's four fields, as `Limiter::report` takes them
+    pub(super) async fn report_shared<'l>(
+        &self,
+        store: &Arc<SharedStore>,
+        limiter: &'l Limiter,
+        route: &str,
+        subject: &Subject<'_>,
+        outcome: Outcome,
+        password_digest: Option<[u8; 16]>,
+        now: u64,
+    ) -> Result<(Verdict<'l>, Vec<Durable>, bool), crate::limiter::RequestError> {
+        let mut report = match limiter.begin_report(route, subject, outcome, password_digest, now)? {
+            ReportedLocally::Done(verdict, durable) => return Ok((verdict, durable, false)),
+            ReportedLocally::Store(report) => report,
+        };
+        let op = std::mem::take(&mut report.op);
+        Ok(match store.call(op, None).await {
+            Ok(reply) => match limiter.finish_report_stored(report, &reply, now) {
+                Ok(ReportStored { verdict, store_now, durable, locked }) => {
+                    store.note_store_time(store_now, now);
+                    for message in locked {
+                        store.publish(limiter.shared_channel(), message);
+                    }
+                    (verdict, durable, false)
+                }
+                Err((report, e)) => {
+                    self.bad_store_value(store, &e.to_string(), now);
+                    let (verdict, durable) = limiter.finish_report_locally(report, now);
+                    (degraded(store, verdict).0, durable, true)
+                }
+            },
+            Err(e) => {
+                if let CallError::BadValue(e) = &e {
+                    self.bad_store_value(store, &e.to_string(), now);
+                }
+                let (verdict, durable) = limiter.finish_report_locally(report, now);
+                (degraded(store, verdict).0, durable, true)
+            }
+        })
+    }
+
+    /// An unlock's store half: every global rule's entries of the account
+    /// (or of the account and source), in the store; the keys unlocked are
+    /// forgotten here and published to the other hosts. How many entries
+    /// held failures, or why the store was not reached.
+    pub(super) async fn unlock_shared(
+        &self,
+        store: &Arc<SharedStore>,
+        limiter: &Limiter,
+        route: &str,
+        account: &str,
+        source: Option<std::net::IpAddr>,
+        now: u64,
+    ) -> Result<u32, String> {
+        let ops = limiter.unlock_ops(route, account, source, now).map_err(|e| e.to_string())?;
+        let mut cleared = 0;
+        for op in ops {
+            if !store.is_up() {
+                return Err(format!("the store is {}", store.state().name()));
+            }
+            let reply = store.call_recovering(op).await.map_err(|e| e.to_string())?;
+            cleared += reply.ints.first().copied().unwrap_or(0).clamp(0, u32::MAX as i64) as u32;
+            for name in &reply.strings {
+                limiter.forget_known_lockout(name);
+            }
+        }
+        Ok(cleared)
+    }
+
+    fn bad_store_value(&self, store: &SharedStore, error: &str, now: u64) {
+        store.note_error(error);
+        if let Some(suppressed) = self.audit.admit(now) {
+            tracing::error!(target: LOG_TARGET, error, suppressed,
+                "shared store holds a value tollgate did not write at one of this request's keys; answering on this host \
+                 (delete the key or set [shared] key_prefix to another prefix)");
+        }
+    }
+}
+
+/// Counts an answer given on this host's degraded share, and flags it.
+fn degraded<'l>(store: &SharedStore, verdict: Verdict<'l>) -> (Verdict<'l>, bool) {
+    store.stats.degraded_answers.fetch_add(1, Ordering::Relaxed);
+    (verdict, true)
+}
+
+/// Sends an op nobody waits for (places to give back).
+fn give_back_later(store: &Arc<SharedStore>, op: Op) {
+    let store = store.clone();
+    store.stats.releases_sent.fetch_add(1, Ordering::Relaxed);
+    tokio::spawn(async move {
+        let _ = store.call(op, None).await;
+    });
+}
+
+/// Connects at start. A store joined with another secret stops the start
+/// (the error); an unreachable one leaves the breaker open, so the daemon
+/// starts degraded and the supervisor keeps probing.
+pub(super) async fn join_at_start(daemon: &Arc<Daemon>, fingerprint: &str) -> Result<(), String> {
+    let Some(store) = daemon.shared() else { return Ok(()) };
+    store.start();
+    match store.connect(fingerprint).await {
+        Ok(()) => {
+            store.breaker().probe_succeeded();
+            recover(daemon, store).await;
+            Ok(())
+        }
+        Err(ProbeError::Refused(why)) => Err(why),
+        Err(ProbeError::Unreachable(why)) => {
+            store.note_error(&why);
+            let now = store.now_us();
+            store.breaker().probe_failed(now);
+            tracing::warn!(target: LOG_TARGET, error = %why, hosts = store.hosts_in_force(),
+                "shared store unreachable at start; degraded: global rules counted on this host at ceil(limit / hosts)");
+            Ok(())
+        }
+    }
+}
+
+/// Hears the other hosts' lockouts and unlocks: a lockout is refused here
+/// from memory until it ends; an unlock forgets it. Lossy (a message sent
+/// while this host is not subscribed is not heard): the store still
+/// refuses such a key on the next check, one round trip later.
+async fn listen(daemon: Arc<Daemon>, store: Arc<SharedStore>) {
+    let channel = daemon.limiter().load().shared_channel();
+    let result = store
+        .listen(&channel, |message| {
+            let limiter = daemon.limiter().load();
+            let now = daemon.clock().now_us();
+            let mut words = message.split(' ');
+            let understood = match (words.next(), words.next(), words.next().map(str::parse::<u64>)) {
+                (Some("L"), Some(name), Some(Ok(remaining_us))) => limiter.learn_known_lockout(name, remaining_us, now),
+                (Some("U"), Some(name), None) => limiter.forget_known_lockout(name),
+                _ => false,
+            };
+            if !understood {
+                store.stats.messages_ignored.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+        .await;
+    if let Err(e) = result {
+        tracing::warn!(target: LOG_TARGET, error = %e, "not subscribed to the other hosts' lockouts; will retry");
+    }
+}
+
+/// Writes back what was locked while degraded, then closes the breaker.
+async fn recover(daemon: &Arc<Daemon>, store: &Arc<SharedStore>) {
+    // A new subscription on a new connection: the old one may be a
+    // black-holed socket that never ends by itself.
+    {
+        let mut listener = daemon.listener.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(old) = listener.take() {
+            old.abort();
+        }
+        *listener = Some(tokio::spawn(listen(daemon.clone(), store.clone())));
+    }
+    store.publish_state();
+    let since = store.degraded_since_us();
+    let written = write_back(daemon, store).await;
+    store.breaker().recovered();
+    store.publish_state();
+    let degraded_ms = since.map(|s| crate::clock::Clock::System.now_us().saturating_sub(s) / 1000);
+    tracing::info!(target: LOG_TARGET, degraded_ms, written_back = written, hosts = store.hosts_in_force(),
+        "shared store reachable; global rules answered by the store");
+}
+
+/// Sends every lockout this host holds on a global rule's degraded table
+/// to the store (a merge: the later lockout wins, an unlock made since
+/// wins), and clears it here once the store has it.
+async fn write_back(daemon: &Arc<Daemon>, store: &Arc<SharedStore>) -> usize {
+    let limiter = daemon.limiter().load_full();
+    let now = daemon.clock().now_us();
+    let lockouts = limiter.degraded_lockouts(now);
+    let mut written = 0;
+    for batch in lockouts.chunks(WRITE_BACK_BATCH) {
+        let mut done = Vec::new();
+        let calls = batch.iter().map(|l| store.call_recovering(l.op.clone()));
+        for (lockout, result) in batch.iter().zip(futures_join(calls).await) {
+            match result {
+                Ok(_) => done.push(lockout),
+                Err(e) => {
+                    tracing::warn!(target: LOG_TARGET, error = %e, "a lockout was not written back; it stays on this host");
+                }
+            }
+        }
+        written += done.len();
+        for lockout in done {
+            limiter.written_back(lockout, now);
+        }
+    }
+    store.stats.written_back.fetch_add(written as u64, Ordering::Relaxed);
+    written
+}
+
+async fn futures_join<F: std::future::Future>(calls: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let mut set = Vec::new();
+    for call in calls {
+        set.push(call);
+    }
+    let mut out = Vec::with_capacity(set.len());
+    // Submitted together (each call queues its op before awaiting), so
+    // they ride in few batches; awaited in order.
+    let mut pinned: Vec<std::pin::Pin<Box<F>>> = set.into_iter().map(Box::pin).collect();
+    for f in pinned.iter_mut() {
+        out.push(f.await);
+    }
+    out
+}
+
+/// The supervisor: probes while the breaker is open, beats while it is
+/// closed, and learns the host count. Runs for the daemon's life.
+pub(super) async fn supervise(daemon: Arc<Daemon>, fingerprint: String, host: String) {
+    let Some(store) = daemon.shared().cloned() else { return };
+    let heartbeat = Duration::from_millis(store.config.heartbeat_ms);
+    let mut last_beat = tokio::time::Instant::now() - heartbeat;
+    let mut seen: std::collections::VecDeque<(tokio::time::Instant, u32)> = Default::default();
+    let mut tick = tokio::time::interval(Duration::from_millis(SUPERVISOR_TICK_MS));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let state = store.state();
+        match state {
+            State::Refused => {}
+            State::Open | State::Recovering => {
+                let now = store.now_us();
+                if now < store.breaker().next_probe_us() {
+                    continue;
+                }
+                match store.connect(&fingerprint).await {
+                    Ok(()) => {
+                        store.breaker().probe_succeeded();
+                        recover(&daemon, &store).await;
+                    }
+                    Err(ProbeError::Refused(why)) => {
+                        store.breaker().refuse();
+                        store.publish_state();
+                        store.note_error(&why);
+                        tracing::error!(target: LOG_TARGET, error = %why, "shared store refused; this host stays degraded");
+                    }
+                    Err(ProbeError::Unreachable(why)) => {
+                        store.note_error(&why);
+                        let now = store.now_us();
+                        store.breaker().probe_failed(now);
+                    }
+                }
+            }
+            State::Closed => {
+                if last_beat.elapsed() < heartbeat {
+                    continue;
+                }
+                last_beat = tokio::time::Instant::now();
+                // A subscription that ended (or never began) is made again,
+                // at most once a heartbeat.
+                {
+                    let mut listener = daemon.listener.lock().unwrap_or_else(|e| e.into_inner());
+                    if listener.as_ref().is_none_or(|l| l.is_finished()) {
+                        *listener = Some(tokio::spawn(listen(daemon.clone(), store.clone())));
+                    }
+                }
+                let Ok(live) = store.heartbeat(&host, daemon.clock().now_us()).await else { continue };
+                if store.config.hosts > 0 {
+                    continue;
+                }
+                // The most hosts seen lately: a host restarting for a
+                // deploy still counts, so the share does not swing.
+                let now = tokio::time::Instant::now();
+                seen.push_back((now, live));
+                while seen
+                    .front()
+                    .is_some_and(|(at, _)| now.duration_since(*at).as_millis() as u64 > HOSTS_LEARNED_MEMORY_MS)
+                {
+                    seen.pop_front();
+                }
+                let learned = seen.iter().map(|(_, n)| *n).max().unwrap_or(live).max(1);
+                if store.set_hosts_in_force(learned) {
+                    daemon.set_hosts(learned);
+                    tracing::info!(target: LOG_TARGET, hosts = learned, "hosts sharing the limits learned from the store");
+                }
+            }
+        }
+    }
+}
+
+impl Daemon {
+    /// Rebuilds the limiter's degraded shares for `hosts` hosts.
+    fn set_hosts(&self, hosts: u32) {
+        // Under the reload lock: a reload and this rebuild each start from
+        // the limiter in force, and neither may undo the other.
+        let config = self.config_in_force.lock().unwrap_or_else(|e| e.into_inner());
+        let limiter = self.limiter.load();
+        let next = limiter.with_hosts(&config, hosts, self.clock.now_us());
+        self.limiter.store(Arc::new(next));
+    }
+}

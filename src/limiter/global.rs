@@ -1,0 +1,617 @@
+//! Shared mode (issue 14): a check or report whose route has global rules
+//! is decided in two halves around one store call. The first half does
+//! this host's rules and builds the op; the second reads the store's reply
+//! (`*_stored`) or, when the store did not answer in time, counts the
+//! global rules on this host's degraded tables (`*_locally`).
+//!
+//! The store's numbers are in the store's clock, so a global rule's answer
+//! is computed at the store's `now` (every figure in a verdict is a
+//! duration); a known lockout is kept here until this host's `now` plus
+//! the store's remaining duration.
+
+use super::route::{Full, Route, Rule, Table};
+use super::shards::shard_index;
+use super::subject::RuleKeys;
+use super::verdict::{combine, failure_answer, gcra_spec, rate_answer, Answers, RuleAnswer};
+use super::{CheckPlan, Limiter, PreparedReport, RequestError, Rules};
+use crate::classes::SourceClass;
+use crate::expiring::Slot;
+use crate::failure_window::{Counts, Standing};
+use crate::gcra::decide;
+use crate::keys::{Component, Key};
+use crate::protocol::{Outcome, Reason, Subject, Verdict};
+use crate::shared::script::{CheckRule, Ints, Op, Reply, ReplyError, ReportRule, StoreEntry};
+use crate::store::{DeviceMap, DeviceRows, Durable};
+
+/// A check after this host's rules, waiting for the store.
+pub struct StoreCheck<'l> {
+    route: &'l Route,
+    rule_keys: RuleKeys,
+    class: Option<SourceClass>,
+    answers: Answers<'l>,
+    /// Bit i: host rule i holds a place for this attempt.
+    held: u32,
+    /// The op to send.
+    pub op: Op,
+    /// Gives back the places the op takes, if its answer is not used.
+    pub release: Op,
+}
+
+/// A check's first half in shared mode.
+pub enum CheckedLocally<'l> {
+    /// Decided on this host (no global rule, a known lockout, or a host
+    /// rule refused): nothing to ask the store.
+    Done(Verdict<'l>),
+    /// Refused from memory: the store said this key is locked.
+    KnownLockout(Verdict<'l>),
+    /// Boxed: a plan's keys and answers are a kilobyte, and the common
+    /// `Done` should not carry that size.
+    Store(Box<StoreCheck<'l>>),
+}
+
+/// A report after this host's rules, waiting for the store.
+pub struct StoreReport<'l> {
+    prepared: PreparedReport<'l>,
+    answers: Answers<'l>,
+    durable: Vec<Durable>,
+    pub op: Op,
+}
+
+/// A check's second half from the store's reply.
+pub struct CheckStored<'l> {
+    pub verdict: Verdict<'l>,
+    pub store_now: u64,
+    /// Sent when a rule on this host refused after the store admitted:
+    /// gives back the places the store took.
+    pub give_back: Option<Op>,
+}
+
+/// A report's second half from the store's reply.
+pub struct ReportStored<'l> {
+    pub verdict: Verdict<'l>,
+    pub store_now: u64,
+    /// Writes the reply waits for.
+    pub durable: Vec<Durable>,
+    /// A message for the other hosts per key this report locked:
+    /// `L <store key> <µs until it unlocks>`.
+    pub locked: Vec<String>,
+}
+
+pub enum ReportedLocally<'l> {
+    Done(Verdict<'l>, Vec<Durable>),
+    Store(Box<StoreReport<'l>>),
+}
+
+impl Limiter {
+    /// Whether this limiter sends global rules to a shared store.
+    pub fn is_shared(&self) -> bool {
+        self.shared_prefix.is_some()
+    }
+
+    /// The store's name for a rule's entry: every key of one decision
+    /// shares the hash tag (the account's tag when the rule's key has the
+    /// account, so a login's rules live on one Cluster node).
+    fn store_key(&self, rule: &Rule, key: Key) -> String {
+        let prefix = self.shared_prefix.as_deref().unwrap_or("tg");
+        let tag = if rule.key.contains(&Component::Account) { key.account_tag } else { key.tuple };
+        let kind = if matches!(rule.global, Some(Full::Rate { .. })) { 'r' } else { 'f' };
+        format!("{prefix}:{{{tag:016x}}}:{kind}:{}:{:032x}", rule.id, key.to_u128())
+    }
+
+    /// An account's index of a rule's entries, for a rule keyed on the
+    /// account and something else: what an unlock of the account reads.
+    fn index_key(&self, rule: &Rule, account_tag: u64) -> Option<String> {
+        if !rule.key.contains(&Component::Account) || rule.key.len() < 2 {
+            return None;
+        }
+        let prefix = self.shared_prefix.as_deref().unwrap_or("tg");
+        Some(format!("{prefix}:{{{account_tag:016x}}}:i:{}", rule.id))
+    }
+
+    /// The channel unlocks and lockouts are published on.
+    pub fn shared_channel(&self) -> String {
+        format!("{}:events", self.shared_prefix.as_deref().unwrap_or("tg"))
+    }
+
+    /// The store ops of an operator's unlock (what `unlock` does on this
+    /// host's tables, for the global rules): one entry with a source or on
+    /// an account-wide rule; every entry of the account (by its index)
+    /// without a source. This host forgets the keys as known lockouts.
+    pub fn unlock_ops(
+        &self,
+        route: &str,
+        account: &str,
+        source: Option<std::net::IpAddr>,
+        now_us: u64,
+    ) -> Result<Vec<Op>, RequestError> {
+        let route = self.route(route)?;
+        let subject = Subject { peer: source, account: Some(account), ..Subject::default() };
+        let mut keys = self.subject_keys(&route.name, &subject);
+        let tag = self.keys.account_tag(account);
+        let channel = self.shared_channel();
+        let mut ops = Vec::new();
+        for (i, rule) in route.rules.iter().enumerate() {
+            let Some(Full::Failures(spec)) = rule.global else { continue };
+            if !rule.key.contains(&Component::Account) {
+                continue;
+            }
+            let exact =
+                rule.key.iter().all(|c| *c == Component::Account || (*c == Component::Prefix && source.is_some()));
+            if exact {
+                let key = keys.key(&rule.key)?;
+                if let Some(known) = &route.known_lockouts {
+                    let mut known = known.of(key);
+                    if known.get(key.tuple, now_us).is_some_and(|s| usize::from(s.value) == i) {
+                        known.remove(key.tuple);
+                    }
+                }
+                ops.push(Op::unlock(self.store_key(rule, key), spec.window_us, false, &channel));
+            } else if let (None, Some(index)) = (source, self.index_key(rule, tag)) {
+                ops.push(Op::unlock(index, spec.window_us, true, &channel));
+            }
+        }
+        Ok(ops)
+    }
+
+    /// Forgets a known lockout by its store key name (an unlock here or
+    /// on another host). True if the name is one of this limiter's.
+    pub fn forget_known_lockout(&self, name: &str) -> bool {
+        let Some((route, rule, key)) = self.parse_store_key(name) else { return false };
+        if let Some(known) = &route.known_lockouts {
+            let mut known = known.of(key);
+            if known.get(key.tuple, 0).is_some_and(|s| usize::from(s.value) == rule) {
+                known.remove(key.tuple);
+            }
+        }
+        true
+    }
+
+    /// Learns a lockout another host took (published with its remaining
+    /// time): refused here from memory until it ends.
+    pub fn learn_known_lockout(&self, name: &str, remaining_us: u64, now_us: u64) -> bool {
+        let Some((route, rule, key)) = self.parse_store_key(name) else { return false };
+        let until = now_us.saturating_add(remaining_us);
+        self.remember_lockout(route, rule, key, until, now_us);
+        true
+    }
+
+    /// (route, rule index, key) of a failure entry's store key name.
+    fn parse_store_key(&self, name: &str) -> Option<(&Route, usize, Key)> {
+        let prefix = self.shared_prefix.as_deref()?;
+        let rest = name.strip_prefix(prefix)?.strip_prefix(":{")?;
+        let (_tag, rest) = rest.split_once("}:f:")?;
+        let (rule_id, hex) = rest.rsplit_once(':')?;
+        let key = Key::from_u128(u128::from_str_radix(hex, 16).ok()?);
+        let (route_name, _) = rule_id.split_once('/')?;
+        let route = self.routes.iter().find(|r| r.name == route_name)?;
+        let index = route.rules.iter().position(|r| *r.id == *rule_id)?;
+        matches!(route.rules[index].global, Some(Full::Failures(_))).then_some((route, index, key))
+    }
+
+    /// A check's first half: a known lockout refuses at once; then this
+    /// host's failure rules admit; then, if the route has global rules,
+    /// the op that takes their places and spends their rates, all or
+    /// nothing, in the store.
+    pub fn begin_check<'a>(&'a self, plan: CheckPlan<'a>, now_us: u64) -> CheckedLocally<'a> {
+        let CheckPlan { route, rule_keys, class } = plan;
+        let globals = route.rules.iter().zip(rule_keys.iter()).any(|(r, k)| r.global.is_some() && k.is_some());
+        if !globals {
+            return CheckedLocally::Done(self.decide_check(CheckPlan { route, rule_keys, class }, now_us));
+        }
+        let mut answers = Answers::new();
+        if self.known_lockout(route, &rule_keys, now_us, &mut answers) {
+            return CheckedLocally::KnownLockout(combine(&answers));
+        }
+        let mut held = 0;
+        if self.admit_failures(route, &rule_keys, Rules::Host, now_us, &mut answers, &mut held) {
+            self.give_back(route, &rule_keys, held, now_us);
+            return CheckedLocally::Done(combine(&answers));
+        }
+        let mut rules = Vec::new();
+        let mut places = Vec::new();
+        for (rule, key) in route.rules.iter().zip(rule_keys.iter().copied()) {
+            let (Some(full), Some(key)) = (rule.global, key) else { continue };
+            let name = self.store_key(rule, key);
+            match full {
+                Full::Failures(spec) => {
+                    places.push((name.clone(), spec.window_us));
+                    rules.push(CheckRule::Failures {
+                        key: name,
+                        window_us: spec.window_us,
+                        threshold: spec.threshold,
+                        timeout_us: self.attempt_timeout_us,
+                        monitor: rule.monitor,
+                    });
+                }
+                Full::Rate { .. } => {
+                    let spec = full_rate_spec(full, class);
+                    rules.push(CheckRule::Rate {
+                        key: name,
+                        interval_us: spec.interval_us,
+                        tolerance_us: spec.interval_us.saturating_mul(spec.burst as u64),
+                        monitor: rule.monitor,
+                    });
+                }
+            }
+        }
+        CheckedLocally::Store(Box::new(StoreCheck {
+            route,
+            rule_keys,
+            class,
+            answers,
+            held,
+            op: Op::check(&rules),
+            release: Op::release(&places),
+        }))
+    }
+
+    /// Refuses from memory a key the store said is locked; true if one is.
+    fn known_lockout<'a>(&'a self, route: &'a Route, keys: &RuleKeys, now_us: u64, answers: &mut Answers<'a>) -> bool {
+        let Some(known) = &route.known_lockouts else { return false };
+        let mut refused = false;
+        for (i, (rule, key)) in route.rules.iter().zip(keys.iter().copied()).enumerate() {
+            let (Some(Full::Failures(spec)), Some(key), false) = (rule.global, key, rule.monitor) else { continue };
+            let Some(slot) = known.of(key).get(key.tuple, now_us) else { continue };
+            if usize::from(slot.value) != i {
+                continue;
+            }
+            let standing = Standing { counts: Counts::default(), in_flight: 0, in_flight_until_us: now_us };
+            let mut answer = failure_answer(rule, spec, standing, true, now_us);
+            answer.retry_after_us = slot.expires_us - now_us;
+            answer.remaining = 0;
+            let answer = self.escalate(rule, key, answer, now_us, true);
+            refused |= answer.refused && !answer.monitored;
+            answers.push(answer);
+        }
+        refused
+    }
+
+    fn remember_lockout(&self, route: &Route, rule_index: usize, key: Key, until_us: u64, now_us: u64) {
+        if let Some(known) = &route.known_lockouts {
+            if until_us > now_us {
+                known.of(key).set(key.tuple, Slot { expires_us: until_us, value: rule_index as u16 }, now_us);
+            }
+        }
+    }
+
+    /// A check's second half, from the store's reply. Returns the verdict,
+    /// the store's time, and an op to send if the store's places must be
+    /// given back (a rate rule on this host refused after the store
+    /// admitted).
+    pub fn finish_check_stored<'a>(
+        &'a self,
+        check: Box<StoreCheck<'a>>,
+        reply: &Reply,
+        now_us: u64,
+    ) -> Result<CheckStored<'a>, (Box<StoreCheck<'a>>, ReplyError)> {
+        let parsed = match parse_check(&check, reply) {
+            Ok(p) => p,
+            Err(e) => return Err((check, e)),
+        };
+        let StoreCheck { route, rule_keys, class, mut answers, held, release, .. } = *check;
+        let store_now = parsed.store_now;
+        for (i, found) in parsed.rules {
+            let rule = &route.rules[i];
+            let key = rule_keys[i].expect("a global rule in the op has a key");
+            let answer = match (found, rule.global) {
+                (Found::Failures { refuses, mut entry }, Some(Full::Failures(spec))) => {
+                    // The script reports the entry as it found it; an
+                    // admitted attempt also holds the place it took, as a
+                    // check on this host's tables shows.
+                    if parsed.admitted && !refuses {
+                        if entry.in_flight == 0 {
+                            entry.first_lapse_in_us = self.attempt_timeout_us;
+                        }
+                        entry.in_flight += 1;
+                    }
+                    let answer = store_failure_answer(rule, spec, refuses, entry, store_now);
+                    if refuses && !rule.monitor && answer.retry_after_us > 0 && is_locked(spec, entry, store_now) {
+                        self.remember_lockout(route, i, key, now_us + answer.retry_after_us, now_us);
+                    }
+                    answer
+                }
+                (Found::Rate { tat }, Some(full @ Full::Rate { .. })) => {
+                    let spec = full_rate_spec(full, class);
+                    let (decision, _) = decide(spec, Some(tat), store_now, true);
+                    rate_answer(rule, spec, decision)
+                }
+                _ => unreachable!("parse_check reads each rule as its kind"),
+            };
+            answers.push(self.escalate(rule, key, answer, now_us, true));
+        }
+        if !parsed.admitted {
+            self.give_back(route, &rule_keys, held, now_us);
+            return Ok(CheckStored { verdict: combine(&answers), store_now, give_back: None });
+        }
+        if self.spend_rates(route, &rule_keys, class, Rules::Host, now_us, &mut answers) {
+            self.give_back(route, &rule_keys, held, now_us);
+            return Ok(CheckStored { verdict: combine(&answers), store_now, give_back: Some(release) });
+        }
+        Ok(CheckStored { verdict: combine(&answers), store_now, give_back: None })
+    }
+
+    /// A check's second half without the store: the global rules are
+    /// counted on this host's degraded tables (ceil(limit / hosts)).
+    pub fn finish_check_locally<'a>(&'a self, check: Box<StoreCheck<'a>>, now_us: u64) -> Verdict<'a> {
+        let StoreCheck { route, rule_keys, class, mut answers, mut held, .. } = *check;
+        let mut refused = self.admit_failures(route, &rule_keys, Rules::Global, now_us, &mut answers, &mut held);
+        if !refused {
+            refused = self.spend_rates(route, &rule_keys, class, Rules::All, now_us, &mut answers);
+        }
+        if refused {
+            self.give_back(route, &rule_keys, held, now_us);
+        }
+        combine(&answers)
+    }
+
+    /// A report's first half: this host's rules are counted; a global
+    /// failure rule settles a place its check took on this host (a check
+    /// admitted while degraded); the op carries the rest.
+    pub fn begin_report<'a>(
+        &'a self,
+        route: &str,
+        subject: &Subject<'_>,
+        outcome: Outcome,
+        password_digest: Option<[u8; 16]>,
+        now_us: u64,
+    ) -> Result<ReportedLocally<'a>, RequestError> {
+        let prepared = self.prepare_report(route, subject, outcome, password_digest, now_us)?;
+        let mut answers = Answers::new();
+        let mut durable = Vec::new();
+        let route = prepared.route;
+        let globals = route.rules.iter().zip(prepared.rule_keys.iter()).any(|(r, k)| r.global.is_some() && k.is_some());
+        if !globals {
+            self.report_rules(&prepared, Rules::All, true, now_us, &mut answers, &mut durable);
+            return Ok(ReportedLocally::Done(combine(&answers), durable));
+        }
+        self.report_rules(&prepared, Rules::Host, true, now_us, &mut answers, &mut durable);
+        let mut rules = Vec::new();
+        for (rule, key) in route.rules.iter().zip(prepared.rule_keys.iter().copied()) {
+            let (Some(full), Some(key)) = (rule.global, key) else { continue };
+            let name = self.store_key(rule, key);
+            match (full, &rule.table) {
+                (Full::Failures(spec), Table::Failures { cleared_by_success, shards, .. }) => {
+                    // A place taken here (degraded) is settled here; the
+                    // store's place, if any, is released by the op.
+                    let settled_here = shards.of(key).settle(key, now_us);
+                    rules.push(ReportRule::Failures {
+                        key: name,
+                        index: self.index_key(rule, key.account_tag),
+                        window_us: spec.window_us,
+                        threshold: spec.threshold,
+                        release: !settled_here,
+                        count: outcome == Outcome::Failure && !prepared.repeated,
+                        clear: outcome == Outcome::Success && *cleared_by_success,
+                    });
+                }
+                _ => rules.push(ReportRule::Rate { key: name }),
+            }
+        }
+        Ok(ReportedLocally::Store(Box::new(StoreReport { prepared, answers, durable, op: Op::report(&rules) })))
+    }
+
+    /// A report's second half, from the store's reply. A key the report
+    /// locked is remembered, and its lockout written to the state file
+    /// (the reply waits for it), so this host refuses it without the store
+    /// and after a restart.
+    pub fn finish_report_stored<'a>(
+        &'a self,
+        report: Box<StoreReport<'a>>,
+        reply: &Reply,
+        now_us: u64,
+    ) -> Result<ReportStored<'a>, (Box<StoreReport<'a>>, ReplyError)> {
+        let parsed = match parse_report(&report, reply) {
+            Ok(p) => p,
+            Err(e) => return Err((report, e)),
+        };
+        let StoreReport { prepared, mut answers, mut durable, .. } = *report;
+        let route = prepared.route;
+        let store_now = parsed.store_now;
+        let mut locked = Vec::new();
+        for (i, found) in parsed.rules {
+            let rule = &route.rules[i];
+            let key = prepared.rule_keys[i].expect("a global rule in the op has a key");
+            let answer = match (found, rule.global) {
+                (Found::Reported { was_locked, now_locked, entry }, Some(Full::Failures(spec))) => {
+                    let answer = store_failure_answer(rule, spec, now_locked, entry, store_now);
+                    if now_locked && answer.retry_after_us > 0 {
+                        let until = now_us + answer.retry_after_us;
+                        self.remember_lockout(route, i, key, until, now_us);
+                        if !was_locked {
+                            if let Some(write) = self.persist_known_lockout(route, i, key, until) {
+                                durable.push(write);
+                            }
+                            locked.push(format!("L {} {}", self.store_key(rule, key), answer.retry_after_us));
+                        }
+                    }
+                    answer
+                }
+                (Found::Rate { tat }, Some(full @ Full::Rate { .. })) => {
+                    let spec = full_rate_spec(full, prepared.class);
+                    let (decision, _) = decide(spec, Some(tat), store_now, false);
+                    rate_answer(rule, spec, decision)
+                }
+                _ => unreachable!("parse_report reads each rule as its kind"),
+            };
+            answers.push(self.escalate(rule, key, answer, now_us, false));
+        }
+        Ok(ReportStored { verdict: combine(&answers), store_now, durable, locked })
+    }
+
+    /// A report's second half without the store: counted on this host's
+    /// degraded tables (their places were settled in the first half).
+    pub fn finish_report_locally<'a>(
+        &'a self,
+        report: Box<StoreReport<'a>>,
+        now_us: u64,
+    ) -> (Verdict<'a>, Vec<Durable>) {
+        let StoreReport { prepared, mut answers, mut durable, .. } = *report;
+        self.report_rules(&prepared, Rules::Global, false, now_us, &mut answers, &mut durable);
+        (combine(&answers), durable)
+    }
+}
+
+/// A lockout taken on a degraded table, to write back to the store.
+pub struct WriteBack {
+    pub op: Op,
+    route: usize,
+    rule: usize,
+    key: Key,
+    lock_remaining_us: u64,
+}
+
+impl Limiter {
+    /// Every key locked on a global rule's degraded table: lockouts taken
+    /// while the store was away (or before shared mode), each as a merge.
+    /// A merge carries durations, not instants, so skew between this host
+    /// and the store does not move it; its age is counted from the start
+    /// of the window the lockout was taken in (the earliest it can be), so
+    /// an operator's unlock made in the store after that window wins.
+    pub fn degraded_lockouts(&self, now_us: u64) -> Vec<WriteBack> {
+        let mut out = Vec::new();
+        for (r, route) in self.routes.iter().enumerate() {
+            for (i, rule) in route.rules.iter().enumerate() {
+                let (Some(Full::Failures(full)), Table::Failures { shards, .. }) = (rule.global, &rule.table) else {
+                    continue;
+                };
+                for table in shards.each() {
+                    let spec = table.spec();
+                    for (key, counts) in table.locked(now_us) {
+                        let lock_remaining_us = spec.unlocks_at(counts, now_us) - now_us;
+                        let age_us = now_us.saturating_sub(counts.window as u64 * spec.window_us);
+                        let op = Op::merge(
+                            self.store_key(rule, key),
+                            full.window_us,
+                            full.threshold,
+                            lock_remaining_us,
+                            age_us,
+                        );
+                        out.push(WriteBack { op, route: r, rule: i, key, lock_remaining_us });
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The store has a lockout written back: it is known here (refused
+    /// from memory until it ends) and leaves the degraded table.
+    pub fn written_back(&self, lockout: &WriteBack, now_us: u64) {
+        let route = &self.routes[lockout.route];
+        let rule = &route.rules[lockout.rule];
+        let Table::Failures { shards, .. } = &rule.table else { return };
+        let key = lockout.key;
+        let mut table = shards.of(key);
+        if table.clear(key).is_some() {
+            self.journal.write(&rule.id, table.spec().window_us, vec![(key, None)]);
+        }
+        drop(table);
+        let until = now_us + lockout.lock_remaining_us;
+        self.remember_lockout(route, lockout.rule, key, until, now_us);
+        let _ = self.persist_known_lockout(route, lockout.rule, key, until);
+    }
+
+    /// Writes a lockout the store reported to the state file; the reply
+    /// waits for it, as for a lockout taken on this host.
+    fn persist_known_lockout(&self, route: &Route, rule_index: usize, key: Key, until_us: u64) -> Option<Durable> {
+        let rows = DeviceRows {
+            route: route.name.as_str().into(),
+            map: DeviceMap::KnownLockouts,
+            shard: shard_index(key.tuple) as u8,
+            whole: false,
+            rows: vec![(key.tuple, Some((until_us, rule_index as u16)))],
+        };
+        self.journal.write_devices(rows, true)
+    }
+}
+
+fn full_rate_spec(full: Full, class: Option<SourceClass>) -> crate::gcra::GcraSpec {
+    match full {
+        Full::Rate { rate, by_class } => gcra_spec(class.and_then(|c| by_class[c]).unwrap_or(rate)),
+        Full::Failures(_) => unreachable!("a failure rule has no rate"),
+    }
+}
+
+fn entry_counts(entry: StoreEntry) -> Counts {
+    Counts { window: entry.window, previous: entry.previous, current: entry.current }
+}
+
+fn is_locked(spec: crate::failure_window::WindowSpec, entry: StoreEntry, store_now: u64) -> bool {
+    entry.lock_remaining_us > 0 || spec.is_locked(entry_counts(entry), store_now)
+}
+
+/// A global failure rule's answer, from the store's entry at its `now`.
+fn store_failure_answer<'r>(
+    rule: &'r Rule,
+    spec: crate::failure_window::WindowSpec,
+    refused: bool,
+    entry: StoreEntry,
+    store_now: u64,
+) -> RuleAnswer<'r> {
+    let standing = Standing {
+        counts: entry_counts(entry),
+        in_flight: entry.in_flight,
+        in_flight_until_us: store_now + if entry.in_flight > 0 { entry.first_lapse_in_us } else { 0 },
+    };
+    let mut answer = failure_answer(rule, spec, standing, refused, store_now);
+    if refused {
+        // A lockout written back by a host that counted it while the
+        // store was away lasts its own time.
+        answer.retry_after_us = answer.retry_after_us.max(entry.lock_remaining_us);
+        answer.reason = Reason::TooManyFailures;
+    }
+    answer
+}
+
+enum Found {
+    Failures { refuses: bool, entry: StoreEntry },
+    Reported { was_locked: bool, now_locked: bool, entry: StoreEntry },
+    Rate { tat: u64 },
+}
+
+struct Parsed {
+    admitted: bool,
+    store_now: u64,
+    /// (rule index in the route, what the store said), in op order.
+    rules: Vec<(usize, Found)>,
+}
+
+fn global_rules<'r>(route: &'r Route, keys: &'r RuleKeys) -> impl Iterator<Item = (usize, &'r Rule)> + 'r {
+    route.rules.iter().zip(keys.iter()).enumerate().filter_map(|(i, (rule, key))| match (rule.global, key) {
+        (Some(_), Some(_)) => Some((i, rule)),
+        _ => None,
+    })
+}
+
+fn parse_check(check: &StoreCheck<'_>, reply: &Reply) -> Result<Parsed, ReplyError> {
+    let mut ints = Ints::new(reply);
+    let admitted = ints.flag()?;
+    let store_now = ints.unsigned()?;
+    let mut rules = Vec::new();
+    for (i, rule) in global_rules(check.route, &check.rule_keys) {
+        let refuses = ints.flag()?;
+        let found = match rule.global {
+            Some(Full::Failures(_)) => Found::Failures { refuses, entry: StoreEntry::read(&mut ints)? },
+            _ => Found::Rate { tat: ints.unsigned()? },
+        };
+        rules.push((i, found));
+    }
+    Ok(Parsed { admitted, store_now, rules })
+}
+
+fn parse_report(report: &StoreReport<'_>, reply: &Reply) -> Result<Parsed, ReplyError> {
+    let mut ints = Ints::new(reply);
+    let _locks = ints.unsigned()?;
+    let store_now = ints.unsigned()?;
+    let mut rules = Vec::new();
+    for (i, rule) in global_rules(report.prepared.route, &report.prepared.rule_keys) {
+        let was_locked = ints.flag()?;
+        let now_locked = ints.flag()?;
+        let found = match rule.global {
+            Some(Full::Failures(_)) => Found::Reported { was_locked, now_locked, entry: StoreEntry::read(&mut ints)? },
+            _ => Found::Rate { tat: ints.unsigned()? },
+        };
+        rules.push((i, found));
+    }
+    Ok(Parsed { admitted: true, store_now, rules })
+}

@@ -1,0 +1,171 @@
+//! When to stop asking the store. Pure: the time is passed in.
+//!
+//! Closed: requests go to the store, each waiting at most the timeout.
+//! `breaker_failures` failures in a row open it: then nothing waits, global
+//! rules are answered on this host, and the supervisor probes with a
+//! doubling delay. A probe that connects, loads the script and joins moves
+//! it to Recovering (lockouts taken meanwhile are written back) and then
+//! Closed. Refused is sticky: the store belongs to hosts keyed with another
+//! secret, and only a restart with the right secret (or another key prefix)
+//! leaves it.
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    Closed,
+    Open,
+    Recovering,
+    Refused,
+}
+
+impl State {
+    pub fn name(self) -> &'static str {
+        match self {
+            State::Closed => "closed",
+            State::Open => "open",
+            State::Recovering => "recovering",
+            State::Refused => "refused",
+        }
+    }
+
+    pub(super) fn from_u8(v: u8) -> State {
+        match v {
+            0 => State::Closed,
+            1 => State::Open,
+            2 => State::Recovering,
+            _ => State::Refused,
+        }
+    }
+
+    pub(super) fn to_u8(self) -> u8 {
+        self as u8
+    }
+}
+
+#[derive(Debug)]
+pub struct Breaker {
+    pub state: State,
+    failures_in_a_row: u32,
+    failures_to_open: u32,
+    probe_delay_min_us: u64,
+    probe_delay_max_us: u64,
+    probe_delay_us: u64,
+    next_probe_us: u64,
+}
+
+impl Breaker {
+    /// A breaker that starts open: nothing is known of the store until the
+    /// first probe.
+    pub fn new(failures_to_open: u32, probe_delay_min_us: u64, probe_delay_max_us: u64) -> Breaker {
+        Breaker {
+            state: State::Open,
+            failures_in_a_row: 0,
+            failures_to_open: failures_to_open.max(1),
+            probe_delay_min_us,
+            probe_delay_max_us: probe_delay_max_us.max(probe_delay_min_us),
+            probe_delay_us: probe_delay_min_us,
+            next_probe_us: 0,
+        }
+    }
+
+    /// A call answered: the failures in a row start again.
+    pub fn succeeded(&mut self) {
+        self.failures_in_a_row = 0;
+    }
+
+    /// A call failed (timeout, I/O, a store that cannot serve). True if
+    /// this failure opened the breaker.
+    pub fn failed(&mut self, now_us: u64) -> bool {
+        self.failures_in_a_row = self.failures_in_a_row.saturating_add(1);
+        if self.state == State::Closed && self.failures_in_a_row >= self.failures_to_open {
+            self.state = State::Open;
+            self.probe_delay_us = self.probe_delay_min_us;
+            self.next_probe_us = now_us + self.probe_delay_us;
+            return true;
+        }
+        false
+    }
+
+    /// When the next probe is due, while open.
+    pub fn next_probe_us(&self) -> u64 {
+        self.next_probe_us
+    }
+
+    /// A probe failed: wait twice as long for the next (up to the cap), so
+    /// a store that stays away is not hammered by every host.
+    pub fn probe_failed(&mut self, now_us: u64) {
+        if self.state == State::Recovering {
+            self.state = State::Open;
+        }
+        self.next_probe_us = now_us + self.probe_delay_us;
+        self.probe_delay_us = (self.probe_delay_us * 2).min(self.probe_delay_max_us);
+    }
+
+    /// A probe connected and joined: write back, then close.
+    pub fn probe_succeeded(&mut self) {
+        if self.state == State::Open {
+            self.state = State::Recovering;
+        }
+    }
+
+    pub fn recovered(&mut self) {
+        if self.state == State::Recovering {
+            self.state = State::Closed;
+            self.failures_in_a_row = 0;
+            self.probe_delay_us = self.probe_delay_min_us;
+        }
+    }
+
+    pub fn refuse(&mut self) {
+        self.state = State::Refused;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opens_after_the_failures_in_a_row_and_only_then() {
+        let mut b = Breaker::new(3, 100, 1000);
+        b.probe_succeeded();
+        b.recovered();
+        assert_eq!(b.state, State::Closed);
+        assert!(!b.failed(10));
+        assert!(!b.failed(11));
+        b.succeeded();
+        assert!(!b.failed(12));
+        assert!(!b.failed(13));
+        assert!(b.failed(14));
+        assert_eq!(b.state, State::Open);
+        assert_eq!(b.next_probe_us(), 114);
+    }
+
+    #[test]
+    fn probes_back_off_to_the_cap_and_close_after_recovery() {
+        let mut b = Breaker::new(1, 100, 350);
+        assert_eq!(b.state, State::Open);
+        b.probe_failed(0);
+        assert_eq!(b.next_probe_us(), 100);
+        b.probe_failed(100);
+        assert_eq!(b.next_probe_us(), 300);
+        b.probe_failed(300);
+        assert_eq!(b.next_probe_us(), 650);
+        b.probe_failed(650);
+        assert_eq!(b.next_probe_us(), 1000, "capped at 350");
+        b.probe_succeeded();
+        assert_eq!(b.state, State::Recovering);
+        b.recovered();
+        assert_eq!(b.state, State::Closed);
+        assert!(b.failed(2000), "one failure opens a breaker of 1");
+        assert_eq!(b.next_probe_us(), 2100, "the delay starts again from the minimum");
+    }
+
+    #[test]
+    fn refused_is_sticky() {
+        let mut b = Breaker::new(1, 100, 350);
+        b.refuse();
+        b.probe_succeeded();
+        b.recovered();
+        assert_eq!(b.state, State::Refused);
+    }
+}

@@ -1,0 +1,332 @@
+-- tollgate's one script (issue 14): a batch of operations on the security
+-- counters shared by every host, run atomically by the store. Loaded by SHA
+-- (EVALSHA), reloaded on NOSCRIPT. No modules: managed services cannot load
+-- them.
+--
+-- ARGV[1] = number of ops; then each op: its kind, its rule count or
+-- arguments, its rules' arguments. KEYS holds every op's keys in op order.
+-- The reply is one array per op; an op that finds a value tollgate did not
+-- write answers {-code, rule} (1: not a tollgate value, 2: wrong type) and
+-- writes nothing.
+--
+-- Time is the store's (TIME), read once per batch: with one clock per key,
+-- skew between hosts changes nothing in a decision. Every number below is
+-- an integer under 2^53 (store microseconds are about 1.8e15), so Lua's
+-- doubles hold them exactly.
+--
+-- A failure entry is one string: struct '<BdI4I4I4ddH' (version 1, window
+-- length W, window index w, previous and current counts, lock-until,
+-- unlocked-at), then one double per attempt in flight: the instant its
+-- place lapses. It carries a TTL at the last instant it means anything.
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local HDR, HLEN = '<BdI4I4I4ddH', 39
+local a, k = 2, 1
+
+local function num()
+  local v = tonumber(ARGV[a]); a = a + 1; return v
+end
+local function str()
+  local v = ARGV[a]; a = a + 1; return v
+end
+local function key()
+  local v = KEYS[k]; k = k + 1; return v
+end
+
+-- floor(at / W), corrected for the rounding of a double division.
+local function widx(W, at)
+  local w = math.floor(at / W)
+  if w * W > at then w = w - 1 elseif (w + 1) * W <= at then w = w + 1 end
+  return w
+end
+
+-- A failure entry, or nil and an error code. An entry written under
+-- another window length is re-dated as the daemon re-dates its own rows:
+-- its whole failures, rounded down, into the current window.
+local function load(kn, W)
+  local v = redis.pcall('GET', kn)
+  if type(v) == 'table' and v.err then return nil, 2 end
+  if not v then return { W = W, w = widx(W, now), p = 0, c = 0, lu = 0, ua = 0, q = {} } end
+  if #v < HLEN then return nil, 1 end
+  local ver, SW, w, p, c, lu, ua, n, pos = struct.unpack(HDR, v)
+  if ver ~= 1 or SW <= 0 or n > 1000 or #v ~= HLEN + 8 * n then return nil, 1 end
+  local q = {}
+  for _ = 1, n do
+    local x
+    x, pos = struct.unpack('<d', v, pos)
+    if x > now then q[#q + 1] = x end
+  end
+  local r = { W = SW, w = w, p = p, c = c, lu = lu, ua = ua, q = q }
+  if SW ~= W then
+    local i = widx(SW, now)
+    if i == r.w + 1 then r.p, r.c = r.c, 0 elseif i > r.w + 1 then r.p, r.c = 0, 0 end
+    local e = math.min(now - i * SW, SW)
+    local whole = math.floor((r.p * (SW - e) + r.c * SW) / SW)
+    r.W, r.w, r.p, r.c = W, widx(W, now), 0, whole
+  end
+  return r
+end
+
+local function roll(r)
+  local i = widx(r.W, now)
+  if i == r.w + 1 then r.p, r.c = r.c, 0 elseif i > r.w + 1 then r.p, r.c = 0, 0 end
+  r.w = i
+end
+
+local function weighted(r)
+  local e = math.min(now - r.w * r.W, r.W)
+  return r.p * (r.W - e) + r.c * r.W
+end
+
+local function locked(r, T)
+  return r.lu > now or weighted(r) >= T * r.W
+end
+
+local function save(kn, r)
+  local last = 0
+  for _, x in ipairs(r.q) do if x > last then last = x end end
+  local keep = 0
+  if r.ua > 0 then keep = r.ua + 2 * r.W end
+  local exp = math.max((r.w + 2) * r.W, r.lu, last, keep)
+  if (r.p + r.c == 0 and r.lu <= now and #r.q == 0 and r.ua == 0) or exp <= now then
+    redis.call('DEL', kn)
+    return
+  end
+  local parts = { struct.pack(HDR, 1, r.W, r.w, r.p, r.c, r.lu, r.ua, #r.q) }
+  for _, x in ipairs(r.q) do parts[#parts + 1] = struct.pack('<d', x) end
+  redis.call('SET', kn, table.concat(parts), 'PXAT', math.ceil(exp / 1000))
+end
+
+-- Releases the newest place: a report settles the place its check took,
+-- and the newest is the one least likely to be another attempt's.
+local function pop_newest(r)
+  local bi, bx = 0, 0
+  for i, x in ipairs(r.q) do if x > bx then bi, bx = i, x end end
+  if bi > 0 then table.remove(r.q, bi) end
+end
+
+-- Seven integers per failure rule: w, p, c, places in flight, time until
+-- the first lapses, time until lock-until, W.
+local function standing(r, out)
+  local first = 0
+  for _, x in ipairs(r.q) do if first == 0 or x < first then first = x end end
+  out[#out + 1] = r.w
+  out[#out + 1] = r.p
+  out[#out + 1] = r.c
+  out[#out + 1] = #r.q
+  out[#out + 1] = (first > 0) and (first - now) or 0
+  out[#out + 1] = math.max(r.lu - now, 0)
+  out[#out + 1] = r.W
+end
+
+local function gcra_tat(kn)
+  local v = redis.pcall('GET', kn)
+  if type(v) == 'table' and v.err then return nil, 2 end
+  if not v then return now end
+  local tat = tonumber(v)
+  if not tat or tat ~= math.floor(tat) or tat < 0 then return nil, 1 end
+  return math.max(tat, now)
+end
+
+-- CHECK: take a place on every failure rule and spend on every rate rule,
+-- all or nothing. Pass 1 reads and decides; pass 2 writes only when no
+-- enforced rule refused, so a refused check holds nothing and nothing has
+-- to be given back over the network.
+local function check()
+  local n = num()
+  local recs, refused, out = {}, false, { 0, now }
+  for i = 1, n do
+    local kind = str()
+    local kn = key()
+    if kind == 'f' then
+      local W, T, timeout, mon = num(), num(), num(), num()
+      local r, err = load(kn, W)
+      if not r then return { -err, i } end
+      roll(r)
+      local refuses = r.lu > now or (weighted(r) + #r.q * W >= T * W)
+      recs[i] = { kn = kn, r = r, take = not refuses, timeout = timeout }
+      if refuses and mon == 0 then refused = true end
+      out[#out + 1] = refuses and 1 or 0
+      standing(r, out)
+    else
+      local interval, tolerance, mon = num(), num(), num()
+      local tat, err = gcra_tat(kn)
+      if not tat then return { -err, i } end
+      local ok = tat + interval - tolerance <= now
+      recs[i] = { kn = kn, gcra = true, ok = ok, tat = tat + interval }
+      if not ok and mon == 0 then refused = true end
+      out[#out + 1] = ok and 0 or 1
+      out[#out + 1] = tat
+    end
+  end
+  if not refused then
+    for _, x in pairs(recs) do
+      if x.gcra then
+        if x.ok then redis.call('SET', x.kn, string.format('%d', x.tat), 'PXAT', math.ceil(x.tat / 1000)) end
+      elseif x.take then
+        x.r.q[#x.r.q + 1] = now + x.timeout
+        save(x.kn, x.r)
+      end
+    end
+    out[1] = 1
+  end
+  return out
+end
+
+-- REPORT: settle the attempt's place, count the failure, say whether the
+-- key was locked before and is now. Rate rules are only read.
+local function report()
+  local n = num()
+  local recs, out = {}, { 0, now }
+  for i = 1, n do
+    local kind = str()
+    local kn = key()
+    if kind == 'f' or kind == 'F' then
+      -- 'F': the rule is keyed on the account and something else; its
+      -- account's index (the next key) lists its entries, so an unlock of
+      -- the whole account finds them.
+      local ix = nil
+      if kind == 'F' then ix = key() end
+      local W, T, release, count, clear = num(), num(), num(), num(), num()
+      local r, err = load(kn, W)
+      if not r then return { -err, i } end
+      recs[i] = { kn = kn, ix = ix, r = r, T = T, release = release, count = count, clear = clear }
+    else
+      local tat, err = gcra_tat(kn)
+      if not tat then return { -err, i } end
+      recs[i] = { tat = tat }
+    end
+  end
+  local locks = 0
+  for i = 1, n do
+    local x = recs[i]
+    if x.tat then
+      out[#out + 1] = 0
+      out[#out + 1] = 0
+      out[#out + 1] = x.tat
+    else
+      local r = x.r
+      roll(r)
+      if x.release == 1 then pop_newest(r) end
+      local was = locked(r, x.T)
+      if x.count == 1 then
+        r.c = math.min(r.c + 1, 1000000)
+        if x.ix then
+          redis.call('SADD', x.ix, x.kn)
+          redis.call('PEXPIRE', x.ix, math.ceil(2 * r.W / 1000))
+        end
+      end
+      if x.clear == 1 then r.p, r.c, r.lu = 0, 0, 0 end
+      local is = locked(r, x.T)
+      save(x.kn, r)
+      if is and not was then locks = locks + 1 end
+      out[#out + 1] = was and 1 or 0
+      out[#out + 1] = is and 1 or 0
+      standing(r, out)
+    end
+  end
+  out[1] = locks
+  return out
+end
+
+-- RELEASE: give back the places of a check whose answer was given locally
+-- (its reply came too late) or refused by a rule on this host.
+local function release()
+  local n = num()
+  for i = 1, n do
+    local kn, W = key(), num()
+    local r, err = load(kn, W)
+    if not r then return { -err, i } end
+    roll(r)
+    pop_newest(r)
+    save(kn, r)
+  end
+  return { 0, now }
+end
+
+-- MERGE: a lockout a host took while it could not reach the store. The
+-- lock only moves later (max), so a merge sent twice is a merge sent once;
+-- an unlock newer than the lockout wins.
+local function merge()
+  local kn, W, T, lock_rem, age = key(), num(), num(), num(), num()
+  local r, err = load(kn, W)
+  if not r then return { -err, 1 } end
+  roll(r)
+  local applied = 0
+  if r.ua < now - age and lock_rem > 0 then
+    r.lu = math.max(r.lu, now + lock_rem)
+    save(kn, r)
+    applied = 1
+  end
+  local out = { applied, now }
+  standing(r, out)
+  return out
+end
+
+-- UNLOCK: an operator's unlock, of one entry or (with an index) of every
+-- entry of an account on one rule. The counts and lock go; the places in
+-- flight stay (their reports still settle them); the tombstone makes an
+-- older lockout written back later lose. Each unlocked key is published,
+-- so the other hosts forget it as a known lockout.
+local function unlock()
+  local kn, W, indexed, channel = key(), num(), num(), str()
+  local names = { kn }
+  if indexed == 1 then
+    local t = redis.pcall('SMEMBERS', kn)
+    if type(t) == 'table' and t.err then return { -2, 1 } end
+    names = t
+  end
+  local had = 0
+  for _, name in ipairs(names) do
+    local r, err = load(name, W)
+    if r then
+      roll(r)
+      if r.p + r.c > 0 or r.lu > now then had = had + 1 end
+      r.p, r.c, r.lu, r.ua = 0, 0, 0, now
+      save(name, r)
+      redis.call('PUBLISH', channel, 'U ' .. name)
+    end
+  end
+  if indexed == 1 then redis.call('DEL', kn) end
+  local out = { had, now }
+  for _, name in ipairs(names) do out[#out + 1] = name end
+  return out
+end
+
+-- HEARTBEAT: this host is alive; how many hosts were seen within the TTL.
+local function heartbeat()
+  local kn, host, ttl = key(), str(), num()
+  redis.call('ZADD', kn, now, host)
+  redis.call('ZREMRANGEBYSCORE', kn, '-inf', now - ttl)
+  redis.call('PEXPIRE', kn, math.ceil(10 * ttl / 1000))
+  return { redis.call('ZCARD', kn), now }
+end
+
+-- JOIN: record the secret's fingerprint if none is, and return the one
+-- recorded, so a host keyed with another secret refuses to join.
+local function join()
+  local kn, fp = key(), str()
+  local kind = redis.call('TYPE', kn)['ok']
+  if kind ~= 'none' and kind ~= 'hash' then return { -2, 1 } end
+  redis.call('HSETNX', kn, 'fingerprint', fp)
+  redis.call('HSETNX', kn, 'schema', '1')
+  local got = redis.call('HMGET', kn, 'fingerprint', 'schema')
+  return { 0, now, got[1] or '', got[2] or '' }
+end
+
+local ops = { C = check, R = report, X = release, M = merge, U = unlock, H = heartbeat, J = join }
+local replies = {}
+for o = 1, tonumber(ARGV[1]) do
+  local kind = str()
+  local op = ops[kind]
+  if not op then return redis.error_reply('tollgate: unknown op ' .. tostring(kind)) end
+  -- An op that errs stops reading its own arguments; the next op's are
+  -- found from the counts each op carries, so the batch stays aligned.
+  local a0, k0 = a, k
+  local span_args, span_keys = num(), num()
+  local reply = op()
+  a, k = a0 + 2 + span_args, k0 + span_keys
+  replies[o] = reply
+end
+return replies

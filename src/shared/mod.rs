@@ -1,0 +1,501 @@
+//! The shared store (issue 14): the security counters of global rules kept
+//! in Redis or Valkey, so that N hosts behind a load balancer enforce one
+//! limit, not N. Every call waits at most `timeout_ms`; a breaker stops the
+//! waiting altogether when the store is away, and the limiter then counts
+//! global rules on this host at ceil(limit / N) (degraded).
+//!
+//! The request path submits an op to a queue and awaits its reply with a
+//! deadline; dispatcher tasks gather the ops of every connection into one
+//! EVALSHA per batch, so a hundred connections cost a few round trips, not
+//! a hundred. The driver (redis-rs, multiplexed) only carries bytes:
+//! tollgate owns the deadline, the breaker and the reconnection, because a
+//! stopped (SIGSTOP) or black-holed server keeps a socket that looks alive,
+//! and only dropping it and connecting again finds out.
+
+pub mod breaker;
+pub mod script;
+
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redis::aio::MultiplexedConnection;
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+use breaker::Breaker;
+pub use breaker::State;
+use script::{batch_command, split_batch, Op, Reply, ReplyError, SCRIPT};
+
+use crate::config::SharedConfig;
+
+/// The target of the shared store's log lines.
+pub const LOG_TARGET: &str = "tollgate::shared";
+/// How long a batch's future may wait for a late reply after its callers
+/// gave up: long enough to learn which places a late check took (and give
+/// them back), short enough that a dead connection's batches do not pile up.
+pub const LATE_REPLY_WAIT_MS: u64 = 1000;
+/// Batches one dispatcher keeps in flight on its connection: the driver
+/// pipelines them, and Redis runs each script whole.
+pub const BATCHES_IN_FLIGHT_MAX: usize = 4;
+/// How long the learned host count remembers a host it no longer sees: a
+/// host restarting for a deploy still counts, so the share of each host
+/// does not jump up and down with every restart.
+pub const HOSTS_LEARNED_MEMORY_MS: u64 = 10 * 60 * 1000;
+
+/// Why a call was answered without the store.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CallError {
+    #[error("the breaker is {0}: the store is not asked")]
+    NotAsked(&'static str),
+    #[error("the queue to the store is full")]
+    QueueFull,
+    #[error("no reply within the timeout")]
+    Timeout,
+    #[error("the store failed: {0}")]
+    Failed(String),
+    /// A value at one of the op's keys that tollgate did not write: only
+    /// this decision is degraded, the breaker does not move.
+    #[error("{0}")]
+    BadValue(ReplyError),
+}
+
+/// Counters for `status` and metrics.
+#[derive(Default)]
+pub struct SharedStats {
+    pub calls: AtomicU64,
+    pub timeouts: AtomicU64,
+    pub errors: AtomicU64,
+    pub bad_values: AtomicU64,
+    pub not_asked: AtomicU64,
+    pub noscript_reloads: AtomicU64,
+    pub late_replies: AtomicU64,
+    pub releases_sent: AtomicU64,
+    pub batches: AtomicU64,
+    pub batched_ops: AtomicU64,
+    pub rtt_us_sum: AtomicU64,
+    pub rtt_us_max: AtomicU64,
+    pub known_lockout_refusals: AtomicU64,
+    pub written_back: AtomicU64,
+    /// Answers of global rules given on this host's degraded share.
+    pub degraded_answers: AtomicU64,
+    pub messages_heard: AtomicU64,
+    pub messages_published: AtomicU64,
+    pub messages_ignored: AtomicU64,
+    pub degraded_us_total: AtomicU64,
+    pub transitions: AtomicU64,
+}
+
+struct Pending {
+    op: Op,
+    reply: oneshot::Sender<Result<Reply, CallError>>,
+    /// Sent if the reply comes after the caller gave up and the op took
+    /// places in the store (a check that admitted): the caller answered
+    /// on this host instead, so the store's places must not also hold.
+    late: Option<Op>,
+}
+
+/// The store's handle, shared by every connection.
+pub struct SharedStore {
+    pub config: SharedConfig,
+    sha: String,
+    queue: mpsc::Sender<Pending>,
+    receiver: Mutex<Option<mpsc::Receiver<Pending>>>,
+    connection: Mutex<Option<MultiplexedConnection>>,
+    state: AtomicU8,
+    breaker: Mutex<Breaker>,
+    pub stats: SharedStats,
+    /// Hosts counted for degraded limits (ceil(limit / N)).
+    hosts_in_force: AtomicU32,
+    hosts_live: AtomicU32,
+    /// The store's clock minus this host's, from the last reply (µs).
+    clock_offset_us: AtomicI64,
+    /// When degraded began (this host's wall µs), 0 when not degraded.
+    degraded_since_us: AtomicU64,
+    last_error: Mutex<Option<String>>,
+    epoch: Instant,
+}
+
+impl SharedStore {
+    pub fn new(config: SharedConfig) -> Arc<SharedStore> {
+        let (queue, receiver) = mpsc::channel(config.pending_max);
+        let breaker =
+            Breaker::new(config.breaker_failures, config.probe_interval_ms * 1000, config.probe_max_ms * 1000);
+        let hosts = if config.hosts > 0 { config.hosts } else { config.hosts_when_unknown };
+        Arc::new(SharedStore {
+            sha: redis::Script::new(SCRIPT).get_hash().to_string(),
+            queue,
+            receiver: Mutex::new(Some(receiver)),
+            connection: Mutex::new(None),
+            state: AtomicU8::new(State::Open.to_u8()),
+            breaker: Mutex::new(breaker),
+            stats: SharedStats::default(),
+            hosts_in_force: AtomicU32::new(hosts),
+            hosts_live: AtomicU32::new(0),
+            clock_offset_us: AtomicI64::new(0),
+            degraded_since_us: AtomicU64::new(crate::clock::Clock::System.now_us()),
+            last_error: Mutex::new(None),
+            epoch: Instant::now(),
+            config,
+        })
+    }
+
+    pub fn state(&self) -> State {
+        State::from_u8(self.state.load(Ordering::Acquire))
+    }
+
+    /// Whether global rules are answered by the store now.
+    pub fn is_up(&self) -> bool {
+        self.state() == State::Closed
+    }
+
+    pub fn hosts_in_force(&self) -> u32 {
+        self.hosts_in_force.load(Ordering::Relaxed)
+    }
+
+    pub fn hosts_live(&self) -> u32 {
+        self.hosts_live.load(Ordering::Relaxed)
+    }
+
+    pub fn clock_offset_us(&self) -> i64 {
+        self.clock_offset_us.load(Ordering::Relaxed)
+    }
+
+    pub fn note_store_time(&self, store_now_us: u64, local_now_us: u64) {
+        self.clock_offset_us.store(store_now_us as i64 - local_now_us as i64, Ordering::Relaxed);
+    }
+
+    pub fn degraded_since_us(&self) -> Option<u64> {
+        match self.degraded_since_us.load(Ordering::Relaxed) {
+            0 => None,
+            us => Some(us),
+        }
+    }
+
+    pub fn last_error(&self) -> Option<String> {
+        self.last_error.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn set_last_error(&self, e: impl ToString) {
+        *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
+    }
+
+    fn micros(&self) -> u64 {
+        self.epoch.elapsed().as_micros() as u64
+    }
+
+    fn set_state(&self, state: State) {
+        let before = State::from_u8(self.state.swap(state.to_u8(), Ordering::AcqRel));
+        if before == state {
+            return;
+        }
+        self.stats.transitions.fetch_add(1, Ordering::Relaxed);
+        let wall = crate::clock::Clock::System.now_us();
+        if state == State::Closed {
+            let since = self.degraded_since_us.swap(0, Ordering::Relaxed);
+            if since > 0 {
+                self.stats.degraded_us_total.fetch_add(wall.saturating_sub(since), Ordering::Relaxed);
+            }
+        } else if before == State::Closed {
+            self.degraded_since_us.store(wall, Ordering::Relaxed);
+        }
+    }
+
+    /// One op, answered by the store within the timeout, or an error and
+    /// the caller answers on this host. Never waits longer than
+    /// `timeout_ms` (plus the timer's millisecond), and not at all while
+    /// the breaker is open.
+    pub async fn call(&self, op: Op, late: Option<Op>) -> Result<Reply, CallError> {
+        let state = self.state();
+        if state != State::Closed {
+            self.stats.not_asked.fetch_add(1, Ordering::Relaxed);
+            return Err(CallError::NotAsked(state.name()));
+        }
+        self.call_unchecked(op, late, Duration::from_millis(self.config.timeout_ms)).await
+    }
+
+    async fn call_unchecked(&self, op: Op, late: Option<Op>, timeout: Duration) -> Result<Reply, CallError> {
+        let (tx, rx) = oneshot::channel();
+        if self.queue.try_send(Pending { op, reply: tx, late }).is_err() {
+            self.stats.not_asked.fetch_add(1, Ordering::Relaxed);
+            return Err(CallError::QueueFull);
+        }
+        self.stats.calls.fetch_add(1, Ordering::Relaxed);
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(Ok(reply))) => {
+                self.breaker.lock().unwrap_or_else(|e| e.into_inner()).succeeded();
+                Ok(reply)
+            }
+            Ok(Ok(Err(CallError::BadValue(e)))) => {
+                self.stats.bad_values.fetch_add(1, Ordering::Relaxed);
+                Err(CallError::BadValue(e))
+            }
+            Ok(Ok(Err(e))) => {
+                self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                self.failed(&e);
+                Err(e)
+            }
+            Ok(Err(_)) => {
+                self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                let e = CallError::Failed("the dispatcher dropped the call".into());
+                self.failed(&e);
+                Err(e)
+            }
+            Err(_) => {
+                self.stats.timeouts.fetch_add(1, Ordering::Relaxed);
+                self.failed(&CallError::Timeout);
+                Err(CallError::Timeout)
+            }
+        }
+    }
+
+    /// An op sent while recovering (the write-back), before requests are
+    /// sent again: bounded by `connect_timeout_ms`, off the request path.
+    pub async fn call_recovering(&self, op: Op) -> Result<Reply, CallError> {
+        self.call_unchecked(op, None, Duration::from_millis(self.config.connect_timeout_ms)).await
+    }
+
+    fn failed(&self, e: &CallError) {
+        self.set_last_error(e);
+        let opened = self.breaker.lock().unwrap_or_else(|e| e.into_inner()).failed(self.micros());
+        if opened {
+            self.set_state(State::Open);
+            tracing::warn!(
+                target: LOG_TARGET,
+                error = %e,
+                hosts = self.hosts_in_force(),
+                "shared store unreachable; degraded: global rules counted on this host at ceil(limit / hosts)"
+            );
+        }
+    }
+
+    /// Starts the dispatchers. Call once, inside the runtime.
+    pub fn start(self: &Arc<SharedStore>) {
+        let Some(mut receiver) = self.receiver.lock().unwrap_or_else(|e| e.into_inner()).take() else { return };
+        let store = self.clone();
+        tokio::spawn(async move {
+            let in_flight = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT_MAX));
+            let mut batch: Vec<Pending> = Vec::with_capacity(store.config.batch_max);
+            while let Some(first) = receiver.recv().await {
+                batch.push(first);
+                while batch.len() < store.config.batch_max {
+                    match receiver.try_recv() {
+                        Ok(p) => batch.push(p),
+                        Err(_) => break,
+                    }
+                }
+                // A caller that already gave up (and has no places to give
+                // back) needs nothing sent.
+                batch.retain(|p| !(p.reply.is_closed() && p.late.is_none()));
+                if batch.is_empty() {
+                    continue;
+                }
+                let permit = in_flight.clone().acquire_owned().await.expect("never closed");
+                let sent = std::mem::replace(&mut batch, Vec::with_capacity(store.config.batch_max));
+                let store = store.clone();
+                tokio::spawn(async move {
+                    store.send_batch(sent).await;
+                    drop(permit);
+                });
+            }
+        });
+    }
+
+    async fn send_batch(&self, batch: Vec<Pending>) {
+        let connection = self.connection.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let Some(mut connection) = connection else {
+            for p in batch {
+                let _ = p.reply.send(Err(CallError::Failed("not connected".into())));
+            }
+            return;
+        };
+        self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        self.stats.batched_ops.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        let ops: Vec<&Op> = batch.iter().map(|p| &p.op).collect();
+        let started = Instant::now();
+        let result = tokio::time::timeout(Duration::from_millis(LATE_REPLY_WAIT_MS), async {
+            let cmd = batch_command(&self.sha, &ops);
+            match cmd.query_async::<redis::Value>(&mut connection).await {
+                Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                    // A restarted or flushed store: load the script and try
+                    // once more.
+                    self.stats.noscript_reloads.fetch_add(1, Ordering::Relaxed);
+                    redis::cmd("SCRIPT").arg("LOAD").arg(SCRIPT).query_async::<String>(&mut connection).await?;
+                    cmd.query_async::<redis::Value>(&mut connection).await
+                }
+                other => other,
+            }
+        })
+        .await;
+        let rtt = started.elapsed().as_micros() as u64;
+        self.stats.rtt_us_sum.fetch_add(rtt, Ordering::Relaxed);
+        self.stats.rtt_us_max.fetch_max(rtt, Ordering::Relaxed);
+        let replies = match result {
+            Ok(Ok(value)) => split_batch(value, batch.len()).map_err(|e| CallError::Failed(e.to_string())),
+            Ok(Err(e)) => Err(CallError::Failed(e.to_string())),
+            Err(_) => Err(CallError::Timeout),
+        };
+        match replies {
+            Ok(replies) => {
+                for (p, reply) in batch.into_iter().zip(replies) {
+                    let admitted = matches!(&reply, Ok(r) if p.op.kind == b'C' && r.ints.first() == Some(&1));
+                    let reply = reply.map_err(CallError::BadValue);
+                    if p.reply.send(reply).is_err() {
+                        self.stats.late_replies.fetch_add(1, Ordering::Relaxed);
+                        if let (true, Some(release)) = (admitted, p.late) {
+                            self.stats.releases_sent.fetch_add(1, Ordering::Relaxed);
+                            let (tx, _) = oneshot::channel();
+                            let _ = self.queue.try_send(Pending { op: release, reply: tx, late: None });
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                for p in batch {
+                    let _ = p.reply.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+
+    /// Drops the connection and makes a new one, loads the script and
+    /// checks the secret's fingerprint. Bounded by `connect_timeout_ms`
+    /// per step. Off the request path (the supervisor).
+    pub async fn connect(&self, fingerprint: &str) -> Result<(), ProbeError> {
+        *self.connection.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        let connect_timeout = Duration::from_millis(self.config.connect_timeout_ms);
+        let client = self.client().map_err(ProbeError::Unreachable)?;
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(connect_timeout))
+            .set_response_timeout(Some(Duration::from_millis(LATE_REPLY_WAIT_MS)));
+        let mut connection =
+            tokio::time::timeout(connect_timeout, client.get_multiplexed_async_connection_with_config(&config))
+                .await
+                .map_err(|_| ProbeError::Unreachable("connect timed out".into()))?
+                .map_err(|e| ProbeError::Unreachable(e.to_string()))?;
+        let mut load = redis::cmd("SCRIPT");
+        load.arg("LOAD").arg(SCRIPT);
+        tokio::time::timeout(connect_timeout, load.query_async::<String>(&mut connection))
+            .await
+            .map_err(|_| ProbeError::Unreachable("SCRIPT LOAD timed out".into()))?
+            .map_err(|e| ProbeError::Unreachable(e.to_string()))?;
+        *self.connection.lock().unwrap_or_else(|e| e.into_inner()) = Some(connection);
+        let join = Op::join(format!("{}:{{meta}}", self.config.key_prefix), fingerprint);
+        let reply = self.call_unchecked(join, None, connect_timeout).await.map_err(|e| match e {
+            CallError::BadValue(_) => ProbeError::Refused(format!(
+                "the store holds a key {}:{{meta}} tollgate did not write; choose another key_prefix",
+                self.config.key_prefix
+            )),
+            e => ProbeError::Unreachable(e.to_string()),
+        })?;
+        let recorded = reply.strings.first().map(String::as_str).unwrap_or("");
+        if recorded != fingerprint {
+            return Err(ProbeError::Refused(format!(
+                "shared store {} was joined with another secret key (fingerprint {recorded}, this host's is {fingerprint}): \
+                 copy the secret file from a host that is already in, or set [shared] key_prefix to another prefix",
+                self.config.url
+            )));
+        }
+        Ok(())
+    }
+
+    /// A client for the configured store, with its credentials (read from
+    /// the password file each time, so a rotated password is picked up by
+    /// the next connection).
+    fn client(&self) -> Result<redis::Client, String> {
+        let mut info =
+            redis::IntoConnectionInfo::into_connection_info(self.config.url.as_str()).map_err(|e| e.to_string())?;
+        let mut settings = info.redis_settings().clone();
+        if let Some(user) = &self.config.username {
+            settings = settings.set_username(user);
+        }
+        if let Some(path) = &self.config.password_file {
+            let password = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            settings = settings.set_password(password.trim_end_matches(['\n', '\r']));
+        }
+        info = info.set_redis_settings(settings);
+        redis::Client::open(info).map_err(|e| e.to_string())
+    }
+
+    /// Listens for the lockouts and unlocks other hosts publish, calling
+    /// `heard` with each message, until the connection ends.
+    pub async fn listen(&self, channel: &str, mut heard: impl FnMut(&str)) -> Result<(), String> {
+        use futures_util::StreamExt;
+        let client = self.client()?;
+        let connect_timeout = Duration::from_millis(self.config.connect_timeout_ms);
+        let mut pubsub = tokio::time::timeout(connect_timeout, client.get_async_pubsub())
+            .await
+            .map_err(|_| "subscribing timed out".to_string())?
+            .map_err(|e| e.to_string())?;
+        tokio::time::timeout(connect_timeout, pubsub.subscribe(channel))
+            .await
+            .map_err(|_| "subscribing timed out".to_string())?
+            .map_err(|e| e.to_string())?;
+        let mut messages = pubsub.into_on_message();
+        while let Some(message) = messages.next().await {
+            if let Ok(text) = std::str::from_utf8(message.get_payload_bytes()) {
+                self.stats.messages_heard.fetch_add(1, Ordering::Relaxed);
+                heard(text);
+            }
+        }
+        Ok(())
+    }
+
+    /// Publishes a message for the other hosts, not waited for.
+    pub fn publish(self: &Arc<SharedStore>, channel: String, message: String) {
+        let Some(mut connection) = self.connection.lock().unwrap_or_else(|e| e.into_inner()).clone() else { return };
+        let timeout = Duration::from_millis(self.config.connect_timeout_ms);
+        let store = self.clone();
+        tokio::spawn(async move {
+            let mut cmd = redis::cmd("PUBLISH");
+            cmd.arg(channel).arg(message);
+            if let Ok(Ok(_)) = tokio::time::timeout(timeout, cmd.query_async::<i64>(&mut connection)).await {
+                store.stats.messages_published.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+    }
+
+    /// This host is alive; learns how many are. Returns the live count.
+    pub async fn heartbeat(&self, host: &str, local_now_us: u64) -> Result<u32, CallError> {
+        let op = Op::heartbeat(format!("{}:{{hosts}}", self.config.key_prefix), host, self.config.host_ttl_ms * 1000);
+        let timeout = Duration::from_millis(self.config.connect_timeout_ms);
+        let reply = self.call_unchecked(op, None, timeout).await?;
+        let mut ints = script::Ints::new(&reply);
+        let live = ints.u32().map_err(CallError::BadValue)?;
+        let store_now = ints.unsigned().map_err(CallError::BadValue)?;
+        self.note_store_time(store_now, local_now_us);
+        self.hosts_live.store(live, Ordering::Relaxed);
+        Ok(live)
+    }
+
+    pub fn set_hosts_in_force(&self, n: u32) -> bool {
+        self.hosts_in_force.swap(n.max(1), Ordering::Relaxed) != n.max(1)
+    }
+
+    /// Breaker steps for the supervisor.
+    pub fn breaker(&self) -> std::sync::MutexGuard<'_, Breaker> {
+        self.breaker.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn now_us(&self) -> u64 {
+        self.micros()
+    }
+
+    /// Applies the breaker's state to what requests see.
+    pub fn publish_state(&self) {
+        let state = self.breaker().state;
+        self.set_state(state);
+    }
+
+    pub fn note_error(&self, e: impl ToString) {
+        self.set_last_error(e);
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProbeError {
+    #[error("{0}")]
+    Unreachable(String),
+    /// Joining would mix this host's keys with another secret's.
+    #[error("{0}")]
+    Refused(String),
+}

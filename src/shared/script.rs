@@ -1,0 +1,310 @@
+//! The operations `decide.lua` runs, as the daemon builds them, and their
+//! replies as it reads them. A reply is read with bounds checked at every
+//! step: a store that answers something else (another program's script,
+//! a damaged value) gives an error, never a panic.
+
+use redis::Value;
+
+/// The script, compiled in: every host runs the same bytes, so the SHA the
+/// store caches is the same for all of them.
+pub const SCRIPT: &str = include_str!("decide.lua");
+
+/// One operation of a batch: its kind letter, its arguments and its keys.
+/// The script finds the next op from the counts sent before each, so an
+/// op that stops early (a bad value) cannot misalign the rest.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Op {
+    pub kind: u8,
+    pub args: Vec<String>,
+    pub keys: Vec<String>,
+}
+
+impl Op {
+    fn new(kind: u8) -> Op {
+        Op { kind, args: Vec::new(), keys: Vec::new() }
+    }
+
+    fn arg(&mut self, v: impl ToString) -> &mut Op {
+        self.args.push(v.to_string());
+        self
+    }
+
+    /// A check: `rules` failure and rate rules, each with its key.
+    pub fn check(rules: &[CheckRule]) -> Op {
+        let mut op = Op::new(b'C');
+        op.arg(rules.len());
+        for rule in rules {
+            match *rule {
+                CheckRule::Failures { ref key, window_us, threshold, timeout_us, monitor } => {
+                    op.arg("f").arg(window_us).arg(threshold).arg(timeout_us).arg(monitor as u8);
+                    op.keys.push(key.clone());
+                }
+                CheckRule::Rate { ref key, interval_us, tolerance_us, monitor } => {
+                    op.arg("g").arg(interval_us).arg(tolerance_us).arg(monitor as u8);
+                    op.keys.push(key.clone());
+                }
+            }
+        }
+        op
+    }
+
+    pub fn report(rules: &[ReportRule]) -> Op {
+        let mut op = Op::new(b'R');
+        op.arg(rules.len());
+        for rule in rules {
+            match *rule {
+                ReportRule::Failures { ref key, ref index, window_us, threshold, release, count, clear } => {
+                    op.arg(if index.is_some() { "F" } else { "f" });
+                    op.arg(window_us).arg(threshold).arg(release as u8).arg(count as u8).arg(clear as u8);
+                    op.keys.push(key.clone());
+                    op.keys.extend(index.iter().cloned());
+                }
+                ReportRule::Rate { ref key } => {
+                    op.arg("g");
+                    op.keys.push(key.clone());
+                }
+            }
+        }
+        op
+    }
+
+    /// Gives back one place on each (key, window length).
+    pub fn release(places: &[(String, u64)]) -> Op {
+        let mut op = Op::new(b'X');
+        op.arg(places.len());
+        for (key, window_us) in places {
+            op.arg(window_us);
+            op.keys.push(key.clone());
+        }
+        op
+    }
+
+    pub fn merge(key: String, window_us: u64, threshold: u32, lock_remaining_us: u64, age_us: u64) -> Op {
+        let mut op = Op::new(b'M');
+        op.arg(window_us).arg(threshold).arg(lock_remaining_us).arg(age_us);
+        op.keys.push(key);
+        op
+    }
+
+    /// Unlocks one entry, or with `indexed` every entry an account's index
+    /// lists; each unlocked key is published on `channel`.
+    pub fn unlock(key: String, window_us: u64, indexed: bool, channel: &str) -> Op {
+        let mut op = Op::new(b'U');
+        op.arg(window_us).arg(indexed as u8).arg(channel);
+        op.keys.push(key);
+        op
+    }
+
+    pub fn heartbeat(key: String, host: &str, ttl_us: u64) -> Op {
+        let mut op = Op::new(b'H');
+        op.arg(host).arg(ttl_us);
+        op.keys.push(key);
+        op
+    }
+
+    pub fn join(key: String, fingerprint: &str) -> Op {
+        let mut op = Op::new(b'J');
+        op.arg(fingerprint);
+        op.keys.push(key);
+        op
+    }
+}
+
+#[derive(Clone, Debug)]
+pub enum CheckRule {
+    Failures { key: String, window_us: u64, threshold: u32, timeout_us: u64, monitor: bool },
+    Rate { key: String, interval_us: u64, tolerance_us: u64, monitor: bool },
+}
+
+#[derive(Clone, Debug)]
+pub enum ReportRule {
+    Failures {
+        key: String,
+        /// The account's index of this rule's entries, for a rule keyed on
+        /// the account and something else.
+        index: Option<String>,
+        window_us: u64,
+        threshold: u32,
+        release: bool,
+        count: bool,
+        clear: bool,
+    },
+    Rate {
+        key: String,
+    },
+}
+
+/// The arguments of one EVALSHA for a batch of ops: the key count, the
+/// keys, then ARGV.
+pub fn batch_command(sha: &str, ops: &[&Op]) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(sha).arg(ops.iter().map(|op| op.keys.len()).sum::<usize>());
+    for op in ops {
+        cmd.arg(&op.keys);
+    }
+    cmd.arg(ops.len());
+    for op in ops {
+        cmd.arg(&[op.kind][..]).arg(op.args.len()).arg(op.keys.len()).arg(&op.args);
+    }
+    cmd
+}
+
+/// Why a reply could not be used.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ReplyError {
+    /// The op's rule (1-based) holds a value tollgate did not write.
+    #[error("rule {0} holds a value tollgate did not write")]
+    NotOurs(usize),
+    /// The op's rule holds a key of another type.
+    #[error("rule {0} holds a key of another type")]
+    WrongType(usize),
+    #[error("the store's reply is not what the script returns: {0}")]
+    Malformed(&'static str),
+}
+
+/// An op's reply: integers, or the join's strings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reply {
+    pub ints: Vec<i64>,
+    pub strings: Vec<String>,
+}
+
+/// Splits a batch's reply into one per op.
+pub fn split_batch(value: Value, ops: usize) -> Result<Vec<Result<Reply, ReplyError>>, ReplyError> {
+    let Value::Array(items) = value else { return Err(ReplyError::Malformed("not an array")) };
+    if items.len() != ops {
+        return Err(ReplyError::Malformed("one reply per op"));
+    }
+    Ok(items.into_iter().map(op_reply).collect())
+}
+
+fn op_reply(value: Value) -> Result<Reply, ReplyError> {
+    let Value::Array(items) = value else { return Err(ReplyError::Malformed("an op's reply is not an array")) };
+    let mut reply = Reply { ints: Vec::with_capacity(items.len()), strings: Vec::new() };
+    for item in items {
+        match item {
+            Value::Int(i) => reply.ints.push(i),
+            Value::BulkString(bytes) => {
+                reply.strings.push(String::from_utf8(bytes).map_err(|_| ReplyError::Malformed("not UTF-8"))?)
+            }
+            Value::SimpleString(s) => reply.strings.push(s),
+            _ => return Err(ReplyError::Malformed("an op's reply holds something else than integers")),
+        }
+    }
+    match reply.ints.first() {
+        Some(&-1) => Err(ReplyError::NotOurs(rule_index(&reply))),
+        Some(&-2) => Err(ReplyError::WrongType(rule_index(&reply))),
+        Some(&code) if code < 0 => Err(ReplyError::Malformed("unknown error code")),
+        Some(_) => Ok(reply),
+        None => Err(ReplyError::Malformed("an empty op reply")),
+    }
+}
+
+fn rule_index(reply: &Reply) -> usize {
+    reply.ints.get(1).map_or(0, |&i| i.max(0) as usize)
+}
+
+/// A reader over an op's integers: every read is bounds-checked.
+pub struct Ints<'r> {
+    ints: &'r [i64],
+    at: usize,
+}
+
+impl<'r> Ints<'r> {
+    pub fn new(reply: &'r Reply) -> Ints<'r> {
+        Ints { ints: &reply.ints, at: 0 }
+    }
+
+    pub fn next(&mut self) -> Result<i64, ReplyError> {
+        let v = *self.ints.get(self.at).ok_or(ReplyError::Malformed("an op's reply is short"))?;
+        self.at += 1;
+        Ok(v)
+    }
+
+    /// A non-negative integer that fits `u64`.
+    pub fn unsigned(&mut self) -> Result<u64, ReplyError> {
+        u64::try_from(self.next()?).map_err(|_| ReplyError::Malformed("a negative count or time"))
+    }
+
+    pub fn u32(&mut self) -> Result<u32, ReplyError> {
+        u32::try_from(self.unsigned()?).map_err(|_| ReplyError::Malformed("a count over 32 bits"))
+    }
+
+    pub fn flag(&mut self) -> Result<bool, ReplyError> {
+        match self.next()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(ReplyError::Malformed("a flag that is not 0 or 1")),
+        }
+    }
+}
+
+/// A failure entry as the store holds it, in the store's time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoreEntry {
+    pub window_us: u64,
+    pub window: u32,
+    pub previous: u32,
+    pub current: u32,
+    pub in_flight: u32,
+    /// Until the first place in flight lapses (0: none).
+    pub first_lapse_in_us: u64,
+    /// Until a lockout written back by a host ends (0: none).
+    pub lock_remaining_us: u64,
+}
+
+impl StoreEntry {
+    /// The seven integers `standing` appends.
+    pub fn read(ints: &mut Ints<'_>) -> Result<StoreEntry, ReplyError> {
+        let window = ints.u32()?;
+        let previous = ints.u32()?;
+        let current = ints.u32()?;
+        let in_flight = ints.u32()?;
+        let first_lapse_in_us = ints.unsigned()?;
+        let lock_remaining_us = ints.unsigned()?;
+        let window_us = ints.unsigned()?;
+        if window_us == 0 {
+            return Err(ReplyError::Malformed("a window of length 0"));
+        }
+        Ok(StoreEntry { window_us, window, previous, current, in_flight, first_lapse_in_us, lock_remaining_us })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_lays_out_keys_then_each_ops_counts_and_arguments() {
+        let a = Op::release(&[("k1".into(), 5), ("k2".into(), 6)]);
+        let b = Op::unlock("k3".into(), 7, false, "ch");
+        let cmd = batch_command("sha", &[&a, &b]);
+        let args: Vec<String> = cmd
+            .args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                _ => "<cursor>".into(),
+            })
+            .collect();
+        assert_eq!(
+            args,
+            ["EVALSHA", "sha", "3", "k1", "k2", "k3", "2", "X", "3", "2", "2", "5", "6", "U", "3", "1", "7", "0", "ch"]
+        );
+    }
+
+    #[test]
+    fn replies_that_are_not_the_scripts_are_errors_not_panics() {
+        assert!(split_batch(Value::Int(3), 1).is_err());
+        assert!(split_batch(Value::Array(vec![]), 1).is_err());
+        let bad = split_batch(Value::Array(vec![Value::Int(1)]), 1).unwrap();
+        assert!(matches!(bad[0], Err(ReplyError::Malformed(_))));
+        let theirs = split_batch(Value::Array(vec![Value::Array(vec![Value::Int(-2), Value::Int(3)])]), 1).unwrap();
+        assert_eq!(theirs[0], Err(ReplyError::WrongType(3)));
+        let short = Reply { ints: vec![1, 2], strings: vec![] };
+        let mut ints = Ints::new(&short);
+        ints.next().unwrap();
+        assert!(StoreEntry::read(&mut ints).is_err());
+        let negative = Reply { ints: vec![-5], strings: vec![] };
+        assert!(Ints::new(&negative).unsigned().is_err());
+    }
+}
