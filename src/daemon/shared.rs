@@ -42,7 +42,10 @@ impl Daemon {
                 store.stats.known_lockout_refusals.fetch_add(1, Ordering::Relaxed);
                 // From memory either way; degraded when the store could
                 // not have been asked.
-                return (verdict, !store.is_up());
+                if !store.is_up() {
+                    return degraded(store, verdict);
+                }
+                return (verdict, false);
             }
             CheckedLocally::Store(check) => check,
         };
@@ -248,15 +251,21 @@ async fn write_back(daemon: &Arc<Daemon>, store: &Arc<SharedStore>) -> usize {
         let calls = batch.iter().map(|l| store.call_recovering(l.op.clone()));
         for (lockout, result) in batch.iter().zip(futures_join(calls).await) {
             match result {
-                Ok(_) => done.push(lockout),
+                // The merge's first integer: 1 if the store took it, 0 if
+                // an unlock made since the lockout won.
+                Ok(reply) => done.push((lockout, reply.ints.first() == Some(&1))),
                 Err(e) => {
-                    tracing::warn!(target: LOG_TARGET, error = %e, "a lockout was not written back; it stays on this host");
+                    // Not in the store: this host keeps refusing it from
+                    // memory (the degraded table is not read while the
+                    // store answers).
+                    limiter.written_back(lockout, true, now);
+                    tracing::warn!(target: LOG_TARGET, error = %e, "a lockout was not written back; this host refuses it until it ends");
                 }
             }
         }
         written += done.len();
-        for lockout in done {
-            limiter.written_back(lockout, now);
+        for (lockout, applied) in done {
+            limiter.written_back(lockout, applied, now);
         }
     }
     store.stats.written_back.fetch_add(written as u64, Ordering::Relaxed);

@@ -170,7 +170,14 @@ impl Limiter {
     /// time): refused here from memory until it ends.
     pub fn learn_known_lockout(&self, name: &str, remaining_us: u64, now_us: u64) -> bool {
         let Some((route, rule, key)) = self.parse_store_key(name) else { return false };
-        let until = now_us.saturating_add(remaining_us);
+        // No lockout of a sliding window outlasts its next window: a
+        // message claiming longer (garbage, or a forgery by whoever can
+        // publish on the store) is held no longer than that.
+        let longest = match route.rules[rule].global {
+            Some(Full::Failures(spec)) => spec.window_us.saturating_mul(2),
+            _ => 0,
+        };
+        let until = now_us.saturating_add(remaining_us.min(longest));
         self.remember_lockout(route, rule, key, until, now_us);
         true
     }
@@ -494,9 +501,10 @@ impl Limiter {
         out
     }
 
-    /// The store has a lockout written back: it is known here (refused
-    /// from memory until it ends) and leaves the degraded table.
-    pub fn written_back(&self, lockout: &WriteBack, now_us: u64) {
+    /// The store has a lockout written back: it leaves the degraded table
+    /// and, if the store took it (`applied`: no unlock made since), it is
+    /// known here (refused from memory until it ends).
+    pub fn written_back(&self, lockout: &WriteBack, applied: bool, now_us: u64) {
         let route = &self.routes[lockout.route];
         let rule = &route.rules[lockout.rule];
         let Table::Failures { shards, .. } = &rule.table else { return };
@@ -506,6 +514,9 @@ impl Limiter {
             self.journal.write(&rule.id, table.spec().window_us, vec![(key, None)]);
         }
         drop(table);
+        if !applied {
+            return;
+        }
         let until = now_us + lockout.lock_remaining_us;
         self.remember_lockout(route, lockout.rule, key, until, now_us);
         let _ = self.persist_known_lockout(route, lockout.rule, key, until);

@@ -55,7 +55,8 @@ pub fn ping(stream: &mut (impl Read + Write)) -> std::io::Result<String> {
 fn ping_unix(path: &Path) -> bool {
     let Ok(mut s) = UnixStream::connect(path) else { return false };
     let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
-    matches!(ping(&mut s).as_deref(), Ok("+PONG"))
+    // A server that asks for a password is up too: it answers NOAUTH.
+    matches!(ping(&mut s).as_deref(), Ok(line) if line == "+PONG" || line.starts_with("-NOAUTH"))
 }
 
 fn ping_tcp(port: u16) -> bool {
@@ -106,6 +107,8 @@ pub struct RedisServer {
     addr: Addr,
     child: Option<Child>,
     paused: bool,
+    /// `requirepass`, if the server asks for one.
+    password: Option<String>,
 }
 
 impl RedisServer {
@@ -114,7 +117,19 @@ impl RedisServer {
         require_redis();
         let dir = temp_dir();
         let addr = Addr::Unix(dir.path().join("r.sock"));
-        let mut server = RedisServer { dir, addr, child: None, paused: false };
+        let mut server = RedisServer { dir, addr, child: None, paused: false, password: None };
+        if let Err(why) = server.start() {
+            panic!("redis-server did not start: {why}\n{}", server.log());
+        }
+        server
+    }
+
+    /// On a Unix socket, asking for `password` (AUTH) before any command.
+    pub fn unix_with_password(password: &str) -> RedisServer {
+        require_redis();
+        let dir = temp_dir();
+        let addr = Addr::Unix(dir.path().join("r.sock"));
+        let mut server = RedisServer { dir, addr, child: None, paused: false, password: Some(password.into()) };
         if let Err(why) = server.start() {
             panic!("redis-server did not start: {why}\n{}", server.log());
         }
@@ -124,7 +139,7 @@ impl RedisServer {
     /// Listening on a free loopback port.
     pub fn tcp() -> RedisServer {
         require_redis();
-        let mut server = RedisServer { dir: temp_dir(), addr: Addr::Tcp(0), child: None, paused: false };
+        let mut server = RedisServer { dir: temp_dir(), addr: Addr::Tcp(0), child: None, paused: false, password: None };
         let mut why = String::new();
         for _ in 0..PORT_ATTEMPTS {
             server.addr = Addr::Tcp(free_ports(1)[0]);
@@ -151,6 +166,9 @@ impl RedisServer {
             }
         }
         cmd.args(["--save", "", "--appendonly", "no", "--daemonize", "no", "--dir"]).arg(d);
+        if let Some(password) = &self.password {
+            cmd.arg("--requirepass").arg(password);
+        }
         let child = cmd
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
@@ -261,10 +279,13 @@ impl RedisServer {
     /// Runs one command through `redis-cli` and returns its stdout, trimmed.
     /// For inspecting and planting keys; it blocks on a paused server.
     pub fn cmd(&self, args: &[&str]) -> String {
-        let target = match &self.addr {
+        let mut target = match &self.addr {
             Addr::Unix(sock) => vec!["-s".to_string(), sock.display().to_string()],
             Addr::Tcp(port) => vec!["-p".to_string(), port.to_string()],
         };
+        if let Some(password) = &self.password {
+            target.extend(["--no-auth-warning".to_string(), "-a".to_string(), password.clone()]);
+        }
         redis_cli(&target, args)
     }
 }

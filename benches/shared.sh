@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# shared.sh: shared mode (issue 14) measured, beside the Redis+Lua peer.
+#
+# Starts a private redis-server on a Unix socket and a release daemon with
+# `[shared] url` pointing at it, then, RUNS times each (default 3; the
+# medians are what docs/performance.md reports):
+#   1. login check+report, 50 connections, 1 in flight, 100,000 accounts
+#      (`tollgate bench --route login --mix check-report`): every request
+#      goes to the store (login's rules are global);
+#   2. the Redis+Lua peer (../shared/bench/peer-redis.sh, or $PEER) at the
+#      same 50 connections, same session;
+#   3. `request` route checks (host rules only) with shared mode on, then
+#      on a daemon without [shared]: the host-scope overhead;
+#   4. the store frozen (SIGSTOP): login checks at a fixed rate, p99 against
+#      the configured timeout (`[shared] timeout_ms`, default 2 here).
+# Prints key=value lines. Needs redis-server, redis-cli, redis-benchmark.
+set -euo pipefail
+
+RUNS=${RUNS:-3}
+DURATION=${DURATION:-3s}
+TIMEOUT_MS=${TIMEOUT_MS:-2}
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$HERE/.." && pwd)
+PEER=${PEER:-$ROOT/../shared/bench/peer-redis.sh}
+BIN=$ROOT/target/release/tollgate
+
+cargo build --release --quiet --manifest-path "$ROOT/Cargo.toml"
+
+TMP=$(mktemp -d /tmp/tg-shared-bench.XXXXXX)
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill -CONT "$pid" 2>/dev/null || true; kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$TMP"
+}
+trap cleanup EXIT INT TERM
+
+redis-server --port 0 --unixsocket "$TMP/r.sock" --unixsocketperm 700 --dir "$TMP" \
+  --save '' --appendonly no --daemonize no --logfile "$TMP/redis.log" &
+REDIS=$!
+PIDS+=("$REDIS")
+for _ in $(seq 100); do redis-cli -s "$TMP/r.sock" PING >/dev/null 2>&1 && break; sleep 0.05; done
+
+start_daemon() { # name, extra config
+  local dir=$TMP/$1
+  mkdir -p "$dir"
+  printf '%s\n' "$2" > "$dir/tollgate.toml"
+  TOLLGATE_LOG=warn "$BIN" serve --socket "$dir/t.sock" --state "$dir/state.redb" --config "$dir/tollgate.toml" \
+    2> "$dir/log" &
+  PIDS+=("$!")
+  for _ in $(seq 200); do [ -S "$dir/t.sock" ] && break; sleep 0.05; done
+}
+
+start_daemon shared "[shared]
+url = \"redis+unix://$TMP/r.sock\"
+timeout_ms = $TIMEOUT_MS
+hosts = 3"
+start_daemon alone ""
+
+bench() { # socket, args...
+  local socket=$1; shift
+  "$BIN" bench --socket "$socket" --json "$@"
+}
+field() { python3 -c "import json,sys; d=json.load(sys.stdin); print(d$1)"; }
+
+for run in $(seq "$RUNS"); do
+  out=$(bench "$TMP/shared/t.sock" --route login --mix check-report --connections 50 --in-flight 1 --keys 100000 --duration "$DURATION")
+  echo "run${run}_login_shared_ops_per_s=$(field "['ops_per_s']" <<<"$out")"
+  echo "run${run}_login_shared_requests_per_s=$(field "['requests']/d['duration_s']" <<<"$out")"
+  echo "run${run}_login_shared_p50_us=$(field "['p50_us']" <<<"$out")"
+  echo "run${run}_login_shared_p99_us=$(field "['p99_us']" <<<"$out")"
+  DURATION=${DURATION%s} bash "$PEER" | sed "s/^/run${run}_peer_/"
+  on=$(bench "$TMP/shared/t.sock" --route request --mix check --connections 50 --in-flight 16 --keys 1000000 --duration "$DURATION")
+  off=$(bench "$TMP/alone/t.sock" --route request --mix check --connections 50 --in-flight 16 --keys 1000000 --duration "$DURATION")
+  echo "run${run}_request_shared_on_per_s=$(field "['requests']/d['duration_s']" <<<"$on")"
+  echo "run${run}_request_shared_off_per_s=$(field "['requests']/d['duration_s']" <<<"$off")"
+done
+
+# The store frozen: every answer must come within the timeout (plus the
+# timer's millisecond) or, once the breaker is open, at once.
+kill -STOP "$REDIS"
+out=$(bench "$TMP/shared/t.sock" --route login --mix check --connections 50 --in-flight 1 --keys 100000 --duration "$DURATION" --rate 20000)
+kill -CONT "$REDIS"
+echo "frozen_store_timeout_ms=$TIMEOUT_MS"
+echo "frozen_store_requests=$(field "['requests']" <<<"$out")"
+echo "frozen_store_p50_us=$(field "['p50_us']" <<<"$out")"
+echo "frozen_store_p99_us=$(field "['p99_us']" <<<"$out")"
+echo "frozen_store_max_us=$(field "['max_us']" <<<"$out")"
+redis-cli -s "$TMP/r.sock" INFO commandstats | grep -E "evalsha" | sed 's/^/redis_/' || true
