@@ -309,7 +309,8 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
         }
         Command::Metrics(args) => {
             let common = CommonArgs { socket: args.socket, json: false, timeout: args.timeout };
-            print!("{}", crate::metrics::prometheus(&client(&common).status().await?));
+            let (status, shared) = client(&common).status_with_shared().await?;
+            print!("{}", crate::metrics::prometheus(&status, shared.as_ref()));
             Ok(())
         }
         Command::Lockouts(args) => {

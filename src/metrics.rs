@@ -6,11 +6,14 @@
 //! daemon no network at all (`PrivateNetwork=yes`), and the socket's
 //! permissions already say who may read `status`. Everything here comes from
 //! `Status`, which holds names of routes and rules, counts and limits only:
-//! no account, device, address or digest can reach a label.
+//! no account, device, address or digest can reach a label. The shared
+//! store's families come from `SharedStatus` (version 2's status extras),
+//! which holds the store's URL (never printed here: it is not a label),
+//! counts, and `route/rule` names.
 
-use std::fmt::Write;
+use std::fmt::{Display, Write};
 
-use crate::protocol::{RouteStatus, RuleStatus, Status};
+use crate::protocol::{RouteStatus, RuleStatus, SharedStatus, Status};
 
 /// One metric family: its samples are written together, after one HELP and
 /// one TYPE line, as the format requires.
@@ -25,7 +28,10 @@ impl<'a> Family<'a> {
         Family { out }
     }
 
-    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: u64) {
+    /// `value` is an integer count or an `f64` (seconds): Rust prints an
+    /// `f64` in plain decimal, never with an exponent, which the format
+    /// accepts as it is.
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl Display) {
         self.out.push_str(name);
         if !labels.is_empty() {
             self.out.push('{');
@@ -71,8 +77,145 @@ fn per_route(
     }
 }
 
-/// The whole exposition for one `status` reply.
-pub fn prometheus(status: &Status) -> String {
+/// Microseconds as the seconds Prometheus expects.
+fn seconds_from_us(us: u64) -> f64 {
+    us as f64 / 1e6
+}
+
+/// The shared store's families (only a daemon with `[shared]` has them).
+fn shared(out: &mut String, status: &Status, s: &SharedStatus) {
+    let up = u64::from(s.state == "closed");
+    let mut family =
+        Family::new(out, "tollgate_shared_up", "gauge", "1 if the shared store answers global rules (breaker closed).");
+    family.sample("tollgate_shared_up", &[], up);
+    let mut family = Family::new(
+        out,
+        "tollgate_shared_degraded",
+        "gauge",
+        "1 if global rules are counted on this host at ceil(limit / hosts); alert on 1.",
+    );
+    family.sample("tollgate_shared_degraded", &[], u64::from(s.degraded));
+    let mut family = Family::new(out, "tollgate_shared_state", "gauge", "The breaker's state (one-hot).");
+    for state in ["closed", "open", "recovering", "refused"] {
+        family.sample("tollgate_shared_state", &[("state", state)], u64::from(s.state == state));
+    }
+    let mut family = Family::new(
+        out,
+        "tollgate_shared_degraded_seconds_total",
+        "counter",
+        "Seconds spent degraded since the daemon started, the current stretch included.",
+    );
+    family.sample("tollgate_shared_degraded_seconds_total", &[], s.degraded_total_ms as f64 / 1e3);
+
+    // Every call that was queued ended in exactly one of these (a call the
+    // breaker or a full queue kept from the store is `not_asked`).
+    let ok = s.calls.saturating_sub(s.timeouts).saturating_sub(s.errors).saturating_sub(s.bad_values);
+    let mut family = Family::new(
+        out,
+        "tollgate_shared_calls_total",
+        "counter",
+        "Store calls by result; not_asked: answered on this host without asking (breaker not closed, queue full).",
+    );
+    for (result, count) in [
+        ("ok", ok),
+        ("timeout", s.timeouts),
+        ("error", s.errors),
+        ("bad_value", s.bad_values),
+        ("not_asked", s.not_asked),
+    ] {
+        family.sample("tollgate_shared_calls_total", &[("result", result)], count);
+    }
+
+    let mut family = Family::new(
+        out,
+        "tollgate_shared_hosts",
+        "gauge",
+        "Hosts: in_force divides degraded limits; live sent a heartbeat within host_ttl_ms.",
+    );
+    family.sample("tollgate_shared_hosts", &[("kind", "in_force")], s.hosts_in_force);
+    family.sample("tollgate_shared_hosts", &[("kind", "live")], s.hosts_live);
+
+    let mut family =
+        Family::new(out, "tollgate_shared_rtt_mean_seconds", "gauge", "Mean round trip of a batch to the store.");
+    family.sample("tollgate_shared_rtt_mean_seconds", &[], seconds_from_us(s.rtt_mean_us));
+    let mut family = Family::new(
+        out,
+        "tollgate_shared_rtt_max_seconds",
+        "gauge",
+        "Longest round trip of a batch to the store since the start.",
+    );
+    family.sample("tollgate_shared_rtt_max_seconds", &[], seconds_from_us(s.rtt_max_us));
+
+    // (name, type, help, value) of every shared family with one sample.
+    let single = [
+        ("tollgate_shared_transitions_total", "counter", "Changes of the breaker's state.", s.transitions),
+        (
+            "tollgate_shared_degraded_answers_total",
+            "counter",
+            "Answers of global rules given on this host's degraded share.",
+            s.degraded_answers,
+        ),
+        (
+            "tollgate_shared_known_lockouts",
+            "gauge",
+            "Lockouts of global rules this host refuses from memory.",
+            s.known_lockouts,
+        ),
+        (
+            "tollgate_shared_known_lockout_refusals_total",
+            "counter",
+            "Checks refused from memory by a known lockout, without a store round trip.",
+            s.known_lockout_refusals,
+        ),
+        (
+            "tollgate_shared_written_back_total",
+            "counter",
+            "Lockouts taken while degraded and written to the store on recovery.",
+            s.written_back,
+        ),
+        (
+            "tollgate_shared_late_replies_total",
+            "counter",
+            "Store replies that came after their caller had been answered on this host.",
+            s.late_replies,
+        ),
+        (
+            "tollgate_shared_releases_sent_total",
+            "counter",
+            "Places in the store given back (late admitted checks, checks refused on this host).",
+            s.releases_sent,
+        ),
+        (
+            "tollgate_shared_noscript_reloads_total",
+            "counter",
+            "Script reloads after NOSCRIPT (a restarted or flushed store).",
+            s.noscript_reloads,
+        ),
+        ("tollgate_shared_batches_total", "counter", "Script calls (batches) sent to the store.", s.batches),
+        ("tollgate_shared_batched_ops_total", "counter", "Operations sent in those batches.", s.batched_ops),
+    ];
+    for (name, kind, help, value) in single {
+        Family::new(out, name, kind, help).sample(name, &[], value);
+    }
+
+    let mut family = Family::new(
+        out,
+        "tollgate_rule_scope",
+        "gauge",
+        "Where a rule counts: global (the shared store) or host (always 1).",
+    );
+    for route in &status.routes {
+        for rule in &route.rules {
+            let global = s.global_rules.contains(&format!("{}/{}", route.name, rule.name));
+            let scope = if global { "global" } else { "host" };
+            family.sample("tollgate_rule_scope", &[("route", &route.name), ("rule", &rule.name), ("scope", scope)], 1);
+        }
+    }
+}
+
+/// The whole exposition for one `status` reply, with the shared store's
+/// families when the daemon has one.
+pub fn prometheus(status: &Status, shared_status: Option<&SharedStatus>) -> String {
     let mut out = String::new();
     let mut family = Family::new(&mut out, "tollgate_info", "gauge", "Version of the daemon (always 1).");
     family.sample("tollgate_info", &[("version", &status.version)], 1);
@@ -186,6 +329,9 @@ pub fn prometheus(status: &Status) -> String {
     for limit in &status.limits {
         family.sample("tollgate_limit", &[("name", &limit.name)], limit.value);
     }
+    if let Some(s) = shared_status {
+        shared(&mut out, status, s);
+    }
     out
 }
 
@@ -197,5 +343,124 @@ mod tests {
     fn label_values_are_escaped() {
         assert_eq!(escape(r#"a"b\c"#), r#"a\"b\\c"#);
         assert_eq!(escape("line\nbreak"), "line\\nbreak");
+    }
+
+    fn rule(name: &str, kind: &str) -> RuleStatus {
+        RuleStatus {
+            name: name.into(),
+            kind: kind.into(),
+            key: vec!["account".into()],
+            limit: 5,
+            burst: 0,
+            period_ms: 900_000,
+            cleared_by_success: true,
+            entries: 0,
+            entries_max: 10,
+            refused_full: 0,
+            monitor: false,
+            responses: vec!["deny".into()],
+            devices: "all".into(),
+            refused: 0,
+            would_refuse: 0,
+            class_limits: Vec::new(),
+        }
+    }
+
+    fn status() -> Status {
+        Status {
+            version: "0.0.0".into(),
+            uptime_ms: 0,
+            now_ms: 0,
+            manual_clock: false,
+            connections: 0,
+            verdicts: Default::default(),
+            routes: vec![RouteStatus {
+                name: "login".into(),
+                fail_policy: "open".into(),
+                rules: vec![rule("source_failures", "failures"), rule("source_rate", "rate")],
+                known_devices: 0,
+                known_devices_max: 0,
+                recent_passwords: 0,
+            }],
+            limits: Vec::new(),
+            persistence: crate::protocol::PersistenceStatus {
+                state_path: "/x".into(),
+                snapshot_interval_ms: 0,
+                commits: 0,
+                write_failures: 0,
+                last_error: None,
+                changes_unwritten: 0,
+                changes_dropped: 0,
+            },
+            class_prefixes: 0,
+            reloads: 0,
+            reload_failures: 0,
+            last_reload_error: None,
+            log_lines_suppressed: 0,
+        }
+    }
+
+    /// Every sample line of `text` as (series, value text).
+    fn samples(text: &str) -> Vec<(&str, &str)> {
+        text.lines().filter(|l| !l.starts_with('#')).map(|l| l.rsplit_once(' ').expect("series value")).collect()
+    }
+
+    #[test]
+    fn no_shared_family_without_a_store() {
+        let text = prometheus(&status(), None);
+        assert!(!text.contains("tollgate_shared_") && !text.contains("tollgate_rule_scope"), "{text}");
+    }
+
+    #[test]
+    fn the_shared_store_is_exposed_with_one_help_and_type_per_family() {
+        let shared = SharedStatus {
+            url: "redis+unix:///run/redis/secret-path.sock".into(),
+            state: "open".into(),
+            degraded: true,
+            degraded_total_ms: 1500,
+            calls: 10,
+            timeouts: 2,
+            errors: 1,
+            bad_values: 3,
+            not_asked: 7,
+            rtt_mean_us: 250,
+            rtt_max_us: 1_000_000,
+            hosts_in_force: 3,
+            hosts_live: 2,
+            global_rules: vec!["login/source_failures".into()],
+            ..SharedStatus::default()
+        };
+        let text = prometheus(&status(), Some(&shared));
+        let samples = samples(&text);
+        let value = |series: &str| samples.iter().find(|(s, _)| *s == series).unwrap_or_else(|| panic!("{series}")).1;
+        assert_eq!(value("tollgate_shared_up"), "0");
+        assert_eq!(value("tollgate_shared_degraded"), "1");
+        for (state, v) in [("closed", "0"), ("open", "1"), ("recovering", "0"), ("refused", "0")] {
+            assert_eq!(value(&format!("tollgate_shared_state{{state=\"{state}\"}}")), v, "{state}");
+        }
+        assert_eq!(value("tollgate_shared_calls_total{result=\"ok\"}"), "4", "10 - 2 - 1 - 3");
+        assert_eq!(value("tollgate_shared_calls_total{result=\"not_asked\"}"), "7");
+        assert_eq!(value("tollgate_shared_degraded_seconds_total"), "1.5");
+        assert_eq!(value("tollgate_shared_rtt_mean_seconds"), "0.00025");
+        assert_eq!(value("tollgate_shared_rtt_max_seconds"), "1");
+        assert_eq!(value("tollgate_shared_hosts{kind=\"in_force\"}"), "3");
+        assert_eq!(value("tollgate_shared_hosts{kind=\"live\"}"), "2");
+        assert_eq!(value("tollgate_rule_scope{route=\"login\",rule=\"source_failures\",scope=\"global\"}"), "1");
+        assert_eq!(value("tollgate_rule_scope{route=\"login\",rule=\"source_rate\",scope=\"host\"}"), "1");
+        assert!(!text.contains("secret-path"), "the store's URL is no label");
+        // The format: one HELP and one TYPE per family, before its samples,
+        // and no series twice.
+        let mut families = std::collections::HashSet::new();
+        for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {
+            assert!(families.insert(line.split(' ').nth(2).unwrap()), "family twice: {line}");
+        }
+        assert_eq!(text.matches("# HELP ").count(), families.len());
+        let mut series = std::collections::HashSet::new();
+        for (s, v) in &samples {
+            assert!(series.insert(*s), "series twice: {s}");
+            let family = s.split('{').next().unwrap();
+            assert!(families.contains(family), "{family} has no TYPE");
+            assert!(v.parse::<f64>().is_ok_and(f64::is_finite), "{s} {v}");
+        }
     }
 }
