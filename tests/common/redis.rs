@@ -139,7 +139,8 @@ impl RedisServer {
     /// Listening on a free loopback port.
     pub fn tcp() -> RedisServer {
         require_redis();
-        let mut server = RedisServer { dir: temp_dir(), addr: Addr::Tcp(0), child: None, paused: false, password: None };
+        let mut server =
+            RedisServer { dir: temp_dir(), addr: Addr::Tcp(0), child: None, paused: false, password: None };
         let mut why = String::new();
         for _ in 0..PORT_ATTEMPTS {
             server.addr = Addr::Tcp(free_ports(1)[0]);

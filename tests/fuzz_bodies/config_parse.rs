@@ -75,7 +75,10 @@ fn check_config(config: &Config) {
     );
     assert!(responses.jitter_percent <= 100);
     assert!(responses.delay_base_us <= responses.delay_max_us && responses.delay_max_us <= 60 * SECOND_US);
-    assert!(responses.delay_base_us.is_multiple_of(1000) && responses.delay_max_us.is_multiple_of(1000), "{responses:?}");
+    assert!(
+        responses.delay_base_us.is_multiple_of(1000) && responses.delay_max_us.is_multiple_of(1000),
+        "{responses:?}"
+    );
 
     assert!(config.routes.windows(2).all(|w| w[0].name < w[1].name), "routes unsorted or repeated");
     for route in &config.routes {
