@@ -417,3 +417,55 @@ fn an_unlock_clears_the_store_and_every_host_forgets_the_lockout() {
     until_decision(&daemons[1], &mallory, Decision::Allow, "B forgot the lockout after the unlock");
     assert_eq!(check(&daemons[0], &mallory).decision, Decision::Allow, "A too");
 }
+
+#[test]
+fn a_flushed_script_is_loaded_again_and_the_check_still_goes_to_the_store() {
+    require_redis();
+    let redis = RedisServer::unix();
+    let dir = tempfile::tempdir().unwrap();
+    let daemons = daemons(1, &redis.url(), &shared_secret(dir.path()), "timeout_ms = 500");
+    let d = &daemons[0];
+    assert_eq!(check(d, &subject("192.0.2.160", "oscar")).decision, Decision::Allow);
+    // What a failover to a replica, or an operator's SCRIPT FLUSH, does.
+    redis.cmd(&["SCRIPT", "FLUSH"]);
+    let answered = runtime().block_on(d.client().check_answered("login", &subject("192.0.2.161", "oscar")));
+    assert!(!answered.degraded, "NOSCRIPT is answered by loading the script, not by degrading");
+    let (_, shared) = runtime().block_on(d.client().status_with_shared()).unwrap();
+    assert!(shared.unwrap().noscript_reloads >= 1);
+}
+
+#[test]
+fn a_slow_or_dropping_path_to_the_store_degrades_only_its_daemon() {
+    require_redis();
+    let redis = RedisServer::tcp();
+    let proxy = Proxy::new(redis.addr());
+    let dir = tempfile::tempdir().unwrap();
+    let secret = shared_secret(dir.path());
+    let cut = TestDaemon::start_with(Some(&shared_config(&proxy.url(), &secret, "")), false);
+    let whole = TestDaemon::start_with(Some(&shared_config(&redis.url(), &secret, "")), false);
+    let rt = runtime();
+    for (mode, what) in
+        [(ProxyMode::Delay(Duration::from_millis(100)), "delayed past the timeout"), (ProxyMode::Drop, "dropped")]
+    {
+        proxy.set_mode(mode);
+        let mut slowest = Duration::ZERO;
+        let mut degraded = false;
+        for n in 0..20 {
+            let who = format!("slow-{n}");
+            let s = Subject { peer: Some(ip("192.0.2.170")), account: Some(&who), ..Subject::default() };
+            let started = Instant::now();
+            degraded |= rt.block_on(cut.client().check_answered("login", &s)).degraded;
+            slowest = slowest.max(started.elapsed());
+        }
+        assert!(degraded, "{what}: answered on the host's share:\n{}", cut.log());
+        assert!(slowest < Duration::from_millis(250), "{what}: an answer took {slowest:?}");
+        let answered = rt.block_on(whole.client().check_answered("login", &subject("192.0.2.171", "quentin")));
+        assert!(!answered.degraded, "{what}: the other daemon is unaffected");
+        proxy.set_mode(ProxyMode::Pass);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while rt.block_on(cut.client().check_answered("login", &subject("192.0.2.172", "quentin"))).degraded {
+            assert!(Instant::now() < deadline, "{what}: no recovery:\n{}", cut.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
