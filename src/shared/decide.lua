@@ -47,7 +47,7 @@ end
 local function load(kn, W)
   local v = redis.pcall('GET', kn)
   if type(v) == 'table' and v.err then return nil, 2 end
-  if not v then return { W = W, w = widx(W, now), p = 0, c = 0, lu = 0, ua = 0, q = {} } end
+  if not v then return { W = W, w = widx(W, now), p = 0, c = 0, lu = 0, ua = 0, q = {}, absent = true } end
   if #v < HLEN then return nil, 1 end
   local ver, SW, w, p, c, lu, ua, n, pos = struct.unpack(HDR, v)
   if ver ~= 1 or SW <= 0 or n > 1000 or #v ~= HLEN + 8 * n then return nil, 1 end
@@ -90,7 +90,9 @@ local function save(kn, r)
   if r.ua > 0 then keep = r.ua + 2 * r.W end
   local exp = math.max((r.w + 2) * r.W, r.lu, last, keep)
   if (r.p + r.c == 0 and r.lu <= now and #r.q == 0 and r.ua == 0) or exp <= now then
-    redis.call('DEL', kn)
+    -- Nothing to keep. A key that was not there needs no DEL (a success
+    -- on an account with no failures, nine reports in ten).
+    if not r.absent then redis.call('DEL', kn) end
     return
   end
   local parts = { struct.pack(HDR, 1, r.W, r.w, r.p, r.c, r.lu, r.ua, #r.q) }
