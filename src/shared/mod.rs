@@ -366,7 +366,7 @@ impl SharedStore {
         });
     }
 
-    async fn send_batch(&self, batch: Vec<Pending>) {
+    async fn send_batch(self: &Arc<SharedStore>, batch: Vec<Pending>) {
         let connection = self.connection.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let Some(connection) = connection else {
             for p in batch {
@@ -380,7 +380,10 @@ impl SharedStore {
         }
         // A script's keys must all hash to one slot (CROSSSLOT otherwise):
         // one EVALSHA per slot, sent together; each group's callers are
-        // answered as soon as its node answers.
+        // answered as soon as its node answers. The batch holds its
+        // in-flight place for at most the callers' deadline: a dead node's
+        // group (waiting out its backstop) must not stall the dispatcher
+        // and with it the live nodes' slots.
         let mut groups: Vec<(Option<u16>, Vec<Pending>)> = Vec::new();
         for p in batch {
             match op_slot(&p.op) {
@@ -393,8 +396,15 @@ impl SharedStore {
                 }
             }
         }
-        let sends = groups.into_iter().map(|(_, group)| self.send_group(connection.clone(), group));
-        futures_util::future::join_all(sends).await;
+        let sends: Vec<_> = groups
+            .into_iter()
+            .map(|(_, group)| {
+                let (store, connection) = (self.clone(), connection.clone());
+                tokio::spawn(async move { store.send_group(connection, group).await })
+            })
+            .collect();
+        let deadline = Duration::from_millis(self.config.timeout_ms);
+        let _ = tokio::time::timeout(deadline, futures_util::future::join_all(sends)).await;
     }
 
     /// One EVALSHA for `batch` (one slot's ops in a cluster), its replies
