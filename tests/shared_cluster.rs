@@ -136,13 +136,28 @@ fn three_daemons_on_a_cluster_enforce_one_limit_with_keys_on_every_node() {
     let grown: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
     assert!(grown.iter().sum::<u64>() >= 300, "each failure is a key: {grown:?}");
     assert!(grown.iter().filter(|&&g| g >= 50).count() >= 2, "keys spread over the nodes: {grown:?}");
+    // Every node forgets the script (a restart without persistence does
+    // the same): each reloads it on its own NOSCRIPT, and no decision
+    // leaves the store.
+    for i in 0..3 {
+        assert_eq!(cluster.node_cmd(i, &["SCRIPT", "FLUSH"]).trim(), "OK");
+    }
+    for n in 0..30 {
+        let s = subject(leak(format!("192.0.2.{}", 100 + n)), leak(format!("w{n}")));
+        let answered = runtime().block_on(daemons[n % 3].client().check_answered("login", &s));
+        assert!(!answered.degraded, "w{n} decided by the store after SCRIPT FLUSH");
+        assert_eq!(verdict(answered.answer).decision, Decision::Allow);
+    }
+    let mut reloads = 0;
     for d in &daemons {
         let (_, shared) = runtime().block_on(d.client().status_with_shared()).unwrap();
         let shared = shared.expect("shared status");
         assert_eq!((shared.state.as_str(), shared.degraded), ("closed", false), "{shared:?}");
         assert_eq!(shared.url, cluster.urls()[0], "status names the first seed node");
+        reloads += shared.noscript_reloads;
         assert!(!d.log().contains("panicked"), "{}", d.log());
     }
+    assert!(reloads >= 3, "each node's NOSCRIPT was answered by loading the script there: {reloads}");
 }
 
 #[test]
