@@ -177,6 +177,23 @@ fn the_complete_example_parses_validates_and_sets_every_key() {
     let value: toml::Value = toml::from_str(&text).expect("the example is TOML");
     let mut set = BTreeSet::new();
     example_keys(&registry, &root(), &value, "", &mut set);
-    let unset: Vec<_> = accepted.difference(&set).collect();
+    // `shared.nodes` excludes `shared.url`: the example shows it commented
+    // out, and with it in place of `url` the example must validate too.
+    let unset: Vec<_> = accepted.difference(&set).filter(|k| k.as_str() != "shared.nodes").collect();
     assert!(unset.is_empty(), "the complete example leaves out: {unset:?}");
+    let nodes = text
+        .lines()
+        .find_map(|l| l.strip_prefix("# nodes = "))
+        .expect("the example shows `# nodes = [...]` beside url")
+        .split("   #")
+        .next()
+        .unwrap();
+    let cluster: String = text
+        .lines()
+        .filter(|l| !l.starts_with("# nodes = "))
+        .map(|l| if l.starts_with("url = ") { format!("nodes = {nodes}\n") } else { format!("{l}\n") })
+        .collect();
+    let raw = Config::parse(&cluster).unwrap_or_else(|e| panic!("the cluster example does not parse: {e}"));
+    let built = Config::build(raw).unwrap_or_else(|e| panic!("the cluster example does not validate:\n{e}"));
+    assert_eq!(built.shared.expect("shared").nodes.len(), 2);
 }

@@ -191,6 +191,10 @@ pub const SHARED_KEY_PREFIX_BYTES_MAX: usize = 32;
 /// Redis ACL user names are free text; 64 characters is past any real one
 /// and keeps the log line that names it short.
 pub const SHARED_USERNAME_CHARS_MAX: usize = 64;
+/// Cluster seed nodes (`[shared] nodes`): the client learns the whole
+/// cluster from any one of them, so a few suffice; 64 is past any real
+/// list and keeps a typo'd generated file from becoming a long config.
+pub const SHARED_NODES_MAX: usize = 64;
 /// How long a request waits for the store before it is answered from this
 /// host's tables: a store on the local network answers in well under a
 /// millisecond, and the client's own call timeout (5 ms) must not pass first.

@@ -38,6 +38,7 @@ pub struct RawConfig {
 #[serde(deny_unknown_fields)]
 pub struct RawShared {
     pub url: Option<String>,
+    pub nodes: Option<Vec<String>>,
     pub username: Option<String>,
     pub password_file: Option<PathBuf>,
     pub key_prefix: Option<String>,

@@ -186,8 +186,13 @@ pub struct RuleConfig {
 /// beside the defaults in `defaults.rs`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SharedConfig {
-    /// redis://host:port[/db], redis+unix:///path/to.sock or unix:///path/to.sock
+    /// redis://host:port[/db], redis+unix:///path/to.sock or unix:///path/to.sock;
+    /// in cluster mode the first seed node, so `status` and log lines name
+    /// the store the same way in both modes.
     pub url: String,
+    /// Redis Cluster seed nodes (redis://host:port). Empty: one store at
+    /// `url`; otherwise a cluster, and `url` only describes it.
+    pub nodes: Vec<String>,
     pub username: Option<String>,
     /// Read by the daemon at start, never here, so validating a file needs
     /// no access to the secret.

@@ -273,6 +273,7 @@ fn shared_takes_its_defaults_and_needs_only_a_url() {
         built,
         SharedConfig {
             url: "redis://10.0.0.5:6379/0".into(),
+            nodes: Vec::new(),
             username: None,
             password_file: None,
             key_prefix: "tg".into(),
@@ -291,7 +292,47 @@ fn shared_takes_its_defaults_and_needs_only_a_url() {
     );
     assert_eq!(
         shared("").unwrap_err(),
-        ["shared.url: required, one of redis://host:port[/db], redis+unix:///path or unix:///path"]
+        ["shared: one of url (a single store) or nodes (a Redis Cluster's seed nodes) is required"]
+    );
+}
+
+#[test]
+fn shared_nodes_name_a_cluster() {
+    let built = shared("nodes = [\"redis://10.0.0.5:7000\", \"redis://user@10.0.0.6:7000/0\"]").unwrap().unwrap();
+    assert_eq!(built.nodes, ["redis://10.0.0.5:7000", "redis://user@10.0.0.6:7000/0"]);
+    assert_eq!(built.url, "redis://10.0.0.5:7000", "the first node describes the store");
+    for (lines, expected) in [
+        (
+            "url = \"redis://a\"\nnodes = [\"redis://b:7000\"]",
+            vec!["shared: url and nodes exclude each other: url for a single store, nodes for a cluster".to_string()],
+        ),
+        ("nodes = []", vec!["shared.nodes: 1..=64 cluster seed URLs (redis://host:port)".to_string()]),
+        (
+            "nodes = [\"redis://ok:7000\", \"unix:///run/redis.sock\"]",
+            vec!["shared.nodes[1]: a cluster node is redis://host:port (no Unix sockets in cluster mode)".to_string()],
+        ),
+        (
+            "nodes = [\"redis://:hunter2@b:7000\"]",
+            vec![
+                "shared.nodes[0]: holds a password, which would be shown wherever the URL is; put it in password_file"
+                    .to_string(),
+            ],
+        ),
+        (
+            "nodes = [\"redis://b:7000/2\"]",
+            vec!["shared.nodes[0]: a cluster has only database 0: redis://host:port".to_string()],
+        ),
+        (
+            "nodes = [\"rediss://b:7000\"]",
+            vec!["shared.nodes[0]: TLS (rediss://) is not supported yet; use a Unix socket or a TLS tunnel".to_string()],
+        ),
+    ] {
+        assert_eq!(shared(lines).unwrap_err(), expected, "{lines}");
+    }
+    let many: Vec<String> = (0..65).map(|i| format!("\"redis://n{i}:7000\"")).collect();
+    assert_eq!(
+        shared(&format!("nodes = [{}]", many.join(", "))).unwrap_err(),
+        ["shared.nodes: 1..=64 cluster seed URLs (redis://host:port)"]
     );
 }
 
@@ -414,6 +455,6 @@ fn each_shared_bound_is_reported_with_its_number_and_all_at_once() {
 
 #[test]
 fn shared_refuses_unknown_keys() {
-    let err = Config::parse("[shared]\nurl = \"redis://store\"\nnodes = []\n").unwrap_err();
-    assert!(err.contains("nodes"), "{err}");
+    let err = Config::parse("[shared]\nurl = \"redis://store\"\nsentinels = []\n").unwrap_err();
+    assert!(err.contains("sentinels"), "{err}");
 }

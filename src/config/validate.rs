@@ -229,10 +229,34 @@ fn build_responses(raw: RawResponses, errors: &mut Vec<String>) -> ResponsePolic
 
 fn build_shared(raw: RawShared, errors: &mut Vec<String>) -> Option<SharedConfig> {
     let before = errors.len();
-    let url = raw.url.unwrap_or_default();
-    if let Err(why) = check_store_url(&url) {
-        errors.push(format!("shared.url: {why}"));
-    }
+    let (url, nodes) = match (raw.url, raw.nodes) {
+        (Some(url), None) => {
+            if let Err(why) = check_store_url(&url) {
+                errors.push(format!("shared.url: {why}"));
+            }
+            (url, Vec::new())
+        }
+        (None, Some(nodes)) => {
+            if nodes.is_empty() || nodes.len() > SHARED_NODES_MAX {
+                errors.push(format!("shared.nodes: 1..={SHARED_NODES_MAX} cluster seed URLs (redis://host:port)"));
+            }
+            for (i, node) in nodes.iter().enumerate() {
+                if let Err(why) = check_node_url(node) {
+                    errors.push(format!("shared.nodes[{i}]: {why}"));
+                }
+            }
+            (nodes.first().cloned().unwrap_or_default(), nodes)
+        }
+        (None, None) => {
+            errors
+                .push("shared: one of url (a single store) or nodes (a Redis Cluster's seed nodes) is required".into());
+            (String::new(), Vec::new())
+        }
+        (Some(_), Some(_)) => {
+            errors.push("shared: url and nodes exclude each other: url for a single store, nodes for a cluster".into());
+            (String::new(), Vec::new())
+        }
+    };
     if let Some(name) = &raw.username {
         let chars = name.chars().count();
         if chars == 0 || chars > SHARED_USERNAME_CHARS_MAX || name.chars().any(|c| c.is_whitespace() || c.is_control())
@@ -253,6 +277,7 @@ fn build_shared(raw: RawShared, errors: &mut Vec<String>) -> Option<SharedConfig
     }
     let shared = SharedConfig {
         url,
+        nodes,
         username: raw.username,
         password_file: raw.password_file,
         key_prefix,
@@ -331,6 +356,22 @@ fn check_store_url(url: &str) -> Result<(), String> {
     }
     if scheme != "redis" && (!authority.is_empty() || before_query.len() <= 1) {
         return Err(format!("{scheme}:// needs an absolute socket path ({scheme}:///path/to.sock)"));
+    }
+    Ok(())
+}
+
+/// Why a cluster seed URL cannot name a node: the checks of `url`, and
+/// TCP only (a cluster's nodes announce host:port to each other, and the
+/// client follows MOVED to those addresses, so a socket path is no use).
+fn check_node_url(url: &str) -> Result<(), String> {
+    check_store_url(url)?;
+    if !url.starts_with("redis://") {
+        return Err("a cluster node is redis://host:port (no Unix sockets in cluster mode)".into());
+    }
+    let rest = &url["redis://".len()..];
+    let path = rest.find('/').map_or("", |at| &rest[at..]);
+    if !matches!(path, "" | "/" | "/0") {
+        return Err("a cluster has only database 0: redis://host:port".into());
     }
     Ok(())
 }

@@ -20,11 +20,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
+use redis::cluster_async::ClusterConnection;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use breaker::Breaker;
 pub use breaker::State;
-use script::{batch_command, split_batch, Op, Reply, ReplyError, SCRIPT};
+use script::{batch_command, batch_eval_command, op_slot, split_batch, Op, Reply, ReplyError, SCRIPT};
 
 use crate::config::SharedConfig;
 
@@ -41,6 +42,54 @@ pub const BATCHES_IN_FLIGHT_MAX: usize = 4;
 /// host restarting for a deploy still counts, so the share of each host
 /// does not jump up and down with every restart.
 pub const HOSTS_LEARNED_MEMORY_MS: u64 = 10 * 60 * 1000;
+
+/// In a cluster, a failure within this long of a success is one node's
+/// (its slots are away), not the store's: only that call is answered on
+/// this host, and the breaker does not move, so the other nodes' keys stay
+/// decided by the store. A cluster that answers nothing at all opens the
+/// breaker once this has passed since its last answer.
+pub const CLUSTER_PARTIAL_FAILURE_WINDOW_MS: u64 = 1000;
+/// Retry waits of the cluster client (it retries once, after refreshing
+/// its slot map): short, because the caller waits `timeout_ms` at most.
+const CLUSTER_RETRY_WAIT_MIN_MS: u64 = 5;
+const CLUSTER_RETRY_WAIT_MAX_MS: u64 = 50;
+
+/// The driver's connection: one multiplexed connection to a single store,
+/// or the cluster client's (one multiplexed connection per node, slot
+/// routing, MOVED/ASK). Both are cheap clones of a shared handle.
+#[derive(Clone)]
+enum Connection {
+    Single(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Connection::Single(c) => c.req_packed_command(cmd),
+            Connection::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Connection::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Connection::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Single(c) => c.get_db(),
+            Connection::Cluster(c) => c.get_db(),
+        }
+    }
+}
 
 /// Why a call was answered without the store.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -100,7 +149,10 @@ pub struct SharedStore {
     sha: String,
     queue: mpsc::Sender<Pending>,
     receiver: Mutex<Option<mpsc::Receiver<Pending>>>,
-    connection: Mutex<Option<MultiplexedConnection>>,
+    connection: Mutex<Option<Connection>>,
+    /// When a call was last answered (`micros`), 0 never: tells one
+    /// cluster node's failure from the store's.
+    last_success_us: AtomicU64,
     state: AtomicU8,
     breaker: Mutex<Breaker>,
     pub stats: SharedStats,
@@ -126,6 +178,7 @@ impl SharedStore {
             queue,
             receiver: Mutex::new(Some(receiver)),
             connection: Mutex::new(None),
+            last_success_us: AtomicU64::new(0),
             state: AtomicU8::new(State::Open.to_u8()),
             breaker: Mutex::new(breaker),
             stats: SharedStats::default(),
@@ -141,6 +194,11 @@ impl SharedStore {
 
     pub fn state(&self) -> State {
         State::from_u8(self.state.load(Ordering::Acquire))
+    }
+
+    /// Whether the store is a Redis Cluster (`[shared] nodes`).
+    pub fn is_cluster(&self) -> bool {
+        !self.config.nodes.is_empty()
     }
 
     /// Whether global rules are answered by the store now.
@@ -222,6 +280,7 @@ impl SharedStore {
         self.stats.calls.fetch_add(1, Ordering::Relaxed);
         match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(Ok(reply))) => {
+                self.last_success_us.store(self.micros().max(1), Ordering::Relaxed);
                 self.breaker.lock().unwrap_or_else(|e| e.into_inner()).succeeded();
                 Ok(reply)
             }
@@ -256,6 +315,13 @@ impl SharedStore {
 
     fn failed(&self, e: &CallError) {
         self.set_last_error(e);
+        let last_success = self.last_success_us.load(Ordering::Relaxed);
+        if self.is_cluster()
+            && last_success > 0
+            && self.micros().saturating_sub(last_success) < CLUSTER_PARTIAL_FAILURE_WINDOW_MS * 1000
+        {
+            return;
+        }
         let opened = self.breaker.lock().unwrap_or_else(|e| e.into_inner()).failed(self.micros());
         if opened {
             self.set_state(State::Open);
@@ -300,27 +366,69 @@ impl SharedStore {
         });
     }
 
-    async fn send_batch(&self, batch: Vec<Pending>) {
+    async fn send_batch(self: &Arc<SharedStore>, batch: Vec<Pending>) {
         let connection = self.connection.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let Some(mut connection) = connection else {
+        let Some(connection) = connection else {
             for p in batch {
                 let _ = p.reply.send(Err(CallError::Failed("not connected".into())));
             }
             return;
         };
+        if !self.is_cluster() {
+            self.send_group(connection, batch).await;
+            return;
+        }
+        // A script's keys must all hash to one slot (CROSSSLOT otherwise):
+        // one EVALSHA per slot, sent together; each group's callers are
+        // answered as soon as its node answers. The batch holds its
+        // in-flight place for at most the callers' deadline: a dead node's
+        // group (waiting out its backstop) must not stall the dispatcher
+        // and with it the live nodes' slots.
+        let mut groups: Vec<(Option<u16>, Vec<Pending>)> = Vec::new();
+        for p in batch {
+            match op_slot(&p.op) {
+                Ok(slot) => match groups.iter_mut().find(|(s, _)| *s == slot) {
+                    Some((_, group)) => group.push(p),
+                    None => groups.push((slot, vec![p])),
+                },
+                Err(()) => {
+                    let _ = p.reply.send(Err(CallError::Failed("an op's keys span cluster slots".into())));
+                }
+            }
+        }
+        let sends: Vec<_> = groups
+            .into_iter()
+            .map(|(_, group)| {
+                let (store, connection) = (self.clone(), connection.clone());
+                tokio::spawn(async move { store.send_group(connection, group).await })
+            })
+            .collect();
+        let deadline = Duration::from_millis(self.config.timeout_ms);
+        let _ = tokio::time::timeout(deadline, futures_util::future::join_all(sends)).await;
+    }
+
+    /// One EVALSHA for `batch` (one slot's ops in a cluster), its replies
+    /// handed to the callers.
+    async fn send_group(&self, mut connection: Connection, batch: Vec<Pending>) {
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
         self.stats.batched_ops.fetch_add(batch.len() as u64, Ordering::Relaxed);
         let ops: Vec<&Op> = batch.iter().map(|p| &p.op).collect();
+        let cluster = self.is_cluster();
         let started = Instant::now();
         let result = tokio::time::timeout(Duration::from_millis(LATE_REPLY_WAIT_MS), async {
             let cmd = batch_command(&self.sha, &ops);
             match cmd.query_async::<redis::Value>(&mut connection).await {
                 Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
                     // A restarted or flushed store: load the script and try
-                    // once more.
+                    // once more. In a cluster only the node of this slot is
+                    // known to lack it, and EVAL loads it exactly there.
                     self.stats.noscript_reloads.fetch_add(1, Ordering::Relaxed);
-                    redis::cmd("SCRIPT").arg("LOAD").arg(SCRIPT).query_async::<String>(&mut connection).await?;
-                    cmd.query_async::<redis::Value>(&mut connection).await
+                    if cluster {
+                        batch_eval_command(&ops).query_async::<redis::Value>(&mut connection).await
+                    } else {
+                        redis::cmd("SCRIPT").arg("LOAD").arg(SCRIPT).query_async::<String>(&mut connection).await?;
+                        cmd.query_async::<redis::Value>(&mut connection).await
+                    }
                 }
                 other => other,
             }
@@ -363,21 +471,42 @@ impl SharedStore {
     pub async fn connect(&self, fingerprint: &str) -> Result<(), ProbeError> {
         *self.connection.lock().unwrap_or_else(|e| e.into_inner()) = None;
         let connect_timeout = Duration::from_millis(self.config.connect_timeout_ms);
-        let client = self.client().map_err(ProbeError::Unreachable)?;
-        let config = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(connect_timeout))
-            .set_response_timeout(Some(Duration::from_millis(LATE_REPLY_WAIT_MS)));
-        let mut connection =
-            tokio::time::timeout(connect_timeout, client.get_multiplexed_async_connection_with_config(&config))
-                .await
-                .map_err(|_| ProbeError::Unreachable("connect timed out".into()))?
-                .map_err(|e| ProbeError::Unreachable(e.to_string()))?;
+        let mut connection = if self.is_cluster() {
+            let client = self.cluster_client().map_err(ProbeError::Unreachable)?;
+            Connection::Cluster(
+                tokio::time::timeout(connect_timeout, client.get_async_connection())
+                    .await
+                    .map_err(|_| ProbeError::Unreachable("connect timed out".into()))?
+                    .map_err(|e| ProbeError::Unreachable(e.to_string()))?,
+            )
+        } else {
+            let client = self.client(&self.config.url).map_err(ProbeError::Unreachable)?;
+            let config = redis::AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(connect_timeout))
+                .set_response_timeout(Some(Duration::from_millis(LATE_REPLY_WAIT_MS)));
+            Connection::Single(
+                tokio::time::timeout(connect_timeout, client.get_multiplexed_async_connection_with_config(&config))
+                    .await
+                    .map_err(|_| ProbeError::Unreachable("connect timed out".into()))?
+                    .map_err(|e| ProbeError::Unreachable(e.to_string()))?,
+            )
+        };
+        // In a cluster the client sends SCRIPT LOAD to every primary. A
+        // primary that is away must not keep the others from serving their
+        // slots: its batches answer NOSCRIPT later and load it by EVAL.
         let mut load = redis::cmd("SCRIPT");
         load.arg("LOAD").arg(SCRIPT);
-        tokio::time::timeout(connect_timeout, load.query_async::<String>(&mut connection))
+        let loaded = tokio::time::timeout(connect_timeout, load.query_async::<String>(&mut connection))
             .await
-            .map_err(|_| ProbeError::Unreachable("SCRIPT LOAD timed out".into()))?
-            .map_err(|e| ProbeError::Unreachable(e.to_string()))?;
+            .map_err(|_| "SCRIPT LOAD timed out".to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()));
+        match loaded {
+            Ok(_) => {}
+            Err(e) if self.is_cluster() => {
+                tracing::warn!(target: LOG_TARGET, error = %e, "SCRIPT LOAD did not reach every cluster primary; a node that lacks it loads it on first use");
+            }
+            Err(e) => return Err(ProbeError::Unreachable(e)),
+        }
         *self.connection.lock().unwrap_or_else(|e| e.into_inner()) = Some(connection);
         let join = Op::join(format!("{}:{{meta}}", self.config.key_prefix), fingerprint);
         let reply = self.call_unchecked(join, None, connect_timeout).await.map_err(|e| match e {
@@ -401,35 +530,83 @@ impl SharedStore {
     /// A client for the configured store, with its credentials (read from
     /// the password file each time, so a rotated password is picked up by
     /// the next connection).
-    fn client(&self) -> Result<redis::Client, String> {
-        let mut info =
-            redis::IntoConnectionInfo::into_connection_info(self.config.url.as_str()).map_err(|e| e.to_string())?;
+    fn client(&self, url: &str) -> Result<redis::Client, String> {
+        let mut info = redis::IntoConnectionInfo::into_connection_info(url).map_err(|e| e.to_string())?;
         let mut settings = info.redis_settings().clone();
         if let Some(user) = &self.config.username {
             settings = settings.set_username(user);
         }
-        if let Some(path) = &self.config.password_file {
-            let password = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-            settings = settings.set_password(password.trim_end_matches(['\n', '\r']));
+        if let Some(password) = self.password()? {
+            settings = settings.set_password(password);
         }
         info = info.set_redis_settings(settings);
         redis::Client::open(info).map_err(|e| e.to_string())
+    }
+
+    fn password(&self) -> Result<Option<String>, String> {
+        let Some(path) = &self.config.password_file else { return Ok(None) };
+        let password = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        Ok(Some(password.trim_end_matches(['\n', '\r']).to_string()))
+    }
+
+    /// The cluster client for the seed nodes, with the same credentials on
+    /// every node. It retries once (after refreshing its slot map, which
+    /// follows a failover), with short waits: tollgate's own deadline and
+    /// breaker decide how long a caller waits, not the driver.
+    fn cluster_client(&self) -> Result<redis::cluster::ClusterClient, String> {
+        let mut builder = redis::cluster::ClusterClientBuilder::new(self.config.nodes.iter().map(String::as_str))
+            .connection_timeout(Duration::from_millis(self.config.connect_timeout_ms))
+            .response_timeout(Duration::from_millis(LATE_REPLY_WAIT_MS))
+            .overall_response_timeout(Some(Duration::from_millis(LATE_REPLY_WAIT_MS)))
+            .retries(1)
+            .min_retry_wait(CLUSTER_RETRY_WAIT_MIN_MS)
+            .max_retry_wait(CLUSTER_RETRY_WAIT_MAX_MS);
+        if let Some(user) = &self.config.username {
+            builder = builder.username(user);
+        }
+        if let Some(password) = self.password()? {
+            builder = builder.password(password);
+        }
+        builder.build().map_err(|e| e.to_string())
+    }
+
+    /// A subscription: on the store, or in a cluster on the first seed node
+    /// that answers (a cluster's PUBLISH, a script's too, reaches the
+    /// subscribers of every node).
+    async fn subscribe(&self, channel: &str) -> Result<redis::aio::PubSub, String> {
+        let connect_timeout = Duration::from_millis(self.config.connect_timeout_ms);
+        let urls: Vec<&str> = if self.is_cluster() {
+            self.config.nodes.iter().map(String::as_str).collect()
+        } else {
+            vec![self.config.url.as_str()]
+        };
+        let mut why = String::from("no node to subscribe on");
+        for url in urls {
+            let attempt = async {
+                let client = self.client(url)?;
+                let mut pubsub = tokio::time::timeout(connect_timeout, client.get_async_pubsub())
+                    .await
+                    .map_err(|_| "subscribing timed out".to_string())?
+                    .map_err(|e| e.to_string())?;
+                tokio::time::timeout(connect_timeout, pubsub.subscribe(channel))
+                    .await
+                    .map_err(|_| "subscribing timed out".to_string())?
+                    .map_err(|e| e.to_string())?;
+                Ok::<_, String>(pubsub)
+            };
+            match attempt.await {
+                Ok(pubsub) => return Ok(pubsub),
+                Err(e) => why = e,
+            }
+        }
+        Err(why)
     }
 
     /// Listens for the lockouts and unlocks other hosts publish, calling
     /// `heard` with each message, until the connection ends.
     pub async fn listen(&self, channel: &str, mut heard: impl FnMut(&str)) -> Result<(), String> {
         use futures_util::StreamExt;
-        let client = self.client()?;
-        let connect_timeout = Duration::from_millis(self.config.connect_timeout_ms);
-        let mut pubsub = tokio::time::timeout(connect_timeout, client.get_async_pubsub())
-            .await
-            .map_err(|_| "subscribing timed out".to_string())?
-            .map_err(|e| e.to_string())?;
-        tokio::time::timeout(connect_timeout, pubsub.subscribe(channel))
-            .await
-            .map_err(|_| "subscribing timed out".to_string())?
-            .map_err(|e| e.to_string())?;
+        let pubsub = self.subscribe(channel).await?;
         let mut messages = pubsub.into_on_message();
         while let Some(message) = messages.next().await {
             if let Ok(text) = std::str::from_utf8(message.get_payload_bytes()) {

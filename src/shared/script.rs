@@ -137,8 +137,19 @@ pub enum ReportRule {
 /// The arguments of one EVALSHA for a batch of ops: the key count, the
 /// keys, then ARGV.
 pub fn batch_command(sha: &str, ops: &[&Op]) -> redis::Cmd {
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(sha).arg(ops.iter().map(|op| op.keys.len()).sum::<usize>());
+    batch_command_of("EVALSHA", sha, ops)
+}
+
+/// The same batch as EVAL with the script's text: a Cluster node that
+/// answered NOSCRIPT caches the script by running it, so the reload reaches
+/// exactly the node that lacked it (the cluster client routes EVAL by key).
+pub fn batch_eval_command(ops: &[&Op]) -> redis::Cmd {
+    batch_command_of("EVAL", SCRIPT, ops)
+}
+
+fn batch_command_of(name: &str, script: &str, ops: &[&Op]) -> redis::Cmd {
+    let mut cmd = redis::cmd(name);
+    cmd.arg(script).arg(ops.iter().map(|op| op.keys.len()).sum::<usize>());
     for op in ops {
         cmd.arg(&op.keys);
     }
@@ -147,6 +158,45 @@ pub fn batch_command(sha: &str, ops: &[&Op]) -> redis::Cmd {
         cmd.arg(&[op.kind][..]).arg(op.args.len()).arg(op.keys.len()).arg(&op.args);
     }
     cmd
+}
+
+/// Redis Cluster's hash slot of a key: CRC16/XMODEM of its hash tag (the
+/// bytes between the first `{` and the next `}`, if not empty), else of the
+/// whole key, modulo 16384.
+pub fn hash_slot(key: &[u8]) -> u16 {
+    let tagged = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let close = key[open + 1..].iter().position(|&b| b == b'}')?;
+            (close > 0).then(|| &key[open + 1..open + 1 + close])
+        })
+        .unwrap_or(key);
+    crc16_xmodem(tagged) % 16384
+}
+
+fn crc16_xmodem(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in bytes {
+        crc ^= (b as u16) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
+        }
+    }
+    crc
+}
+
+/// The one slot all of an op's keys hash to; None for a keyless op, and
+/// Err for an op whose keys span slots (Redis Cluster refuses it whole,
+/// CROSSSLOT, so it must not ride with others).
+pub fn op_slot(op: &Op) -> Result<Option<u16>, ()> {
+    let mut slots = op.keys.iter().map(|k| hash_slot(k.as_bytes()));
+    let Some(first) = slots.next() else { return Ok(None) };
+    if slots.all(|s| s == first) {
+        Ok(Some(first))
+    } else {
+        Err(())
+    }
 }
 
 /// Why a reply could not be used.
@@ -273,6 +323,30 @@ impl StoreEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Expected values from `redis-cli CLUSTER KEYSLOT` on a Redis 7 node.
+    #[test]
+    fn hash_slots_match_redis_cluster() {
+        assert_eq!(crc16_xmodem(b"123456789"), 0x31C3, "the CRC16/XMODEM check value");
+        for (key, slot) in [
+            ("foo", 12182),
+            ("bar", 5061),
+            ("hello", 866),
+            ("somekey", 11058),
+            ("123456789", 12739),
+            ("{user1000}.following", 3443),
+            ("tg:{00000000deadbeef}:f:login/x:00", 6110),
+            ("{}x", 10595),
+            ("a{}{b}", 15033),
+        ] {
+            assert_eq!(hash_slot(key.as_bytes()), slot, "{key}");
+        }
+        let one = Op::release(&[("tg:{a}:f:x".into(), 1), ("tg:{a}:i:x".into(), 1)]);
+        assert_eq!(op_slot(&one), Ok(Some(hash_slot(b"a"))));
+        let two = Op::release(&[("tg:{a}:f:x".into(), 1), ("tg:{b}:f:x".into(), 1)]);
+        assert_eq!(op_slot(&two), Err(()));
+        assert_eq!(op_slot(&Op::check(&[])), Ok(None));
+    }
 
     #[test]
     fn a_batch_lays_out_keys_then_each_ops_counts_and_arguments() {
