@@ -153,6 +153,17 @@ pub(super) fn build_route(
     }
 }
 
+/// A rule's 16-bit tag (see `Rule::tag`): SipHash-1-3 with fixed keys, so
+/// it is the same in every build and on every host.
+pub(super) fn rule_tag(route: &str, rule: &str) -> u16 {
+    use std::hash::Hasher;
+    let mut hash = siphasher::sip::SipHasher13::new();
+    hash.write(route.as_bytes());
+    hash.write(b"/");
+    hash.write(rule.as_bytes());
+    hash.finish() as u16
+}
+
 /// This host's share of a limit among `hosts`: rounded up, so a limit
 /// below the host count still lets one through per host.
 fn share(limit: u32, hosts: u32) -> u32 {
@@ -217,6 +228,7 @@ pub(super) fn build_rule(
     Rule {
         name: rule.name.clone(),
         id: format!("{}/{}", route.name, rule.name).into(),
+        tag: rule_tag(&route.name, &rule.name),
         key: rule.key.clone(),
         monitor: rule.monitor,
         responses: rule.responses.clone(),

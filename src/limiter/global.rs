@@ -130,7 +130,7 @@ impl Limiter {
         let tag = self.keys.account_tag(account);
         let channel = self.shared_channel();
         let mut ops = Vec::new();
-        for (i, rule) in route.rules.iter().enumerate() {
+        for rule in &route.rules {
             let Some(Full::Failures(spec)) = rule.global else { continue };
             if !rule.key.contains(&Component::Account) {
                 continue;
@@ -141,7 +141,7 @@ impl Limiter {
                 let key = keys.key(&rule.key)?;
                 if let Some(known) = &route.known_lockouts {
                     let mut known = known.of(key);
-                    if known.get(key.tuple, now_us).is_some_and(|s| usize::from(s.value) == i) {
+                    if known.get(key.tuple, now_us).is_some_and(|s| s.value == rule.tag) {
                         known.remove(key.tuple);
                     }
                 }
@@ -159,7 +159,7 @@ impl Limiter {
         let Some((route, rule, key)) = self.parse_store_key(name) else { return false };
         if let Some(known) = &route.known_lockouts {
             let mut known = known.of(key);
-            if known.get(key.tuple, 0).is_some_and(|s| usize::from(s.value) == rule) {
+            if known.get(key.tuple, 0).is_some_and(|s| s.value == route.rules[rule].tag) {
                 known.remove(key.tuple);
             }
         }
@@ -256,10 +256,10 @@ impl Limiter {
     fn known_lockout<'a>(&'a self, route: &'a Route, keys: &RuleKeys, now_us: u64, answers: &mut Answers<'a>) -> bool {
         let Some(known) = &route.known_lockouts else { return false };
         let mut refused = false;
-        for (i, (rule, key)) in route.rules.iter().zip(keys.iter().copied()).enumerate() {
+        for (rule, key) in route.rules.iter().zip(keys.iter().copied()) {
             let (Some(Full::Failures(spec)), Some(key), false) = (rule.global, key, rule.monitor) else { continue };
             let Some(slot) = known.of(key).get(key.tuple, now_us) else { continue };
-            if usize::from(slot.value) != i {
+            if slot.value != rule.tag {
                 continue;
             }
             let standing = Standing { counts: Counts::default(), in_flight: 0, in_flight_until_us: now_us };
@@ -276,7 +276,8 @@ impl Limiter {
     fn remember_lockout(&self, route: &Route, rule_index: usize, key: Key, until_us: u64, now_us: u64) {
         if let Some(known) = &route.known_lockouts {
             if until_us > now_us {
-                known.of(key).set(key.tuple, Slot { expires_us: until_us, value: rule_index as u16 }, now_us);
+                let tag = route.rules[rule_index].tag;
+                known.of(key).set(key.tuple, Slot { expires_us: until_us, value: tag }, now_us);
             }
         }
     }
@@ -421,7 +422,9 @@ impl Limiter {
             let answer = match (found, rule.global) {
                 (Found::Reported { was_locked, now_locked, entry }, Some(Full::Failures(spec))) => {
                     let answer = store_failure_answer(rule, spec, now_locked, entry, store_now);
-                    if now_locked && answer.retry_after_us > 0 {
+                    // A monitored rule refuses nothing, so there is no
+                    // lockout to remember, persist or publish.
+                    if now_locked && answer.retry_after_us > 0 && !rule.monitor {
                         let until = now_us + answer.retry_after_us;
                         self.remember_lockout(route, i, key, until, now_us);
                         if !was_locked {
@@ -530,7 +533,7 @@ impl Limiter {
             map: DeviceMap::KnownLockouts,
             shard: shard_index(key.tuple) as u8,
             whole: false,
-            rows: vec![(key.tuple, Some((until_us, rule_index as u16)))],
+            rows: vec![(key.tuple, Some((until_us, route.rules[rule_index].tag)))],
         };
         self.journal.write_devices(rows, true)
     }
@@ -567,8 +570,11 @@ fn store_failure_answer<'r>(
     let mut answer = failure_answer(rule, spec, standing, refused, store_now);
     if refused {
         // A lockout written back by a host that counted it while the
-        // store was away lasts its own time.
-        answer.retry_after_us = answer.retry_after_us.max(entry.lock_remaining_us);
+        // store was away lasts its own time, and no lockout of a sliding
+        // window outlasts its next window: a planted lock-until is held
+        // no longer than that.
+        let lock_remaining_us = entry.lock_remaining_us.min(spec.window_us.saturating_mul(2));
+        answer.retry_after_us = answer.retry_after_us.max(lock_remaining_us);
         answer.reason = Reason::TooManyFailures;
     }
     answer

@@ -30,6 +30,10 @@ pub(super) struct Rule {
     pub(super) name: String,
     /// `route/rule`: how the state file names this rule's entries.
     pub(super) id: Arc<str>,
+    /// A 16-bit digest of `id`: which rule a known lockout belongs to, in
+    /// memory and in the state file. Not the rule's index, which a reload
+    /// that reorders or adds rules would change.
+    pub(super) tag: u16,
     pub(super) key: Vec<Component>,
     pub(super) monitor: bool,
     pub(super) responses: Vec<Rung>,

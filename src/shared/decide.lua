@@ -10,9 +10,11 @@
 -- writes nothing.
 --
 -- Time is the store's (TIME), read once per batch: with one clock per key,
--- skew between hosts changes nothing in a decision. Every number below is
--- an integer under 2^53 (store microseconds are about 1.8e15), so Lua's
--- doubles hold them exactly.
+-- skew between hosts changes nothing in a decision. Every time and count
+-- is an integer under 2^53 (store microseconds are about 1.8e15), so Lua's
+-- doubles hold them exactly. A weighted count (count x window) can pass
+-- 2^53 with a day-long window and a huge count; it is then far above any
+-- threshold, so the rounding cannot change a decision.
 --
 -- A failure entry is one string: struct '<BdI4I4I4ddH' (version 1, window
 -- length W, window index w, previous and current counts, lock-until,
@@ -189,7 +191,13 @@ local function report()
       -- account's index (the next key) lists its entries, so an unlock of
       -- the whole account finds them.
       local ix = nil
-      if kind == 'F' then ix = key() end
+      if kind == 'F' then
+        ix = key()
+        -- Checked before anything is written: a write that fails midway
+        -- would abort the whole batch and keep what was written.
+        local t = redis.call('TYPE', ix)['ok']
+        if t ~= 'none' and t ~= 'set' then return { -2, i } end
+      end
       local W, T, release, count, clear = num(), num(), num(), num(), num()
       local r, err = load(kn, W)
       if not r then return { -err, i } end
@@ -252,6 +260,8 @@ end
 -- an unlock newer than the lockout wins.
 local function merge()
   local kn, W, T, lock_rem, age = key(), num(), num(), num(), num()
+  -- No lockout of a sliding window outlasts its next window.
+  lock_rem = math.min(lock_rem, 2 * W)
   local r, err = load(kn, W)
   if not r then return { -err, 1 } end
   roll(r)

@@ -350,8 +350,9 @@ impl SharedStore {
                     }
                 }
                 // A caller that already gave up (and has no places to give
-                // back) needs nothing sent.
-                batch.retain(|p| !(p.reply.is_closed() && p.late.is_none()));
+                // back) needs nothing sent. A release is sent though nobody
+                // waits for it: the places it gives back are the point.
+                batch.retain(|p| !(p.reply.is_closed() && p.late.is_none() && p.op.kind != b'X'));
                 if batch.is_empty() {
                     continue;
                 }
