@@ -469,3 +469,87 @@ fn a_slow_or_dropping_path_to_the_store_degrades_only_its_daemon() {
         }
     }
 }
+
+// The red team's cases (issue 14 review): each failed before its fix.
+
+/// A check whose store reply arrives after the timeout took places in the
+/// store while the daemon answered on its share: the places are given back.
+#[test]
+fn a_late_admitted_check_gives_its_store_places_back() {
+    require_redis();
+    let redis = RedisServer::tcp();
+    let proxy = Proxy::new(redis.addr());
+    let dir = tempfile::tempdir().unwrap();
+    let d = TestDaemon::start_with(Some(&shared_config(&proxy.url(), &shared_secret(dir.path()), "")), false);
+    let rt = runtime();
+    assert!(!rt.block_on(d.client().check_answered("login", &subject("192.0.2.9", "warm"))).degraded);
+    let before: Vec<String> = redis.cmd(&["--scan", "--pattern", "*:f:*"]).lines().map(str::to_owned).collect();
+    proxy.set_mode(ProxyMode::Delay(Duration::from_millis(80)));
+    assert!(rt.block_on(d.client().check_answered("login", &subject("192.0.2.10", "late"))).degraded);
+    std::thread::sleep(Duration::from_millis(600));
+    proxy.set_mode(ProxyMode::Pass);
+    std::thread::sleep(Duration::from_millis(600));
+    let (_, shared) = rt.block_on(d.client().status_with_shared()).unwrap();
+    assert!(shared.unwrap().late_replies >= 1, "the reply came late");
+    for k in redis.cmd(&["--scan", "--pattern", "*:f:*"]).lines().filter(|k| !before.iter().any(|b| b == k)) {
+        // An entry is 39 bytes and 8 per place in flight.
+        let len: usize = redis.cmd(&["STRLEN", k]).trim().parse().unwrap();
+        assert_eq!((len - 39) / 8, 0, "{k} still holds a place the late check took");
+    }
+}
+
+/// A wrong-type value at an account's index key degrades that account's
+/// decisions only, not the host's (it once aborted whole batches and
+/// opened the breaker).
+#[test]
+fn a_wrong_type_index_key_degrades_only_its_account() {
+    require_redis();
+    let redis = RedisServer::unix();
+    let dir = tempfile::tempdir().unwrap();
+    let daemons = daemons(1, &redis.url(), &shared_secret(dir.path()), "timeout_ms = 1000");
+    let d = &daemons[0];
+    let victim = subject("198.51.100.7", "poisoned");
+    check(d, &victim);
+    report(d, &victim, Outcome::Failure);
+    let index: Vec<String> = redis.cmd(&["--scan", "--pattern", "*:i:*"]).lines().map(str::to_owned).collect();
+    assert!(!index.is_empty(), "an index key exists");
+    for k in &index {
+        redis.cmd(&["DEL", k]);
+        redis.cmd(&["SET", k, "garbage"]);
+    }
+    for _ in 0..3 {
+        report(d, &victim, Outcome::Failure);
+    }
+    let answered = runtime().block_on(d.client().check_answered("login", &subject("203.0.113.50", "innocent")));
+    assert!(!answered.degraded, "an unrelated account stays with the store:\n{}", d.log());
+    let (_, shared) = runtime().block_on(d.client().status_with_shared()).unwrap();
+    assert!(shared.unwrap().bad_values >= 1);
+}
+
+/// A device alice logged in from on host A is known to host B too: the
+/// account ceiling a spray holds does not refuse her there.
+#[test]
+fn alice_on_her_known_device_logs_in_on_another_host_while_a_spray_holds_her_ceiling() {
+    require_redis();
+    let redis = RedisServer::unix();
+    let dir = tempfile::tempdir().unwrap();
+    let daemons = daemons(2, &redis.url(), &shared_secret(dir.path()), "timeout_ms = 1000");
+    let (a, b) = (&daemons[0], &daemons[1]);
+    let home = Subject { device: Some("cookie-7f1c2a"), ..subject("203.0.113.9", "alice") };
+    assert_eq!(check(a, &home).decision, Decision::Allow);
+    report(a, &home, Outcome::Success);
+    for n in 1..=60 {
+        let s = subject(leak(format!("192.0.2.{n}")), "alice");
+        let d = if n % 2 == 0 { a } else { b };
+        if check(d, &s).decision == Decision::Allow {
+            report(d, &s, Outcome::Failure);
+        }
+    }
+    let stranger = Subject { device: Some("cookie-0000"), ..subject("198.51.100.99", "alice") };
+    let v = check(b, &stranger);
+    assert_eq!((v.decision, v.rule.as_ref()), (Decision::Deny, "account_failures"), "the spray holds the ceiling");
+    for (host, d) in [("A", a), ("B", b)] {
+        let v = check(d, &home);
+        assert_eq!(v.decision, Decision::Allow, "host {host}: her known device is not locked out ({v:?})");
+    }
+}

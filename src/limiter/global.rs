@@ -15,12 +15,13 @@ use super::subject::RuleKeys;
 use super::verdict::{combine, failure_answer, gcra_spec, rate_answer, Answers, RuleAnswer};
 use super::{CheckPlan, Limiter, PreparedReport, RequestError, Rules};
 use crate::classes::SourceClass;
+use crate::config::DeviceScope;
 use crate::expiring::Slot;
 use crate::failure_window::{Counts, Standing};
 use crate::gcra::decide;
 use crate::keys::{Component, Key};
 use crate::protocol::{Outcome, Reason, Subject, Verdict};
-use crate::shared::script::{CheckRule, Ints, Op, Reply, ReplyError, ReportRule, StoreEntry};
+use crate::shared::script::{CheckRule, Ints, Op, Reply, ReplyError, ReportRule, Scope, StoreEntry};
 use crate::store::{DeviceMap, DeviceRows, Durable};
 
 /// A check after this host's rules, waiting for the store.
@@ -31,6 +32,8 @@ pub struct StoreCheck<'l> {
     answers: Answers<'l>,
     /// Bit i: host rule i holds a place for this attempt.
     held: u32,
+    /// Whether this host knows the device (for a local answer).
+    known: bool,
     /// The op to send.
     pub op: Op,
     /// Gives back the places the op takes, if its answer is not used.
@@ -96,6 +99,16 @@ impl Limiter {
         let tag = if rule.key.contains(&Component::Account) { key.account_tag } else { key.tuple };
         let kind = if matches!(rule.global, Some(Full::Rate { .. })) { 'r' } else { 'f' };
         format!("{prefix}:{{{tag:016x}}}:{kind}:{}:{:032x}", rule.id, key.to_u128())
+    }
+
+    fn prefix(&self) -> &str {
+        self.shared_prefix.as_deref().unwrap_or("tg")
+    }
+
+    /// The store's name for a device an account logged in from: any host's
+    /// success makes it known to all.
+    fn device_key(&self, route: &Route, device: Key) -> String {
+        format!("{}:{{{:016x}}}:d:{}:{:032x}", self.prefix(), device.account_tag, route.name, device.to_u128())
     }
 
     /// An account's index of a rule's entries, for a rule keyed on the
@@ -200,13 +213,14 @@ impl Limiter {
     /// the op that takes their places and spends their rates, all or
     /// nothing, in the store.
     pub fn begin_check<'a>(&'a self, plan: CheckPlan<'a>, now_us: u64) -> CheckedLocally<'a> {
-        let CheckPlan { route, rule_keys, class } = plan;
+        let CheckPlan { route, rule_keys, class, device, known } = plan;
         let globals = route.rules.iter().zip(rule_keys.iter()).any(|(r, k)| r.global.is_some() && k.is_some());
         if !globals {
-            return CheckedLocally::Done(self.decide_check(CheckPlan { route, rule_keys, class }, now_us));
+            let plan = CheckPlan { route, rule_keys, class, device, known };
+            return CheckedLocally::Done(self.decide_check(plan, now_us));
         }
         let mut answers = Answers::new();
-        if self.known_lockout(route, &rule_keys, now_us, &mut answers) {
+        if self.known_lockout(route, &rule_keys, device.is_some(), now_us, &mut answers) {
             return CheckedLocally::KnownLockout(combine(&answers));
         }
         let mut held = 0;
@@ -216,14 +230,19 @@ impl Limiter {
         }
         let mut rules = Vec::new();
         let mut places = Vec::new();
+        if let Some(device) = device {
+            rules.push(CheckRule::Device { key: self.device_key(route, device) });
+        }
         for (rule, key) in route.rules.iter().zip(rule_keys.iter().copied()) {
             let (Some(full), Some(key)) = (rule.global, key) else { continue };
             let name = self.store_key(rule, key);
+            let scope = scope(rule, device.is_some());
             match full {
                 Full::Failures(spec) => {
                     places.push((name.clone(), spec.window_us));
                     rules.push(CheckRule::Failures {
                         key: name,
+                        scope,
                         window_us: spec.window_us,
                         threshold: spec.threshold,
                         timeout_us: self.attempt_timeout_us,
@@ -234,6 +253,7 @@ impl Limiter {
                     let spec = full_rate_spec(full, class);
                     rules.push(CheckRule::Rate {
                         key: name,
+                        scope,
                         interval_us: spec.interval_us,
                         tolerance_us: spec.interval_us.saturating_mul(spec.burst as u64),
                         monitor: rule.monitor,
@@ -247,17 +267,31 @@ impl Limiter {
             class,
             answers,
             held,
+            known,
             op: Op::check(&rules),
             release: Op::release(&places),
         }))
     }
 
     /// Refuses from memory a key the store said is locked; true if one is.
-    fn known_lockout<'a>(&'a self, route: &'a Route, keys: &RuleKeys, now_us: u64, answers: &mut Answers<'a>) -> bool {
+    fn known_lockout<'a>(
+        &'a self,
+        route: &'a Route,
+        keys: &RuleKeys,
+        store_decides_devices: bool,
+        now_us: u64,
+        answers: &mut Answers<'a>,
+    ) -> bool {
         let Some(known) = &route.known_lockouts else { return false };
         let mut refused = false;
         for (rule, key) in route.rules.iter().zip(keys.iter().copied()) {
             let (Some(Full::Failures(spec)), Some(key), false) = (rule.global, key, rule.monitor) else { continue };
+            // Whether a device-scoped rule applies is the store's to say
+            // (the account ceiling exempts a device any host has seen log
+            // in): its lockout is not refused from memory.
+            if store_decides_devices && rule.devices != DeviceScope::All {
+                continue;
+            }
             let Some(slot) = known.of(key).get(key.tuple, now_us) else { continue };
             if slot.value != rule.tag {
                 continue;
@@ -299,6 +333,9 @@ impl Limiter {
         let StoreCheck { route, rule_keys, class, mut answers, held, release, .. } = *check;
         let store_now = parsed.store_now;
         for (i, found) in parsed.rules {
+            if matches!(found, Found::Skipped) {
+                continue;
+            }
             let rule = &route.rules[i];
             let key = rule_keys[i].expect("a global rule in the op has a key");
             let answer = match (found, rule.global) {
@@ -341,7 +378,8 @@ impl Limiter {
     /// A check's second half without the store: the global rules are
     /// counted on this host's degraded tables (ceil(limit / hosts)).
     pub fn finish_check_locally<'a>(&'a self, check: Box<StoreCheck<'a>>, now_us: u64) -> Verdict<'a> {
-        let StoreCheck { route, rule_keys, class, mut answers, mut held, .. } = *check;
+        let StoreCheck { route, rule_keys, class, mut answers, mut held, known, .. } = *check;
+        let rule_keys = self.scoped_here(route, rule_keys, known);
         let mut refused = self.admit_failures(route, &rule_keys, Rules::Global, now_us, &mut answers, &mut held);
         if !refused {
             refused = self.spend_rates(route, &rule_keys, class, Rules::All, now_us, &mut answers);
@@ -374,9 +412,13 @@ impl Limiter {
         }
         self.report_rules(&prepared, Rules::Host, true, now_us, &mut answers, &mut durable);
         let mut rules = Vec::new();
+        if let Some(device) = prepared.device {
+            rules.push(ReportRule::Device { key: self.device_key(route, device) });
+        }
         for (rule, key) in route.rules.iter().zip(prepared.rule_keys.iter().copied()) {
             let (Some(full), Some(key)) = (rule.global, key) else { continue };
             let name = self.store_key(rule, key);
+            let scope = scope(rule, prepared.device.is_some());
             match (full, &rule.table) {
                 (Full::Failures(spec), Table::Failures { cleared_by_success, shards, .. }) => {
                     // A place taken here (degraded) is settled here; the
@@ -390,10 +432,19 @@ impl Limiter {
                         release: !settled_here,
                         count: outcome == Outcome::Failure && !prepared.repeated,
                         clear: outcome == Outcome::Success && *cleared_by_success,
+                        scope,
                     });
                 }
-                _ => rules.push(ReportRule::Rate { key: name }),
+                _ => rules.push(ReportRule::Rate { key: name, scope }),
             }
+        }
+        if let (Some(device), Some(known), Outcome::Success) = (prepared.device, &route.known_devices, outcome) {
+            rules.push(ReportRule::Remember {
+                key: self.device_key(route, device),
+                count_key: format!("{}:{{{:016x}}}:dn:{}", self.prefix(), device.account_tag, route.name),
+                ttl_us: known.ttl_us,
+                per_account_max: known.per_account_max,
+            });
         }
         Ok(ReportedLocally::Store(Box::new(StoreReport { prepared, answers, durable, op: Op::report(&rules) })))
     }
@@ -417,6 +468,9 @@ impl Limiter {
         let store_now = parsed.store_now;
         let mut locked = Vec::new();
         for (i, found) in parsed.rules {
+            if matches!(found, Found::Skipped) {
+                continue;
+            }
             let rule = &route.rules[i];
             let key = prepared.rule_keys[i].expect("a global rule in the op has a key");
             let answer = match (found, rule.global) {
@@ -455,7 +509,8 @@ impl Limiter {
         report: Box<StoreReport<'a>>,
         now_us: u64,
     ) -> (Verdict<'a>, Vec<Durable>) {
-        let StoreReport { prepared, mut answers, mut durable, .. } = *report;
+        let StoreReport { mut prepared, mut answers, mut durable, .. } = *report;
+        prepared.rule_keys = self.scoped_here(prepared.route, prepared.rule_keys, prepared.known);
         self.report_rules(&prepared, Rules::Global, false, now_us, &mut answers, &mut durable);
         (combine(&answers), durable)
     }
@@ -539,6 +594,17 @@ impl Limiter {
     }
 }
 
+/// A rule's device scope for the store's script: decided there when the
+/// request has a device it can look up; otherwise already decided here
+/// (the rule has a key only if it applies).
+fn scope(rule: &Rule, store_decides_devices: bool) -> Scope {
+    match (store_decides_devices, rule.devices) {
+        (false, _) | (true, DeviceScope::All) => 0,
+        (true, DeviceScope::UnknownDevices) => 1,
+        (true, DeviceScope::KnownDevices) => 2,
+    }
+}
+
 fn full_rate_spec(full: Full, class: Option<SourceClass>) -> crate::gcra::GcraSpec {
     match full {
         Full::Rate { rate, by_class } => gcra_spec(class.and_then(|c| by_class[c]).unwrap_or(rate)),
@@ -581,9 +647,20 @@ fn store_failure_answer<'r>(
 }
 
 enum Found {
-    Failures { refuses: bool, entry: StoreEntry },
-    Reported { was_locked: bool, now_locked: bool, entry: StoreEntry },
-    Rate { tat: u64 },
+    /// A device-scoped rule the store found does not apply.
+    Skipped,
+    Failures {
+        refuses: bool,
+        entry: StoreEntry,
+    },
+    Reported {
+        was_locked: bool,
+        now_locked: bool,
+        entry: StoreEntry,
+    },
+    Rate {
+        tat: u64,
+    },
 }
 
 struct Parsed {
@@ -606,6 +683,11 @@ fn parse_check(check: &StoreCheck<'_>, reply: &Reply) -> Result<Parsed, ReplyErr
     let store_now = ints.unsigned()?;
     let mut rules = Vec::new();
     for (i, rule) in global_rules(check.route, &check.rule_keys) {
+        if ints.peek()? == 2 {
+            ints.next()?;
+            rules.push((i, Found::Skipped));
+            continue;
+        }
         let refuses = ints.flag()?;
         let found = match rule.global {
             Some(Full::Failures(_)) => Found::Failures { refuses, entry: StoreEntry::read(&mut ints)? },
@@ -622,6 +704,11 @@ fn parse_report(report: &StoreReport<'_>, reply: &Reply) -> Result<Parsed, Reply
     let store_now = ints.unsigned()?;
     let mut rules = Vec::new();
     for (i, rule) in global_rules(report.prepared.route, &report.prepared.rule_keys) {
+        if ints.peek()? == 2 {
+            ints.next()?;
+            rules.push((i, Found::Skipped));
+            continue;
+        }
         let was_locked = ints.flag()?;
         let now_locked = ints.flag()?;
         let found = match rule.global {

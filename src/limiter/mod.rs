@@ -23,7 +23,7 @@ pub use maintenance::Restored;
 use std::sync::Arc;
 
 use crate::classes::{ClassTable, SourceClass};
-use crate::config::{ResponsePolicy, RULES_PER_ROUTE_MAX};
+use crate::config::{DeviceScope, ResponsePolicy, RULES_PER_ROUTE_MAX};
 use crate::expiring::Slot;
 use crate::keys::{Component, Key, KeyDeriver};
 use crate::protocol::{Outcome, Subject, Verdict};
@@ -75,6 +75,9 @@ struct PreparedReport<'l> {
     class: Option<SourceClass>,
     outcome: Outcome,
     repeated: bool,
+    /// As in `CheckPlan`.
+    device: Option<Key>,
+    known: bool,
 }
 
 /// A check with its keys derived, not yet decided (see `plan_check`).
@@ -82,6 +85,11 @@ pub struct CheckPlan<'l> {
     route: &'l Route,
     rule_keys: RuleKeys,
     class: Option<SourceClass>,
+    /// Shared mode, with an account and a device: the (account, device)
+    /// key, which the store looks up to decide device-scoped global rules.
+    device: Option<Key>,
+    /// Whether this host knows the device.
+    known: bool,
 }
 
 /// The routes and tables; shared by every connection.
@@ -107,6 +115,37 @@ impl Limiter {
             .iter()
             .find(|r| r.name == name)
             .ok_or_else(|| RequestError::UnknownRoute(name.chars().take(64).collect()))
+    }
+
+    /// Shared mode, a route that keeps known devices, and a request with an
+    /// account and a device: the (account, device) key the store looks up.
+    fn device_in_store(&self, route: &Route, keys: &mut SubjectKeys<'_, '_>) -> Result<Option<Key>, RequestError> {
+        if self.shared_prefix.is_none()
+            || route.known_devices.is_none()
+            || keys.subject.account.is_none()
+            || keys.subject.device.is_none()
+        {
+            return Ok(None);
+        }
+        keys.key(&[Component::Account, Component::Device]).map(Some)
+    }
+
+    /// The keys of a plan made for the store (`rule_keys_deciding`) as this
+    /// host decides device scope, when it decides alone (degraded, or no
+    /// store): a rule whose scope does not match this host's knowledge of
+    /// the device does not apply.
+    fn scoped_here(&self, route: &Route, mut rule_keys: RuleKeys, known: bool) -> RuleKeys {
+        for (rule, key) in route.rules.iter().zip(rule_keys.iter_mut()) {
+            let applies = match rule.devices {
+                DeviceScope::All => true,
+                DeviceScope::UnknownDevices => !known,
+                DeviceScope::KnownDevices => known,
+            };
+            if !applies {
+                *key = None;
+            }
+        }
+        rule_keys
     }
 
     fn known_device(&self, route: &Route, keys: &mut SubjectKeys<'_, '_>, now_us: u64) -> Result<bool, RequestError> {
@@ -139,8 +178,9 @@ impl Limiter {
         check_lengths(subject)?;
         let mut keys = self.subject_keys(&route.name, subject);
         let known = self.known_device(route, &mut keys, now_us)?;
-        let rule_keys = keys.rule_keys(&route.rules, known)?;
-        Ok(CheckPlan { route, rule_keys, class: keys.source_class() })
+        let device = self.device_in_store(route, &mut keys)?;
+        let rule_keys = keys.rule_keys(&route.rules, known, device.is_some())?;
+        Ok(CheckPlan { route, rule_keys, class: keys.source_class(), device, known })
     }
 
     /// Asks the memory system for the rate-table slots a planned check will
@@ -158,7 +198,8 @@ impl Limiter {
     /// rule then refuses, the places taken are given back, so a refused
     /// check holds nothing.
     pub fn decide_check<'a>(&'a self, plan: CheckPlan<'a>, now_us: u64) -> Verdict<'a> {
-        let CheckPlan { route, rule_keys, class } = plan;
+        let CheckPlan { route, rule_keys, class, known, .. } = plan;
+        let rule_keys = self.scoped_here(route, rule_keys, known);
         let mut answers = Answers::new();
         // Bit i: rule i holds a place for this attempt.
         let mut held: u32 = 0;
@@ -282,9 +323,10 @@ impl Limiter {
         check_lengths(subject)?;
         let mut keys = self.subject_keys(&route.name, subject);
         let known = self.known_device(route, &mut keys, now_us)?;
+        let device = self.device_in_store(route, &mut keys)?;
         // Derive every key before touching any table, so a missing field
         // cannot leave a report counted on some rules and not others.
-        let rule_keys = keys.rule_keys(&route.rules, known)?;
+        let rule_keys = keys.rule_keys(&route.rules, known, device.is_some())?;
         let repeated = match (outcome, password_digest, &route.recent_passwords) {
             (Outcome::Failure, Some(digest), Some(recent))
                 if keys.has(Component::Prefix) && keys.has(Component::Account) =>
@@ -302,7 +344,7 @@ impl Limiter {
                 known_devices.remember(key, now_us);
             }
         }
-        Ok(PreparedReport { route, rule_keys, class: keys.source_class(), outcome, repeated })
+        Ok(PreparedReport { route, rule_keys, class: keys.source_class(), outcome, repeated, device, known })
     }
 
     /// Counts a report on this host's tables for the rules of `which`. With
@@ -316,7 +358,7 @@ impl Limiter {
         answers: &mut Answers<'a>,
         durable: &mut Vec<Durable>,
     ) {
-        let PreparedReport { route, ref rule_keys, class, outcome, repeated } = *report;
+        let PreparedReport { route, ref rule_keys, class, outcome, repeated, .. } = *report;
         for (rule, key) in route.rules.iter().zip(rule_keys.iter().copied()) {
             let Some(key) = key else { continue };
             if !which.has(rule) {

@@ -96,12 +96,28 @@ impl SubjectKeys<'_, '_> {
 
     /// Every rule's key, in rule order; an error if any key field is
     /// missing, before any table is touched.
-    pub(super) fn rule_keys(&mut self, rules: &[Rule], known_device: bool) -> Result<RuleKeys, RequestError> {
+    /// Every rule's key, in rule order; an error if any key field is
+    /// missing, before any table is touched. With `store_decides_devices` (shared mode, a device in
+    /// the request), a global rule scoped to known or unknown devices gets
+    /// its key whatever this host knows of the device: the store, which
+    /// knows the devices every host has seen, decides whether it applies.
+    pub(super) fn rule_keys(
+        &mut self,
+        rules: &[Rule],
+        known_device: bool,
+        store_decides_devices: bool,
+    ) -> Result<RuleKeys, RequestError> {
         // A plain loop: collecting the `Result`s cost more instructions than
         // deriving a one-rule route's key.
         let mut keys = RuleKeys::new();
         for rule in rules {
-            keys.push(self.rule_key(rule, known_device)?);
+            let scoped = rule.devices != DeviceScope::All && rule.global.is_some();
+            if store_decides_devices && scoped {
+                let applies = rule.required || rule.key.iter().all(|c| self.has(*c));
+                keys.push(if applies { Some(self.key(&rule.key)?) } else { None });
+            } else {
+                keys.push(self.rule_key(rule, known_device)?);
+            }
         }
         Ok(keys)
     }

@@ -137,13 +137,28 @@ end
 -- all or nothing. Pass 1 reads and decides; pass 2 writes only when no
 -- enforced rule refused, so a refused check holds nothing and nothing has
 -- to be given back over the network.
+-- Whether a rule scoped to devices applies: scope 0 always, 1 to devices
+-- no host has seen log in (the account ceiling: the owner's device is
+-- exempt on every host), 2 to known devices only.
+local function applies(scope, known)
+  return scope == 0 or (scope == 1 and not known) or (scope == 2 and known)
+end
+
 local function check()
   local n = num()
   local recs, refused, out = {}, false, { 0, now }
+  local known = false
   for i = 1, n do
     local kind = str()
     local kn = key()
-    if kind == 'f' then
+    if kind == 'd' then
+      -- The (account, device) key: known if any host saw it log in.
+      known = redis.call('EXISTS', kn) == 1
+    elseif not applies(num(), known) then
+      -- Skipped: its arguments are passed over, it answers 2.
+      if kind == 'f' then a = a + 4 else a = a + 3 end
+      out[#out + 1] = 2
+    elseif kind == 'f' then
       local W, T, timeout, mon = num(), num(), num(), num()
       local r, err = load(kn, W)
       if not r then return { -err, i } end
@@ -183,10 +198,24 @@ end
 local function report()
   local n = num()
   local recs, out = {}, { 0, now }
+  local known = false
+  local remember = nil
   for i = 1, n do
     local kind = str()
     local kn = key()
-    if kind == 'f' or kind == 'F' then
+    if kind == 'd' then
+      known = redis.call('EXISTS', kn) == 1
+      recs[i] = { skip = true }
+    elseif kind == 'D' then
+      -- A success: the device becomes known to every host, while the
+      -- account is under its cap of new devices (the next key counts them).
+      remember = { kn = kn, ck = key(), ttl = num(), max = num() }
+      recs[i] = { skip = true }
+    elseif not applies(num(), known) then
+      if kind == 'F' then key() end
+      if kind ~= 'g' then a = a + 5 end
+      recs[i] = { skipped = true }
+    elseif kind == 'f' or kind == 'F' then
       -- 'F': the rule is keyed on the account and something else; its
       -- account's index (the next key) lists its entries, so an unlock of
       -- the whole account finds them.
@@ -211,7 +240,11 @@ local function report()
   local locks = 0
   for i = 1, n do
     local x = recs[i]
-    if x.tat then
+    if x.skip then
+      -- the device elements answer nothing
+    elseif x.skipped then
+      out[#out + 1] = 2
+    elseif x.tat then
       out[#out + 1] = 0
       out[#out + 1] = 0
       out[#out + 1] = x.tat
@@ -234,6 +267,20 @@ local function report()
       out[#out + 1] = was and 1 or 0
       out[#out + 1] = is and 1 or 0
       standing(r, out)
+    end
+  end
+  if remember then
+    local ttl_ms = math.ceil(remember.ttl / 1000)
+    if redis.call('EXISTS', remember.kn) == 1 then
+      redis.call('PEXPIRE', remember.kn, ttl_ms)
+    else
+      local made = redis.pcall('GET', remember.ck)
+      if type(made) == 'table' then made = nil end
+      made = tonumber(made) or 0
+      if made < remember.max then
+        redis.call('SET', remember.kn, '1', 'PX', ttl_ms)
+        redis.call('SET', remember.ck, made + 1, 'PX', ttl_ms)
+      end
     end
   end
   out[1] = locks

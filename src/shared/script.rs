@@ -35,12 +35,16 @@ impl Op {
         op.arg(rules.len());
         for rule in rules {
             match *rule {
-                CheckRule::Failures { ref key, window_us, threshold, timeout_us, monitor } => {
-                    op.arg("f").arg(window_us).arg(threshold).arg(timeout_us).arg(monitor as u8);
+                CheckRule::Device { ref key } => {
+                    op.arg("d");
                     op.keys.push(key.clone());
                 }
-                CheckRule::Rate { ref key, interval_us, tolerance_us, monitor } => {
-                    op.arg("g").arg(interval_us).arg(tolerance_us).arg(monitor as u8);
+                CheckRule::Failures { ref key, scope, window_us, threshold, timeout_us, monitor } => {
+                    op.arg("f").arg(scope).arg(window_us).arg(threshold).arg(timeout_us).arg(monitor as u8);
+                    op.keys.push(key.clone());
+                }
+                CheckRule::Rate { ref key, scope, interval_us, tolerance_us, monitor } => {
+                    op.arg("g").arg(scope).arg(interval_us).arg(tolerance_us).arg(monitor as u8);
                     op.keys.push(key.clone());
                 }
             }
@@ -53,14 +57,23 @@ impl Op {
         op.arg(rules.len());
         for rule in rules {
             match *rule {
-                ReportRule::Failures { ref key, ref index, window_us, threshold, release, count, clear } => {
-                    op.arg(if index.is_some() { "F" } else { "f" });
+                ReportRule::Device { ref key } => {
+                    op.arg("d");
+                    op.keys.push(key.clone());
+                }
+                ReportRule::Remember { ref key, ref count_key, ttl_us, per_account_max } => {
+                    op.arg("D").arg(ttl_us).arg(per_account_max);
+                    op.keys.push(key.clone());
+                    op.keys.push(count_key.clone());
+                }
+                ReportRule::Failures { ref key, ref index, scope, window_us, threshold, release, count, clear } => {
+                    op.arg(if index.is_some() { "F" } else { "f" }).arg(scope);
                     op.arg(window_us).arg(threshold).arg(release as u8).arg(count as u8).arg(clear as u8);
                     op.keys.push(key.clone());
                     op.keys.extend(index.iter().cloned());
                 }
-                ReportRule::Rate { ref key } => {
-                    op.arg("g");
+                ReportRule::Rate { ref key, scope } => {
+                    op.arg("g").arg(scope);
                     op.keys.push(key.clone());
                 }
             }
@@ -110,14 +123,48 @@ impl Op {
     }
 }
 
+/// A rule's device scope as the script reads it: 0 applies always, 1 only
+/// to a device no host has seen log in, 2 only to a known one.
+pub type Scope = u8;
+
 #[derive(Clone, Debug)]
 pub enum CheckRule {
-    Failures { key: String, window_us: u64, threshold: u32, timeout_us: u64, monitor: bool },
-    Rate { key: String, interval_us: u64, tolerance_us: u64, monitor: bool },
+    /// First, if any: the (account, device) key the scopes are decided by.
+    Device {
+        key: String,
+    },
+    Failures {
+        key: String,
+        scope: Scope,
+        window_us: u64,
+        threshold: u32,
+        timeout_us: u64,
+        monitor: bool,
+    },
+    Rate {
+        key: String,
+        scope: Scope,
+        interval_us: u64,
+        tolerance_us: u64,
+        monitor: bool,
+    },
 }
 
 #[derive(Clone, Debug)]
 pub enum ReportRule {
+    /// First, if any: the (account, device) key the scopes are decided by.
+    Device {
+        key: String,
+    },
+    /// Last, on a success: the device becomes known to every host, while
+    /// the account has made fewer than `per_account_max` known within
+    /// `ttl_us` (counted at `count_key`).
+    Remember {
+        key: String,
+        count_key: String,
+        ttl_us: u64,
+        per_account_max: u16,
+    },
     Failures {
         key: String,
         /// The account's index of this rule's entries, for a rule keyed on
@@ -128,9 +175,11 @@ pub enum ReportRule {
         release: bool,
         count: bool,
         clear: bool,
+        scope: Scope,
     },
     Rate {
         key: String,
+        scope: Scope,
     },
 }
 
@@ -263,6 +312,11 @@ pub struct Ints<'r> {
 impl<'r> Ints<'r> {
     pub fn new(reply: &'r Reply) -> Ints<'r> {
         Ints { ints: &reply.ints, at: 0 }
+    }
+
+    /// The next integer, not consumed.
+    pub fn peek(&self) -> Result<i64, ReplyError> {
+        self.ints.get(self.at).copied().ok_or(ReplyError::Malformed("an op's reply is short"))
     }
 
     pub fn next(&mut self) -> Result<i64, ReplyError> {
