@@ -5,28 +5,17 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::redis::{require_redis, Cluster};
+use common::shared::*;
 use common::*;
-use tollgate::client::Client;
-use tollgate::protocol::{Decision, Outcome, Subject};
+use tollgate::protocol::{Decision, Outcome};
 
-/// What argon2 costs a real auth server between its check and its report.
-const PASSWORD_HASH: Duration = Duration::from_millis(100);
-const ATTEMPTS: usize = 200;
 /// A check on a dead node's slots is answered within this (degraded, at
 /// the store's `timeout_ms`), with slack for 2 loaded cores.
 const ANSWER_BOUND: Duration = Duration::from_millis(500);
-
-/// A secret file every daemon of a test shares: hosts of one deployment
-/// must hold the same key, or their digests would not meet in the store.
-fn shared_secret(dir: &Path) -> PathBuf {
-    let path = dir.join("secret");
-    tollgate::Secret::load_or_create(&path).expect("secret");
-    path
-}
 
 /// `extra` is more `[shared]` keys; `timeout_ms` is 20 unless it sets it.
 fn cluster_config(cluster: &Cluster, secret: &Path, extra: &str) -> String {
@@ -39,55 +28,8 @@ fn cluster_config(cluster: &Cluster, secret: &Path, extra: &str) -> String {
     )
 }
 
-/// The exactness tests race 200 connections on 2 loaded cores: a store
-/// call can wait longer than 20 ms there, and a timed-out call is answered
-/// on the host's degraded share, which adds to what the store admitted
-/// (the bound the README states). These tests are about a healthy store.
-const PATIENT: &str = "timeout_ms = 1000";
-
 fn daemons(n: usize, cluster: &Cluster, secret: &Path, extra: &str) -> Vec<TestDaemon> {
     (0..n).map(|_| TestDaemon::start_with(Some(&cluster_config(cluster, secret, extra)), false)).collect()
-}
-
-fn leak(s: String) -> &'static str {
-    Box::leak(s.into_boxed_str())
-}
-
-/// One attempt as an auth server makes it: check; if it may proceed, hash
-/// the password (a sleep), then report a failure. True if it was tried.
-async fn guess(client: Client, route: &str, subject: Subject<'static>, hash: Duration) -> bool {
-    if !client.check(route, &subject).await.proceeds() {
-        return false;
-    }
-    tokio::time::sleep(hash).await;
-    verdict(client.report(route, &subject, Outcome::Failure).await);
-    true
-}
-
-/// `n` attempts at once, each on its own connection, spread round robin
-/// over the daemons; how many passwords were tried.
-fn race(daemons: &[TestDaemon], n: usize, hash: Duration, subject: impl Fn(usize) -> Subject<'static>) -> usize {
-    let rt = runtime();
-    let clients: Vec<Client> = (0..n).map(|i| daemons[i % daemons.len()].client()).collect();
-    rt.block_on(async {
-        let mut tasks = Vec::new();
-        for (i, client) in clients.into_iter().enumerate() {
-            tasks.push(tokio::spawn(guess(client, "login", subject(i), hash)));
-        }
-        let mut tried = 0;
-        for t in tasks {
-            tried += t.await.unwrap() as usize;
-        }
-        tried
-    })
-}
-
-fn check(daemon: &TestDaemon, subject: &Subject<'_>) -> tollgate::protocol::Verdict<'static> {
-    verdict(runtime().block_on(daemon.client().check("login", subject)))
-}
-
-fn report(daemon: &TestDaemon, subject: &Subject<'_>, outcome: Outcome) {
-    verdict(runtime().block_on(daemon.client().report("login", subject, outcome)));
 }
 
 fn dbsizes(cluster: &Cluster) -> Vec<u64> {
@@ -101,14 +43,14 @@ fn three_daemons_on_a_cluster_enforce_one_limit_with_keys_on_every_node() {
     let dir = tempfile::tempdir().unwrap();
     let daemons = daemons(3, &cluster, &shared_secret(dir.path()), PATIENT);
 
-    let tried = race(&daemons, ATTEMPTS, PASSWORD_HASH, |_| subject("198.51.100.7", "alice"));
+    let tried = race_logins(&daemons, ATTEMPTS, PASSWORD_HASH, |_| subject("198.51.100.7", "alice"));
     assert_eq!(tried, 5, "one limit for three hosts on a cluster: 5 guesses, not 15");
     for d in &daemons {
         let v = check(d, &subject("198.51.100.7", "alice"));
         assert_eq!((v.decision, v.rule.as_ref()), (Decision::Deny, "source_failures"), "every host refuses");
     }
 
-    let tried = race(&daemons, ATTEMPTS, PASSWORD_HASH, |n| {
+    let tried = race_logins(&daemons, ATTEMPTS, PASSWORD_HASH, |n| {
         subject(leak(format!("198.51.{}.{}", 100 + n / 250, 1 + n % 250)), "bob")
     });
     assert_eq!(tried, 50, "the account ceiling is one for three hosts: 50, not 150");
@@ -129,8 +71,9 @@ fn three_daemons_on_a_cluster_enforce_one_limit_with_keys_on_every_node() {
     // Accounts hash over the whole cluster: a few hundred of them fill
     // every node, each op in its own account's slot.
     let before = dbsizes(&cluster);
-    let tried =
-        race(&daemons, 300, Duration::ZERO, |n| subject(leak(format!("203.0.113.{}", n % 250)), leak(format!("u{n}"))));
+    let tried = race_logins(&daemons, 300, Duration::ZERO, |n| {
+        subject(leak(format!("203.0.113.{}", n % 250)), leak(format!("u{n}")))
+    });
     assert_eq!(tried, 300, "one failure each is far from any limit");
     let after = dbsizes(&cluster);
     let grown: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();

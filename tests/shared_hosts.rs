@@ -4,29 +4,16 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::redis::{require_redis, RedisServer};
+use common::shared::*;
 use common::*;
-use tollgate::protocol::{Decision, Outcome, Subject};
-
-fn shared_secret(dir: &Path) -> PathBuf {
-    let path = dir.join("secret");
-    tollgate::Secret::load_or_create(&path).expect("secret");
-    path
-}
+use tollgate::protocol::{Decision, Outcome};
 
 fn config(secret: &Path, shared: &str, rules: &str) -> String {
     format!("secret = \"{}\"\n\n[shared]\n{shared}\n{rules}\n", secret.display())
-}
-
-fn check(daemon: &TestDaemon, subject: &Subject<'_>) -> tollgate::protocol::Verdict<'static> {
-    verdict(runtime().block_on(daemon.client().check("login", subject)))
-}
-
-fn report(daemon: &TestDaemon, subject: &Subject<'_>) {
-    verdict(runtime().block_on(daemon.client().report("login", subject, Outcome::Failure)));
 }
 
 /// A two-second window, so a lockout ends within the test.
@@ -49,13 +36,13 @@ fn hosts_whose_clocks_differ_by_minutes_and_hours_decide_alike() {
     for n in 0..5 {
         let d = &daemons[n % 3];
         assert_eq!(check(d, &mallory).decision, Decision::Allow, "attempt {n}");
-        report(d, &mallory);
+        report(d, &mallory, Outcome::Failure);
     }
     // Five more failures (reports need no check): the sliding window holds
     // the lockout at least half into the next window, whenever the store's
     // window boundary falls during the test.
     for n in 0..5 {
-        report(&daemons[n % 3], &mallory);
+        report(&daemons[n % 3], &mallory, Outcome::Failure);
     }
     let mut retry = Vec::new();
     for d in &daemons {
@@ -142,7 +129,7 @@ fn the_host_count_is_learned_from_the_store_and_sets_the_degraded_share() {
     for n in 0..2 {
         let v = check(&daemons[0], &trudy);
         assert_eq!(v.decision, Decision::Allow, "degraded attempt {n}");
-        report(&daemons[0], &trudy);
+        report(&daemons[0], &trudy, Outcome::Failure);
     }
     assert_eq!(check(&daemons[0], &trudy).decision, Decision::Deny, "the learned share, 2 of 5");
 }

@@ -5,26 +5,14 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::redis::{require_redis, Proxy, ProxyMode, RedisServer};
+use common::shared::*;
 use common::*;
-use tollgate::client::Client;
 use tollgate::protocol::{Decision, Outcome, Subject};
-
-/// What argon2 costs a real auth server between its check and its report.
-const PASSWORD_HASH: Duration = Duration::from_millis(100);
-const ATTEMPTS: usize = 200;
-
-/// A secret file every daemon of a test shares: hosts of one deployment
-/// must hold the same key, or their digests would not meet in the store.
-fn shared_secret(dir: &Path) -> PathBuf {
-    let path = dir.join("secret");
-    tollgate::Secret::load_or_create(&path).expect("secret");
-    path
-}
 
 /// `extra` is more `[shared]` keys; `timeout_ms` is 20 unless it sets it.
 fn shared_config(url: &str, secret: &Path, extra: &str) -> String {
@@ -35,59 +23,10 @@ fn shared_config(url: &str, secret: &Path, extra: &str) -> String {
     )
 }
 
-/// The exactness tests race 200 connections on 2 loaded cores: a store
-/// call can wait longer than 20 ms there, and a timed-out call is answered
-/// on the host's degraded share, which adds to what the store admitted
-/// (the bound the README states). These tests are about a healthy store.
-const PATIENT: &str = "timeout_ms = 1000";
-
 /// `n` daemons on the system clock (the store's clock rules global rules)
 /// sharing `url`.
 fn daemons(n: usize, url: &str, secret: &Path, extra: &str) -> Vec<TestDaemon> {
     (0..n).map(|_| TestDaemon::start_with(Some(&shared_config(url, secret, extra)), false)).collect()
-}
-
-fn leak(s: String) -> &'static str {
-    Box::leak(s.into_boxed_str())
-}
-
-/// One attempt as an auth server makes it: check; if it may proceed, hash
-/// the password (a sleep), then report a failure. True if it was tried.
-async fn guess(client: Client, route: &'static str, subject: Subject<'static>) -> bool {
-    if !client.check(route, &subject).await.proceeds() {
-        return false;
-    }
-    tokio::time::sleep(PASSWORD_HASH).await;
-    verdict(client.report(route, &subject, Outcome::Failure).await);
-    true
-}
-
-/// `ATTEMPTS` attempts at once, each on its own connection, spread round
-/// robin over the daemons; how many passwords were tried.
-fn race(daemons: &[TestDaemon], subject: impl Fn(usize) -> Subject<'static>) -> usize {
-    let rt = runtime();
-    let clients: Vec<Vec<Client>> = (0..ATTEMPTS).map(|n| vec![daemons[n % daemons.len()].client()]).collect();
-    let tried = rt.block_on(async {
-        let mut tasks = Vec::new();
-        for (n, mut client) in clients.into_iter().enumerate() {
-            let s = subject(n);
-            tasks.push(tokio::spawn(guess(client.pop().unwrap(), "login", s)));
-        }
-        let mut tried = 0;
-        for t in tasks {
-            tried += t.await.unwrap() as usize;
-        }
-        tried
-    });
-    tried
-}
-
-fn check(daemon: &TestDaemon, subject: &Subject<'_>) -> tollgate::protocol::Verdict<'static> {
-    verdict(runtime().block_on(daemon.client().check("login", subject)))
-}
-
-fn report(daemon: &TestDaemon, subject: &Subject<'_>, outcome: Outcome) {
-    verdict(runtime().block_on(daemon.client().report("login", subject, outcome)));
 }
 
 #[test]
@@ -96,7 +35,7 @@ fn three_daemons_admit_five_parallel_guesses_from_one_address() {
     let redis = RedisServer::unix();
     let dir = tempfile::tempdir().unwrap();
     let daemons = daemons(3, &redis.url(), &shared_secret(dir.path()), PATIENT);
-    let tried = race(&daemons, |_| subject("198.51.100.7", "alice"));
+    let tried = race_logins(&daemons, ATTEMPTS, PASSWORD_HASH, |_| subject("198.51.100.7", "alice"));
     assert_eq!(tried, 5, "one limit for three hosts: 5 guesses, not 15");
     for d in &daemons {
         let v = check(d, &subject("198.51.100.7", "alice"));
@@ -111,7 +50,9 @@ fn three_daemons_admit_fifty_guesses_against_one_account_from_many_addresses() {
     let redis = RedisServer::unix();
     let dir = tempfile::tempdir().unwrap();
     let daemons = daemons(3, &redis.url(), &shared_secret(dir.path()), PATIENT);
-    let tried = race(&daemons, |n| subject(leak(format!("198.51.{}.{}", 100 + n / 250, 1 + n % 250)), "bob"));
+    let tried = race_logins(&daemons, ATTEMPTS, PASSWORD_HASH, |n| {
+        subject(leak(format!("198.51.{}.{}", 100 + n / 250, 1 + n % 250)), "bob")
+    });
     assert_eq!(tried, 50, "the account ceiling is one for three hosts: 50, not 150");
     let v = check(&daemons[2], &subject("203.0.113.9", "bob"));
     assert_eq!((v.decision, v.rule.as_ref()), (Decision::Deny, "account_failures"));

@@ -5,6 +5,7 @@
 
 /// Real Redis servers, a cluster and a fault proxy for the shared-store tests.
 pub mod redis;
+pub mod shared;
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
