@@ -9,6 +9,7 @@
 //! duration); a known lockout is kept here until this host's `now` plus
 //! the store's remaining duration.
 
+use super::maintenance::unlocks_one_entry;
 use super::route::{Full, Route, Rule, Table};
 use super::shards::shard_index;
 use super::subject::RuleKeys;
@@ -148,9 +149,7 @@ impl Limiter {
             if !rule.key.contains(&Component::Account) {
                 continue;
             }
-            let exact =
-                rule.key.iter().all(|c| *c == Component::Account || (*c == Component::Prefix && source.is_some()));
-            if exact {
+            if unlocks_one_entry(rule, source) {
                 let key = keys.key(&rule.key)?;
                 if let Some(known) = &route.known_lockouts {
                     let mut known = known.of(key);
@@ -378,16 +377,9 @@ impl Limiter {
     /// A check's second half without the store: the global rules are
     /// counted on this host's degraded tables (ceil(limit / hosts)).
     pub fn finish_check_locally<'a>(&'a self, check: Box<StoreCheck<'a>>, now_us: u64) -> Verdict<'a> {
-        let StoreCheck { route, rule_keys, class, mut answers, mut held, known, .. } = *check;
+        let StoreCheck { route, rule_keys, class, answers, held, known, .. } = *check;
         let rule_keys = self.scoped_here(route, rule_keys, known);
-        let mut refused = self.admit_failures(route, &rule_keys, Rules::Global, now_us, &mut answers, &mut held);
-        if !refused {
-            refused = self.spend_rates(route, &rule_keys, class, Rules::All, now_us, &mut answers);
-        }
-        if refused {
-            self.give_back(route, &rule_keys, held, now_us);
-        }
-        combine(&answers)
+        self.admit_then_spend(route, &rule_keys, class, Rules::Global, answers, held, now_us)
     }
 
     /// A report's first half: this host's rules are counted; a global

@@ -15,6 +15,14 @@ use crate::keys::{Component, Key};
 use crate::protocol::{Lockout, Subject};
 use crate::store::{DeviceChange, DeviceMap, DeviceRows, Durable, Journal, PersistedDevice, PersistedEntry};
 
+/// Whether an unlock of an account (and a source) names exactly one of the
+/// rule's entries: the rule is keyed on the account, or on the account and
+/// the source's prefix. Otherwise (no source, or another component) it
+/// clears every entry of the account.
+pub(super) fn unlocks_one_entry(rule: &Rule, source: Option<std::net::IpAddr>) -> bool {
+    rule.key.iter().all(|c| *c == Component::Account || (*c == Component::Prefix && source.is_some()))
+}
+
 impl Limiter {
     /// Every failure rule's shards, each locked in turn (the lock is the
     /// item's: it is released when the loop moves on), with its route and rule.
@@ -50,9 +58,7 @@ impl Limiter {
             if !rule.key.contains(&Component::Account) {
                 continue;
             }
-            let exact =
-                rule.key.iter().all(|c| *c == Component::Account || (*c == Component::Prefix && source.is_some()));
-            if exact {
+            if unlocks_one_entry(rule, source) {
                 let key = keys.key(&rule.key)?;
                 let mut table = shards.of(key);
                 if table.clear(key).is_some() {

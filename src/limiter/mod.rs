@@ -200,15 +200,30 @@ impl Limiter {
     pub fn decide_check<'a>(&'a self, plan: CheckPlan<'a>, now_us: u64) -> Verdict<'a> {
         let CheckPlan { route, rule_keys, class, known, .. } = plan;
         let rule_keys = self.scoped_here(route, rule_keys, known);
-        let mut answers = Answers::new();
         // Bit i: rule i holds a place for this attempt.
-        let mut held: u32 = 0;
-        let mut refused = self.admit_failures(route, &rule_keys, Rules::All, now_us, &mut answers, &mut held);
+        self.admit_then_spend(route, &rule_keys, class, Rules::All, Answers::new(), 0, now_us)
+    }
+
+    /// The failure rules of `admit` admit the attempt, then every rate rule
+    /// spends; if any enforced rule refuses, the places taken (`held`, and
+    /// those taken here) are given back, so a refused check holds nothing.
+    #[allow(clippy::too_many_arguments)] // the state of a check half done
+    fn admit_then_spend<'a>(
+        &'a self,
+        route: &'a Route,
+        rule_keys: &RuleKeys,
+        class: Option<SourceClass>,
+        admit: Rules,
+        mut answers: Answers<'a>,
+        mut held: u32,
+        now_us: u64,
+    ) -> Verdict<'a> {
+        let mut refused = self.admit_failures(route, rule_keys, admit, now_us, &mut answers, &mut held);
         if !refused {
-            refused = self.spend_rates(route, &rule_keys, class, Rules::All, now_us, &mut answers);
+            refused = self.spend_rates(route, rule_keys, class, Rules::All, now_us, &mut answers);
         }
         if refused {
-            self.give_back(route, &rule_keys, held, now_us);
+            self.give_back(route, rule_keys, held, now_us);
         }
         combine(&answers)
     }
