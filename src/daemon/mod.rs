@@ -1,5 +1,7 @@
-//! The daemon's shared state and its one dispatch: `Daemon::handle` turns
-//! each decoded request into a reply, asking the limiter for verdicts.
+//! The daemon's shared state and its one dispatch: `Daemon::start` and
+//! `Daemon::finish` (together `handle`) turn each decoded request into a
+//! reply, asking the limiter for verdicts; in shared mode `start` queues a
+//! request's store op and `finish` waits for it.
 //! `start` brings the daemon up and down (state file, listener, signals,
 //! snapshots, systemd); `server` owns the socket and the connections.
 
