@@ -23,7 +23,7 @@ use crate::clock::Clock;
 use crate::codec::ReplyExtras;
 use crate::codec::{self, FrameError, PayloadError, FRAME_HEADER_BYTES, REQUEST_PAYLOAD_BYTES_MAX};
 use crate::daemon::lockouts::make_lockouts_reply;
-use crate::daemon::{Daemon, Job, Peer, VerdictCounters, ERRORS};
+use crate::daemon::{Daemon, Job, Peer, Started, VerdictCounters, ERRORS};
 use crate::limiter::Limiter;
 use crate::protocol::{ErrorCode, Request, Response, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN};
 
@@ -224,9 +224,54 @@ struct Planned<'b, 'l> {
     /// The request's protocol version, which its reply is written in (1 for
     /// a frame whose version is not spoken: its error reply is version 1's).
     version: u8,
-    /// The job, or the error reply of a frame that did not decode.
-    job: Result<Job<'b, 'l>, Response<'static>>,
+    step: Step<'b, 'l>,
     frame_bytes: usize,
+}
+
+/// Where a frame of the run is.
+enum Step<'b, 'l> {
+    /// Decoded and planned, not begun.
+    Job(Job<'b, 'l>),
+    /// Begun (`Daemon::start`): its store op, if any, is queued.
+    Started(Started<'b, 'l>),
+    /// The error reply of a frame that did not decode.
+    Error(Response<'static>),
+    /// Replied to.
+    Answered,
+}
+
+impl Step<'_, '_> {
+    /// A request that must see the effects of every earlier request of the
+    /// run, and whose effects every later one must see: nothing after it is
+    /// begun before it is answered. `lockouts` (answered by
+    /// `make_lockouts_reply`) and `unlock` (admin; waits for the store
+    /// inline).
+    fn is_barrier(&self) -> bool {
+        matches!(self, Step::Job(Job::Other(Request::Lockouts { .. } | Request::Unlock { .. })))
+    }
+}
+
+/// Begins the frames of `run` up to its first barrier (or the barrier
+/// itself, if it comes first: that one is answered whole), so that every
+/// store op among them is queued before any is waited for: they ride one
+/// batch and share one deadline. How many frames that is.
+fn start_segment<'b, 'l>(
+    daemon: &'b Daemon,
+    limiter: &'l Limiter,
+    run: &mut [Planned<'b, 'l>],
+    peer: &Peer,
+    now: u64,
+) -> usize {
+    for (n, planned) in run.iter_mut().enumerate() {
+        if planned.step.is_barrier() {
+            return n.max(1);
+        }
+        if let Step::Job(_) = planned.step {
+            let Step::Job(job) = std::mem::replace(&mut planned.step, Step::Answered) else { unreachable!() };
+            planned.step = Step::Started(daemon.start(limiter, job, peer, now));
+        }
+    }
+    run.len()
 }
 
 fn plan_frame<'b, 'l>(
@@ -242,14 +287,14 @@ fn plan_frame<'b, 'l>(
     };
     match codec::decode_request(payload) {
         Ok((id, request)) => {
-            Planned { id, version, job: Ok(Job::new(limiter, request, peer.permissions, now)), frame_bytes }
+            Planned { id, version, step: Step::Job(Job::new(limiter, request, peer.permissions, now)), frame_bytes }
         }
         // A frame that did not decode is answered in version 1, which
         // every client reads (PROTOCOL.md §8).
         Err(failure) => Planned {
             id: failure.id.unwrap_or(0),
             version: PROTOCOL_VERSION_MIN,
-            job: Err(payload_error(&failure.error)),
+            step: Step::Error(payload_error(&failure.error)),
             frame_bytes,
         },
     }
@@ -321,7 +366,7 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
                         run.push(Planned {
                             id: 0,
                             version: PROTOCOL_VERSION_MIN,
-                            job: Err(Response::error(
+                            step: Step::Error(Response::error(
                                 ErrorCode::FrameTooLarge,
                                 format!("frame of {len} bytes is over the maximum of {max}; closing"),
                             )),
@@ -339,64 +384,82 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
             // together those walks overlap instead of each stalling between
             // two key derivations.
             for planned in &run {
-                if let Ok(Job::Check { plan: Ok(plan), .. }) = &planned.job {
+                if let Step::Job(Job::Check { plan: Ok(plan), .. }) = &planned.step {
                     limiter.prefetch(plan);
                 }
             }
             let full_run = run.len() == PLAN_AHEAD;
-            for planned in run.drain(..) {
-                if let Ok(Job::Other(Request::Lockouts { limit })) = planned.job {
-                    // Replies buffered before it are written first, so a
-                    // connection holds one share of the budget at a time
-                    // and two can never each wait for the share the other
-                    // holds.
-                    if !send_replies(&mut writer, &mut out, write_timeout).await {
-                        return;
+            let two_pass = daemon.shared().is_some() && limiter.is_shared();
+            // In shared mode, each segment of the run is begun whole
+            // before any of it is answered (`start_segment`); otherwise
+            // (nothing waits) each frame is its own segment.
+            let mut next = 0;
+            while next < run.len() {
+                let end = if two_pass {
+                    next + start_segment(daemon, limiter, &mut run[next..], &peer, now)
+                } else {
+                    next + 1
+                };
+                for planned in run[next..end].iter_mut() {
+                    let step = std::mem::replace(&mut planned.step, Step::Answered);
+                    if let Step::Job(Job::Other(Request::Lockouts { limit })) = step {
+                        // Replies buffered before it are written first, so a
+                        // connection holds one share of the budget at a time
+                        // and two can never each wait for the share the other
+                        // holds.
+                        if !send_replies(&mut writer, &mut out, write_timeout).await {
+                            return;
+                        }
+                        let made = make_lockouts_reply(daemon, limiter, planned.version, planned.id, limit, now).await;
+                        let Some((mut reply, share)) = made else {
+                            return;
+                        };
+                        let sent = send_replies(&mut writer, &mut reply, write_timeout).await;
+                        drop((reply, share));
+                        if !sent {
+                            return;
+                        }
+                        start += planned.frame_bytes;
+                        answered += 1;
+                        frame_deadline = None;
+                        continue;
                     }
-                    let made = make_lockouts_reply(daemon, limiter, planned.version, planned.id, limit, now).await;
-                    let Some((mut reply, share)) = made else {
-                        return;
+                    let (response, durable, degraded) = match step {
+                        Step::Job(job) => daemon.handle(limiter, job, &peer, now).await,
+                        Step::Started(started) => daemon.finish(limiter, started, &peer, now).await,
+                        Step::Error(error) => (error, Vec::new(), false),
+                        Step::Answered => unreachable!("a frame is answered once"),
                     };
-                    let sent = send_replies(&mut writer, &mut reply, write_timeout).await;
-                    drop((reply, share));
-                    if !sent {
-                        return;
+                    counts.count(&response);
+                    if !durable.is_empty() {
+                        // Earlier replies need not wait for this commit.
+                        if !send_replies(&mut writer, &mut out, write_timeout).await {
+                            return;
+                        }
+                        for write in durable {
+                            if let Err(e) = write.wait().await {
+                                tracing::error!(error = %e, "lockout not persisted; answering from memory");
+                            }
+                        }
                     }
+                    // A version-2 status carries the shared store's; computed
+                    // here, where the reply is written, as status is rare.
+                    let shared = match (&response, planned.version) {
+                        (Response::Status(_), 2..) => daemon.shared_status(limiter),
+                        _ => None,
+                    };
+                    let extras = ReplyExtras { degraded, shared: shared.as_ref() };
+                    codec::encode_response_versioned(planned.version, planned.id, &response, &extras, &mut out);
                     start += planned.frame_bytes;
                     answered += 1;
                     frame_deadline = None;
-                    continue;
-                }
-                let (response, durable, degraded) = match planned.job {
-                    Ok(job) => daemon.handle(limiter, job, &peer, now).await,
-                    Err(error) => (error, Vec::new(), false),
-                };
-                counts.count(&response);
-                if !durable.is_empty() {
-                    // Earlier replies need not wait for this commit.
-                    if !send_replies(&mut writer, &mut out, write_timeout).await {
+                    if out.len() >= REPLY_BYTES_BUFFERED_MAX
+                        && !send_replies(&mut writer, &mut out, write_timeout).await
+                    {
                         return;
                     }
-                    for write in durable {
-                        if let Err(e) = write.wait().await {
-                            tracing::error!(error = %e, "lockout not persisted; answering from memory");
-                        }
-                    }
                 }
-                // A version-2 status carries the shared store's; computed
-                // here, where the reply is written, as status is rare.
-                let shared = match (&response, planned.version) {
-                    (Response::Status(_), 2..) => daemon.shared_status(limiter),
-                    _ => None,
-                };
-                let extras = ReplyExtras { degraded, shared: shared.as_ref() };
-                codec::encode_response_versioned(planned.version, planned.id, &response, &extras, &mut out);
-                start += planned.frame_bytes;
-                answered += 1;
-                frame_deadline = None;
-                if out.len() >= REPLY_BYTES_BUFFERED_MAX && !send_replies(&mut writer, &mut out, write_timeout).await {
-                    return;
-                }
+                next = end;
             }
             if !full_run {
                 break;

@@ -1,5 +1,7 @@
-//! The daemon's shared state and its one dispatch: `Daemon::handle` turns
-//! each decoded request into a reply, asking the limiter for verdicts.
+//! The daemon's shared state and its one dispatch: `Daemon::start` and
+//! `Daemon::finish` (together `handle`) turn each decoded request into a
+//! reply, asking the limiter for verdicts; in shared mode `start` queues a
+//! request's store op and `finish` waits for it.
 //! `start` brings the daemon up and down (state file, listener, signals,
 //! snapshots, systemd); `server` owns the socket and the connections.
 
@@ -26,8 +28,9 @@ use crate::config::{Config, ServerConfig};
 use crate::limiter::{CheckPlan, Limiter, RequestError};
 use crate::protocol::{Decision, ErrorCode, Request, Response, Subject, Verdict};
 use crate::server::ACCEPT_ERROR_LINES_PER_SEC_MAX;
-use crate::shared::SharedStore;
+use crate::shared::{SharedStore, Ticket};
 use crate::store::{Durable, StoreStats};
+use shared::{PendingCheck, PendingReport, Reported, SharedStart};
 
 /// Everything a connection needs, shared.
 pub struct Daemon {
@@ -182,93 +185,65 @@ impl Daemon {
         }
     }
 
-    /// One request, one reply, at `now` (read once per batch of frames). The
-    /// durable writes, if any, must complete before the reply is sent.
-    pub(crate) async fn handle<'l>(&self, limiter: &'l Limiter, job: Job<'_, 'l>, peer: &Peer, now: u64) -> Answer<'l> {
+    /// A request's first half, at `now` (read once per batch of frames):
+    /// everything but waiting. Answered here unless it waits for the
+    /// shared store (a check or report with global rules: its op is queued
+    /// now, so a run's ops ride one batch) or is an unlock (its store half
+    /// is awaited by `finish`). Allocates nothing `handle` did not.
+    pub(crate) fn start<'b, 'l>(
+        &'b self,
+        limiter: &'l Limiter,
+        job: Job<'b, 'l>,
+        peer: &Peer,
+        now: u64,
+    ) -> Started<'b, 'l> {
         let request = match job {
             Job::Denied(operation) => {
                 if let Some(suppressed) = self.audit.admit(now) {
                     tracing::warn!(target: LOG_TARGET, uid = peer.uid, gid = peer.gid, operation, suppressed, "permission denied");
                 }
                 let message = format!("permission denied: uid {} may not {operation}", peer.uid);
-                return (Response::error(ErrorCode::PermissionDenied, message), Vec::new(), false);
+                return Started::Ready((Response::error(ErrorCode::PermissionDenied, message), Vec::new(), false));
             }
             Job::Check { route, subject, plan } => {
                 let verdict = match (plan, &self.shared) {
                     (Ok(plan), Some(store)) if limiter.is_shared() => {
-                        Ok(self.check_shared(store, limiter, plan, now).await)
+                        match self.start_check_shared(store, limiter, plan, now) {
+                            SharedStart::Done(verdict) => Ok(verdict),
+                            SharedStart::Waiting(ticket, check) => {
+                                return Started::Check { route, subject, ticket, check };
+                            }
+                        }
                     }
                     (plan, _) => plan.map(|plan| (limiter.decide_check(plan, now), false)),
                 };
-                return match verdict {
-                    Ok((verdict, degraded)) => {
-                        // Monitor mode's would-be refusals are logged too: the
-                        // log is how an operator judges a rule before enforcing it.
-                        if verdict.decision != Decision::Allow || verdict.reason.is_monitored() {
-                            self.log_refusal(limiter, route, &subject, &verdict, now);
-                        }
-                        (Response::Verdict(verdict), Vec::new(), degraded)
-                    }
-                    Err(e) => (request_error(e), Vec::new(), false),
-                };
+                return Started::Ready(self.checked(limiter, route, &subject, verdict, now));
             }
             Job::Other(request) => request,
         };
-        match request {
+        Started::Ready(match request {
             Request::Check { .. } => unreachable!("Job::new plans every check"),
             Request::Report { route, subject, outcome, password_digest } => {
                 let reported = match &self.shared {
                     Some(store) if limiter.is_shared() => {
-                        self.report_shared(store, limiter, route, &subject, outcome, password_digest, now).await
+                        match self.start_report_shared(store, limiter, route, &subject, outcome, password_digest, now) {
+                            Ok(SharedStart::Done(reported)) => Ok(reported),
+                            Ok(SharedStart::Waiting(ticket, report)) => {
+                                return Started::Report { route, subject, ticket, report };
+                            }
+                            Err(e) => Err(e),
+                        }
                     }
                     _ => limiter.report(route, &subject, outcome, password_digest, now).map(|(v, d)| (v, d, false)),
                 };
-                match reported {
-                    Ok((verdict, durable, degraded)) => {
-                        if !durable.is_empty() {
-                            if let Some(suppressed) = self.audit.admit(now) {
-                                let client = limiter.client_prefix(&subject).map(|p| p.to_string());
-                                tracing::info!(target: LOG_TARGET, route, rule = %verdict.rule, client, suppressed, "lockout");
-                            }
-                        }
-                        (Response::Verdict(verdict), durable, degraded)
-                    }
-                    Err(e) => (request_error(e), Vec::new(), false),
-                }
+                self.reported(limiter, route, &subject, reported, now)
             }
             Request::Status => (Response::Status(Box::new(self.status(limiter))), Vec::new(), false),
             // `serve_connection` answers these itself (`make_lockouts_reply`:
             // off the runtime threads, within the reply budget); this is the
             // same answer.
             Request::Lockouts { limit } => (lockouts_reply(limiter, lockouts_listed(limit), now), Vec::new(), false),
-            Request::Unlock { route, account, source } => match limiter.unlock(route, account, source) {
-                Ok((mut cleared, writes)) => {
-                    let in_store = match &self.shared {
-                        Some(store) if limiter.is_shared() => {
-                            self.unlock_shared(store, limiter, route, account, source, now).await
-                        }
-                        _ => Ok(0),
-                    };
-                    cleared += *in_store.as_ref().unwrap_or(&0);
-                    // Audit lines for admin actions are never capped.
-                    tracing::info!(target: LOG_TARGET, route, cleared, uid = peer.uid, store_error = in_store.as_ref().err(), "unlock");
-                    match in_store {
-                        Ok(_) => (Response::Unlocked { cleared }, writes, false),
-                        Err(why) => (
-                            Response::error(
-                                ErrorCode::Internal,
-                                format!(
-                                    "cleared {cleared} entries on this host, but not in the shared store ({why}); \
-                                     unlock again when the store is reachable"
-                                ),
-                            ),
-                            writes,
-                            false,
-                        ),
-                    }
-                }
-                Err(e) => (request_error(e), Vec::new(), false),
-            },
+            request @ Request::Unlock { .. } => return Started::Unlock(request),
             Request::ClockAdvance { by_ms } => match self.clock.advance(by_ms.saturating_mul(1000)) {
                 Some(now) => (Response::ClockAdvanced { now_ms: ceil_ms(now) }, Vec::new(), false),
                 None => (
@@ -280,8 +255,134 @@ impl Daemon {
                     false,
                 ),
             },
+        })
+    }
+
+    /// A request's second half: waits for the store (at most until the
+    /// deadline fixed when its op was queued) and answers. The durable
+    /// writes, if any, must complete before the reply is sent.
+    pub(crate) async fn finish<'l>(
+        &self,
+        limiter: &'l Limiter,
+        started: Started<'_, 'l>,
+        peer: &Peer,
+        now: u64,
+    ) -> Answer<'l> {
+        match started {
+            Started::Ready(answer) => answer,
+            Started::Check { route, subject, ticket, check } => {
+                let verdict = self.finish_check_shared(limiter, ticket, check, now).await;
+                self.checked(limiter, route, &subject, Ok(verdict), now)
+            }
+            Started::Report { route, subject, ticket, report } => {
+                let reported = self.finish_report_shared(limiter, ticket, report, now).await;
+                self.reported(limiter, route, &subject, Ok(reported), now)
+            }
+            Started::Unlock(request) => self.unlock(limiter, request, peer, now).await,
         }
     }
+
+    /// One request, one reply: `start` then `finish`.
+    pub(crate) async fn handle<'l>(&self, limiter: &'l Limiter, job: Job<'_, 'l>, peer: &Peer, now: u64) -> Answer<'l> {
+        let started = self.start(limiter, job, peer, now);
+        self.finish(limiter, started, peer, now).await
+    }
+
+    fn checked<'l>(
+        &self,
+        limiter: &'l Limiter,
+        route: &str,
+        subject: &Subject<'_>,
+        verdict: Result<(Verdict<'l>, bool), RequestError>,
+        now: u64,
+    ) -> Answer<'l> {
+        match verdict {
+            Ok((verdict, degraded)) => {
+                // Monitor mode's would-be refusals are logged too: the
+                // log is how an operator judges a rule before enforcing it.
+                if verdict.decision != Decision::Allow || verdict.reason.is_monitored() {
+                    self.log_refusal(limiter, route, subject, &verdict, now);
+                }
+                (Response::Verdict(verdict), Vec::new(), degraded)
+            }
+            Err(e) => (request_error(e), Vec::new(), false),
+        }
+    }
+
+    fn reported<'l>(
+        &self,
+        limiter: &'l Limiter,
+        route: &str,
+        subject: &Subject<'_>,
+        reported: Result<Reported<'l>, RequestError>,
+        now: u64,
+    ) -> Answer<'l> {
+        match reported {
+            Ok((verdict, durable, degraded)) => {
+                if !durable.is_empty() {
+                    if let Some(suppressed) = self.audit.admit(now) {
+                        let client = limiter.client_prefix(subject).map(|p| p.to_string());
+                        tracing::info!(target: LOG_TARGET, route, rule = %verdict.rule, client, suppressed, "lockout");
+                    }
+                }
+                (Response::Verdict(verdict), durable, degraded)
+            }
+            Err(e) => (request_error(e), Vec::new(), false),
+        }
+    }
+
+    async fn unlock<'l>(&self, limiter: &'l Limiter, request: Request<'_>, peer: &Peer, now: u64) -> Answer<'l> {
+        let Request::Unlock { route, account, source } = request else { unreachable!("only an unlock is deferred") };
+        match limiter.unlock(route, account, source) {
+            Ok((mut cleared, writes)) => {
+                let in_store = match &self.shared {
+                    Some(store) if limiter.is_shared() => {
+                        self.unlock_shared(store, limiter, route, account, source, now).await
+                    }
+                    _ => Ok(0),
+                };
+                cleared += *in_store.as_ref().unwrap_or(&0);
+                // Audit lines for admin actions are never capped.
+                tracing::info!(target: LOG_TARGET, route, cleared, uid = peer.uid, store_error = in_store.as_ref().err(), "unlock");
+                match in_store {
+                    Ok(_) => (Response::Unlocked { cleared }, writes, false),
+                    Err(why) => (
+                        Response::error(
+                            ErrorCode::Internal,
+                            format!(
+                                "cleared {cleared} entries on this host, but not in the shared store ({why}); \
+                                 unlock again when the store is reachable"
+                            ),
+                        ),
+                        writes,
+                        false,
+                    ),
+                }
+            }
+            Err(e) => (request_error(e), Vec::new(), false),
+        }
+    }
+}
+
+/// A request begun by `Daemon::start`: answered, or waiting.
+pub(crate) enum Started<'b, 'l> {
+    Ready(Answer<'l>),
+    /// A check whose global rules' op is queued to the store.
+    Check {
+        route: &'b str,
+        subject: Subject<'b>,
+        ticket: Ticket<'b>,
+        check: PendingCheck<'l>,
+    },
+    /// A report whose global rules' op is queued to the store.
+    Report {
+        route: &'b str,
+        subject: Subject<'b>,
+        ticket: Ticket<'b>,
+        report: PendingReport<'l>,
+    },
+    /// An unlock (admin, rare): answered whole by `finish`.
+    Unlock(Request<'b>),
 }
 
 /// A reply, the durable writes that must complete before it is sent, and

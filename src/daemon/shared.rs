@@ -11,8 +11,8 @@ use std::time::Duration;
 use super::Daemon;
 use crate::limiter::{CheckPlan, CheckStored, CheckedLocally, Limiter, ReportStored, ReportedLocally};
 use crate::protocol::{Outcome, Subject, Verdict};
-use crate::shared::script::Op;
-use crate::shared::{CallError, ProbeError, SharedStore, State, HOSTS_LEARNED_MEMORY_MS, LOG_TARGET};
+use crate::shared::script::{Op, Reply};
+use crate::shared::{CallError, ProbeError, SharedStore, State, Ticket, HOSTS_LEARNED_MEMORY_MS, LOG_TARGET};
 use crate::store::Durable;
 
 /// How often the supervisor looks at the breaker: the granularity of a
@@ -26,31 +26,69 @@ impl Daemon {
         self.shared.as_ref()
     }
 
-    /// A check in shared mode: this host's rules, then the store for the
-    /// global ones, or this host's degraded share if the store does not
-    /// answer within the timeout.
-    pub(super) async fn check_shared<'l>(
+    /// A check's first half in shared mode: this host's rules, then the
+    /// op for the global ones queued to the store (not waited for). Done
+    /// here if nothing needs the store, or if the store cannot be asked
+    /// (this host's degraded share).
+    pub(super) fn start_check_shared<'s, 'l>(
         &self,
-        store: &Arc<SharedStore>,
+        store: &'s Arc<SharedStore>,
         limiter: &'l Limiter,
         plan: CheckPlan<'l>,
         now: u64,
-    ) -> (Verdict<'l>, bool) {
+    ) -> SharedStart<(Verdict<'l>, bool), Ticket<'s>, PendingCheck<'l>> {
         let mut check = match limiter.begin_check(plan, now) {
-            CheckedLocally::Done(verdict) => return (verdict, false),
+            CheckedLocally::Done(verdict) => return SharedStart::Done((verdict, false)),
             CheckedLocally::KnownLockout(verdict) => {
                 store.stats.known_lockout_refusals.fetch_add(1, Ordering::Relaxed);
                 // From memory either way; degraded when the store could
                 // not have been asked.
                 if !store.is_up() {
-                    return degraded(store, verdict);
+                    return SharedStart::Done(degraded(store, verdict));
                 }
-                return (verdict, false);
+                return SharedStart::Done((verdict, false));
             }
             CheckedLocally::Store(check) => check,
         };
         let op = std::mem::take(&mut check.op);
-        match store.call(op, Some(check.release.clone())).await {
+        match store.submit(op, Some(check.release.clone())) {
+            Ok(ticket) => SharedStart::Waiting(ticket, PendingCheck(CheckedLocally::Store(check))),
+            Err(e) => SharedStart::Done(self.check_answered(
+                store,
+                limiter,
+                PendingCheck(CheckedLocally::Store(check)),
+                Err(e),
+                now,
+            )),
+        }
+    }
+
+    /// A check's second half: the store's reply (or its absence by the
+    /// deadline), and the verdict from it or from this host's share.
+    pub(super) async fn finish_check_shared<'l>(
+        &self,
+        limiter: &'l Limiter,
+        ticket: Ticket<'_>,
+        check: PendingCheck<'l>,
+        now: u64,
+    ) -> (Verdict<'l>, bool) {
+        let reply = ticket.wait().await;
+        let store = self.shared().expect("a ticket comes from the store");
+        self.check_answered(store, limiter, check, reply, now)
+    }
+
+    fn check_answered<'l>(
+        &self,
+        store: &Arc<SharedStore>,
+        limiter: &'l Limiter,
+        check: PendingCheck<'l>,
+        reply: Result<Reply, CallError>,
+        now: u64,
+    ) -> (Verdict<'l>, bool) {
+        let PendingCheck(CheckedLocally::Store(check)) = check else {
+            unreachable!("a pending check waits for the store")
+        };
+        match reply {
             Ok(reply) => match limiter.finish_check_stored(check, &reply, now) {
                 Ok(CheckStored { verdict, store_now, give_back }) => {
                     store.note_store_time(store_now, now);
@@ -73,23 +111,60 @@ impl Daemon {
         }
     }
 
-    #[allow(clippy::too_many_arguments)] // a report's four fields, as `Limiter::report` takes them
-    pub(super) async fn report_shared<'l>(
+    /// A report's first half in shared mode, as `start_check_shared`.
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)] // a report's four fields, as `Limiter::report` takes them
+    pub(super) fn start_report_shared<'s, 'l>(
         &self,
-        store: &Arc<SharedStore>,
+        store: &'s Arc<SharedStore>,
         limiter: &'l Limiter,
         route: &str,
         subject: &Subject<'_>,
         outcome: Outcome,
         password_digest: Option<[u8; 16]>,
         now: u64,
-    ) -> Result<(Verdict<'l>, Vec<Durable>, bool), crate::limiter::RequestError> {
+    ) -> Result<SharedStart<Reported<'l>, Ticket<'s>, PendingReport<'l>>, crate::limiter::RequestError> {
         let mut report = match limiter.begin_report(route, subject, outcome, password_digest, now)? {
-            ReportedLocally::Done(verdict, durable) => return Ok((verdict, durable, false)),
+            ReportedLocally::Done(verdict, durable) => return Ok(SharedStart::Done((verdict, durable, false))),
             ReportedLocally::Store(report) => report,
         };
         let op = std::mem::take(&mut report.op);
-        Ok(match store.call(op, None).await {
+        Ok(match store.submit(op, None) {
+            Ok(ticket) => SharedStart::Waiting(ticket, PendingReport(ReportedLocally::Store(report))),
+            Err(e) => SharedStart::Done(self.report_answered(
+                store,
+                limiter,
+                PendingReport(ReportedLocally::Store(report)),
+                Err(e),
+                now,
+            )),
+        })
+    }
+
+    /// A report's second half, as `finish_check_shared`.
+    pub(super) async fn finish_report_shared<'l>(
+        &self,
+        limiter: &'l Limiter,
+        ticket: Ticket<'_>,
+        report: PendingReport<'l>,
+        now: u64,
+    ) -> Reported<'l> {
+        let reply = ticket.wait().await;
+        let store = self.shared().expect("a ticket comes from the store");
+        self.report_answered(store, limiter, report, reply, now)
+    }
+
+    fn report_answered<'l>(
+        &self,
+        store: &Arc<SharedStore>,
+        limiter: &'l Limiter,
+        report: PendingReport<'l>,
+        reply: Result<Reply, CallError>,
+        now: u64,
+    ) -> Reported<'l> {
+        let PendingReport(ReportedLocally::Store(report)) = report else {
+            unreachable!("a pending report waits for the store")
+        };
+        match reply {
             Ok(reply) => match limiter.finish_report_stored(report, &reply, now) {
                 Ok(ReportStored { verdict, store_now, durable, locked }) => {
                     store.note_store_time(store_now, now);
@@ -111,7 +186,7 @@ impl Daemon {
                 let (verdict, durable) = limiter.finish_report_locally(report, now);
                 (degraded(store, verdict).0, durable, true)
             }
-        })
+        }
     }
 
     /// An unlock's store half: every global rule's entries of the account
@@ -151,6 +226,25 @@ impl Daemon {
         }
     }
 }
+
+/// A report's verdict, the durable writes its reply waits for, and whether
+/// it was decided on this host's degraded share.
+pub(crate) type Reported<'l> = (Verdict<'l>, Vec<Durable>, bool);
+
+/// A shared-mode request's first half: answered, or its op queued to the
+/// store and the limiter's pending half kept for the reply.
+pub(crate) enum SharedStart<D, T, P> {
+    Done(D),
+    Waiting(T, P),
+}
+
+/// The limiter's half of a check waiting for the store (always
+/// `CheckedLocally::Store`: boxed, so a pending check stays small).
+pub(crate) struct PendingCheck<'l>(CheckedLocally<'l>);
+
+/// The limiter's half of a report waiting for the store (always
+/// `ReportedLocally::Store`).
+pub(crate) struct PendingReport<'l>(ReportedLocally<'l>);
 
 /// Counts an answer given on this host's degraded share, and flags it.
 fn degraded<'l>(store: &SharedStore, verdict: Verdict<'l>) -> (Verdict<'l>, bool) {

@@ -167,6 +167,52 @@ pub struct SharedStore {
     epoch: Instant,
 }
 
+/// An op queued for the store (`SharedStore::submit`), its reply not yet
+/// waited for. Its deadline was fixed when it was submitted. Dropped
+/// unwaited, the op is not sent if it is still queued (but a late op's
+/// places are still given back if it was).
+#[must_use = "an op's reply is waited for, or its breaker effects are lost"]
+pub struct Ticket<'s> {
+    store: &'s SharedStore,
+    reply: oneshot::Receiver<Result<Reply, CallError>>,
+    deadline: tokio::time::Instant,
+}
+
+impl Ticket<'_> {
+    /// The store's reply, or why there is none by the deadline: every
+    /// counter and breaker effect of a call.
+    pub async fn wait(self) -> Result<Reply, CallError> {
+        let store = self.store;
+        match tokio::time::timeout_at(self.deadline, self.reply).await {
+            Ok(Ok(Ok(reply))) => {
+                store.last_success_us.store(store.micros().max(1), Ordering::Relaxed);
+                store.breaker.lock().unwrap_or_else(|e| e.into_inner()).succeeded();
+                Ok(reply)
+            }
+            Ok(Ok(Err(CallError::BadValue(e)))) => {
+                store.stats.bad_values.fetch_add(1, Ordering::Relaxed);
+                Err(CallError::BadValue(e))
+            }
+            Ok(Ok(Err(e))) => {
+                store.stats.errors.fetch_add(1, Ordering::Relaxed);
+                store.failed(&e);
+                Err(e)
+            }
+            Ok(Err(_)) => {
+                store.stats.errors.fetch_add(1, Ordering::Relaxed);
+                let e = CallError::Failed("the dispatcher dropped the call".into());
+                store.failed(&e);
+                Err(e)
+            }
+            Err(_) => {
+                store.stats.timeouts.fetch_add(1, Ordering::Relaxed);
+                store.failed(&CallError::Timeout);
+                Err(CallError::Timeout)
+            }
+        }
+    }
+}
+
 impl SharedStore {
     pub fn new(config: SharedConfig) -> Arc<SharedStore> {
         let (queue, receiver) = mpsc::channel(config.pending_max);
@@ -261,50 +307,38 @@ impl SharedStore {
     /// One op, answered by the store within the timeout, or an error and
     /// the caller answers on this host. Never waits longer than
     /// `timeout_ms` (plus the timer's millisecond), and not at all while
-    /// the breaker is open.
+    /// the breaker is open. `submit` then `Ticket::wait`.
     pub async fn call(&self, op: Op, late: Option<Op>) -> Result<Reply, CallError> {
+        self.submit(op, late)?.wait().await
+    }
+
+    /// Queues one op for the store without waiting: the breaker is looked
+    /// at and the op handed to the dispatchers now, and the ticket's
+    /// deadline is `timeout_ms` from now. A caller with several ops (a
+    /// connection's pipelined run) submits them all before waiting for
+    /// any, so they share one batch and one deadline, not one each in turn.
+    pub fn submit(&self, op: Op, late: Option<Op>) -> Result<Ticket<'_>, CallError> {
         let state = self.state();
         if state != State::Closed {
             self.stats.not_asked.fetch_add(1, Ordering::Relaxed);
             return Err(CallError::NotAsked(state.name()));
         }
-        self.call_unchecked(op, late, Duration::from_millis(self.config.timeout_ms)).await
+        self.submit_unchecked(op, late, Duration::from_millis(self.config.timeout_ms))
     }
 
-    async fn call_unchecked(&self, op: Op, late: Option<Op>, timeout: Duration) -> Result<Reply, CallError> {
+    fn submit_unchecked(&self, op: Op, late: Option<Op>, timeout: Duration) -> Result<Ticket<'_>, CallError> {
+        let deadline = tokio::time::Instant::now() + timeout;
         let (tx, rx) = oneshot::channel();
         if self.queue.try_send(Pending { op, reply: tx, late }).is_err() {
             self.stats.not_asked.fetch_add(1, Ordering::Relaxed);
             return Err(CallError::QueueFull);
         }
         self.stats.calls.fetch_add(1, Ordering::Relaxed);
-        match tokio::time::timeout(timeout, rx).await {
-            Ok(Ok(Ok(reply))) => {
-                self.last_success_us.store(self.micros().max(1), Ordering::Relaxed);
-                self.breaker.lock().unwrap_or_else(|e| e.into_inner()).succeeded();
-                Ok(reply)
-            }
-            Ok(Ok(Err(CallError::BadValue(e)))) => {
-                self.stats.bad_values.fetch_add(1, Ordering::Relaxed);
-                Err(CallError::BadValue(e))
-            }
-            Ok(Ok(Err(e))) => {
-                self.stats.errors.fetch_add(1, Ordering::Relaxed);
-                self.failed(&e);
-                Err(e)
-            }
-            Ok(Err(_)) => {
-                self.stats.errors.fetch_add(1, Ordering::Relaxed);
-                let e = CallError::Failed("the dispatcher dropped the call".into());
-                self.failed(&e);
-                Err(e)
-            }
-            Err(_) => {
-                self.stats.timeouts.fetch_add(1, Ordering::Relaxed);
-                self.failed(&CallError::Timeout);
-                Err(CallError::Timeout)
-            }
-        }
+        Ok(Ticket { store: self, reply: rx, deadline })
+    }
+
+    async fn call_unchecked(&self, op: Op, late: Option<Op>, timeout: Duration) -> Result<Reply, CallError> {
+        self.submit_unchecked(op, late, timeout)?.wait().await
     }
 
     /// An op sent while recovering (the write-back), before requests are

@@ -1,0 +1,106 @@
+//! Shared mode (issue 14): the promise that no request waits longer than
+//! `[shared] timeout_ms` for the store holds for a pipelining client too.
+//! A run of pipelined checks queues all its store ops before waiting for
+//! any, so they share one deadline (and one batch), not one each in turn.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::redis::{require_redis, Proxy, ProxyMode, RedisServer};
+use common::*;
+use tollgate::codec::{self, FRAME_HEADER_BYTES};
+use tollgate::protocol::{Response, Subject};
+
+/// The store's path is delayed `DELAY_MS`, well within the timeout: on two
+/// loaded cores a single round trip through the proxy was seen to take up
+/// to 52 ms, so 50 ms would flag answers degraded that this fix is not
+/// about. 16 checks in turn take 16 x 30 ms, far past 3 x 100 ms.
+const TIMEOUT_MS: u64 = 100;
+const DELAY_MS: u64 = 30;
+const PIPELINED: usize = 16;
+
+fn shared_secret(dir: &Path) -> PathBuf {
+    let path = dir.join("secret");
+    tollgate::Secret::load_or_create(&path).expect("secret");
+    path
+}
+
+/// One reply with its version-2 extras (the degraded flag).
+fn read_reply_extras(stream: &mut std::os::unix::net::UnixStream) -> (u64, Response<'static>, bool) {
+    let mut header = [0u8; FRAME_HEADER_BYTES];
+    stream.read_exact(&mut header).unwrap();
+    let mut payload = vec![0u8; u32::from_le_bytes(header) as usize];
+    stream.read_exact(&mut payload).unwrap();
+    let (id, response, extras) = codec::decode_response_versioned(&payload).unwrap();
+    (id, response, extras.degraded)
+}
+
+#[test]
+fn a_pipeline_of_checks_waits_for_a_slow_store_about_one_timeout_not_one_per_check() {
+    require_redis();
+    let redis = RedisServer::tcp();
+    let proxy = Proxy::new(redis.addr());
+    let dir = tempfile::tempdir().unwrap();
+    let secret = shared_secret(dir.path());
+    let config = format!(
+        "secret = \"{}\"\n\n[shared]\nurl = \"{}\"\ntimeout_ms = {TIMEOUT_MS}\nbreaker_failures = 100\nhosts = 3\n\
+         probe_interval_ms = 50\nprobe_max_ms = 200\nheartbeat_ms = 60000\nhost_ttl_ms = 180000\n",
+        secret.display(),
+        proxy.url()
+    );
+    let daemon = TestDaemon::start_with(Some(&config), false);
+    let mut stream = std::os::unix::net::UnixStream::connect(&daemon.socket).unwrap();
+    // The store answers (not degraded) before the path is slowed.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut frame = Vec::new();
+        check_frame(0, "login", &subject("192.0.2.200", "warmup"), &mut frame);
+        stream.write_all(&frame).unwrap();
+        if !read_reply_extras(&mut stream).2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the store never answered:\n{}", daemon.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The heartbeat is a minute apart: its reply, delayed too, does not
+    // queue before a pipeline's on the proxy.
+    proxy.set_mode(ProxyMode::Delay(Duration::from_millis(DELAY_MS)));
+    let mut elapsed = Vec::new();
+    let mut degraded_ids = Vec::new();
+    for round in 0..3 {
+        let accounts: Vec<String> = (0..PIPELINED).map(|n| format!("pipelined-{round}-{n}")).collect();
+        let mut frames = Vec::new();
+        for (n, account) in accounts.iter().enumerate() {
+            let s = Subject { peer: Some(ip("192.0.2.201")), account: Some(account), ..Subject::default() };
+            check_frame(n + 1, "login", &s, &mut frames);
+        }
+        let started = Instant::now();
+        stream.write_all(&frames).unwrap();
+        for n in 0..PIPELINED {
+            let (id, response, degraded) = read_reply_extras(&mut stream);
+            assert_eq!(id, n as u64 + 1, "replies keep their order");
+            assert!(matches!(response, Response::Verdict(_)), "{response:?}");
+            if degraded {
+                degraded_ids.push((round, id));
+            }
+        }
+        elapsed.push(started.elapsed());
+    }
+    let slowest = elapsed.iter().copied().max().unwrap();
+    assert!(
+        slowest < Duration::from_millis(3 * TIMEOUT_MS),
+        "a pipeline of {PIPELINED} checks took {slowest:?}: they waited for the store in turn (rounds: {elapsed:?})"
+    );
+    let (_, shared) = runtime().block_on(daemon.client().status_with_shared()).unwrap();
+    let shared = shared.unwrap();
+    let batches = (shared.batches, shared.batched_ops, shared.timeouts);
+    assert!(
+        degraded_ids.is_empty(),
+        "checks (round, id) waited past the timeout (rounds: {elapsed:?}; batches, ops, timeouts: {batches:?}): \
+         {degraded_ids:?}\n{}",
+        daemon.log()
+    );
+}
