@@ -4,6 +4,9 @@
 //! A connection handles its frames in order and writes every reply it has
 //! before reading again, so a client may pipeline many requests (ids tell
 //! the replies apart) and pays one write per batch, not per request.
+//! In shared mode a run of pipelined requests is begun whole (every store
+//! op queued) before any is answered, so the run waits for the store about
+//! once, within `[shared] timeout_ms`, not once per request.
 
 use std::future::Future;
 use std::os::unix::fs::PermissionsExt;
