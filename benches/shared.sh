@@ -6,7 +6,10 @@
 # medians are what docs/performance.md reports):
 #   1. login check+report, 50 connections, 1 in flight, 100,000 accounts
 #      (`tollgate bench --route login --mix check-report`): every request
-#      goes to the store (login's rules are global);
+#      goes to the store (login's rules are global); on a daemon with the
+#      default-like timeout (TIMEOUT_MS, 2) and on a patient one (1000 ms),
+#      with the share of answers given degraded: a saturated store makes
+#      the first answer most requests on its degraded share;
 #   2. the Redis+Lua peer (../shared/bench/peer-redis.sh, or $PEER) at the
 #      same 50 connections, same session;
 #   3. `request` route checks (host rules only) with shared mode on, then
@@ -51,11 +54,25 @@ start_daemon() { # name, extra config
   for _ in $(seq 200); do [ -S "$dir/t.sock" ] && break; sleep 0.05; done
 }
 
-start_daemon shared "[shared]
+# One secret for both shared daemons: a host with another key may not join.
+start_daemon shared "secret = \"$TMP/secret\"
+[shared]
 url = \"redis+unix://$TMP/r.sock\"
 timeout_ms = $TIMEOUT_MS
 hosts = 3"
+start_daemon patient "secret = \"$TMP/secret\"
+[shared]
+url = \"redis+unix://$TMP/r.sock\"
+timeout_ms = 1000
+hosts = 3"
 start_daemon alone ""
+
+# The share of a run's answers given degraded (timed out or breaker open):
+# with a short timeout and the store saturated, most are, and the run then
+# measures the fallback, not the store.
+degraded_share() { # socket, answers before (degraded, calls)
+  "$BIN" status --socket "$1" --json | python3 -c "import json,sys; s=json.load(sys.stdin)['shared']; print(s['degraded_answers'], s['calls'])"
+}
 
 bench() { # socket, args...
   local socket=$1; shift
@@ -64,11 +81,15 @@ bench() { # socket, args...
 field() { python3 -c "import json,sys; d=json.load(sys.stdin); print(d$1)"; }
 
 for run in $(seq "$RUNS"); do
-  out=$(bench "$TMP/shared/t.sock" --route login --mix check-report --connections 50 --in-flight 1 --keys 100000 --duration "$DURATION")
-  echo "run${run}_login_shared_ops_per_s=$(field "['ops_per_s']" <<<"$out")"
-  echo "run${run}_login_shared_requests_per_s=$(field "['requests']/d['duration_s']" <<<"$out")"
-  echo "run${run}_login_shared_p50_us=$(field "['p50_us']" <<<"$out")"
-  echo "run${run}_login_shared_p99_us=$(field "['p99_us']" <<<"$out")"
+  for d in shared patient; do
+    read -r deg0 _ <<<"$(degraded_share "$TMP/$d/t.sock")"
+    out=$(bench "$TMP/$d/t.sock" --route login --mix check-report --connections 50 --in-flight 1 --keys 100000 --duration "$DURATION")
+    read -r deg1 _ <<<"$(degraded_share "$TMP/$d/t.sock")"
+    echo "run${run}_login_${d}_requests_per_s=$(field "['requests']/d['duration_s']" <<<"$out")"
+    echo "run${run}_login_${d}_p50_us=$(field "['p50_us']" <<<"$out")"
+    echo "run${run}_login_${d}_p99_us=$(field "['p99_us']" <<<"$out")"
+    echo "run${run}_login_${d}_degraded_share=$(python3 -c "print(round(($deg1 - $deg0) / max(1, $(field "['requests']" <<<"$out")), 3))")"
+  done
   DURATION=${DURATION%s} bash "$PEER" | sed "s/^/run${run}_peer_/"
   on=$(bench "$TMP/shared/t.sock" --route request --mix check --connections 50 --in-flight 16 --keys 1000000 --duration "$DURATION")
   off=$(bench "$TMP/alone/t.sock" --route request --mix check --connections 50 --in-flight 16 --keys 1000000 --duration "$DURATION")
