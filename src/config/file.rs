@@ -41,6 +41,7 @@ pub struct RawShared {
     pub nodes: Option<Vec<String>>,
     pub username: Option<String>,
     pub password_file: Option<PathBuf>,
+    pub tls_ca_file: Option<PathBuf>,
     pub key_prefix: Option<String>,
     pub timeout_ms: Option<u64>,
     pub connect_timeout_ms: Option<u64>,

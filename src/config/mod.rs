@@ -186,17 +186,23 @@ pub struct RuleConfig {
 /// beside the defaults in `defaults.rs`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SharedConfig {
-    /// redis://host:port[/db], redis+unix:///path/to.sock or unix:///path/to.sock;
+    /// redis://host:port[/db], rediss://host:port[/db] (TLS),
+    /// redis+unix:///path/to.sock or unix:///path/to.sock;
     /// in cluster mode the first seed node, so `status` and log lines name
     /// the store the same way in both modes.
     pub url: String,
-    /// Redis Cluster seed nodes (redis://host:port). Empty: one store at
+    /// Redis Cluster seed nodes (redis://host:port or rediss://host:port,
+    /// all alike). Empty: one store at
     /// `url`; otherwise a cluster, and `url` only describes it.
     pub nodes: Vec<String>,
     pub username: Option<String>,
     /// Read by the daemon at start, never here, so validating a file needs
     /// no access to the secret.
     pub password_file: Option<PathBuf>,
+    /// PEM CA bundle that a rediss:// store's certificate must chain to;
+    /// None: the platform's roots. Read at every connection, like the
+    /// password file, so a renewed CA is picked up without a restart.
+    pub tls_ca_file: Option<PathBuf>,
     pub key_prefix: String,
     pub timeout_ms: u64,
     pub connect_timeout_ms: u64,

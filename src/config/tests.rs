@@ -276,6 +276,7 @@ fn shared_takes_its_defaults_and_needs_only_a_url() {
             nodes: Vec::new(),
             username: None,
             password_file: None,
+            tls_ca_file: None,
             key_prefix: "tg".into(),
             timeout_ms: 2,
             connect_timeout_ms: 200,
@@ -309,7 +310,10 @@ fn shared_nodes_name_a_cluster() {
         ("nodes = []", vec!["shared.nodes: 1..=64 cluster seed URLs (redis://host:port)".to_string()]),
         (
             "nodes = [\"redis://ok:7000\", \"unix:///run/redis.sock\"]",
-            vec!["shared.nodes[1]: a cluster node is redis://host:port (no Unix sockets in cluster mode)".to_string()],
+            vec![
+                "shared.nodes[1]: a cluster node is redis://host:port or rediss://host:port (no Unix sockets in cluster mode)"
+                    .to_string(),
+            ],
         ),
         (
             "nodes = [\"redis://:hunter2@b:7000\"]",
@@ -323,12 +327,25 @@ fn shared_nodes_name_a_cluster() {
             vec!["shared.nodes[0]: a cluster has only database 0: redis://host:port".to_string()],
         ),
         (
-            "nodes = [\"rediss://b:7000\"]",
-            vec!["shared.nodes[0]: TLS (rediss://) is not supported yet; use a Unix socket or a TLS tunnel".to_string()],
+            "nodes = [\"rediss://b:7000\", \"redis://c:7000\"]",
+            vec!["shared.nodes: all rediss:// (TLS) or all redis://, not a mix".to_string()],
+        ),
+        (
+            "nodes = [\"redis://b:7000\"]\ntls_ca_file = \"/etc/tollgate/redis-ca.pem\"",
+            vec![
+                "shared.tls_ca_file: only for a TLS store; the url (or nodes) must be rediss://host:port to use tls_ca_file"
+                    .to_string(),
+            ],
         ),
     ] {
         assert_eq!(shared(lines).unwrap_err(), expected, "{lines}");
     }
+    let tls =
+        shared("nodes = [\"rediss://b:7000\", \"rediss://c:7000/0\"]\ntls_ca_file = \"/etc/tollgate/redis-ca.pem\"")
+            .unwrap()
+            .unwrap();
+    assert_eq!(tls.nodes, ["rediss://b:7000", "rediss://c:7000/0"]);
+    assert_eq!(tls.tls_ca_file, Some(PathBuf::from("/etc/tollgate/redis-ca.pem")));
     let many: Vec<String> = (0..65).map(|i| format!("\"redis://n{i}:7000\"")).collect();
     assert_eq!(
         shared(&format!("nodes = [{}]", many.join(", "))).unwrap_err(),
@@ -342,23 +359,40 @@ fn shared_url_forms() {
         "redis://10.0.0.5:6379/0",
         "redis://store.internal",
         "redis://tollgate@store:6379",
+        "rediss://store.internal:6380",
+        "rediss://tollgate@10.0.0.5:6380/1",
         "redis+unix:///run/redis/redis.sock",
         "unix:///run/redis/redis.sock?db=2",
     ] {
         assert!(shared(&format!("url = \"{url}\"")).is_ok(), "{url} refused");
     }
-    let schemes = "shared.url: the scheme must be one of redis://host:port[/db], redis+unix:///path or unix:///path";
+    let accepted = "redis://host:port[/db], rediss://host:port[/db], redis+unix:///path or unix:///path";
+    let schemes = format!("shared.url: the scheme must be one of {accepted}");
+    let required = format!("shared.url: required, one of {accepted}");
+    let schemes = schemes.as_str();
+    let required = required.as_str();
     for (url, expected) in [
-        ("rediss://store:6380", "shared.url: TLS (rediss://) is not supported yet; use a Unix socket or a TLS tunnel"),
         ("http://store:6379", schemes),
         ("valkey://store:6379", schemes),
-        ("", "shared.url: required, one of redis://host:port[/db], redis+unix:///path or unix:///path"),
-        ("store:6379", "shared.url: required, one of redis://host:port[/db], redis+unix:///path or unix:///path"),
+        ("", required),
+        ("store:6379", required),
         ("redis://", "shared.url: redis:// needs a host (redis://host:port[/db])"),
+        ("rediss://", "shared.url: rediss:// needs a host (rediss://host:port[/db])"),
         ("unix://relative.sock", "shared.url: unix:// needs an absolute socket path (unix:///path/to.sock)"),
         ("redis://sto re:6379", "shared.url: must not contain whitespace or control characters"),
     ] {
         assert_eq!(shared(&format!("url = \"{url}\"")).unwrap_err(), [expected], "{url}");
+    }
+    // A CA bundle goes with TLS only, and an error names both fields.
+    let built = shared("url = \"rediss://store:6380\"\ntls_ca_file = \"/etc/tollgate/redis-ca.pem\"").unwrap().unwrap();
+    assert_eq!(built.tls_ca_file, Some(PathBuf::from("/etc/tollgate/redis-ca.pem")));
+    assert_eq!(shared("url = \"rediss://store:6380\"").unwrap().unwrap().tls_ca_file, None);
+    for url in ["redis://store:6379", "unix:///run/redis.sock"] {
+        assert_eq!(
+            shared(&format!("url = \"{url}\"\ntls_ca_file = \"/etc/tollgate/redis-ca.pem\"")).unwrap_err(),
+            ["shared.tls_ca_file: only for a TLS store; the url (or nodes) must be rediss://host:port to use tls_ca_file"],
+            "{url}"
+        );
     }
 }
 
@@ -439,11 +473,11 @@ fn each_shared_bound_is_reported_with_its_number_and_all_at_once() {
     assert_eq!(built.password_file, Some(PathBuf::from("/run/credentials/redis")));
 
     // Every problem at once, the rules' beside the store's.
-    let text = "[shared]\nurl = \"rediss://store\"\ntimeout_ms = 0\nbatch_max = 0\n\
+    let text = "[shared]\nurl = \"valkey://store\"\ntimeout_ms = 0\nbatch_max = 0\n\
                 [routes.login.rules.source_failures]\nscope = \"globl\"\nthreshold = 0\n";
     let errors = Config::build(Config::parse(text).unwrap()).unwrap_err().0;
     for expected in [
-        "shared.url: TLS (rediss://) is not supported yet; use a Unix socket or a TLS tunnel",
+        "shared.url: the scheme must be one of redis://host:port[/db], rediss://host:port[/db], redis+unix:///path or unix:///path",
         "shared.timeout_ms: must be 1..=1000",
         "shared.batch_max: must be 1..=1024",
         "routes.login.rules.source_failures.scope: `globl` is not host or global",

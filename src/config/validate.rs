@@ -275,11 +275,24 @@ fn build_shared(raw: RawShared, errors: &mut Vec<String>) -> Option<SharedConfig
     {
         errors.push(format!("shared.key_prefix: 1-{SHARED_KEY_PREFIX_BYTES_MAX} characters of [A-Za-z0-9_-]"));
     }
+    let tls = url.starts_with("rediss://");
+    if let [first, rest @ ..] = nodes.as_slice() {
+        if rest.iter().any(|node| node.starts_with("rediss://") != first.starts_with("rediss://")) {
+            errors.push("shared.nodes: all rediss:// (TLS) or all redis://, not a mix".into());
+        }
+    }
+    if raw.tls_ca_file.is_some() && !tls {
+        errors.push(
+            "shared.tls_ca_file: only for a TLS store; the url (or nodes) must be rediss://host:port to use tls_ca_file"
+                .into(),
+        );
+    }
     let shared = SharedConfig {
         url,
         nodes,
         username: raw.username,
         password_file: raw.password_file,
+        tls_ca_file: raw.tls_ca_file,
         key_prefix,
         timeout_ms: raw.timeout_ms.unwrap_or(SHARED_TIMEOUT_MS_DEFAULT),
         connect_timeout_ms: raw.connect_timeout_ms.unwrap_or(SHARED_CONNECT_TIMEOUT_MS_DEFAULT),
@@ -330,13 +343,12 @@ fn build_shared(raw: RawShared, errors: &mut Vec<String>) -> Option<SharedConfig
 /// Why `url` cannot name the store, if it cannot. The message never quotes
 /// the URL: it may hold a password, and errors reach logs and terminals.
 fn check_store_url(url: &str) -> Result<(), String> {
-    const ACCEPTED: &str = "redis://host:port[/db], redis+unix:///path or unix:///path";
+    const ACCEPTED: &str = "redis://host:port[/db], rediss://host:port[/db], redis+unix:///path or unix:///path";
     let Some((scheme, rest)) = url.split_once("://") else {
         return Err(format!("required, one of {ACCEPTED}"));
     };
     match scheme {
-        "redis" | "redis+unix" | "unix" => {}
-        "rediss" => return Err("TLS (rediss://) is not supported yet; use a Unix socket or a TLS tunnel".into()),
+        "redis" | "rediss" | "redis+unix" | "unix" => {}
         _ => return Err(format!("the scheme must be one of {ACCEPTED}")),
     }
     let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
@@ -351,10 +363,10 @@ fn check_store_url(url: &str) -> Result<(), String> {
         return Err("must not contain whitespace or control characters".into());
     }
     let host = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
-    if scheme == "redis" && host.is_empty() {
-        return Err("redis:// needs a host (redis://host:port[/db])".into());
+    if matches!(scheme, "redis" | "rediss") && host.is_empty() {
+        return Err(format!("{scheme}:// needs a host ({scheme}://host:port[/db])"));
     }
-    if scheme != "redis" && (!authority.is_empty() || before_query.len() <= 1) {
+    if !matches!(scheme, "redis" | "rediss") && (!authority.is_empty() || before_query.len() <= 1) {
         return Err(format!("{scheme}:// needs an absolute socket path ({scheme}:///path/to.sock)"));
     }
     Ok(())
@@ -365,10 +377,11 @@ fn check_store_url(url: &str) -> Result<(), String> {
 /// client follows MOVED to those addresses, so a socket path is no use).
 fn check_node_url(url: &str) -> Result<(), String> {
     check_store_url(url)?;
-    if !url.starts_with("redis://") {
-        return Err("a cluster node is redis://host:port (no Unix sockets in cluster mode)".into());
-    }
-    let rest = &url["redis://".len()..];
+    let Some(rest) = url.strip_prefix("redis://").or_else(|| url.strip_prefix("rediss://")) else {
+        return Err(
+            "a cluster node is redis://host:port or rediss://host:port (no Unix sockets in cluster mode)".into()
+        );
+    };
     let path = rest.find('/').map_or("", |at| &rest[at..]);
     if !matches!(path, "" | "/" | "/0") {
         return Err("a cluster has only database 0: redis://host:port".into());

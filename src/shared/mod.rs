@@ -215,6 +215,9 @@ impl Ticket<'_> {
 
 impl SharedStore {
     pub fn new(config: SharedConfig) -> Arc<SharedStore> {
+        if config.url.starts_with("rediss://") {
+            install_tls_provider();
+        }
         let (queue, receiver) = mpsc::channel(config.pending_max);
         let breaker =
             Breaker::new(config.breaker_failures, config.probe_interval_ms * 1000, config.probe_max_ms * 1000);
@@ -564,7 +567,8 @@ impl SharedStore {
 
     /// A client for the configured store, with its credentials (read from
     /// the password file each time, so a rotated password is picked up by
-    /// the next connection).
+    /// the next connection) and, for rediss://, the CA bundle to trust (read
+    /// each time too, so a renewed CA is picked up the same way).
     fn client(&self, url: &str) -> Result<redis::Client, String> {
         let mut info = redis::IntoConnectionInfo::into_connection_info(url).map_err(|e| e.to_string())?;
         let mut settings = info.redis_settings().clone();
@@ -575,7 +579,27 @@ impl SharedStore {
             settings = settings.set_password(password);
         }
         info = info.set_redis_settings(settings);
-        redis::Client::open(info).map_err(|e| e.to_string())
+        match self.tls_ca()? {
+            // Without a CA file a rediss:// URL trusts the platform's roots
+            // (rustls-native-certs), as redis-rs does by itself.
+            None => redis::Client::open(info).map_err(|e| e.to_string()),
+            Some(certs) => redis::Client::build_with_tls(info, certs).map_err(|e| self.tls_ca_error(e)),
+        }
+    }
+
+    /// The CA bundle of a TLS store (`tls_ca_file`), if one is configured.
+    fn tls_ca(&self) -> Result<Option<redis::TlsCertificates>, String> {
+        let Some(path) = &self.config.tls_ca_file else { return Ok(None) };
+        let pem = std::fs::read(path).map_err(|e| format!("cannot read tls_ca_file {}: {e}", path.display()))?;
+        Ok(Some(redis::TlsCertificates { client_tls: None, root_cert: Some(pem) }))
+    }
+
+    /// A client that cannot be built from the CA bundle says which file.
+    fn tls_ca_error(&self, e: redis::RedisError) -> String {
+        match &self.config.tls_ca_file {
+            Some(path) => format!("tls_ca_file {}: {e}", path.display()),
+            None => e.to_string(),
+        }
     }
 
     fn password(&self) -> Result<Option<String>, String> {
@@ -602,7 +626,12 @@ impl SharedStore {
         if let Some(password) = self.password()? {
             builder = builder.password(password);
         }
-        builder.build().map_err(|e| e.to_string())
+        // rediss:// seed nodes make every node's connection TLS; the CA
+        // bundle, if any, is what their certificates must chain to.
+        if let Some(certs) = self.tls_ca()? {
+            builder = builder.certs(certs);
+        }
+        builder.build().map_err(|e| self.tls_ca_error(e))
     }
 
     /// A subscription: on the store, or in a cluster on the first seed node
@@ -701,6 +730,13 @@ impl SharedStore {
     pub fn note_error(&self, e: impl ToString) {
         self.set_last_error(e);
     }
+}
+
+/// rustls needs one process-wide crypto provider; tollgate builds rustls
+/// with ring only. Installing it twice (another store, a test's second
+/// daemon in the same process) is not an error.
+pub fn install_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
