@@ -133,3 +133,102 @@ fn the_host_count_is_learned_from_the_store_and_sets_the_degraded_share() {
     }
     assert_eq!(check(&daemons[0], &trudy).decision, Decision::Deny, "the learned share, 2 of 5");
 }
+
+/// A CA and a server certificate for 127.0.0.1 and localhost it signed, in
+/// `dir` (`ca.crt`, `server.crt`, `server.key`), made with the openssl CLI.
+fn make_test_certs(dir: &Path) {
+    let openssl = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .current_dir(dir)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("running openssl (needed for the TLS test): {e}"));
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=tollgate-test-ca",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+    ]);
+    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1,DNS:localhost\n").unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "1",
+        "-extfile",
+        "san.ext",
+        "-out",
+        "server.crt",
+    ]);
+}
+
+#[test]
+fn a_tls_store_is_joined_with_its_ca_file_and_refused_without_it() {
+    require_redis();
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    std::fs::create_dir(&certs).unwrap();
+    make_test_certs(&certs);
+    let redis = RedisServer::tls(&certs);
+    assert!(redis.url().starts_with("rediss://127.0.0.1:"), "{}", redis.url());
+    let secret = shared_secret(dir.path());
+    let with_ca = format!(
+        "url = \"{}\"\ntimeout_ms = 200\nhosts = 3\ntls_ca_file = \"{}\"",
+        redis.url(),
+        certs.join("ca.crt").display()
+    );
+    let d = TestDaemon::start_with(Some(&config(&secret, &with_ca, "")), false);
+    let answered = runtime().block_on(d.client().check_answered("login", &subject("192.0.2.160", "trent")));
+    assert!(!answered.degraded, "decided by the store over TLS:\n{}", d.log());
+    // The script's keys are in the store: the store answered, over TLS.
+    assert!(!redis.cmd(&["KEYS", "tg:*"]).is_empty(), "no keys reached the TLS store");
+
+    // Without the CA file the platform's roots are trusted, and they do not
+    // know the test CA: degraded, and the log says why.
+    let without_ca = format!("url = \"{}\"\ntimeout_ms = 200\nhosts = 3", redis.url());
+    let d = TestDaemon::start_with(Some(&config(&secret, &without_ca, "")), false);
+    let answered = runtime().block_on(d.client().check_answered("login", &subject("192.0.2.161", "trent")));
+    assert!(answered.degraded, "an untrusted certificate is not the store");
+    let log = d.log();
+    assert!(log.contains("shared store unreachable at start"), "{log}");
+    assert!(log.to_lowercase().contains("certificate"), "the log names the certificate problem:\n{log}");
+
+    // A CA file that cannot be read: degraded, and the log names the file.
+    let missing = dir.path().join("no-such-ca.pem");
+    let unreadable = format!("{without_ca}\ntls_ca_file = \"{}\"", missing.display());
+    let d = TestDaemon::start_with(Some(&config(&secret, &unreadable, "")), false);
+    let answered = runtime().block_on(d.client().check_answered("login", &subject("192.0.2.162", "trent")));
+    assert!(answered.degraded, "no CA, no store");
+    assert!(d.log().contains(&format!("cannot read tls_ca_file {}", missing.display())), "{}", d.log());
+}

@@ -109,6 +109,9 @@ pub struct RedisServer {
     paused: bool,
     /// `requirepass`, if the server asks for one.
     password: Option<String>,
+    /// TLS only (`tls()`): the directory of `ca.crt`, `server.crt` and
+    /// `server.key`; the port is then a TLS port and plain TCP is off.
+    tls: Option<PathBuf>,
 }
 
 impl RedisServer {
@@ -117,7 +120,7 @@ impl RedisServer {
         require_redis();
         let dir = temp_dir();
         let addr = Addr::Unix(dir.path().join("r.sock"));
-        let mut server = RedisServer { dir, addr, child: None, paused: false, password: None };
+        let mut server = RedisServer { dir, addr, child: None, paused: false, password: None, tls: None };
         if let Err(why) = server.start() {
             panic!("redis-server did not start: {why}\n{}", server.log());
         }
@@ -129,7 +132,8 @@ impl RedisServer {
         require_redis();
         let dir = temp_dir();
         let addr = Addr::Unix(dir.path().join("r.sock"));
-        let mut server = RedisServer { dir, addr, child: None, paused: false, password: Some(password.into()) };
+        let mut server =
+            RedisServer { dir, addr, child: None, paused: false, password: Some(password.into()), tls: None };
         if let Err(why) = server.start() {
             panic!("redis-server did not start: {why}\n{}", server.log());
         }
@@ -139,8 +143,20 @@ impl RedisServer {
     /// Listening on a free loopback port.
     pub fn tcp() -> RedisServer {
         require_redis();
+        RedisServer::tcp_with(None)
+    }
+
+    /// TLS only, on a free loopback port, with `certs`' `server.crt` and
+    /// `server.key` (issued for 127.0.0.1 by `ca.crt`). Clients are not
+    /// asked for a certificate.
+    pub fn tls(certs: &Path) -> RedisServer {
+        RedisServer::tcp_with(Some(certs.to_path_buf()))
+    }
+
+    fn tcp_with(tls: Option<PathBuf>) -> RedisServer {
+        require_redis();
         let mut server =
-            RedisServer { dir: temp_dir(), addr: Addr::Tcp(0), child: None, paused: false, password: None };
+            RedisServer { dir: temp_dir(), addr: Addr::Tcp(0), child: None, paused: false, password: None, tls };
         let mut why = String::new();
         for _ in 0..PORT_ATTEMPTS {
             server.addr = Addr::Tcp(free_ports(1)[0]);
@@ -162,9 +178,21 @@ impl RedisServer {
             Addr::Unix(sock) => {
                 cmd.args(["--port", "0", "--unixsocket"]).arg(sock).args(["--unixsocketperm", "700"]);
             }
-            Addr::Tcp(port) => {
-                cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"]);
-            }
+            Addr::Tcp(port) => match &self.tls {
+                None => {
+                    cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"]);
+                }
+                Some(certs) => {
+                    cmd.args(["--port", "0", "--tls-port", &port.to_string(), "--bind", "127.0.0.1"])
+                        .arg("--tls-cert-file")
+                        .arg(certs.join("server.crt"))
+                        .arg("--tls-key-file")
+                        .arg(certs.join("server.key"))
+                        .arg("--tls-ca-cert-file")
+                        .arg(certs.join("ca.crt"))
+                        .args(["--tls-auth-clients", "no"]);
+                }
+            },
         }
         cmd.args(["--save", "", "--appendonly", "no", "--daemonize", "no", "--dir"]).arg(d);
         if let Some(password) = &self.password {
@@ -181,6 +209,7 @@ impl RedisServer {
         loop {
             let up = match &self.addr {
                 Addr::Unix(sock) => ping_unix(sock),
+                Addr::Tcp(_) if self.tls.is_some() => self.ping_tls(),
                 Addr::Tcp(port) => ping_tcp(*port),
             };
             if up {
@@ -196,6 +225,32 @@ impl RedisServer {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// A PING over TLS, through `redis-cli` (it speaks TLS; the harness
+    /// does not).
+    fn ping_tls(&self) -> bool {
+        Command::new("redis-cli")
+            .args(self.cli_target())
+            .arg("PING")
+            .stdin(Stdio::null())
+            .output()
+            .is_ok_and(|out| out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "PONG")
+    }
+
+    /// How `redis-cli` reaches this server.
+    fn cli_target(&self) -> Vec<String> {
+        let mut target = match &self.addr {
+            Addr::Unix(sock) => vec!["-s".to_string(), sock.display().to_string()],
+            Addr::Tcp(port) => vec!["-p".to_string(), port.to_string()],
+        };
+        if let Some(certs) = &self.tls {
+            target.extend(["--tls".to_string(), "--cacert".to_string(), certs.join("ca.crt").display().to_string()]);
+        }
+        if let Some(password) = &self.password {
+            target.extend(["--no-auth-warning".to_string(), "-a".to_string(), password.clone()]);
+        }
+        target
     }
 
     fn stop(&mut self) {
@@ -217,10 +272,12 @@ impl RedisServer {
         std::fs::read_to_string(self.log_path()).unwrap_or_default()
     }
 
-    /// `redis+unix:///abs/path/r.sock` or `redis://127.0.0.1:PORT`.
+    /// `redis+unix:///abs/path/r.sock`, `redis://127.0.0.1:PORT` or
+    /// (`tls()`) `rediss://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
         match &self.addr {
             Addr::Unix(sock) => format!("redis+unix://{}", sock.display()),
+            Addr::Tcp(port) if self.tls.is_some() => format!("rediss://127.0.0.1:{port}"),
             Addr::Tcp(port) => format!("redis://127.0.0.1:{port}"),
         }
     }
@@ -280,14 +337,7 @@ impl RedisServer {
     /// Runs one command through `redis-cli` and returns its stdout, trimmed.
     /// For inspecting and planting keys; it blocks on a paused server.
     pub fn cmd(&self, args: &[&str]) -> String {
-        let mut target = match &self.addr {
-            Addr::Unix(sock) => vec!["-s".to_string(), sock.display().to_string()],
-            Addr::Tcp(port) => vec!["-p".to_string(), port.to_string()],
-        };
-        if let Some(password) = &self.password {
-            target.extend(["--no-auth-warning".to_string(), "-a".to_string(), password.clone()]);
-        }
-        redis_cli(&target, args)
+        redis_cli(&self.cli_target(), args)
     }
 }
 
