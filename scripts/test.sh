@@ -5,7 +5,11 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-if ! { command -v redis-server >/dev/null && command -v redis-cli >/dev/null; }; then
+# openssl (the CLI) makes the TLS test's certificates.
+missing=()
+command -v redis-server >/dev/null && command -v redis-cli >/dev/null || missing+=(redis-server redis-tools)
+command -v openssl >/dev/null || missing+=(openssl)
+if [ "${#missing[@]}" -gt 0 ]; then
     # Root in containers and CI; sudo on a developer's machine.
     as_root=()
     if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null; then
@@ -15,7 +19,7 @@ if ! { command -v redis-server >/dev/null && command -v redis-cli >/dev/null; };
     # the tests start their own on temp sockets and free ports.
     "${as_root[@]}" apt-get update -qq
     "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive \
-        apt-get install -y -qq --no-install-recommends redis-server redis-tools
+        apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
 exec cargo test --release "$@"
