@@ -150,11 +150,9 @@ fn a_store_killed_mid_traffic_leaves_every_answer_bounded_and_the_degraded_share
 /// Waits until the daemon's store is reachable again after an outage (the
 /// second "reachable" line: the first is the start's).
 fn wait_for_recovery(daemon: &TestDaemon) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while daemon.log().matches("shared store reachable").count() < 2 {
-        assert!(Instant::now() < deadline, "no recovery:\n{}", daemon.log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until(daemon, Duration::from_secs(10), "no recovery", || {
+        daemon.log().matches("shared store reachable").count() >= 2
+    });
 }
 
 #[test]
@@ -309,14 +307,7 @@ fn host_rules_never_touch_the_store() {
 
 /// Waits until `daemon`'s check of `who` has `decision`, or panics.
 fn until_decision(daemon: &TestDaemon, who: &Subject<'_>, decision: Decision, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        if check(daemon, who).decision == decision {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{what}:\n{}", daemon.log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until(daemon, Duration::from_secs(5), what, || check(daemon, who).decision == decision);
 }
 
 #[test]

@@ -76,3 +76,13 @@ pub fn check(daemon: &TestDaemon, subject: &Subject<'_>) -> Verdict<'static> {
 pub fn report(daemon: &TestDaemon, subject: &Subject<'_>, outcome: Outcome) {
     verdict(runtime().block_on(daemon.client().report("login", subject, outcome)));
 }
+
+/// Polls `done` every 20 ms until it holds, or fails with `what` and the
+/// daemon's log after `within`.
+pub fn wait_until(daemon: &TestDaemon, within: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + within;
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "{what}:\n{}", daemon.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
