@@ -198,8 +198,10 @@ impl Limiter {
     /// rule then refuses, the places taken are given back, so a refused
     /// check holds nothing.
     pub fn decide_check<'a>(&'a self, plan: CheckPlan<'a>, now_us: u64) -> Verdict<'a> {
-        let CheckPlan { route, rule_keys, class, known, .. } = plan;
-        let rule_keys = self.scoped_here(route, rule_keys, known);
+        let CheckPlan { route, rule_keys, class, known, device } = plan;
+        // Only a plan made for the store (a device to look up) has keys of
+        // device-scoped rules this host's knowledge excludes.
+        let rule_keys = if device.is_some() { self.scoped_here(route, rule_keys, known) } else { rule_keys };
         // Bit i: rule i holds a place for this attempt.
         self.admit_then_spend(route, &rule_keys, class, Rules::All, Answers::new(), 0, now_us)
     }
