@@ -299,6 +299,63 @@ pub struct SharedStatus {
     pub global_rules: Vec<String>,
 }
 
+/// Version 3's status of spray detection (absent when `[signals]` is off),
+/// trailing the version-2 extras for the same reason `SharedStatus` does.
+/// Subjects are prefixes or truncated digests, never raw identifiers.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct SignalsStatus {
+    pub window_ms: u64,
+    pub sub_windows: u32,
+    pub queue_max: u32,
+    pub events_total: u64,
+    /// Events dropped because the queue was full (never blocks a report).
+    pub events_dropped: u64,
+    pub sketch_bytes: u64,
+    pub sketch_bytes_max: u64,
+    pub flags: u32,
+    pub flags_max: u32,
+    pub flags_dropped: u64,
+    pub families: Vec<SignalFamilyStatus>,
+    pub detectors: Vec<DetectorStatus>,
+    /// The most recently raised flags and widened blocks, newest first.
+    pub flagged: Vec<FlaggedSubject>,
+}
+
+/// One bounded table of tracked subjects (prefixes, accounts, passwords, tenants).
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct SignalFamilyStatus {
+    pub name: String,
+    pub entries: u64,
+    pub entries_max: u64,
+    pub heap_bytes: u64,
+    pub evicted: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct DetectorStatus {
+    pub name: String,
+    /// off | monitor | enforce
+    pub mode: String,
+    pub threshold: u32,
+    pub raised_total: u64,
+    pub active: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct FlaggedSubject {
+    pub detector: String,
+    /// A prefix in CIDR form, or `acct:`, `pw:` or `tenant:` and 16 hex digits of a digest.
+    pub subject: String,
+    pub estimate: u32,
+    pub threshold: u32,
+    pub since_ms: u64,
+    pub until_ms: u64,
+}
+
 /// A key currently refused by a failure rule. The key is a digest: the
 /// daemon never holds the account it came from.
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]

@@ -123,7 +123,7 @@ impl Daemon {
         password_digest: Option<[u8; 16]>,
         now: u64,
     ) -> Result<SharedStart<Reported<'l>, Ticket<'s>, PendingReport<'l>>, crate::limiter::RequestError> {
-        let mut report = match limiter.begin_report(route, subject, outcome, password_digest, now)? {
+        let mut report = match limiter.begin_report(route, subject, outcome, password_digest, None, now)? {
             ReportedLocally::Done(verdict, durable) => return Ok(SharedStart::Done((verdict, durable, false))),
             ReportedLocally::Store(report) => report,
         };

@@ -212,10 +212,10 @@ impl Limiter {
     /// the op that takes their places and spends their rates, all or
     /// nothing, in the store.
     pub fn begin_check<'a>(&'a self, plan: CheckPlan<'a>, now_us: u64) -> CheckedLocally<'a> {
-        let CheckPlan { route, rule_keys, class, device, known } = plan;
+        let CheckPlan { route, rule_keys, class, device, known, password_tag } = plan;
         let globals = route.rules.iter().zip(rule_keys.iter()).any(|(r, k)| r.global.is_some() && k.is_some());
         if !globals {
-            let plan = CheckPlan { route, rule_keys, class, device, known };
+            let plan = CheckPlan { route, rule_keys, class, device, known, password_tag };
             return CheckedLocally::Done(self.decide_check(plan, now_us));
         }
         let mut answers = Answers::new();
@@ -391,9 +391,10 @@ impl Limiter {
         subject: &Subject<'_>,
         outcome: Outcome,
         password_digest: Option<[u8; 16]>,
+        password_tag: Option<[u8; 16]>,
         now_us: u64,
     ) -> Result<ReportedLocally<'a>, RequestError> {
-        let prepared = self.prepare_report(route, subject, outcome, password_digest, now_us)?;
+        let prepared = self.prepare_report(route, subject, outcome, password_digest, password_tag, now_us)?;
         let mut answers = Answers::new();
         let mut durable = Vec::new();
         let route = prepared.route;

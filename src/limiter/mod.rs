@@ -78,6 +78,8 @@ struct PreparedReport<'l> {
     /// As in `CheckPlan`.
     device: Option<Key>,
     known: bool,
+    /// As in `CheckPlan`; a failure's tag feeds the password axis.
+    password_tag: Option<[u8; 16]>,
 }
 
 /// A check with its keys derived, not yet decided (see `plan_check`).
@@ -90,6 +92,17 @@ pub struct CheckPlan<'l> {
     device: Option<Key>,
     /// Whether this host knows the device.
     known: bool,
+    /// The client's keyed digest of the password alone (protocol v3): a
+    /// check looks it up among the flagged passwords, never stores it.
+    password_tag: Option<[u8; 16]>,
+}
+
+impl CheckPlan<'_> {
+    /// The attempt's password tag, when the client sent one.
+    pub fn with_password_tag(mut self, password_tag: Option<[u8; 16]>) -> Self {
+        self.password_tag = password_tag;
+        self
+    }
 }
 
 /// The routes and tables; shared by every connection.
@@ -180,7 +193,7 @@ impl Limiter {
         let known = self.known_device(route, &mut keys, now_us)?;
         let device = self.device_in_store(route, &mut keys)?;
         let rule_keys = keys.rule_keys(&route.rules, known, device.is_some())?;
-        Ok(CheckPlan { route, rule_keys, class: keys.source_class(), device, known })
+        Ok(CheckPlan { route, rule_keys, class: keys.source_class(), device, known, password_tag: None })
     }
 
     /// Asks the memory system for the rate-table slots a planned check will
@@ -198,7 +211,7 @@ impl Limiter {
     /// rule then refuses, the places taken are given back, so a refused
     /// check holds nothing.
     pub fn decide_check<'a>(&'a self, plan: CheckPlan<'a>, now_us: u64) -> Verdict<'a> {
-        let CheckPlan { route, rule_keys, class, known, device } = plan;
+        let CheckPlan { route, rule_keys, class, known, device, .. } = plan;
         // Only a plan made for the store (a device to look up) has keys of
         // device-scoped rules this host's knowledge excludes.
         let rule_keys = if device.is_some() { self.scoped_here(route, rule_keys, known) } else { rule_keys };
@@ -319,7 +332,21 @@ impl Limiter {
         password_digest: Option<[u8; 16]>,
         now_us: u64,
     ) -> Result<(Verdict<'a>, Vec<Durable>), RequestError> {
-        let prepared = self.prepare_report(route, subject, outcome, password_digest, now_us)?;
+        self.report_tagged(route, subject, outcome, password_digest, None, now_us)
+    }
+
+    /// `report` with the attempt's password tag (protocol v3), which a
+    /// failure feeds to the password axis of spray detection.
+    pub fn report_tagged<'a>(
+        &'a self,
+        route: &str,
+        subject: &Subject<'_>,
+        outcome: Outcome,
+        password_digest: Option<[u8; 16]>,
+        password_tag: Option<[u8; 16]>,
+        now_us: u64,
+    ) -> Result<(Verdict<'a>, Vec<Durable>), RequestError> {
+        let prepared = self.prepare_report(route, subject, outcome, password_digest, password_tag, now_us)?;
         let mut answers = Answers::new();
         let mut durable = Vec::new();
         self.report_rules(&prepared, Rules::All, true, now_us, &mut answers, &mut durable);
@@ -334,6 +361,7 @@ impl Limiter {
         subject: &Subject<'_>,
         outcome: Outcome,
         password_digest: Option<[u8; 16]>,
+        password_tag: Option<[u8; 16]>,
         now_us: u64,
     ) -> Result<PreparedReport<'a>, RequestError> {
         let route = self.route(route)?;
@@ -361,7 +389,7 @@ impl Limiter {
                 known_devices.remember(key, now_us);
             }
         }
-        Ok(PreparedReport { route, rule_keys, class: keys.source_class(), outcome, repeated, device, known })
+        Ok(PreparedReport { route, rule_keys, class: keys.source_class(), outcome, repeated, device, known, password_tag })
     }
 
     /// Counts a report on this host's tables for the rules of `which`. With
