@@ -42,6 +42,10 @@ pub enum Command {
     },
     /// Load-test a running daemon: throughput and latency percentiles.
     Bench(crate::bench::BenchArgs),
+    /// Replay generated attacks and legitimate traffic through the limiter
+    /// and spray detection on a simulated clock: detection latency and
+    /// false positives (no daemon needed).
+    Simulate(crate::sim::SimulateArgs),
     /// A bare length-prefixed echo server: the transport floor for `bench --raw`.
     EchoServer {
         #[arg(long)]
@@ -205,6 +209,17 @@ pub fn print_man_page() -> std::process::ExitCode {
     }
 }
 
+/// `tollgate simulate`: no daemon, so not a client command.
+pub fn simulate(args: &crate::sim::SimulateArgs) -> std::process::ExitCode {
+    match crate::sim::simulate(args) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tollgate: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text).map_err(|e| format!("`{text}`: {e} (try 500ms, 30s, 15m, 1h)"))
 }
@@ -242,6 +257,7 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
             std::io::Write::write_all(&mut std::io::stdout(), &man_page()?)?;
             Ok(())
         }
+        Command::Simulate(_) => unreachable!("main handles simulate"),
         Command::Bench(args) => {
             let json_out = args.json;
             let r = crate::bench::run(args).await?;
@@ -310,7 +326,7 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
         Command::Metrics(args) => {
             let common = CommonArgs { socket: args.socket, json: false, timeout: args.timeout };
             let (status, shared) = client(&common).status_with_shared().await?;
-            print!("{}", crate::metrics::prometheus(&status, shared.as_ref()));
+            print!("{}", crate::metrics::prometheus(&status, shared.as_ref(), None));
             Ok(())
         }
         Command::Lockouts(args) => {

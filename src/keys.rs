@@ -244,6 +244,7 @@ const TAG_VERSION: u8 = 0x01;
 const TAG_COMPONENT: u8 = 0xC0;
 const TAG_TUPLE: u8 = 0x7E;
 const TAG_PREFIX_SUBKEY: u8 = 0x5B;
+const TAG_PASSWORD: u8 = 0x9A;
 
 impl KeyDeriver {
     pub fn new(secret: &Secret) -> KeyDeriver {
@@ -303,6 +304,17 @@ impl KeyDeriver {
             key.account_tag = split(account).account_tag;
         }
         key
+    }
+
+    /// A client's password tag (its keyed digest of the password alone)
+    /// re-keyed with this daemon's secret and cut to 64 bits: what spray
+    /// detection counts, useless to anyone reading memory without both keys.
+    pub fn password_tag(&self, tag: &[u8; 16]) -> u64 {
+        let mut mac = self.keyed.clone();
+        mac.update(&[TAG_PASSWORD]);
+        mac.update(tag);
+        let digest: [u8; 16] = mac.finalize_fixed().into();
+        u64::from_le_bytes(digest[..8].try_into().expect("8 of 16 bytes"))
     }
 
     /// The `account_tag` every key containing this account carries.

@@ -19,6 +19,8 @@
 //! redb state file and its writer thread (the only module that touches
 //! redb). Around it: `source` and `classes` (who the client is), `keys`
 //! (keyed digests of every identifier), `access` (who may ask what),
+//! `signals` (spray detection: distinct counts across keys off the request
+//! path, flags the request path reads), `sim` (its simulator),
 //! `audit` (rate-capped log lines), `notify` (systemd), `metrics`
 //! (Prometheus text), `config`, `clock` (the only place time is read) and
 //! `bench` (the load generator and the echo server).
@@ -51,6 +53,7 @@ mod notify;
 mod overflow;
 mod server;
 mod shared;
+mod signals;
 mod source;
 mod store;
 mod tat_table;
@@ -86,6 +89,11 @@ pub use store::{Journal, OpenOptions, PersistedEntry, Store, StoreError};
 // The load generator's random numbers (the example login server's test
 // draws its traffic from them).
 pub use bench::Rng;
+
+// Spray detection's simulator: generated attacks and legitimate traffic
+// through the real limiter on a simulated clock (`tollgate simulate`,
+// `tests/spray_detection.rs`).
+pub mod sim;
 
 /// The README's Rust example compiles as a doctest, so it cannot rot.
 #[cfg(doctest)]

@@ -16,6 +16,8 @@ fn main() -> ExitCode {
         Command::Serve(args) => return daemon::serve(args),
         // Not a client of the daemon: its errors are the output's, not a connection's.
         Command::Man => return cli::print_man_page(),
+        // The limiter on a simulated clock, in-process: no daemon to ask.
+        Command::Simulate(args) => return cli::simulate(&args),
         command => command,
     };
     // The load generator and the echo server want every core; the CLI's one

@@ -13,7 +13,7 @@
 
 use std::fmt::{Display, Write};
 
-use crate::protocol::{RouteStatus, RuleStatus, SharedStatus, Status};
+use crate::protocol::{RouteStatus, RuleStatus, SharedStatus, SignalFamilyStatus, SignalsStatus, Status};
 
 /// One metric family: its samples are written together, after one HELP and
 /// one TYPE line, as the format requires.
@@ -215,7 +215,58 @@ fn shared(out: &mut String, status: &Status, s: &SharedStatus) {
 
 /// The whole exposition for one `status` reply, with the shared store's
 /// families when the daemon has one.
-pub fn prometheus(status: &Status, shared_status: Option<&SharedStatus>) -> String {
+/// Spray detection's families (only a daemon with `[signals]` on has them).
+/// Labels are family and detector names; flagged subjects never appear.
+fn signals(out: &mut String, s: &SignalsStatus) {
+    let single = [
+        ("tollgate_signal_events_total", "counter", "Reports counted by spray detection.", s.events_total),
+        (
+            "tollgate_signal_events_dropped_total",
+            "counter",
+            "Reports spray detection never saw (its queue was full); alert on any.",
+            s.events_dropped,
+        ),
+        ("tollgate_signal_sketch_bytes", "gauge", "Heap of the distinct-count sketches.", s.sketch_bytes),
+        ("tollgate_signal_sketch_bytes_max", "gauge", "The sketches' heap budget.", s.sketch_bytes_max),
+        ("tollgate_signal_flags", "gauge", "Flags raised and not yet expired.", u64::from(s.flags)),
+        ("tollgate_signal_flags_max", "gauge", "The flag table's cap.", u64::from(s.flags_max)),
+        ("tollgate_signal_flags_dropped_total", "counter", "Flags dropped at the cap.", s.flags_dropped),
+    ];
+    for (name, kind, help, value) in single {
+        Family::new(out, name, kind, help).sample(name, &[], value);
+    }
+    type Of = fn(&SignalFamilyStatus) -> u64;
+    let per_family: [(&str, &str, &str, Of); 4] = [
+        ("tollgate_signal_entries", "gauge", "Subjects tracked, by table.", |f| f.entries),
+        ("tollgate_signal_entries_max", "gauge", "A signal table's cap.", |f| f.entries_max),
+        ("tollgate_signal_heap_bytes", "gauge", "Sketch heap, by table.", |f| f.heap_bytes),
+        ("tollgate_signal_evictions_total", "counter", "Subjects evicted at the cap, by table.", |f| f.evicted),
+    ];
+    for (name, kind, help, value) in per_family {
+        let mut family = Family::new(out, name, kind, help);
+        for f in &s.families {
+            family.sample(name, &[("family", &f.name)], value(f));
+        }
+    }
+    let mut family = Family::new(out, "tollgate_signal_flags_active", "gauge", "Subjects flagged now, by detector.");
+    for d in &s.detectors {
+        family.sample("tollgate_signal_flags_active", &[("detector", &d.name), ("mode", &d.mode)], d.active);
+    }
+    let mut family = Family::new(out, "tollgate_signal_flags_raised_total", "counter", "Flags raised, by detector.");
+    for d in &s.detectors {
+        family.sample(
+            "tollgate_signal_flags_raised_total",
+            &[("detector", &d.name), ("mode", &d.mode)],
+            d.raised_total,
+        );
+    }
+}
+
+pub fn prometheus(
+    status: &Status,
+    shared_status: Option<&SharedStatus>,
+    signals_status: Option<&SignalsStatus>,
+) -> String {
     let mut out = String::new();
     let mut family = Family::new(&mut out, "tollgate_info", "gauge", "Version of the daemon (always 1).");
     family.sample("tollgate_info", &[("version", &status.version)], 1);
@@ -332,6 +383,9 @@ pub fn prometheus(status: &Status, shared_status: Option<&SharedStatus>) -> Stri
     if let Some(s) = shared_status {
         shared(&mut out, status, s);
     }
+    if let Some(s) = signals_status {
+        signals(&mut out, s);
+    }
     out
 }
 
@@ -407,7 +461,7 @@ mod tests {
 
     #[test]
     fn no_shared_family_without_a_store() {
-        let text = prometheus(&status(), None);
+        let text = prometheus(&status(), None, None);
         assert!(!text.contains("tollgate_shared_") && !text.contains("tollgate_rule_scope"), "{text}");
     }
 
@@ -430,7 +484,7 @@ mod tests {
             global_rules: vec!["login/source_failures".into()],
             ..SharedStatus::default()
         };
-        let text = prometheus(&status(), Some(&shared));
+        let text = prometheus(&status(), Some(&shared), None);
         let samples = samples(&text);
         let value = |series: &str| samples.iter().find(|(s, _)| *s == series).unwrap_or_else(|| panic!("{series}")).1;
         assert_eq!(value("tollgate_shared_up"), "0");

@@ -152,17 +152,22 @@ impl SourcePolicy {
         let (v4_len, v6_len) = class
             .and_then(|c| self.class_prefix_lens[c as usize])
             .unwrap_or((self.ipv4_prefix_len, self.ipv6_prefix_len));
-        match canonical(address) {
-            IpAddr::V4(v4) => {
-                let len = v4_len.min(32);
-                let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
-                Prefix { network: IpAddr::V4(Ipv4Addr::from(u32::from(v4) & mask)), len }
-            }
-            IpAddr::V6(v6) => {
-                let len = v6_len.min(128);
-                let mask = if len == 0 { 0 } else { u128::MAX << (128 - len) };
-                Prefix { network: IpAddr::V6(Ipv6Addr::from(u128::from(v6) & mask)), len }
-            }
+        prefix_of(address, v4_len, v6_len)
+    }
+}
+
+/// The prefix of `address` at `v4_len` or `v6_len` bits, by its family.
+pub fn prefix_of(address: IpAddr, v4_len: u8, v6_len: u8) -> Prefix {
+    match canonical(address) {
+        IpAddr::V4(v4) => {
+            let len = v4_len.min(32);
+            let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
+            Prefix { network: IpAddr::V4(Ipv4Addr::from(u32::from(v4) & mask)), len }
+        }
+        IpAddr::V6(v6) => {
+            let len = v6_len.min(128);
+            let mask = if len == 0 { 0 } else { u128::MAX << (128 - len) };
+            Prefix { network: IpAddr::V6(Ipv6Addr::from(u128::from(v6) & mask)), len }
         }
     }
 }

@@ -103,6 +103,15 @@ pub enum Reason {
     /// Allowed because the rule that would have refused runs in monitor
     /// mode: it would have been `too_many_failures`.
     MonitorTooManyFailures,
+    /// Spray detection flagged the source or the password (version 3).
+    SpraySuspected,
+    /// Spray detection flagged the account: failing from many sources (version 3).
+    DistributedAttack,
+    /// The tenant's failure ratio is far above its baseline (version 3).
+    TenantAnomaly,
+    /// Allowed because the signal rule that would have refused, or its
+    /// detector, runs in monitor mode (version 3).
+    MonitorSignal,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]

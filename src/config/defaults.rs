@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{DeviceScope, FailPolicy, RawClassLimit, RawRoute, RawRule, RawRuleKind};
+use super::{Detector, DeviceScope, FailPolicy, RawClassLimit, RawRoute, RawRule, RawRuleKind, Rung};
 use crate::classes::SourceClass;
 use crate::keys::Component::{self, Account, ClientId, Device, Prefix, Tenant};
 
@@ -323,6 +323,74 @@ const _: () = {
     assert!(SHARED_HOST_TTL_HEARTBEATS_MIN * SHARED_HEARTBEAT_MS_MIN <= SHARED_HOST_TTL_MS_MAX);
 };
 
+// Spray detection (`[signals]`, issue 15). The arithmetic behind each
+// threshold is in docs/design/spray-detection.md §6: an office's 605
+// distinct failed accounts an hour per address come with thousands of
+// successes (share ≈ 0.1), a spray's do not (share ≈ 1).
+/// The sliding window every signal counts over.
+pub const SIGNALS_WINDOW_SECS_DEFAULT: u64 = 3_600;
+pub const SIGNALS_WINDOW_SECS_MIN: u64 = 60;
+pub const SIGNALS_WINDOW_SECS_MAX: u64 = 86_400;
+/// Report events waiting for the signals thread; a full queue drops (and
+/// counts) an event rather than block a report.
+pub const SIGNALS_QUEUE_MAX_DEFAULT: usize = 65_536;
+/// How often the signals thread publishes new flags, at most.
+pub const SIGNALS_PUBLISH_INTERVAL_MS_DEFAULT: u64 = 5;
+pub const SIGNALS_PUBLISH_INTERVAL_MS_MAX: u64 = 10_000;
+/// How long a flag lasts after its detector last fired.
+pub const SIGNALS_FLAG_TTL_SECS_DEFAULT: u64 = 3_600;
+/// Heap of all sketches together: a dense sketch is ~780 bytes, so this
+/// holds ~40,000 sketches past the exact range.
+pub const SIGNALS_SKETCH_BYTES_MAX_DEFAULT: usize = 32 << 20;
+pub const SIGNALS_SKETCH_BYTES_MIN: u64 = 1 << 16;
+pub const SIGNALS_SKETCH_BYTES_MAX_LIMIT: u64 = 1 << 32;
+pub const SIGNALS_PREFIXES_MAX_DEFAULT: usize = 131_072;
+pub const SIGNALS_WIDE_PREFIXES_MAX_DEFAULT: usize = 65_536;
+pub const SIGNALS_BLOCKS_MAX_DEFAULT: usize = 65_536;
+pub const SIGNALS_ACCOUNTS_MAX_DEFAULT: usize = 131_072;
+pub const SIGNALS_PASSWORDS_MAX_DEFAULT: usize = 65_536;
+pub const SIGNALS_TENANTS_MAX_DEFAULT: usize = 16_384;
+pub const SIGNALS_FLAGS_MAX_DEFAULT: usize = 65_536;
+/// Thresholds stay in the sketches' exact range (below 128).
+pub const SIGNALS_THRESHOLD_MAX: u32 = 127;
+pub const SIGNALS_PASSWORD_SPRAY_THRESHOLD_DEFAULT: u32 = 20;
+pub const SIGNALS_NARROW_SPRAY_THRESHOLD_DEFAULT: u32 = 10;
+pub const SIGNALS_WIDE_SPRAY_THRESHOLD_DEFAULT: u32 = 50;
+pub const SIGNALS_ACCOUNT_DISTRIBUTED_THRESHOLD_DEFAULT: u32 = 8;
+pub const SIGNALS_FAILURE_SHARE_MIN_DEFAULT: f64 = 0.5;
+pub const SIGNALS_TENANT_RATIO_FACTOR_DEFAULT: f64 = 3.0;
+pub const SIGNALS_TENANT_RATIO_MARGIN_DEFAULT: f64 = 0.15;
+pub const SIGNALS_TENANT_FAILURES_MIN_DEFAULT: u32 = 100;
+pub const SIGNALS_TENANT_WARMUP_HOURS_DEFAULT: u32 = 24;
+pub const SIGNALS_TENANT_BASELINE_HOURS_DEFAULT: u32 = 168;
+pub const SIGNALS_TENANT_BASELINE_HOURS_MAX: u32 = 24 * 365;
+pub const SIGNALS_WIDEN_PER_56_DEFAULT: u32 = 8;
+pub const SIGNALS_WIDEN_PER_48_DEFAULT: u32 = 16;
+pub const SIGNALS_WIDEN_HOLD_SECS_DEFAULT: u64 = 3_600;
+/// Keys on a signal rule's ladder (refused keys only).
+pub const SIGNAL_RULE_ENTRIES_MAX_DEFAULT: usize = 65_536;
+
+const _: () = {
+    assert!(
+        SIGNALS_WINDOW_SECS_MIN <= SIGNALS_WINDOW_SECS_DEFAULT
+            && SIGNALS_WINDOW_SECS_DEFAULT <= SIGNALS_WINDOW_SECS_MAX
+    );
+    assert!(SIGNALS_FLAG_TTL_SECS_DEFAULT <= SIGNALS_WINDOW_SECS_MAX);
+    assert!(SIGNALS_PUBLISH_INTERVAL_MS_DEFAULT <= SIGNALS_PUBLISH_INTERVAL_MS_MAX);
+    assert!(SIGNALS_SKETCH_BYTES_MIN <= SIGNALS_SKETCH_BYTES_MAX_DEFAULT as u64);
+    assert!(SIGNALS_SKETCH_BYTES_MAX_DEFAULT as u64 <= SIGNALS_SKETCH_BYTES_MAX_LIMIT);
+    assert!(SIGNALS_PASSWORD_SPRAY_THRESHOLD_DEFAULT <= SIGNALS_THRESHOLD_MAX);
+    assert!(SIGNALS_NARROW_SPRAY_THRESHOLD_DEFAULT <= SIGNALS_THRESHOLD_MAX);
+    assert!(SIGNALS_WIDE_SPRAY_THRESHOLD_DEFAULT <= SIGNALS_THRESHOLD_MAX);
+    assert!(SIGNALS_ACCOUNT_DISTRIBUTED_THRESHOLD_DEFAULT <= SIGNALS_THRESHOLD_MAX);
+    assert!(
+        SIGNALS_WIDEN_PER_56_DEFAULT <= SIGNALS_THRESHOLD_MAX && SIGNALS_WIDEN_PER_48_DEFAULT <= SIGNALS_THRESHOLD_MAX
+    );
+    assert!(SIGNALS_TENANT_BASELINE_HOURS_DEFAULT <= SIGNALS_TENANT_BASELINE_HOURS_MAX);
+    assert!(SIGNALS_TENANT_WARMUP_HOURS_DEFAULT <= SIGNALS_TENANT_BASELINE_HOURS_MAX);
+    assert!(SIGNALS_WIDEN_HOLD_SECS_DEFAULT <= SIGNALS_WINDOW_SECS_MAX);
+};
+
 fn rate(limit: u32, burst: u32) -> RawRule {
     RawRule {
         kind: Some(RawRuleKind::Rate.into()),
@@ -407,6 +475,22 @@ pub fn builtin_routes() -> BTreeMap<String, RawRoute> {
                 RawRule {
                     devices: Some(DeviceScope::KnownDevices.into()),
                     ..failures(&[Account, Device], SOURCE_FAILURES_THRESHOLD_DEFAULT, true)
+                },
+            ),
+            // Spray detection's flags (`[signals]`): a challenge for an
+            // unknown device while its source, account or password is
+            // flagged; never the owner on a known device. The ladder climbs
+            // per (account, prefix).
+            (
+                "spray_signals",
+                RawRule {
+                    kind: Some(RawRuleKind::Signal.into()),
+                    key: Some(vec![Account.into(), Prefix.into()]),
+                    detectors: Some(Detector::ALL.iter().map(|&d| d.into()).collect()),
+                    devices: Some(DeviceScope::UnknownDevices.into()),
+                    responses: Some(vec![Rung::Challenge.into()]),
+                    entries_max: Some(SIGNAL_RULE_ENTRIES_MAX_DEFAULT),
+                    ..RawRule::default()
                 },
             ),
         ],

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::{Config, ConfigError, DeviceScope, FailPolicy, Rung, Scope};
+use super::{Config, ConfigError, Detector, DetectorMode, DeviceScope, FailPolicy, Rung, Scope};
 use crate::classes::SourceClass;
 use crate::keys::Component;
 
@@ -32,6 +32,68 @@ pub struct RawConfig {
     pub routes: BTreeMap<String, RawRoute>,
     /// Absent: no store, every rule counts on this host alone.
     pub shared: Option<RawShared>,
+    #[serde(default)]
+    pub signals: RawSignals,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSignals {
+    pub enabled: Option<bool>,
+    pub window_secs: Option<u64>,
+    pub queue_max: Option<usize>,
+    pub publish_interval_ms: Option<u64>,
+    pub flag_ttl_secs: Option<u64>,
+    pub sketch_bytes_max: Option<usize>,
+    pub prefixes_max: Option<usize>,
+    pub wide_prefixes_max: Option<usize>,
+    pub blocks_max: Option<usize>,
+    pub accounts_max: Option<usize>,
+    pub passwords_max: Option<usize>,
+    pub tenants_max: Option<usize>,
+    pub flags_max: Option<usize>,
+    #[serde(default)]
+    pub password_spray: RawDetector,
+    #[serde(default)]
+    pub narrow_spray: RawDetector,
+    #[serde(default)]
+    pub wide_spray: RawDetector,
+    #[serde(default)]
+    pub account_distributed: RawDetector,
+    #[serde(default)]
+    pub tenant_anomaly: RawTenantAnomaly,
+    #[serde(default)]
+    pub ipv6_widening: RawWidening,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDetector {
+    pub mode: Option<Word<DetectorMode>>,
+    pub threshold: Option<u32>,
+    pub failure_share_min: Option<f64>,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTenantAnomaly {
+    pub mode: Option<Word<DetectorMode>>,
+    pub ratio_factor: Option<f64>,
+    pub ratio_margin: Option<f64>,
+    pub failures_min: Option<u32>,
+    pub warmup_hours: Option<u32>,
+    pub baseline_hours: Option<u32>,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawWidening {
+    pub mode: Option<Word<DetectorMode>>,
+    pub per_56: Option<u32>,
+    pub per_48: Option<u32>,
+    pub failure_share_min: Option<f64>,
+    pub hold_secs: Option<u64>,
+    pub never_classes: Option<Vec<Word<SourceClass>>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -147,6 +209,8 @@ pub struct RawRule {
     pub scope: Option<Word<Scope>>,
     /// Rate rules: limits per source class.
     pub classes: Option<BTreeMap<Word<SourceClass>, RawClassLimit>>,
+    /// Signal rules: the detectors whose flags the rule acts on.
+    pub detectors: Option<Vec<Word<Detector>>>,
 }
 
 /// Which `RuleKind` a rule builds: `rate` or `failures` in the file. Its
@@ -156,6 +220,7 @@ pub struct RawRule {
 pub enum RawRuleKind {
     Rate,
     Failures,
+    Signal,
 }
 
 /// A word from a closed set (a rule's kind, a key component, a rung, a
@@ -206,11 +271,12 @@ impl<'de, T: Spelled> Deserialize<'de> for Word<T> {
 }
 
 impl Spelled for RawRuleKind {
-    const ACCEPTED: &'static str = "`rate` or `failures`";
+    const ACCEPTED: &'static str = "`rate`, `failures` or `signal`";
     fn from_word(word: &str) -> Option<RawRuleKind> {
         match word {
             "rate" => Some(RawRuleKind::Rate),
             "failures" => Some(RawRuleKind::Failures),
+            "signal" => Some(RawRuleKind::Signal),
             _ => None,
         }
     }
@@ -243,6 +309,21 @@ impl Spelled for Scope {
     const ACCEPTED: &'static str = "host or global";
     fn from_word(word: &str) -> Option<Scope> {
         [Scope::Host, Scope::Global].into_iter().find(|s| s.name() == word)
+    }
+}
+
+impl Spelled for Detector {
+    const ACCEPTED: &'static str =
+        "a detector (password_spray, narrow_spray, wide_spray, account_distributed, tenant_anomaly)";
+    fn from_word(word: &str) -> Option<Detector> {
+        Detector::ALL.into_iter().find(|d| d.name() == word)
+    }
+}
+
+impl Spelled for DetectorMode {
+    const ACCEPTED: &'static str = "off, monitor or enforce";
+    fn from_word(word: &str) -> Option<DetectorMode> {
+        [DetectorMode::Off, DetectorMode::Monitor, DetectorMode::Enforce].into_iter().find(|m| m.name() == word)
     }
 }
 

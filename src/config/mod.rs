@@ -21,7 +21,8 @@ mod validate;
 
 pub use defaults::*;
 pub use file::{
-    RawClassLimit, RawConfig, RawResponses, RawRoute, RawRule, RawRuleKind, RawServer, RawShared, RawSource, Word,
+    RawClassLimit, RawConfig, RawDetector, RawResponses, RawRoute, RawRule, RawRuleKind, RawServer, RawShared,
+    RawSignals, RawSource, Word,
 };
 
 /// What a client does for a route when the daemon cannot answer in time:
@@ -105,7 +106,10 @@ impl Scope {
     /// this host's capacity, which another host's traffic does not use, and
     /// keeping them per host keeps them off the store's round trip.
     pub fn default_for(kind: &RuleKind, key: &[Component]) -> Scope {
-        if matches!(kind, RuleKind::Failures { .. }) || key.contains(&Component::Account) {
+        // Flags are this host's: a signal rule has nothing in the store.
+        if matches!(kind, RuleKind::Signal { .. }) {
+            Scope::Host
+        } else if matches!(kind, RuleKind::Failures { .. }) || key.contains(&Component::Account) {
             Scope::Global
         } else {
             Scope::Host
@@ -156,12 +160,170 @@ impl<T> IndexMut<SourceClass> for ByClass<T> {
     }
 }
 
+/// A spray detector (issue 15): a distinct count over a sliding window
+/// that flags a subject for signal rules to act on. The file spells it as
+/// `name` does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Detector {
+    /// One password tag failing on many accounts.
+    PasswordSpray,
+    /// One source prefix failing on many accounts.
+    NarrowSpray,
+    /// One wide prefix (IPv4 /24, IPv6 /48) failing on many accounts.
+    WideSpray,
+    /// One account failing from many source prefixes.
+    AccountDistributed,
+    /// A tenant's (or route's) failure ratio far above its own baseline.
+    TenantAnomaly,
+}
+
+impl Detector {
+    pub const ALL: [Detector; 5] = [
+        Detector::PasswordSpray,
+        Detector::NarrowSpray,
+        Detector::WideSpray,
+        Detector::AccountDistributed,
+        Detector::TenantAnomaly,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Detector::PasswordSpray => "password_spray",
+            Detector::NarrowSpray => "narrow_spray",
+            Detector::WideSpray => "wide_spray",
+            Detector::AccountDistributed => "account_distributed",
+            Detector::TenantAnomaly => "tenant_anomaly",
+        }
+    }
+
+    /// The detector's bit in a `DetectorSet`.
+    pub fn bit(self) -> u8 {
+        1 << self as u8
+    }
+}
+
+/// A set of detectors, one bit each (`Detector::bit`).
+pub type DetectorSet = u8;
+
+/// What a detector does: nothing, raise flags that rules only count, or
+/// raise flags that rules enforce.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum DetectorMode {
+    Off,
+    Monitor,
+    Enforce,
+}
+
+impl DetectorMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            DetectorMode::Off => "off",
+            DetectorMode::Monitor => "monitor",
+            DetectorMode::Enforce => "enforce",
+        }
+    }
+}
+
+/// One distinct-count detector's settings.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DetectorConfig {
+    pub mode: DetectorMode,
+    /// Distinct elements (accounts or prefixes) in the window that raise a flag.
+    pub threshold: u32,
+    /// Source detectors only: the share of failed among failed and succeeded
+    /// distinct accounts at or above which the count may flag (an office's
+    /// typos come with thousands of successes; a spray's do not).
+    pub failure_share_min: f64,
+}
+
+/// The tenant (or route) failure-ratio detector.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TenantAnomalyConfig {
+    pub mode: DetectorMode,
+    /// Flag when the window's ratio is at least baseline × factor ...
+    pub ratio_factor: f64,
+    /// ... and at least baseline + margin ...
+    pub ratio_margin: f64,
+    /// ... with at least this many failures in the window ...
+    pub failures_min: u32,
+    /// ... once the baseline has seen this many hours.
+    pub warmup_hours: u32,
+    /// The baseline's memory: an EWMA over about this many hours.
+    pub baseline_hours: u32,
+}
+
+/// Adaptive IPv6 grouping: a block whose /64s fail widely counts as one source.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WideningConfig {
+    pub mode: DetectorMode,
+    /// Distinct failing /64s that widen a /56 ...
+    pub per_56: u32,
+    /// ... or a /48.
+    pub per_48: u32,
+    pub failure_share_min: f64,
+    /// How long a block stays widened after the condition last held.
+    pub hold_us: u64,
+    /// Classes never widened (carriers give each phone its own /64).
+    pub never_classes: Vec<SourceClass>,
+}
+
+/// `[signals]`: cross-key detection of spraying, stuffing and rotation.
+/// Bounds and why are beside the defaults in `defaults.rs`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SignalsConfig {
+    pub window_us: u64,
+    pub queue_max: usize,
+    pub publish_interval_ms: u64,
+    pub flag_ttl_us: u64,
+    /// Heap of every sketch together.
+    pub sketch_bytes_max: usize,
+    pub prefixes_max: usize,
+    pub wide_prefixes_max: usize,
+    pub blocks_max: usize,
+    pub accounts_max: usize,
+    pub passwords_max: usize,
+    pub tenants_max: usize,
+    pub flags_max: usize,
+    pub password_spray: DetectorConfig,
+    pub narrow_spray: DetectorConfig,
+    pub wide_spray: DetectorConfig,
+    pub account_distributed: DetectorConfig,
+    pub tenant_anomaly: TenantAnomalyConfig,
+    pub ipv6_widening: WideningConfig,
+}
+
+impl SignalsConfig {
+    pub fn mode(&self, detector: Detector) -> DetectorMode {
+        match detector {
+            Detector::PasswordSpray => self.password_spray.mode,
+            Detector::NarrowSpray => self.narrow_spray.mode,
+            Detector::WideSpray => self.wide_spray.mode,
+            Detector::AccountDistributed => self.account_distributed.mode,
+            Detector::TenantAnomaly => self.tenant_anomaly.mode,
+        }
+    }
+
+    pub fn threshold(&self, detector: Detector) -> u32 {
+        match detector {
+            Detector::PasswordSpray => self.password_spray.threshold,
+            Detector::NarrowSpray => self.narrow_spray.threshold,
+            Detector::WideSpray => self.wide_spray.threshold,
+            Detector::AccountDistributed => self.account_distributed.threshold,
+            Detector::TenantAnomaly => self.tenant_anomaly.failures_min,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum RuleKind {
     /// GCRA, with optional per-source-class limits.
     Rate { rate: RateLimit, by_class: ByClass<Option<RateLimit>>, entries_max: usize },
     /// Failure counting in a sliding window; locked at `threshold`.
     Failures { threshold: u32, window_us: u64, cleared_by_success: bool, entries_max: usize },
+    /// Acts on the flags of the named detectors (spray detection): a
+    /// refusal on the rule's ladder while its subject is flagged.
+    /// `entries_max` bounds the ladder's table.
+    Signal { detectors: DetectorSet, entries_max: usize },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -285,6 +447,8 @@ pub struct Config {
     pub routes: Vec<RouteConfig>,
     /// None: every rule counts on this host alone.
     pub shared: Option<SharedConfig>,
+    /// None: `[signals] enabled = false`.
+    pub signals: Option<SignalsConfig>,
 }
 
 /// Every problem found in a configuration, one `key: message` per line.

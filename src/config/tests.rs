@@ -10,7 +10,7 @@ fn defaults_have_login_reauth_and_request() {
         ["login", "mfa_resend", "mfa_verify", "password_reset", "reauth", "registration", "request", "token"]
     );
     let login = config.route("login").unwrap();
-    assert_eq!(login.rules.len(), 4);
+    assert_eq!(login.rules.len(), 5, "four counting rules and spray detection's signal rule");
     assert_eq!(config.secret, PathBuf::from("/var/lib/tollgate/secret"));
 }
 
@@ -117,11 +117,11 @@ fn a_misspelling_of_a_closed_set_is_refused_naming_its_key_and_the_words_accepte
     for (text, expected) in [
         (
             "[routes.api.rules.r]\nkind = \"rat\"\n".to_string(),
-            "routes.api.rules.r.kind: `rat` is not `rate` or `failures`",
+            "routes.api.rules.r.kind: `rat` is not `rate`, `failures` or `signal`",
         ),
         (
             "[routes.api.rules.r]\nkind = \"Rate\"\n".to_string(),
-            "routes.api.rules.r.kind: `Rate` is not `rate` or `failures`",
+            "routes.api.rules.r.kind: `Rate` is not `rate`, `failures` or `signal`",
         ),
         (
             "[routes.api.rules.r]\nkind = \"rate\"\nkey = [\"prefix\", \"acount\"]\nlimit = 5\n".to_string(),

@@ -29,6 +29,7 @@ impl Config {
         let server = build_server(raw.server, &mut errors);
         let responses = build_responses(raw.responses, &mut errors);
         let shared = raw.shared.and_then(|shared| build_shared(shared, &mut errors));
+        let signals = build_signals(raw.signals, &mut errors);
 
         let mut merged = builtin_routes();
         for (name, user) in raw.routes {
@@ -61,6 +62,7 @@ impl Config {
                 responses,
                 routes,
                 shared,
+                signals,
             })
         } else {
             Err(ConfigErrors(errors))
@@ -105,6 +107,7 @@ fn overlay(base: RawRule, user: RawRule) -> RawRule {
         window_secs: user.window_secs.or(base.window_secs),
         cleared_by_success: user.cleared_by_success.or(base.cleared_by_success),
         entries_max: user.entries_max.or(base.entries_max),
+        detectors: user.detectors.or(base.detectors),
     }
 }
 
@@ -502,11 +505,43 @@ fn build_rule(path: &str, name: &str, raw: RawRule, errors: &mut Vec<String>) ->
     let kind = match &raw.kind {
         Some(word) => word.known(&format!("{path}.kind"), errors)?,
         None => {
-            errors.push(format!("{path}.kind: required (`rate` or `failures`)"));
+            errors.push(format!("{path}.kind: required (`rate`, `failures` or `signal`)"));
             return None;
         }
     };
+    if kind != RawRuleKind::Signal && raw.detectors.is_some() {
+        errors.push(format!("{path}.detectors: only a setting of a signal rule"));
+    }
     let kind = match kind {
+        RawRuleKind::Signal => {
+            for (field, set) in [
+                ("limit", raw.limit.is_some()),
+                ("period_secs", raw.period_secs.is_some()),
+                ("burst", raw.burst.is_some()),
+                ("classes", raw.classes.is_some()),
+                ("threshold", raw.threshold.is_some()),
+                ("window_secs", raw.window_secs.is_some()),
+                ("cleared_by_success", raw.cleared_by_success.is_some()),
+            ] {
+                if set {
+                    errors.push(format!(
+                        "{path}.{field}: not a setting of a signal rule (the detectors' are in [signals])"
+                    ));
+                }
+            }
+            let mut detectors: DetectorSet = 0;
+            for word in raw.detectors.iter().flatten() {
+                if let Some(d) = word.known(&format!("{path}.detectors"), errors) {
+                    detectors |= d.bit();
+                }
+            }
+            if detectors == 0 {
+                errors.push(format!("{path}.detectors: name at least one detector"));
+            }
+            let entries_max = raw.entries_max.unwrap_or(SIGNAL_RULE_ENTRIES_MAX_DEFAULT);
+            in_range(errors, "entries_max", entries_max as u64, 1, ENTRIES_MAX_LIMIT as u64);
+            RuleKind::Signal { detectors, entries_max }
+        }
         RawRuleKind::Rate => {
             for (field, set) in [
                 ("threshold", raw.threshold.is_some()),
@@ -596,6 +631,19 @@ fn build_rule(path: &str, name: &str, raw: RawRule, errors: &mut Vec<String>) ->
         None => Scope::default_for(&kind, &key),
         Some(word) => word.known(&format!("{path}.scope"), errors).unwrap_or(Scope::Host),
     };
+    if matches!(kind, RuleKind::Signal { .. }) {
+        if scope == Scope::Global {
+            errors.push(format!("{path}.scope: a signal rule acts on this host's flags; only `host`"));
+        }
+        // A detector flags a subject, not a person: its precision does not
+        // justify refusing an account's owner on the device they use.
+        if responses.contains(&Rung::Deny) && devices != DeviceScope::UnknownDevices {
+            errors.push(format!(
+                "{path}.responses: `deny` on a signal rule needs devices = \"unknown\": a detector's precision \
+                 does not justify refusing an account's owner on a known device"
+            ));
+        }
+    }
     (errors.len() == before).then(|| RuleConfig {
         name: name.to_string(),
         key,
@@ -605,5 +653,144 @@ fn build_rule(path: &str, name: &str, raw: RawRule, errors: &mut Vec<String>) ->
         required: raw.required.unwrap_or(true),
         devices,
         scope,
+    })
+}
+
+fn build_signals(raw: RawSignals, errors: &mut Vec<String>) -> Option<SignalsConfig> {
+    let mut in_range = |field: &str, value: u64, lo: u64, hi: u64| {
+        if !(lo..=hi).contains(&value) {
+            errors.push(format!("signals.{field}: must be {lo}..={hi}"));
+        }
+    };
+    let window_secs = raw.window_secs.unwrap_or(SIGNALS_WINDOW_SECS_DEFAULT);
+    in_range("window_secs", window_secs, SIGNALS_WINDOW_SECS_MIN, SIGNALS_WINDOW_SECS_MAX);
+    let publish_interval_ms = raw.publish_interval_ms.unwrap_or(SIGNALS_PUBLISH_INTERVAL_MS_DEFAULT);
+    in_range("publish_interval_ms", publish_interval_ms, 1, SIGNALS_PUBLISH_INTERVAL_MS_MAX);
+    let flag_ttl_secs = raw.flag_ttl_secs.unwrap_or(SIGNALS_FLAG_TTL_SECS_DEFAULT);
+    in_range("flag_ttl_secs", flag_ttl_secs, 1, SIGNALS_WINDOW_SECS_MAX);
+    let mut cap = |field: &str, value: Option<usize>, default: usize| {
+        let value = value.unwrap_or(default);
+        in_range(field, value as u64, 1, ENTRIES_MAX_LIMIT as u64);
+        value
+    };
+    let queue_max = cap("queue_max", raw.queue_max, SIGNALS_QUEUE_MAX_DEFAULT);
+    let prefixes_max = cap("prefixes_max", raw.prefixes_max, SIGNALS_PREFIXES_MAX_DEFAULT);
+    let wide_prefixes_max = cap("wide_prefixes_max", raw.wide_prefixes_max, SIGNALS_WIDE_PREFIXES_MAX_DEFAULT);
+    let blocks_max = cap("blocks_max", raw.blocks_max, SIGNALS_BLOCKS_MAX_DEFAULT);
+    let accounts_max = cap("accounts_max", raw.accounts_max, SIGNALS_ACCOUNTS_MAX_DEFAULT);
+    let passwords_max = cap("passwords_max", raw.passwords_max, SIGNALS_PASSWORDS_MAX_DEFAULT);
+    let tenants_max = cap("tenants_max", raw.tenants_max, SIGNALS_TENANTS_MAX_DEFAULT);
+    let flags_max = cap("flags_max", raw.flags_max, SIGNALS_FLAGS_MAX_DEFAULT);
+    let sketch_bytes_max = raw.sketch_bytes_max.unwrap_or(SIGNALS_SKETCH_BYTES_MAX_DEFAULT);
+    in_range("sketch_bytes_max", sketch_bytes_max as u64, SIGNALS_SKETCH_BYTES_MIN, SIGNALS_SKETCH_BYTES_MAX_LIMIT);
+    let mode = |word: &Option<Word<DetectorMode>>, at: &str, default, errors: &mut Vec<String>| match word {
+        None => default,
+        Some(w) => w.known(&format!("signals.{at}.mode"), errors).unwrap_or(default),
+    };
+    let share = |value: Option<f64>, at: &str, errors: &mut Vec<String>| {
+        let value = value.unwrap_or(SIGNALS_FAILURE_SHARE_MIN_DEFAULT);
+        if !(0.0..=1.0).contains(&value) {
+            errors.push(format!("signals.{at}.failure_share_min: must be 0.0..=1.0"));
+        }
+        value
+    };
+    let threshold = |value: Option<u32>, at: &str, default: u32, errors: &mut Vec<String>| {
+        let value = value.unwrap_or(default);
+        // The sketches count exactly below 128 (see signals/sketch.rs).
+        if !(2..=SIGNALS_THRESHOLD_MAX).contains(&value) {
+            errors.push(format!("signals.{at}.threshold: must be 2..={SIGNALS_THRESHOLD_MAX}"));
+        }
+        value
+    };
+    let detector = |raw: &RawDetector, at: &str, default_threshold: u32, errors: &mut Vec<String>| DetectorConfig {
+        mode: mode(&raw.mode, at, DetectorMode::Enforce, errors),
+        threshold: threshold(raw.threshold, at, default_threshold, errors),
+        failure_share_min: share(raw.failure_share_min, at, errors),
+    };
+    let password_spray =
+        detector(&raw.password_spray, "password_spray", SIGNALS_PASSWORD_SPRAY_THRESHOLD_DEFAULT, errors);
+    if raw.password_spray.failure_share_min.is_some() {
+        errors.push("signals.password_spray.failure_share_min: not a setting of the password detector".into());
+    }
+    let narrow_spray = detector(&raw.narrow_spray, "narrow_spray", SIGNALS_NARROW_SPRAY_THRESHOLD_DEFAULT, errors);
+    let wide_spray = detector(&raw.wide_spray, "wide_spray", SIGNALS_WIDE_SPRAY_THRESHOLD_DEFAULT, errors);
+    let account_distributed = detector(
+        &raw.account_distributed,
+        "account_distributed",
+        SIGNALS_ACCOUNT_DISTRIBUTED_THRESHOLD_DEFAULT,
+        errors,
+    );
+    if raw.account_distributed.failure_share_min.is_some() {
+        errors.push("signals.account_distributed.failure_share_min: not a setting of the account detector".into());
+    }
+    let t = &raw.tenant_anomaly;
+    let tenant_anomaly = TenantAnomalyConfig {
+        mode: mode(&t.mode, "tenant_anomaly", DetectorMode::Monitor, errors),
+        ratio_factor: t.ratio_factor.unwrap_or(SIGNALS_TENANT_RATIO_FACTOR_DEFAULT),
+        ratio_margin: t.ratio_margin.unwrap_or(SIGNALS_TENANT_RATIO_MARGIN_DEFAULT),
+        failures_min: t.failures_min.unwrap_or(SIGNALS_TENANT_FAILURES_MIN_DEFAULT),
+        warmup_hours: t.warmup_hours.unwrap_or(SIGNALS_TENANT_WARMUP_HOURS_DEFAULT),
+        baseline_hours: t.baseline_hours.unwrap_or(SIGNALS_TENANT_BASELINE_HOURS_DEFAULT),
+    };
+    if !(1.0..=100.0).contains(&tenant_anomaly.ratio_factor) {
+        errors.push("signals.tenant_anomaly.ratio_factor: must be 1.0..=100.0".into());
+    }
+    if !(0.0..=1.0).contains(&tenant_anomaly.ratio_margin) {
+        errors.push("signals.tenant_anomaly.ratio_margin: must be 0.0..=1.0".into());
+    }
+    if tenant_anomaly.failures_min == 0 {
+        errors.push("signals.tenant_anomaly.failures_min: must be at least 1".into());
+    }
+    if !(1..=SIGNALS_TENANT_BASELINE_HOURS_MAX).contains(&tenant_anomaly.baseline_hours) {
+        errors.push(format!("signals.tenant_anomaly.baseline_hours: must be 1..={SIGNALS_TENANT_BASELINE_HOURS_MAX}"));
+    }
+    if tenant_anomaly.warmup_hours > SIGNALS_TENANT_BASELINE_HOURS_MAX {
+        errors.push(format!("signals.tenant_anomaly.warmup_hours: at most {SIGNALS_TENANT_BASELINE_HOURS_MAX}"));
+    }
+    let w = &raw.ipv6_widening;
+    let mut never_classes = Vec::new();
+    match &w.never_classes {
+        None => never_classes.push(SourceClass::Mobile),
+        Some(words) => {
+            for word in words {
+                if let Some(c) = word.known("signals.ipv6_widening.never_classes", errors) {
+                    never_classes.push(c);
+                }
+            }
+        }
+    }
+    let ipv6_widening = WideningConfig {
+        mode: mode(&w.mode, "ipv6_widening", DetectorMode::Enforce, errors),
+        per_56: threshold(w.per_56, "ipv6_widening.per_56", SIGNALS_WIDEN_PER_56_DEFAULT, errors),
+        per_48: threshold(w.per_48, "ipv6_widening.per_48", SIGNALS_WIDEN_PER_48_DEFAULT, errors),
+        failure_share_min: share(w.failure_share_min, "ipv6_widening", errors),
+        hold_us: w.hold_secs.unwrap_or(SIGNALS_WIDEN_HOLD_SECS_DEFAULT).saturating_mul(1_000_000),
+        never_classes,
+    };
+    if !(1..=SIGNALS_WINDOW_SECS_MAX).contains(&w.hold_secs.unwrap_or(SIGNALS_WIDEN_HOLD_SECS_DEFAULT)) {
+        errors.push(format!("signals.ipv6_widening.hold_secs: must be 1..={SIGNALS_WINDOW_SECS_MAX}"));
+    }
+    if !raw.enabled.unwrap_or(true) {
+        return None;
+    }
+    Some(SignalsConfig {
+        window_us: window_secs.saturating_mul(1_000_000),
+        queue_max,
+        publish_interval_ms,
+        flag_ttl_us: flag_ttl_secs.saturating_mul(1_000_000),
+        sketch_bytes_max,
+        prefixes_max,
+        wide_prefixes_max,
+        blocks_max,
+        accounts_max,
+        passwords_max,
+        tenants_max,
+        flags_max,
+        password_spray,
+        narrow_spray,
+        wide_spray,
+        account_distributed,
+        tenant_anomaly,
+        ipv6_widening,
     })
 }

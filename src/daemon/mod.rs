@@ -69,6 +69,15 @@ pub struct Daemon {
     shared: Option<Arc<SharedStore>>,
     /// The task hearing the other hosts' lockouts (shared mode).
     listener: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Spray detection's engine (for `status`) and the limiter's link to it.
+    spray: Option<Spray>,
+}
+
+/// Spray detection as the daemon holds it.
+#[allow(dead_code)] // read by the status reply once protocol v3 carries it (this session)
+pub(crate) struct Spray {
+    pub(crate) engine: Arc<std::sync::Mutex<crate::signals::Signals>>,
+    pub(crate) link: Arc<crate::signals::pump::SignalsLink>,
 }
 
 /// The target of the daemon's audit, refusal and reload lines: the one they
@@ -103,9 +112,16 @@ impl Daemon {
             last_reload_error: std::sync::Mutex::new(None),
             shared: config.shared.clone().map(SharedStore::new),
             listener: std::sync::Mutex::new(None),
+            spray: None,
             config_in_force: std::sync::Mutex::new(config.clone()),
             config,
         }
+    }
+
+    /// Connects spray detection: its engine for `status`, its link for
+    /// the queue's drop count. Before the daemon is shared.
+    pub(crate) fn set_spray(&mut self, spray: Spray) {
+        self.spray = Some(spray);
     }
 
     /// The limiter in force; a reload swaps it whole.
@@ -170,6 +186,9 @@ impl Daemon {
             Ok((config, classes)) => {
                 let mut in_force = self.config_in_force.lock().unwrap_or_else(|e| e.into_inner());
                 let next = self.limiter.load().reconfigured(&config, classes, self.clock.now_us());
+                if let (Some(spray), Some(signals)) = (&self.spray, &config.signals) {
+                    spray.engine.lock().unwrap_or_else(|e| e.into_inner()).reconfigure(signals);
+                }
                 self.limiter.store(Arc::new(next));
                 *in_force = config;
                 drop(in_force);

@@ -100,11 +100,22 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
     let (secret, store, loaded) = open_state(&config, args.discard_corrupt_state)?;
     let stats = Arc::new(StoreStats::default());
     let (journal, writer) = store.start_writer(stats.clone());
-    let limiter = Limiter::new(&config, Arc::new(load_classes(&config)?), KeyDeriver::new(&secret), journal);
+    // Spray detection runs even while `[signals]` is off, idle, so that a
+    // reload can turn it on.
+    let signals_config = config
+        .signals
+        .clone()
+        .unwrap_or_else(|| Config::default().signals.expect("built-in defaults have spray detection on"));
+    let (link, pump) = crate::signals::pump::channel(&signals_config);
+    let limiter = Limiter::new(&config, Arc::new(load_classes(&config)?), KeyDeriver::new(&secret), journal)
+        .with_signals(Some(link.clone()));
     let restored = restore(&limiter, loaded, clock.now_us());
     let access = Access::resolve(&config.server, nix::unistd::geteuid().as_raw())?;
-    let mut daemon = Daemon::new(limiter, clock, config.clone(), access, stats);
+    let mut daemon = Daemon::new(limiter, clock.clone(), config.clone(), access, stats);
+    daemon.set_spray(super::Spray { engine: pump.engine(), link });
     daemon.open_files_max = raise_open_file_limit(&config);
+    // Lives as long as the process: the limiter's link keeps it fed.
+    std::thread::Builder::new().name("tollgate-spray".into()).spawn(move || pump.run(|| clock.now_us()))?;
     let daemon = Arc::new(daemon);
     // Opened now, while descriptors are plentiful, and kept: a watchdog ping
     // must not need a new descriptor (see `notify`).

@@ -12,9 +12,18 @@ use crate::config::{Config, RateLimit, RouteConfig, RuleConfig, RuleKind, Scope}
 use crate::failure_window::{FailureWindowTable, WindowSpec};
 use crate::gcra::GcraTable;
 use crate::keys::KeyDeriver;
+use crate::signals::flags::digest64;
+use crate::signals::pump::SignalsLink;
 use crate::store::Journal;
 
 impl Limiter {
+    /// Connects the limiter to spray detection: reports feed the link's
+    /// queue, checks read its flags. Kept by `reconfigured` and `with_hosts`.
+    pub fn with_signals(mut self, link: Option<Arc<SignalsLink>>) -> Limiter {
+        self.signals = link;
+        self
+    }
+
     pub fn new(config: &Config, classes: Arc<ClassTable>, keys: KeyDeriver, journal: Journal) -> Limiter {
         let hosts = config.shared.as_ref().map_or(1, |s| if s.hosts > 0 { s.hosts } else { s.hosts_when_unknown });
         Limiter::build(config, classes, keys, journal, None, 0, hosts)
@@ -70,8 +79,22 @@ impl Limiter {
     ) -> Limiter {
         // Without `[shared]` every rule is this host's, whatever its scope.
         let hosts_sharing = config.shared.as_ref().map(|_| hosts.max(1));
-        let routes = config.routes.iter().map(|r| build_route(r, previous, now_us, hosts_sharing)).collect();
+        // A signal rule's ladder cools down as its flags do.
+        let signal_cool_down_us = config.signals.as_ref().map_or(3_600_000_000, |s| s.flag_ttl_us);
+        let mut routes: Vec<Route> = config
+            .routes
+            .iter()
+            .map(|r| build_route(r, previous, now_us, hosts_sharing, signal_cool_down_us))
+            .collect();
+        for route in &mut routes {
+            // 0xFF never occurs in a tenant (a string): no tenant shares it.
+            let mut name = vec![0xFF];
+            name.extend_from_slice(route.name.as_bytes());
+            route.pseudo_tenant = digest64(&keys.component(crate::keys::Component::Tenant, &name));
+            route.feeds_signals &= config.signals.is_some();
+        }
         Limiter {
+            signals: previous.and_then(|p| p.signals.clone()),
             shared_prefix: config.shared.as_ref().map(|s| s.key_prefix.clone()),
             hosts: hosts.max(1),
             routes,
@@ -90,10 +113,14 @@ pub(super) fn build_route(
     previous: Option<&Limiter>,
     now_us: u64,
     hosts_sharing: Option<u32>,
+    signal_cool_down_us: u64,
 ) -> Route {
     let old_route = previous.and_then(|p| p.routes.iter().find(|r| r.name == config.name));
-    let rules: Vec<Rule> =
-        config.rules.iter().map(|rule| build_rule(config, rule, old_route, now_us, hosts_sharing)).collect();
+    let rules: Vec<Rule> = config
+        .rules
+        .iter()
+        .map(|rule| build_rule(config, rule, old_route, now_us, hosts_sharing, signal_cool_down_us))
+        .collect();
     // Known lockouts, bounded like the largest global failure rule (each
     // is one of its keys).
     let lockouts_max = config
@@ -102,7 +129,9 @@ pub(super) fn build_route(
         .zip(&rules)
         .filter(|(_, built)| matches!(built.global, Some(Full::Failures(_))))
         .map(|(r, _)| match r.kind {
-            RuleKind::Failures { entries_max, .. } | RuleKind::Rate { entries_max, .. } => entries_max,
+            RuleKind::Failures { entries_max, .. }
+            | RuleKind::Rate { entries_max, .. }
+            | RuleKind::Signal { entries_max, .. } => entries_max,
         })
         .max();
     let known_lockouts =
@@ -133,7 +162,7 @@ pub(super) fn build_route(
         .iter()
         .map(|r| match r.kind {
             RuleKind::Failures { window_us, .. } => window_us,
-            RuleKind::Rate { .. } => 0,
+            RuleKind::Rate { .. } | RuleKind::Signal { .. } => 0,
         })
         .max()
         .unwrap_or(0)
@@ -150,6 +179,8 @@ pub(super) fn build_route(
         known_devices,
         recent_passwords,
         known_lockouts,
+        feeds_signals: config.rules.iter().any(|r| matches!(r.kind, RuleKind::Signal { .. })),
+        pseudo_tenant: 0,
     }
 }
 
@@ -180,16 +211,21 @@ pub(super) fn build_rule(
     old_route: Option<&Route>,
     now_us: u64,
     hosts_sharing: Option<u32>,
+    signal_cool_down_us: u64,
 ) -> Rule {
     let old = old_route.and_then(|r| r.rules.iter().find(|o| o.name == rule.name));
     let global = match (hosts_sharing, rule.scope) {
         (Some(hosts), Scope::Global) => Some(hosts),
         _ => None,
     };
-    let full = global.map(|_| match rule.kind {
-        RuleKind::Rate { rate, by_class, .. } => Full::Rate { rate, by_class },
-        RuleKind::Failures { threshold, window_us, .. } => Full::Failures(WindowSpec { window_us, threshold }),
-    });
+    let full = match (global, &rule.kind) {
+        (Some(_), RuleKind::Rate { rate, by_class, .. }) => Some(Full::Rate { rate: *rate, by_class: *by_class }),
+        (Some(_), RuleKind::Failures { threshold, window_us, .. }) => {
+            Some(Full::Failures(WindowSpec { window_us: *window_us, threshold: *threshold }))
+        }
+        // Validation refuses a global signal rule; flags are this host's.
+        (Some(_), RuleKind::Signal { .. }) | (None, _) => None,
+    };
     // A global rule's own table holds this host's degraded share.
     let kind = match (global, rule.kind.clone()) {
         (Some(hosts), RuleKind::Rate { rate, mut by_class, entries_max }) => {
@@ -201,7 +237,7 @@ pub(super) fn build_rule(
         (Some(hosts), RuleKind::Failures { threshold, window_us, cleared_by_success, entries_max }) => {
             RuleKind::Failures { threshold: share(threshold, hosts), window_us, cleared_by_success, entries_max }
         }
-        (None, kind) => kind,
+        (_, kind) => kind,
     };
     let table = match kind {
         RuleKind::Rate { rate, by_class, entries_max } => {
@@ -221,9 +257,12 @@ pub(super) fn build_rule(
             };
             Table::Failures { spec, cleared_by_success, shards }
         }
+        RuleKind::Signal { detectors, .. } => Table::Signal { detectors, window_us: signal_cool_down_us },
     };
     let entries_max = match rule.kind {
-        RuleKind::Rate { entries_max, .. } | RuleKind::Failures { entries_max, .. } => entries_max,
+        RuleKind::Rate { entries_max, .. }
+        | RuleKind::Failures { entries_max, .. }
+        | RuleKind::Signal { entries_max, .. } => entries_max,
     };
     Rule {
         name: rule.name.clone(),

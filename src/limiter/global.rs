@@ -23,6 +23,7 @@ use crate::gcra::decide;
 use crate::keys::{Component, Key};
 use crate::protocol::{Outcome, Reason, Subject, Verdict};
 use crate::shared::script::{CheckRule, Ints, Op, Reply, ReplyError, ReportRule, Scope, StoreEntry};
+use crate::signals::flags::Hits;
 use crate::store::{DeviceMap, DeviceRows, Durable};
 
 /// A check after this host's rules, waiting for the store.
@@ -212,18 +213,21 @@ impl Limiter {
     /// the op that takes their places and spends their rates, all or
     /// nothing, in the store.
     pub fn begin_check<'a>(&'a self, plan: CheckPlan<'a>, now_us: u64) -> CheckedLocally<'a> {
-        let CheckPlan { route, rule_keys, class, device, known, password_tag } = plan;
-        let globals = route.rules.iter().zip(rule_keys.iter()).any(|(r, k)| r.global.is_some() && k.is_some());
+        let globals =
+            plan.route.rules.iter().zip(plan.rule_keys.iter()).any(|(r, k)| r.global.is_some() && k.is_some());
         if !globals {
-            let plan = CheckPlan { route, rule_keys, class, device, known, password_tag };
             return CheckedLocally::Done(self.decide_check(plan, now_us));
         }
+        let hits = self.plan_hits(&plan, now_us);
+        let CheckPlan { route, rule_keys, class, device, known, .. } = plan;
         let mut answers = Answers::new();
         if self.known_lockout(route, &rule_keys, device.is_some(), now_us, &mut answers) {
             return CheckedLocally::KnownLockout(combine(&answers));
         }
         let mut held = 0;
-        if self.admit_failures(route, &rule_keys, Rules::Host, now_us, &mut answers, &mut held) {
+        if self.admit_failures(route, &rule_keys, Rules::Host, now_us, &mut answers, &mut held)
+            || self.judge_signals(route, &rule_keys, hits, now_us, true, &mut answers)
+        {
             self.give_back(route, &rule_keys, held, now_us);
             return CheckedLocally::Done(combine(&answers));
         }
@@ -379,7 +383,8 @@ impl Limiter {
     pub fn finish_check_locally<'a>(&'a self, check: Box<StoreCheck<'a>>, now_us: u64) -> Verdict<'a> {
         let StoreCheck { route, rule_keys, class, answers, held, known, .. } = *check;
         let rule_keys = self.scoped_here(route, rule_keys, known);
-        self.admit_then_spend(route, &rule_keys, class, Rules::Global, answers, held, now_us)
+        // The signal rules were judged by `begin_check`.
+        self.admit_then_spend(route, &rule_keys, class, Rules::Global, Hits::default(), answers, held, now_us)
     }
 
     /// A report's first half: this host's rules are counted; a global

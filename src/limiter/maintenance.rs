@@ -30,7 +30,7 @@ impl Limiter {
         let rules = self.routes.iter().flat_map(|route| route.rules.iter().map(move |rule| (route, rule)));
         let failure_rules = rules.filter_map(|(route, rule)| match &rule.table {
             Table::Failures { shards, .. } => Some((route, rule, shards)),
-            Table::Rate { .. } => None,
+            Table::Rate { .. } | Table::Signal { .. } => None,
         });
         failure_rules.flat_map(|(route, rule, shards)| shards.each().map(move |table| (route, rule, table)))
     }
@@ -275,6 +275,7 @@ impl Limiter {
                 match &rule.table {
                     Table::Rate { shards, .. } => shards.at(shard).sweep(now_us),
                     Table::Failures { shards, .. } => shards.at(shard).sweep_places(now_us),
+                    Table::Signal { .. } => {}
                 }
                 rule.escalation.at(shard).sweep(now_us);
             }

@@ -23,15 +23,18 @@ pub use maintenance::Restored;
 use std::sync::Arc;
 
 use crate::classes::{ClassTable, SourceClass};
+use crate::config::Detector;
 use crate::config::{DeviceScope, ResponsePolicy, RULES_PER_ROUTE_MAX};
 use crate::expiring::Slot;
 use crate::keys::{Component, Key, KeyDeriver};
 use crate::protocol::{Outcome, Subject, Verdict};
+use crate::signals::flags::{FlagTable, Hits, Space};
+use crate::signals::pump::SignalsLink;
 use crate::source::SourcePolicy;
 use crate::store::{Durable, Journal};
 use route::{RecentPasswords, Route, Table};
 use subject::{check_lengths, RuleKeys, SubjectKeys};
-use verdict::{combine, failure_answer, rate_answer, rate_spec, Answers};
+use verdict::{combine, failure_answer, rate_answer, rate_spec, signal_answer, Answers, RuleAnswer};
 
 /// Longest account, device, tenant or client id accepted. Longer input is
 /// refused rather than truncated, so two long names cannot share a key.
@@ -59,6 +62,11 @@ enum Rules {
 }
 
 impl Rules {
+    /// Whether this host's rules (signal rules among them) are covered.
+    fn has_host(self) -> bool {
+        self != Rules::Global
+    }
+
     fn has(self, rule: &route::Rule) -> bool {
         match self {
             Rules::All => true,
@@ -78,8 +86,8 @@ struct PreparedReport<'l> {
     /// As in `CheckPlan`.
     device: Option<Key>,
     known: bool,
-    /// As in `CheckPlan`; a failure's tag feeds the password axis.
-    password_tag: Option<[u8; 16]>,
+    /// What spray detection has flagged of this subject.
+    hits: Hits,
 }
 
 /// A check with its keys derived, not yet decided (see `plan_check`).
@@ -95,6 +103,10 @@ pub struct CheckPlan<'l> {
     /// The client's keyed digest of the password alone (protocol v3): a
     /// check looks it up among the flagged passwords, never stores it.
     password_tag: Option<[u8; 16]>,
+    /// Spray detection's flags when any are raised (`None`, the common
+    /// case, costs nothing), and what they say of this subject so far.
+    flags: Option<Arc<FlagTable>>,
+    hits: Hits,
 }
 
 impl CheckPlan<'_> {
@@ -120,6 +132,8 @@ pub struct Limiter {
     shared_prefix: Option<String>,
     /// The hosts sharing the global rules' limits, for their degraded share.
     hosts: u32,
+    /// Spray detection: where reports go, and the flags checks read.
+    signals: Option<Arc<SignalsLink>>,
 }
 
 impl Limiter {
@@ -189,11 +203,13 @@ impl Limiter {
     ) -> Result<CheckPlan<'a>, RequestError> {
         let route = self.route(route)?;
         check_lengths(subject)?;
-        let mut keys = self.subject_keys(&route.name, subject);
+        let mut keys = self.subject_keys_at(&route.name, subject, now_us);
         let known = self.known_device(route, &mut keys, now_us)?;
         let device = self.device_in_store(route, &mut keys)?;
         let rule_keys = keys.rule_keys(&route.rules, known, device.is_some())?;
-        Ok(CheckPlan { route, rule_keys, class: keys.source_class(), device, known, password_tag: None })
+        let hits = if route.feeds_signals { keys.hits(route) } else { Hits::default() };
+        let flags = keys.flags.take().filter(|_| route.feeds_signals);
+        Ok(CheckPlan { route, rule_keys, class: keys.source_class(), device, known, password_tag: None, flags, hits })
     }
 
     /// Asks the memory system for the rate-table slots a planned check will
@@ -211,12 +227,58 @@ impl Limiter {
     /// rule then refuses, the places taken are given back, so a refused
     /// check holds nothing.
     pub fn decide_check<'a>(&'a self, plan: CheckPlan<'a>, now_us: u64) -> Verdict<'a> {
+        let hits = self.plan_hits(&plan, now_us);
         let CheckPlan { route, rule_keys, class, known, device, .. } = plan;
         // Only a plan made for the store (a device to look up) has keys of
         // device-scoped rules this host's knowledge excludes.
         let rule_keys = if device.is_some() { self.scoped_here(route, rule_keys, known) } else { rule_keys };
         // Bit i: rule i holds a place for this attempt.
-        self.admit_then_spend(route, &rule_keys, class, Rules::All, Answers::new(), 0, now_us)
+        self.admit_then_spend(route, &rule_keys, class, Rules::All, hits, Answers::new(), 0, now_us)
+    }
+
+    /// Every flag the plan's subject carries, its password tag's included.
+    fn plan_hits(&self, plan: &CheckPlan<'_>, now_us: u64) -> Hits {
+        let mut hits = plan.hits;
+        if let (Some(flags), Some(tag)) = (&plan.flags, &plan.password_tag) {
+            let bits = flags.probe(Space::Password, self.keys.password_tag(tag), now_us);
+            hits.add(flags, bits, Detector::PasswordSpray.bit());
+        }
+        hits
+    }
+
+    /// Each signal rule whose detectors flagged the subject refuses on its
+    /// ladder (or, for a monitored detector or rule, counts a would-be
+    /// refusal); true if an enforced one refused. `climb` as in `escalate`.
+    fn judge_signals<'a>(
+        &'a self,
+        route: &'a Route,
+        rule_keys: &RuleKeys,
+        hits: Hits,
+        now_us: u64,
+        climb: bool,
+        answers: &mut Answers<'a>,
+    ) -> bool {
+        if hits.detectors == 0 {
+            return false;
+        }
+        let mut refused = false;
+        for (rule, key) in route.rules.iter().zip(rule_keys.iter().copied()) {
+            let (Table::Signal { detectors, .. }, Some(key)) = (&rule.table, key) else { continue };
+            let Some(leading) = hits.leading(*detectors) else { continue };
+            let answer = signal_answer(rule, leading);
+            let answer = if hits.enforced & detectors == 0 {
+                // A detector in monitor mode: counted like a monitored rule.
+                if climb {
+                    rule.counters.would_refuse.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                RuleAnswer { monitored: true, ..answer }
+            } else {
+                self.escalate(rule, key, answer, now_us, climb)
+            };
+            refused |= answer.refused && !answer.monitored;
+            answers.push(answer);
+        }
+        refused
     }
 
     /// The failure rules of `admit` admit the attempt, then every rate rule
@@ -229,11 +291,15 @@ impl Limiter {
         rule_keys: &RuleKeys,
         class: Option<SourceClass>,
         admit: Rules,
+        hits: Hits,
         mut answers: Answers<'a>,
         mut held: u32,
         now_us: u64,
     ) -> Verdict<'a> {
         let mut refused = self.admit_failures(route, rule_keys, admit, now_us, &mut answers, &mut held);
+        if !refused {
+            refused = self.judge_signals(route, rule_keys, hits, now_us, true, &mut answers);
+        }
         if !refused {
             refused = self.spend_rates(route, rule_keys, class, Rules::All, now_us, &mut answers);
         }
@@ -366,12 +432,13 @@ impl Limiter {
     ) -> Result<PreparedReport<'a>, RequestError> {
         let route = self.route(route)?;
         check_lengths(subject)?;
-        let mut keys = self.subject_keys(&route.name, subject);
+        let mut keys = self.subject_keys_at(&route.name, subject, now_us);
         let known = self.known_device(route, &mut keys, now_us)?;
         let device = self.device_in_store(route, &mut keys)?;
         // Derive every key before touching any table, so a missing field
         // cannot leave a report counted on some rules and not others.
         let rule_keys = keys.rule_keys(&route.rules, known, device.is_some())?;
+        let password64 = password_tag.map(|tag| self.keys.password_tag(&tag));
         let repeated = match (outcome, password_digest, &route.recent_passwords) {
             (Outcome::Failure, Some(digest), Some(recent))
                 if keys.has(Component::Prefix) && keys.has(Component::Account) =>
@@ -389,7 +456,17 @@ impl Limiter {
                 known_devices.remember(key, now_us);
             }
         }
-        Ok(PreparedReport { route, rule_keys, class: keys.source_class(), outcome, repeated, device, known, password_tag })
+        let mut hits = Hits::default();
+        if let (true, Some(link)) = (route.feeds_signals, &self.signals) {
+            if let Some(event) = keys.signal_event(route, outcome, repeated, known, password64) {
+                link.send(event);
+            }
+            hits = keys.hits(route);
+            if let (Some(flags), Some(tag)) = (&keys.flags, password64) {
+                hits.add(flags, flags.probe(Space::Password, tag, now_us), Detector::PasswordSpray.bit());
+            }
+        }
+        Ok(PreparedReport { route, rule_keys, class: keys.source_class(), outcome, repeated, device, known, hits })
     }
 
     /// Counts a report on this host's tables for the rules of `which`. With
@@ -451,7 +528,11 @@ impl Limiter {
                     let decision = shards.of(key).peek(spec, key, now_us);
                     answers.push(self.escalate(rule, key, rate_answer(rule, spec, decision), now_us, false));
                 }
+                Table::Signal { .. } => {}
             }
+        }
+        if which.has_host() {
+            self.judge_signals(route, rule_keys, report.hits, now_us, false, answers);
         }
     }
 

@@ -4,7 +4,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use super::shards::SharedTable;
-use crate::config::{ByClass, DeviceScope, FailPolicy, RateLimit, Rung};
+use crate::config::{ByClass, DetectorSet, DeviceScope, FailPolicy, RateLimit, Rung};
 use crate::expiring::{ExpiringMap, Slot};
 use crate::failure_window::{FailureWindowTable, WindowSpec};
 use crate::gcra::GcraTable;
@@ -16,8 +16,22 @@ use crate::keys::{Component, Key};
 /// read without taking a shard lock (the ladder's cool-down, status,
 /// restore).
 pub(super) enum Table {
-    Rate { rate: RateLimit, by_class: ByClass<Option<RateLimit>>, shards: SharedTable<GcraTable> },
-    Failures { spec: WindowSpec, cleared_by_success: bool, shards: SharedTable<FailureWindowTable> },
+    Rate {
+        rate: RateLimit,
+        by_class: ByClass<Option<RateLimit>>,
+        shards: SharedTable<GcraTable>,
+    },
+    Failures {
+        spec: WindowSpec,
+        cleared_by_success: bool,
+        shards: SharedTable<FailureWindowTable>,
+    },
+    /// Refuses while the subject is flagged by one of `detectors`; holds
+    /// nothing but its ladder (`Rule::escalation`).
+    Signal {
+        detectors: DetectorSet,
+        window_us: u64,
+    },
 }
 
 #[derive(Default)]
@@ -62,6 +76,7 @@ impl Rule {
         match &self.table {
             Table::Rate { rate, .. } => rate.period_us,
             Table::Failures { spec, .. } => spec.window_us,
+            Table::Signal { window_us, .. } => *window_us,
         }
     }
 }
@@ -117,4 +132,9 @@ pub(super) struct Route {
     /// index and the instant (this host's clock) the lockout ends, so a
     /// known lockout is refused from memory without a round trip.
     pub(super) known_lockouts: Option<SharedTable<ExpiringMap<u16>>>,
+    /// The route has a signal rule: its reports feed spray detection.
+    pub(super) feeds_signals: bool,
+    /// The tenant digest (64 bits) the signals use for this route's
+    /// requests that name no tenant.
+    pub(super) pseudo_tenant: u64,
 }

@@ -104,6 +104,15 @@ fn rule_status(rule: &Rule) -> RuleStatus {
                 });
                 ("failures", spec.threshold, 0, spec.window_us / 1000, *cleared_by_success, Vec::new(), fill)
             }
+            // Its table is its ladder; its detectors' figures are in the
+            // signals section of `status`.
+            Table::Signal { window_us, .. } => {
+                let fill = rule
+                    .escalation
+                    .each()
+                    .fold((0, 0, 0), |(n, m, f), t| (n + t.len() as u64, m + t.entries_max() as u64, f));
+                ("signal", 0, 0, window_us / 1000, false, Vec::new(), fill)
+            }
         };
     RuleStatus {
         name: rule.name.clone(),

@@ -1,14 +1,24 @@
 //! Key derivation for one request: each identifier digested at most once,
 //! the client's address and source class looked up at most once.
 
-use super::route::Rule;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use super::route::{Route, Rule};
 use super::{Limiter, RequestError, IDENTIFIER_BYTES_MAX};
 use crate::classes::SourceClass;
-use crate::config::DeviceScope;
+use crate::config::{Detector, DeviceScope};
 use crate::keys::{Component, Key};
-use crate::protocol::Subject;
-use crate::source::forwarded_tail;
+use crate::protocol::{Outcome, Subject};
+use crate::signals::flags::{digest64, FlagTable, Hits, Space, WIDEN_48, WIDEN_56};
+use crate::signals::{SignalEvent, V6Blocks};
+use crate::source::{forwarded_tail, prefix_of, Prefix};
 use smallvec::SmallVec;
+
+/// The wide prefix of the spray signals: an IPv4 /24, an IPv6 /48 (a
+/// site's usual allocation).
+pub(super) const WIDE_V4_LEN: u8 = 24;
+pub(super) const WIDE_V6_LEN: u8 = 48;
 
 /// Keys ride in a check's plan, which the server moves around; four inline
 /// (every preset's count) keeps it small, a longer route spills to the heap.
@@ -22,6 +32,14 @@ pub(super) struct SubjectKeys<'s, 'k> {
     /// The client's address and source class, once looked up.
     client: Option<(std::net::IpAddr, Option<SourceClass>)>,
     digests: [Option<[u8; 16]>; 5],
+    /// Spray detection's flags, when any are raised: the prefix may be
+    /// widened, and the signal rules look the subject up.
+    pub(super) flags: Option<Arc<FlagTable>>,
+    now_us: u64,
+    /// The prefix rules would key on without widening, and its digest.
+    natural: Option<(Prefix, u64)>,
+    /// The wide prefix (IPv4 /24, IPv6 /48) and its digest.
+    wide: Option<(Prefix, u64)>,
 }
 
 impl SubjectKeys<'_, '_> {
@@ -64,7 +82,7 @@ impl SubjectKeys<'_, '_> {
         let digest = match component {
             Component::Prefix => {
                 let (address, class) = self.client()?;
-                let prefix = self.limiter.source.prefix_in_class(address, class);
+                let prefix = self.widened(address, class);
                 keys.prefix(&prefix.to_bytes())
             }
             other => {
@@ -79,6 +97,119 @@ impl SubjectKeys<'_, '_> {
         };
         self.digests[slot] = Some(digest);
         Ok(digest)
+    }
+
+    /// The prefix rules key on: the class's prefix, or, when spray
+    /// detection has widened the IPv6 block around it (many of its /64s
+    /// failing), that /48 or /56, so the block is one source.
+    fn widened(&mut self, address: IpAddr, class: Option<SourceClass>) -> Prefix {
+        let prefix = self.limiter.source.prefix_in_class(address, class);
+        let Some(flags) = self.flags.clone() else { return prefix };
+        if !prefix.network.is_ipv6() || flags.enforced & (WIDEN_48 | WIDEN_56) == 0 || !flags.widens(class) {
+            return prefix;
+        }
+        let now_us = self.now_us;
+        let (wide, digest48) = self.wide();
+        if prefix.len > 48 && flags.probe(Space::Prefix, digest48, now_us) & WIDEN_48 != 0 {
+            return wide;
+        }
+        let block56 = prefix_of(address, 32, 56);
+        if prefix.len > 56 {
+            let digest56 = digest64(&self.limiter.keys.prefix(&block56.to_bytes()));
+            if flags.probe(Space::Prefix, digest56, now_us) & WIDEN_56 != 0 {
+                return block56;
+            }
+        }
+        prefix
+    }
+
+    /// The prefix rules would key on without widening, and its digest.
+    pub(super) fn natural(&mut self) -> Result<(Prefix, u64), RequestError> {
+        if let Some(natural) = self.natural {
+            return Ok(natural);
+        }
+        let (address, class) = self.client()?;
+        let prefix = self.limiter.source.prefix_in_class(address, class);
+        let natural = (prefix, digest64(&self.limiter.keys.prefix(&prefix.to_bytes())));
+        self.natural = Some(natural);
+        Ok(natural)
+    }
+
+    /// The wide prefix (IPv4 /24, IPv6 /48) of the client, and its digest.
+    /// Called only after `client` succeeded.
+    fn wide(&mut self) -> (Prefix, u64) {
+        if let Some(wide) = self.wide {
+            return wide;
+        }
+        let (address, _) = self.client.expect("the client is looked up first");
+        let prefix = prefix_of(address, WIDE_V4_LEN, WIDE_V6_LEN);
+        let wide = (prefix, digest64(&self.limiter.keys.prefix(&prefix.to_bytes())));
+        self.wide = Some(wide);
+        wide
+    }
+
+    fn tenant64(&mut self, route: &Route) -> u64 {
+        match self.subject.tenant {
+            Some(_) => self.component(Component::Tenant).map(|d| digest64(&d)).unwrap_or(route.pseudo_tenant),
+            None => route.pseudo_tenant,
+        }
+    }
+
+    /// What the flags say of this subject (all but its password tag).
+    pub(super) fn hits(&mut self, route: &Route) -> Hits {
+        let Some(flags) = self.flags.clone() else { return Hits::default() };
+        let now_us = self.now_us;
+        let mut hits = Hits::default();
+        if self.client().is_ok() {
+            let (_, narrow) = self.natural().expect("the client is known");
+            hits.add(&flags, flags.probe(Space::Prefix, narrow, now_us), Detector::NarrowSpray.bit());
+            let (_, wide) = self.wide();
+            hits.add(&flags, flags.probe(Space::Prefix, wide, now_us), Detector::WideSpray.bit());
+        }
+        if let Ok(account) = self.component(Component::Account) {
+            let bits = flags.probe(Space::Account, digest64(&account), now_us);
+            hits.add(&flags, bits, Detector::AccountDistributed.bit());
+        }
+        let tenant = self.tenant64(route);
+        hits.add(&flags, flags.probe(Space::Tenant, tenant, now_us), Detector::TenantAnomaly.bit());
+        hits
+    }
+
+    /// The report as spray detection sees it; `None` without a source.
+    pub(super) fn signal_event(
+        &mut self,
+        route: &Route,
+        outcome: Outcome,
+        repeated: bool,
+        known_device: bool,
+        password: Option<u64>,
+    ) -> Option<SignalEvent> {
+        let (address, class) = self.client().ok()?;
+        let narrow = self.natural().ok()?;
+        let wide = self.wide();
+        let v6 = narrow.0.network.is_ipv6().then(|| {
+            let keys = &self.limiter.keys;
+            let block56 = prefix_of(address, 32, 56);
+            let net64 = prefix_of(address, 32, 64);
+            V6Blocks {
+                block56: (digest64(&keys.prefix(&block56.to_bytes())), block56),
+                net64: digest64(&keys.prefix(&net64.to_bytes())),
+            }
+        });
+        let account = self.subject.account.and_then(|_| self.component(Component::Account).ok()).map(|d| digest64(&d));
+        Some(SignalEvent {
+            now_us: self.now_us,
+            outcome,
+            repeated,
+            known_device,
+            class,
+            account,
+            narrow: (narrow.1, narrow.0),
+            wide: (wide.1, wide.0),
+            v6,
+            tenant: self.tenant64(route),
+            password: if outcome == Outcome::Failure { password } else { None },
+        })
     }
 
     pub(super) fn key(&mut self, components: &[Component]) -> Result<Key, RequestError> {
@@ -155,7 +286,35 @@ pub(super) fn check_lengths(subject: &Subject<'_>) -> Result<(), RequestError> {
 }
 
 impl Limiter {
+    /// Keys as the rules define them, without spray detection's widening
+    /// (an operator's unlock names the source as it is).
     pub(super) fn subject_keys<'s>(&'s self, route: &'s str, subject: &'s Subject<'s>) -> SubjectKeys<'s, 's> {
-        SubjectKeys { subject, route, limiter: self, client: None, digests: [None; 5] }
+        SubjectKeys {
+            subject,
+            route,
+            limiter: self,
+            client: None,
+            digests: [None; 5],
+            flags: None,
+            now_us: 0,
+            natural: None,
+            wide: None,
+        }
+    }
+
+    /// Keys for a request at `now_us`, under the flags spray detection
+    /// has raised.
+    pub(super) fn subject_keys_at<'s>(
+        &'s self,
+        route: &'s str,
+        subject: &'s Subject<'s>,
+        now_us: u64,
+    ) -> SubjectKeys<'s, 's> {
+        // The common case, nothing flagged: one atomic load, no clone.
+        let flags = self.signals.as_ref().and_then(|link| {
+            let flags = link.flags();
+            (!flags.is_empty()).then(|| Arc::clone(&flags))
+        });
+        SubjectKeys { flags, now_us, ..self.subject_keys(route, subject) }
     }
 }

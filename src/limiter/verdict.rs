@@ -10,7 +10,7 @@ use super::route::{Rule, Table};
 use super::Limiter;
 use crate::classes::SourceClass;
 use crate::clock::ceil_ms;
-use crate::config::{RateLimit, Rung, RULES_PER_ROUTE_MAX};
+use crate::config::{Detector, RateLimit, Rung, RULES_PER_ROUTE_MAX};
 use crate::expiring::Slot;
 use crate::failure_window::{Standing, WindowSpec};
 use crate::gcra::{GcraDecision, GcraSpec};
@@ -98,7 +98,7 @@ pub(super) fn gcra_spec(rate: RateLimit) -> GcraSpec {
 pub(super) fn rate_spec(table: &Table, class: Option<SourceClass>) -> GcraSpec {
     match table {
         Table::Rate { rate, by_class, .. } => gcra_spec(class.and_then(|c| by_class[c]).unwrap_or(*rate)),
-        Table::Failures { .. } => unreachable!("rate_spec of a failure rule"),
+        Table::Failures { .. } | Table::Signal { .. } => unreachable!("rate_spec of a rule without a rate"),
     }
 }
 
@@ -158,6 +158,28 @@ pub(super) fn rate_answer(rule: &Rule, spec: GcraSpec, decision: GcraDecision) -
     }
 }
 
+/// A signal rule's refusal, before its ladder: named for the detector.
+/// The wait is the ladder's step (`escalate`): a flag says "not now"
+/// without promising when it lifts.
+pub(super) fn signal_answer(rule: &Rule, detector: Detector) -> RuleAnswer<'_> {
+    RuleAnswer {
+        refused: true,
+        monitored: false,
+        reason: match detector {
+            Detector::AccountDistributed => Reason::DistributedAttack,
+            Detector::TenantAnomaly => Reason::TenantAnomaly,
+            Detector::PasswordSpray | Detector::NarrowSpray | Detector::WideSpray => Reason::SpraySuspected,
+        },
+        rung: Rung::Deny,
+        retry_after_us: 0,
+        delay_us: 0,
+        limit: 0,
+        remaining: 0,
+        reset_us: 0,
+        rule: &rule.name,
+    }
+}
+
 /// One verdict from the rules' answers: if any enforcing rule refuses, its
 /// severest rung (then longest wait) decides; else allowed with the tightest
 /// rule's figures, or, when a monitored rule would have refused, allowed
@@ -198,6 +220,9 @@ pub(super) fn combine<'r>(answers: &[RuleAnswer<'r>]) -> Verdict<'r> {
     };
     let reason = match monitored {
         Some(m) if m.reason == Reason::RateLimited => Reason::MonitorRateLimited,
+        Some(m) if matches!(m.reason, Reason::SpraySuspected | Reason::DistributedAttack | Reason::TenantAnomaly) => {
+            Reason::MonitorSignal
+        }
         Some(_) => Reason::MonitorTooManyFailures,
         None => Reason::Allowed,
     };

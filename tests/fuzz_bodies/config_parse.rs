@@ -12,8 +12,8 @@
 use tollgate::Component;
 use tollgate::{decide, GcraSpec};
 use tollgate::{
-    Config, DeviceScope, KnownDevicesConfig, RouteConfig, RuleConfig, RuleKind, BURST_SPAN_US_MAX, ENTRIES_MAX_LIMIT,
-    KNOWN_DEVICES_PER_ACCOUNT_MAX_LIMIT, PERIOD_SECS_MAX, RECENT_PASSWORDS_MAX, RULES_PER_ROUTE_MAX,
+    Config, DeviceScope, KnownDevicesConfig, RouteConfig, RuleConfig, RuleKind, Rung, BURST_SPAN_US_MAX,
+    ENTRIES_MAX_LIMIT, KNOWN_DEVICES_PER_ACCOUNT_MAX_LIMIT, PERIOD_SECS_MAX, RECENT_PASSWORDS_MAX, RULES_PER_ROUTE_MAX,
     SNAPSHOT_INTERVAL_MS_MAX,
 };
 use tollgate::{FailureWindowTable, WindowSpec, THRESHOLD_MAX, WINDOW_US_MIN};
@@ -126,6 +126,13 @@ fn check_rule(route: &RouteConfig, rule: &RuleConfig) {
         assert!(route.known_devices.is_some(), "{at}: scoped by devices without known devices");
     }
     match &rule.kind {
+        RuleKind::Signal { detectors, entries_max } => {
+            assert!(*detectors != 0, "{at}: a signal rule with no detector");
+            assert!((1..=ENTRIES_MAX_LIMIT).contains(entries_max), "{at}: entries_max {entries_max}");
+            if rule.responses.contains(&Rung::Deny) {
+                assert_eq!(rule.devices, DeviceScope::UnknownDevices, "{at}: deny on a known device");
+            }
+        }
         RuleKind::Failures { threshold, window_us, entries_max, .. } => {
             assert!((1..=THRESHOLD_MAX).contains(threshold), "{at}: threshold {threshold}");
             assert!((1..=1000).contains(threshold), "{at}: threshold {threshold}");

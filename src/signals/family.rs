@@ -1,0 +1,191 @@
+//! One bounded table of tracked subjects (prefixes, accounts, passwords):
+//! each with its failed and succeeded distinct counts over the window.
+//!
+//! Our own rather than an LRU crate's because eviction must keep the
+//! entries that carry information: a flood of one-failure prefixes must
+//! not push out the /24 a spray is coming from. So a full table samples a
+//! few entries at random positions (an `IndexMap` gives O(1) access by
+//! position) and evicts the one that counts least, the oldest of equals,
+//! as Redis's sampled eviction does.
+
+use std::collections::hash_map::RandomState;
+
+use indexmap::IndexMap;
+
+use super::sketch::Windowed;
+
+/// Entries sampled per eviction.
+const EVICTION_SAMPLES: usize = 5;
+
+/// What a tracked entry is, for `status`: a prefix shown as CIDR, or a
+/// digest shown truncated. Never a raw identifier.
+#[derive(Clone, Copy, Debug)]
+pub enum Label {
+    Prefix(crate::source::Prefix),
+    /// An account or password: shown by its flag's digest.
+    Digest,
+}
+
+#[derive(Debug)]
+pub struct Tracked {
+    pub failed: Windowed,
+    pub succeeded: Windowed,
+    pub label: Label,
+    pub touched_us: u64,
+}
+
+impl Tracked {
+    fn heap_bytes(&self) -> usize {
+        self.failed.heap_bytes() + self.succeeded.heap_bytes()
+    }
+
+    /// Failed distinct elements over failed plus succeeded ones (1 when
+    /// nothing succeeded). Distinct successes, not raw ones: an attacker
+    /// cannot dilute it by logging into one account of its own many times.
+    pub fn failure_share(&self) -> f64 {
+        let failed = self.failed.count() as f64;
+        let succeeded = self.succeeded.count() as f64;
+        if failed + succeeded == 0.0 {
+            0.0
+        } else {
+            failed / (failed + succeeded)
+        }
+    }
+}
+
+pub struct Family {
+    pub name: &'static str,
+    map: IndexMap<u64, Tracked, RandomState>,
+    pub entries_max: usize,
+    pub evicted: u64,
+    /// Heap bytes of every sketch in the table.
+    pub heap_bytes: usize,
+    /// Sampling state (splitmix64): deterministic for the simulator.
+    rng: u64,
+}
+
+impl Family {
+    pub fn new(name: &'static str, entries_max: usize, seed: u64) -> Family {
+        Family { name, map: IndexMap::default(), entries_max, evicted: 0, heap_bytes: 0, rng: seed }
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn get(&self, key: u64) -> Option<&Tracked> {
+        self.map.get(&key)
+    }
+
+    /// Counts a failure's `element` under `key`, creating the entry (and
+    /// evicting one if the table is full). Returns the entry.
+    pub fn fail(&mut self, key: u64, label: Label, epoch: u64, element: u64, now_us: u64) -> &Tracked {
+        if !self.map.contains_key(&key) {
+            while self.map.len() >= self.entries_max {
+                self.evict_one();
+            }
+            let empty =
+                Tracked { failed: Windowed::default(), succeeded: Windowed::default(), label, touched_us: now_us };
+            self.map.insert(key, empty);
+        }
+        let entry = self.map.get_mut(&key).expect("inserted above");
+        entry.touched_us = now_us;
+        let delta = entry.failed.insert(epoch, element) + entry.succeeded.roll(epoch);
+        self.heap_bytes = (self.heap_bytes as isize + delta) as usize;
+        entry
+    }
+
+    /// Counts a success's `element` under `key` only if the key already
+    /// failed: successes alone never create an entry, so the table is sized
+    /// by failures.
+    pub fn succeed(&mut self, key: u64, epoch: u64, element: u64, now_us: u64) {
+        if let Some(entry) = self.map.get_mut(&key) {
+            entry.touched_us = now_us;
+            let delta = entry.succeeded.insert(epoch, element) + entry.failed.roll(epoch);
+            self.heap_bytes = (self.heap_bytes as isize + delta) as usize;
+        }
+    }
+
+    fn next_random(&mut self) -> u64 {
+        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Evicts the least informative of a few sampled entries.
+    pub fn evict_one(&mut self) {
+        let len = self.map.len();
+        if len == 0 {
+            return;
+        }
+        let mut victim = (u32::MAX, u64::MAX, 0);
+        for _ in 0..EVICTION_SAMPLES.min(len) {
+            let i = (self.next_random() % len as u64) as usize;
+            let (_, e) = self.map.get_index(i).expect("index below len");
+            let rank = (e.failed.count(), e.touched_us, i);
+            if (rank.0, rank.1) < (victim.0, victim.1) {
+                victim = rank;
+            }
+        }
+        let (_, gone) = self.map.swap_remove_index(victim.2).expect("index below len");
+        self.heap_bytes -= gone.heap_bytes();
+        self.evicted += 1;
+    }
+
+    /// Drops entries untouched for a whole window (they count nothing).
+    pub fn sweep(&mut self, now_us: u64, window_us: u64) {
+        let mut freed = 0;
+        self.map.retain(|_, e| {
+            let keep = e.touched_us + window_us > now_us;
+            if !keep {
+                freed += e.heap_bytes();
+            }
+            keep
+        });
+        self.heap_bytes -= freed;
+    }
+
+    /// Applies a new cap, evicting down to it.
+    pub fn set_entries_max(&mut self, entries_max: usize) {
+        self.entries_max = entries_max;
+        while self.map.len() > entries_max {
+            self.evict_one();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_flood_stays_under_the_cap_and_keeps_the_entry_that_counts() {
+        let mut f = Family::new("t", 1_000, 1);
+        // The spray's prefix: 30 distinct accounts.
+        for a in 0..30 {
+            f.fail(u64::MAX, Label::Digest, 0, a * 7919 + 1, 0);
+        }
+        // A flood of one-failure prefixes, 100 times the cap.
+        for k in 0..100_000u64 {
+            f.fail(k, Label::Digest, 0, k.wrapping_mul(0x9E37_79B9_7F4A_7C15), 1 + k);
+            assert!(f.len() <= 1_000);
+        }
+        assert_eq!(f.get(u64::MAX).map(|e| e.failed.count()), Some(30), "sampled eviction keeps the informative entry");
+        assert!(f.evicted >= 99_000);
+    }
+
+    #[test]
+    fn a_success_never_creates_an_entry_and_sweeping_frees_the_heap() {
+        let mut f = Family::new("t", 10, 1);
+        f.succeed(1, 0, 1, 0);
+        assert_eq!(f.len(), 0);
+        for a in 0..200u64 {
+            f.fail(1, Label::Digest, 0, a.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1, 0);
+        }
+        assert!(f.heap_bytes > 0);
+        f.sweep(10, 5);
+        assert_eq!((f.len(), f.heap_bytes), (0, 0));
+    }
+}

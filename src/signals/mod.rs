@@ -1,0 +1,603 @@
+//! Spray detection (issue 15): the second axis. Per-key counters cannot see
+//! an attack built to stay under every per-key threshold, one attempt per
+//! account across thousands of accounts. These signals count *distinct*
+//! things across keys over a sliding window, off the request path:
+//!
+//! - accounts failed per source prefix (`narrow_spray`) and per wide prefix,
+//!   IPv4 /24 or IPv6 /48 (`wide_spray`), gated by the failure share, so an
+//!   office's typos among thousands of successes do not count as a spray;
+//! - prefixes failed per account (`account_distributed`, the distributed
+//!   attack on one account);
+//! - accounts failed per password tag (`password_spray`, one password tried
+//!   everywhere), when the client sends the tag (protocol v3);
+//! - a tenant's (or route's) failure ratio against its own baseline
+//!   (`tenant_anomaly`);
+//! - failing /64s per /56 and /48, which widen an IPv6 block to one source.
+//!
+//! `report` sends a fixed-size `SignalEvent` into a bounded queue (`pump`);
+//! the engine here ingests them, raises flags, and publishes a `FlagTable`
+//! the request path reads with one atomic load. The engine is pure: no
+//! clock (events carry their time), no locks, no I/O, so the simulator
+//! drives it deterministically.
+
+mod family;
+pub mod flags;
+pub mod pump;
+pub mod sketch;
+
+use std::collections::HashMap;
+use std::collections::VecDeque;
+
+use indexmap::IndexMap;
+
+use crate::classes::SourceClass;
+use crate::config::{Detector, DetectorMode, SignalsConfig};
+use crate::protocol::{DetectorStatus, FlaggedSubject, Outcome, SignalFamilyStatus, SignalsStatus};
+use crate::source::Prefix;
+use family::{Family, Label, Tracked};
+use flags::{flag_key, Flag, FlagTable, Space, WIDEN_48, WIDEN_56};
+use sketch::SUB_WINDOWS;
+
+/// Flags listed in `status`, newest first.
+pub const RECENT_FLAGS_SHOWN: usize = 32;
+/// A tenant unseen this long is forgotten, baseline and all.
+const TENANT_IDLE_US: u64 = 24 * 3_600_000_000;
+/// Outcomes a sub-window needs before it moves a tenant's baseline.
+const TENANT_OUTCOMES_MIN: u32 = 20;
+
+/// One report, as the signals see it: digests and prefixes only. Built on
+/// the request path without allocating.
+#[derive(Clone, Copy, Debug)]
+pub struct SignalEvent {
+    pub now_us: u64,
+    pub outcome: Outcome,
+    /// The same wrong password again for (account, prefix): feeds nothing
+    /// but the tenant ratio (a stale client is one failure, not sixty).
+    pub repeated: bool,
+    /// The account knows the device: a failure from it feeds nothing but
+    /// the tenant ratio either.
+    pub known_device: bool,
+    pub class: Option<SourceClass>,
+    pub account: Option<u64>,
+    /// The source prefix rules key on (/32 or /64 by default) and its digest.
+    pub narrow: (u64, Prefix),
+    /// IPv4 /24 or IPv6 /48.
+    pub wide: (u64, Prefix),
+    /// IPv6 only: the /56 and the /64's digest.
+    pub v6: Option<V6Blocks>,
+    /// The tenant's digest, or the route's when the request has no tenant.
+    pub tenant: u64,
+    /// The password tag re-keyed with the daemon's secret.
+    pub password: Option<u64>,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct V6Blocks {
+    pub block56: (u64, Prefix),
+    pub net64: u64,
+}
+
+/// A raised flag, with what `status` shows of it.
+#[derive(Clone, Debug)]
+struct Raised {
+    bits: u16,
+    until_us: u64,
+}
+
+#[derive(Clone, Debug)]
+struct Shown {
+    detector: &'static str,
+    subject: String,
+    estimate: u32,
+    threshold: u32,
+    since_us: u64,
+    until_us: u64,
+}
+
+/// A tenant's exact outcome counts per sub-window and its baseline ratio.
+#[derive(Clone, Debug, Default)]
+struct Tenant {
+    failed: [u32; SUB_WINDOWS],
+    succeeded: [u32; SUB_WINDOWS],
+    epoch: u64,
+    baseline: f64,
+    /// Sub-windows folded into the baseline.
+    baseline_subs: u32,
+    touched_us: u64,
+}
+
+impl Tenant {
+    fn roll(&mut self, epoch: u64, alpha: f64) {
+        while self.epoch < epoch {
+            let slot = (self.epoch % SUB_WINDOWS as u64) as usize;
+            let (f, s) = (self.failed[slot], self.succeeded[slot]);
+            if f + s >= TENANT_OUTCOMES_MIN {
+                let ratio = f as f64 / (f + s) as f64;
+                self.baseline =
+                    if self.baseline_subs == 0 { ratio } else { self.baseline + alpha * (ratio - self.baseline) };
+                self.baseline_subs += 1;
+            }
+            self.epoch += 1;
+            let next = (self.epoch % SUB_WINDOWS as u64) as usize;
+            self.failed[next] = 0;
+            self.succeeded[next] = 0;
+            if epoch - self.epoch > SUB_WINDOWS as u64 {
+                // A long silence: nothing left to fold.
+                self.failed = [0; SUB_WINDOWS];
+                self.succeeded = [0; SUB_WINDOWS];
+                self.epoch = epoch;
+            }
+        }
+    }
+}
+
+#[derive(Default, Clone, Copy)]
+struct DetectorCounts {
+    raised_total: u64,
+}
+
+pub struct Signals {
+    config: SignalsConfig,
+    sub_us: u64,
+    narrow: Family,
+    wide: Family,
+    /// /48 → distinct /64s, failed and succeeded (IPv6 only).
+    blocks48: Family,
+    /// /56 → distinct /64s.
+    blocks56: Family,
+    accounts: Family,
+    passwords: Family,
+    tenants: IndexMap<u64, Tenant>,
+    tenants_evicted: u64,
+    raised: IndexMap<u64, Raised>,
+    flags_dropped: u64,
+    counts: [DetectorCounts; Detector::ALL.len() + 1],
+    recent: VecDeque<Shown>,
+    changed: bool,
+    events: u64,
+    /// The earliest `until_us` among raised flags: `tick` scans them only then.
+    next_expiry_us: u64,
+    /// The sub-window of the last sweep: entries are swept once per sub-window.
+    swept_epoch: u64,
+}
+
+/// The index of widening in `counts` (after the detectors).
+const WIDENING: usize = Detector::ALL.len();
+
+impl Signals {
+    pub fn new(config: &SignalsConfig) -> Signals {
+        let c = config;
+        Signals {
+            sub_us: (c.window_us / SUB_WINDOWS as u64).max(1),
+            narrow: Family::new("narrow_prefixes", c.prefixes_max, 1),
+            wide: Family::new("wide_prefixes", c.wide_prefixes_max, 2),
+            blocks48: Family::new("blocks_48", c.blocks_max, 3),
+            blocks56: Family::new("blocks_56", c.blocks_max, 4),
+            accounts: Family::new("accounts", c.accounts_max, 5),
+            passwords: Family::new("passwords", c.passwords_max, 6),
+            tenants: IndexMap::new(),
+            tenants_evicted: 0,
+            raised: IndexMap::new(),
+            flags_dropped: 0,
+            counts: Default::default(),
+            recent: VecDeque::new(),
+            changed: false,
+            events: 0,
+            next_expiry_us: u64::MAX,
+            swept_epoch: 0,
+            config: config.clone(),
+        }
+    }
+
+    /// Applies a reloaded configuration; caps shrink by eviction.
+    pub fn reconfigure(&mut self, config: &SignalsConfig) {
+        self.config = config.clone();
+        self.sub_us = (config.window_us / SUB_WINDOWS as u64).max(1);
+        self.narrow.set_entries_max(config.prefixes_max);
+        self.wide.set_entries_max(config.wide_prefixes_max);
+        self.blocks48.set_entries_max(config.blocks_max);
+        self.blocks56.set_entries_max(config.blocks_max);
+        self.accounts.set_entries_max(config.accounts_max);
+        self.passwords.set_entries_max(config.passwords_max);
+        self.changed = true;
+    }
+
+    pub fn config(&self) -> &SignalsConfig {
+        &self.config
+    }
+
+    fn families(&self) -> [&Family; 6] {
+        [&self.narrow, &self.wide, &self.blocks48, &self.blocks56, &self.accounts, &self.passwords]
+    }
+
+    fn sketch_bytes(&self) -> usize {
+        self.families().iter().map(|f| f.heap_bytes).sum()
+    }
+
+    /// Counts one report.
+    pub fn ingest(&mut self, e: &SignalEvent) {
+        self.events += 1;
+        let epoch = e.now_us / self.sub_us;
+        let now = e.now_us;
+        self.count_tenant(e, epoch);
+        match e.outcome {
+            Outcome::Success => {
+                if let Some(account) = e.account {
+                    self.narrow.succeed(e.narrow.0, epoch, account, now);
+                    self.wide.succeed(e.wide.0, epoch, account, now);
+                }
+                if let Some(v6) = e.v6 {
+                    self.blocks48.succeed(e.wide.0, epoch, v6.net64, now);
+                    self.blocks56.succeed(v6.block56.0, epoch, v6.net64, now);
+                }
+            }
+            // A repeat is one failure, not sixty (a stale client). A failure
+            // from a device the account knows is its owner's (a typo, a mail
+            // client holding last month's password): a spray across
+            // thousands of accounts cannot have their devices.
+            Outcome::Failure if e.repeated || e.known_device => {}
+            Outcome::Failure => {
+                if let Some(account) = e.account {
+                    let narrow = self.narrow.fail(e.narrow.0, Label::Prefix(e.narrow.1), epoch, account, now);
+                    let found = judge_source(narrow, &self.config.narrow_spray);
+                    self.raise_on(Detector::NarrowSpray, Space::Prefix, e.narrow.0, found, now);
+                    let wide = self.wide.fail(e.wide.0, Label::Prefix(e.wide.1), epoch, account, now);
+                    let found = judge_source(wide, &self.config.wide_spray);
+                    self.raise_on(Detector::WideSpray, Space::Prefix, e.wide.0, found, now);
+                    // A mobile source hops addresses within its carrier's
+                    // pool: count its wide prefix, or one person would look
+                    // like many sources.
+                    let source = if e.class == Some(SourceClass::Mobile) { e.wide } else { e.narrow };
+                    let tracked = self.accounts.fail(account, Label::Digest, epoch, source.0, now);
+                    let count = tracked.failed.count();
+                    let found = (count >= self.config.account_distributed.threshold).then_some(count);
+                    self.raise_on(Detector::AccountDistributed, Space::Account, account, found, now);
+                    if let Some(tag) = e.password {
+                        let tracked = self.passwords.fail(tag, Label::Digest, epoch, account, now);
+                        let count = tracked.failed.count();
+                        let found = (count >= self.config.password_spray.threshold).then_some(count);
+                        self.raise_on(Detector::PasswordSpray, Space::Password, tag, found, now);
+                    }
+                }
+                if let Some(v6) = e.v6 {
+                    let widening = &self.config.ipv6_widening;
+                    let may_widen = widening.mode != DetectorMode::Off
+                        && e.class.is_none_or(|c| !widening.never_classes.contains(&c));
+                    let (per_48, per_56, share_min) = (widening.per_48, widening.per_56, widening.failure_share_min);
+                    let block = self.blocks48.fail(e.wide.0, Label::Prefix(e.wide.1), epoch, v6.net64, now);
+                    let found = judge_widening(block, per_48, share_min);
+                    if may_widen {
+                        self.widen(WIDEN_48, e.wide.0, found, per_48, now);
+                    }
+                    let block = self.blocks56.fail(v6.block56.0, Label::Prefix(v6.block56.1), epoch, v6.net64, now);
+                    let found = judge_widening(block, per_56, share_min);
+                    if may_widen {
+                        self.widen(WIDEN_56, v6.block56.0, found, per_56, now);
+                    }
+                }
+            }
+        }
+        self.hold_sketch_budget();
+    }
+
+    fn count_tenant(&mut self, e: &SignalEvent, epoch: u64) {
+        let alpha = (self.sub_us as f64 / (self.config.tenant_anomaly.baseline_hours as f64 * 3.6e9)).min(1.0);
+        if !self.tenants.contains_key(&e.tenant) && self.tenants.len() >= self.config.tenants_max {
+            // The tenant seen longest ago goes (tenants are few and named
+            // by the auth server, not by the attacker's traffic alone).
+            if let Some(i) = (0..self.tenants.len()).min_by_key(|&i| self.tenants[i].touched_us) {
+                self.tenants.swap_remove_index(i);
+                self.tenants_evicted += 1;
+            }
+        }
+        let tenant = self.tenants.entry(e.tenant).or_insert_with(|| Tenant { epoch, ..Tenant::default() });
+        tenant.roll(epoch, alpha);
+        tenant.touched_us = e.now_us;
+        let slot = (epoch % SUB_WINDOWS as u64) as usize;
+        match e.outcome {
+            Outcome::Failure => tenant.failed[slot] += 1,
+            Outcome::Success => tenant.succeeded[slot] += 1,
+        }
+        let t = &self.config.tenant_anomaly;
+        if t.mode == DetectorMode::Off {
+            return;
+        }
+        let failed: u32 = tenant.failed.iter().sum();
+        let succeeded: u32 = tenant.succeeded.iter().sum();
+        let ratio = failed as f64 / (failed + succeeded).max(1) as f64;
+        let warm = tenant.baseline_subs as u64 * self.sub_us >= t.warmup_hours as u64 * 3_600_000_000;
+        let anomalous = warm
+            && failed >= t.failures_min
+            && ratio >= tenant.baseline * t.ratio_factor
+            && ratio >= tenant.baseline + t.ratio_margin;
+        let found = anomalous.then_some(failed);
+        self.raise_on(Detector::TenantAnomaly, Space::Tenant, e.tenant, found, e.now_us);
+    }
+
+    /// Raises (or extends) `detector`'s flag on `digest` when `found`
+    /// carries the estimate that crossed its threshold.
+    fn raise_on(&mut self, detector: Detector, space: Space, digest: u64, found: Option<u32>, now_us: u64) {
+        let Some(estimate) = found else { return };
+        if self.config.mode(detector) == DetectorMode::Off {
+            return;
+        }
+        let until_us = now_us + self.config.flag_ttl_us;
+        let bit = detector.bit() as u16;
+        let newly = self.set_flag(flag_key(space, digest), bit, until_us);
+        if newly {
+            self.counts[detector as usize].raised_total += 1;
+            let subject = match space {
+                Space::Prefix => self.prefix_label(digest),
+                Space::Account => format!("acct:{digest:016x}"),
+                Space::Password => format!("pw:{digest:016x}"),
+                Space::Tenant => format!("tenant:{digest:016x}"),
+            };
+            let threshold = self.config.threshold(detector);
+            tracing::warn!(
+                target: "tollgate::signals",
+                detector = detector.name(),
+                subject = %subject,
+                estimate,
+                threshold,
+                mode = self.config.mode(detector).name(),
+                "flag raised"
+            );
+            self.show(Shown { detector: detector.name(), subject, estimate, threshold, since_us: now_us, until_us });
+        }
+    }
+
+    fn widen(&mut self, bit: u16, digest: u64, found: Option<u32>, threshold: u32, now_us: u64) {
+        let Some(estimate) = found else { return };
+        let until_us = now_us + self.config.ipv6_widening.hold_us;
+        if self.set_flag(flag_key(Space::Prefix, digest), bit, until_us) {
+            self.counts[WIDENING].raised_total += 1;
+            let subject = self.prefix_label(digest);
+            tracing::warn!(
+                target: "tollgate::signals",
+                prefix = %subject,
+                distinct_64s = estimate,
+                threshold,
+                mode = self.config.ipv6_widening.mode.name(),
+                "widened"
+            );
+            self.show(Shown { detector: "ipv6_widening", subject, estimate, threshold, since_us: now_us, until_us });
+        }
+    }
+
+    fn prefix_label(&self, digest: u64) -> String {
+        [&self.narrow, &self.wide, &self.blocks56]
+            .iter()
+            .find_map(|f| match f.get(digest).map(|e| e.label) {
+                Some(Label::Prefix(p)) => Some(p.to_string()),
+                _ => None,
+            })
+            .unwrap_or_else(|| format!("prefix:{digest:016x}"))
+    }
+
+    fn show(&mut self, shown: Shown) {
+        if self.recent.len() == RECENT_FLAGS_SHOWN {
+            self.recent.pop_back();
+        }
+        self.recent.push_front(shown);
+    }
+
+    /// True if `bit` was not already raised on `key`.
+    fn set_flag(&mut self, key: u64, bit: u16, until_us: u64) -> bool {
+        if let Some(flag) = self.raised.get_mut(&key) {
+            let newly = flag.bits & bit == 0;
+            flag.bits |= bit;
+            flag.until_us = flag.until_us.max(until_us);
+            self.changed |= newly;
+            return newly;
+        }
+        if self.raised.len() >= self.config.flags_max {
+            // The flag ending soonest makes room.
+            if let Some(i) = (0..self.raised.len()).min_by_key(|&i| self.raised[i].until_us) {
+                self.raised.swap_remove_index(i);
+                self.flags_dropped += 1;
+            }
+        }
+        self.raised.insert(key, Raised { bits: bit, until_us });
+        self.next_expiry_us = self.next_expiry_us.min(until_us);
+        self.changed = true;
+        true
+    }
+
+    /// Keeps the sketches' heap under `sketch_bytes_max` by evicting from
+    /// the family holding the most.
+    fn hold_sketch_budget(&mut self) {
+        while self.sketch_bytes() > self.config.sketch_bytes_max {
+            let fattest = [
+                &mut self.narrow,
+                &mut self.wide,
+                &mut self.blocks48,
+                &mut self.blocks56,
+                &mut self.accounts,
+                &mut self.passwords,
+            ]
+            .into_iter()
+            .max_by_key(|f| f.heap_bytes)
+            .expect("six families");
+            if fattest.len() == 0 {
+                break;
+            }
+            fattest.evict_one();
+        }
+    }
+
+    /// Expires flags, un-widens calm blocks, and drops entries that count
+    /// nothing any more. Cheap unless a sub-window has passed.
+    pub fn tick(&mut self, now_us: u64) {
+        let per_48 = self.config.ipv6_widening.per_48;
+        let per_56 = self.config.ipv6_widening.per_56;
+        let epoch = now_us / self.sub_us;
+        if now_us >= self.next_expiry_us {
+            self.expire_flags(now_us, epoch, per_48, per_56);
+        }
+        if epoch > self.swept_epoch {
+            self.swept_epoch = epoch;
+            let window_us = self.config.window_us;
+            for family in [
+                &mut self.narrow,
+                &mut self.wide,
+                &mut self.blocks48,
+                &mut self.blocks56,
+                &mut self.accounts,
+                &mut self.passwords,
+            ] {
+                family.sweep(now_us, window_us);
+            }
+            // A tenant's baseline outlives the window: a day of silence.
+            self.tenants.retain(|_, t| t.touched_us + window_us.max(TENANT_IDLE_US) > now_us);
+        }
+    }
+
+    fn expire_flags(&mut self, now_us: u64, epoch: u64, per_48: u32, per_56: u32) {
+        let mut expired = Vec::new();
+        for (key, flag) in self.raised.iter_mut() {
+            if flag.until_us > now_us {
+                continue;
+            }
+            // A widened block stays widened while half its threshold of
+            // /64s still fail (hysteresis: no flapping at the threshold).
+            // The key is the digest salted: salting again unsalts it.
+            let digest = flag_key(Space::Prefix, *key);
+            let still = |family: &Family, threshold: u32| {
+                family.get(digest).is_some_and(|e| {
+                    let mut failed = e.failed.clone();
+                    failed.roll(epoch);
+                    failed.count() * 2 >= threshold
+                })
+            };
+            let keep_48 = flag.bits & WIDEN_48 != 0 && still(&self.blocks48, per_48);
+            let keep_56 = flag.bits & WIDEN_56 != 0 && still(&self.blocks56, per_56);
+            if keep_48 || keep_56 {
+                flag.bits &= (if keep_48 { WIDEN_48 } else { 0 }) | (if keep_56 { WIDEN_56 } else { 0 });
+                flag.until_us = now_us + self.sub_us;
+            } else {
+                expired.push(*key);
+            }
+        }
+        for key in expired {
+            if let Some(flag) = self.raised.swap_remove(&key) {
+                tracing::info!(target: "tollgate::signals", bits = flag.bits, "flag cleared");
+            }
+            self.changed = true;
+        }
+        self.next_expiry_us = self.raised.values().map(|r| r.until_us).min().unwrap_or(u64::MAX);
+    }
+
+    /// Blocks widened so far.
+    pub fn widenings_total(&self) -> u64 {
+        self.counts[WIDENING].raised_total
+    }
+
+    /// Whether flags changed since the last `snapshot`.
+    pub fn changed(&self) -> bool {
+        self.changed
+    }
+
+    /// The table the request path reads.
+    pub fn snapshot(&mut self) -> FlagTable {
+        self.changed = false;
+        let map: HashMap<u64, Flag> =
+            self.raised.iter().map(|(k, r)| (*k, Flag { bits: r.bits, until_us: r.until_us })).collect();
+        let mut enforced = Detector::ALL
+            .into_iter()
+            .filter(|d| self.config.mode(*d) == DetectorMode::Enforce)
+            .fold(0u16, |m, d| m | d.bit() as u16);
+        if self.config.ipv6_widening.mode == DetectorMode::Enforce {
+            enforced |= WIDEN_48 | WIDEN_56;
+        }
+        FlagTable::new(map, enforced, &self.config.ipv6_widening.never_classes)
+    }
+
+    pub fn status(&self, events_dropped: u64, now_us: u64) -> SignalsStatus {
+        let c = &self.config;
+        let mut families: Vec<SignalFamilyStatus> = self
+            .families()
+            .iter()
+            .map(|f| SignalFamilyStatus {
+                name: f.name.into(),
+                entries: f.len() as u64,
+                entries_max: f.entries_max as u64,
+                heap_bytes: f.heap_bytes as u64,
+                evicted: f.evicted,
+            })
+            .collect();
+        families.push(SignalFamilyStatus {
+            name: "tenants".into(),
+            entries: self.tenants.len() as u64,
+            entries_max: c.tenants_max as u64,
+            heap_bytes: 0,
+            evicted: self.tenants_evicted,
+        });
+        let active =
+            |bit: u16| self.raised.values().filter(|r| r.bits & bit != 0 && r.until_us > now_us).count() as u32;
+        let mut detectors: Vec<DetectorStatus> = Detector::ALL
+            .into_iter()
+            .map(|d| DetectorStatus {
+                name: d.name().into(),
+                mode: c.mode(d).name().into(),
+                threshold: c.threshold(d),
+                raised_total: self.counts[d as usize].raised_total,
+                active: active(d.bit() as u16),
+            })
+            .collect();
+        detectors.push(DetectorStatus {
+            name: "ipv6_widening".into(),
+            mode: c.ipv6_widening.mode.name().into(),
+            threshold: c.ipv6_widening.per_48,
+            raised_total: self.counts[WIDENING].raised_total,
+            active: active(WIDEN_48 | WIDEN_56),
+        });
+        SignalsStatus {
+            window_ms: c.window_us / 1000,
+            sub_windows: SUB_WINDOWS as u32,
+            queue_max: c.queue_max as u32,
+            events_total: self.events,
+            events_dropped,
+            sketch_bytes: self.sketch_bytes() as u64,
+            sketch_bytes_max: c.sketch_bytes_max as u64,
+            flags: self.raised.len() as u32,
+            flags_max: c.flags_max as u32,
+            flags_dropped: self.flags_dropped,
+            families,
+            detectors,
+            flagged: self
+                .recent
+                .iter()
+                .map(|s| FlaggedSubject {
+                    detector: s.detector.into(),
+                    subject: s.subject.clone(),
+                    estimate: s.estimate,
+                    threshold: s.threshold,
+                    since_ms: s.since_us / 1000,
+                    until_ms: s.until_us / 1000,
+                })
+                .collect(),
+        }
+    }
+
+    /// Bytes the tables hold (inline and heap), for the memory report.
+    pub fn bytes(&self) -> (u64, u64) {
+        let entries: usize = self.families().iter().map(|f| f.len()).sum();
+        let inline = entries * (std::mem::size_of::<Tracked>() + 8 + 8);
+        (entries as u64, (inline + self.sketch_bytes()) as u64)
+    }
+}
+
+/// A source detector's judgement: the failed count when it is at the
+/// threshold with a failure share at or above the gate.
+fn judge_source(entry: &Tracked, detector: &crate::config::DetectorConfig) -> Option<u32> {
+    let count = entry.failed.count();
+    (count >= detector.threshold && entry.failure_share() >= detector.failure_share_min).then_some(count)
+}
+
+fn judge_widening(block: &Tracked, threshold: u32, share_min: f64) -> Option<u32> {
+    let count = block.failed.count();
+    (count >= threshold && block.failure_share() >= share_min).then_some(count)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,256 @@
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use super::flags::{flag_key, Space, WIDEN_48, WIDEN_56};
+use super::*;
+use crate::config::Config;
+use crate::source::prefix_of;
+
+const T0: u64 = 1_900_000_000_000_000;
+const SECOND: u64 = 1_000_000;
+
+fn config() -> SignalsConfig {
+    Config::default().signals.expect("on by default")
+}
+
+fn digest(n: u64) -> u64 {
+    let mut z = n.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A prefix and a stand-in digest for it (the engine only needs them to
+/// be distinct and stable).
+fn keyed(prefix: Prefix) -> (u64, Prefix) {
+    let bytes = prefix.to_bytes();
+    let high = u64::from_le_bytes(bytes[..8].try_into().unwrap());
+    let low = u64::from_le_bytes(bytes[8..16].try_into().unwrap());
+    let tail = u64::from(bytes[16]) * 31 + u64::from(bytes[17]);
+    (digest(high ^ digest(low ^ digest(tail))), prefix)
+}
+
+fn event(address: IpAddr, account: u64, outcome: Outcome, now_us: u64) -> SignalEvent {
+    let v6 = address
+        .is_ipv6()
+        .then(|| V6Blocks { block56: keyed(prefix_of(address, 32, 56)), net64: keyed(prefix_of(address, 32, 64)).0 });
+    SignalEvent {
+        now_us,
+        outcome,
+        repeated: false,
+        known_device: false,
+        class: None,
+        account: Some(digest(account)),
+        narrow: keyed(prefix_of(address, 32, 64)),
+        wide: keyed(prefix_of(address, 24, 48)),
+        v6,
+        tenant: 1,
+        password: None,
+    }
+}
+
+fn v4(n: u32) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::from(n))
+}
+
+fn published(signals: &mut Signals, space: Space, digest: u64) -> u16 {
+    signals.snapshot().probe(space, digest, T0 + 10 * SECOND)
+}
+
+#[test]
+fn a_source_is_flagged_at_the_threshold_of_distinct_failed_accounts_not_before() {
+    let mut s = Signals::new(&config());
+    let source = v4(0xCB00_7101);
+    for account in 0..9 {
+        s.ingest(&event(source, account, Outcome::Failure, T0));
+        s.ingest(&event(source, account, Outcome::Failure, T0)); // a repeat of an account adds nothing
+    }
+    let narrow = keyed(prefix_of(source, 32, 64)).0;
+    assert_eq!(published(&mut s, Space::Prefix, narrow), 0, "9 distinct accounts < 10");
+    s.ingest(&event(source, 9, Outcome::Failure, T0));
+    assert_ne!(published(&mut s, Space::Prefix, narrow) & Detector::NarrowSpray.bit() as u16, 0);
+}
+
+#[test]
+fn an_office_failing_among_its_successes_is_not_a_spray() {
+    let mut s = Signals::new(&config());
+    let office = v4(0xC633_640A);
+    // One typo first, so the successes that follow are counted.
+    s.ingest(&event(office, 0, Outcome::Failure, T0));
+    for account in 0..500 {
+        s.ingest(&event(office, account, Outcome::Success, T0 + SECOND));
+    }
+    // 60 typos among 500 successes: a share of 0.11.
+    for account in 0..60 {
+        s.ingest(&event(office, account, Outcome::Failure, T0 + 2 * SECOND));
+    }
+    let narrow = keyed(prefix_of(office, 32, 64)).0;
+    assert_eq!(published(&mut s, Space::Prefix, narrow), 0);
+}
+
+#[test]
+fn repeats_and_known_devices_feed_no_detector() {
+    let mut s = Signals::new(&config());
+    let source = v4(0xCB00_7102);
+    for account in 0..50 {
+        let mut e = event(source, account, Outcome::Failure, T0);
+        e.repeated = account % 2 == 0;
+        e.known_device = account % 2 == 1;
+        e.password = Some(7);
+        s.ingest(&e);
+    }
+    assert!(s.snapshot().is_empty(), "no flag from the owners' own failures");
+    assert_eq!(s.narrow.len(), 0);
+}
+
+#[test]
+fn one_password_on_many_accounts_is_flagged_and_one_account_retrying_is_not() {
+    let mut s = Signals::new(&config());
+    for n in 0..100u32 {
+        let mut e = event(v4(0x0B00_0007 + (n << 8)), 1, Outcome::Failure, T0);
+        e.password = Some(99);
+        s.ingest(&e);
+    }
+    assert_eq!(published(&mut s, Space::Password, 99), 0, "one account, however many sources");
+    for account in 0..19 {
+        let mut e = event(v4(0x0C00_0007 + ((account as u32) << 8)), 100 + account, Outcome::Failure, T0);
+        e.password = Some(42);
+        s.ingest(&e);
+    }
+    assert_eq!(published(&mut s, Space::Password, 42), 0, "19 accounts");
+    let mut e = event(v4(0x0D00_0007), 200, Outcome::Failure, T0);
+    e.password = Some(42);
+    s.ingest(&e);
+    assert_ne!(published(&mut s, Space::Password, 42) & Detector::PasswordSpray.bit() as u16, 0, "20 accounts");
+}
+
+#[test]
+fn an_account_failing_from_eight_prefixes_is_flagged() {
+    let mut s = Signals::new(&config());
+    for n in 0..7u32 {
+        s.ingest(&event(v4(0x0E00_0001 + n), 5, Outcome::Failure, T0));
+    }
+    assert_eq!(published(&mut s, Space::Account, digest(5)), 0);
+    s.ingest(&event(v4(0x0E00_0001 + 7), 5, Outcome::Failure, T0));
+    assert_ne!(published(&mut s, Space::Account, digest(5)) & Detector::AccountDistributed.bit() as u16, 0);
+}
+
+fn in_48(n: u64, host: u64) -> IpAddr {
+    IpAddr::V6(Ipv6Addr::from((0x2001_0db8_aa00u128 << 80) | (n as u128) << 64 | host as u128))
+}
+
+#[test]
+fn one_64_never_widens_its_block_however_often_it_fails() {
+    let mut s = Signals::new(&config());
+    for account in 0..10_000 {
+        s.ingest(&event(in_48(1, account), account, Outcome::Failure, T0));
+    }
+    let block = keyed(prefix_of(in_48(1, 0), 24, 48)).0;
+    assert_eq!(published(&mut s, Space::Prefix, block) & (WIDEN_48 | WIDEN_56), 0);
+    assert_eq!(s.widenings_total(), 0);
+}
+
+#[test]
+fn sixteen_failing_64s_widen_the_48_and_it_calms_down_later() {
+    let mut s = Signals::new(&config());
+    // Spread over /56s, so only the /48 collects them.
+    for n in 0..15u64 {
+        s.ingest(&event(in_48(n << 8, 1), n, Outcome::Failure, T0));
+    }
+    let block = keyed(prefix_of(in_48(0, 0), 24, 48)).0;
+    assert_eq!(published(&mut s, Space::Prefix, block) & WIDEN_48, 0, "15 /64s");
+    s.ingest(&event(in_48(15 << 8, 1), 15, Outcome::Failure, T0));
+    assert_ne!(published(&mut s, Space::Prefix, block) & WIDEN_48, 0, "16 /64s");
+    // An hour and a window later, with nothing failing, it is un-widened.
+    let later = T0 + 2 * 3_600 * SECOND;
+    s.tick(later);
+    assert_eq!(s.snapshot().probe(Space::Prefix, block, later), 0);
+}
+
+#[test]
+fn eight_failing_64s_in_one_56_widen_the_56() {
+    let mut s = Signals::new(&config());
+    for n in 0..8u64 {
+        s.ingest(&event(in_48(n, 1), n, Outcome::Failure, T0));
+    }
+    let block = keyed(prefix_of(in_48(0, 0), 32, 56)).0;
+    assert_ne!(published(&mut s, Space::Prefix, block) & WIDEN_56, 0);
+}
+
+#[test]
+fn a_never_widened_class_is_not_widened() {
+    let mut s = Signals::new(&config());
+    for n in 0..64u64 {
+        let mut e = event(in_48(n << 8, 1), n, Outcome::Failure, T0);
+        e.class = Some(SourceClass::Mobile);
+        s.ingest(&e);
+    }
+    assert_eq!(s.widenings_total(), 0);
+}
+
+#[test]
+fn a_flag_lasts_its_ttl_and_a_monitored_detector_is_published_unenforced() {
+    let mut c = config();
+    c.narrow_spray.mode = DetectorMode::Monitor;
+    let mut s = Signals::new(&c);
+    let source = v4(0xCB00_7103);
+    for account in 0..10 {
+        s.ingest(&event(source, account, Outcome::Failure, T0));
+    }
+    let narrow = keyed(prefix_of(source, 32, 64)).0;
+    let table = s.snapshot();
+    assert_ne!(table.probe(Space::Prefix, narrow, T0) & Detector::NarrowSpray.bit() as u16, 0);
+    assert_eq!(table.enforced & Detector::NarrowSpray.bit() as u16, 0, "monitor: raised, not enforced");
+    let expiry = T0 + c.flag_ttl_us;
+    assert_eq!(table.probe(Space::Prefix, narrow, expiry), 0, "the request path reads the expiry itself");
+    s.tick(expiry);
+    assert!(s.snapshot().is_empty());
+}
+
+#[test]
+fn a_tenant_failing_far_above_its_baseline_is_flagged_once_warm() {
+    let c = config();
+    let mut s = Signals::new(&c);
+    let sub = c.window_us / sketch::SUB_WINDOWS as u64;
+    // A day of ordinary traffic: 5% failures, 100 outcomes a sub-window.
+    let warm_subs = (c.tenant_anomaly.warmup_hours as u64 * 3_600 * SECOND).div_ceil(sub) + 1;
+    for i in 0..warm_subs {
+        for n in 0..100u64 {
+            let outcome = if n < 5 { Outcome::Failure } else { Outcome::Success };
+            let mut e = event(v4(0x0A00_0001), n, outcome, T0 + i * sub + n);
+            e.known_device = true;
+            s.ingest(&e);
+        }
+    }
+    assert_eq!(published(&mut s, Space::Tenant, 1), 0);
+    // Then 200 failures in a row.
+    let start = T0 + warm_subs * sub;
+    for n in 0..200u64 {
+        let mut e = event(v4(0x0A00_0001), n, Outcome::Failure, start + n);
+        e.known_device = true;
+        s.ingest(&e);
+    }
+    let table = s.snapshot();
+    assert_ne!(table.probe(Space::Tenant, 1, start) & Detector::TenantAnomaly.bit() as u16, 0);
+    assert_eq!(table.enforced & Detector::TenantAnomaly.bit() as u16, 0, "monitor mode by default");
+}
+
+#[test]
+fn the_sketch_budget_holds_under_dense_entries() {
+    let mut c = config();
+    c.sketch_bytes_max = 1 << 16;
+    let mut s = Signals::new(&c);
+    // Sources each failing 300 accounts: every one dense.
+    for source in 0..200u32 {
+        for account in 0..300 {
+            s.ingest(&event(v4(0x2000_0000 + (source << 8)), account, Outcome::Failure, T0));
+        }
+        assert!(s.sketch_bytes() <= c.sketch_bytes_max, "{} bytes", s.sketch_bytes());
+    }
+    assert!(s.families().iter().map(|f| f.evicted).sum::<u64>() > 0);
+}
+
+#[test]
+fn flag_keys_of_different_spaces_never_meet() {
+    assert_ne!(flag_key(Space::Account, 5), flag_key(Space::Prefix, 5));
+    assert_ne!(flag_key(Space::Password, 5), flag_key(Space::Tenant, 5));
+}
