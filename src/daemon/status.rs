@@ -6,7 +6,7 @@ use super::lockouts::{LOCKOUTS_LISTED_MAX, LOCKOUTS_MADE_CONCURRENTLY_MAX, LOCKO
 use super::{Daemon, ERRORS};
 use crate::codec::REQUEST_PAYLOAD_BYTES_MAX;
 use crate::limiter::Limiter;
-use crate::protocol::{Decision, NamedLimit, PersistenceStatus, SharedStatus, Status, VerdictCounts};
+use crate::protocol::{Decision, NamedLimit, PersistenceStatus, SharedStatus, SignalsStatus, Status, VerdictCounts};
 use crate::server::{
     ACCEPT_ERROR_LINES_PER_SEC_MAX, ACCEPT_RETRY_DELAY_MS_MAX, FILES_RESERVED_COUNT, READ_BUFFER_BYTES,
     REPLY_BUFFER_RESTING_BYTES, REPLY_BYTES_BUFFERED_MAX,
@@ -57,6 +57,12 @@ impl Daemon {
             last_error: store.last_error(),
             global_rules: limiter.global_rules(),
         })
+    }
+
+    /// Spray detection's state for a version-3 status: none yet (the
+    /// detectors are being built; this is where their status goes).
+    pub(crate) fn signals_status(&self, _limiter: &Limiter) -> Option<SignalsStatus> {
+        None
     }
 
     /// `[shared]`'s limits and the store client's own, when shared.
