@@ -118,11 +118,11 @@ fn signals_monitoring() -> SignalsStatus {
     SignalsStatus {
         window_ms: 3_600_000,
         sub_windows: 12,
-        queue_max: 4_096,
+        queue_max: 65_536,
         events_total: 1_200,
         events_dropped: 0,
         sketch_bytes: 65_536,
-        sketch_bytes_max: 1_048_576,
+        sketch_bytes_max: 33_554_432,
         flags: 1,
         flags_max: 1_024,
         flags_dropped: 0,
@@ -156,21 +156,23 @@ fn tag_a0() -> Option<[u8; 16]> {
     Some(std::array::from_fn(|i| 0xa0 + i as u8))
 }
 
-/// A verdict spray detection gives, with `reason` (added in version 3).
-fn spray_verdict(name: &'static str, reason: Reason, rule: &'static str) -> Case {
+/// A verdict of the built-in signal rule, `spray_signals`, with `reason`
+/// (added in version 3): a challenge (its ladder), or allow in monitor
+/// mode. A signal rule has no count of its own to show.
+fn spray_verdict(name: &'static str, reason: Reason) -> Case {
     let monitored = reason.is_monitored();
     response(
         name,
         1,
         Response::Verdict(Verdict {
-            decision: if monitored { Decision::Allow } else { Decision::Deny },
-            retry_after_ms: if monitored { 0 } else { 600_000 },
+            decision: if monitored { Decision::Allow } else { Decision::Challenge },
+            retry_after_ms: if monitored { 0 } else { 60_000 },
             delay_ms: 0,
-            limit: 20,
+            limit: 0,
             remaining: 0,
-            reset_ms: 600_000,
+            reset_ms: 0,
             reason,
-            rule: Cow::Borrowed(rule),
+            rule: Cow::Borrowed("spray_signals"),
         }),
     )
 }
@@ -232,32 +234,28 @@ fn cases() -> Vec<Case> {
         v3("unlocked-2-v3", again(&cases, "unlocked-2")),
     ];
     // Each reason added in version 3, in 3, and as versions 1 and 2 get it.
-    let spray: [(Reason, &'static str, [&'static str; 3]); 4] = [
+    let spray: [(Reason, [&'static str; 3]); 4] = [
         (
             Reason::SpraySuspected,
-            "password_spray",
             ["verdict-spray-suspected-v3", "verdict-spray-suspected-v1", "verdict-spray-suspected-v2"],
         ),
         (
             Reason::DistributedAttack,
-            "distributed_attack",
             ["verdict-distributed-attack-v3", "verdict-distributed-attack-v1", "verdict-distributed-attack-v2"],
         ),
         (
             Reason::TenantAnomaly,
-            "tenant_anomaly",
             ["verdict-tenant-anomaly-v3", "verdict-tenant-anomaly-v1", "verdict-tenant-anomaly-v2"],
         ),
         (
             Reason::MonitorSignal,
-            "password_spray",
             ["verdict-monitor-signal-v3", "verdict-monitor-signal-v1", "verdict-monitor-signal-v2"],
         ),
     ];
-    for (reason, rule, [in_v3, in_v1, in_v2]) in spray {
-        v3_cases.push(v3(in_v3, spray_verdict(in_v3, reason, rule)));
-        v3_cases.push(spray_verdict(in_v1, reason, rule));
-        v3_cases.push(v2(in_v2, spray_verdict(in_v2, reason, rule)));
+    for (reason, [in_v3, in_v1, in_v2]) in spray {
+        v3_cases.push(v3(in_v3, spray_verdict(in_v3, reason)));
+        v3_cases.push(spray_verdict(in_v1, reason));
+        v3_cases.push(v2(in_v2, spray_verdict(in_v2, reason)));
     }
     cases.extend(v3_cases);
     cases

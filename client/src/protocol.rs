@@ -108,21 +108,24 @@ pub enum Reason {
     /// Allowed because the rule that would have refused runs in monitor
     /// mode: it would have been `too_many_failures`.
     MonitorTooManyFailures,
-    /// Refused by spray detection: one password is failing across many
-    /// accounts (its tag is flagged). Version 3 and later; read as
-    /// `TooManyFailures` in versions 1 and 2.
-    SpraySuspected,
-    /// Refused by spray detection: failures against one account, or one
-    /// route, come from too many distinct source prefixes at once. Version 3
-    /// and later; read as `TooManyFailures` in versions 1 and 2.
-    DistributedAttack,
-    /// Refused by spray detection: one tenant's failures are far above its
-    /// own baseline. Version 3 and later; read as `TooManyFailures` in
+    /// A signal rule refused: spray detection has flagged the attempt's
+    /// source prefix or wider prefix (it failed against many distinct
+    /// accounts) or its password tag (one password failing across many
+    /// accounts). Version 3 and later; sent as `TooManyFailures` in
     /// versions 1 and 2.
+    SpraySuspected,
+    /// A signal rule refused: spray detection has flagged the account, whose
+    /// failures come from many distinct source prefixes (a distributed
+    /// attack on one account). Version 3 and later; sent as
+    /// `TooManyFailures` in versions 1 and 2.
+    DistributedAttack,
+    /// A signal rule refused: spray detection has flagged the tenant (or
+    /// route), whose failure ratio is far above its own baseline. Version 3
+    /// and later; sent as `TooManyFailures` in versions 1 and 2.
     TenantAnomaly,
-    /// Allowed because the spray-detection rule that would have refused runs
-    /// in monitor mode. Version 3 and later; read as
-    /// `MonitorTooManyFailures` in versions 1 and 2.
+    /// Allowed because the signal rule that would have refused runs in
+    /// monitor mode: it would have been one of the three above. Version 3
+    /// and later; sent as `MonitorTooManyFailures` in versions 1 and 2.
     MonitorSignal,
 }
 
