@@ -451,11 +451,8 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
                     // the reply is written, as status is rare.
                     let status = matches!(response, Response::Status(_));
                     let shared = if status && planned.version >= 2 { daemon.shared_status(limiter) } else { None };
-                    let signals = if status && planned.version >= SIGNALS_VERSION {
-                        daemon.signals_status(limiter)
-                    } else {
-                        None
-                    };
+                    let signals =
+                        if status && planned.version >= SIGNALS_VERSION { daemon.signals_status() } else { None };
                     let extras = ReplyExtras { degraded, shared: shared.as_ref(), signals: signals.as_ref() };
                     codec::encode_response_versioned(planned.version, planned.id, &response, &extras, &mut out);
                     start += planned.frame_bytes;

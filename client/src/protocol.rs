@@ -123,9 +123,10 @@ pub enum Reason {
     /// route), whose failure ratio is far above its own baseline. Version 3
     /// and later; sent as `TooManyFailures` in versions 1 and 2.
     TenantAnomaly,
-    /// Allowed because the signal rule that would have refused runs in
-    /// monitor mode: it would have been one of the three above. Version 3
-    /// and later; sent as `MonitorTooManyFailures` in versions 1 and 2.
+    /// Allowed because the signal rule that would have refused, or its
+    /// detector, runs in monitor mode: it would have been one of the three
+    /// above. Version 3 and later; sent as `MonitorTooManyFailures` in
+    /// versions 1 and 2.
     MonitorSignal,
 }
 

@@ -60,8 +60,9 @@ impl Daemon {
     }
 
     /// Spray detection's state for a version-3 status: none yet (the
-    /// detectors are being built; this is where their status goes).
-    pub(crate) fn signals_status(&self, _limiter: &Limiter) -> Option<SignalsStatus> {
+    /// detectors are being built on main, whose `signals_status` of the same
+    /// signature replaces this one).
+    pub(crate) fn signals_status(&self) -> Option<SignalsStatus> {
         None
     }
 
