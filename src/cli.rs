@@ -308,25 +308,31 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
             print_verdict(&a.common, client(&a.common).call_versioned(&request).await?)
         }
         Command::Status(common) => {
-            let (status, shared) = client(&common).status_with_shared().await?;
+            let full = client(&common).status_full().await?;
+            let (status, shared, signals) = (full.status, full.shared, full.signals);
             if common.json {
-                // `shared` is null without the store, so scripts can tell
-                // "no store" from "an old CLI" by the key's presence.
+                // `shared` and `signals` are null without the store or with
+                // spray detection off, so scripts can tell that from "an
+                // old CLI" by the key's presence.
                 let mut value = serde_json::to_value(&status).expect("plain data serializes");
                 value["shared"] = serde_json::to_value(&shared).expect("plain data serializes");
+                value["signals"] = serde_json::to_value(&signals).expect("plain data serializes");
                 println!("{value}");
             } else {
                 print_status(&status);
                 if let Some(shared) = &shared {
                     print_shared(shared);
                 }
+                if let Some(signals) = &signals {
+                    print_signals(signals, status.now_ms);
+                }
             }
             Ok(())
         }
         Command::Metrics(args) => {
             let common = CommonArgs { socket: args.socket, json: false, timeout: args.timeout };
-            let (status, shared) = client(&common).status_with_shared().await?;
-            print!("{}", crate::metrics::prometheus(&status, shared.as_ref(), None));
+            let full = client(&common).status_full().await?;
+            print!("{}", crate::metrics::prometheus(&full.status, full.shared.as_ref(), full.signals.as_ref()));
             Ok(())
         }
         Command::Lockouts(args) => {
@@ -545,6 +551,49 @@ fn print_shared(s: &crate::protocol::SharedStatus) {
         s.global_rules.join(", "),
         s.last_error.as_ref().map(|e| format!("  LAST ERROR: {e}")).unwrap_or_default()
     );
+}
+
+fn print_signals(s: &crate::protocol::SignalsStatus, now_ms: u64) {
+    println!(
+        "spray detection: window {} in {} parts  events {} (dropped {})  sketches {} of {} bytes  flags {} of {} \
+         (dropped {})",
+        human_duration(s.window_ms),
+        s.sub_windows,
+        s.events_total,
+        s.events_dropped,
+        s.sketch_bytes,
+        s.sketch_bytes_max,
+        s.flags,
+        s.flags_max,
+        s.flags_dropped
+    );
+    for f in &s.families {
+        println!(
+            "  {:<16} {:>8} of {:<8} entries  heap {} bytes  evicted {}",
+            f.name, f.entries, f.entries_max, f.heap_bytes, f.evicted
+        );
+    }
+    for d in &s.detectors {
+        println!(
+            "  {:<20} {:<8} threshold {:<4} active {:<6} raised {}",
+            d.name, d.mode, d.threshold, d.active, d.raised_total
+        );
+    }
+    for f in &s.flagged {
+        let state = if f.until_ms > now_ms {
+            format!("for {}", human_duration(f.until_ms - now_ms))
+        } else {
+            "expired".to_string()
+        };
+        println!(
+            "  flagged {} by {}: {} >= {}, {} ago, {state}",
+            f.subject,
+            f.detector,
+            f.estimate,
+            f.threshold,
+            human_duration(now_ms.saturating_sub(f.since_ms))
+        );
+    }
 }
 
 #[cfg(test)]

@@ -28,7 +28,7 @@ use crate::codec::{self, FrameError, PayloadError, FRAME_HEADER_BYTES, REQUEST_P
 use crate::daemon::lockouts::make_lockouts_reply;
 use crate::daemon::{Daemon, Job, Peer, Started, VerdictCounters, ERRORS};
 use crate::limiter::Limiter;
-use crate::protocol::{ErrorCode, Request, Response, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN};
+use crate::protocol::{ErrorCode, Request, Response, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN, SIGNALS_VERSION};
 
 /// Bytes read per connection buffer: a whole maximal frame fits, and a
 /// client pipelining small checks gets hundreds read in one syscall.
@@ -288,9 +288,10 @@ fn plan_frame<'b, 'l>(
         Some(v) if (PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION).contains(&v) => v,
         _ => PROTOCOL_VERSION_MIN,
     };
-    match codec::decode_request(payload) {
-        Ok((id, request)) => {
-            Planned { id, version, step: Step::Job(Job::new(limiter, request, peer.permissions, now)), frame_bytes }
+    match codec::decode_request_versioned(payload) {
+        Ok((id, request, extras)) => {
+            let job = Job::new(limiter, request, extras, peer.permissions, now);
+            Planned { id, version, step: Step::Job(job), frame_bytes }
         }
         // A frame that did not decode is answered in version 1, which
         // every client reads (PROTOCOL.md §8).
@@ -445,13 +446,14 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
                             }
                         }
                     }
-                    // A version-2 status carries the shared store's; computed
-                    // here, where the reply is written, as status is rare.
-                    let shared = match (&response, planned.version) {
-                        (Response::Status(_), 2..) => daemon.shared_status(limiter),
-                        _ => None,
-                    };
-                    let extras = ReplyExtras { degraded, shared: shared.as_ref() };
+                    // A version-2 status carries the shared store's, and a
+                    // version-3 one spray detection's; computed here, where
+                    // the reply is written, as status is rare.
+                    let status = matches!(response, Response::Status(_));
+                    let shared = if status && planned.version >= 2 { daemon.shared_status(limiter) } else { None };
+                    let signals =
+                        if status && planned.version >= SIGNALS_VERSION { daemon.signals_status() } else { None };
+                    let extras = ReplyExtras { degraded, shared: shared.as_ref(), signals: signals.as_ref() };
                     codec::encode_response_versioned(planned.version, planned.id, &response, &extras, &mut out);
                     start += planned.frame_bytes;
                     answered += 1;

@@ -148,7 +148,7 @@ fn cli_prints_verdicts_as_json_and_one_line_errors() {
     let rules: Vec<&str> = login["rules"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
     assert_eq!(
         rules,
-        ["account_failures", "known_device_failures", "source_failures", "source_rate"],
+        ["account_failures", "known_device_failures", "source_failures", "source_rate", "spray_signals"],
         "rules are listed by name"
     );
 
@@ -287,6 +287,59 @@ fn bad_frames_get_error_replies_and_the_connection_survives() {
 /// A `malformed` reply's message names what is wrong in plain words (no
 /// decoder's Debug text), with the request's id, and the connection serves
 /// on. PROTOCOL.md, section 8, lists these texts as informational.
+/// Version 3 against the real daemon: tagged checks and reports are
+/// answered as untagged ones are (one failure flags nothing), the same
+/// attempts from a version-2 client count alike, only the version-3
+/// client's tag reaches spray detection (the version-2 one cannot send it),
+/// and a tag that does not decode is refused by field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn version_3_tagged_attempts_are_answered_as_version_2_ones() {
+    let daemon = TestDaemon::start();
+    let tag = Some(tollgate::client::password_tag(&[7; 32], "hunter2"));
+    let new = daemon.client();
+    let old = Client::new(ClientConfig::new(&daemon.socket).timeout(Duration::from_secs(10)).protocol_version(2));
+    let mut remaining = Vec::new();
+    for (client, account) in [(&new, "alice"), (&old, "bob")] {
+        let attempt = subject("198.51.100.7", account);
+        let checked = client.check_tagged("login", &attempt, tag).await;
+        assert!(checked.answer.proceeds() && !checked.degraded, "{checked:?}");
+        let reported = client.report_tagged("login", &attempt, Outcome::Failure, None, tag).await;
+        remaining.push(verdict(reported.answer).remaining);
+    }
+    assert_eq!(remaining[0], remaining[1], "a version-3 failure counts as a version-2 one");
+    // The detection thread ingests within its publish interval.
+    let mut signals = None;
+    for _ in 0..200 {
+        let full = new.status_full().await.unwrap();
+        assert_eq!(full.shared, None);
+        let s = full.signals.expect("spray detection is on by default");
+        if s.events_total == 2 {
+            signals = Some(s);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let signals = signals.expect("both failures reach spray detection");
+    let passwords = signals.families.iter().find(|f| f.name == "passwords").unwrap();
+    assert_eq!(passwords.entries, 1, "the version-3 client's tag, not the version-2 one's");
+
+    let mut stream = std::os::unix::net::UnixStream::connect(&daemon.socket).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut frame = Vec::new();
+    let check = Request::Check { route: "login", subject: subject("198.51.100.7", "carol") };
+    codec::encode_request_with_extras(3, 60, &check, &codec::RequestExtras { password_tag: tag }, &mut frame);
+    let option_at = frame.len() - 17;
+    frame[option_at] = 2;
+    stream.write_all(&frame).unwrap();
+    match read_reply(&mut stream) {
+        (60, Response::Error(e)) => assert_eq!(
+            (e.code, e.message.as_ref()),
+            (ErrorCode::Malformed, "option tag 2 in field `password_tag` is not 0 (none) or 1 (some)")
+        ),
+        other => panic!("expected malformed, got {other:?}"),
+    }
+}
+
 #[test]
 fn malformed_replies_say_what_is_wrong_in_plain_words() {
     let daemon = TestDaemon::start();

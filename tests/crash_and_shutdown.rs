@@ -113,7 +113,7 @@ async fn trip_lockouts(socket: PathBuf, next_pair: Arc<AtomicU64>, ledger: Arc<M
 #[test]
 fn kill_9_at_random_moments_200_times_never_loses_or_invents_a_lockout() {
     let started = Instant::now();
-    let config = format!("[routes.login.rules.source_failures]\nthreshold = {KILL_THRESHOLD}\n");
+    let config = format!("[routes.login.rules.source_failures]\nthreshold = {KILL_THRESHOLD}\n{COUNTING_RULES_ONLY}");
     let mut daemon = TestDaemon::start_with(Some(&config), true);
     let rt = runtime();
     let mut rng = Rng(KILL_SEED);
@@ -303,7 +303,7 @@ fn sigterm_under_pipelined_load_answers_in_order_exits_0_and_keeps_counters() {
     let config = format!(
         "[server]\nshutdown_grace_ms = {STOP_GRACE_MS}\n\
          [routes.login.rules.source_failures]\nentries_max = 1000000\n\
-         [routes.login.rules.account_failures]\nentries_max = 1000000\n"
+         [routes.login.rules.account_failures]\nentries_max = 1000000\n{COUNTING_RULES_ONLY}"
     );
     let mut daemon = TestDaemon::start_with(Some(&config), true);
     let rt = runtime();

@@ -29,12 +29,18 @@ use login_server::{LoginServer, Settings, FAILED_BODY, REFUSED_BODY};
 /// refusal up to 10% of its step apart, often a different whole second (any
 /// two accounts differ by it too, existing or not: it says nothing about
 /// membership, but it would defeat an exact comparison).
+/// Spray detection off: the tests below drive one account from many
+/// addresses and many accounts from one on purpose, to hold the counting
+/// rules' answers to the HTTP ones (see `COUNTING_RULES_ONLY`).
 const DAEMON_CONFIG: &str = r#"
 [source]
 trusted_proxies = ["127.0.0.1/32"]
 
 [responses]
 jitter_percent = 0
+
+[signals]
+enabled = false
 "#;
 
 const FLOOR: Duration = Duration::from_millis(5);

@@ -98,7 +98,7 @@ impl Tally {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_10m_claimed_accounts_and_1m_ipv6_64s_stays_bounded_and_keeps_lockouts() {
-    let daemon = TestDaemon::start();
+    let daemon = TestDaemon::start_with(Some(COUNTING_RULES_ONLY), true);
     let pid = daemon.pid();
     let client = daemon.client();
     let victim = subject("198.51.100.99", "frank");

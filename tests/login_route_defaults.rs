@@ -82,7 +82,7 @@ async fn a_stranger_cannot_lock_alice_out_from_elsewhere_or_of_reauth() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn distributed_guessing_hits_the_ceiling_which_only_time_lifts() {
-    let daemon = TestDaemon::start();
+    let daemon = TestDaemon::start_with(Some(COUNTING_RULES_ONLY), true);
     let client = daemon.client();
     let mut first_refused = None;
     for n in 1..=60u32 {
@@ -263,7 +263,7 @@ async fn an_unknown_account_behaves_exactly_like_an_existing_one() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_million_claimed_accounts_stay_within_the_caps_and_keep_earlier_lockouts() {
-    let daemon = TestDaemon::start();
+    let daemon = TestDaemon::start_with(Some(COUNTING_RULES_ONLY), true);
     let client = daemon.client();
     let victim = subject("198.51.100.99", "frank");
     for _ in 0..5 {

@@ -22,12 +22,14 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use tollgate::codec::{
-    decode_request, decode_response_versioned, encode_request_versioned, encode_response_versioned, frame_len,
-    request_version, ReplyExtras, FRAME_HEADER_BYTES, REQUEST_PAYLOAD_BYTES_MAX, RESPONSE_PAYLOAD_BYTES_MAX, WIRE,
+    decode_request_versioned, decode_response_versioned, encode_request_with_extras, encode_response_versioned,
+    frame_len, request_version, ReplyExtras, RequestExtras, FRAME_HEADER_BYTES, REQUEST_PAYLOAD_BYTES_MAX,
+    RESPONSE_PAYLOAD_BYTES_MAX, WIRE,
 };
 use tollgate::protocol::{
-    ClassLimit, Decision, ErrorCode, ErrorReply, Lockout, NamedLimit, Outcome, PersistenceStatus, Reason, Request,
-    Response, RouteStatus, RuleStatus, SharedStatus, Status, Subject, Verdict, VerdictCounts, PROTOCOL_VERSION,
+    ClassLimit, Decision, DetectorStatus, ErrorCode, ErrorReply, FlaggedSubject, Lockout, NamedLimit, Outcome,
+    PersistenceStatus, Reason, Request, Response, RouteStatus, RuleStatus, SharedStatus, SignalFamilyStatus,
+    SignalsStatus, Status, Subject, Verdict, VerdictCounts, PROTOCOL_VERSION,
 };
 
 const DOC: &str = "PROTOCOL.md";
@@ -45,22 +47,58 @@ struct Case {
     /// The envelope's version byte: 1 unless the file's vector says otherwise.
     version: u8,
     message: Message,
+    /// A version-3 check's or report's password tag.
+    password_tag: Option<[u8; 16]>,
     /// A version-2 reply's extras.
     degraded: bool,
     shared: Option<SharedStatus>,
+    /// A version-3 status's extra.
+    signals: Option<SignalsStatus>,
 }
 
 fn request(name: &'static str, id: u64, request: Request<'static>) -> Case {
-    Case { name, id, version: 1, message: Message::Request(request), degraded: false, shared: None }
+    Case {
+        name,
+        id,
+        version: 1,
+        message: Message::Request(request),
+        password_tag: None,
+        degraded: false,
+        shared: None,
+        signals: None,
+    }
 }
 
 fn response(name: &'static str, id: u64, response: Response<'static>) -> Case {
-    Case { name, id, version: 1, message: Message::Response(response), degraded: false, shared: None }
+    Case {
+        name,
+        id,
+        version: 1,
+        message: Message::Response(response),
+        password_tag: None,
+        degraded: false,
+        shared: None,
+        signals: None,
+    }
 }
 
 /// A version-1 case's message in version 2.
 fn v2(name: &'static str, case: Case) -> Case {
     Case { name, version: 2, ..case }
+}
+
+/// A case's message in version 3.
+fn v3(name: &'static str, case: Case) -> Case {
+    Case { name, version: 3, ..case }
+}
+
+/// The message as a reply of the case's version carries it: versions 1 and
+/// 2 get the reasons added in 3 as the nearest reason they know.
+fn as_sent(case: &Case, response: &Response<'static>) -> Response<'static> {
+    match response {
+        Response::Verdict(v) => Response::Verdict(Verdict { reason: v.reason.for_version(case.version), ..v.clone() }),
+        other => other.clone(),
+    }
 }
 
 /// The first case named `name`, again (the version-2 cases reuse the
@@ -71,7 +109,72 @@ fn again(cases: &[Case], name: &str) -> Case {
         Message::Request(r) => Message::Request(r.clone()),
         Message::Response(r) => Message::Response(r.clone()),
     };
-    Case { message, shared: case.shared.clone(), ..*case }
+    Case { message, shared: case.shared.clone(), signals: case.signals.clone(), ..*case }
+}
+
+/// Spray detection's status in `status-small-v3-signals`: one password
+/// flagged in monitor mode.
+fn signals_monitoring() -> SignalsStatus {
+    SignalsStatus {
+        window_ms: 3_600_000,
+        sub_windows: 12,
+        queue_max: 65_536,
+        events_total: 1_200,
+        events_dropped: 0,
+        sketch_bytes: 65_536,
+        sketch_bytes_max: 33_554_432,
+        flags: 1,
+        flags_max: 1_024,
+        flags_dropped: 0,
+        families: vec![SignalFamilyStatus {
+            name: "passwords".into(),
+            entries: 40,
+            entries_max: 65_536,
+            heap_bytes: 8_192,
+            evicted: 0,
+        }],
+        detectors: vec![DetectorStatus {
+            name: "password_spray".into(),
+            mode: "monitor".into(),
+            threshold: 20,
+            raised_total: 1,
+            active: 1,
+        }],
+        flagged: vec![FlaggedSubject {
+            detector: "password_spray".into(),
+            subject: "pw:0123456789abcdef".into(),
+            estimate: 31,
+            threshold: 20,
+            since_ms: 1_699_999_990_000,
+            until_ms: 1_700_003_590_000,
+        }],
+    }
+}
+
+/// The password tag in the version-3 request vectors: the bytes a0 to af.
+fn tag_a0() -> Option<[u8; 16]> {
+    Some(std::array::from_fn(|i| 0xa0 + i as u8))
+}
+
+/// A verdict of the built-in signal rule, `spray_signals`, with `reason`
+/// (added in version 3): a challenge (its ladder), or allow in monitor
+/// mode. A signal rule has no count of its own to show.
+fn spray_verdict(name: &'static str, reason: Reason) -> Case {
+    let monitored = reason.is_monitored();
+    response(
+        name,
+        1,
+        Response::Verdict(Verdict {
+            decision: if monitored { Decision::Allow } else { Decision::Challenge },
+            retry_after_ms: if monitored { 0 } else { 60_000 },
+            delay_ms: 0,
+            limit: 0,
+            remaining: 0,
+            reset_ms: 0,
+            reason,
+            rule: Cow::Borrowed("spray_signals"),
+        }),
+    )
 }
 
 /// The store's status in `status-small-v2-shared`: unreachable for 12 s.
@@ -120,6 +223,41 @@ fn cases() -> Vec<Case> {
         v2("unlocked-2-v2", again(&cases, "unlocked-2")),
     ];
     cases.extend(v2_cases);
+    let tagged = |case: Case| Case { password_tag: tag_a0(), ..case };
+    let mut v3_cases = vec![
+        v3("check-login-v4-v3", again(&cases, "check-login-v4")),
+        tagged(v3("check-login-v4-v3-password-tag", again(&cases, "check-login-v4"))),
+        tagged(v3("report-login-failure-v3-password-tag", again(&cases, "report-login-failure-with-password-digest"))),
+        Case { degraded: true, ..v3("verdict-deny-degraded-v3", again(&cases, "verdict-deny")) },
+        v3("status-small-v3-no-signals", again(&cases, "status-small")),
+        Case { signals: Some(signals_monitoring()), ..v3("status-small-v3-signals", again(&cases, "status-small")) },
+        v3("unlocked-2-v3", again(&cases, "unlocked-2")),
+    ];
+    // Each reason added in version 3, in 3, and as versions 1 and 2 get it.
+    let spray: [(Reason, [&'static str; 3]); 4] = [
+        (
+            Reason::SpraySuspected,
+            ["verdict-spray-suspected-v3", "verdict-spray-suspected-v1", "verdict-spray-suspected-v2"],
+        ),
+        (
+            Reason::DistributedAttack,
+            ["verdict-distributed-attack-v3", "verdict-distributed-attack-v1", "verdict-distributed-attack-v2"],
+        ),
+        (
+            Reason::TenantAnomaly,
+            ["verdict-tenant-anomaly-v3", "verdict-tenant-anomaly-v1", "verdict-tenant-anomaly-v2"],
+        ),
+        (
+            Reason::MonitorSignal,
+            ["verdict-monitor-signal-v3", "verdict-monitor-signal-v1", "verdict-monitor-signal-v2"],
+        ),
+    ];
+    for (reason, [in_v3, in_v1, in_v2]) in spray {
+        v3_cases.push(v3(in_v3, spray_verdict(in_v3, reason)));
+        v3_cases.push(spray_verdict(in_v1, reason));
+        v3_cases.push(v2(in_v2, spray_verdict(in_v2, reason)));
+    }
+    cases.extend(v3_cases);
     cases
 }
 
@@ -342,9 +480,13 @@ fn v1_cases() -> Vec<Case> {
 fn encode(case: &Case) -> Vec<u8> {
     let mut out = Vec::new();
     match &case.message {
-        Message::Request(r) => encode_request_versioned(case.version, case.id, r, &mut out),
+        Message::Request(r) => {
+            let extras = RequestExtras { password_tag: case.password_tag };
+            encode_request_with_extras(case.version, case.id, r, &extras, &mut out)
+        }
         Message::Response(r) => {
-            let extras = ReplyExtras { degraded: case.degraded, shared: case.shared.as_ref() };
+            let extras =
+                ReplyExtras { degraded: case.degraded, shared: case.shared.as_ref(), signals: case.signals.as_ref() };
             encode_response_versioned(case.version, case.id, r, &extras, &mut out)
         }
     }
@@ -683,21 +825,28 @@ fn the_bytes_in_the_file_decode_to_the_case() {
             _ if request_version(payload) != Some(case.version) => {
                 Some(format!("has version byte {:?}, not {}", request_version(payload), case.version))
             }
-            Message::Request(expected) => match decode_request(payload) {
-                Ok((id, request)) if (id, &request) == (case.id, expected) => None,
-                Ok(decoded) => Some(format!("decodes to {decoded:?}, not {:?}", (case.id, expected))),
-                Err(failure) => Some(format!("does not decode: {}", failure.error)),
-            },
-            Message::Response(expected) => match decode_response_versioned(payload) {
-                Ok((id, response, extras))
-                    if (id, &response, extras.degraded, &extras.shared)
-                        == (case.id, expected, case.degraded, &case.shared) =>
+            Message::Request(expected) => match decode_request_versioned(payload) {
+                Ok((id, request, extras))
+                    if (id, &request, extras.password_tag) == (case.id, expected, case.password_tag) =>
                 {
                     None
                 }
                 Ok(decoded) => {
-                    Some(format!("decodes to {decoded:?}, not {:?}", (case.id, expected, case.degraded, &case.shared)))
+                    Some(format!("decodes to {decoded:?}, not {:?}", (case.id, expected, case.password_tag)))
                 }
+                Err(failure) => Some(format!("does not decode: {}", failure.error)),
+            },
+            Message::Response(expected) => match decode_response_versioned(payload) {
+                Ok((id, response, extras))
+                    if (id, &response, extras.degraded, &extras.shared, &extras.signals)
+                        == (case.id, &as_sent(&case, expected), case.degraded, &case.shared, &case.signals) =>
+                {
+                    None
+                }
+                Ok(decoded) => Some(format!(
+                    "decodes to {decoded:?}, not {:?}",
+                    (case.id, as_sent(&case, expected), case.degraded, &case.shared, &case.signals)
+                )),
                 Err(failure) => Some(format!("does not decode: {}", failure.error)),
             },
         };

@@ -226,7 +226,7 @@ async fn monitor_mode_allows_what_enforcing_refuses_and_counts_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn alice_on_her_known_device_logs_in_while_a_spray_holds_her_ceiling() {
-    let daemon = TestDaemon::start();
+    let daemon = TestDaemon::start_with(Some(COUNTING_RULES_ONLY), true);
     let client = daemon.client();
     let home = Subject { device: Some("cookie-7f1c2a"), ..subject("203.0.113.9", "alice") };
     assert!(attempt(&client, LOGIN, &home, true).await.proceeds(), "first login makes the device known");
@@ -246,8 +246,9 @@ async fn alice_on_her_known_device_logs_in_while_a_spray_holds_her_ceiling() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_account_cannot_flush_the_known_devices_and_expose_alices_device_to_the_ceiling() {
     // A small table: 64 known devices in all, 4 new ones per account per TTL.
-    let config = "[routes.login]\nknown_devices_max = 64\nknown_devices_per_account_max = 4\n";
-    let daemon = TestDaemon::start_with(Some(config), true);
+    let config =
+        format!("[routes.login]\nknown_devices_max = 64\nknown_devices_per_account_max = 4\n{COUNTING_RULES_ONLY}");
+    let daemon = TestDaemon::start_with(Some(&config), true);
     let client = daemon.client();
     let phone = Subject { device: Some("alice-phone"), ..subject("203.0.113.9", "alice") };
     assert!(attempt(&client, LOGIN, &phone, true).await.proceeds());

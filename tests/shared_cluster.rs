@@ -41,7 +41,7 @@ fn three_daemons_on_a_cluster_enforce_one_limit_with_keys_on_every_node() {
     require_redis();
     let cluster = Cluster::three();
     let dir = tempfile::tempdir().unwrap();
-    let daemons = daemons(3, &cluster, &shared_secret(dir.path()), PATIENT);
+    let daemons = daemons(3, &cluster, &shared_secret(dir.path()), &format!("{PATIENT}{COUNTING_RULES_ONLY}"));
 
     let tried = race_logins(&daemons, ATTEMPTS, PASSWORD_HASH, |_| subject("198.51.100.7", "alice"));
     assert_eq!(tried, 5, "one limit for three hosts on a cluster: 5 guesses, not 15");

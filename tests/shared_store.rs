@@ -469,7 +469,8 @@ fn alice_on_her_known_device_logs_in_on_another_host_while_a_spray_holds_her_cei
     require_redis();
     let redis = RedisServer::unix();
     let dir = tempfile::tempdir().unwrap();
-    let daemons = daemons(2, &redis.url(), &shared_secret(dir.path()), "timeout_ms = 1000");
+    let daemons =
+        daemons(2, &redis.url(), &shared_secret(dir.path()), &format!("timeout_ms = 1000{COUNTING_RULES_ONLY}"));
     let (a, b) = (&daemons[0], &daemons[1]);
     let home = Subject { device: Some("cookie-7f1c2a"), ..subject("203.0.113.9", "alice") };
     assert_eq!(check(a, &home).decision, Decision::Allow);

@@ -41,8 +41,9 @@ async fn spray(client: &Client, account: &str) {
 #[test]
 fn known_devices_and_their_per_account_cap_survive_kill_9_and_sigterm() {
     // Snapshots every 200 ms; at most 2 new devices per account.
-    let config = "snapshot_interval_ms = 200\n[routes.login]\nknown_devices_per_account_max = 2\n";
-    let mut daemon = TestDaemon::start_with(Some(config), true);
+    let config =
+        format!("snapshot_interval_ms = 200\n[routes.login]\nknown_devices_per_account_max = 2\n{COUNTING_RULES_ONLY}");
+    let mut daemon = TestDaemon::start_with(Some(&config), true);
     let rt = runtime();
     let home = Subject { device: Some("cookie-7f1c2a"), ..subject("203.0.113.9", "alice") };
     let phone = Subject { device: Some("mallory-phone"), ..subject("198.51.100.66", "mallory") };
@@ -474,7 +475,8 @@ fn a_full_disk_at_start_is_not_damage_and_never_discards_the_file() {
 fn a_known_device_ttl_shortened_by_reload_applies_at_once() {
     // Found by review: a reload that shortened the TTL left devices known
     // for the old one until a restart capped them.
-    let daemon = TestDaemon::start_with(Some("[routes.login]\nknown_device_ttl_secs = 3600\n"), true);
+    let config = format!("[routes.login]\nknown_device_ttl_secs = 3600\n{COUNTING_RULES_ONLY}");
+    let daemon = TestDaemon::start_with(Some(&config), true);
     let rt = runtime();
     let client = daemon.client();
     let home = Subject { device: Some("cookie-d1"), ..subject("203.0.113.9", "june") };

@@ -22,6 +22,17 @@ fn documented_limit_names() -> Vec<String> {
     list.split('`').skip(1).step_by(2).map(str::to_string).collect()
 }
 
+/// The names PROTOCOL.md lists for spray detection (after "while spray
+/// detection is on"), in order.
+fn documented_signal_limit_names() -> Vec<String> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("PROTOCOL.md");
+    let doc = std::fs::read_to_string(path).unwrap();
+    let start = doc.find("while\nspray detection is on").expect("the signals limits paragraph");
+    let list = &doc[start..];
+    let list = &list[list.find("\n\n").unwrap()..list.find("Then come the per-route limits").unwrap()];
+    list.split('`').skip(1).step_by(2).map(str::to_string).collect()
+}
+
 async fn limits(daemon: &TestDaemon) -> Vec<(String, u64)> {
     let status = daemon.client().status().await.unwrap();
     status.limits.into_iter().map(|l| (l.name, l.value)).collect()
@@ -32,9 +43,21 @@ async fn status_lists_the_documented_limits_then_one_per_route_keeping_known_dev
     let documented = documented_limit_names();
     assert_eq!(documented.len(), 23, "{documented:?}");
 
+    let signals = documented_signal_limit_names();
+    assert_eq!(signals.len(), 22, "{signals:?}");
+
+    // Spray detection off: the documented list alone.
+    let daemon = TestDaemon::start_with(Some("[signals]\nenabled = false\n"), true);
+    let names: Vec<String> = limits(&daemon).await.into_iter().map(|(name, _)| name).collect();
+    let mut expected = documented.clone();
+    expected.push("login.known_devices_per_account_max".into());
+    assert_eq!(names, expected);
+
+    // On (the default): its limits after the daemon's own.
     let daemon = TestDaemon::start();
     let names: Vec<String> = limits(&daemon).await.into_iter().map(|(name, _)| name).collect();
     let mut expected = documented.clone();
+    expected.extend(signals.iter().cloned());
     expected.push("login.known_devices_per_account_max".into());
     assert_eq!(names, expected);
 
@@ -42,7 +65,8 @@ async fn status_lists_the_documented_limits_then_one_per_route_keeping_known_dev
     let config = "[routes.reauth]\nknown_device_ttl_secs = 3600\nknown_devices_per_account_max = 4\n";
     let daemon = TestDaemon::start_with(Some(config), true);
     let all = limits(&daemon).await;
-    let per_route: Vec<(&str, u64)> = all[documented.len()..].iter().map(|(n, v)| (n.as_str(), *v)).collect();
+    let per_route: Vec<(&str, u64)> =
+        all[documented.len() + signals.len()..].iter().map(|(n, v)| (n.as_str(), *v)).collect();
     assert_eq!(per_route, [("login.known_devices_per_account_max", 16), ("reauth.known_devices_per_account_max", 4)]);
 }
 

@@ -11,10 +11,10 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
-use crate::codec::{self, DecodedExtras, FRAME_HEADER_BYTES, RESPONSE_PAYLOAD_BYTES_MAX};
+use crate::codec::{self, DecodedExtras, RequestExtras, FRAME_HEADER_BYTES, RESPONSE_PAYLOAD_BYTES_MAX};
 use crate::gcra::{decide, GcraSpec};
 use crate::protocol::{
-    ErrorCode, ErrorReply, Lockout, Outcome, Request, Response, SharedStatus, Status, Subject, Verdict,
+    ErrorCode, ErrorReply, Lockout, Outcome, Request, Response, SharedStatus, SignalsStatus, Status, Subject, Verdict,
     PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
 };
 use crate::{forwarded_tail, FailPolicy, BUILTIN_FAIL_POLICIES};
@@ -99,6 +99,17 @@ pub struct Answered {
     pub degraded: bool,
 }
 
+/// A status reply with everything the daemon's version could say: the
+/// version-1 `Status`, version 2's shared store and version 3's spray
+/// detection (each `None` when the daemon runs without it, or speaks an
+/// older version).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FullStatus {
+    pub status: Status,
+    pub shared: Option<SharedStatus>,
+    pub signals: Option<SignalsStatus>,
+}
+
 #[derive(Clone, Debug)]
 pub struct ClientConfig {
     pub socket: PathBuf,
@@ -112,7 +123,7 @@ pub struct ClientConfig {
     pub static_budgets: HashMap<String, GcraSpec>,
     /// The protocol version sent on a new connection (`PROTOCOL_VERSION`
     /// by default). A connection whose daemon refuses it as unsupported
-    /// falls back to version 1 by itself.
+    /// steps down one version at a time by itself.
     pub protocol_version: u8,
 }
 
@@ -130,8 +141,8 @@ impl ClientConfig {
         }
     }
 
-    /// Speaks `version` from the first request: 1 skips the fallback's extra
-    /// round trip per connection to a daemon known to be old.
+    /// Speaks `version` from the first request: an older one skips the
+    /// fallback's extra round trips per connection to a daemon known to be old.
     ///
     /// # Panics
     /// If `version` is not one this client speaks.
@@ -167,8 +178,9 @@ impl ClientConfig {
 struct Connection {
     stream: UnixStream,
     buf: Vec<u8>,
-    /// The version this connection's requests go out in: 1 once its daemon
-    /// refused a newer one, for as long as the connection lives.
+    /// The version this connection's requests go out in: lowered once for
+    /// each newer version its daemon refused, for as long as the connection
+    /// lives.
     version: u8,
 }
 
@@ -205,7 +217,15 @@ impl Client {
 
     /// `check`, with whether the verdict was degraded.
     pub async fn check_answered(&self, route: &str, subject: &Subject<'_>) -> Answered {
-        self.decide(route, &Request::Check { route, subject: bounded(subject) }).await
+        self.check_tagged(route, subject, None).await
+    }
+
+    /// `check_answered`, with the attempted password's tag (see
+    /// [`password_tag`]), so that a password failing across many accounts
+    /// can be refused. A daemon older than version 3 never sees the tag.
+    pub async fn check_tagged(&self, route: &str, subject: &Subject<'_>, password_tag: Option<[u8; 16]>) -> Answered {
+        let request = Request::Check { route, subject: bounded(subject) };
+        self.decide(route, &request, &RequestExtras { password_tag }).await
     }
 
     /// `report_with_password`, with whether the verdict was degraded.
@@ -216,8 +236,22 @@ impl Client {
         outcome: Outcome,
         password_digest: Option<[u8; 16]>,
     ) -> Answered {
-        let subject = bounded(subject);
-        self.decide(route, &Request::Report { route, subject, outcome, password_digest }).await
+        self.report_tagged(route, subject, outcome, password_digest, None).await
+    }
+
+    /// `report_answered`, with the attempted password's tag (see
+    /// [`password_tag`]): a failure's tag counts the password across
+    /// accounts. A daemon older than version 3 never sees the tag.
+    pub async fn report_tagged(
+        &self,
+        route: &str,
+        subject: &Subject<'_>,
+        outcome: Outcome,
+        password_digest: Option<[u8; 16]>,
+        password_tag: Option<[u8; 16]>,
+    ) -> Answered {
+        let request = Request::Report { route, subject: bounded(subject), outcome, password_digest };
+        self.decide(route, &request, &RequestExtras { password_tag }).await
     }
 
     /// Tells the outcome after verifying the credential.
@@ -238,11 +272,11 @@ impl Client {
         self.report_answered(route, subject, outcome, password_digest).await.answer
     }
 
-    async fn decide(&self, route: &str, request: &Request<'_>) -> Answered {
+    async fn decide(&self, route: &str, request: &Request<'_>, extras: &RequestExtras) -> Answered {
         // Only a check is an attempt: a report of its outcome must not spend
         // a second unit of the static budget.
         let spend = matches!(request, Request::Check { .. });
-        let (answer, degraded) = match self.call_versioned(request).await {
+        let (answer, degraded) = match self.call_with_extras(request, extras).await {
             Ok((Response::Verdict(v), extras)) => (Answer::Verdict(v), extras.degraded),
             Ok((Response::Error(e), _)) => (Answer::Rejected(e), false),
             Ok((other, _)) => (self.unavailable(route, ClientError::Protocol(format!("{other:?}")), spend), false),
@@ -274,8 +308,16 @@ impl Client {
     /// The status, and the shared store's (`None` without `[shared]`, and
     /// from a daemon that speaks version 1 only).
     pub async fn status_with_shared(&self) -> Result<(Status, Option<SharedStatus>), ClientError> {
+        self.status_full().await.map(|full| (full.status, full.shared))
+    }
+
+    /// The status with the shared store's and spray detection's (each
+    /// `None` when the daemon runs without it or speaks an older version).
+    pub async fn status_full(&self) -> Result<FullStatus, ClientError> {
         match self.call_versioned(&Request::Status).await? {
-            (Response::Status(s), extras) => Ok((*s, extras.shared)),
+            (Response::Status(s), extras) => {
+                Ok(FullStatus { status: *s, shared: extras.shared, signals: extras.signals })
+            }
             (other, _) => Err(unexpected(other)),
         }
     }
@@ -318,23 +360,38 @@ impl Client {
         &self,
         request: &Request<'_>,
     ) -> Result<(Response<'static>, DecodedExtras), ClientError> {
+        self.call_with_extras(request, &RequestExtras::default()).await
+    }
+
+    /// `call_versioned`, with what a version-3 check or report carries
+    /// beyond version 2's message (dropped on a connection that fell back
+    /// to an older version).
+    pub async fn call_with_extras(
+        &self,
+        request: &Request<'_>,
+        extras: &RequestExtras,
+    ) -> Result<(Response<'static>, DecodedExtras), ClientError> {
         let timeout = self.config.timeout;
-        match tokio::time::timeout(timeout, self.call_untimed(request)).await {
+        match tokio::time::timeout(timeout, self.call_untimed(request, extras)).await {
             Ok(result) => result,
             Err(_) => Err(ClientError::Timeout(timeout)),
         }
     }
 
-    async fn call_untimed(&self, request: &Request<'_>) -> Result<(Response<'static>, DecodedExtras), ClientError> {
+    async fn call_untimed(
+        &self,
+        request: &Request<'_>,
+        extras: &RequestExtras,
+    ) -> Result<(Response<'static>, DecodedExtras), ClientError> {
         let pooled = self.pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let Some(conn) = pooled else {
-            return self.call_on(self.connect().await?, request).await;
+            return self.call_on(self.connect().await?, request, extras).await;
         };
-        match self.call_on(conn, request).await {
+        match self.call_on(conn, request, extras).await {
             // A pooled connection the daemon closed while it sat idle (or a
             // restarted daemon): nothing was read, so ask once more on a
             // fresh connection.
-            Err(ClientError::Io(e)) if is_closed(&e) => self.call_on(self.connect().await?, request).await,
+            Err(ClientError::Io(e)) if is_closed(&e) => self.call_on(self.connect().await?, request, extras).await,
             other => other,
         }
     }
@@ -352,13 +409,15 @@ impl Client {
         &self,
         mut conn: Connection,
         request: &Request<'_>,
+        extras: &RequestExtras,
     ) -> Result<(Response<'static>, DecodedExtras), ClientError> {
-        let mut reply = self.exchange(&mut conn, request).await?;
-        // A daemon older than version 2 refuses it in version 1's bytes, the
-        // only ones it has: ask again in those, once per connection.
-        if conn.version > 1 && refuses_version(&reply) {
-            conn.version = 1;
-            reply = self.exchange(&mut conn, request).await?;
+        let mut reply = self.exchange(&mut conn, request, extras).await?;
+        // A daemon older than the connection's version refuses it in version
+        // 1's bytes, which every daemon has: ask again one version lower (3,
+        // then 2, then 1), each step once per connection.
+        while conn.version > PROTOCOL_VERSION_MIN && refuses_version(&reply) {
+            conn.version -= 1;
+            reply = self.exchange(&mut conn, request, extras).await?;
         }
         let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
         if pool.len() < POOL_CONNECTIONS_MAX {
@@ -372,10 +431,11 @@ impl Client {
         &self,
         conn: &mut Connection,
         request: &Request<'_>,
+        extras: &RequestExtras,
     ) -> Result<(Response<'static>, DecodedExtras), ClientError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         conn.buf.clear();
-        codec::encode_request_versioned(conn.version, id, request, &mut conn.buf);
+        codec::encode_request_with_extras(conn.version, id, request, extras, &mut conn.buf);
         conn.stream.write_all(&conn.buf).await?;
         let response = read_response(conn).await?;
         let (reply_id, response, extras) =
@@ -397,7 +457,7 @@ fn bounded<'a>(subject: &Subject<'a>) -> Subject<'a> {
 }
 
 /// A version-1 `unsupported_version` reply: an old daemon's answer to a
-/// newer version (a daemon that speaks 2 never refuses it).
+/// newer version (a daemon never refuses a version it speaks).
 fn refuses_version((response, extras): &(Response<'static>, DecodedExtras)) -> bool {
     extras.version == 1 && matches!(response, Response::Error(e) if e.code == ErrorCode::UnsupportedVersion)
 }
@@ -438,4 +498,50 @@ pub fn password_digest(key: &[u8; 32], account: &str, password: &str) -> [u8; 16
     mac.update(account.as_bytes());
     mac.update(password.as_bytes());
     mac.finalize_fixed().into()
+}
+
+/// The tag to pass as `password_tag`: keyed BLAKE2b-128 of the attempted
+/// password alone, under the same key as [`password_digest`] but with its
+/// own personalization (`PASSWORD_TAG_PERSONAL`), so a tag cannot be
+/// matched with a digest. Without the account, one password tried against
+/// many accounts gives one tag: that is what lets the daemon see a spray.
+/// The daemon re-keys it with its own secret and keeps failed tags in
+/// memory only; anyone who reads its memory can tell that two failures used
+/// the same password, never what the password is.
+pub fn password_tag(key: &[u8; 32], password: &str) -> [u8; 16] {
+    use blake2::digest::consts::U16;
+    use blake2::digest::{FixedOutput, Update};
+    let mut mac = blake2::Blake2bMac::<U16>::new_with_salt_and_personal(key, &[], PASSWORD_TAG_PERSONAL)
+        .expect("a 32-byte key and a 15-byte personalization fit BLAKE2b");
+    mac.update(password.as_bytes());
+    mac.finalize_fixed().into()
+}
+
+/// BLAKE2b's personalization for [`password_tag`] (at most 16 bytes):
+/// the same key and password give unrelated outputs here and in
+/// [`password_digest`], which has none.
+pub const PASSWORD_TAG_PERSONAL: &[u8] = b"tollgate-pw-tag";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_password_tag_depends_on_the_password_and_the_key_only() {
+        let key = [7u8; 32];
+        let tag = password_tag(&key, "hunter2");
+        assert_eq!(tag, password_tag(&key, "hunter2"), "deterministic: one password, one tag");
+        assert_ne!(tag, password_tag(&key, "hunter3"));
+        assert_ne!(tag, password_tag(&[8u8; 32], "hunter2"), "keyed");
+        // Not the digest, whatever the account, not even the empty one.
+        for account in ["", "alice"] {
+            assert_ne!(tag, password_digest(&key, account, "hunter2"));
+        }
+        // Not the unpersonalized MAC of the password alone either.
+        use blake2::digest::consts::U16;
+        use blake2::digest::{FixedOutput, KeyInit, Update};
+        let mut plain = blake2::Blake2bMac::<U16>::new_from_slice(&key).unwrap();
+        plain.update(b"hunter2");
+        assert_ne!(tag, <[u8; 16]>::from(plain.finalize_fixed()));
+    }
 }

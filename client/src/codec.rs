@@ -5,6 +5,10 @@
 //! Versions 1 and 2 share every request's bytes; a version-2 reply is
 //! version 1's message followed by what version 1 has no room for
 //! (`ReplyExtras`), so a version-1 client never sees a byte it cannot read.
+//! Version 3 adds a trailing password tag to `Check` and `Report`
+//! (`RequestExtras`), spray detection's status after version 2's status
+//! extras, and four reasons that older versions receive as the nearest
+//! reason they know (`Reason::for_version`).
 //!
 //! Pure: no tokio, no I/O. "Need more bytes" (`Ok(None)`) and "malformed"
 //! (`Err`) are different results, and a length over the maximum is refused
@@ -14,7 +18,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use bincode::config::{self, Configuration, Fixint, LittleEndian, NoLimit};
 
-use crate::protocol::{Request, Response, SharedStatus, Subject, Verdict, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN};
+use crate::protocol::{
+    Request, Response, SharedStatus, SignalsStatus, Subject, Verdict, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
+    SIGNALS_VERSION,
+};
 
 /// Bytes of the length prefix.
 pub const FRAME_HEADER_BYTES: usize = 4;
@@ -50,7 +57,7 @@ pub enum PayloadError {
     #[error("payload of {0} bytes is shorter than the {ENVELOPE_BYTES}-byte envelope (version byte and request id)")]
     Truncated(usize),
     #[error(
-        "protocol version {found} is not supported (this daemon speaks {PROTOCOL_VERSION_MIN} and {PROTOCOL_VERSION})"
+        "protocol version {found} is not supported (this daemon speaks {PROTOCOL_VERSION_MIN} to {PROTOCOL_VERSION})"
     )]
     UnsupportedVersion { found: u8 },
     /// The message does not decode; the text says where and why.
@@ -86,13 +93,25 @@ pub fn frame_len(buf: &[u8], payload_max: usize) -> Result<Option<usize>, FrameE
     Ok((buf.len() >= end).then_some(end))
 }
 
-/// What a version-2 reply carries beyond version 1's message.
+/// What a version-3 `Check` or `Report` carries beyond version 2's message.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RequestExtras {
+    /// The client's keyed digest of the attempted password alone, without
+    /// the account (`tollgate_client::password_tag`), so the daemon can
+    /// count one password failing across many accounts. `None` in versions
+    /// 1 and 2, in other requests, and when the client sent none.
+    pub password_tag: Option<[u8; 16]>,
+}
+
+/// What a reply carries beyond version 1's message (version 2 and later).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ReplyExtras<'a> {
     /// At least one global rule of this verdict was decided on this host's degraded share.
     pub degraded: bool,
     /// For a Status reply.
     pub shared: Option<&'a SharedStatus>,
+    /// For a Status reply in version 3: spray detection's state.
+    pub signals: Option<&'a SignalsStatus>,
 }
 
 /// A reply's extras as decoded (owned): what the client reads of them.
@@ -104,6 +123,8 @@ pub struct DecodedExtras {
     pub degraded: bool,
     /// A version-2 status reply's store status; `None` for version 1.
     pub shared: Option<SharedStatus>,
+    /// A version-3 status reply's spray-detection status; `None` before version 3.
+    pub signals: Option<SignalsStatus>,
 }
 
 /// Bit 0 of a version-2 verdict's `flags`; bits 1-7 are reserved: sent as
@@ -134,24 +155,49 @@ pub fn open_envelope(payload: &[u8]) -> Result<(u64, &[u8]), DecodeFailure> {
     Ok((id, &payload[ENVELOPE_BYTES..]))
 }
 
-/// Decodes a request payload; borrows its strings from `payload`.
+/// Decodes a request payload; borrows its strings from `payload`. Drops a
+/// version-3 request's password tag (`decode_request_versioned` keeps it).
 pub fn decode_request(payload: &[u8]) -> Result<(u64, Request<'_>), DecodeFailure> {
-    let (id, body) = open_envelope(payload)?;
-    if let Some(check) = decode_check(body) {
-        return Ok((id, check));
-    }
-    decode_request_general(id, body)
+    decode_request_versioned(payload).map(|(id, request, _)| (id, request))
 }
 
-fn decode_request_general(id: u64, body: &[u8]) -> Result<(u64, Request<'_>), DecodeFailure> {
-    let (request, used) = bincode::borrow_decode_from_slice::<Request<'_>, _>(body, WIRE).map_err(|e| {
-        let why = describe_bad_request(body).err().unwrap_or_else(|| plain_decode_error(&e));
+/// Decodes a request payload of any version spoken, with what a version-3
+/// `Check` or `Report` carries beyond version 2's message.
+pub fn decode_request_versioned(payload: &[u8]) -> Result<(u64, Request<'_>, RequestExtras), DecodeFailure> {
+    let (id, body) = open_envelope(payload)?;
+    let version = payload[0];
+    if let Some((check, extras)) = decode_check(version, body) {
+        return Ok((id, check, extras));
+    }
+    decode_request_general(version, id, body)
+}
+
+/// Whether a request of `version` is followed by a password tag.
+fn carries_password_tag(version: u8, request: &Request<'_>) -> bool {
+    version >= SIGNALS_VERSION && matches!(request, Request::Check { .. } | Request::Report { .. })
+}
+
+fn decode_request_general(
+    version: u8,
+    id: u64,
+    body: &[u8],
+) -> Result<(u64, Request<'_>, RequestExtras), DecodeFailure> {
+    let malformed = |e: bincode::error::DecodeError| {
+        let why = describe_bad_request(version, body).err().unwrap_or_else(|| plain_decode_error(&e));
         failure(Some(id), PayloadError::Malformed(why))
-    })?;
+    };
+    let (request, mut used) = bincode::borrow_decode_from_slice::<Request<'_>, _>(body, WIRE).map_err(malformed)?;
+    let mut extras = RequestExtras::default();
+    if carries_password_tag(version, &request) {
+        let (tag, tag_bytes) =
+            bincode::decode_from_slice::<Option<[u8; 16]>, _>(&body[used..], WIRE).map_err(malformed)?;
+        extras.password_tag = tag;
+        used += tag_bytes;
+    }
     if used != body.len() {
         return Err(failure(Some(id), PayloadError::TrailingBytes(body.len() - used)));
     }
-    Ok((id, request))
+    Ok((id, request, extras))
 }
 
 /// A well-formed `Check` body, read field by field; `None` for any other
@@ -160,7 +206,8 @@ fn decode_request_general(id: u64, body: &[u8]) -> Result<(u64, Request<'_>), De
 /// and bincode's decoder spent 420 instructions on one, a sixth of a check's
 /// whole cost. Whatever this returns, bincode returns too: a property test
 /// and the `frame_decode` fuzz target (`fuzz_request_frames`) hold it to that.
-fn decode_check(body: &[u8]) -> Option<Request<'_>> {
+/// In version 3 the subject is followed by the password tag.
+fn decode_check(version: u8, body: &[u8]) -> Option<(Request<'_>, RequestExtras)> {
     let mut body = Reader(body);
     if body.u32()? != 0 {
         return None;
@@ -183,7 +230,15 @@ fn decode_check(body: &[u8]) -> Option<Request<'_>> {
         tenant: body.optional_str()?,
         client_id: body.optional_str()?,
     };
-    body.0.is_empty().then_some(Request::Check { route, subject })
+    let mut extras = RequestExtras::default();
+    if version >= SIGNALS_VERSION {
+        extras.password_tag = match body.u8()? {
+            0 => None,
+            1 => Some(body.array::<16>()?),
+            _ => return None,
+        };
+    }
+    body.0.is_empty().then_some((Request::Check { route, subject }, extras))
 }
 
 /// The unread rest of a message, in `WIRE`'s encoding; every read is `None`
@@ -229,13 +284,19 @@ impl<'b> Reader<'b> {
 /// order bincode reads it: `Err` with the first problem. Only a refused body
 /// is walked, so this costs the fast path nothing; the request layouts are
 /// PROTOCOL.md's section 5. `Ok` means the walk found nothing wrong (the
-/// caller then falls back to `plain_decode_error`).
-fn describe_bad_request(body: &[u8]) -> Result<(), String> {
+/// caller then falls back to `plain_decode_error`). The trailing bytes are
+/// not the walker's: `decode_request_general` counts them.
+fn describe_bad_request(version: u8, body: &[u8]) -> Result<(), String> {
     let mut body = Walker(body);
+    let tagged = version >= SIGNALS_VERSION;
     match body.u32("the request tag")? {
         0 => {
             body.str("route")?;
-            body.subject()
+            body.subject()?;
+            if tagged {
+                body.password_tag()?;
+            }
+            Ok(())
         }
         1 => {
             body.str("route")?;
@@ -246,6 +307,9 @@ fn describe_bad_request(body: &[u8]) -> Result<(), String> {
             }
             if body.option_tag("password_digest")? {
                 body.take(16, "field `password_digest`")?;
+            }
+            if tagged {
+                body.password_tag()?;
             }
             Ok(())
         }
@@ -312,6 +376,14 @@ impl<'b> Walker<'b> {
         self.take(octets, &format!("field `{field}`")).map(drop)
     }
 
+    /// Version 3's trailing `Option<[u8; 16]>` of a check or report.
+    fn password_tag(&mut self) -> Result<(), String> {
+        if self.option_tag("password_tag")? {
+            self.take(16, "field `password_tag`")?;
+        }
+        Ok(())
+    }
+
     fn subject(&mut self) -> Result<(), String> {
         self.optional_ip("subject.peer")?;
         for field in ["forwarded_for", "account", "device", "tenant", "client_id"] {
@@ -373,9 +445,10 @@ pub fn decode_response_borrowed(payload: &[u8]) -> Result<(u64, Response<'_>), D
 }
 
 /// What follows version 1's message in a reply of `version`: nothing for
-/// version 1; for version 2 a verdict's `flags` byte or a status's
-/// `Option<SharedStatus>`. Anything after that is an error, as in version 1:
-/// version 3 will have its own version byte, so there is no reason to skip.
+/// version 1; for version 2 and later a verdict's `flags` byte or a
+/// status's `Option<SharedStatus>`, and for version 3 then a status's
+/// `Option<SignalsStatus>`. Anything after that is an error, as in version
+/// 1: a later version has its own version byte, so there is no reason to skip.
 fn decode_extras(version: u8, id: u64, response: &Response<'_>, rest: &[u8]) -> Result<DecodedExtras, DecodeFailure> {
     let mut extras = DecodedExtras { version, ..DecodedExtras::default() };
     let used = match (version, response) {
@@ -397,7 +470,17 @@ fn decode_extras(version: u8, id: u64, response: &Response<'_>, rest: &[u8]) -> 
             )
             .map_err(|e| failure(Some(id), PayloadError::Malformed(plain_decode_error(&e))))?;
             extras.shared = shared;
-            used
+            if version < SIGNALS_VERSION {
+                used
+            } else {
+                let (signals, signals_bytes) = bincode::decode_from_slice::<Option<SignalsStatus>, _>(
+                    &rest[used..],
+                    WIRE.with_limit::<RESPONSE_PAYLOAD_BYTES_MAX>(),
+                )
+                .map_err(|e| failure(Some(id), PayloadError::Malformed(plain_decode_error(&e))))?;
+                extras.signals = signals;
+                used + signals_bytes
+            }
         }
         _ => 0,
     };
@@ -407,8 +490,8 @@ fn decode_extras(version: u8, id: u64, response: &Response<'_>, rest: &[u8]) -> 
     Ok(extras)
 }
 
-/// A frame of `message` followed by `extra` (a version-2 status's
-/// `Option<SharedStatus>`), if any.
+/// A frame of `message` followed by `extra` (a status's extras, a
+/// version-3 check's or report's password tag), if any.
 fn encode_frame<T: bincode::Encode, E: bincode::Encode>(
     version: u8,
     id: u64,
@@ -436,11 +519,29 @@ pub fn encode_request(id: u64, request: &Request<'_>, out: &mut Vec<u8>) {
     encode_request_versioned(PROTOCOL_VERSION, id, request, out)
 }
 
-/// Appends one request frame in `version` (a request's bytes are the same
-/// in every version but for the version byte): a client falling back to
-/// version 1 for an old daemon, and the vectors.
+/// Appends one request frame in `version`, without a password tag (a
+/// version-3 check or report says `None`): a client falling back for an
+/// old daemon, and the vectors.
 pub fn encode_request_versioned(version: u8, id: u64, request: &Request<'_>, out: &mut Vec<u8>) {
-    encode_frame(version, id, request, NO_EXTRA, out)
+    encode_request_with_extras(version, id, request, &RequestExtras::default(), out)
+}
+
+/// Appends one request frame in `version`. Versions 1 and 2 are the same
+/// bytes but for the version byte, and have no room for `extras` (dropped);
+/// in version 3 a `Check` or `Report` is followed by its
+/// `Option<[u8; 16]>` password tag, and every other request is version 1's.
+pub fn encode_request_with_extras(
+    version: u8,
+    id: u64,
+    request: &Request<'_>,
+    extras: &RequestExtras,
+    out: &mut Vec<u8>,
+) {
+    if carries_password_tag(version, request) {
+        encode_frame(version, id, request, Some(&extras.password_tag), out)
+    } else {
+        encode_frame(version, id, request, NO_EXTRA, out)
+    }
 }
 
 /// Appends one version-1 response frame to `out`.
@@ -448,12 +549,14 @@ pub fn encode_response(id: u64, response: &Response<'_>, out: &mut Vec<u8>) {
     encode_response_versioned(1, id, response, &ReplyExtras::default(), out)
 }
 
-/// Encodes a reply in `version` (1 or 2). Version 1 is byte-for-byte what
+/// Encodes a reply in `version` (1 to 3). Version 1 is byte-for-byte what
 /// `encode_response` writes today (extras ignored). Version 2: envelope
 /// version byte 2; a Verdict's message is v1's followed by one `flags: u8`
 /// (bit 0 = degraded; bits 1-7 reserved, sent 0, ignored by clients); a
 /// Status's message is v1's followed by a bincode `Option<SharedStatus>`;
-/// every other response is v1's message unchanged.
+/// every other response is v1's message unchanged. Version 3: version 2's
+/// bytes, a Status's followed by an `Option<SignalsStatus>`. A verdict's
+/// reason goes out as `version` can read it (`Reason::for_version`).
 pub fn encode_response_versioned(
     version: u8,
     id: u64,
@@ -468,6 +571,9 @@ pub fn encode_response_versioned(
             let flags = v2.then_some(if extras.degraded { FLAG_DEGRADED } else { 0 });
             encode_verdict(version, id, verdict, flags, out)
         }
+        Response::Status(_) if version >= SIGNALS_VERSION => {
+            encode_frame(version, id, response, Some(&(extras.shared, extras.signals)), out)
+        }
         Response::Status(_) if v2 => encode_frame(version, id, response, Some(&extras.shared), out),
         other => encode_frame(version, id, other, NO_EXTRA, out),
     }
@@ -477,7 +583,8 @@ pub fn encode_response_versioned(
 /// gets one, and bincode's writer checked capacity and length at each of
 /// its nine fields: 235 instructions a reply against 77 here. The bytes are
 /// bincode's own, which a property test holds this to for every verdict.
-/// `flags` is version 2's trailing byte (`None` in version 1).
+/// `flags` is version 2's trailing byte (`None` in version 1); the reason is
+/// written as `version` can read it.
 fn encode_verdict(version: u8, id: u64, verdict: &Verdict<'_>, flags: Option<u8>, out: &mut Vec<u8>) {
     // Length prefix, version, id, then the Response variant (0 = Verdict),
     // decision, retry_after_ms, delay_ms, limit, remaining, reset_ms,
@@ -503,7 +610,7 @@ fn encode_verdict(version: u8, id: u64, verdict: &Verdict<'_>, flags: Option<u8>
     put(&verdict.limit.to_le_bytes());
     put(&verdict.remaining.to_le_bytes());
     put(&verdict.reset_ms.to_le_bytes());
-    put(&(verdict.reason as u32).to_le_bytes());
+    put(&(verdict.reason.for_version(version) as u32).to_le_bytes());
     put(&(rule.len() as u64).to_le_bytes());
     out.reserve(FIXED_BYTES + rule.len() + flags.len());
     out.extend_from_slice(&fixed);
@@ -519,25 +626,28 @@ pub fn fuzz_request_frames(data: &[u8]) {
     while let Ok(Some(end)) = frame_len(rest, REQUEST_PAYLOAD_BYTES_MAX) {
         let payload = &rest[FRAME_HEADER_BYTES..end];
         if let Ok((id, body)) = open_envelope(payload) {
+            let version = payload[0];
             // The check fast path agrees with bincode wherever it answers.
-            if let Some(check) = decode_check(body) {
-                assert_eq!(decode_request_general(id, body), Ok((id, check)), "the check fast path is bincode's");
+            if let Some((check, extras)) = decode_check(version, body) {
+                assert_eq!(
+                    decode_request_general(version, id, body),
+                    Ok((id, check, extras)),
+                    "the check fast path is bincode's"
+                );
             }
-        }
-        if let Ok((_, body)) = open_envelope(payload) {
             // Every body bincode refuses is described by field.
-            if decode_request_general(0, body).is_err_and(|f| matches!(f.error, PayloadError::Malformed(_))) {
-                assert!(describe_bad_request(body).is_err(), "a refused body is described");
+            if decode_request_general(version, 0, body).is_err_and(|f| matches!(f.error, PayloadError::Malformed(_))) {
+                assert!(describe_bad_request(version, body).is_err(), "a refused body is described");
             }
         }
         // A client reads whatever the other end sends as well: the reply
         // decoders, version 2's extras included, must not panic either.
         let _ = decode_response_versioned(payload);
         let _ = decode_response_borrowed(payload);
-        if let Ok((id, request)) = decode_request(payload) {
+        if let Ok((id, request, extras)) = decode_request_versioned(payload) {
             let mut again = Vec::new();
             let version = request_version(payload).expect("a decoded payload has a version byte");
-            encode_request_versioned(version, id, &request, &mut again);
+            encode_request_with_extras(version, id, &request, &extras, &mut again);
             assert_eq!(&again[..], &rest[..end], "a decoded request re-encodes to its bytes");
         }
         rest = &rest[end..];
@@ -590,7 +700,11 @@ mod tests {
             Reason::TooManyFailures,
             Reason::MonitorRateLimited,
             Reason::MonitorTooManyFailures,
-        ][i as usize % 5]
+            Reason::SpraySuspected,
+            Reason::DistributedAttack,
+            Reason::TenantAnomaly,
+            Reason::MonitorSignal,
+        ][i as usize % 9]
     }
 
     fn check_request() -> impl Strategy<Value = (String, Option<IpAddr>, [Option<String>; 5])> {
@@ -605,11 +719,11 @@ mod tests {
 
     /// Both decoders on one body: the fast path answers exactly when bincode
     /// reads a `Check`, and then with bincode's answer.
-    fn assert_check_decoders_agree(id: u64, body: &[u8]) -> Result<(), TestCaseError> {
-        let general = decode_request_general(id, body);
-        match decode_check(body) {
-            Some(check) => prop_assert_eq!(general, Ok((id, check))),
-            None => prop_assert!(!matches!(general, Ok((_, Request::Check { .. }))), "{:?}", general),
+    fn assert_check_decoders_agree(version: u8, id: u64, body: &[u8]) -> Result<(), TestCaseError> {
+        let general = decode_request_general(version, id, body);
+        match decode_check(version, body) {
+            Some((check, extras)) => prop_assert_eq!(general, Ok((id, check, extras))),
+            None => prop_assert!(!matches!(general, Ok((_, Request::Check { .. }, _))), "{:?}", general),
         }
         Ok(())
     }
@@ -618,29 +732,33 @@ mod tests {
         #[test]
         fn check_fast_path_reads_every_check_as_bincode_does(
             id: u64, (route, peer, fields) in check_request(), at: usize, byte: u8, cut: usize,
+            version in PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION, password_tag: Option<[u8; 16]>,
         ) {
             let [forwarded_for, account, device, tenant, client_id] = fields.each_ref().map(|f| f.as_deref());
             let subject = Subject { peer, forwarded_for, account, device, tenant, client_id };
             let request = Request::Check { route: &route, subject };
             let mut frame = Vec::new();
-            encode_request(id, &request, &mut frame);
+            encode_request_with_extras(version, id, &request, &RequestExtras { password_tag }, &mut frame);
             let body = &frame[FRAME_HEADER_BYTES + ENVELOPE_BYTES..];
-            prop_assert_eq!(decode_check(body), Some(request.clone()));
+            // The tag goes only where there is room for it: version 3.
+            let password_tag = password_tag.filter(|_| version >= SIGNALS_VERSION);
+            prop_assert_eq!(decode_check(version, body), Some((request.clone(), RequestExtras { password_tag })));
             // Damaged copies: a byte changed, the end cut off, a byte too many.
             let mut changed = body.to_vec();
             changed[at % body.len()] = byte;
-            assert_check_decoders_agree(id, &changed)?;
-            assert_check_decoders_agree(id, &body[..cut % body.len()])?;
+            assert_check_decoders_agree(version, id, &changed)?;
+            assert_check_decoders_agree(version, id, &body[..cut % body.len()])?;
             let mut longer = body.to_vec();
             longer.push(byte);
-            assert_check_decoders_agree(id, &longer)?;
+            assert_check_decoders_agree(version, id, &longer)?;
         }
 
         #[test]
         fn check_fast_path_agrees_with_bincode_on_any_bytes(
             id: u64, body in proptest::collection::vec(any::<u8>(), 0..64),
+            version in PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION,
         ) {
-            assert_check_decoders_agree(id, &body)?;
+            assert_check_decoders_agree(version, id, &body)?;
         }
 
         /// The hand-written verdict frame is bincode's, byte for byte.
@@ -653,13 +771,25 @@ mod tests {
                 decision: decision(d), retry_after_ms, delay_ms, limit, remaining, reset_ms, reason: reason(r),
                 rule: rule.into(),
             };
+            // Version 1 has no room for the newer reasons: bincode's frame
+            // of the reason version 1 is sent.
+            let read_in_v1 = Verdict { reason: verdict.reason.for_version(1), ..verdict.clone() };
             let response = Response::Verdict(verdict);
             let at = before.len();
             let (mut fast, mut general) = (before.clone(), before);
             encode_response(id, &response, &mut fast);
-            encode_frame(1, id, &response, NO_EXTRA, &mut general);
+            encode_frame(1, id, &Response::Verdict(read_in_v1.clone()), NO_EXTRA, &mut general);
             prop_assert_eq!(&fast, &general);
-            prop_assert_eq!(decode_response(&fast[at + FRAME_HEADER_BYTES..]), Ok((id, response.into_owned())));
+            prop_assert_eq!(
+                decode_response(&fast[at + FRAME_HEADER_BYTES..]),
+                Ok((id, Response::Verdict(read_in_v1.into_owned())))
+            );
+            // Version 3 sends every reason as it is, then the flags byte.
+            let (mut fast, mut general) = (Vec::new(), Vec::new());
+            encode_response_versioned(3, id, &response, &ReplyExtras::default(), &mut fast);
+            encode_frame(3, id, &response, Some(&0u8), &mut general);
+            prop_assert_eq!(&fast, &general);
+            prop_assert_eq!(decode_response(&fast[FRAME_HEADER_BYTES..]), Ok((id, response.into_owned())));
         }
     }
 
@@ -746,11 +876,14 @@ mod tests {
         #[test]
         fn every_malformed_request_is_described_by_field_in_words(
             tag in 0u32..7, rest in proptest::collection::vec(any::<u8>(), 0..48),
+            version in PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION,
         ) {
             let mut body = tag.to_le_bytes().to_vec();
             body.extend_from_slice(&rest);
-            if decode_request_general(0, &body).is_err_and(|f| matches!(f.error, PayloadError::Malformed(_))) {
-                let described = describe_bad_request(&body);
+            if decode_request_general(version, 0, &body)
+                .is_err_and(|f| matches!(f.error, PayloadError::Malformed(_)))
+            {
+                let described = describe_bad_request(version, &body);
                 prop_assert!(described.is_err(), "not described: {:02x?}", body);
                 let text = described.unwrap_err();
                 prop_assert!(!text.contains(['{', '}', '"']) && !text.contains("::"), "{}", text);
@@ -790,6 +923,27 @@ mod tests {
             decode_request(&trailing[FRAME_HEADER_BYTES..]),
             Err(DecodeFailure { id: Some(8), error: PayloadError::TrailingBytes(1) })
         ));
+    }
+
+    fn signals_sample() -> SignalsStatus {
+        use crate::protocol::{DetectorStatus, FlaggedSubject, SignalFamilyStatus};
+        SignalsStatus {
+            window_ms: 3_600_000,
+            sub_windows: 12,
+            events_total: 40,
+            families: vec![SignalFamilyStatus { name: "passwords".into(), entries: 3, ..Default::default() }],
+            detectors: vec![DetectorStatus {
+                name: "password_spray".into(),
+                mode: "monitor".into(),
+                ..Default::default()
+            }],
+            flagged: vec![FlaggedSubject {
+                detector: "password_spray".into(),
+                subject: "pw:0123456789abcdef".into(),
+                ..Default::default()
+            }],
+            ..SignalsStatus::default()
+        }
     }
 
     fn shared_sample() -> SharedStatus {
@@ -844,7 +998,9 @@ mod tests {
         for response in every_response() {
             let mut plain = Vec::new();
             encode_frame(1, 5, &response, NO_EXTRA, &mut plain);
-            for extras in [ReplyExtras::default(), ReplyExtras { degraded: true, shared: Some(&shared) }] {
+            let signals = signals_sample();
+            let full = ReplyExtras { degraded: true, shared: Some(&shared), signals: Some(&signals) };
+            for extras in [ReplyExtras::default(), full] {
                 let mut v1 = Vec::new();
                 encode_response_versioned(1, 5, &response, &extras, &mut v1);
                 assert_eq!(v1, plain, "{response:?}");
@@ -852,7 +1008,7 @@ mod tests {
                 encode_response(5, &response, &mut old);
                 assert_eq!(old, plain);
             }
-            let extras = DecodedExtras { version: 1, degraded: false, shared: None };
+            let extras = DecodedExtras { version: 1, ..DecodedExtras::default() };
             assert_eq!(decode_response_versioned(payload(&plain)), Ok((5, response.clone(), extras)));
         }
     }
@@ -863,7 +1019,9 @@ mod tests {
         for response in every_response() {
             for (degraded, shared) in [(false, None), (true, None), (false, Some(&shared)), (true, Some(&shared))] {
                 let mut v2 = Vec::new();
-                encode_response_versioned(2, 6, &response, &ReplyExtras { degraded, shared }, &mut v2);
+                let signals = signals_sample();
+                let extras = ReplyExtras { degraded, shared, signals: Some(&signals) };
+                encode_response_versioned(2, 6, &response, &extras, &mut v2);
                 assert_eq!(v2[FRAME_HEADER_BYTES], 2);
                 let mut v1 = Vec::new();
                 encode_response(6, &response, &mut v1);
@@ -878,6 +1036,8 @@ mod tests {
                     version: 2,
                     degraded: degraded && matches!(response, Response::Verdict(_)),
                     shared: shared.filter(|_| matches!(response, Response::Status(_))).cloned(),
+                    // Version 2 has no room for it: never sent.
+                    signals: None,
                 };
                 assert_eq!(decode_response_versioned(payload(&v2)), Ok((6, response.clone(), expected)));
                 assert_eq!(decode_response_borrowed(payload(&v2)), Ok((6, response.clone())));
@@ -894,7 +1054,7 @@ mod tests {
                 2,
                 7,
                 &response,
-                &ReplyExtras { degraded: true, shared: Some(&shared) },
+                &ReplyExtras { degraded: true, shared: Some(&shared), signals: None },
                 &mut frame,
             );
             let mut longer = payload(&frame).to_vec();
@@ -943,20 +1103,21 @@ mod tests {
             frame.clear();
             encode_request_versioned(version, 12, &check, &mut frame);
             let (_, body) = open_envelope(payload(&frame)).unwrap();
-            assert_eq!(decode_check(body), Some(check.clone()), "the fast path reads version {version}");
+            let untagged = Some((check.clone(), RequestExtras::default()));
+            assert_eq!(decode_check(version, body), untagged, "the fast path reads version {version}");
             assert_eq!(decode_request(payload(&frame)), Ok((12, check)));
         }
         let mut frame = Vec::new();
         encode_request(13, &Request::Status, &mut frame);
         assert_eq!(request_version(payload(&frame)), Some(PROTOCOL_VERSION));
         assert_eq!(request_version(&[]), None);
-        for found in [0, 3, 255] {
+        for found in [0, 4, 255] {
             frame[FRAME_HEADER_BYTES] = found;
             let failure = decode_request(payload(&frame)).unwrap_err();
             assert_eq!(failure, DecodeFailure { id: Some(13), error: PayloadError::UnsupportedVersion { found } });
             assert_eq!(
                 failure.error.to_string(),
-                format!("protocol version {found} is not supported (this daemon speaks 1 and 2)")
+                format!("protocol version {found} is not supported (this daemon speaks 1 to 3)")
             );
         }
     }
@@ -969,9 +1130,165 @@ mod tests {
         let mut data = Vec::new();
         encode_request_versioned(2, 1, &sample(), &mut data);
         encode_request_versioned(1, 2, &sample(), &mut data);
-        encode_response_versioned(2, 3, &verdict_sample(), &ReplyExtras { degraded: true, shared: None }, &mut data);
+        encode_response_versioned(
+            2,
+            3,
+            &verdict_sample(),
+            &ReplyExtras { degraded: true, ..ReplyExtras::default() },
+            &mut data,
+        );
         let status = every_response().swap_remove(1);
-        encode_response_versioned(2, 4, &status, &ReplyExtras { degraded: false, shared: Some(&shared) }, &mut data);
+        encode_response_versioned(
+            2,
+            4,
+            &status,
+            &ReplyExtras { shared: Some(&shared), ..ReplyExtras::default() },
+            &mut data,
+        );
+        fuzz_request_frames(&data);
+    }
+
+    /// A version-3 check or report: version 2's bytes, then the tag.
+    #[test]
+    fn version_3_checks_and_reports_carry_a_password_tag() {
+        let check = Request::Check { route: "login", subject: Subject { account: Some("a"), ..Subject::default() } };
+        for request in [check, sample()] {
+            for password_tag in [None, Some([9u8; 16])] {
+                let extras = RequestExtras { password_tag };
+                let mut v3 = Vec::new();
+                encode_request_with_extras(3, 14, &request, &extras, &mut v3);
+                let mut v2 = Vec::new();
+                encode_request_with_extras(2, 14, &request, &extras, &mut v2);
+                let tag = bincode::encode_to_vec(password_tag, WIRE).unwrap();
+                assert_eq!(v3[FRAME_HEADER_BYTES + 1..], [&v2[FRAME_HEADER_BYTES + 1..], &tag[..]].concat());
+                assert_eq!(decode_request_versioned(payload(&v3)), Ok((14, request.clone(), extras)));
+                // Versions 1 and 2 have no room for it: dropped.
+                assert_eq!(decode_request_versioned(payload(&v2)), Ok((14, request.clone(), RequestExtras::default())));
+                // Without its tag, a version-3 body is short; with a byte more, long.
+                let mut relabelled = payload(&v2).to_vec();
+                relabelled[0] = 3;
+                let failure = decode_request_versioned(&relabelled).unwrap_err();
+                assert_eq!(
+                    failure.error.to_string(),
+                    "message ends inside the option tag of field `password_tag`: 1 bytes needed, 0 left"
+                );
+                let mut longer = payload(&v3).to_vec();
+                longer.push(0);
+                assert_eq!(decode_request_versioned(&longer).unwrap_err().error, PayloadError::TrailingBytes(1));
+            }
+        }
+        // Every other request is version 1's bytes, tag or not.
+        for request in [Request::Status, Request::Lockouts { limit: 3 }, Request::ClockAdvance { by_ms: 5 }] {
+            let (mut v3, mut v1) = (Vec::new(), Vec::new());
+            encode_request_with_extras(3, 15, &request, &RequestExtras { password_tag: Some([1; 16]) }, &mut v3);
+            encode_request_versioned(1, 15, &request, &mut v1);
+            assert_eq!(v3[FRAME_HEADER_BYTES + 1..], v1[FRAME_HEADER_BYTES + 1..]);
+            assert_eq!(decode_request_versioned(payload(&v3)), Ok((15, request, RequestExtras::default())));
+        }
+    }
+
+    #[test]
+    fn a_bad_password_tag_is_described_by_field() {
+        let mut frame = Vec::new();
+        let check = Request::Check { route: "login", subject: Subject::default() };
+        encode_request_with_extras(3, 3, &check, &RequestExtras { password_tag: Some([5; 16]) }, &mut frame);
+        let body = &payload(&frame)[ENVELOPE_BYTES..];
+        let mut bad_tag = body.to_vec();
+        bad_tag[body.len() - 17] = 2;
+        assert_eq!(why(&bad_tag), "option tag 2 in field `password_tag` is not 0 (none) or 1 (some)");
+        assert_eq!(why(&body[..body.len() - 4]), "message ends inside field `password_tag`: 16 bytes needed, 12 left");
+        let mut report = Vec::new();
+        encode_request_with_extras(3, 3, &sample(), &RequestExtras { password_tag: Some([5; 16]) }, &mut report);
+        let body = &payload(&report)[ENVELOPE_BYTES..];
+        assert_eq!(why(&body[..body.len() - 1]), "message ends inside field `password_tag`: 16 bytes needed, 15 left");
+    }
+
+    /// Versions 1 and 2 never carry a reason their clients cannot decode.
+    #[test]
+    fn newer_reasons_go_to_older_versions_as_the_nearest_they_know() {
+        let cases = [
+            (Reason::SpraySuspected, Reason::TooManyFailures),
+            (Reason::DistributedAttack, Reason::TooManyFailures),
+            (Reason::TenantAnomaly, Reason::TooManyFailures),
+            (Reason::MonitorSignal, Reason::MonitorTooManyFailures),
+        ];
+        for (reason, older) in cases {
+            let Response::Verdict(deny) = verdict_sample() else { unreachable!() };
+            let verdict = Response::Verdict(Verdict { reason, ..deny.clone() });
+            for version in PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION {
+                let sent = reason.for_version(version);
+                assert_eq!(sent, if version >= 3 { reason } else { older }, "version {version}");
+                let mut frame = Vec::new();
+                encode_response_versioned(version, 2, &verdict, &ReplyExtras::default(), &mut frame);
+                let (_, decoded, _) = decode_response_versioned(payload(&frame)).unwrap();
+                assert_eq!(decoded, Response::Verdict(Verdict { reason: sent, ..deny.clone() }));
+                assert!((sent as u32) < 5 || version >= 3, "version {version} got discriminant {}", sent as u32);
+            }
+            assert_eq!(reason.is_monitored(), older.is_monitored());
+        }
+        for reason in (0..5).map(reason) {
+            assert_eq!(reason.for_version(1), reason);
+        }
+    }
+
+    #[test]
+    fn version_3_status_replies_carry_the_signals_after_the_shared_status() {
+        let (shared, signals) = (shared_sample(), signals_sample());
+        for response in every_response() {
+            for (shared, signals) in
+                [(None, None), (Some(&shared), None), (None, Some(&signals)), (Some(&shared), Some(&signals))]
+            {
+                let extras = ReplyExtras { degraded: true, shared, signals };
+                let (mut v3, mut v2) = (Vec::new(), Vec::new());
+                encode_response_versioned(3, 6, &response, &extras, &mut v3);
+                encode_response_versioned(2, 6, &response, &extras, &mut v2);
+                let extra = match response {
+                    Response::Status(_) => bincode::encode_to_vec(signals, WIRE).unwrap(),
+                    _ => vec![],
+                };
+                assert_eq!(v3[FRAME_HEADER_BYTES + 1..], [&v2[FRAME_HEADER_BYTES + 1..], &extra[..]].concat());
+                let is_status = matches!(response, Response::Status(_));
+                let expected = DecodedExtras {
+                    version: 3,
+                    degraded: matches!(response, Response::Verdict(_)),
+                    shared: shared.filter(|_| is_status).cloned(),
+                    signals: signals.filter(|_| is_status).cloned(),
+                };
+                assert_eq!(decode_response_versioned(payload(&v3)), Ok((6, response.clone(), expected)));
+                assert_eq!(decode_response_borrowed(payload(&v3)), Ok((6, response.clone())));
+                let mut longer = payload(&v3).to_vec();
+                longer.push(0);
+                assert_eq!(decode_response_versioned(&longer).unwrap_err().error, PayloadError::TrailingBytes(1));
+                if is_status {
+                    let short = &payload(&v3)[..payload(&v3).len() - 1];
+                    assert!(matches!(decode_response_versioned(short).unwrap_err().error, PayloadError::Malformed(_)));
+                }
+            }
+        }
+    }
+
+    /// The fuzz body on version-3 traffic: tagged and untagged checks and
+    /// reports re-encode to their own bytes; replies with signals decode.
+    #[test]
+    fn the_fuzz_body_takes_version_3_frames() {
+        let (shared, signals) = (shared_sample(), signals_sample());
+        let check = Request::Check { route: "login", subject: Subject { account: Some("a"), ..Subject::default() } };
+        let mut data = Vec::new();
+        encode_request_with_extras(3, 1, &sample(), &RequestExtras { password_tag: Some([3; 16]) }, &mut data);
+        encode_request_with_extras(3, 2, &check, &RequestExtras { password_tag: Some([4; 16]) }, &mut data);
+        encode_request_versioned(3, 3, &check, &mut data);
+        encode_request_versioned(3, 4, &Request::Status, &mut data);
+        let spray = Response::Verdict(Verdict {
+            reason: Reason::SpraySuspected,
+            ..Verdict::clone(match &verdict_sample() {
+                Response::Verdict(v) => v,
+                _ => unreachable!(),
+            })
+        });
+        encode_response_versioned(3, 5, &spray, &ReplyExtras::default(), &mut data);
+        let status = every_response().swap_remove(1);
+        let extras = ReplyExtras { degraded: false, shared: Some(&shared), signals: Some(&signals) };
+        encode_response_versioned(3, 6, &status, &extras, &mut data);
         fuzz_request_frames(&data);
     }
 }

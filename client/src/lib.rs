@@ -26,7 +26,8 @@ pub mod gcra;
 pub mod protocol;
 
 pub use client::{
-    password_digest, Answer, Answered, Client, ClientConfig, ClientError, CALL_TIMEOUT_DEFAULT, POOL_CONNECTIONS_MAX,
+    password_digest, password_tag, Answer, Answered, Client, ClientConfig, ClientError, FullStatus,
+    CALL_TIMEOUT_DEFAULT, PASSWORD_TAG_PERSONAL, POOL_CONNECTIONS_MAX,
 };
 
 /// What a client does with an attempt when the daemon cannot answer in time.

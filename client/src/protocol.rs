@@ -13,10 +13,15 @@ use bincode::{BorrowDecode, Decode, Encode};
 /// Version byte at the start of every payload; a frame with a version
 /// outside `PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION` gets an
 /// `unsupported_version` error and the connection survives.
-pub const PROTOCOL_VERSION: u8 = 2;
+pub const PROTOCOL_VERSION: u8 = 3;
 /// The oldest version the daemon still answers, in that version's bytes:
 /// auth servers linking an older client keep working across an upgrade.
 pub const PROTOCOL_VERSION_MIN: u8 = 1;
+/// The first version whose `Check` and `Report` carry a password tag and
+/// whose replies may carry the spray-detection reasons and status.
+pub const SIGNALS_VERSION: u8 = 3;
+
+const _: () = assert!(PROTOCOL_VERSION_MIN < SIGNALS_VERSION && SIGNALS_VERSION <= PROTOCOL_VERSION);
 
 /// Who is attempting what. The daemon derives every key from these fields.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Encode, BorrowDecode)]
@@ -103,14 +108,25 @@ pub enum Reason {
     /// Allowed because the rule that would have refused runs in monitor
     /// mode: it would have been `too_many_failures`.
     MonitorTooManyFailures,
-    /// Spray detection flagged the source or the password (version 3).
+    /// A signal rule refused: spray detection has flagged the attempt's
+    /// source prefix or wider prefix (it failed against many distinct
+    /// accounts) or its password tag (one password failing across many
+    /// accounts). Version 3 and later; sent as `TooManyFailures` in
+    /// versions 1 and 2.
     SpraySuspected,
-    /// Spray detection flagged the account: failing from many sources (version 3).
+    /// A signal rule refused: spray detection has flagged the account, whose
+    /// failures come from many distinct source prefixes (a distributed
+    /// attack on one account). Version 3 and later; sent as
+    /// `TooManyFailures` in versions 1 and 2.
     DistributedAttack,
-    /// The tenant's failure ratio is far above its baseline (version 3).
+    /// A signal rule refused: spray detection has flagged the tenant (or
+    /// route), whose failure ratio is far above its own baseline. Version 3
+    /// and later; sent as `TooManyFailures` in versions 1 and 2.
     TenantAnomaly,
     /// Allowed because the signal rule that would have refused, or its
-    /// detector, runs in monitor mode (version 3).
+    /// detector, runs in monitor mode: it would have been one of the three
+    /// above. Version 3 and later; sent as `MonitorTooManyFailures` in
+    /// versions 1 and 2.
     MonitorSignal,
 }
 
@@ -410,7 +426,27 @@ impl Response<'_> {
 impl Reason {
     /// A rule in monitor mode would have refused: allowed, counted, logged.
     pub fn is_monitored(self) -> bool {
-        matches!(self, Reason::MonitorRateLimited | Reason::MonitorTooManyFailures)
+        matches!(self, Reason::MonitorRateLimited | Reason::MonitorTooManyFailures | Reason::MonitorSignal)
+    }
+
+    /// The reason as a reply of `version` carries it. Versions 1 and 2 know
+    /// only the first five, and their clients refuse an unknown
+    /// discriminant: a spray-detection refusal goes to them as
+    /// `TooManyFailures` and its monitor-mode twin as
+    /// `MonitorTooManyFailures`, the nearest reason they can read.
+    pub fn for_version(self, version: u8) -> Reason {
+        if version >= SIGNALS_VERSION {
+            return self;
+        }
+        match self {
+            Reason::SpraySuspected | Reason::DistributedAttack | Reason::TenantAnomaly => Reason::TooManyFailures,
+            Reason::MonitorSignal => Reason::MonitorTooManyFailures,
+            Reason::Allowed
+            | Reason::RateLimited
+            | Reason::TooManyFailures
+            | Reason::MonitorRateLimited
+            | Reason::MonitorTooManyFailures => self,
+        }
     }
 }
 

@@ -6,7 +6,10 @@
 
 use proptest::prelude::*;
 use std::net::IpAddr;
-use tollgate_client::codec::{decode_request, encode_request, PayloadError, FRAME_HEADER_BYTES};
+use tollgate_client::codec::{
+    decode_request, encode_request_with_extras, PayloadError, RequestExtras, FRAME_HEADER_BYTES,
+};
+use tollgate_client::protocol::PROTOCOL_VERSION;
 use tollgate_client::protocol::{Outcome, Request, Subject};
 
 fn opt(s: &Option<String>) -> Option<&str> {
@@ -56,7 +59,10 @@ proptest! {
             _ => Request::ClockAdvance { by_ms: n },
         };
         let mut frame = Vec::new();
-        encode_request(7, &request, &mut frame);
+        // A version-3 check or report ends with a password tag (here the
+        // digest's bytes inverted, when there is one).
+        let extras = RequestExtras { password_tag: digest.map(|d| d.map(|b| !b)) };
+        encode_request_with_extras(PROTOCOL_VERSION, 7, &request, &extras, &mut frame);
         let mut payload = frame[FRAME_HEADER_BYTES..].to_vec();
         let body_len = payload.len() - 9;
         match mode {

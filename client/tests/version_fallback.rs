@@ -1,5 +1,5 @@
-//! The client against fake daemons: one that speaks version 1 only (as a
-//! daemon from before version 2 does), and one that speaks version 2.
+//! The client against fake daemons: ones that speak up to version 1 (as a
+//! daemon from before version 2 does), up to 2 (before version 3), and 3.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -9,18 +9,22 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tollgate_client::codec::{
-    decode_request, encode_response, encode_response_versioned, request_version, ReplyExtras, WIRE,
+    decode_request_versioned, encode_response, encode_response_versioned, request_version, ReplyExtras, WIRE,
 };
 use tollgate_client::protocol::{
-    Decision, ErrorCode, Outcome, Reason, Request, Response, SharedStatus, Status, Subject, Verdict,
+    Decision, DetectorStatus, ErrorCode, Outcome, Reason, Request, Response, SharedStatus, SignalsStatus, Status,
+    Subject, Verdict,
 };
-use tollgate_client::{Answer, Client, ClientConfig};
+use tollgate_client::{password_tag, Answer, Client, ClientConfig, FullStatus};
 
-/// Frames seen by a fake daemon, by version.
+/// Frames seen by a fake daemon, by version, and the password tags of
+/// those it answered.
 #[derive(Default)]
 struct Seen {
     v1: AtomicUsize,
     v2: AtomicUsize,
+    v3: AtomicUsize,
+    tags: std::sync::Mutex<Vec<Option<[u8; 16]>>>,
 }
 
 struct Fake {
@@ -58,35 +62,54 @@ fn shared() -> SharedStatus {
     SharedStatus { url: "redis://10.0.0.5:6379/0".into(), state: "open".into(), degraded: true, ..Default::default() }
 }
 
-/// Reply as the daemon does; `speaks_v2: false` is a daemon from before
-/// version 2: it refuses any other version byte in version 1's bytes.
-fn reply(speaks_v2: bool, payload: &[u8], seen: &Seen) -> Vec<u8> {
+fn signals() -> SignalsStatus {
+    let detector = DetectorStatus { name: "password_spray".into(), mode: "monitor".into(), ..Default::default() };
+    SignalsStatus { window_ms: 3_600_000, detectors: vec![detector], ..Default::default() }
+}
+
+/// Reply as the daemon does; a daemon that speaks up to `newest` refuses
+/// any newer version byte in version 1's bytes.
+fn reply(newest: u8, payload: &[u8], seen: &Seen) -> Vec<u8> {
     let mut out = Vec::new();
     let version = request_version(payload).unwrap();
     let id = u64::from_le_bytes(payload[1..9].try_into().unwrap());
     match version {
         1 => seen.v1.fetch_add(1, Ordering::SeqCst),
-        _ => seen.v2.fetch_add(1, Ordering::SeqCst),
+        2 => seen.v2.fetch_add(1, Ordering::SeqCst),
+        _ => seen.v3.fetch_add(1, Ordering::SeqCst),
     };
-    if version != 1 && !speaks_v2 {
+    if version > newest {
         let refusal = Response::error(
             ErrorCode::UnsupportedVersion,
-            format!("protocol version {version} is not supported (this daemon speaks 1)"),
+            format!("protocol version {version} is not supported (this daemon speaks 1 to {newest})"),
         );
         encode_response(id, &refusal, &mut out);
         return out;
     }
-    let (_, request) = decode_request(payload).unwrap();
+    let (_, request, extras) = decode_request_versioned(payload).unwrap();
     let response = match request {
         Request::Status => Response::Status(Box::new(status())),
-        _ => Response::Verdict(allow()),
+        _ => {
+            seen.tags.lock().unwrap().push(extras.password_tag);
+            // Spray detection's monitor-mode reason for mallory, which
+            // versions 1 and 2 read as `monitor_too_many_failures`.
+            let spraying = match request {
+                Request::Check { subject, .. } | Request::Report { subject, .. } => subject.account == Some("mallory"),
+                _ => false,
+            };
+            Response::Verdict(Verdict {
+                reason: if spraying { Reason::MonitorSignal } else { Reason::Allowed },
+                ..allow()
+            })
+        }
     };
-    let shared = shared();
-    encode_response_versioned(version, id, &response, &ReplyExtras { degraded: true, shared: Some(&shared) }, &mut out);
+    let (shared, signals) = (shared(), signals());
+    let extras = ReplyExtras { degraded: true, shared: Some(&shared), signals: Some(&signals) };
+    encode_response_versioned(version, id, &response, &extras, &mut out);
     out
 }
 
-async fn serve(mut stream: UnixStream, speaks_v2: bool, seen: Arc<Seen>) {
+async fn serve(mut stream: UnixStream, newest: u8, seen: Arc<Seen>) {
     loop {
         let mut header = [0u8; 4];
         if stream.read_exact(&mut header).await.is_err() {
@@ -94,11 +117,11 @@ async fn serve(mut stream: UnixStream, speaks_v2: bool, seen: Arc<Seen>) {
         }
         let mut payload = vec![0u8; u32::from_le_bytes(header) as usize];
         stream.read_exact(&mut payload).await.unwrap();
-        stream.write_all(&reply(speaks_v2, &payload, &seen)).await.unwrap();
+        stream.write_all(&reply(newest, &payload, &seen)).await.unwrap();
     }
 }
 
-fn fake(speaks_v2: bool) -> Fake {
+fn fake(newest: u8) -> Fake {
     static N: AtomicUsize = AtomicUsize::new(0);
     let dir = std::env::temp_dir().join(format!(
         "tollgate-fallback-{}-{}",
@@ -112,7 +135,7 @@ fn fake(speaks_v2: bool) -> Fake {
     let served = seen.clone();
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
-            tokio::spawn(serve(stream, speaks_v2, served.clone()));
+            tokio::spawn(serve(stream, newest, served.clone()));
         }
     });
     Fake { socket, seen, _dir: TempDir(dir) }
@@ -126,49 +149,100 @@ fn alice() -> Subject<'static> {
     Subject { peer: Some("198.51.100.7".parse().unwrap()), account: Some("alice"), ..Subject::default() }
 }
 
-fn counts(fake: &Fake) -> (usize, usize) {
-    (fake.seen.v1.load(Ordering::SeqCst), fake.seen.v2.load(Ordering::SeqCst))
+/// Frames seen in versions 1, 2 and 3.
+fn counts(fake: &Fake) -> (usize, usize, usize) {
+    let seen = &fake.seen;
+    (seen.v1.load(Ordering::SeqCst), seen.v2.load(Ordering::SeqCst), seen.v3.load(Ordering::SeqCst))
+}
+
+fn tags(fake: &Fake) -> Vec<Option<[u8; 16]>> {
+    fake.seen.tags.lock().unwrap().clone()
 }
 
 #[tokio::test]
-async fn an_old_daemon_is_asked_again_in_version_1_once_per_connection() {
-    let fake = fake(false);
+async fn an_old_daemon_is_asked_again_in_version_2_then_1_once_per_connection() {
+    let fake = fake(1);
     let client = Client::new(client(&fake));
-    let answered = client.check_answered("login", &alice()).await;
+    let answered = client.check_tagged("login", &alice(), Some(password_tag(&[1; 32], "hunter2"))).await;
     assert!(matches!(&answered.answer, Answer::Verdict(v) if *v == allow()), "{answered:?}");
     assert!(!answered.degraded, "a version-1 reply has no flag");
-    assert_eq!(counts(&fake), (1, 1), "one refused version-2 frame, then version 1");
+    assert_eq!(counts(&fake), (1, 1, 1), "refused in version 3 and 2, then version 1");
+    assert_eq!(tags(&fake), [None], "version 1 has no room for the tag");
     // The pooled connection remembers: no second refusal.
     let report = client.report("login", &alice(), Outcome::Failure).await;
     assert!(matches!(report, Answer::Verdict(_)), "{report:?}");
     let (status, shared) = client.status_with_shared().await.unwrap();
     assert_eq!((status, shared), (self::status(), None));
-    assert_eq!(counts(&fake), (3, 1));
+    assert_eq!(counts(&fake), (3, 1, 1));
+}
+
+#[tokio::test]
+async fn a_version_2_daemon_is_asked_again_in_version_2_and_never_sees_the_tag() {
+    let fake = fake(2);
+    let client = Client::new(client(&fake));
+    let tag = Some(password_tag(&[1; 32], "hunter2"));
+    let answered = client.report_tagged("login", &alice(), Outcome::Failure, None, tag).await;
+    assert!(answered.degraded && answered.answer.proceeds(), "{answered:?}");
+    assert_eq!(counts(&fake), (0, 1, 1), "one refused version-3 frame, then version 2");
+    let full = client.status_full().await.unwrap();
+    assert_eq!(full, FullStatus { status: status(), shared: Some(shared()), signals: None });
+    assert_eq!(counts(&fake), (0, 2, 1));
+    assert_eq!(tags(&fake), [None]);
 }
 
 #[tokio::test]
 async fn version_1_can_be_forced() {
-    let fake = fake(false);
+    let fake = fake(1);
     let client = Client::new(client(&fake).protocol_version(1));
     assert!(client.check("login", &alice()).await.proceeds());
-    assert_eq!(counts(&fake), (1, 0));
+    assert_eq!(counts(&fake), (1, 0, 0));
 }
 
 #[tokio::test]
 async fn a_version_2_daemon_shows_the_flag_and_the_shared_status() {
-    let fake = fake(true);
-    let client = Client::new(client(&fake));
+    let fake = fake(2);
+    let client = Client::new(client(&fake).protocol_version(2));
     let answered = client.check_answered("login", &alice()).await;
     assert!(answered.degraded && answered.answer.proceeds(), "{answered:?}");
     let answered = client.report_answered("login", &alice(), Outcome::Success, None).await;
     assert!(answered.degraded, "{answered:?}");
     assert_eq!(client.status_with_shared().await.unwrap(), (status(), Some(shared())));
     assert_eq!(client.status().await.unwrap(), status());
-    assert_eq!(counts(&fake), (0, 4));
+    assert_eq!(counts(&fake), (0, 4, 0));
+}
+
+#[tokio::test]
+async fn a_version_3_daemon_gets_the_tag_and_shows_the_signals() {
+    let fake = fake(3);
+    let client = Client::new(client(&fake));
+    let tag = password_tag(&[1; 32], "hunter2");
+    let answered = client.check_tagged("login", &alice(), Some(tag)).await;
+    assert!(matches!(&answered.answer, Answer::Verdict(v) if *v == allow()), "{answered:?}");
+    let answered = client.report_tagged("login", &alice(), Outcome::Failure, Some([2; 16]), Some(tag)).await;
+    assert!(answered.degraded, "{answered:?}");
+    assert!(client.check_answered("login", &alice()).await.answer.proceeds());
+    assert_eq!(tags(&fake), [Some(tag), Some(tag), None]);
+    let full = client.status_full().await.unwrap();
+    assert_eq!(full, FullStatus { status: status(), shared: Some(shared()), signals: Some(signals()) });
+    assert_eq!(counts(&fake), (0, 0, 4));
+}
+
+/// A monitored spray signal reaches an older client as the nearest reason
+/// it can read.
+#[tokio::test]
+async fn a_version_2_client_reads_a_new_reason_as_the_nearest_old_one() {
+    let fake = fake(3);
+    let mallory = Subject { account: Some("mallory"), ..alice() };
+    let old = Client::new(client(&fake).protocol_version(2));
+    let answered = old.check_answered("login", &mallory).await;
+    assert_eq!(answered.answer.verdict().map(|v| v.reason), Some(Reason::MonitorTooManyFailures));
+    let new = Client::new(client(&fake));
+    let answered = new.check_answered("login", &mallory).await;
+    assert_eq!(answered.answer.verdict().map(|v| v.reason), Some(Reason::MonitorSignal));
 }
 
 #[test]
-#[should_panic(expected = "protocol version 3 is not one this client speaks")]
+#[should_panic(expected = "protocol version 4 is not one this client speaks")]
 fn an_unknown_version_cannot_be_configured() {
-    let _ = ClientConfig::new("/nowhere").protocol_version(3);
+    let _ = ClientConfig::new("/nowhere").protocol_version(4);
 }

@@ -53,19 +53,28 @@ pub struct RawSignals {
     pub tenants_max: Option<usize>,
     pub flags_max: Option<usize>,
     #[serde(default)]
-    pub password_spray: RawDetector,
+    pub password_spray: RawCountDetector,
     #[serde(default)]
     pub narrow_spray: RawDetector,
     #[serde(default)]
     pub wide_spray: RawDetector,
     #[serde(default)]
-    pub account_distributed: RawDetector,
+    pub account_distributed: RawCountDetector,
     #[serde(default)]
     pub tenant_anomaly: RawTenantAnomaly,
     #[serde(default)]
     pub ipv6_widening: RawWidening,
 }
 
+/// A detector that counts without a failure-share gate.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCountDetector {
+    pub mode: Option<Word<DetectorMode>>,
+    pub threshold: Option<u32>,
+}
+
+/// A source detector: a count gated by the failure share.
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawDetector {

@@ -21,8 +21,8 @@ mod validate;
 
 pub use defaults::*;
 pub use file::{
-    RawClassLimit, RawConfig, RawDetector, RawResponses, RawRoute, RawRule, RawRuleKind, RawServer, RawShared,
-    RawSignals, RawSource, Word,
+    RawClassLimit, RawConfig, RawCountDetector, RawDetector, RawResponses, RawRoute, RawRule, RawRuleKind, RawServer,
+    RawShared, RawSignals, RawSource, Word,
 };
 
 /// What a client does for a route when the daemon cannot answer in time:

@@ -707,22 +707,20 @@ fn build_signals(raw: RawSignals, errors: &mut Vec<String>) -> Option<SignalsCon
         threshold: threshold(raw.threshold, at, default_threshold, errors),
         failure_share_min: share(raw.failure_share_min, at, errors),
     };
+    let counting = |raw: &RawCountDetector, at: &str, default_threshold: u32, errors: &mut Vec<String>| {
+        let gated = RawDetector { mode: raw.mode.clone(), threshold: raw.threshold, failure_share_min: None };
+        DetectorConfig { failure_share_min: 0.0, ..detector(&gated, at, default_threshold, errors) }
+    };
     let password_spray =
-        detector(&raw.password_spray, "password_spray", SIGNALS_PASSWORD_SPRAY_THRESHOLD_DEFAULT, errors);
-    if raw.password_spray.failure_share_min.is_some() {
-        errors.push("signals.password_spray.failure_share_min: not a setting of the password detector".into());
-    }
+        counting(&raw.password_spray, "password_spray", SIGNALS_PASSWORD_SPRAY_THRESHOLD_DEFAULT, errors);
     let narrow_spray = detector(&raw.narrow_spray, "narrow_spray", SIGNALS_NARROW_SPRAY_THRESHOLD_DEFAULT, errors);
     let wide_spray = detector(&raw.wide_spray, "wide_spray", SIGNALS_WIDE_SPRAY_THRESHOLD_DEFAULT, errors);
-    let account_distributed = detector(
+    let account_distributed = counting(
         &raw.account_distributed,
         "account_distributed",
         SIGNALS_ACCOUNT_DISTRIBUTED_THRESHOLD_DEFAULT,
         errors,
     );
-    if raw.account_distributed.failure_share_min.is_some() {
-        errors.push("signals.account_distributed.failure_share_min: not a setting of the account detector".into());
-    }
     let t = &raw.tenant_anomaly;
     let tenant_anomaly = TenantAnomalyConfig {
         mode: mode(&t.mode, "tenant_anomaly", DetectorMode::Monitor, errors),

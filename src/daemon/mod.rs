@@ -24,9 +24,10 @@ use crate::access::{Access, Permissions};
 use crate::audit::LogCap;
 use crate::classes::ClassTable;
 use crate::clock::{ceil_ms, Clock};
+use crate::codec::RequestExtras;
 use crate::config::{Config, ServerConfig};
 use crate::limiter::{CheckPlan, Limiter, RequestError};
-use crate::protocol::{Decision, ErrorCode, Request, Response, Subject, Verdict};
+use crate::protocol::{Decision, ErrorCode, Outcome, Request, Response, Subject, Verdict};
 use crate::server::ACCEPT_ERROR_LINES_PER_SEC_MAX;
 use crate::shared::{SharedStore, Ticket};
 use crate::store::{Durable, StoreStats};
@@ -74,7 +75,6 @@ pub struct Daemon {
 }
 
 /// Spray detection as the daemon holds it.
-#[allow(dead_code)] // read by the status reply once protocol v3 carries it (this session)
 pub(crate) struct Spray {
     pub(crate) engine: Arc<std::sync::Mutex<crate::signals::Signals>>,
     pub(crate) link: Arc<crate::signals::pump::SignalsLink>,
@@ -238,14 +238,20 @@ impl Daemon {
                 };
                 return Started::Ready(self.checked(limiter, route, &subject, verdict, now));
             }
-            Job::Other(request) => request,
-        };
-        Started::Ready(match request {
-            Request::Check { .. } => unreachable!("Job::new plans every check"),
-            Request::Report { route, subject, outcome, password_digest } => {
+            Job::Report { route, subject, outcome, password_digest, password_tag } => {
                 let reported = match &self.shared {
                     Some(store) if limiter.is_shared() => {
-                        match self.start_report_shared(store, limiter, route, &subject, outcome, password_digest, now) {
+                        let started = self.start_report_shared(
+                            store,
+                            limiter,
+                            route,
+                            &subject,
+                            outcome,
+                            password_digest,
+                            password_tag,
+                            now,
+                        );
+                        match started {
                             Ok(SharedStart::Done(reported)) => Ok(reported),
                             Ok(SharedStart::Waiting(ticket, report)) => {
                                 return Started::Report { route, subject, ticket, report };
@@ -253,9 +259,17 @@ impl Daemon {
                             Err(e) => Err(e),
                         }
                     }
-                    _ => limiter.report(route, &subject, outcome, password_digest, now).map(|(v, d)| (v, d, false)),
+                    _ => limiter
+                        .report_tagged(route, &subject, outcome, password_digest, password_tag, now)
+                        .map(|(v, d)| (v, d, false)),
                 };
-                self.reported(limiter, route, &subject, reported, now)
+                return Started::Ready(self.reported(limiter, route, &subject, reported, now));
+            }
+            Job::Other(request) => request,
+        };
+        Started::Ready(match request {
+            Request::Check { .. } | Request::Report { .. } => {
+                unreachable!("Job::new makes every check and report a job of its own")
             }
             Request::Status => (Response::Status(Box::new(self.status(limiter))), Vec::new(), false),
             // `serve_connection` answers these itself (`make_lockouts_reply`:
@@ -418,21 +432,42 @@ pub(crate) enum Job<'b, 'l> {
         subject: Subject<'b>,
         plan: Result<CheckPlan<'l>, RequestError>,
     },
+    /// A report, with its password tag (version 3), which `Request` has no
+    /// room for.
+    Report {
+        route: &'b str,
+        subject: Subject<'b>,
+        outcome: Outcome,
+        password_digest: Option<[u8; 16]>,
+        password_tag: Option<[u8; 16]>,
+    },
     /// The peer may not ask this (the operation, for the reply and the log).
     Denied(&'static str),
-    /// Any other request the peer may ask; never a check.
+    /// Any other request the peer may ask; never a check or a report.
     Other(Request<'b>),
 }
 
 impl<'b, 'l> Job<'b, 'l> {
-    pub(crate) fn new(limiter: &'l Limiter, request: Request<'b>, permissions: Permissions, now: u64) -> Job<'b, 'l> {
+    /// `extras` is what a version-3 check or report carries beyond its
+    /// message: the password tag goes on the check's plan or with the report.
+    pub(crate) fn new(
+        limiter: &'l Limiter,
+        request: Request<'b>,
+        extras: RequestExtras,
+        permissions: Permissions,
+        now: u64,
+    ) -> Job<'b, 'l> {
+        let RequestExtras { password_tag } = extras;
         match request {
             Request::Check { .. } | Request::Report { .. } if !permissions.attempts => Job::Denied("check or report"),
             Request::Unlock { .. } if !permissions.admin => Job::Denied("unlock"),
             Request::ClockAdvance { .. } if !permissions.admin => Job::Denied("clock advance"),
             Request::Check { route, subject } => {
-                let plan = limiter.plan_check(route, &subject, now);
+                let plan = limiter.plan_check(route, &subject, now).map(|plan| plan.with_password_tag(password_tag));
                 Job::Check { route, subject, plan }
+            }
+            Request::Report { route, subject, outcome, password_digest } => {
+                Job::Report { route, subject, outcome, password_digest, password_tag }
             }
             other => Job::Other(other),
         }

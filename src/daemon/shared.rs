@@ -112,7 +112,7 @@ impl Daemon {
     }
 
     /// A report's first half in shared mode, as `start_check_shared`.
-    #[allow(clippy::too_many_arguments, clippy::type_complexity)] // a report's four fields, as `Limiter::report` takes them
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)] // a report's five fields, as `Limiter::begin_report` takes them
     pub(super) fn start_report_shared<'s, 'l>(
         &self,
         store: &'s Arc<SharedStore>,
@@ -121,9 +121,10 @@ impl Daemon {
         subject: &Subject<'_>,
         outcome: Outcome,
         password_digest: Option<[u8; 16]>,
+        password_tag: Option<[u8; 16]>,
         now: u64,
     ) -> Result<SharedStart<Reported<'l>, Ticket<'s>, PendingReport<'l>>, crate::limiter::RequestError> {
-        let mut report = match limiter.begin_report(route, subject, outcome, password_digest, None, now)? {
+        let mut report = match limiter.begin_report(route, subject, outcome, password_digest, password_tag, now)? {
             ReportedLocally::Done(verdict, durable) => return Ok(SharedStart::Done((verdict, durable, false))),
             ReportedLocally::Store(report) => report,
         };

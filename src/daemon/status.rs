@@ -83,8 +83,8 @@ impl Daemon {
         .collect()
     }
 
-    /// Spray detection's status, when `[signals]` is on.
-    #[allow(dead_code)] // the status reply's, once protocol v3 carries it (this session)
+    /// Spray detection's status, when `[signals]` is on (a version-3
+    /// status reply's trailing value).
     pub(crate) fn signals_status(&self) -> Option<SignalsStatus> {
         let spray = self.spray.as_ref()?;
         self.config_in_force.lock().unwrap_or_else(|e| e.into_inner()).signals.as_ref()?;

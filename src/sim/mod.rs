@@ -191,7 +191,7 @@ pub fn run(config: &Config, scenario: &Scenario) -> SimReport {
         let device = a.device.map(device_name);
         let subject = subject(&account, device.as_deref(), a.peer);
         let password = password_text(a.password);
-        let tag = password_tag(&client_key, password.as_bytes());
+        let tag = tollgate_client::password_tag(&client_key, &password);
         let plan = limiter.plan_check("login", &subject, a.t_us).expect("the login route").with_password_tag(Some(tag));
         let verdict = limiter.decide_check(plan, a.t_us);
         let proceeds = sim.record_check(a, verdict.decision, verdict.reason, &verdict.rule);
@@ -530,14 +530,4 @@ pub fn simulate(args: &SimulateArgs) -> anyhow::Result<()> {
         print(&report);
     }
     Ok(())
-}
-
-/// The client's password tag. TEMPORARY copy until protocol v3 lands.
-fn password_tag(key: &[u8; 32], password: &[u8]) -> [u8; 16] {
-    use blake2::digest::consts::U16;
-    use blake2::digest::{FixedOutput, Update};
-    let mut mac =
-        blake2::Blake2bMac::<U16>::new_with_salt_and_personal(key, &[], b"tollgate-pw-tag").expect("key fits");
-    mac.update(password);
-    mac.finalize_fixed().into()
 }

@@ -22,6 +22,13 @@ use tollgate::protocol::{Outcome, Request, Response, Subject, Verdict};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
 
+/// Turns spray detection off, for tests of the counting rules whose traffic
+/// is spray-shaped on purpose (many accounts failing from one address with
+/// no successes, or one account failing from many addresses): with it on,
+/// `login.spray_signals` would challenge that traffic before the counting
+/// rule under test is reached. `tests/spray_detection*.rs` test it.
+pub const COUNTING_RULES_ONLY: &str = "\n[signals]\nenabled = false\n";
+
 pub struct TestDaemon {
     pub dir: tempfile::TempDir,
     pub socket: PathBuf,
