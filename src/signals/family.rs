@@ -8,11 +8,10 @@
 //! position) and evicts the one that counts least, the oldest of equals,
 //! as Redis's sampled eviction does.
 
-use std::collections::hash_map::RandomState;
-
 use indexmap::IndexMap;
 
 use super::sketch::Windowed;
+use crate::expiring::DigestBuildHasher;
 
 /// Entries sampled per eviction.
 const EVICTION_SAMPLES: usize = 5;
@@ -55,7 +54,9 @@ impl Tracked {
 
 pub struct Family {
     pub name: &'static str,
-    map: IndexMap<u64, Tracked, RandomState>,
+    /// Keyed by digests, whose bits pass through as the hash (an attacker
+    /// without the secret cannot aim at a bucket).
+    map: IndexMap<u64, Tracked, DigestBuildHasher>,
     pub entries_max: usize,
     pub evicted: u64,
     /// Heap bytes of every sketch in the table.

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 
 use crate::classes::SourceClass;
 use crate::config::{Detector, DetectorSet};
+use crate::expiring::DigestBuildHasher;
 
 /// What a flag key names; each space salts its digests so that an account
 /// digest and a prefix digest can never meet in the table.
@@ -52,7 +53,8 @@ pub struct Flag {
 
 #[derive(Debug, Default)]
 pub struct FlagTable {
-    map: HashMap<u64, Flag>,
+    /// Keyed by salted digests: their bits are the hash.
+    map: HashMap<u64, Flag, DigestBuildHasher>,
     /// Detector bits whose flags are enforced (the rest are monitored), and
     /// the widening bits when widening is enforced.
     pub enforced: u16,
@@ -61,7 +63,7 @@ pub struct FlagTable {
 }
 
 impl FlagTable {
-    pub fn new(map: HashMap<u64, Flag>, enforced: u16, never_widen: &[SourceClass]) -> FlagTable {
+    pub fn new(map: HashMap<u64, Flag, DigestBuildHasher>, enforced: u16, never_widen: &[SourceClass]) -> FlagTable {
         FlagTable { map, enforced, never_widen: never_widen.iter().fold(0, |m, c| m | 1 << *c as u8) }
     }
 

@@ -32,6 +32,7 @@ use indexmap::IndexMap;
 
 use crate::classes::SourceClass;
 use crate::config::{Detector, DetectorMode, SignalsConfig};
+use crate::expiring::DigestBuildHasher;
 use crate::protocol::{DetectorStatus, FlaggedSubject, Outcome, SignalFamilyStatus, SignalsStatus};
 use crate::source::Prefix;
 use family::{Family, Label, Tracked};
@@ -147,9 +148,9 @@ pub struct Signals {
     blocks56: Family,
     accounts: Family,
     passwords: Family,
-    tenants: IndexMap<u64, Tenant>,
+    tenants: IndexMap<u64, Tenant, DigestBuildHasher>,
     tenants_evicted: u64,
-    raised: IndexMap<u64, Raised>,
+    raised: IndexMap<u64, Raised, DigestBuildHasher>,
     flags_dropped: u64,
     counts: [DetectorCounts; Detector::ALL.len() + 1],
     recent: VecDeque<Shown>,
@@ -175,9 +176,9 @@ impl Signals {
             blocks56: Family::new("blocks_56", c.blocks_max, 4),
             accounts: Family::new("accounts", c.accounts_max, 5),
             passwords: Family::new("passwords", c.passwords_max, 6),
-            tenants: IndexMap::new(),
+            tenants: IndexMap::default(),
             tenants_evicted: 0,
-            raised: IndexMap::new(),
+            raised: IndexMap::default(),
             flags_dropped: 0,
             counts: Default::default(),
             recent: VecDeque::new(),
@@ -500,7 +501,7 @@ impl Signals {
     /// The table the request path reads.
     pub fn snapshot(&mut self) -> FlagTable {
         self.changed = false;
-        let map: HashMap<u64, Flag> =
+        let map: HashMap<u64, Flag, DigestBuildHasher> =
             self.raised.iter().map(|(k, r)| (*k, Flag { bits: r.bits, until_us: r.until_us })).collect();
         let mut enforced = Detector::ALL
             .into_iter()

@@ -8,7 +8,7 @@
 //! counting is what an attacker wants, so it must be visible.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,9 +17,6 @@ use arc_swap::ArcSwap;
 use super::flags::FlagTable;
 use super::{SignalEvent, Signals};
 use crate::config::SignalsConfig;
-
-/// Events the thread takes per batch before it publishes.
-const BATCH_MAX: usize = 4_096;
 
 /// What the limiter holds: the sending end and the published flags.
 pub struct SignalsLink {
@@ -49,6 +46,8 @@ impl SignalsLink {
 /// The receiving end and the engine.
 pub struct Pump {
     rx: Receiver<SignalEvent>,
+    /// The queue's capacity (`queue_max`).
+    capacity: usize,
     engine: Arc<Mutex<Signals>>,
     link: Arc<SignalsLink>,
 }
@@ -59,7 +58,7 @@ pub fn channel(config: &SignalsConfig) -> (Arc<SignalsLink>, Pump) {
     let link =
         Arc::new(SignalsLink { tx, flags: ArcSwap::from_pointee(FlagTable::default()), dropped: AtomicU64::new(0) });
     let engine = Arc::new(Mutex::new(Signals::new(config)));
-    (link.clone(), Pump { rx, engine, link })
+    (link.clone(), Pump { rx, capacity: config.queue_max, engine, link })
 }
 
 impl Pump {
@@ -84,22 +83,27 @@ impl Pump {
         }
     }
 
-    /// The daemon's thread: waits up to a publish interval for events,
-    /// ingests a batch, publishes. Returns when every link is dropped.
+    /// The daemon's thread: every publish interval, ingests what the queue
+    /// holds, then publishes. It sleeps rather than blocks on the queue: a
+    /// receiver blocked on an empty channel must be woken by the next
+    /// sender, a futex call on the request path for every report that finds
+    /// the queue drained. Returns when every link is dropped.
     pub fn run(self, now_us: impl Fn() -> u64) {
         loop {
             let interval = {
                 let engine = self.engine.lock().unwrap_or_else(|e| e.into_inner());
                 Duration::from_millis(engine.config().publish_interval_ms)
             };
-            let first = match self.rx.recv_timeout(interval) {
-                Ok(event) => Some(event),
-                Err(RecvTimeoutError::Timeout) => None,
-                Err(RecvTimeoutError::Disconnected) => return,
-            };
+            std::thread::sleep(interval);
             let mut engine = self.engine.lock().unwrap_or_else(|e| e.into_inner());
-            for event in first.into_iter().chain(self.rx.try_iter().take(BATCH_MAX - 1)) {
-                engine.ingest(&event);
+            // At most a queue's worth per round, so `status` never waits
+            // long for the engine's lock under a flood.
+            for _ in 0..self.capacity {
+                match self.rx.try_recv() {
+                    Ok(event) => engine.ingest(&event),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => return,
+                }
             }
             self.finish(&mut engine, now_us());
         }
