@@ -204,3 +204,17 @@ fn a_full_event_queue_drops_and_counts_and_never_blocks_a_report() {
     let in_metrics: u64 = line.rsplit(' ').next().unwrap().parse().unwrap();
     assert!(in_metrics >= dropped, "{line}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_turns_spray_detection_off_withdraws_its_flags_at_once() {
+    let daemon = TestDaemon::start_with(Some("# defaults\n"), true);
+    let client = daemon.client();
+    spray_from(&client, "203.0.113.7", 0..10).await;
+    let stranger = subject("203.0.113.7", "target99");
+    check_until(&client, &stranger, |v| v.decision == Decision::Challenge).await;
+    daemon.reload_with("[signals]\nenabled = false\n");
+    let v = check_until(&client, &stranger, |v| v.decision == Decision::Allow).await;
+    assert_eq!(v.reason, Reason::Allowed);
+    let status = daemon.cli_json(&["status"]);
+    assert!(status["signals"].is_null(), "{}", status["signals"]);
+}

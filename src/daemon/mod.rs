@@ -186,8 +186,15 @@ impl Daemon {
             Ok((config, classes)) => {
                 let mut in_force = self.config_in_force.lock().unwrap_or_else(|e| e.into_inner());
                 let next = self.limiter.load().reconfigured(&config, classes, self.clock.now_us());
-                if let (Some(spray), Some(signals)) = (&self.spray, &config.signals) {
-                    spray.engine.lock().unwrap_or_else(|e| e.into_inner()).reconfigure(signals);
+                if let Some(spray) = &self.spray {
+                    let mut engine = spray.engine.lock().unwrap_or_else(|e| e.into_inner());
+                    match &config.signals {
+                        Some(signals) => engine.reconfigure(signals),
+                        None => {
+                            engine.clear_flags();
+                            spray.link.withdraw();
+                        }
+                    }
                 }
                 self.limiter.store(Arc::new(next));
                 *in_force = config;

@@ -203,6 +203,13 @@ impl Signals {
         self.changed = true;
     }
 
+    /// Forgets every raised flag (spray detection turned off by a reload).
+    pub fn clear_flags(&mut self) {
+        self.raised.clear();
+        self.next_expiry_us = u64::MAX;
+        self.changed = false;
+    }
+
     pub fn config(&self) -> &SignalsConfig {
         &self.config
     }

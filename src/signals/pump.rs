@@ -38,6 +38,12 @@ impl SignalsLink {
         self.flags.load()
     }
 
+    /// Withdraws every published flag (spray detection turned off by a
+    /// reload: a widened block must not stay widened for the rest of its hour).
+    pub fn withdraw(&self) {
+        self.flags.store(Arc::new(FlagTable::default()));
+    }
+
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
     }
