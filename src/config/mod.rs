@@ -258,7 +258,7 @@ pub struct WideningConfig {
     pub mode: DetectorMode,
     /// Distinct failing /64s that widen a /56 ...
     pub per_56: u32,
-    /// ... or a /48.
+    /// ... and distinct failing /56s that widen a /48.
     pub per_48: u32,
     pub failure_share_min: f64,
     /// How long a block stays widened after the condition last held.

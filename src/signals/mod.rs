@@ -12,7 +12,8 @@
 //!   everywhere), when the client sends the tag (protocol v3);
 //! - a tenant's (or route's) failure ratio against its own baseline
 //!   (`tenant_anomaly`);
-//! - failing /64s per /56 and /48, which widen an IPv6 block to one source.
+//! - failing /64s per /56 and failing /56s per /48, which widen an IPv6
+//!   block to one source.
 //!
 //! `report` sends a fixed-size `SignalEvent` into a bounded queue (`pump`);
 //! the engine here ingests them, raises flags, and publishes a `FlagTable`
@@ -142,7 +143,7 @@ pub struct Signals {
     sub_us: u64,
     narrow: Family,
     wide: Family,
-    /// /48 → distinct /64s, failed and succeeded (IPv6 only).
+    /// /48 → distinct /56s, failed and succeeded (IPv6 only).
     blocks48: Family,
     /// /56 → distinct /64s.
     blocks56: Family,
@@ -235,7 +236,7 @@ impl Signals {
                     self.wide.succeed(e.wide.0, epoch, account, now);
                 }
                 if let Some(v6) = e.v6 {
-                    self.blocks48.succeed(e.wide.0, epoch, v6.net64, now);
+                    self.blocks48.succeed(e.wide.0, epoch, v6.block56.0, now);
                     self.blocks56.succeed(v6.block56.0, epoch, v6.net64, now);
                 }
             }
@@ -272,7 +273,10 @@ impl Signals {
                     let may_widen = widening.mode != DetectorMode::Off
                         && e.class.is_none_or(|c| !widening.never_classes.contains(&c));
                     let (per_48, per_56, share_min) = (widening.per_48, widening.per_56, widening.failure_share_min);
-                    let block = self.blocks48.fail(e.wide.0, Label::Prefix(e.wide.1), epoch, v6.net64, now);
+                    // A /48 counts its failing /56s, not /64s: one customer's
+                    // /56 (256 /64s) can widen only itself, never the
+                    // ISP's /48 around it and its other customers.
+                    let block = self.blocks48.fail(e.wide.0, Label::Prefix(e.wide.1), epoch, v6.block56.0, now);
                     let found = judge_widening(block, per_48, share_min);
                     if may_widen {
                         self.widen(WIDEN_48, e.wide.0, found, per_48, now);

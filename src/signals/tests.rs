@@ -150,20 +150,34 @@ fn one_64_never_widens_its_block_however_often_it_fails() {
 }
 
 #[test]
-fn sixteen_failing_64s_widen_the_48_and_it_calms_down_later() {
+fn sixteen_failing_56s_widen_the_48_and_it_calms_down_later() {
     let mut s = Signals::new(&config());
-    // Spread over /56s, so only the /48 collects them.
+    // One /64 in each of 16 /56s: only the /48 collects them.
     for n in 0..15u64 {
         s.ingest(&event(in_48(n << 8, 1), n, Outcome::Failure, T0));
     }
     let block = keyed(prefix_of(in_48(0, 0), 24, 48)).0;
-    assert_eq!(published(&mut s, Space::Prefix, block) & WIDEN_48, 0, "15 /64s");
+    assert_eq!(published(&mut s, Space::Prefix, block) & WIDEN_48, 0, "15 /56s");
     s.ingest(&event(in_48(15 << 8, 1), 15, Outcome::Failure, T0));
-    assert_ne!(published(&mut s, Space::Prefix, block) & WIDEN_48, 0, "16 /64s");
+    assert_ne!(published(&mut s, Space::Prefix, block) & WIDEN_48, 0, "16 /56s");
     // An hour and a window later, with nothing failing, it is un-widened.
     let later = T0 + 2 * 3_600 * SECOND;
     s.tick(later);
     assert_eq!(s.snapshot().probe(Space::Prefix, block, later), 0);
+}
+
+#[test]
+fn one_56_failing_from_all_its_64s_widens_itself_never_the_48_around_it() {
+    // A customer's /56 inside an ISP's /48: 256 /64s failing widen the /56
+    // (the customer's own budget) and leave the other customers alone.
+    let mut s = Signals::new(&config());
+    for n in 0..256u64 {
+        s.ingest(&event(in_48(0x4200 | n, 1), n, Outcome::Failure, T0));
+    }
+    let block48 = keyed(prefix_of(in_48(0, 0), 24, 48)).0;
+    let block56 = keyed(prefix_of(in_48(0x4200, 0), 32, 56)).0;
+    assert_eq!(published(&mut s, Space::Prefix, block48) & WIDEN_48, 0);
+    assert_ne!(published(&mut s, Space::Prefix, block56) & WIDEN_56, 0);
 }
 
 #[test]
