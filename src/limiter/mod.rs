@@ -556,4 +556,6 @@ impl Limiter {
 }
 
 #[cfg(test)]
+mod spray_tests;
+#[cfg(test)]
 mod tests;
