@@ -134,6 +134,11 @@ pub struct Limiter {
     hosts: u32,
     /// Spray detection: where reports go, and the flags checks read.
     signals: Option<Arc<SignalsLink>>,
+    /// Whether this configuration has `[signals]`. The link outlives a
+    /// reload that turns spray detection off (the engine keeps its flags
+    /// until they expire), so this, not the link, says whether checks read
+    /// the flags: off means no widening and no signal rule, at once.
+    signals_on: bool,
 }
 
 impl Limiter {

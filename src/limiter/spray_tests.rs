@@ -181,3 +181,36 @@ fn shared_mode_challenges_the_owner_on_a_device_known_to_another_host() {
         panic!("decided before asking the store whether the device is known: {:?} by `{}`", v.decision, v.rule);
     }
 }
+
+/// Turning spray detection off by reload (`[signals] enabled = false`,
+/// the operator's emergency switch when widening hurts a network) stops
+/// the signal rules but not widening: the limiter keeps the link, the
+/// daemon does not reconfigure the engine when `[signals]` is gone, and
+/// `SubjectKeys::widened` reads the published flags on every route. The
+/// /48 stays one source until its flag runs out (an hour and more).
+#[test]
+fn disabling_signals_by_reload_does_not_unwiden() {
+    let (l, pump) = limiter();
+    let neighbour = isp(0x42, 0x07);
+    let laptop = who("neighbour@example.com", Some("laptop"), neighbour);
+    assert_eq!(attempt(&l, &pump, &laptop, Outcome::Success, "right", T0 - 86_400 * SECOND), Decision::Allow);
+    for net in 0..16u8 {
+        let account = format!("nobody{net}@example.com");
+        attempt(&l, &pump, &who(&account, None, isp(0x01, net)), Outcome::Failure, "guess", T0 + u64::from(net));
+    }
+    let off = Config::build(Config::parse("[signals]\nenabled = false\n").expect("parses")).expect("valid");
+    assert!(off.signals.is_none());
+    let l = l.reconfigured(&off, Arc::new(ClassTable::default()), T0 + 50);
+    for i in 0..5u64 {
+        let s = who("neighbour@example.com", None, isp(0x01, 0x00));
+        attempt(&l, &pump, &s, Outcome::Failure, &format!("guess{i}"), T0 + 100 + i);
+    }
+    let v = l.check("login", &laptop, T0 + 200).expect("login");
+    assert_eq!(
+        v.decision,
+        Decision::Allow,
+        "spray detection is off, yet `{}` refuses the /48 ({:?})",
+        v.rule,
+        v.reason
+    );
+}

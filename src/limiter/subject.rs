@@ -311,7 +311,7 @@ impl Limiter {
         now_us: u64,
     ) -> SubjectKeys<'s, 's> {
         // The common case, nothing flagged: one atomic load, no clone.
-        let flags = self.signals.as_ref().and_then(|link| {
+        let flags = self.signals.as_ref().filter(|_| self.signals_on).and_then(|link| {
             let flags = link.flags();
             (!flags.is_empty()).then(|| Arc::clone(&flags))
         });
