@@ -210,6 +210,7 @@ impl Limiter {
         check_lengths(subject)?;
         let mut keys = self.subject_keys_at(&route.name, subject, now_us);
         let known = self.known_device(route, &mut keys, now_us)?;
+        keys.known_device_keeps_its_prefix(known);
         let device = self.device_in_store(route, &mut keys)?;
         let rule_keys = keys.rule_keys(&route.rules, known, device.is_some())?;
         let hits = if route.feeds_signals { keys.hits(route) } else { Hits::default() };
@@ -439,6 +440,7 @@ impl Limiter {
         check_lengths(subject)?;
         let mut keys = self.subject_keys_at(&route.name, subject, now_us);
         let known = self.known_device(route, &mut keys, now_us)?;
+        keys.known_device_keeps_its_prefix(known);
         let device = self.device_in_store(route, &mut keys)?;
         // Derive every key before touching any table, so a missing field
         // cannot leave a report counted on some rules and not others.
