@@ -95,6 +95,7 @@ impl Limiter {
         }
         Limiter {
             signals: previous.and_then(|p| p.signals.clone()),
+            signals_on: config.signals.is_some(),
             shared_prefix: config.shared.as_ref().map(|s| s.key_prefix.clone()),
             hosts: hosts.max(1),
             routes,

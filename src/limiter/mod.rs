@@ -134,6 +134,11 @@ pub struct Limiter {
     hosts: u32,
     /// Spray detection: where reports go, and the flags checks read.
     signals: Option<Arc<SignalsLink>>,
+    /// Whether this configuration has `[signals]`. The link outlives a
+    /// reload that turns spray detection off (the engine keeps its flags
+    /// until they expire), so this, not the link, says whether checks read
+    /// the flags: off means no widening and no signal rule, at once.
+    signals_on: bool,
 }
 
 impl Limiter {
@@ -205,6 +210,7 @@ impl Limiter {
         check_lengths(subject)?;
         let mut keys = self.subject_keys_at(&route.name, subject, now_us);
         let known = self.known_device(route, &mut keys, now_us)?;
+        keys.known_device_keeps_its_prefix(known);
         let device = self.device_in_store(route, &mut keys)?;
         let rule_keys = keys.rule_keys(&route.rules, known, device.is_some())?;
         let hits = if route.feeds_signals { keys.hits(route) } else { Hits::default() };
@@ -434,6 +440,7 @@ impl Limiter {
         check_lengths(subject)?;
         let mut keys = self.subject_keys_at(&route.name, subject, now_us);
         let known = self.known_device(route, &mut keys, now_us)?;
+        keys.known_device_keeps_its_prefix(known);
         let device = self.device_in_store(route, &mut keys)?;
         // Derive every key before touching any table, so a missing field
         // cannot leave a report counted on some rules and not others.
@@ -555,5 +562,7 @@ impl Limiter {
     }
 }
 
+#[cfg(test)]
+mod spray_tests;
 #[cfg(test)]
 mod tests;

@@ -40,6 +40,9 @@ pub(super) struct SubjectKeys<'s, 'k> {
     natural: Option<(Prefix, u64)>,
     /// The wide prefix (IPv4 /24, IPv6 /48) and its digest.
     wide: Option<(Prefix, u64)>,
+    /// Whether a widened block replaces the prefix: not for a device the
+    /// account knows (see `known_device_keeps_its_prefix`).
+    widen: bool,
 }
 
 impl SubjectKeys<'_, '_> {
@@ -105,7 +108,11 @@ impl SubjectKeys<'_, '_> {
     fn widened(&mut self, address: IpAddr, class: Option<SourceClass>) -> Prefix {
         let prefix = self.limiter.source.prefix_in_class(address, class);
         let Some(flags) = self.flags.clone() else { return prefix };
-        if !prefix.network.is_ipv6() || flags.enforced & (WIDEN_48 | WIDEN_56) == 0 || !flags.widens(class) {
+        if !self.widen
+            || !prefix.network.is_ipv6()
+            || flags.enforced & (WIDEN_48 | WIDEN_56) == 0
+            || !flags.widens(class)
+        {
             return prefix;
         }
         let now_us = self.now_us;
@@ -121,6 +128,17 @@ impl SubjectKeys<'_, '_> {
             }
         }
         prefix
+    }
+
+    /// A request from a device its account knows keeps its own prefix
+    /// whatever is widened: widening exists to give a rotating stranger
+    /// one budget, and applied to the owner it would let anyone in the
+    /// block (one customer's /56 is 16 /64s of an ISP's /48) spend the
+    /// owner's source budgets and lock (owner, block). Called before any
+    /// prefix key is derived.
+    pub(super) fn known_device_keeps_its_prefix(&mut self, known: bool) {
+        debug_assert!(self.digests[Component::Prefix as usize - 1].is_none(), "set before the prefix is keyed");
+        self.widen = !known;
     }
 
     /// The prefix rules would key on without widening, and its digest.
@@ -299,6 +317,7 @@ impl Limiter {
             now_us: 0,
             natural: None,
             wide: None,
+            widen: true,
         }
     }
 
@@ -311,7 +330,7 @@ impl Limiter {
         now_us: u64,
     ) -> SubjectKeys<'s, 's> {
         // The common case, nothing flagged: one atomic load, no clone.
-        let flags = self.signals.as_ref().and_then(|link| {
+        let flags = self.signals.as_ref().filter(|_| self.signals_on).and_then(|link| {
             let flags = link.flags();
             (!flags.is_empty()).then(|| Arc::clone(&flags))
         });

@@ -268,3 +268,60 @@ fn flag_keys_of_different_spaces_never_meet() {
     assert_ne!(flag_key(Space::Account, 5), flag_key(Space::Prefix, 5));
     assert_ne!(flag_key(Space::Password, 5), flag_key(Space::Tenant, 5));
 }
+
+/// Red team: a full tenants table makes every event naming a new tenant
+/// scan all of it (`count_tenant`'s `min_by_key` over 16,384 entries), and
+/// a full flag table does the same per new flag (`set_flag`). Tenants come
+/// from the auth server's requests; where it takes them from user input
+/// (the domain of a typed e-mail address, a realm parameter), an attacker
+/// picks a fresh one per attempt. Measures the engine's throughput then.
+#[test]
+#[ignore = "red team: timing, run with --ignored --nocapture"]
+fn a_flood_of_new_tenants_costs_a_scan_of_the_whole_table_per_event() {
+    let mut s = Signals::new(&config());
+    let source = v4(0xCB00_7101);
+    let fresh = |s: &mut Signals, n: u64, base: u64| {
+        let start = std::time::Instant::now();
+        for i in 0..n {
+            let mut e = event(source, i % 5, Outcome::Success, T0 + i);
+            e.tenant = base + i;
+            s.ingest(&e);
+        }
+        n as f64 / start.elapsed().as_secs_f64()
+    };
+    let below = fresh(&mut s, 16_000, 0);
+    let full = fresh(&mut s, 20_000, 1 << 40);
+    eprintln!("events/s with the tenants table filling: {below:.0}; full (each a new tenant): {full:.0}");
+    assert!(full > below / 4.0, "new tenants at the cap are {:.0}x slower", below / full);
+}
+
+/// Red team: the failure-share gate counts distinct *succeeding accounts*,
+/// so an attacker with a few accounts of its own (free sign-up) dilutes
+/// it. One failure first (a success alone creates no entry), then its 30
+/// accounts log in, then 28 more victims: 29 distinct failed accounts,
+/// three times `narrow_spray`'s threshold, at a share of 29/59 < 0.5. The
+/// same 30 accounts serve every address the attacker has, so 2,000
+/// addresses stuff 58,000 distinct accounts an hour without a source flag;
+/// with distinct passwords (stuffing) the password axis sees nothing
+/// either, and 8 prefixes per victim is never reached.
+#[test]
+#[ignore = "red team: fails today, a handful of owned accounts dilutes the failure-share gate"]
+fn thirty_owned_accounts_hide_a_stuffing_run_from_the_source_axes() {
+    let mut s = Signals::new(&config());
+    let source = v4(0xCB00_7101);
+    s.ingest(&event(source, 1_000, Outcome::Failure, T0));
+    for owned in 0..30 {
+        s.ingest(&event(source, 5_000 + owned, Outcome::Success, T0 + SECOND));
+    }
+    for victim in 1_001..1_029 {
+        s.ingest(&event(source, victim, Outcome::Failure, T0 + 2 * SECOND));
+    }
+    let narrow = keyed(prefix_of(source, 32, 64)).0;
+    let count = s.narrow.get(narrow).map(|e| e.failed.count());
+    assert_eq!(count, Some(29));
+    assert_ne!(
+        published(&mut s, Space::Prefix, narrow) & Detector::NarrowSpray.bit() as u16,
+        0,
+        "29 distinct accounts failed from one address (threshold 10), not flagged"
+    );
+}
