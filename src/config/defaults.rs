@@ -334,6 +334,8 @@ pub const SIGNALS_WINDOW_SECS_MAX: u64 = 86_400;
 /// Report events waiting for the signals thread; a full queue drops (and
 /// counts) an event rather than block a report.
 pub const SIGNALS_QUEUE_MAX_DEFAULT: usize = 65_536;
+/// The queue's slots are allocated at start (~150 bytes each).
+pub const SIGNALS_QUEUE_MAX_LIMIT: usize = 1 << 20;
 /// How often the signals thread publishes new flags, at most.
 pub const SIGNALS_PUBLISH_INTERVAL_MS_DEFAULT: u64 = 5;
 pub const SIGNALS_PUBLISH_INTERVAL_MS_MAX: u64 = 10_000;
@@ -377,6 +379,7 @@ const _: () = {
     );
     assert!(SIGNALS_FLAG_TTL_SECS_DEFAULT <= SIGNALS_WINDOW_SECS_MAX);
     assert!(SIGNALS_PUBLISH_INTERVAL_MS_DEFAULT <= SIGNALS_PUBLISH_INTERVAL_MS_MAX);
+    assert!(SIGNALS_QUEUE_MAX_DEFAULT <= SIGNALS_QUEUE_MAX_LIMIT);
     assert!(SIGNALS_SKETCH_BYTES_MIN <= SIGNALS_SKETCH_BYTES_MAX_DEFAULT as u64);
     assert!(SIGNALS_SKETCH_BYTES_MAX_DEFAULT as u64 <= SIGNALS_SKETCH_BYTES_MAX_LIMIT);
     assert!(SIGNALS_PASSWORD_SPRAY_THRESHOLD_DEFAULT <= SIGNALS_THRESHOLD_MAX);

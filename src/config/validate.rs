@@ -668,12 +668,13 @@ fn build_signals(raw: RawSignals, errors: &mut Vec<String>) -> Option<SignalsCon
     in_range("publish_interval_ms", publish_interval_ms, 1, SIGNALS_PUBLISH_INTERVAL_MS_MAX);
     let flag_ttl_secs = raw.flag_ttl_secs.unwrap_or(SIGNALS_FLAG_TTL_SECS_DEFAULT);
     in_range("flag_ttl_secs", flag_ttl_secs, 1, SIGNALS_WINDOW_SECS_MAX);
+    let queue_max = raw.queue_max.unwrap_or(SIGNALS_QUEUE_MAX_DEFAULT);
+    in_range("queue_max", queue_max as u64, 1, SIGNALS_QUEUE_MAX_LIMIT as u64);
     let mut cap = |field: &str, value: Option<usize>, default: usize| {
         let value = value.unwrap_or(default);
         in_range(field, value as u64, 1, ENTRIES_MAX_LIMIT as u64);
         value
     };
-    let queue_max = cap("queue_max", raw.queue_max, SIGNALS_QUEUE_MAX_DEFAULT);
     let prefixes_max = cap("prefixes_max", raw.prefixes_max, SIGNALS_PREFIXES_MAX_DEFAULT);
     let wide_prefixes_max = cap("wide_prefixes_max", raw.wide_prefixes_max, SIGNALS_WIDE_PREFIXES_MAX_DEFAULT);
     let blocks_max = cap("blocks_max", raw.blocks_max, SIGNALS_BLOCKS_MAX_DEFAULT);

@@ -36,6 +36,10 @@ pub struct StoreCheck<'l> {
     held: u32,
     /// Whether this host knows the device (for a local answer).
     known: bool,
+    /// Spray detection's flags on the subject, when the signal rules wait
+    /// for the store to say whether the device is known (another host may
+    /// have seen it log in).
+    hits: Hits,
     /// The op to send.
     pub op: Op,
     /// Gives back the places the op takes, if its answer is not used.
@@ -225,8 +229,12 @@ impl Limiter {
             return CheckedLocally::KnownLockout(combine(&answers));
         }
         let mut held = 0;
+        // A device this host has not seen may be known to another: then the
+        // signal rules wait for the store's answer (the owner on a device
+        // any host knows is never challenged).
+        let (judged_now, deferred) = if device.is_some() { (Hits::default(), hits) } else { (hits, Hits::default()) };
         if self.admit_failures(route, &rule_keys, Rules::Host, now_us, &mut answers, &mut held)
-            || self.judge_signals(route, &rule_keys, hits, now_us, true, &mut answers)
+            || self.judge_signals(route, &rule_keys, judged_now, now_us, true, &mut answers)
         {
             self.give_back(route, &rule_keys, held, now_us);
             return CheckedLocally::Done(combine(&answers));
@@ -271,6 +279,7 @@ impl Limiter {
             answers,
             held,
             known,
+            hits: deferred,
             op: Op::check(&rules),
             release: Op::release(&places),
         }))
@@ -333,8 +342,9 @@ impl Limiter {
             Ok(p) => p,
             Err(e) => return Err((check, e)),
         };
-        let StoreCheck { route, rule_keys, class, mut answers, held, release, .. } = *check;
+        let StoreCheck { route, rule_keys, class, mut answers, held, release, known, hits, .. } = *check;
         let store_now = parsed.store_now;
+        let known_anywhere = store_knows_device(route, &parsed.rules).unwrap_or(known);
         for (i, found) in parsed.rules {
             if matches!(found, Found::Skipped) {
                 continue;
@@ -371,7 +381,10 @@ impl Limiter {
             self.give_back(route, &rule_keys, held, now_us);
             return Ok(CheckStored { verdict: combine(&answers), store_now, give_back: None });
         }
-        if self.spend_rates(route, &rule_keys, class, Rules::Host, now_us, &mut answers) {
+        let signals = if known_anywhere { Hits::default() } else { hits };
+        if self.judge_signals(route, &rule_keys, signals, now_us, true, &mut answers)
+            || self.spend_rates(route, &rule_keys, class, Rules::Host, now_us, &mut answers)
+        {
             self.give_back(route, &rule_keys, held, now_us);
             return Ok(CheckStored { verdict: combine(&answers), store_now, give_back: Some(release) });
         }
@@ -381,10 +394,11 @@ impl Limiter {
     /// A check's second half without the store: the global rules are
     /// counted on this host's degraded tables (ceil(limit / hosts)).
     pub fn finish_check_locally<'a>(&'a self, check: Box<StoreCheck<'a>>, now_us: u64) -> Verdict<'a> {
-        let StoreCheck { route, rule_keys, class, answers, held, known, .. } = *check;
+        let StoreCheck { route, rule_keys, class, answers, held, known, hits, .. } = *check;
         let rule_keys = self.scoped_here(route, rule_keys, known);
-        // The signal rules were judged by `begin_check`.
-        self.admit_then_spend(route, &rule_keys, class, Rules::Global, Hits::default(), answers, held, now_us)
+        // Signal rules deferred for the store are judged on this host's
+        // knowledge of the device, as every device-scoped rule is here.
+        self.admit_then_spend(route, &rule_keys, class, Rules::Global, hits, answers, held, now_us)
     }
 
     /// A report's first half: this host's rules are counted; a global
@@ -595,6 +609,22 @@ impl Limiter {
 /// A rule's device scope for the store's script: decided there when the
 /// request has a device it can look up; otherwise already decided here
 /// (the rule has a key only if it applies).
+/// Whether the store knows the check's device, read from how it scoped the
+/// global rules (a rule for unknown devices skipped, or one for known
+/// devices applied); `None` when no global rule is scoped by device.
+fn store_knows_device(route: &Route, found: &[(usize, Found)]) -> Option<bool> {
+    let mut knows = None;
+    for (i, found) in found {
+        let skipped = matches!(found, Found::Skipped);
+        match route.rules[*i].devices {
+            DeviceScope::UnknownDevices => knows = Some(knows.unwrap_or(false) || skipped),
+            DeviceScope::KnownDevices => knows = Some(knows.unwrap_or(false) || !skipped),
+            DeviceScope::All => {}
+        }
+    }
+    knows
+}
+
 fn scope(rule: &Rule, store_decides_devices: bool) -> Scope {
     match (store_decides_devices, rule.devices) {
         (false, _) | (true, DeviceScope::All) => 0,

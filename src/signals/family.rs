@@ -78,33 +78,42 @@ impl Family {
         self.map.get(&key)
     }
 
-    /// Counts a failure's `element` under `key`, creating the entry (and
-    /// evicting one if the table is full). Returns the entry.
-    pub fn fail(&mut self, key: u64, label: Label, epoch: u64, element: u64, now_us: u64) -> &Tracked {
-        if !self.map.contains_key(&key) {
-            while self.map.len() >= self.entries_max {
-                self.evict_one();
+    /// The entry of `key`, created (evicting one if the table is full) if
+    /// absent; its index.
+    fn entry(&mut self, key: u64, label: Label, now_us: u64) -> usize {
+        match self.map.get_index_of(&key) {
+            Some(index) => index,
+            None => {
+                while self.map.len() >= self.entries_max {
+                    self.evict_one();
+                }
+                let empty =
+                    Tracked { failed: Windowed::default(), succeeded: Windowed::default(), label, touched_us: now_us };
+                self.map.insert_full(key, empty).0
             }
-            let empty =
-                Tracked { failed: Windowed::default(), succeeded: Windowed::default(), label, touched_us: now_us };
-            self.map.insert(key, empty);
         }
-        let entry = self.map.get_mut(&key).expect("inserted above");
+    }
+
+    /// Counts a failure's `element` under `key`. Returns the entry.
+    pub fn fail(&mut self, key: u64, label: Label, epoch: u64, element: u64, now_us: u64) -> &Tracked {
+        let index = self.entry(key, label, now_us);
+        let (_, entry) = self.map.get_index_mut(index).expect("an index just found or made");
         entry.touched_us = now_us;
         let delta = entry.failed.insert(epoch, element) + entry.succeeded.roll(epoch);
         self.heap_bytes = (self.heap_bytes as isize + delta) as usize;
         entry
     }
 
-    /// Counts a success's `element` under `key` only if the key already
-    /// failed: successes alone never create an entry, so the table is sized
-    /// by failures.
-    pub fn succeed(&mut self, key: u64, epoch: u64, element: u64, now_us: u64) {
-        if let Some(entry) = self.map.get_mut(&key) {
-            entry.touched_us = now_us;
-            let delta = entry.succeeded.insert(epoch, element) + entry.failed.roll(epoch);
-            self.heap_bytes = (self.heap_bytes as isize + delta) as usize;
-        }
+    /// Counts a success's `element` under `key`, so that a source's
+    /// successes before its first failure weigh in its failure share. An
+    /// entry that only succeeded is the first a full table evicts (it
+    /// counts no failure), so successes never push out a failing source.
+    pub fn succeed(&mut self, key: u64, label: Label, epoch: u64, element: u64, now_us: u64) {
+        let index = self.entry(key, label, now_us);
+        let (_, entry) = self.map.get_index_mut(index).expect("an index just found or made");
+        entry.touched_us = now_us;
+        let delta = entry.succeeded.insert(epoch, element) + entry.failed.roll(epoch);
+        self.heap_bytes = (self.heap_bytes as isize + delta) as usize;
     }
 
     fn next_random(&mut self) -> u64 {
@@ -178,10 +187,15 @@ mod tests {
     }
 
     #[test]
-    fn a_success_never_creates_an_entry_and_sweeping_frees_the_heap() {
+    fn a_success_makes_an_entry_the_first_to_go_and_sweeping_frees_the_heap() {
+        let mut f = Family::new("t", 2, 1);
+        f.fail(2, Label::Digest, 0, 7, 0);
+        f.succeed(3, Label::Digest, 0, 1, 1);
+        f.succeed(4, Label::Digest, 0, 1, 2);
+        assert_eq!(f.len(), 2);
+        assert!(f.get(2).is_some(), "the failing entry stays; a success-only one was evicted");
+        f.sweep(10, 5);
         let mut f = Family::new("t", 10, 1);
-        f.succeed(1, 0, 1, 0);
-        assert_eq!(f.len(), 0);
         for a in 0..200u64 {
             f.fail(1, Label::Digest, 0, a.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1, 0);
         }

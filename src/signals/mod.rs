@@ -42,6 +42,8 @@ use sketch::SUB_WINDOWS;
 
 /// Flags listed in `status`, newest first.
 pub const RECENT_FLAGS_SHOWN: usize = 32;
+/// Entries sampled when the tenant or flag table is full.
+const EVICTION_SAMPLES: usize = 5;
 /// A tenant unseen this long is forgotten, baseline and all.
 const TENANT_IDLE_US: u64 = 24 * 3_600_000_000;
 /// Outcomes a sub-window needs before it moves a tenant's baseline.
@@ -161,6 +163,8 @@ pub struct Signals {
     next_expiry_us: u64,
     /// The sub-window of the last sweep: entries are swept once per sub-window.
     swept_epoch: u64,
+    /// Sampling state (splitmix64) for the tenant and flag tables.
+    rng: u64,
 }
 
 /// The index of widening in `counts` (after the detectors).
@@ -187,6 +191,7 @@ impl Signals {
             events: 0,
             next_expiry_us: u64::MAX,
             swept_epoch: 0,
+            rng: 0x5EED,
             config: config.clone(),
         }
     }
@@ -232,12 +237,12 @@ impl Signals {
         match e.outcome {
             Outcome::Success => {
                 if let Some(account) = e.account {
-                    self.narrow.succeed(e.narrow.0, epoch, account, now);
-                    self.wide.succeed(e.wide.0, epoch, account, now);
+                    self.narrow.succeed(e.narrow.0, Label::Prefix(e.narrow.1), epoch, account, now);
+                    self.wide.succeed(e.wide.0, Label::Prefix(e.wide.1), epoch, account, now);
                 }
                 if let Some(v6) = e.v6 {
-                    self.blocks48.succeed(e.wide.0, epoch, v6.block56.0, now);
-                    self.blocks56.succeed(v6.block56.0, epoch, v6.net64, now);
+                    self.blocks48.succeed(e.wide.0, Label::Prefix(e.wide.1), epoch, v6.block56.0, now);
+                    self.blocks56.succeed(v6.block56.0, Label::Prefix(v6.block56.1), epoch, v6.net64, now);
                 }
             }
             // A repeat is one failure, not sixty (a stale client). A failure
@@ -295,12 +300,15 @@ impl Signals {
     fn count_tenant(&mut self, e: &SignalEvent, epoch: u64) {
         let alpha = (self.sub_us as f64 / (self.config.tenant_anomaly.baseline_hours as f64 * 3.6e9)).min(1.0);
         if !self.tenants.contains_key(&e.tenant) && self.tenants.len() >= self.config.tenants_max {
-            // The tenant seen longest ago goes (tenants are few and named
-            // by the auth server, not by the attacker's traffic alone).
-            if let Some(i) = (0..self.tenants.len()).min_by_key(|&i| self.tenants[i].touched_us) {
-                self.tenants.swap_remove_index(i);
-                self.tenants_evicted += 1;
-            }
+            // The tenant seen longest ago of a few sampled goes: a scan of
+            // the whole table per new tenant would let a flood of invented
+            // tenants (where the auth server takes them from user input)
+            // slow the thread until it drops events.
+            let len = self.tenants.len() as u64;
+            let samples: [usize; EVICTION_SAMPLES] = std::array::from_fn(|_| (self.next_random() % len) as usize);
+            let i = samples.into_iter().min_by_key(|&i| self.tenants[i].touched_us).expect("samples");
+            self.tenants.swap_remove_index(i);
+            self.tenants_evicted += 1;
         }
         let tenant = self.tenants.entry(e.tenant).or_insert_with(|| Tenant { epoch, ..Tenant::default() });
         tenant.roll(epoch, alpha);
@@ -403,11 +411,16 @@ impl Signals {
             return newly;
         }
         if self.raised.len() >= self.config.flags_max {
-            // The flag ending soonest makes room.
-            if let Some(i) = (0..self.raised.len()).min_by_key(|&i| self.raised[i].until_us) {
-                self.raised.swap_remove_index(i);
-                self.flags_dropped += 1;
-            }
+            // Of a few sampled, a detector's flag ending soonest makes room
+            // before any widening (a flood of fresh flags must not un-widen
+            // the block it comes from); sampled, since a scan of the table
+            // per new flag would slow the thread under exactly that flood.
+            let len = self.raised.len() as u64;
+            let samples: [usize; EVICTION_SAMPLES] = std::array::from_fn(|_| (self.next_random() % len) as usize);
+            let widened = |i: usize| self.raised[i].bits & (WIDEN_48 | WIDEN_56) != 0;
+            let i = samples.into_iter().min_by_key(|&i| (widened(i), self.raised[i].until_us)).expect("samples");
+            self.raised.swap_remove_index(i);
+            self.flags_dropped += 1;
         }
         self.raised.insert(key, Raised { bits: bit, until_us });
         self.next_expiry_us = self.next_expiry_us.min(until_us);
@@ -497,6 +510,14 @@ impl Signals {
             self.changed = true;
         }
         self.next_expiry_us = self.raised.values().map(|r| r.until_us).min().unwrap_or(u64::MAX);
+    }
+
+    fn next_random(&mut self) -> u64 {
+        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
     }
 
     /// Blocks widened so far.
