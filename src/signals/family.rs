@@ -78,20 +78,27 @@ impl Family {
         self.map.get(&key)
     }
 
-    /// The entry of `key`, created (evicting one if the table is full) if
-    /// absent; its index.
+    /// The entry of `key`, created if absent (evicting another if that
+    /// puts the table over its cap); its index. One hash probe either way.
     fn entry(&mut self, key: u64, label: Label, now_us: u64) -> usize {
-        match self.map.get_index_of(&key) {
-            Some(index) => index,
-            None => {
-                while self.map.len() >= self.entries_max {
-                    self.evict_one();
-                }
+        let (index, made) = match self.map.entry(key) {
+            indexmap::map::Entry::Occupied(e) => (e.index(), false),
+            indexmap::map::Entry::Vacant(e) => {
+                let index = e.index();
                 let empty =
                     Tracked { failed: Windowed::default(), succeeded: Windowed::default(), label, touched_us: now_us };
-                self.map.insert_full(key, empty).0
+                e.insert(empty);
+                (index, true)
+            }
+        };
+        if made && self.map.len() > self.entries_max {
+            // Never the entry just made: it is last, and sampling skips it;
+            // removing another moves the last entry (ours) into its place.
+            if let Some(hole) = self.evict_one_before(index) {
+                return hole;
             }
         }
+        index
     }
 
     /// Counts a failure's `element` under `key`. Returns the entry.
@@ -127,8 +134,15 @@ impl Family {
     /// Evicts the least informative of a few sampled entries.
     pub fn evict_one(&mut self) {
         let len = self.map.len();
+        self.evict_one_before(len);
+    }
+
+    /// As `evict_one`, among the entries before index `end`; the index
+    /// emptied (which the last entry now holds), if any.
+    fn evict_one_before(&mut self, end: usize) -> Option<usize> {
+        let len = end.min(self.map.len());
         if len == 0 {
-            return;
+            return None;
         }
         let mut victim = (u32::MAX, u64::MAX, 0);
         for _ in 0..EVICTION_SAMPLES.min(len) {
@@ -142,6 +156,7 @@ impl Family {
         let (_, gone) = self.map.swap_remove_index(victim.2).expect("index below len");
         self.heap_bytes -= gone.heap_bytes();
         self.evicted += 1;
+        Some(victim.2)
     }
 
     /// Drops entries untouched for a whole window (they count nothing).
