@@ -52,6 +52,18 @@ impl Tracked {
     }
 }
 
+/// splitmix64: the sampling positions of a full table. Deterministic, so
+/// the simulator's runs are exact; unpredictability is not needed, since
+/// what is evicted depends on the entries' counts, which the attacker's
+/// keyed inputs cannot aim.
+pub(super) fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 pub struct Family {
     pub name: &'static str,
     /// Keyed by digests, whose bits pass through as the hash (an attacker
@@ -124,11 +136,7 @@ impl Family {
     }
 
     fn next_random(&mut self) -> u64 {
-        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.rng;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        splitmix64(&mut self.rng)
     }
 
     /// Evicts the least informative of a few sampled entries.

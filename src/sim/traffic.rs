@@ -362,30 +362,23 @@ pub fn generate(mix: Mix, index: u8, seed: u64, day: u64, hours: u64, flood_pref
             // The owner: the office laptop every 30 minutes (a typo now and
             // then), and once a new phone.
             let peer = office_address(0);
+            let owner = |t_us, password, correct| Attempt {
+                t_us,
+                actor: Actor::Owner,
+                account: 0,
+                device: Some(usual_device(0)),
+                peer,
+                password,
+                correct,
+            };
             let mut t = day + 8 * HOUR;
             while t < day + 18 * HOUR {
                 let mut at = t;
                 if rng.unit() < 0.05 {
-                    out.push(Attempt {
-                        t_us: at,
-                        actor: Actor::Owner,
-                        account: 0,
-                        device: Some(usual_device(0)),
-                        peer,
-                        password: typo(0),
-                        correct: false,
-                    });
+                    out.push(owner(at, typo(0), false));
                     at += 10 * SECOND;
                 }
-                out.push(Attempt {
-                    t_us: at,
-                    actor: Actor::Owner,
-                    account: 0,
-                    device: Some(usual_device(0)),
-                    peer,
-                    password: own_password(0),
-                    correct: true,
-                });
+                out.push(owner(at, own_password(0), true));
                 t += 30 * MINUTE;
             }
             let phone = v4(100, 64, 0, 77);
