@@ -86,7 +86,13 @@ impl SubjectKeys<'_, '_> {
             Component::Prefix => {
                 let (address, class) = self.client()?;
                 let prefix = self.widened(address, class);
-                keys.prefix(&prefix.to_bytes())
+                let digest = keys.prefix(&prefix.to_bytes());
+                // Not widened: it is also the prefix spray detection's event
+                // names, which then needs no second digest.
+                if self.natural.is_none() && prefix == self.limiter.source.prefix_in_class(address, class) {
+                    self.natural = Some((prefix, digest64(&digest)));
+                }
+                digest
             }
             other => {
                 let value = match other {
