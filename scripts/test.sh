@@ -9,6 +9,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 missing=()
 command -v redis-server >/dev/null && command -v redis-cli >/dev/null || missing+=(redis-server redis-tools)
 command -v openssl >/dev/null || missing+=(openssl)
+# promtool checks the shipped alerting rules (tests/alert_rules.rs).
+command -v promtool >/dev/null || missing+=(prometheus)
 if [ "${#missing[@]}" -gt 0 ]; then
     # Root in containers and CI; sudo on a developer's machine.
     as_root=()
