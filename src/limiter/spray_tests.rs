@@ -35,6 +35,15 @@ fn who<'a>(account: &'a str, device: Option<&'a str>, peer: IpAddr) -> Subject<'
     Subject { peer: Some(peer), account: Some(account), device, ..Subject::default() }
 }
 
+/// The attacker, customer 0x01 of the ISP's /48: one failure from each of
+/// 16 /64s of its own /56, against made-up accounts, from T0.
+fn fail_from_16_64s_of_customer_01(l: &Limiter, pump: &Pump) {
+    for net in 0..16u8 {
+        let account = format!("nobody{net}@example.com");
+        attempt(l, pump, &who(&account, None, isp(0x01, net)), Outcome::Failure, "guess", T0 + u64::from(net));
+    }
+}
+
 /// A check, and if it proceeds, its report; the check's decision.
 fn attempt(l: &Limiter, pump: &Pump, s: &Subject<'_>, outcome: Outcome, pw: &str, now: u64) -> Decision {
     let v = l.check("login", s, now).expect("login").decision;
@@ -96,10 +105,7 @@ fn a_widened_48_shares_one_source_rate_and_the_attacker_can_spend_it() {
     let neighbour = isp(0x42, 0x07);
     let laptop = who("neighbour@example.com", Some("laptop"), neighbour);
     assert_eq!(attempt(&l, &pump, &laptop, Outcome::Success, "right", T0 - 86_400 * SECOND), Decision::Allow);
-    for net in 0..16u8 {
-        let account = format!("nobody{net}@example.com");
-        attempt(&l, &pump, &who(&account, None, isp(0x01, net)), Outcome::Failure, "guess", T0 + u64::from(net));
-    }
+    fail_from_16_64s_of_customer_01(&l, &pump);
     // Checks only (the attacker never needs a report), from its own /64s,
     // known-device-less: the budget of the /48 goes.
     let mut spent = 0;
@@ -192,10 +198,7 @@ fn disabling_signals_by_reload_does_not_unwiden() {
     let neighbour = isp(0x42, 0x07);
     let laptop = who("neighbour@example.com", Some("laptop"), neighbour);
     assert_eq!(attempt(&l, &pump, &laptop, Outcome::Success, "right", T0 - 86_400 * SECOND), Decision::Allow);
-    for net in 0..16u8 {
-        let account = format!("nobody{net}@example.com");
-        attempt(&l, &pump, &who(&account, None, isp(0x01, net)), Outcome::Failure, "guess", T0 + u64::from(net));
-    }
+    fail_from_16_64s_of_customer_01(&l, &pump);
     let off = Config::build(Config::parse("[signals]\nenabled = false\n").expect("parses")).expect("valid");
     assert!(off.signals.is_none());
     let l = l.reconfigured(&off, Arc::new(ClassTable::default()), T0 + 50);

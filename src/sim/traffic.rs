@@ -204,6 +204,16 @@ pub fn generate(mix: Mix, index: u8, seed: u64, day: u64, hours: u64, flood_pref
     let end = start + hours * HOUR;
     let attack_start = day + 9 * HOUR + 5 * MINUTE;
     let attacker = Actor::Attacker { mix: index };
+    // An attacker's attempt: no device (every one unknown).
+    let guess = |t_us, account, peer, password, correct| Attempt {
+        t_us,
+        actor: attacker,
+        account,
+        device: None,
+        peer,
+        password,
+        correct,
+    };
     let mut out = Vec::new();
     match mix {
         Mix::Office => {
@@ -289,15 +299,7 @@ pub fn generate(mix: Mix, index: u8, seed: u64, day: u64, hours: u64, flood_pref
                 };
                 let correct = real && account % 500 == 3;
                 let t = attack_start + i * SECOND / 5;
-                out.push(Attempt {
-                    t_us: t,
-                    actor: attacker,
-                    account,
-                    device: None,
-                    peer,
-                    password: SPRAYED_PASSWORD,
-                    correct,
-                });
+                out.push(guess(t, account, peer, SPRAYED_PASSWORD, correct));
             }
         }
         Mix::Stuffing => {
@@ -313,15 +315,7 @@ pub fn generate(mix: Mix, index: u8, seed: u64, day: u64, hours: u64, flood_pref
                 };
                 let correct = rng.unit() < 0.005;
                 let t = attack_start + i * SECOND / 20;
-                out.push(Attempt {
-                    t_us: t,
-                    actor: attacker,
-                    account,
-                    device: None,
-                    peer,
-                    password: guessed(i),
-                    correct,
-                });
+                out.push(guess(t, account, peer, guessed(i), correct));
             }
         }
         Mix::V6Rotation => {
@@ -332,15 +326,7 @@ pub fn generate(mix: Mix, index: u8, seed: u64, day: u64, hours: u64, flood_pref
                 let peer = v6(net | (rng.next_u64() as u128 & 0xFFFF) << 64 | rng.next_u64() as u128);
                 let account = rng.below(OFFICE_USERS as u64) as u32;
                 let t = attack_start + i * SECOND / 50;
-                out.push(Attempt {
-                    t_us: t,
-                    actor: attacker,
-                    account,
-                    device: None,
-                    peer,
-                    password: guessed(1 << 20 | i),
-                    correct: false,
-                });
+                out.push(guess(t, account, peer, guessed(1 << 20 | i), false));
             }
         }
         Mix::Targeted => {
@@ -349,15 +335,7 @@ pub fn generate(mix: Mix, index: u8, seed: u64, day: u64, hours: u64, flood_pref
                 let peer =
                     if i % 2 == 0 { v4(12, (i >> 8) as u8, i as u8, 1) } else { v4(13, 7, (i >> 8) as u8, i as u8) };
                 let t = attack_start + i * 6 * SECOND;
-                out.push(Attempt {
-                    t_us: t,
-                    actor: attacker,
-                    account: 0,
-                    device: None,
-                    peer,
-                    password: guessed(2 << 20 | i),
-                    correct: false,
-                });
+                out.push(guess(t, 0, peer, guessed(2 << 20 | i), false));
             }
             // The owner: the office laptop every 30 minutes (a typo now and
             // then), and once a new phone.
@@ -401,15 +379,7 @@ pub fn generate(mix: Mix, index: u8, seed: u64, day: u64, hours: u64, flood_pref
                 let peer = v6((0x2a00_u128 << 112) | (rng.next_u64() as u128) << 64 | 1);
                 let account = GHOST_BASE + 500_000 + rng.below(1_000_000) as u32;
                 let t = attack_start + i * SECOND / 1000;
-                out.push(Attempt {
-                    t_us: t,
-                    actor: attacker,
-                    account,
-                    device: None,
-                    peer,
-                    password: guessed(3 << 20 | i),
-                    correct: false,
-                });
+                out.push(guess(t, account, peer, guessed(3 << 20 | i), false));
             }
         }
     }
