@@ -33,6 +33,10 @@ pub enum Command {
     Metrics(MetricsArgs),
     /// Keys currently refused by a failure rule (digests, never names).
     Lockouts(LockoutsArgs),
+    /// A uniform sample of monitor mode's would-be refusals: when, which
+    /// rule, the client's network and class, account and device digests,
+    /// and whether the device was known (never a name).
+    Sample(SampleArgs),
     /// Clear an account's lockouts and counters on a route (admin).
     Unlock(UnlockArgs),
     /// Move a --manual-clock daemon's clock (admin; for tests).
@@ -143,6 +147,15 @@ pub struct LockoutsArgs {
     #[command(flatten)]
     pub common: CommonArgs,
     /// List at most this many.
+    #[arg(long, default_value_t = 100)]
+    pub limit: u32,
+}
+
+#[derive(Debug, Args)]
+pub struct SampleArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Print at most this many, newest first.
     #[arg(long, default_value_t = 100)]
     pub limit: u32,
 }
@@ -308,8 +321,11 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
             print_verdict(&a.common, client(&a.common).call_versioned(&request).await?)
         }
         Command::Status(common) => {
-            let full = client(&common).status_full().await?;
+            let client = client(&common);
+            let full = client.status_full().await?;
             let (status, shared, signals) = (full.status, full.shared, full.signals);
+            // A daemon older than version 4 has no activity to give.
+            let activity = client.activity(STATUS_ACTIVITY_LISTED).await.ok();
             if common.json {
                 // `shared` and `signals` are null without the store or with
                 // spray detection off, so scripts can tell that from "an
@@ -317,6 +333,7 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
                 let mut value = serde_json::to_value(&status).expect("plain data serializes");
                 value["shared"] = serde_json::to_value(&shared).expect("plain data serializes");
                 value["signals"] = serde_json::to_value(&signals).expect("plain data serializes");
+                value["activity"] = serde_json::to_value(&activity).expect("plain data serializes");
                 println!("{value}");
             } else {
                 print_status(&status);
@@ -326,13 +343,35 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
                 if let Some(signals) = &signals {
                     print_signals(signals, status.now_ms);
                 }
+                if let Some(activity) = &activity {
+                    print_distributions(activity);
+                }
             }
             Ok(())
         }
         Command::Metrics(args) => {
             let common = CommonArgs { socket: args.socket, json: false, timeout: args.timeout };
-            let full = client(&common).status_full().await?;
-            print!("{}", crate::metrics::prometheus(&full.status, full.shared.as_ref(), full.signals.as_ref()));
+            let client = client(&common);
+            let full = client.status_full().await?;
+            let activity = client.activity(0).await.ok();
+            print!(
+                "{}",
+                crate::metrics::prometheus(
+                    &full.status,
+                    full.shared.as_ref(),
+                    full.signals.as_ref(),
+                    activity.as_ref()
+                )
+            );
+            Ok(())
+        }
+        Command::Sample(args) => {
+            let (samples, seen, since_ms) = client(&args.common).samples(args.limit).await?;
+            if args.common.json {
+                println!("{}", serde_json::json!({ "samples": samples, "seen": seen, "since_ms": since_ms }));
+            } else {
+                print_samples(&samples, seen, since_ms);
+            }
             Ok(())
         }
         Command::Lockouts(args) => {
@@ -530,6 +569,85 @@ fn print_status(s: &crate::protocol::Status) {
         p.changes_dropped,
         p.last_error.as_ref().map(|e| format!("  LAST ERROR: {e}")).unwrap_or_default()
     );
+}
+
+/// Entries of each list `status` asks for with the activity (it prints
+/// only the distributions; `top` prints the lists).
+const STATUS_ACTIVITY_LISTED: u32 = 10;
+
+/// Attempts and failures per account per day, as quantiles and a
+/// histogram with bars on a log scale (the counts span orders of magnitude).
+pub fn print_distributions(a: &crate::protocol::Activity) {
+    for d in &a.distributions {
+        println!(
+            "{} per account, {}: {} accounts (~1 in {} sampled)  p50 {}  p90 {}  p99 {}  p99.9 {}  max {}",
+            d.name,
+            d.day,
+            d.accounts,
+            1u64 << d.sample_shift.min(63),
+            d.p50,
+            d.p90,
+            d.p99,
+            d.p999,
+            d.max
+        );
+        for line in histogram_lines(&d.histogram, 40) {
+            println!("  {line}");
+        }
+    }
+}
+
+/// One line per bucket: `   3-4  ████▌  1,234`, the bar's length the
+/// log of the count, scaled to `width` for the largest.
+pub fn histogram_lines(buckets: &[crate::protocol::HistogramBucket], width: usize) -> Vec<String> {
+    let top = buckets.iter().map(|b| b.accounts).max().unwrap_or(0);
+    let scale = |n: u64| if n == 0 { 0.0 } else { ((n as f64).ln() + 1.0) / ((top as f64).ln() + 1.0) };
+    let mut lower = 1u32;
+    buckets
+        .iter()
+        .map(|b| {
+            let label = if lower >= b.upto { b.upto.to_string() } else { format!("{lower}-{}", b.upto) };
+            lower = b.upto.saturating_add(1);
+            let eighths = (scale(b.accounts) * (width * 8) as f64).round() as usize;
+            let mut bar = "█".repeat(eighths / 8);
+            if !eighths.is_multiple_of(8) {
+                bar.push([' ', '▏', '▎', '▍', '▌', '▋', '▊', '▉'][eighths % 8]);
+            }
+            format!("{label:>11} {bar:<width$} {}", b.accounts)
+        })
+        .collect()
+}
+
+fn print_samples(samples: &[crate::protocol::WouldBeRefusal], seen: u64, since_ms: u64) {
+    println!(
+        "{seen} would-be refusal(s) since {}; {} in the sample{}",
+        at_time(since_ms),
+        samples.len(),
+        if (samples.len() as u64) < seen { " (a uniform sample; newest first)" } else { " (newest first)" }
+    );
+    for s in samples {
+        let device = if s.device.is_empty() {
+            "no device".to_string()
+        } else {
+            format!("{} ({})", s.device, if s.known_device { "known" } else { "unknown" })
+        };
+        let class = if s.class.is_empty() { String::new() } else { format!(" [{}]", s.class) };
+        let account = if s.account.is_empty() { "no account" } else { &s.account };
+        println!(
+            "{}  {} {}/{}  {}  {}{class}  {account}  {device}",
+            at_time(s.at_ms),
+            s.op,
+            s.route,
+            s.rule,
+            json(&s.reason).trim_matches('"'),
+            s.prefix
+        );
+    }
+}
+
+/// An instant on the daemon's clock, in RFC 3339 (UTC, whole seconds).
+pub fn at_time(ms: u64) -> String {
+    humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_millis(ms)).to_string()
 }
 
 fn print_shared(s: &crate::protocol::SharedStatus) {

@@ -50,6 +50,22 @@ impl Clock {
     }
 }
 
+/// How long a request took inside the daemon (`activity`'s latency):
+/// the monotonic clock, whatever the limiter's clock is, since a manual
+/// clock does not move while a request is answered.
+#[derive(Clone, Copy)]
+pub struct Stopwatch(std::time::Instant);
+
+impl Stopwatch {
+    pub fn start() -> Stopwatch {
+        Stopwatch(std::time::Instant::now())
+    }
+
+    pub fn elapsed_ns(self) -> u64 {
+        self.0.elapsed().as_nanos().min(u64::MAX as u128) as u64
+    }
+}
+
 /// Rounds a duration in microseconds up to whole milliseconds, so that a
 /// client that waits what it is told is never early.
 pub fn ceil_ms(us: u64) -> u64 {

@@ -21,6 +21,9 @@
 //! (keyed digests of every identifier), `access` (who may ask what),
 //! `signals` (spray detection: distinct counts across keys off the request
 //! path, flags the request path reads), `sim` (its simulator),
+//! `activity` (what `tollgate top` and `sample` show: verdicts per route,
+//! latency, top refused prefixes, per-account distributions, counted off
+//! the request path),
 //! `audit` (rate-capped log lines), `notify` (systemd), `metrics`
 //! (Prometheus text), `config`, `clock` (the only place time is read) and
 //! `bench` (the load generator and the echo server).
@@ -38,6 +41,7 @@ pub mod cli;
 pub mod daemon;
 
 mod access;
+mod activity;
 mod audit;
 mod bench;
 mod classes;

@@ -13,7 +13,9 @@
 
 use std::fmt::{Display, Write};
 
-use crate::protocol::{RouteStatus, RuleStatus, SharedStatus, SignalFamilyStatus, SignalsStatus, Status};
+use crate::protocol::{
+    Activity, DecisionCounts, RouteStatus, RuleStatus, SharedStatus, SignalFamilyStatus, SignalsStatus, Status,
+};
 
 /// One metric family: its samples are written together, after one HELP and
 /// one TYPE line, as the format requires.
@@ -262,10 +264,102 @@ fn signals(out: &mut String, s: &SignalsStatus) {
     }
 }
 
+/// The operator's view (version 4's `Activity`): verdicts per route,
+/// request latency, the per-account distributions and the activity
+/// queue. Route names only as labels; accounts only as counts.
+fn activity(out: &mut String, a: &Activity) {
+    let decisions =
+        |c: &DecisionCounts| [("allow", c.allow), ("delay", c.delay), ("challenge", c.challenge), ("deny", c.deny)];
+    let name = "tollgate_route_checks_total";
+    let mut family = Family::new(out, name, "counter", "Checks answered, by route and decision.");
+    for r in &a.routes {
+        for (decision, n) in decisions(&r.checks) {
+            family.sample(name, &[("route", &r.name), ("decision", decision)], n);
+        }
+    }
+    let name = "tollgate_route_would_refuse_total";
+    let mut family =
+        Family::new(out, name, "counter", "Checks allowed that a rule in monitor mode would have refused, by route.");
+    for r in &a.routes {
+        family.sample(name, &[("route", &r.name)], r.checks.would_refuse);
+    }
+    let name = "tollgate_route_reports_total";
+    let mut family = Family::new(out, name, "counter", "Reports, by route and outcome.");
+    for r in &a.routes {
+        family.sample(name, &[("route", &r.name), ("outcome", "failure")], r.failures);
+        family.sample(name, &[("route", &r.name), ("outcome", "success")], r.successes);
+    }
+    let l = &a.latency;
+    let name = "tollgate_request_latency_seconds";
+    let mut family = Family::new(
+        out,
+        name,
+        "summary",
+        "Check and report latency inside the daemon, from a sample of batches (bucket upper bounds).",
+    );
+    for (q, ns) in [("0.5", l.p50_ns), ("0.9", l.p90_ns), ("0.99", l.p99_ns), ("0.999", l.p999_ns)] {
+        family.sample(name, &[("quantile", q)], ns as f64 / 1e9);
+    }
+    family.sample(&format!("{name}_count"), &[], l.samples);
+    let name = "tollgate_request_latency_max_seconds";
+    Family::new(out, name, "gauge", "The longest request latency measured since start.").sample(
+        name,
+        &[],
+        l.max_ns as f64 / 1e9,
+    );
+    for (metric, of, help) in [
+        (
+            "tollgate_account_attempts_per_day",
+            "attempts",
+            "Checks per account in a day, quantiles over a sample of accounts.",
+        ),
+        (
+            "tollgate_account_failures_per_day",
+            "failures",
+            "Failed reports per account in a day, quantiles over a sample of accounts.",
+        ),
+    ] {
+        let mut family = Family::new(out, metric, "gauge", help);
+        for d in a.distributions.iter().filter(|d| d.name == of) {
+            for (q, v) in [("0.5", d.p50), ("0.9", d.p90), ("0.99", d.p99), ("0.999", d.p999), ("1", d.max)] {
+                family.sample(metric, &[("day", &d.day), ("quantile", q)], v);
+            }
+        }
+    }
+    let name = "tollgate_accounts_per_day";
+    let mut family =
+        Family::new(out, name, "gauge", "Accounts with an attempt (or a failure) in a day, estimated from the sample.");
+    for d in &a.distributions {
+        family.sample(name, &[("day", &d.day), ("kind", &d.name)], d.accounts);
+    }
+    let single = [
+        ("tollgate_activity_events_total", "Events handed to the activity thread.", a.events),
+        ("tollgate_activity_events_dropped_total", "Activity events dropped: its queue was full.", a.events_dropped),
+    ];
+    for (name, help, value) in single {
+        Family::new(out, name, "counter", help).sample(name, &[], value);
+    }
+    if let Some(log) = &a.decision_log {
+        let single = [
+            ("tollgate_decision_log_records_total", "Decisions written to the decision log.", log.records_written),
+            (
+                "tollgate_decision_log_records_dropped_total",
+                "Decisions not logged: the log's queue was full.",
+                log.records_dropped,
+            ),
+            ("tollgate_decision_log_write_errors_total", "Decision log writes that failed.", log.write_errors),
+        ];
+        for (name, help, value) in single {
+            Family::new(out, name, "counter", help).sample(name, &[], value);
+        }
+    }
+}
+
 pub fn prometheus(
     status: &Status,
     shared_status: Option<&SharedStatus>,
     signals_status: Option<&SignalsStatus>,
+    activity_view: Option<&Activity>,
 ) -> String {
     let mut out = String::new();
     let mut family = Family::new(&mut out, "tollgate_info", "gauge", "Version of the daemon (always 1).");
@@ -386,6 +480,9 @@ pub fn prometheus(
     if let Some(s) = signals_status {
         signals(&mut out, s);
     }
+    if let Some(a) = activity_view {
+        activity(&mut out, a);
+    }
     out
 }
 
@@ -461,7 +558,7 @@ mod tests {
 
     #[test]
     fn no_shared_family_without_a_store() {
-        let text = prometheus(&status(), None, None);
+        let text = prometheus(&status(), None, None, None);
         assert!(!text.contains("tollgate_shared_") && !text.contains("tollgate_rule_scope"), "{text}");
     }
 
@@ -484,7 +581,7 @@ mod tests {
             global_rules: vec!["login/source_failures".into()],
             ..SharedStatus::default()
         };
-        let text = prometheus(&status(), Some(&shared), None);
+        let text = prometheus(&status(), Some(&shared), None, None);
         let samples = samples(&text);
         let value = |series: &str| samples.iter().find(|(s, _)| *s == series).unwrap_or_else(|| panic!("{series}")).1;
         assert_eq!(value("tollgate_shared_up"), "0");

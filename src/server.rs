@@ -22,7 +22,7 @@ use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::access::Permissions;
-use crate::clock::Clock;
+use crate::clock::{Clock, Stopwatch};
 use crate::codec::ReplyExtras;
 use crate::codec::{self, FrameError, PayloadError, FRAME_HEADER_BYTES, REQUEST_PAYLOAD_BYTES_MAX};
 use crate::daemon::lockouts::make_lockouts_reply;
@@ -346,10 +346,15 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
     let mut shutdown_signal = std::pin::pin!(shutdown.changed());
     let mut last_read = tokio::time::Instant::now();
     let mut idle = std::pin::pin!(tokio::time::sleep_until(last_read + idle_timeout));
+    // One batch in `sample_every` has its replies' latency measured.
+    let latency = daemon.latency();
+    let mut batches: u32 = 0;
     loop {
         // Answer every complete frame we hold, all with one limiter.
         let limiter = limiters.load();
         let now = daemon.clock().now_us();
+        let stopwatch = batches.is_multiple_of(latency.sample_every()).then(Stopwatch::start);
+        batches = batches.wrapping_add(1);
         let mut close = false;
         let mut answered = 0;
         while answered < batch_max && !close {
@@ -455,6 +460,9 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
                         if status && planned.version >= SIGNALS_VERSION { daemon.signals_status() } else { None };
                     let extras = ReplyExtras { degraded, shared: shared.as_ref(), signals: signals.as_ref() };
                     codec::encode_response_versioned(planned.version, planned.id, &response, &extras, &mut out);
+                    if let (Some(stopwatch), Response::Verdict(_)) = (stopwatch, &response) {
+                        latency.record(stopwatch.elapsed_ns());
+                    }
                     start += planned.frame_bytes;
                     answered += 1;
                     frame_deadline = None;

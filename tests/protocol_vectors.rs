@@ -901,7 +901,7 @@ fn the_document_links_the_file_and_its_inline_examples_are_the_files() {
 /// Every variant of both message enums. `variant` below is exhaustive, so
 /// a new variant does not compile until it is named there; add it here too,
 /// and the test below fails until the vector file has a vector for it.
-const VARIANTS: [&str; 12] = [
+const VARIANTS: [&str; 16] = [
     "Request::Check",
     "Request::Report",
     "Request::Status",
@@ -914,6 +914,10 @@ const VARIANTS: [&str; 12] = [
     "Response::Unlocked",
     "Response::ClockAdvanced",
     "Response::Error",
+    "Request::Activity",
+    "Request::Samples",
+    "Response::Activity",
+    "Response::Samples",
 ];
 
 fn variant(message: &Message) -> &'static str {
@@ -925,6 +929,8 @@ fn variant(message: &Message) -> &'static str {
             Request::Lockouts { .. } => "Request::Lockouts",
             Request::Unlock { .. } => "Request::Unlock",
             Request::ClockAdvance { .. } => "Request::ClockAdvance",
+            Request::Activity { .. } => "Request::Activity",
+            Request::Samples { .. } => "Request::Samples",
         },
         Message::Response(r) => match r {
             Response::Verdict(_) => "Response::Verdict",
@@ -933,6 +939,8 @@ fn variant(message: &Message) -> &'static str {
             Response::Unlocked { .. } => "Response::Unlocked",
             Response::ClockAdvanced { .. } => "Response::ClockAdvanced",
             Response::Error(_) => "Response::Error",
+            Response::Activity(_) => "Response::Activity",
+            Response::Samples { .. } => "Response::Samples",
         },
     }
 }

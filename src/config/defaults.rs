@@ -323,6 +323,43 @@ const _: () = {
     assert!(SHARED_HOST_TTL_HEARTBEATS_MIN * SHARED_HEARTBEAT_MS_MIN <= SHARED_HOST_TTL_MS_MAX);
 };
 
+// The operator's view (`[activity]`, issue 16): what `tollgate top` and
+// `tollgate sample` read. Each structure is fixed-size; the defaults keep
+// the whole under ~4 MB.
+/// Events (refusals, failures, sampled attempts, lockouts) waiting for the
+/// activity thread; a full queue drops (and counts) rather than block.
+pub const ACTIVITY_QUEUE_MAX_DEFAULT: usize = 65_536;
+/// The queue's slots are allocated at start (~48 bytes each).
+pub const ACTIVITY_QUEUE_MAX_LIMIT: usize = 1 << 20;
+/// Entries of each top-K summary: a space-saving summary of K entries
+/// finds every item above 1/K of the window's total, so 256 finds any
+/// prefix drawing 0.4% of the refusals.
+pub const ACTIVITY_TOP_ENTRIES_MAX_DEFAULT: usize = 256;
+/// Each new item scans the summary for its least entry: kept small.
+pub const ACTIVITY_TOP_ENTRIES_MAX_LIMIT: usize = 4_096;
+/// The top lists cover this window and the one before: five to ten
+/// minutes, recent enough to be "now" and long enough to rank.
+pub const ACTIVITY_TOP_WINDOW_SECS_DEFAULT: u64 = 300;
+pub const ACTIVITY_TOP_WINDOW_SECS_MIN: u64 = 10;
+pub const ACTIVITY_TOP_WINDOW_SECS_MAX: u64 = 86_400;
+/// Recent refusals and lockouts kept, each: more than a screen.
+pub const ACTIVITY_RECENT_MAX_DEFAULT: usize = 256;
+pub const ACTIVITY_RECENT_MAX_LIMIT: usize = 65_536;
+/// Accounts counted exactly per day. Past this, the sample halves (an
+/// account is kept when its keyed hash has one more leading zero), so
+/// the sample stays between half and all of this: p99.9 of 8,192 or more
+/// accounts is the 9th largest or beyond, not a lone outlier. ~40 bytes each.
+pub const ACTIVITY_ACCOUNTS_SAMPLED_MAX_DEFAULT: usize = 16_384;
+pub const ACTIVITY_ACCOUNTS_SAMPLED_MAX_MIN: usize = 1_024;
+pub const ACTIVITY_ACCOUNTS_SAMPLED_MAX_LIMIT: usize = 1 << 22;
+/// Would-be refusals kept for `tollgate sample`: "walk a hundred would-be
+/// blocks to their causes", ten times over.
+pub const ACTIVITY_SAMPLES_MAX_DEFAULT: usize = 1_000;
+pub const ACTIVITY_SAMPLES_MAX_LIMIT: usize = 100_000;
+/// One batch of requests in this many has its latency measured (two clock
+/// reads per batch measured): the percentiles need a sample, not every request.
+pub const ACTIVITY_LATENCY_SAMPLE_EVERY: u32 = 8;
+
 // Spray detection (`[signals]`, issue 15). The arithmetic behind each
 // threshold is in docs/design/spray-detection.md §6: an office's 605
 // distinct failed accounts an hour per address come with thousands of

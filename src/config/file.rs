@@ -34,6 +34,21 @@ pub struct RawConfig {
     pub shared: Option<RawShared>,
     #[serde(default)]
     pub signals: RawSignals,
+    #[serde(default)]
+    pub activity: RawActivity,
+}
+
+/// `[activity]`: the bounded structures behind `tollgate top`, `tollgate
+/// sample` and the attempts-per-account distribution.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawActivity {
+    pub queue_max: Option<usize>,
+    pub top_entries_max: Option<usize>,
+    pub top_window_secs: Option<u64>,
+    pub recent_max: Option<usize>,
+    pub accounts_sampled_max: Option<usize>,
+    pub samples_max: Option<usize>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]

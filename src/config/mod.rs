@@ -21,8 +21,8 @@ mod validate;
 
 pub use defaults::*;
 pub use file::{
-    RawClassLimit, RawConfig, RawCountDetector, RawDetector, RawResponses, RawRoute, RawRule, RawRuleKind, RawServer,
-    RawShared, RawSignals, RawSource, Word,
+    RawActivity, RawClassLimit, RawConfig, RawCountDetector, RawDetector, RawResponses, RawRoute, RawRule, RawRuleKind,
+    RawServer, RawShared, RawSignals, RawSource, Word,
 };
 
 /// What a client does for a route when the daemon cannot answer in time:
@@ -449,6 +449,26 @@ pub struct Config {
     pub shared: Option<SharedConfig>,
     /// None: `[signals] enabled = false`.
     pub signals: Option<SignalsConfig>,
+    pub activity: ActivityConfig,
+}
+
+/// `[activity]`: the bounds of what the operator's view keeps (see
+/// `activity/`). Always on: each is a fixed-size structure off the request
+/// path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ActivityConfig {
+    /// Events waiting for the activity thread; a full queue drops them.
+    pub queue_max: usize,
+    /// Entries of each top-K summary (refused prefixes, failing accounts).
+    pub top_entries_max: usize,
+    /// The top-K summaries cover this window and the one before it.
+    pub top_window_ms: u64,
+    /// Recent refusals and recent lockouts kept, each.
+    pub recent_max: usize,
+    /// Accounts counted exactly per day (a hash-chosen sample of them).
+    pub accounts_sampled_max: usize,
+    /// Monitor mode's would-be refusals kept as a uniform sample.
+    pub samples_max: usize,
 }
 
 /// Every problem found in a configuration, one `key: message` per line.

@@ -30,6 +30,7 @@ impl Config {
         let responses = build_responses(raw.responses, &mut errors);
         let shared = raw.shared.and_then(|shared| build_shared(shared, &mut errors));
         let signals = build_signals(raw.signals, &mut errors);
+        let activity = build_activity(raw.activity, &mut errors);
 
         let mut merged = builtin_routes();
         for (name, user) in raw.routes {
@@ -63,6 +64,7 @@ impl Config {
                 routes,
                 shared,
                 signals,
+                activity,
             })
         } else {
             Err(ConfigErrors(errors))
@@ -161,6 +163,39 @@ fn build_source(raw: RawSource, errors: &mut Vec<String>) -> SourcePolicy {
         ));
     }
     policy
+}
+
+fn build_activity(raw: RawActivity, errors: &mut Vec<String>) -> ActivityConfig {
+    let activity = ActivityConfig {
+        queue_max: raw.queue_max.unwrap_or(ACTIVITY_QUEUE_MAX_DEFAULT),
+        top_entries_max: raw.top_entries_max.unwrap_or(ACTIVITY_TOP_ENTRIES_MAX_DEFAULT),
+        top_window_ms: raw.top_window_secs.unwrap_or(ACTIVITY_TOP_WINDOW_SECS_DEFAULT).saturating_mul(1000),
+        recent_max: raw.recent_max.unwrap_or(ACTIVITY_RECENT_MAX_DEFAULT),
+        accounts_sampled_max: raw.accounts_sampled_max.unwrap_or(ACTIVITY_ACCOUNTS_SAMPLED_MAX_DEFAULT),
+        samples_max: raw.samples_max.unwrap_or(ACTIVITY_SAMPLES_MAX_DEFAULT),
+    };
+    let mut within = |field: &str, value: u64, min: u64, max: u64| {
+        if !(min..=max).contains(&value) {
+            errors.push(format!("activity.{field}: must be {min}..={max}"));
+        }
+    };
+    within("queue_max", activity.queue_max as u64, 1, ACTIVITY_QUEUE_MAX_LIMIT as u64);
+    within("top_entries_max", activity.top_entries_max as u64, 1, ACTIVITY_TOP_ENTRIES_MAX_LIMIT as u64);
+    within(
+        "top_window_secs",
+        activity.top_window_ms / 1000,
+        ACTIVITY_TOP_WINDOW_SECS_MIN,
+        ACTIVITY_TOP_WINDOW_SECS_MAX,
+    );
+    within("recent_max", activity.recent_max as u64, 1, ACTIVITY_RECENT_MAX_LIMIT as u64);
+    within(
+        "accounts_sampled_max",
+        activity.accounts_sampled_max as u64,
+        ACTIVITY_ACCOUNTS_SAMPLED_MAX_MIN as u64,
+        ACTIVITY_ACCOUNTS_SAMPLED_MAX_LIMIT as u64,
+    );
+    within("samples_max", activity.samples_max as u64, 1, ACTIVITY_SAMPLES_MAX_LIMIT as u64);
+    activity
 }
 
 fn build_server(raw: RawServer, errors: &mut Vec<String>) -> ServerConfig {

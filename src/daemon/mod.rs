@@ -13,6 +13,7 @@ mod status;
 pub use start::serve;
 
 use lockouts::{lockouts_listed, lockouts_reply, LOCKOUTS_MADE_CONCURRENTLY_MAX, LOCKOUTS_REPLY_BYTES_MAX};
+use status::activity_listed;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -21,6 +22,7 @@ use arc_swap::ArcSwap;
 use tokio::sync::Semaphore;
 
 use crate::access::{Access, Permissions};
+use crate::activity::{ActivityLink, Event, Observer};
 use crate::audit::LogCap;
 use crate::classes::ClassTable;
 use crate::clock::{ceil_ms, Clock};
@@ -72,6 +74,14 @@ pub struct Daemon {
     listener: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Spray detection's engine (for `status`) and the limiter's link to it.
     spray: Option<Spray>,
+    /// The operator's view: the request path's link and the thread's state.
+    activity: Observing,
+}
+
+/// The operator's view as the daemon holds it (see `activity`).
+pub(crate) struct Observing {
+    pub(crate) link: Arc<ActivityLink>,
+    pub(crate) observer: Arc<std::sync::Mutex<Observer>>,
 }
 
 /// Spray detection as the daemon holds it.
@@ -92,8 +102,16 @@ pub(crate) const ERRORS: usize = 4;
 pub(crate) type VerdictCounters = [u64; ERRORS + 1];
 
 impl Daemon {
-    pub fn new(limiter: Limiter, clock: Clock, config: Config, access: Access, store_stats: Arc<StoreStats>) -> Daemon {
+    pub(crate) fn new(
+        limiter: Limiter,
+        clock: Clock,
+        config: Config,
+        access: Access,
+        store_stats: Arc<StoreStats>,
+        activity: Observing,
+    ) -> Daemon {
         Daemon {
+            activity,
             audit: LogCap::new(config.server.log_lines_per_sec_max),
             refusals: LogCap::new(config.server.log_lines_per_sec_max),
             accept_errors: LogCap::new(ACCEPT_ERROR_LINES_PER_SEC_MAX),
@@ -122,6 +140,11 @@ impl Daemon {
     /// the queue's drop count. Before the daemon is shared.
     pub(crate) fn set_spray(&mut self, spray: Spray) {
         self.spray = Some(spray);
+    }
+
+    /// Request latency, which `server` measures.
+    pub(crate) fn latency(&self) -> &crate::activity::latency::Latency {
+        &self.activity.link.latency
     }
 
     /// The limiter in force; a reload swaps it whole.
@@ -261,7 +284,7 @@ impl Daemon {
                         match started {
                             Ok(SharedStart::Done(reported)) => Ok(reported),
                             Ok(SharedStart::Waiting(ticket, report)) => {
-                                return Started::Report { route, subject, ticket, report };
+                                return Started::Report { route, subject, outcome, ticket, report };
                             }
                             Err(e) => Err(e),
                         }
@@ -270,7 +293,7 @@ impl Daemon {
                         .report_tagged(route, &subject, outcome, password_digest, password_tag, now)
                         .map(|(v, d)| (v, d, false)),
                 };
-                return Started::Ready(self.reported(limiter, route, &subject, reported, now));
+                return Started::Ready(self.reported(limiter, route, &subject, outcome, reported, now));
             }
             Job::Other(request) => request,
         };
@@ -283,6 +306,14 @@ impl Daemon {
             // off the runtime threads, within the reply budget); this is the
             // same answer.
             Request::Lockouts { limit } => (lockouts_reply(limiter, lockouts_listed(limit), now), Vec::new(), false),
+            Request::Activity { limit } => {
+                (Response::Activity(Box::new(self.activity(limiter, limit, now))), Vec::new(), false)
+            }
+            Request::Samples { limit } => {
+                let observer = self.activity.observer.lock().unwrap_or_else(|e| e.into_inner());
+                let (samples, seen, since_ms) = observer.samples(activity_listed(limit));
+                (Response::Samples { samples, seen, since_ms }, Vec::new(), false)
+            }
             request @ Request::Unlock { .. } => return Started::Unlock(request),
             Request::ClockAdvance { by_ms } => match self.clock.advance(by_ms.saturating_mul(1000)) {
                 Some(now) => (Response::ClockAdvanced { now_ms: ceil_ms(now) }, Vec::new(), false),
@@ -314,9 +345,9 @@ impl Daemon {
                 let verdict = self.finish_check_shared(limiter, ticket, check, now).await;
                 self.checked(limiter, route, &subject, Ok(verdict), now)
             }
-            Started::Report { route, subject, ticket, report } => {
+            Started::Report { route, subject, outcome, ticket, report } => {
                 let reported = self.finish_report_shared(limiter, ticket, report, now).await;
-                self.reported(limiter, route, &subject, Ok(reported), now)
+                self.reported(limiter, route, &subject, outcome, Ok(reported), now)
             }
             Started::Unlock(request) => self.unlock(limiter, request, peer, now).await,
         }
@@ -338,10 +369,20 @@ impl Daemon {
     ) -> Answer<'l> {
         match verdict {
             Ok((verdict, degraded)) => {
+                limiter.count_check(route, &verdict);
+                let link = &self.activity.link;
+                if let Some(account) = subject.account {
+                    let sample = link.sample(account);
+                    if link.in_sample(sample) {
+                        link.send(Event::Attempt { at_us: now, sample });
+                    }
+                }
                 // Monitor mode's would-be refusals are logged too: the
                 // log is how an operator judges a rule before enforcing it.
                 if verdict.decision != Decision::Allow || verdict.reason.is_monitored() {
                     self.log_refusal(limiter, route, subject, &verdict, now);
+                    let refused = limiter.describe_refusal(route, subject, &verdict, "check", now);
+                    link.send(Event::Refused(Box::new(refused)));
                 }
                 (Response::Verdict(verdict), Vec::new(), degraded)
             }
@@ -349,20 +390,35 @@ impl Daemon {
         }
     }
 
+    #[allow(clippy::too_many_arguments)] // a report's request and its answer
     fn reported<'l>(
         &self,
         limiter: &'l Limiter,
         route: &str,
         subject: &Subject<'_>,
+        outcome: Outcome,
         reported: Result<Reported<'l>, RequestError>,
         now: u64,
     ) -> Answer<'l> {
         match reported {
             Ok((verdict, durable, degraded)) => {
+                limiter.count_report(route, &verdict, outcome);
+                let link = &self.activity.link;
+                if let (Outcome::Failure, Some(account)) = (outcome, subject.account) {
+                    let sample = link.sample(account);
+                    link.send(Event::Failure { at_us: now, sample, account: limiter.account_tag(account) });
+                }
                 if !durable.is_empty() {
                     if let Some(suppressed) = self.audit.admit(now) {
                         let client = limiter.client_prefix(subject).map(|p| p.to_string());
                         tracing::info!(target: LOG_TARGET, route, rule = %verdict.rule, client, suppressed, "lockout");
+                    }
+                    // One line in the stream per rule that locked, monitor
+                    // mode's excepted: its lock refuses no one.
+                    for rule in durable.iter().filter_map(|d| d.rule()) {
+                        if let Some(locked) = limiter.describe_lockout(route, subject, rule, &verdict, now) {
+                            link.send(Event::Lockout(Box::new(locked)));
+                        }
                     }
                 }
                 (Response::Verdict(verdict), durable, degraded)
@@ -418,6 +474,7 @@ pub(crate) enum Started<'b, 'l> {
     Report {
         route: &'b str,
         subject: Subject<'b>,
+        outcome: Outcome,
         ticket: Ticket<'b>,
         report: PendingReport<'l>,
     },

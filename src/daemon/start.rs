@@ -111,7 +111,15 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
         .with_signals(Some(link.clone()));
     let restored = restore(&limiter, loaded, clock.now_us());
     let access = Access::resolve(&config.server, nix::unistd::geteuid().as_raw())?;
-    let mut daemon = Daemon::new(limiter, clock.clone(), config.clone(), access, stats);
+    let (activity_link, observer, activity_queue) = crate::activity::channel(&config.activity, clock.now_us());
+    let observing = super::Observing { link: activity_link.clone(), observer: observer.clone() };
+    let mut daemon = Daemon::new(limiter, clock.clone(), config.clone(), access, stats, observing);
+    {
+        let clock = clock.clone();
+        std::thread::Builder::new()
+            .name("tollgate-activity".into())
+            .spawn(move || crate::activity::run(activity_queue, observer, activity_link, || clock.now_us()))?;
+    }
     daemon.set_spray(super::Spray { engine: pump.engine(), link });
     daemon.open_files_max = raise_open_file_limit(&config);
     // Lives as long as the process: the limiter's link keeps it fed.

@@ -6,11 +6,22 @@ use super::lockouts::{LOCKOUTS_LISTED_MAX, LOCKOUTS_MADE_CONCURRENTLY_MAX, LOCKO
 use super::{Daemon, ERRORS};
 use crate::codec::REQUEST_PAYLOAD_BYTES_MAX;
 use crate::limiter::Limiter;
-use crate::protocol::{Decision, NamedLimit, PersistenceStatus, SharedStatus, SignalsStatus, Status, VerdictCounts};
+use crate::protocol::{
+    Activity, Decision, NamedLimit, PersistenceStatus, SharedStatus, SignalsStatus, Status, VerdictCounts,
+};
 use crate::server::{
     ACCEPT_ERROR_LINES_PER_SEC_MAX, ACCEPT_RETRY_DELAY_MS_MAX, FILES_RESERVED_COUNT, READ_BUFFER_BYTES,
     REPLY_BUFFER_RESTING_BYTES, REPLY_BYTES_BUFFERED_MAX,
 };
+
+/// Entries in each list of an `Activity` or `Samples` reply, at most:
+/// 10,000 would-be refusals are ~1.5 MB, well inside a reply's 8 MiB.
+pub(crate) const ACTIVITY_LISTED_MAX: usize = 10_000;
+
+/// A request's `limit`, within `ACTIVITY_LISTED_MAX`.
+pub(crate) fn activity_listed(limit: u32) -> usize {
+    (limit as usize).min(ACTIVITY_LISTED_MAX)
+}
 
 impl Daemon {
     /// The shared store's state for a version-2 status (None without
@@ -90,6 +101,39 @@ impl Daemon {
         self.config_in_force.lock().unwrap_or_else(|e| e.into_inner()).signals.as_ref()?;
         let engine = spray.engine.lock().unwrap_or_else(|e| e.into_inner());
         Some(engine.status(spray.link.dropped(), self.clock.now_us()))
+    }
+
+    /// The operator's view (a version-4 `Activity` reply): at most `limit`
+    /// entries in each list.
+    pub(crate) fn activity(&self, limiter: &Limiter, limit: u32, now: u64) -> Activity {
+        let mut view = {
+            let observer = self.activity.observer.lock().unwrap_or_else(|e| e.into_inner());
+            observer.view(activity_listed(limit), now)
+        };
+        let link = &self.activity.link;
+        view.routes = limiter.route_activity();
+        view.latency = link.latency.snapshot();
+        (view.events, view.events_dropped) = link.events();
+        view
+    }
+
+    /// `[activity]`'s limits: those of the structures in force (read at start).
+    fn activity_limits(&self) -> Vec<NamedLimit> {
+        let observer = self.activity.observer.lock().unwrap_or_else(|e| e.into_inner());
+        let c = observer.config();
+        [
+            ("activity.queue_max", c.queue_max as u64),
+            ("activity.top_entries_max", c.top_entries_max as u64),
+            ("activity.top_window_secs", c.top_window_ms / 1000),
+            ("activity.recent_max", c.recent_max as u64),
+            ("activity.accounts_sampled_max", c.accounts_sampled_max as u64),
+            ("activity.samples_max", c.samples_max as u64),
+            ("activity.latency_sample_every", u64::from(self.activity.link.latency.sample_every())),
+            ("activity.listed_max", ACTIVITY_LISTED_MAX as u64),
+        ]
+        .into_iter()
+        .map(|(name, value)| NamedLimit { name: name.into(), value })
+        .collect()
     }
 
     /// `[signals]`' limits, when on.
@@ -172,6 +216,7 @@ impl Daemon {
             .into_iter()
             .chain(self.shared_limits())
             .chain(self.signals_limits())
+            .chain(self.activity_limits())
             .chain(limiter.route_limits().into_iter().map(|(name, value)| NamedLimit { name, value }))
             .collect(),
             persistence: PersistenceStatus {

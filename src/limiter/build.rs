@@ -182,6 +182,8 @@ pub(super) fn build_route(
         known_lockouts,
         feeds_signals: config.rules.iter().any(|r| matches!(r.kind, RuleKind::Signal { .. })),
         pseudo_tenant: 0,
+        // Kept across a reload, so `top`'s rates do not drop to zero.
+        activity: old_route.map(|r| r.activity.clone()).unwrap_or_default(),
     }
 }
 

@@ -11,6 +11,7 @@
 mod build;
 mod global;
 mod maintenance;
+mod observe;
 mod route;
 mod shards;
 mod status;

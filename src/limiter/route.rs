@@ -4,6 +4,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use super::shards::SharedTable;
+use crate::activity::counters::RouteCounters;
 use crate::config::{ByClass, DetectorSet, DeviceScope, FailPolicy, RateLimit, Rung};
 use crate::expiring::{ExpiringMap, Slot};
 use crate::failure_window::{FailureWindowTable, WindowSpec};
@@ -137,4 +138,6 @@ pub(super) struct Route {
     /// The tenant digest (64 bits) the signals use for this route's
     /// requests that name no tenant.
     pub(super) pseudo_tenant: u64,
+    /// Verdicts given on this route, for the operator's view.
+    pub(super) activity: Arc<RouteCounters>,
 }

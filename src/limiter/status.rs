@@ -11,10 +11,16 @@ use crate::source::forwarded_tail;
 impl Limiter {
     /// The source prefix a subject is counted under (for log lines).
     pub fn client_prefix(&self, subject: &Subject<'_>) -> Option<crate::source::Prefix> {
+        self.client_origin(subject).map(|(prefix, _)| prefix)
+    }
+
+    /// The client's prefix and its source class.
+    pub fn client_origin(&self, subject: &Subject<'_>) -> Option<(crate::source::Prefix, Option<SourceClass>)> {
         let peer = subject.peer?;
         let forwarded = subject.forwarded_for.map(forwarded_tail);
         let address = self.source.client_address(peer, forwarded);
-        Some(self.source.prefix_in_class(address, self.classes.lookup(address)))
+        let class = self.classes.lookup(address);
+        Some((self.source.prefix_in_class(address, class), class))
     }
 
     pub fn class_prefixes(&self) -> usize {

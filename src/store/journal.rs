@@ -12,14 +12,24 @@ use std::sync::Arc;
 use super::{DeviceRows, WriteError};
 use crate::failure_window::Change;
 
-/// Resolves when a write is on disk (or failed to get there).
-pub struct Durable(pub(super) tokio::sync::oneshot::Receiver<Result<(), WriteError>>);
+/// Resolves when a write is on disk (or failed to get there). A lockout's
+/// write names its rule (`route/rule`), which the operator's view shows.
+pub struct Durable(pub(super) tokio::sync::oneshot::Receiver<Result<(), WriteError>>, Option<Arc<str>>);
 
 impl Durable {
     fn done(result: Result<(), WriteError>) -> Durable {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let _ = tx.send(result);
-        Durable(rx)
+        Durable(rx, None)
+    }
+
+    fn of_rule(self, rule: &Arc<str>) -> Durable {
+        Durable(self.0, Some(rule.clone()))
+    }
+
+    /// The rule whose entries a `write_durably` writes.
+    pub fn rule(&self) -> Option<&Arc<str>> {
+        self.1.as_ref()
     }
 
     pub async fn wait(self) -> Result<(), WriteError> {
@@ -115,7 +125,7 @@ impl Journal {
         }
         let (ack, rx) = tokio::sync::oneshot::channel();
         Some(match tx.send(Message::Write { edit, ack: Some(ack) }) {
-            Ok(()) => Durable(rx),
+            Ok(()) => Durable(rx, None),
             Err(_) => Durable::done(Err(WriteError::WriterStopped)),
         })
     }
@@ -140,19 +150,19 @@ impl Journal {
         let Some(tx) = &self.tx else { return Durable::done(Ok(())) };
         let (ack, rx) = tokio::sync::oneshot::channel();
         match tx.send(Message::RewriteEnd { ack }) {
-            Ok(()) => Durable(rx),
+            Ok(()) => Durable(rx, None),
             Err(_) => Durable::done(Err(WriteError::WriterStopped)),
         }
     }
 
     /// Queues changes and returns what resolves once they are committed.
     pub fn write_durably(&self, rule: &Arc<str>, window_us: u64, changes: Vec<Change>) -> Durable {
-        let Some(tx) = &self.tx else { return Durable::done(Ok(())) };
+        let Some(tx) = &self.tx else { return Durable::done(Ok(())).of_rule(rule) };
         let (ack, rx) = tokio::sync::oneshot::channel();
         let edit = Edit::Entries { rule: rule.clone(), window_us, changes };
         match tx.send(Message::Write { edit, ack: Some(ack) }) {
-            Ok(()) => Durable(rx),
-            Err(_) => Durable::done(Err(WriteError::WriterStopped)),
+            Ok(()) => Durable(rx, Some(rule.clone())),
+            Err(_) => Durable::done(Err(WriteError::WriterStopped)).of_rule(rule),
         }
     }
 }

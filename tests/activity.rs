@@ -1,0 +1,213 @@
+//! The operator's view against a real daemon on the manual clock: what
+//! `tollgate top`, `sample`, `status` and `metrics` read (the version-4
+//! `Activity` and `Samples` requests) counts exactly what the test's own
+//! traffic did, and never names anyone.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use tollgate::client::{Client, ClientConfig};
+use tollgate::protocol::{Activity, Decision, Outcome, Reason, Subject, Verdict};
+use tollgate::{KeyDeriver, Secret};
+
+const LOGIN: &str = "login";
+/// Planted: must never appear in anything the daemon shows.
+const VICTIM: &str = "planted-victim-name-7f3a";
+const ATTACKER_DEVICE: &str = "planted-attacker-device-9c1e";
+const ATTACKER: &str = "203.0.113.9";
+/// The account ceiling in monitor mode at 3, so the attacker's 4th and
+/// 5th guesses are would-be refusals before the source rule locks at 5.
+const CONFIG: &str = "[routes.login.rules.account_failures]\nmonitor = true\nthreshold = 3\n";
+
+async fn check(client: &Client, subject: &Subject<'_>) -> Verdict<'static> {
+    verdict(client.check(LOGIN, subject).await)
+}
+
+async fn report(client: &Client, subject: &Subject<'_>, outcome: Outcome) -> Verdict<'static> {
+    verdict(client.report(LOGIN, subject, outcome).await)
+}
+
+/// Asks until `ready` holds: the activity thread counts off the request path.
+async fn activity_when(client: &Client, ready: impl Fn(&Activity) -> bool) -> Activity {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let activity = client.activity(100).await.expect("activity");
+        if ready(&activity) {
+            return activity;
+        }
+        assert!(Instant::now() < deadline, "activity never caught up: {activity:#?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+struct Traffic {
+    checks: [u64; 4],
+    would_refuse: u64,
+    failures: u64,
+    successes: u64,
+}
+
+/// Ten people log in (1 to 3 times each, from their own address and
+/// device), then an attacker guesses at one account until refused.
+async fn drive(client: &Client) -> Traffic {
+    let mut t = Traffic { checks: [0; 4], would_refuse: 0, failures: 0, successes: 0 };
+    let people: Vec<(String, String, String)> =
+        (0..10).map(|i| (format!("person-{i}"), format!("198.51.100.{}", i + 1), format!("phone-{i}"))).collect();
+    for (i, (account, address, device)) in people.iter().enumerate() {
+        let subject =
+            Subject { peer: Some(ip(address)), account: Some(account), device: Some(device), ..Subject::default() };
+        for _ in 0..(i % 3) + 1 {
+            let v = check(client, &subject).await;
+            t.checks[v.decision as usize] += 1;
+            assert!(v.proceeds(), "{v:?}");
+            report(client, &subject, Outcome::Success).await;
+            t.successes += 1;
+        }
+    }
+    let attacker = Subject {
+        peer: Some(ip(ATTACKER)),
+        account: Some(VICTIM),
+        device: Some(ATTACKER_DEVICE),
+        ..Subject::default()
+    };
+    for _ in 0..10 {
+        let v = check(client, &attacker).await;
+        t.checks[v.decision as usize] += 1;
+        t.would_refuse += v.reason.is_monitored() as u64;
+        if v.proceeds() {
+            report(client, &attacker, Outcome::Failure).await;
+            t.failures += 1;
+        }
+    }
+    t
+}
+
+fn account_text(daemon: &TestDaemon, account: &str) -> String {
+    let secret = Secret::load(&daemon.dir.path().join("secret")).unwrap().expect("the daemon made its secret");
+    format!("acct:{:016x}", KeyDeriver::new(&secret).account_tag(account))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_view_counts_exactly_what_the_traffic_did() {
+    let daemon = TestDaemon::start_with(Some(&format!("{CONFIG}{COUNTING_RULES_ONLY}")), true);
+    let client = daemon.client();
+    let t = drive(&client).await;
+    // The attacker: 5 guesses allowed (the 4th and 5th would-be refusals
+    // of the monitored ceiling), then the source rule's lockout refuses 5.
+    assert_eq!((t.checks, t.would_refuse, t.failures, t.successes), ([24, 0, 0, 5], 2, 5, 19));
+    let victim = account_text(&daemon, VICTIM);
+
+    let a = activity_when(&client, |a| !a.recent_lockouts.is_empty() && a.top_refused_prefixes.len() == 1).await;
+    let login = a.routes.iter().find(|r| r.name == LOGIN).expect("the login route");
+    let c = &login.checks;
+    assert_eq!([c.allow, c.delay, c.challenge, c.deny], t.checks);
+    assert_eq!((c.would_refuse, login.failures, login.successes), (2, 5, 19));
+    assert_eq!(login.reports.allow + login.reports.delay + login.reports.challenge + login.reports.deny, 24);
+    for other in a.routes.iter().filter(|r| r.name != LOGIN) {
+        assert_eq!((other.checks.allow, other.failures), (0, 0), "{}", other.name);
+    }
+
+    let prefixes: Vec<(&str, u64, u64)> =
+        a.top_refused_prefixes.iter().map(|p| (p.prefix.as_str(), p.refusals, p.error)).collect();
+    assert_eq!(prefixes, vec![("203.0.113.9/32", 5, 0)]);
+    let accounts: Vec<(&str, u64)> = a.top_failing_accounts.iter().map(|a| (a.account.as_str(), a.failures)).collect();
+    assert_eq!(accounts, vec![(victim.as_str(), 5)]);
+    assert_eq!(a.recent_refusals.len(), 5);
+    assert!(a.recent_refusals.iter().all(|r| r.rule == "source_failures"
+        && r.decision == Decision::Deny
+        && r.reason == Reason::TooManyFailures
+        && r.prefix == "203.0.113.9/32"));
+    assert_eq!(a.recent_lockouts.len(), 1);
+    let lockout = &a.recent_lockouts[0];
+    assert_eq!((lockout.route.as_str(), lockout.rule.as_str()), (LOGIN, "source_failures"));
+    assert_eq!((lockout.prefix.as_str(), lockout.account.as_str()), ("203.0.113.9/32", victim.as_str()));
+    assert!(lockout.retry_after_ms > 0);
+
+    // Attempts per account today: ten people with 1, 2 or 3 and the
+    // victim's 10, every account in the sample (far below its cap).
+    let attempts = a.distributions.iter().find(|d| d.name == "attempts" && d.day == "today").unwrap();
+    assert_eq!((attempts.accounts, attempts.sample_shift), (11, 0));
+    assert_eq!((attempts.p50, attempts.p90, attempts.p99, attempts.max), (2, 3, 10, 10));
+    let buckets: Vec<(u32, u64)> = attempts.histogram.iter().map(|b| (b.upto, b.accounts)).collect();
+    assert_eq!(buckets, vec![(1, 4), (2, 3), (4, 3), (8, 0), (16, 1)]);
+    let failures = a.distributions.iter().find(|d| d.name == "failures" && d.day == "today").unwrap();
+    assert_eq!((failures.accounts, failures.p50, failures.max), (1, 5, 5));
+    assert!(
+        a.latency.samples > 0 && a.latency.p50_ns > 0 && a.latency.max_ns >= a.latency.p50_ns / 2,
+        "{:?}",
+        a.latency
+    );
+    assert_eq!(a.events_dropped, 0);
+
+    // The sample of would-be refusals: the 4th and 5th guesses.
+    let (samples, seen, _) = client.samples(100).await.unwrap();
+    assert_eq!((samples.len(), seen), (2, 2));
+    for s in &samples {
+        assert_eq!((s.route.as_str(), s.rule.as_str(), s.op.as_str()), (LOGIN, "account_failures", "check"));
+        assert_eq!(
+            (s.reason, s.prefix.as_str(), s.account.as_str()),
+            (Reason::MonitorTooManyFailures, "203.0.113.9/32", victim.as_str())
+        );
+        assert!(s.device.starts_with("dev:") && !s.known_device, "{s:?}");
+    }
+
+    // A day later, today's figures are yesterday's.
+    daemon.advance("24h");
+    let person = Subject { peer: Some(ip("198.51.100.1")), account: Some("person-0"), ..Subject::default() };
+    check(&client, &person).await;
+    let a = activity_when(&client, |a| a.distributions.iter().any(|d| d.day == "yesterday")).await;
+    let yesterday = a.distributions.iter().find(|d| d.name == "attempts" && d.day == "yesterday").unwrap();
+    assert_eq!((yesterday.accounts, yesterday.p50, yesterday.max), (11, 2, 10));
+    let today = a.distributions.iter().find(|d| d.name == "attempts" && d.day == "today").unwrap();
+    assert_eq!((today.accounts, today.max), (1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_planted_name_reaches_the_view_the_sample_the_status_or_the_metrics() {
+    let daemon = TestDaemon::start_with(Some(&format!("{CONFIG}{COUNTING_RULES_ONLY}")), true);
+    let client = daemon.client();
+    drive(&client).await;
+    activity_when(&client, |a| !a.recent_lockouts.is_empty()).await;
+    let mut shown = String::new();
+    for args in [&["status"][..], &["status", "--json"], &["metrics"], &["sample"], &["sample", "--json"]] {
+        let out = daemon.cli(args);
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        shown += &String::from_utf8_lossy(&out.stdout);
+    }
+    shown += &format!("{:?}", client.activity(1000).await.unwrap());
+    shown += &daemon.log();
+    for planted in [VICTIM, ATTACKER_DEVICE, "person-", "phone-"] {
+        assert!(!shown.contains(planted), "`{planted}` shown");
+    }
+    // What they do show: the distributions, the sample, the new families.
+    assert!(shown.contains("attempts per account, today: 11 accounts"), "{shown}");
+    assert!(shown.contains("2 would-be refusal(s)"), "{shown}");
+    for family in
+        ["tollgate_route_checks_total", "tollgate_request_latency_seconds", "tollgate_account_attempts_per_day"]
+    {
+        assert!(shown.contains(&format!("# TYPE {family} ")), "{family}");
+    }
+    assert!(shown.contains(r#"tollgate_route_checks_total{route="login",decision="deny"} 5"#), "{shown}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_version_cannot_ask_and_is_told_why() {
+    let daemon = TestDaemon::start();
+    let v3 = Client::new(ClientConfig::new(&daemon.socket).protocol_version(3));
+    let error = v3.activity(10).await.expect_err("version 3 has no activity").to_string();
+    assert!(error.contains("needs version 4"), "{error}");
+    let error = v3.samples(10).await.expect_err("version 3 has no samples").to_string();
+    assert!(error.contains("needs version 4"), "{error}");
+    // And the daemon answers a version-3 frame of request 6 with words.
+    let mut frame = Vec::new();
+    tollgate::codec::encode_request_versioned(4, 9, &tollgate::protocol::Request::Activity { limit: 1 }, &mut frame);
+    frame[4] = 3;
+    let mut stream = std::os::unix::net::UnixStream::connect(&daemon.socket).unwrap();
+    std::io::Write::write_all(&mut stream, &frame).unwrap();
+    let (id, reply) = read_reply(&mut stream);
+    assert_eq!(id, 9);
+    let tollgate::protocol::Response::Error(e) = reply else { panic!("{reply:?}") };
+    assert!(e.message.contains("needs protocol version 4"), "{}", e.message);
+}
