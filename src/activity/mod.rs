@@ -55,7 +55,10 @@ pub struct Refused {
     pub retry_after_ms: u64,
     pub prefix: Option<Prefix>,
     pub class: Option<SourceClass>,
-    /// `account_tag`s of the account and of the device (`device_tag`).
+    /// The account's `account_tag` and 64 bits of the device's digest;
+    /// only for a would-be refusal or a lockout (the top lists of enforced
+    /// refusals key on the network, and a flood of refusals must not buy
+    /// the request path a digest each).
     pub account: Option<u64>,
     pub device: Option<u64>,
     pub known_device: bool,
@@ -325,9 +328,11 @@ impl Observer {
     /// The sample of would-be refusals, newest first, at most `limit`; how
     /// many there were; since when.
     pub fn samples(&self, limit: usize) -> (Vec<WouldBeRefusal>, u64, u64) {
-        let mut samples = self.samples.items().to_vec();
-        samples.sort_by_key(|s| std::cmp::Reverse(s.at_ms));
-        samples.truncate(limit);
+        // Sorted by reference, then only `limit` cloned: a status reader
+        // asking often must not hold the thread's lock for a full copy.
+        let mut newest: Vec<&WouldBeRefusal> = self.samples.items().iter().collect();
+        newest.sort_by_key(|s| std::cmp::Reverse(s.at_ms));
+        let samples = newest.into_iter().take(limit).cloned().collect();
         (samples, self.samples.seen(), self.started_us / 1000)
     }
 }

@@ -5,57 +5,77 @@
 //!
 //! With K entries, every item whose true count is above total/K is in the
 //! summary, and each entry's count overstates its item's by at most its
-//! `error` (what the evicted entry it replaced had counted).
+//! `error` (what the evicted entry it replaced had counted). The least
+//! entry is kept findable in O(log K) (an ordered set of counts), since a
+//! flood of distinct items evicts at every one.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::hash::Hash;
 
 pub struct TopK<T> {
     capacity: usize,
-    /// Item → (count, error).
-    entries: HashMap<T, (u64, u64)>,
+    /// Item → (count, error, its place in `by_count`'s tiebreak).
+    entries: HashMap<T, (u64, u64, u64)>,
+    /// (count, tiebreak) of every entry, so the least is found in
+    /// O(log K): a flood of distinct items replaces the least at each one.
+    by_count: BTreeSet<(u64, u64)>,
+    /// Tiebreak → item, for the least entry's eviction.
+    items: HashMap<u64, T>,
+    next: u64,
 }
 
 impl<T: Hash + Eq + Clone> TopK<T> {
     pub fn new(capacity: usize) -> TopK<T> {
         assert!(capacity > 0, "a summary holds at least one entry");
-        TopK { capacity, entries: HashMap::with_capacity(capacity) }
+        TopK { capacity, entries: HashMap::new(), by_count: BTreeSet::new(), items: HashMap::new(), next: 0 }
     }
 
     pub fn add(&mut self, item: T, by: u64) {
         if let Some(entry) = self.entries.get_mut(&item) {
+            self.by_count.remove(&(entry.0, entry.2));
             entry.0 += by;
+            self.by_count.insert((entry.0, entry.2));
             return;
         }
-        if self.entries.len() < self.capacity {
-            self.entries.insert(item, (by, 0));
-            return;
-        }
-        // Full: the new item replaces the least entry and inherits its
-        // count as its error. O(K), on the activity thread only.
-        let (least, &(count, _)) = self.entries.iter().min_by_key(|(_, (c, _))| *c).expect("full means non-empty");
-        let least = least.clone();
-        self.entries.remove(&least);
-        self.entries.insert(item, (count + by, count));
+        let (count, error) = if self.entries.len() < self.capacity {
+            (by, 0)
+        } else {
+            // Full: the new item replaces the least entry and inherits its
+            // count as its error.
+            let (least, tiebreak) = self.by_count.pop_first().expect("full means non-empty");
+            let evicted = self.items.remove(&tiebreak).expect("every entry has its item");
+            self.entries.remove(&evicted);
+            (least + by, least)
+        };
+        let tiebreak = self.next;
+        self.next += 1;
+        self.entries.insert(item.clone(), (count, error, tiebreak));
+        self.by_count.insert((count, tiebreak));
+        self.items.insert(tiebreak, item);
     }
 
     /// (item, count, error), heaviest first, at most `limit`.
     pub fn top(&self, limit: usize) -> Vec<(T, u64, u64)> {
-        let mut all: Vec<(T, u64, u64)> = self.entries.iter().map(|(k, &(c, e))| (k.clone(), c, e)).collect();
-        all.sort_by_key(|entry| std::cmp::Reverse(entry.1));
-        all.truncate(limit);
-        all
+        self.by_count
+            .iter()
+            .rev()
+            .take(limit)
+            .map(|(count, tiebreak)| {
+                let item = &self.items[tiebreak];
+                (item.clone(), *count, self.entries[item].1)
+            })
+            .collect()
     }
 
     /// Every entry summed with `other`'s (a window and the one before).
     pub fn merged(&self, other: &TopK<T>, limit: usize) -> Vec<(T, u64, u64)> {
-        let mut sum: HashMap<T, (u64, u64)> = self.entries.clone();
-        for (k, &(c, e)) in &other.entries {
-            let entry = sum.entry(k.clone()).or_insert((0, 0));
+        let mut sum: HashMap<&T, (u64, u64)> = self.entries.iter().map(|(k, &(c, e, _))| (k, (c, e))).collect();
+        for (k, &(c, e, _)) in &other.entries {
+            let entry = sum.entry(k).or_insert((0, 0));
             entry.0 += c;
             entry.1 += e;
         }
-        let mut all: Vec<(T, u64, u64)> = sum.into_iter().map(|(k, (c, e))| (k, c, e)).collect();
+        let mut all: Vec<(T, u64, u64)> = sum.into_iter().map(|(k, (c, e))| (k.clone(), c, e)).collect();
         all.sort_by_key(|entry| std::cmp::Reverse(entry.1));
         all.truncate(limit);
         all
@@ -63,6 +83,8 @@ impl<T: Hash + Eq + Clone> TopK<T> {
 
     pub fn clear(&mut self) {
         self.entries.clear();
+        self.by_count.clear();
+        self.items.clear();
     }
 }
 

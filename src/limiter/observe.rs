@@ -63,8 +63,9 @@ impl Limiter {
     }
 
     /// A verdict that refused (or would have) as the operator's view keeps
-    /// it: the rule, the client's network and class, and the account's and
-    /// device's digests. A few digests: only for refusals and lockouts.
+    /// it: the rule, the client's network and class, and, for a would-be
+    /// refusal or a lockout (`op` "report"), the account's and device's
+    /// digests and whether the device is known.
     pub fn describe_refusal(
         &self,
         route: &str,
@@ -81,14 +82,18 @@ impl Limiter {
             Some((prefix, class)) => (Some(prefix), class),
             None => (None, None),
         };
-        let device = subject.device.map(|d| {
+        // The digests cost a few BLAKE2 calls: an enforced refusal (which a
+        // flood can make of every check) shows its network only.
+        let detailed = verdict.reason.is_monitored() || op == "report";
+        let device = subject.device.filter(|_| detailed).map(|d| {
             let digest = self.keys.component(Component::Device, d.as_bytes());
             u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"))
         });
-        let known_device = found.is_some_and(|r| {
-            let mut keys = self.subject_keys(&r.name, subject);
-            self.known_device(r, &mut keys, now_us).unwrap_or(false)
-        });
+        let known_device = detailed
+            && found.is_some_and(|r| {
+                let mut keys = self.subject_keys(&r.name, subject);
+                self.known_device(r, &mut keys, now_us).unwrap_or(false)
+            });
         Refused {
             at_us: now_us,
             rule,
@@ -98,7 +103,7 @@ impl Limiter {
             retry_after_ms: verdict.retry_after_ms,
             prefix,
             class,
-            account: subject.account.map(|a| self.keys.account_tag(a)),
+            account: subject.account.filter(|_| detailed).map(|a| self.keys.account_tag(a)),
             device,
             known_device,
         }
