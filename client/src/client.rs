@@ -14,8 +14,8 @@ use tokio::net::UnixStream;
 use crate::codec::{self, DecodedExtras, RequestExtras, FRAME_HEADER_BYTES, RESPONSE_PAYLOAD_BYTES_MAX};
 use crate::gcra::{decide, GcraSpec};
 use crate::protocol::{
-    ErrorCode, ErrorReply, Lockout, Outcome, Request, Response, SharedStatus, SignalsStatus, Status, Subject, Verdict,
-    PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
+    Activity, ErrorCode, ErrorReply, Lockout, Outcome, Request, Response, SharedStatus, SignalsStatus, Status, Subject, Verdict,
+    WouldBeRefusal, ACTIVITY_VERSION, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
 };
 use crate::{forwarded_tail, FailPolicy, BUILTIN_FAIL_POLICIES};
 
@@ -322,6 +322,25 @@ impl Client {
         }
     }
 
+    /// The operator's view (`tollgate top`): at most `limit` entries in each
+    /// list. Needs a daemon that speaks version 4.
+    pub async fn activity(&self, limit: u32) -> Result<Activity, ClientError> {
+        match self.call_versioned(&Request::Activity { limit }).await? {
+            (Response::Activity(a), _) => Ok(*a),
+            (other, extras) => Err(needs_activity_version(other, extras.version)),
+        }
+    }
+
+    /// A sample of monitor mode's would-be refusals, at most `limit`, with
+    /// how many there were since the sample began and when that was.
+    /// Needs a daemon that speaks version 4.
+    pub async fn samples(&self, limit: u32) -> Result<(Vec<WouldBeRefusal>, u64, u64), ClientError> {
+        match self.call_versioned(&Request::Samples { limit }).await? {
+            (Response::Samples { samples, seen, since_ms }, _) => Ok((samples, seen, since_ms)),
+            (other, extras) => Err(needs_activity_version(other, extras.version)),
+        }
+    }
+
     pub async fn lockouts(&self, limit: u32) -> Result<(Vec<Lockout>, u64), ClientError> {
         match self.call(&Request::Lockouts { limit }).await? {
             Response::Lockouts { lockouts, total } => Ok((lockouts, total)),
@@ -454,6 +473,17 @@ impl Client {
 /// malformed.
 fn bounded<'a>(subject: &Subject<'a>) -> Subject<'a> {
     Subject { forwarded_for: subject.forwarded_for.map(forwarded_tail), ..subject.clone() }
+}
+
+/// A reply to `activity` or `samples` that is not one: from a daemon that
+/// speaks an older version, a plain sentence saying so.
+fn needs_activity_version(reply: Response<'static>, version: u8) -> ClientError {
+    if version < ACTIVITY_VERSION {
+        return ClientError::Protocol(format!(
+            "the daemon speaks protocol version {version}; this needs version {ACTIVITY_VERSION} (upgrade the daemon)"
+        ));
+    }
+    unexpected(reply)
 }
 
 /// A version-1 `unsupported_version` reply: an old daemon's answer to a

@@ -20,7 +20,7 @@ use bincode::config::{self, Configuration, Fixint, LittleEndian, NoLimit};
 
 use crate::protocol::{
     Request, Response, SharedStatus, SignalsStatus, Subject, Verdict, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
-    SIGNALS_VERSION,
+    SIGNALS_VERSION, ACTIVITY_VERSION,
 };
 
 /// Bytes of the length prefix.
@@ -187,6 +187,17 @@ fn decode_request_general(
         failure(Some(id), PayloadError::Malformed(why))
     };
     let (request, mut used) = bincode::borrow_decode_from_slice::<Request<'_>, _>(body, WIRE).map_err(malformed)?;
+    if version < ACTIVITY_VERSION && matches!(request, Request::Activity { .. } | Request::Samples { .. }) {
+        // Versions 1 to 3 have six requests; a seventh is as unknown to
+        // them as any other discriminant.
+        return Err(failure(
+            Some(id),
+            PayloadError::Malformed(format!(
+                "request {} needs protocol version {ACTIVITY_VERSION}; this frame is version {version}",
+                if matches!(request, Request::Activity { .. }) { "`activity`" } else { "`samples`" }
+            )),
+        ));
+    }
     let mut extras = RequestExtras::default();
     if carries_password_tag(version, &request) {
         let (tag, tag_bytes) =
