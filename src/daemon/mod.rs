@@ -284,6 +284,14 @@ impl Daemon {
             // same answer.
             Request::Lockouts { limit } => (lockouts_reply(limiter, lockouts_listed(limit), now), Vec::new(), false),
             request @ Request::Unlock { .. } => return Started::Unlock(request),
+            // Placeholder so that this branch (`tollgate top`) builds: the
+            // daemon's side of version 4 is written on `main`; take that
+            // side at merge.
+            Request::Activity { .. } | Request::Samples { .. } => (
+                Response::error(ErrorCode::Internal, "this build does not answer `activity` or `samples` yet"),
+                Vec::new(),
+                false,
+            ),
             Request::ClockAdvance { by_ms } => match self.clock.advance(by_ms.saturating_mul(1000)) {
                 Some(now) => (Response::ClockAdvanced { now_ms: ceil_ms(now) }, Vec::new(), false),
                 None => (
