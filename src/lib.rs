@@ -57,6 +57,7 @@ mod signals;
 mod source;
 mod store;
 mod tat_table;
+mod top;
 
 // The counters and the tables behind them, usable alone.
 pub use expiring::{ExpiringMap, Slot};
