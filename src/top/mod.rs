@@ -127,19 +127,25 @@ fn plain(args: &TopArgs, mut fetch: impl FnMut() -> Result<Snapshot, ClientError
     let mut last: Option<Snapshot> = None;
     loop {
         let tick = Instant::now();
-        let mut out = std::io::stdout().lock();
-        match fetch() {
+        let text = match fetch() {
             Ok(now) => {
                 let rates = rates(last.as_ref(), &now);
                 let view =
                     View { snapshot: Some(&now), rates: Some(&rates), unreachable: None, interval: args.interval };
-                writeln!(out, "{}", plain_text(&view, PLAIN_WIDTH))?;
+                let text = plain_text(&view, PLAIN_WIDTH);
                 last = Some(now);
+                text
             }
             Err(e) if is_permanent(&e) => return Err(e),
-            Err(e) => writeln!(out, "UNREACHABLE: {e}\n")?,
+            Err(e) => format!("UNREACHABLE: {e}\n"),
+        };
+        let mut out = std::io::stdout().lock();
+        match writeln!(out, "{text}").and_then(|()| out.flush()) {
+            Ok(()) => {}
+            // The reader went away (`| head`): that is the end, not an error.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+            Err(e) => return Err(e.into()),
         }
-        out.flush()?;
         drop(out);
         std::thread::sleep(args.interval.saturating_sub(tick.elapsed()));
     }
