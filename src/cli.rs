@@ -31,13 +31,15 @@ pub enum Command {
     Status(CommonArgs),
     /// The same figures in the Prometheus text format (for a textfile collector).
     Metrics(MetricsArgs),
-    /// A live view of a running daemon: verdicts per second by route,
-    /// check latency, table fill, the top refused prefixes and failing
-    /// accounts (digests, never names), spray flags, monitor mode's
-    /// would-be refusals, lockouts as they happen and attempts per account
-    /// per day. Tab or 1-3 turn pages; q quits. Plain text when stdout is
-    /// not a terminal; `--once --json` prints one snapshot for scripts.
-    /// It only reads: nothing it does changes the daemon.
+    /// A live view of a running daemon (q quits; read-only).
+    ///
+    /// Verdicts per second by route, check latency, table fill, the top
+    /// refused prefixes and failing accounts (digests, never names), spray
+    /// flags, monitor mode's would-be refusals, lockouts as they happen and
+    /// attempts per account per day. Tab or 1-3 turn pages; q, Esc or
+    /// Ctrl-C quits. Plain text when stdout is not a terminal; `--once
+    /// --json` prints one snapshot for scripts. It only reads: nothing it
+    /// does changes the daemon.
     Top(crate::top::TopArgs),
     /// Keys currently refused by a failure rule (digests, never names).
     Lockouts(LockoutsArgs),
