@@ -23,7 +23,8 @@
 //! path, flags the request path reads), `sim` (its simulator),
 //! `audit` (rate-capped log lines), `notify` (systemd), `metrics`
 //! (Prometheus text), `config`, `clock` (the only place time is read) and
-//! `bench` (the load generator and the echo server).
+//! `bench` (the load generator and the echo server). `top` is the
+//! operator's live view, a client like `cli` that only reads.
 // No unsafe code, with two audited exceptions in `tat_table`, both hints
 // that cannot change memory: the cache prefetch (`prefetch_read`) and the
 // huge-page advice for large GCRA tables (`advise_huge_pages`).
