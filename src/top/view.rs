@@ -246,6 +246,9 @@ fn header(view: &View<'_>) -> Vec<Row> {
 }
 
 fn latency_row(p: &Percentiles, r: &Rates) -> Row {
+    if p.samples == 0 {
+        return row("latency: no samples yet");
+    }
     let over = if p.interval { format!("{:.1}s", r.interval_s) } else { "since start".to_string() };
     row(format!(
         "latency {over} n={}: p50 {} p90 {} p99 {} p99.9 {} max {}",
@@ -344,7 +347,8 @@ fn tables(s: &Snapshot, r: &Rates, room: usize) -> Vec<Row> {
             kind,
             format!("{n}/{max}"),
             if max == 0 { "-".to_string() } else { format!("{:.1}%", pct(n, max)) }
-        ))
+        )
+        .trim_end())
     };
     for route in &s.full.status.routes {
         for rule in &route.rules {
@@ -424,6 +428,16 @@ fn tables(s: &Snapshot, r: &Rates, room: usize) -> Vec<Row> {
             }
         }
     }
+    // The activity counters' own health: events the daemon could not count.
+    let a = &s.activity;
+    let mut health = format!("activity events {} (dropped {})", a.events, a.events_dropped);
+    if let Some(log) = &a.decision_log {
+        health += &format!(
+            "  decision log {} records (dropped {}, write errors {})",
+            log.records_written, log.records_dropped, log.write_errors
+        );
+    }
+    after.push(row(health));
     let mut rows =
         vec![heading(format!("{:<28}{:<9}{:>15}{:>7}  {}", "table fill", "kind", "entries/max", "fill", "refused"))];
     let fits = room.saturating_sub(rows.len() + after.len()).max(1);
@@ -611,6 +625,34 @@ mod tests {
         let last = s.iter().find(|l| l.starts_with("<=   256")).expect("the last bucket");
         assert!(last.contains(" # ") || last.contains(" ## ") || last.contains("### "), "{last}");
         assert!(s.iter().any(|l| l.starts_with("00:12:32  login/source_failures    deny")));
+    }
+
+    #[test]
+    fn a_short_screen_cuts_the_fill_table_and_keeps_the_store_and_spray_rows() {
+        let (before, mut now) = fixture::pair(754_000);
+        now.full.shared = Some(crate::protocol::SharedStatus {
+            url: "redis://10.0.0.5:6379".into(),
+            state: "open".into(),
+            degraded: true,
+            degraded_for_ms: 42_000,
+            hosts_in_force: 3,
+            hosts_live: 2,
+            hosts_source: "learned".into(),
+            ..Default::default()
+        });
+        let r = rates(Some(&before), &now);
+        let view = View { snapshot: Some(&now), rates: Some(&r), unreachable: None, interval: Duration::from_secs(1) };
+        let rows: Vec<String> = page_rows(&view, Page::Tables, 80, 12).into_iter().map(|r| r.text).collect();
+        let all = rows.join("\n");
+        assert_eq!(rows.len(), 12, "{all}");
+        assert!(rows[0].contains("store DEGRADED (open)"), "{all}");
+        assert_eq!(rows[2], "login/spray_signals         signal           3/65536   0.0%  would 5 (3.0/s)");
+        assert_eq!(rows[3], "login/known devices         devices    40211/1000000   4.0%", "no trailing blanks");
+        assert_eq!(rows[6], "... 6 more tables (the plain text lists all)", "{all}");
+        assert_eq!(rows[7], "shared store redis://10.0.0.5:6379  open  DEGRADED for 42s");
+        assert!(rows[9].starts_with("spray flags 1/65536"), "{all}");
+        assert!(rows[10].starts_with("flagged 203.0.113.0/24"), "{all}");
+        assert_eq!(rows[11], "activity events 4100 (dropped 0)");
     }
 
     #[test]
