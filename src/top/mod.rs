@@ -13,6 +13,8 @@ mod view;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
@@ -21,8 +23,8 @@ use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers
 use crate::client::{Client, ClientConfig, ClientError};
 use crate::config::SOCKET_PATH_DEFAULT;
 
-pub use model::{rates, Rates, Snapshot};
-pub use view::{plain_text, Page, View};
+use model::{rates, Rates, Snapshot};
+use view::{plain_text, Page, View};
 
 /// The refresh interval when none is given: about once a second, as
 /// `top(1)` does; rates are averaged over it.
@@ -151,10 +153,20 @@ fn plain(args: &TopArgs, mut fetch: impl FnMut() -> Result<Snapshot, ClientError
     }
 }
 
+/// How long the live view waits for a key before it looks at the
+/// signal flags again: a SIGTERM or SIGHUP (the ssh session went away)
+/// ends it within this, with the terminal restored.
+const SIGNAL_CHECK: Duration = Duration::from_millis(200);
+
 /// The live view: redraws after every tick and every key; `q`, `Esc` or
 /// Ctrl-C quits, `Tab` or `1`..`3` turn pages. The terminal is restored on
-/// the way out, on an error, and (ratatui's hook) on a panic.
+/// the way out, on an error, on SIGTERM or SIGHUP, and (ratatui's hook) on
+/// a panic.
 fn live(args: &TopArgs, mut fetch: impl FnMut() -> Result<Snapshot, ClientError>) -> Result<(), ClientError> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGHUP] {
+        signal_hook::flag::register(signal, stop.clone())?;
+    }
     let mut terminal = ratatui::try_init()?;
     let result = (|| -> Result<(), ClientError> {
         let mut page = Page::Overview;
@@ -162,7 +174,7 @@ fn live(args: &TopArgs, mut fetch: impl FnMut() -> Result<Snapshot, ClientError>
         let mut shown: Option<Rates> = None;
         let mut unreachable: Option<String> = None;
         let mut next_tick = Instant::now();
-        loop {
+        while !stop.load(Ordering::Relaxed) {
             if Instant::now() >= next_tick {
                 next_tick = Instant::now() + args.interval;
                 match fetch() {
@@ -182,7 +194,7 @@ fn live(args: &TopArgs, mut fetch: impl FnMut() -> Result<Snapshot, ClientError>
                 interval: args.interval,
             };
             terminal.draw(|frame| view::render(frame, &view, page))?;
-            if event::poll(next_tick.saturating_duration_since(Instant::now()))? {
+            if event::poll(next_tick.saturating_duration_since(Instant::now()).min(SIGNAL_CHECK))? {
                 match event::read()? {
                     Event::Key(key) if key.kind != KeyEventKind::Release => match key.code {
                         KeyCode::Char('q') | KeyCode::Esc => return Ok(()),
@@ -195,6 +207,7 @@ fn live(args: &TopArgs, mut fetch: impl FnMut() -> Result<Snapshot, ClientError>
                 }
             }
         }
+        Ok(())
     })();
     ratatui::restore();
     result
