@@ -408,3 +408,25 @@ fn a_planted_account_name_never_reaches_the_screen_the_text_or_the_json() {
     tmux.keys("q");
     tmux.wait_for("top's exit after q", |s| s.contains("top exited with status 0"));
 }
+
+#[test]
+fn without_a_daemon_once_fails_in_one_line_and_the_live_view_keeps_trying() {
+    let dir = tempfile::tempdir().unwrap();
+    let absent = dir.path().join("absent.sock");
+    let out = Command::new(BIN).args(["top", "--once", "--json", "--socket"]).arg(&absent).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "--once without a daemon exits non-zero");
+    assert!(out.stdout.is_empty(), "no half snapshot on stdout");
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.starts_with("tollgate: error: cannot reach tollgate at"), "{stderr}");
+
+    let command = format!("{BIN} top --socket {}", absent.display());
+    let Some(tmux) = Tmux::start(dir.path(), &command) else { return };
+    tmux.wait_for("UNREACHABLE with the reason", |s| s.contains("UNREACHABLE: cannot reach tollgate at"));
+    // Still running a tick later: it retries, it does not give up.
+    std::thread::sleep(Duration::from_millis(1500));
+    let screen = tmux.screen();
+    assert!(screen.contains("UNREACHABLE") && !screen.contains("top exited"), "{screen}");
+    tmux.keys("q");
+    tmux.wait_for("top's exit after q", |s| s.contains("top exited with status 0"));
+}
