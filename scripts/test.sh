@@ -11,6 +11,8 @@ command -v redis-server >/dev/null && command -v redis-cli >/dev/null || missing
 command -v openssl >/dev/null || missing+=(openssl)
 # promtool checks the shipped alerting rules (tests/alert_rules.rs).
 command -v promtool >/dev/null || missing+=(prometheus)
+# tmux is the terminal `tollgate top` is driven in (tests/top.rs).
+command -v tmux >/dev/null || missing+=(tmux)
 if [ "${#missing[@]}" -gt 0 ]; then
     # Root in containers and CI; sudo on a developer's machine.
     as_root=()

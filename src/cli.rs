@@ -31,6 +31,16 @@ pub enum Command {
     Status(CommonArgs),
     /// The same figures in the Prometheus text format (for a textfile collector).
     Metrics(MetricsArgs),
+    /// A live view of a running daemon (q quits; read-only).
+    ///
+    /// Verdicts per second by route, check latency, table fill, the top
+    /// refused prefixes and failing accounts (digests, never names), spray
+    /// flags, monitor mode's would-be refusals, lockouts as they happen and
+    /// attempts per account per day. Tab or 1-3 turn pages; q, Esc or
+    /// Ctrl-C quits. Plain text when stdout is not a terminal; `--once
+    /// --json` prints one snapshot for scripts. It only reads: nothing it
+    /// does changes the daemon.
+    Top(crate::top::TopArgs),
     /// Keys currently refused by a failure rule (digests, never names).
     Lockouts(LockoutsArgs),
     /// A uniform sample of monitor mode's would-be refusals: when, which
@@ -233,7 +243,13 @@ pub fn simulate(args: &crate::sim::SimulateArgs) -> std::process::ExitCode {
     }
 }
 
-fn parse_duration(text: &str) -> Result<Duration, String> {
+/// `tollgate top`: its own loop (it waits for keys between ticks), so not
+/// one request through `run`.
+pub fn top(args: &crate::top::TopArgs) -> std::process::ExitCode {
+    crate::top::run(args)
+}
+
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text).map_err(|e| format!("`{text}`: {e} (try 500ms, 30s, 15m, 1h)"))
 }
 
@@ -271,6 +287,7 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
             Ok(())
         }
         Command::Simulate(_) => unreachable!("main handles simulate"),
+        Command::Top(_) => unreachable!("main handles top"),
         Command::Bench(args) => {
             let json_out = args.json;
             let r = crate::bench::run(args).await?;
@@ -323,24 +340,19 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
         Command::Status(common) => {
             let client = client(&common);
             let full = client.status_full().await?;
-            let (status, shared, signals) = (full.status, full.shared, full.signals);
             // A daemon older than version 4 has no activity to give.
             let activity = client.activity(STATUS_ACTIVITY_LISTED).await.ok();
+            let (status, shared, signals) = (&full.status, &full.shared, &full.signals);
             if common.json {
-                // `shared` and `signals` are null without the store or with
-                // spray detection off, so scripts can tell that from "an
-                // old CLI" by the key's presence.
-                let mut value = serde_json::to_value(&status).expect("plain data serializes");
-                value["shared"] = serde_json::to_value(&shared).expect("plain data serializes");
-                value["signals"] = serde_json::to_value(&signals).expect("plain data serializes");
+                let mut value = status_json(&full);
                 value["activity"] = serde_json::to_value(&activity).expect("plain data serializes");
                 println!("{value}");
             } else {
-                print_status(&status);
-                if let Some(shared) = &shared {
+                print_status(status);
+                if let Some(shared) = shared {
                     print_shared(shared);
                 }
-                if let Some(signals) = &signals {
+                if let Some(signals) = signals {
                     print_signals(signals, status.now_ms);
                 }
                 if let Some(activity) = &activity {
@@ -420,6 +432,22 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
 
 fn json<T: serde::Serialize>(value: &T) -> String {
     serde_json::to_string(value).expect("plain data serializes")
+}
+
+/// A unit enum's JSON name without the quotes (`deny`, `rate_limited`).
+pub(crate) fn json_word<T: serde::Serialize>(value: &T) -> String {
+    json(value).trim_matches('"').to_string()
+}
+
+/// What `status --json` prints (and `top --once --json` under `status`):
+/// `shared` and `signals` are null without the store or with spray
+/// detection off, so scripts can tell that from "an old CLI" by the key's
+/// presence.
+pub(crate) fn status_json(full: &crate::client::FullStatus) -> serde_json::Value {
+    let mut value = serde_json::to_value(&full.status).expect("plain data serializes");
+    value["shared"] = serde_json::to_value(&full.shared).expect("plain data serializes");
+    value["signals"] = serde_json::to_value(&full.signals).expect("plain data serializes");
+    value
 }
 
 fn print_verdict(

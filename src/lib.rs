@@ -26,7 +26,8 @@
 //! the request path),
 //! `audit` (rate-capped log lines), `notify` (systemd), `metrics`
 //! (Prometheus text), `config`, `clock` (the only place time is read) and
-//! `bench` (the load generator and the echo server).
+//! `bench` (the load generator and the echo server). `top` is the
+//! operator's live view, a client like `cli` that only reads.
 // No unsafe code, with two audited exceptions in `tat_table`, both hints
 // that cannot change memory: the cache prefetch (`prefetch_read`) and the
 // huge-page advice for large GCRA tables (`advise_huge_pages`).
@@ -61,6 +62,7 @@ mod signals;
 mod source;
 mod store;
 mod tat_table;
+mod top;
 
 // The counters and the tables behind them, usable alone.
 pub use expiring::{ExpiringMap, Slot};

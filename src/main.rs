@@ -18,6 +18,8 @@ fn main() -> ExitCode {
         Command::Man => return cli::print_man_page(),
         // The limiter on a simulated clock, in-process: no daemon to ask.
         Command::Simulate(args) => return cli::simulate(&args),
+        // A loop of its own that waits for keys between ticks.
+        Command::Top(args) => return cli::top(&args),
         command => command,
     };
     // The load generator and the echo server want every core; the CLI's one
