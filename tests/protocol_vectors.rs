@@ -27,9 +27,11 @@ use tollgate::codec::{
     RESPONSE_PAYLOAD_BYTES_MAX, WIRE,
 };
 use tollgate::protocol::{
-    ClassLimit, Decision, DetectorStatus, ErrorCode, ErrorReply, FlaggedSubject, Lockout, NamedLimit, Outcome,
-    PersistenceStatus, Reason, Request, Response, RouteStatus, RuleStatus, SharedStatus, SignalFamilyStatus,
-    SignalsStatus, Status, Subject, Verdict, VerdictCounts, PROTOCOL_VERSION,
+    AccountCount, Activity, ClassLimit, Decision, DecisionCounts, DetectorStatus, Distribution, ErrorCode, ErrorReply,
+    FlaggedSubject, HistogramBucket, LatencyHistogram, Lockout, NamedLimit, Outcome, PersistenceStatus, PrefixCount,
+    Reason, RecentLockout, RecentRefusal, Request, Response, RouteActivity, RouteStatus, RuleStatus, SharedStatus,
+    SignalFamilyStatus, SignalsStatus, Status, Subject, Verdict, VerdictCounts, WouldBeRefusal, ACTIVITY_VERSION,
+    PROTOCOL_VERSION,
 };
 
 const DOC: &str = "PROTOCOL.md";
@@ -90,6 +92,11 @@ fn v2(name: &'static str, case: Case) -> Case {
 /// A case's message in version 3.
 fn v3(name: &'static str, case: Case) -> Case {
     Case { name, version: 3, ..case }
+}
+
+/// A case's message in version 4.
+fn v4(name: &'static str, case: Case) -> Case {
+    Case { name, version: 4, ..case }
 }
 
 /// The message as a reply of the case's version carries it: versions 1 and
@@ -211,7 +218,8 @@ fn shared_unreachable() -> SharedStatus {
     }
 }
 
-/// Every vector in the file, by name: version 1's, then version 2's.
+/// Every vector in the file, by name: version 1's, then those of versions
+/// 2, 3 and 4.
 fn cases() -> Vec<Case> {
     let mut cases = v1_cases();
     let v2_cases = vec![
@@ -258,7 +266,125 @@ fn cases() -> Vec<Case> {
         v3_cases.push(v2(in_v2, spray_verdict(in_v2, reason)));
     }
     cases.extend(v3_cases);
+    let v4_cases = vec![
+        v4("check-login-v4-v4", again(&cases, "check-login-v4")),
+        Case { degraded: true, ..v4("verdict-deny-degraded-v4", again(&cases, "verdict-deny")) },
+        v4("unlocked-2-v4", again(&cases, "unlocked-2")),
+        v4("activity-request-v4", request("activity-request-v4", 11, Request::Activity { limit: 10 })),
+        v4("samples-request-v4", request("samples-request-v4", 12, Request::Samples { limit: 10 })),
+        v4("activity-v4", response("activity-v4", 11, Response::Activity(Box::new(activity_small())))),
+        v4("samples-v4", response("samples-v4", 12, samples_one())),
+        v3("error-activity-needs-v4-v3", response("error-activity-needs-v4-v3", 11, activity_refused_in_v3())),
+    ];
+    cases.extend(v4_cases);
     cases
+}
+
+/// An account as the version-4 vectors show it: `acct:` and 16 hex digits
+/// of its keyed digest, never the account.
+const ACCOUNT_TAG: &str = "acct:0123456789abcdef";
+
+/// The operator's view in `activity-v4`: one route, a latency histogram cut
+/// to 3 buckets (the daemon sends `LATENCY_BUCKETS`; a message may carry
+/// any number), one of each list, today's failures sampled one account in 4.
+fn activity_small() -> Activity {
+    Activity {
+        now_ms: 1_700_000_000_000,
+        since_ms: 1_699_999_940_000,
+        routes: vec![RouteActivity {
+            name: "login".into(),
+            checks: DecisionCounts { allow: 120, delay: 0, challenge: 2, deny: 5, would_refuse: 1 },
+            reports: DecisionCounts { allow: 95, delay: 0, challenge: 0, deny: 3, would_refuse: 0 },
+            failures: 12,
+            successes: 86,
+        }],
+        // Buckets 0 to 2 hold values below 80, 96 and 112 ns; each
+        // percentile is the bound of the bucket it falls in.
+        latency: LatencyHistogram {
+            samples: 6,
+            sample_every: 8,
+            p50_ns: 96,
+            p90_ns: 112,
+            p99_ns: 112,
+            p999_ns: 112,
+            max_ns: 105,
+            buckets: vec![2, 3, 1],
+        },
+        top_window_ms: 300_000,
+        top_refused_prefixes: vec![PrefixCount {
+            prefix: "203.0.113.0/24".into(),
+            class: "hosting".into(),
+            refusals: 40,
+            error: 2,
+        }],
+        top_failing_accounts: vec![AccountCount { account: ACCOUNT_TAG.into(), failures: 9, error: 0 }],
+        recent_refusals: vec![RecentRefusal {
+            at_ms: 1_699_999_998_000,
+            route: "login".into(),
+            rule: "source_failures".into(),
+            decision: Decision::Deny,
+            reason: Reason::TooManyFailures,
+            prefix: "203.0.113.0/24".into(),
+            class: "hosting".into(),
+        }],
+        recent_lockouts: vec![RecentLockout {
+            at_ms: 1_699_999_990_000,
+            route: "login".into(),
+            rule: "account_failures".into(),
+            prefix: "203.0.113.0/24".into(),
+            account: ACCOUNT_TAG.into(),
+            retry_after_ms: 899_250,
+        }],
+        // Three sampled accounts failed today (1, 1 and 2 times), one in
+        // 2^2 sampled: 12 accounts estimated. `max` is the top-K summary's 9.
+        distributions: vec![Distribution {
+            name: "failures".into(),
+            day: "today".into(),
+            day_start_ms: 1_699_920_000_000,
+            accounts: 12,
+            accounts_sampled: 3,
+            sample_shift: 2,
+            p50: 1,
+            p90: 2,
+            p99: 2,
+            p999: 2,
+            max: 9,
+            histogram: vec![HistogramBucket { upto: 1, accounts: 8 }, HistogramBucket { upto: 2, accounts: 4 }],
+        }],
+        events: 150,
+        events_dropped: 0,
+        decision_log: None,
+    }
+}
+
+/// The `Samples` reply in `samples-v4`: one would-be refusal of a
+/// monitor-mode rule, of 37 since the daemon started.
+fn samples_one() -> Response<'static> {
+    Response::Samples {
+        samples: vec![WouldBeRefusal {
+            at_ms: 1_699_999_995_000,
+            route: "login".into(),
+            rule: "account_failures".into(),
+            op: "check".into(),
+            reason: Reason::MonitorTooManyFailures,
+            prefix: "198.51.100.0/24".into(),
+            class: String::new(),
+            account: ACCOUNT_TAG.into(),
+            device: "dev:fedcba9876543210".into(),
+            known_device: false,
+        }],
+        seen: 37,
+        since_ms: 1_699_999_940_000,
+    }
+}
+
+/// The daemon's reply to `activity-request-v4`'s message in a version-3
+/// frame: versions 1 to 3 have no request 6.
+fn activity_refused_in_v3() -> Response<'static> {
+    Response::Error(ErrorReply {
+        code: ErrorCode::Malformed,
+        message: "request `activity` needs protocol version 4; this frame is version 3".into(),
+    })
 }
 
 fn ip(text: &str) -> IpAddr {
@@ -896,6 +1022,30 @@ fn the_document_links_the_file_and_its_inline_examples_are_the_files() {
         }
     }
     fail_on(problems);
+}
+
+/// `error-activity-needs-v4-v3` is what the codec says of a version-3
+/// frame of request 6 (and of request 7, naming it; and in versions 1 and 2,
+/// naming them); in version 4 both decode.
+#[test]
+fn an_older_frame_of_a_version_4_request_gets_the_error_in_the_file() {
+    let Response::Error(in_file) = activity_refused_in_v3() else { unreachable!() };
+    for (request, name) in [(Request::Activity { limit: 10 }, "activity"), (Request::Samples { limit: 10 }, "samples")]
+    {
+        for version in 1..ACTIVITY_VERSION {
+            let mut frame = Vec::new();
+            encode_request_with_extras(version, 11, &request, &RequestExtras::default(), &mut frame);
+            let failure = decode_request_versioned(&frame[FRAME_HEADER_BYTES..]).expect_err("refused");
+            let expected = in_file
+                .message
+                .replace("`activity`", &format!("`{name}`"))
+                .replace("is version 3", &format!("is version {version}"));
+            assert_eq!((failure.id, failure.error.to_string()), (Some(11), expected), "version {version}");
+        }
+        let mut frame = Vec::new();
+        encode_request_with_extras(ACTIVITY_VERSION, 11, &request, &RequestExtras::default(), &mut frame);
+        assert_eq!(decode_request_versioned(&frame[FRAME_HEADER_BYTES..]).map(|(_, r, _)| r), Ok(request));
+    }
 }
 
 /// Every variant of both message enums. `variant` below is exhaustive, so

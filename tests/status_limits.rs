@@ -1,6 +1,7 @@
 //! What `status` says about the daemon itself, against real daemons on the
 //! manual clock, held to PROTOCOL.md's `Status` section: the named limits
-//! are exactly the documented list, in order, then one
+//! are exactly the documented lists, in order (the daemon's own, spray
+//! detection's when it is on, the operator's view's), then one
 //! `<route>.known_devices_per_account_max` per route that keeps known
 //! devices; `socket_mode` is the mode's bits in decimal; `uptime_ms` follows
 //! the manual clock.
@@ -29,7 +30,20 @@ fn documented_signal_limit_names() -> Vec<String> {
     let doc = std::fs::read_to_string(path).unwrap();
     let start = doc.find("while\nspray detection is on").expect("the signals limits paragraph");
     let list = &doc[start..];
-    let list = &list[list.find("\n\n").unwrap()..list.find("Then come the per-route limits").unwrap()];
+    let list = &list[list.find("\n\n").unwrap()..list.find("Then, always, the limits of the operator's view").unwrap()];
+    list.split('`').skip(1).step_by(2).map(str::to_string).collect()
+}
+
+/// The names PROTOCOL.md lists for the operator's view (`[activity]`, always
+/// on), in order: the backquoted names of the paragraph after the one that
+/// introduces them.
+fn documented_activity_limit_names() -> Vec<String> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("PROTOCOL.md");
+    let doc = std::fs::read_to_string(path).unwrap();
+    let start = doc.find("Then, always, the limits of the operator's view").expect("the activity limits paragraph");
+    let list = &doc[start..];
+    let list = &list[list.find("\n\n").unwrap()..];
+    let list = &list[..list[2..].find("\n\n").unwrap() + 2];
     list.split('`').skip(1).step_by(2).map(str::to_string).collect()
 }
 
@@ -46,18 +60,27 @@ async fn status_lists_the_documented_limits_then_one_per_route_keeping_known_dev
     let signals = documented_signal_limit_names();
     assert_eq!(signals.len(), 22, "{signals:?}");
 
-    // Spray detection off: the documented list alone.
+    let activity = documented_activity_limit_names();
+    assert_eq!(activity.len(), 8, "{activity:?}");
+    assert!(activity.iter().all(|name| name.starts_with("activity.")), "{activity:?}");
+
+    // Spray detection off: the daemon's own, then the operator's view's.
     let daemon = TestDaemon::start_with(Some("[signals]\nenabled = false\n"), true);
-    let names: Vec<String> = limits(&daemon).await.into_iter().map(|(name, _)| name).collect();
+    let all = limits(&daemon).await;
+    let names: Vec<String> = all.iter().map(|(name, _)| name.clone()).collect();
     let mut expected = documented.clone();
+    expected.extend(activity.iter().cloned());
     expected.push("login.known_devices_per_account_max".into());
     assert_eq!(names, expected);
+    // The most any `Activity` list or `Samples` reply carries, as documented.
+    assert!(all.contains(&("activity.listed_max".to_string(), 10_000)), "{all:?}");
 
     // On (the default): its limits after the daemon's own.
     let daemon = TestDaemon::start();
     let names: Vec<String> = limits(&daemon).await.into_iter().map(|(name, _)| name).collect();
     let mut expected = documented.clone();
     expected.extend(signals.iter().cloned());
+    expected.extend(activity.iter().cloned());
     expected.push("login.known_devices_per_account_max".into());
     assert_eq!(names, expected);
 
@@ -66,7 +89,7 @@ async fn status_lists_the_documented_limits_then_one_per_route_keeping_known_dev
     let daemon = TestDaemon::start_with(Some(config), true);
     let all = limits(&daemon).await;
     let per_route: Vec<(&str, u64)> =
-        all[documented.len() + signals.len()..].iter().map(|(n, v)| (n.as_str(), *v)).collect();
+        all[documented.len() + signals.len() + activity.len()..].iter().map(|(n, v)| (n.as_str(), *v)).collect();
     assert_eq!(per_route, [("login.known_devices_per_account_max", 16), ("reauth.known_devices_per_account_max", 4)]);
 }
 

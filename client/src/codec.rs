@@ -1122,13 +1122,14 @@ mod tests {
         encode_request(13, &Request::Status, &mut frame);
         assert_eq!(request_version(payload(&frame)), Some(PROTOCOL_VERSION));
         assert_eq!(request_version(&[]), None);
-        for found in [0, 4, 255] {
+        // The first version past the newest spoken, whichever that is.
+        for found in [0, PROTOCOL_VERSION + 1, 255] {
             frame[FRAME_HEADER_BYTES] = found;
             let failure = decode_request(payload(&frame)).unwrap_err();
             assert_eq!(failure, DecodeFailure { id: Some(13), error: PayloadError::UnsupportedVersion { found } });
             assert_eq!(
                 failure.error.to_string(),
-                format!("protocol version {found} is not supported (this daemon speaks 1 to 3)")
+                format!("protocol version {found} is not supported (this daemon speaks 1 to {PROTOCOL_VERSION})")
             );
         }
     }

@@ -1,5 +1,6 @@
 //! The client against fake daemons: ones that speak up to version 1 (as a
-//! daemon from before version 2 does), up to 2 (before version 3), and 3.
+//! daemon from before version 2 does), up to 2 (before version 3), up to 3
+//! (before version 4), and 4.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -12,8 +13,8 @@ use tollgate_client::codec::{
     decode_request_versioned, encode_response, encode_response_versioned, request_version, ReplyExtras, WIRE,
 };
 use tollgate_client::protocol::{
-    Decision, DetectorStatus, ErrorCode, Outcome, Reason, Request, Response, SharedStatus, SignalsStatus, Status,
-    Subject, Verdict,
+    Activity, Decision, DetectorStatus, ErrorCode, Outcome, Reason, Request, Response, SharedStatus, SignalsStatus,
+    Status, Subject, Verdict,
 };
 use tollgate_client::{password_tag, Answer, Client, ClientConfig, FullStatus};
 
@@ -24,6 +25,7 @@ struct Seen {
     v1: AtomicUsize,
     v2: AtomicUsize,
     v3: AtomicUsize,
+    v4: AtomicUsize,
     tags: std::sync::Mutex<Vec<Option<[u8; 16]>>>,
 }
 
@@ -76,7 +78,8 @@ fn reply(newest: u8, payload: &[u8], seen: &Seen) -> Vec<u8> {
     match version {
         1 => seen.v1.fetch_add(1, Ordering::SeqCst),
         2 => seen.v2.fetch_add(1, Ordering::SeqCst),
-        _ => seen.v3.fetch_add(1, Ordering::SeqCst),
+        3 => seen.v3.fetch_add(1, Ordering::SeqCst),
+        _ => seen.v4.fetch_add(1, Ordering::SeqCst),
     };
     if version > newest {
         let refusal = Response::error(
@@ -86,9 +89,20 @@ fn reply(newest: u8, payload: &[u8], seen: &Seen) -> Vec<u8> {
         encode_response(id, &refusal, &mut out);
         return out;
     }
-    let (_, request, extras) = decode_request_versioned(payload).unwrap();
+    // What this version has no room for (`Activity` before version 4) is
+    // malformed, in the request's version.
+    let (request, extras) = match decode_request_versioned(payload) {
+        Ok((_, request, extras)) => (request, extras),
+        Err(failure) => {
+            let malformed = Response::error(ErrorCode::Malformed, failure.error.to_string());
+            encode_response_versioned(version, id, &malformed, &ReplyExtras::default(), &mut out);
+            return out;
+        }
+    };
     let response = match request {
         Request::Status => Response::Status(Box::new(status())),
+        Request::Activity { .. } => Response::Activity(Box::new(Activity { now_ms: 9, ..Activity::default() })),
+        Request::Samples { .. } => Response::Samples { samples: vec![], seen: 3, since_ms: 7 },
         _ => {
             seen.tags.lock().unwrap().push(extras.password_tag);
             // Spray detection's monitor-mode reason for mallory, which
@@ -149,10 +163,11 @@ fn alice() -> Subject<'static> {
     Subject { peer: Some("198.51.100.7".parse().unwrap()), account: Some("alice"), ..Subject::default() }
 }
 
-/// Frames seen in versions 1, 2 and 3.
-fn counts(fake: &Fake) -> (usize, usize, usize) {
+/// Frames seen in versions 1, 2, 3 and 4.
+fn counts(fake: &Fake) -> (usize, usize, usize, usize) {
     let seen = &fake.seen;
-    (seen.v1.load(Ordering::SeqCst), seen.v2.load(Ordering::SeqCst), seen.v3.load(Ordering::SeqCst))
+    let load = |n: &AtomicUsize| n.load(Ordering::SeqCst);
+    (load(&seen.v1), load(&seen.v2), load(&seen.v3), load(&seen.v4))
 }
 
 fn tags(fake: &Fake) -> Vec<Option<[u8; 16]>> {
@@ -160,33 +175,33 @@ fn tags(fake: &Fake) -> Vec<Option<[u8; 16]>> {
 }
 
 #[tokio::test]
-async fn an_old_daemon_is_asked_again_in_version_2_then_1_once_per_connection() {
+async fn an_old_daemon_is_asked_again_in_versions_3_and_2_then_1_once_per_connection() {
     let fake = fake(1);
     let client = Client::new(client(&fake));
     let answered = client.check_tagged("login", &alice(), Some(password_tag(&[1; 32], "hunter2"))).await;
     assert!(matches!(&answered.answer, Answer::Verdict(v) if *v == allow()), "{answered:?}");
     assert!(!answered.degraded, "a version-1 reply has no flag");
-    assert_eq!(counts(&fake), (1, 1, 1), "refused in version 3 and 2, then version 1");
+    assert_eq!(counts(&fake), (1, 1, 1, 1), "refused in versions 4, 3 and 2, then version 1");
     assert_eq!(tags(&fake), [None], "version 1 has no room for the tag");
     // The pooled connection remembers: no second refusal.
     let report = client.report("login", &alice(), Outcome::Failure).await;
     assert!(matches!(report, Answer::Verdict(_)), "{report:?}");
     let (status, shared) = client.status_with_shared().await.unwrap();
     assert_eq!((status, shared), (self::status(), None));
-    assert_eq!(counts(&fake), (3, 1, 1));
+    assert_eq!(counts(&fake), (3, 1, 1, 1));
 }
 
 #[tokio::test]
-async fn a_version_2_daemon_is_asked_again_in_version_2_and_never_sees_the_tag() {
+async fn a_version_2_daemon_is_asked_again_in_versions_3_and_2_and_never_sees_the_tag() {
     let fake = fake(2);
     let client = Client::new(client(&fake));
     let tag = Some(password_tag(&[1; 32], "hunter2"));
     let answered = client.report_tagged("login", &alice(), Outcome::Failure, None, tag).await;
     assert!(answered.degraded && answered.answer.proceeds(), "{answered:?}");
-    assert_eq!(counts(&fake), (0, 1, 1), "one refused version-3 frame, then version 2");
+    assert_eq!(counts(&fake), (0, 1, 1, 1), "refused in versions 4 and 3, then version 2");
     let full = client.status_full().await.unwrap();
     assert_eq!(full, FullStatus { status: status(), shared: Some(shared()), signals: None });
-    assert_eq!(counts(&fake), (0, 2, 1));
+    assert_eq!(counts(&fake), (0, 2, 1, 1));
     assert_eq!(tags(&fake), [None]);
 }
 
@@ -195,7 +210,7 @@ async fn version_1_can_be_forced() {
     let fake = fake(1);
     let client = Client::new(client(&fake).protocol_version(1));
     assert!(client.check("login", &alice()).await.proceeds());
-    assert_eq!(counts(&fake), (1, 0, 0));
+    assert_eq!(counts(&fake), (1, 0, 0, 0));
 }
 
 #[tokio::test]
@@ -208,7 +223,7 @@ async fn a_version_2_daemon_shows_the_flag_and_the_shared_status() {
     assert!(answered.degraded, "{answered:?}");
     assert_eq!(client.status_with_shared().await.unwrap(), (status(), Some(shared())));
     assert_eq!(client.status().await.unwrap(), status());
-    assert_eq!(counts(&fake), (0, 4, 0));
+    assert_eq!(counts(&fake), (0, 4, 0, 0));
 }
 
 #[tokio::test]
@@ -224,7 +239,29 @@ async fn a_version_3_daemon_gets_the_tag_and_shows_the_signals() {
     assert_eq!(tags(&fake), [Some(tag), Some(tag), None]);
     let full = client.status_full().await.unwrap();
     assert_eq!(full, FullStatus { status: status(), shared: Some(shared()), signals: Some(signals()) });
-    assert_eq!(counts(&fake), (0, 0, 4));
+    // One version-4 frame refused, then version 3 on the pooled connection.
+    assert_eq!(counts(&fake), (0, 0, 4, 1));
+}
+
+/// A version-3 daemon has no `Activity` or `Samples`: after stepping down,
+/// the client says they need version 4 (and goes on in version 3 for the
+/// rest); a version-4 daemon answers them.
+#[tokio::test]
+async fn activity_and_samples_need_a_version_4_daemon() {
+    let old = fake(3);
+    let asking_old = Client::new(client(&old));
+    let e = asking_old.activity(10).await.unwrap_err().to_string();
+    assert!(e.contains("the daemon speaks protocol version 3; this needs version 4"), "{e}");
+    let e = asking_old.samples(10).await.unwrap_err().to_string();
+    assert!(e.contains("this needs version 4"), "{e}");
+    assert!(asking_old.check("login", &alice()).await.proceeds());
+    assert_eq!(counts(&old), (0, 0, 3, 1), "one refused version-4 frame, then version 3");
+
+    let new = fake(4);
+    let asking_new = Client::new(client(&new));
+    assert_eq!(asking_new.activity(10).await.unwrap(), Activity { now_ms: 9, ..Activity::default() });
+    assert_eq!(asking_new.samples(10).await.unwrap(), (vec![], 3, 7));
+    assert_eq!(counts(&new), (0, 0, 0, 2));
 }
 
 /// A monitored spray signal reaches an older client as the nearest reason
@@ -242,7 +279,7 @@ async fn a_version_2_client_reads_a_new_reason_as_the_nearest_old_one() {
 }
 
 #[test]
-#[should_panic(expected = "protocol version 4 is not one this client speaks")]
+#[should_panic(expected = "protocol version 5 is not one this client speaks")]
 fn an_unknown_version_cannot_be_configured() {
-    let _ = ClientConfig::new("/nowhere").protocol_version(4);
+    let _ = ClientConfig::new("/nowhere").protocol_version(5);
 }
