@@ -332,7 +332,11 @@ fn describe_bad_request(version: u8, body: &[u8]) -> Result<(), String> {
             body.optional_ip("source")
         }
         5 => body.take(8, "field `by_ms`").map(drop),
-        other => Err(format!("unknown request tag {other} (the known tags are 0 to 5)")),
+        6 | 7 if version >= ACTIVITY_VERSION => body.take(4, "field `limit`").map(drop),
+        other => {
+            let last = if version >= ACTIVITY_VERSION { 7 } else { 5 };
+            Err(format!("unknown request tag {other} (the known tags are 0 to {last})"))
+        }
     }
 }
 
@@ -831,7 +835,8 @@ mod tests {
         let v4 = [&[1u8][..], &0u32.to_le_bytes(), &[198, 51, 100, 7]].concat();
         let cases: Vec<(Vec<u8>, &str)> = vec![
             (vec![], "message ends inside the request tag: 4 bytes needed, 0 left"),
-            (42u32.to_le_bytes().to_vec(), "unknown request tag 42 (the known tags are 0 to 5)"),
+            (42u32.to_le_bytes().to_vec(), "unknown request tag 42 (the known tags are 0 to 7)"),
+            (body(&[&6u32.to_le_bytes(), &[1, 0]]), "message ends inside field `limit`: 4 bytes needed, 2 left"),
             (
                 body(&[&0u32.to_le_bytes(), &2u64.to_le_bytes(), &[0xff, 0xfe]]),
                 "string not UTF-8 in field `route` (at byte 0 of it)",

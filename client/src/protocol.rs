@@ -410,8 +410,10 @@ pub struct Activity {
     /// When the counters below began (the daemon's start).
     pub since_ms: u64,
     pub routes: Vec<RouteActivity>,
-    /// Check and report latency inside the daemon, from a frame read to its
-    /// reply written (a sample of requests; see `LATENCY_BUCKETS`).
+    /// Check and report latency inside the daemon: from the start of the
+    /// batch of frames a read delivered to the verdict's reply encoded (so a
+    /// pipelined frame's includes the frames before it in its batch); one
+    /// batch in `sample_every` per connection (see `LATENCY_BUCKETS`).
     pub latency: LatencyHistogram,
     /// The top-K summaries cover the current window and the one before it.
     pub top_window_ms: u64,
@@ -472,8 +474,9 @@ pub struct LatencyHistogram {
     pub buckets: Vec<u64>,
 }
 
-/// Buckets of `LatencyHistogram`: four per power of two from 64 ns, so a
-/// bucket's bound is within 19% of any value in it; the last is unbounded.
+/// Buckets of `LatencyHistogram`: four per power of two from 64 ns (the
+/// first holds everything below 80 ns), so a bucket's upper bound
+/// overstates any value in it by at most 25%; the last is unbounded.
 pub const LATENCY_BUCKETS: usize = 4 * 30;
 
 /// The exclusive upper bound of latency bucket `i`, in nanoseconds
@@ -593,7 +596,8 @@ pub struct WouldBeRefusal {
     pub at_ms: u64,
     pub route: String,
     pub rule: String,
-    /// `check` or `report`.
+    /// `check` (only checks count would-be refusals; the field leaves room
+    /// for a later daemon's `report`).
     pub op: String,
     pub reason: Reason,
     pub prefix: String,

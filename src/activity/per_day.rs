@@ -7,9 +7,10 @@
 //! and the accounts without the extra zero leave; an account never joins
 //! late, because `shift` only grows within a day. The sample is therefore
 //! uniform over accounts and each of its counts is exact: the quantiles
-//! are those of a random sample of the day's accounts. The key is the
-//! daemon's secret-derived one, so a client cannot aim its accounts at or
-//! away from the sample.
+//! are those of a random sample of the day's accounts. The hash key is
+//! drawn at start (`ActivityLink`), so a client cannot aim its accounts at
+//! or away from the sample (a restart draws another, and a new day's
+//! sample starts empty anyway).
 
 use std::collections::HashMap;
 
