@@ -467,12 +467,14 @@ async fn idle_connections_are_closed_and_the_client_reconnects_transparently() {
 
 /// Parses Prometheus text: checks every family has one HELP and one TYPE
 /// line before its samples and that its samples are not split up; returns
-/// each sample's series (`name{labels}`) and value.
-fn parse_exposition(text: &str) -> std::collections::BTreeMap<String, u64> {
+/// each sample's series (`name{labels}`) and value (counts are whole numbers;
+/// seconds need not be).
+fn parse_exposition(text: &str) -> std::collections::BTreeMap<String, f64> {
     let mut samples = std::collections::BTreeMap::new();
     let mut families_done = std::collections::HashSet::new();
     let mut current: Option<String> = None;
     let mut typed = false;
+    let mut summary = false;
     for line in text.lines() {
         if let Some(rest) = line.strip_prefix("# HELP ") {
             let name = rest.split(' ').next().unwrap().to_string();
@@ -484,14 +486,18 @@ fn parse_exposition(text: &str) -> std::collections::BTreeMap<String, u64> {
         if let Some(rest) = line.strip_prefix("# TYPE ") {
             let mut parts = rest.split(' ');
             assert_eq!(parts.next(), current.as_deref(), "TYPE follows its HELP: {line}");
-            assert!(matches!(parts.next(), Some("counter" | "gauge")), "{line}");
+            let kind = parts.next();
+            assert!(matches!(kind, Some("counter" | "gauge" | "summary")), "{line}");
+            summary = kind == Some("summary");
             typed = true;
             continue;
         }
         assert!(!line.starts_with('#'), "unexpected comment: {line}");
         let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("no value: {line}"));
         let name = series.split('{').next().unwrap();
-        assert!(typed && current.as_deref() == Some(name), "sample outside its family: {line}");
+        // A summary's `_count` and `_sum` belong to it.
+        let family = if summary { name.trim_end_matches("_count").trim_end_matches("_sum") } else { name };
+        assert!(typed && current.as_deref() == Some(family), "sample outside its family: {line}");
         assert!(
             name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') && name.starts_with("tollgate_"),
             "metric name {name}"
@@ -506,7 +512,8 @@ fn parse_exposition(text: &str) -> std::collections::BTreeMap<String, u64> {
                 }
             }
         }
-        let value: u64 = value.parse().unwrap_or_else(|e| panic!("{e}: {line}"));
+        let value: f64 = value.parse().unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(value.is_finite() && value >= 0.0, "{line}");
         assert!(samples.insert(series.to_string(), value).is_none(), "series twice: {series}");
     }
     samples
@@ -533,21 +540,21 @@ fn metrics_print_status_in_the_prometheus_text_format_without_identifiers() {
     let status = daemon.cli_json(&["status"]);
     let series =
         |name: &str, rule: &str, kind: &str| format!("{name}{{route=\"login\",rule=\"{rule}\",kind=\"{kind}\"}}");
-    assert_eq!(metrics[&series("tollgate_rule_refused_total", "source_failures", "failures")], 1);
-    assert_eq!(metrics[&series("tollgate_rule_refused_total", "source_rate", "rate")], 0);
-    assert_eq!(metrics[&series("tollgate_rule_entries", "source_failures", "failures")], 1);
-    assert_eq!(metrics[&series("tollgate_rule_limit", "source_failures", "failures")], 5);
-    assert_eq!(metrics[&series("tollgate_rule_period_seconds", "source_failures", "failures")], 900);
+    assert_eq!(metrics[&series("tollgate_rule_refused_total", "source_failures", "failures")], 1.0);
+    assert_eq!(metrics[&series("tollgate_rule_refused_total", "source_rate", "rate")], 0.0);
+    assert_eq!(metrics[&series("tollgate_rule_entries", "source_failures", "failures")], 1.0);
+    assert_eq!(metrics[&series("tollgate_rule_limit", "source_failures", "failures")], 5.0);
+    assert_eq!(metrics[&series("tollgate_rule_period_seconds", "source_failures", "failures")], 900.0);
     for decision in ["allow", "delay", "challenge", "deny"] {
         assert_eq!(
             metrics[&format!("tollgate_verdicts_total{{decision=\"{decision}\"}}")],
-            status["verdicts"][decision].as_u64().unwrap(),
+            status["verdicts"][decision].as_f64().unwrap(),
             "{decision}"
         );
     }
-    assert_eq!(metrics["tollgate_verdicts_total{decision=\"deny\"}"], 2, "the fifth failure and the check");
-    assert_eq!(metrics["tollgate_state_healthy"], 1);
-    assert_eq!(metrics["tollgate_limit{name=\"connections_max\"}"], 1024);
+    assert_eq!(metrics["tollgate_verdicts_total{decision=\"deny\"}"], 2.0, "the fifth failure and the check");
+    assert_eq!(metrics["tollgate_state_healthy"], 1.0);
+    assert_eq!(metrics["tollgate_limit{name=\"connections_max\"}"], 1024.0);
     let rules: usize = status["routes"].as_array().unwrap().iter().map(|r| r["rules"].as_array().unwrap().len()).sum();
     let refused_series = metrics.keys().filter(|k| k.starts_with("tollgate_rule_refused_total{")).count();
     assert_eq!(refused_series, rules, "one series per rule of every route");
