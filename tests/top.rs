@@ -430,3 +430,36 @@ fn without_a_daemon_once_fails_in_one_line_and_the_live_view_keeps_trying() {
     tmux.keys("q");
     tmux.wait_for("top's exit after q", |s| s.contains("top exited with status 0"));
 }
+
+/// Whether process `pid` has gone (or is a zombie nobody reaped).
+fn gone(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map_or(true, |stat| stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')))
+}
+
+#[test]
+fn a_terminal_that_goes_away_ends_top_instead_of_spinning() {
+    // An ssh session dropped, a tmux server killed: the pty hangs up and
+    // top's input reads end of file. It must exit, not read nothing in a
+    // loop at full CPU (crossterm's poll does, and never returns).
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("top.pid");
+    let command = format!(
+        "sh -c 'echo $$ > {}; exec {BIN} top --socket {}'",
+        pid_file.display(),
+        dir.path().join("none.sock").display()
+    );
+    let Some(tmux) = Tmux::start(dir.path(), &command) else { return };
+    tmux.wait_for("top's live view", |s| s.contains("UNREACHABLE"));
+    let pid: u32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+    assert!(!gone(pid), "top is running");
+    assert!(tmux.run(&["kill-server"]).status.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !gone(pid) {
+        if Instant::now() > deadline {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            panic!("top (pid {pid}) outlived its terminal by 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -153,6 +153,44 @@ fn plain(args: &TopArgs, mut fetch: impl FnMut() -> Result<Snapshot, ClientError
     }
 }
 
+/// How long a stop (SIGTERM, SIGHUP) may go unheeded by the live view's
+/// loop before the watchdog ends the process itself.
+const STOP_GRACE: Duration = Duration::from_secs(1);
+
+/// Ends the process when its terminal is gone or a stop went unheeded.
+/// crossterm's `event::poll` never returns once its input reads end of
+/// file (a closed pty: an ssh session or a tmux server gone): it reads
+/// `0` bytes in a loop, at full CPU, and the loop below never sees the
+/// SIGHUP flag. A hung-up terminal has nothing left to restore, so this
+/// thread exits the process instead.
+fn watch_for_a_dead_terminal(stop: Arc<AtomicBool>) {
+    use std::os::fd::AsFd;
+    let _ = std::thread::Builder::new().name("top-watchdog".into()).spawn(move || {
+        let mut stopped_at: Option<Instant> = None;
+        loop {
+            std::thread::sleep(SIGNAL_CHECK);
+            let stdin = std::io::stdin();
+            let mut fds = [nix::poll::PollFd::new(stdin.as_fd(), nix::poll::PollFlags::empty())];
+            let hung_up = nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO).is_ok()
+                && fds[0].revents().is_some_and(|r| {
+                    r.intersects(
+                        nix::poll::PollFlags::POLLHUP | nix::poll::PollFlags::POLLERR | nix::poll::PollFlags::POLLNVAL,
+                    )
+                });
+            if stop.load(Ordering::Relaxed) {
+                let since = *stopped_at.get_or_insert_with(Instant::now);
+                if since.elapsed() >= STOP_GRACE {
+                    ratatui::restore();
+                    std::process::exit(0);
+                }
+            }
+            if hung_up {
+                std::process::exit(0);
+            }
+        }
+    });
+}
+
 /// How long the live view waits for a key before it looks at the
 /// signal flags again: a SIGTERM or SIGHUP (the ssh session went away)
 /// ends it within this, with the terminal restored.
@@ -167,6 +205,7 @@ fn live(args: &TopArgs, mut fetch: impl FnMut() -> Result<Snapshot, ClientError>
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGHUP] {
         signal_hook::flag::register(signal, stop.clone())?;
     }
+    watch_for_a_dead_terminal(stop.clone());
     let mut terminal = ratatui::try_init()?;
     let result = (|| -> Result<(), ClientError> {
         let mut page = Page::Overview;
