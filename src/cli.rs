@@ -46,6 +46,10 @@ pub enum Command {
     /// and spray detection on a simulated clock: detection latency and
     /// false positives (no daemon needed).
     Simulate(crate::sim::SimulateArgs),
+    /// Run a decision log through a candidate configuration on the log's
+    /// own clock: per rule, what it would have refused, and the people it
+    /// would have bothered (no daemon needed).
+    Replay(crate::decision_log::replay::ReplayArgs),
     /// A bare length-prefixed echo server: the transport floor for `bench --raw`.
     EchoServer {
         #[arg(long)]
@@ -220,6 +224,17 @@ pub fn simulate(args: &crate::sim::SimulateArgs) -> std::process::ExitCode {
     }
 }
 
+/// `tollgate replay`: no daemon, so not a client command.
+pub fn replay(args: &crate::decision_log::replay::ReplayArgs) -> std::process::ExitCode {
+    match crate::decision_log::replay::replay(args) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tollgate: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text).map_err(|e| format!("`{text}`: {e} (try 500ms, 30s, 15m, 1h)"))
 }
@@ -258,6 +273,7 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
             Ok(())
         }
         Command::Simulate(_) => unreachable!("main handles simulate"),
+        Command::Replay(_) => unreachable!("main handles replay"),
         Command::Bench(args) => {
             let json_out = args.json;
             let r = crate::bench::run(args).await?;

@@ -18,6 +18,8 @@ fn main() -> ExitCode {
         Command::Man => return cli::print_man_page(),
         // The limiter on a simulated clock, in-process: no daemon to ask.
         Command::Simulate(args) => return cli::simulate(&args),
+        // The decision log through a candidate configuration, in-process.
+        Command::Replay(args) => return cli::replay(&args),
         command => command,
     };
     // The load generator and the echo server want every core; the CLI's one

@@ -34,6 +34,19 @@ pub struct RawConfig {
     pub shared: Option<RawShared>,
     #[serde(default)]
     pub signals: RawSignals,
+    /// Absent: no decision log (the default).
+    pub decision_log: Option<RawDecisionLog>,
+}
+
+/// `[decision_log]`: the what-if replay's input (see `src/decision_log/`).
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDecisionLog {
+    pub path: Option<PathBuf>,
+    pub file_bytes_max: Option<u64>,
+    pub files_max: Option<u32>,
+    pub age_max_secs: Option<u64>,
+    pub queue_max: Option<usize>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]

@@ -21,8 +21,8 @@ mod validate;
 
 pub use defaults::*;
 pub use file::{
-    RawClassLimit, RawConfig, RawCountDetector, RawDetector, RawResponses, RawRoute, RawRule, RawRuleKind, RawServer,
-    RawShared, RawSignals, RawSource, Word,
+    RawClassLimit, RawConfig, RawCountDetector, RawDecisionLog, RawDetector, RawResponses, RawRoute, RawRule,
+    RawRuleKind, RawServer, RawShared, RawSignals, RawSource, Word,
 };
 
 /// What a client does for a route when the daemon cannot answer in time:
@@ -449,6 +449,25 @@ pub struct Config {
     pub shared: Option<SharedConfig>,
     /// None: `[signals] enabled = false`.
     pub signals: Option<SignalsConfig>,
+    /// None: no `[decision_log]` (the default).
+    pub decision_log: Option<DecisionLogConfig>,
+}
+
+/// `[decision_log]`: a compact log of every check and report verdict
+/// (digests, never names) for `tollgate replay`. Bounds and why are
+/// beside the defaults in `defaults.rs`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DecisionLogConfig {
+    /// The directory the files go in.
+    pub path: PathBuf,
+    /// A file is closed and a new one begun at this size.
+    pub file_bytes_max: u64,
+    /// At most this many files are kept; the oldest go first.
+    pub files_max: u32,
+    /// A file whose newest record is older than this is deleted.
+    pub age_max_us: u64,
+    /// Records waiting for the writer thread; a full queue drops.
+    pub queue_max: usize,
 }
 
 /// Every problem found in a configuration, one `key: message` per line.

@@ -124,6 +124,22 @@ impl Daemon {
         .collect()
     }
 
+    /// `[decision_log]`'s limits, when on.
+    fn decision_log_limits(&self) -> Vec<NamedLimit> {
+        let Some(c) = &self.config.decision_log else { return Vec::new() };
+        [
+            ("decision_log.file_bytes_max", c.file_bytes_max),
+            ("decision_log.files_max", u64::from(c.files_max)),
+            ("decision_log.age_max_secs", c.age_max_us / 1_000_000),
+            ("decision_log.queue_max", c.queue_max as u64),
+            ("decision_log.record_bytes_max", crate::decision_log::RECORD_BYTES_MAX as u64),
+            ("decision_log.flush_interval_ms", crate::decision_log::FLUSH_INTERVAL_MS),
+        ]
+        .into_iter()
+        .map(|(name, value)| NamedLimit { name: name.into(), value })
+        .collect()
+    }
+
     pub(crate) fn status(&self, limiter: &Limiter) -> Status {
         let now = self.clock.now_us();
         let count = |i: usize| self.verdicts[i].load(Ordering::Relaxed);
@@ -172,6 +188,7 @@ impl Daemon {
             .into_iter()
             .chain(self.shared_limits())
             .chain(self.signals_limits())
+            .chain(self.decision_log_limits())
             .chain(limiter.route_limits().into_iter().map(|(name, value)| NamedLimit { name, value }))
             .collect(),
             persistence: PersistenceStatus {
