@@ -408,7 +408,7 @@ fn files_named(logs: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
             if found.is_empty() {
                 anyhow::bail!("{} holds no decision log files (decisions-*.tglog)", path.display());
             }
-            files.extend(found.into_iter().map(|(_, p)| p));
+            files.extend(found.into_iter().map(|(_, _, p)| p));
         } else {
             files.push(path.clone());
         }

@@ -47,17 +47,20 @@ const LAST_ERROR_CHARS_MAX: usize = 256;
 pub const FILE_EXTENSION: &str = "tglog";
 const FILE_PREFIX: &str = "decisions-";
 
-/// The name of the file begun at `start_us`, the `n`-th of that millisecond.
+/// Files begun in one millisecond (of the manual clock, say), at most.
+const FILES_PER_MS_MAX: u32 = 999_999;
+
+/// The name of the file begun at `start_us`, the `n`-th of that
+/// millisecond: names sort as the files were begun.
 pub fn file_name(start_us: u64, n: u32) -> String {
-    format!("{FILE_PREFIX}{:016}-{n:04}.{FILE_EXTENSION}", start_us / 1000)
+    format!("{FILE_PREFIX}{:016}-{n:06}.{FILE_EXTENSION}", start_us / 1000)
 }
 
-/// A file's start (ms) from its name, if it is one of ours.
-fn start_ms_of(name: &str) -> Option<u64> {
+/// A file's start (ms) and number from its name, if it is one of ours.
+fn start_of(name: &str) -> Option<(u64, u32)> {
     let rest = name.strip_prefix(FILE_PREFIX)?.strip_suffix(FILE_EXTENSION)?.strip_suffix('.')?;
     let (ms, n) = rest.split_once('-')?;
-    n.parse::<u32>().ok()?;
-    ms.parse().ok()
+    Some((ms.parse().ok()?, n.parse().ok()?))
 }
 
 /// The log as the daemon holds it: the queue's sending end and the counters.
@@ -247,13 +250,20 @@ impl Writer {
         let start_us = self.clock.now_us();
         let mut header = Vec::with_capacity(HEADER_BYTES);
         encode_header(&Header { start_us, fingerprint: self.fingerprint }, &mut header);
-        let opened = (0..10_000)
+        // After the newest file of this millisecond (a restart on the
+        // manual clock begins at the same one), never in a gap retention
+        // left, so that names keep sorting as the files were begun.
+        let first = match log_files(&self.config.path) {
+            Ok(files) => files.iter().filter(|(ms, _, _)| *ms == start_us / 1000).map(|(_, n, _)| n + 1).max(),
+            Err(_) => None,
+        };
+        let opened = (first.unwrap_or(0)..=FILES_PER_MS_MAX)
             .map(|n| self.config.path.join(file_name(start_us, n)))
             .find_map(|path| match OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path) {
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => None,
                 other => Some(other),
             })
-            .unwrap_or_else(|| Err(io::Error::other("10000 files begun in one millisecond")));
+            .unwrap_or_else(|| Err(io::Error::other("too many files begun in one millisecond")));
         let written = opened.and_then(|file| {
             let mut out = BufWriter::new(file);
             out.write_all(&header)?;
@@ -323,8 +333,8 @@ impl Writer {
         // Sorted oldest first; the newest is (or will be) the current file.
         let mut keep = Vec::with_capacity(count);
         let excess = count.saturating_sub(self.config.files_max as usize);
-        for (i, (start_ms, path)) in files.iter().enumerate() {
-            let next_start_ms = files.get(i + 1).map(|(ms, _)| *ms);
+        for (i, (start_ms, _, path)) in files.iter().enumerate() {
+            let next_start_ms = files.get(i + 1).map(|(ms, _, _)| *ms);
             let is_newest = i + 1 == count;
             let too_many = i < excess && !is_newest;
             let too_old = next_start_ms.is_some_and(|next| next <= cutoff_ms);
@@ -344,14 +354,14 @@ impl Writer {
     }
 }
 
-/// The log files in `dir`, oldest first.
-pub(crate) fn log_files(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
+/// The log files in `dir` (start ms, number, path), oldest first.
+pub(crate) fn log_files(dir: &Path) -> io::Result<Vec<(u64, u32, PathBuf)>> {
     let mut files = Vec::new();
     for entry in fs::read_dir(dir)? {
         let entry = entry?;
         let name = entry.file_name();
-        if let Some(start_ms) = name.to_str().and_then(start_ms_of) {
-            files.push((start_ms, entry.path()));
+        if let Some((start_ms, n)) = name.to_str().and_then(start_of) {
+            files.push((start_ms, n, entry.path()));
         }
     }
     files.sort();
@@ -423,7 +433,7 @@ mod tests {
         assert_eq!(files.len(), 3, "{files:?}");
         assert_eq!(stats.files, 3);
         let mut records = 0;
-        for (_, path) in &files {
+        for (_, _, path) in &files {
             let bytes = fs::read(path).unwrap();
             assert!(bytes.len() as u64 <= 4096);
             let contents = read_file_bytes(&bytes);
