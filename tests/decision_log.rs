@@ -428,7 +428,7 @@ fn files_older_than_age_max_are_deleted_on_the_daemons_clock() {
     let rt = runtime();
     let client = daemon.client();
     let start_ms = 1_893_456_000_000u64;
-    let mut phase = |n: u32| {
+    let phase = |n: u32| {
         rt.block_on(async {
             for i in 0..100u32 {
                 verdict(client.check("login", &who(v4(n * 1000 + i), Some(&format!("user{n}-{i}")))).await);
