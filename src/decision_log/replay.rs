@@ -547,7 +547,8 @@ pub fn text(r: &ReplayReport, candidate: &Path) -> String {
             "  {:<32} {:>7} {:>9} {:>6} {:>12} {:>8} {:>8} {:>8} {:>9}",
             "rule", "deny", "challenge", "delay", "would-refuse", "accounts", "prefixes", "fp accts", "fp/day"
         );
-        for rule in rules {
+        let quiet = |r: &&RuleReport| r.deny + r.challenge + r.delay + r.would_refuse == 0;
+        for rule in rules.iter().filter(|r| !quiet(r)) {
             let _ = writeln!(
                 out,
                 "  {:<32} {:>7} {:>9} {:>6} {:>12} {:>8} {:>8} {:>8} {:>9.1}",
@@ -561,6 +562,10 @@ pub fn text(r: &ReplayReport, candidate: &Path) -> String {
                 rule.false_positive_accounts,
                 rule.false_positive_humans_per_day
             );
+        }
+        let quiet = rules.iter().filter(quiet).count();
+        if quiet > 0 {
+            let _ = writeln!(out, "  ({quiet} other rules refused nothing; --json lists every rule)");
         }
     };
     table(&mut out, &format!("candidate ({}):", candidate.display()), &r.candidate);
