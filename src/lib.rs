@@ -21,6 +21,8 @@
 //! (keyed digests of every identifier), `access` (who may ask what),
 //! `signals` (spray detection: distinct counts across keys off the request
 //! path, flags the request path reads), `sim` (its simulator),
+//! `decision_log` (every verdict as a digest-only record, written off the
+//! request path, and `tollgate replay` of it through a candidate config),
 //! `audit` (rate-capped log lines), `notify` (systemd), `metrics`
 //! (Prometheus text), `config`, `clock` (the only place time is read) and
 //! `bench` (the load generator and the echo server).
