@@ -457,3 +457,20 @@ fn files_older_than_age_max_are_deleted_on_the_daemons_clock() {
         assert!(!gone.exists(), "{} kept", gone.display());
     }
 }
+
+#[test]
+fn a_reload_that_changes_the_decision_log_fails_and_keeps_the_running_one() {
+    let scratch = tempfile::tempdir().unwrap();
+    let logs = scratch.path().join("decisions");
+    let daemon = TestDaemon::start_with(Some(&log_config(&logs, "")), true);
+    daemon.reload_with(&log_config(&logs, "files_max = 2\n"));
+    let status = daemon.cli_json(&["status"]);
+    assert_eq!((status["reloads"].as_u64(), status["reload_failures"].as_u64()), (Some(0), Some(1)));
+    assert!(status["last_reload_error"].as_str().unwrap().contains("[decision_log] differs"), "{status}");
+    let files_max =
+        status["limits"].as_array().unwrap().iter().find(|l| l["name"] == "decision_log.files_max").unwrap();
+    assert_eq!(files_max["value"], 16);
+    // The same section reloads.
+    daemon.reload_with(&log_config(&logs, ""));
+    assert_eq!(daemon.cli_json(&["status"])["reloads"], 1);
+}

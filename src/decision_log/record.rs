@@ -488,6 +488,12 @@ mod tests {
         assert_eq!(decode_record(&bytes).unwrap().0, r);
     }
 
+    /// `DECISION_LOG_QUEUE_MAX_DEFAULT`'s memory is reckoned at this.
+    #[test]
+    fn a_queued_record_stays_small() {
+        assert!(std::mem::size_of::<Record>() <= 216, "{}", std::mem::size_of::<Record>());
+    }
+
     fn arbitrary_record() -> impl Strategy<Value = Record> {
         let digest = proptest::option::of(any::<[u8; 16]>());
         let name = proptest::collection::vec(b'a'..=b'z', 0..=NAME_BYTES_MAX);
