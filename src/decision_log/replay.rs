@@ -109,6 +109,9 @@ pub struct ReplayReport {
     /// Checks the running configuration let proceed that the candidate
     /// refuses (deny or challenge).
     pub newly_refused: u64,
+    /// Checks awaiting their report forgotten to keep replay's memory
+    /// bounded (more than half a million within one attempt timeout).
+    pub checks_forgotten: u64,
     /// Records of a route the candidate does not have, or that it
     /// refuses as a request error (a required field missing): skipped.
     pub not_replayed: u64,
@@ -224,7 +227,6 @@ impl Tally {
 /// A check waiting for its report.
 struct Pending {
     time_us: u64,
-    logged_proceeded: bool,
     candidate_proceeded: bool,
 }
 
@@ -328,7 +330,11 @@ impl Replayer {
                 report.outcome_unknown += u64::from(candidate_proceeded && !logged_proceeded);
                 report.newly_refused +=
                     u64::from(logged_proceeded && matches!(verdict.decision, Decision::Deny | Decision::Challenge));
-                self.remember(key, Pending { time_us: t, logged_proceeded, candidate_proceeded });
+                // Only a check the running configuration let proceed can
+                // have a report in the log.
+                if logged_proceeded {
+                    self.remember(key, Pending { time_us: t, candidate_proceeded });
+                }
             }
             Op::Report(outcome) => {
                 report.reports += 1;
@@ -365,24 +371,30 @@ impl Replayer {
                 !checks.is_empty()
             });
             self.pending_count = self.pending.values().map(Vec::len).sum();
+            // Still full: that many checks within one attempt timeout all
+            // await a report. Forget them (their reports will be replayed
+            // as without a check) rather than sweep again at every check.
+            if self.pending_count >= PENDING_CHECKS_MAX / 2 {
+                self.report.checks_forgotten += self.pending_count as u64;
+                self.pending.clear();
+                self.pending_count = 0;
+            }
         }
         self.pending.entry(key).or_default().push(check);
         self.pending_count += 1;
     }
 
     /// The report's check: the most recent unpaired one the running
-    /// configuration let proceed (later ones it refused are never
-    /// reported, and are dropped). Whether the candidate let it proceed.
+    /// configuration let proceed (only those are remembered). Whether the
+    /// candidate let it proceed.
     fn pair(&mut self, key: &PairKey) -> Option<bool> {
         let checks = self.pending.get_mut(key)?;
-        let at = checks.iter().rposition(|c| c.logged_proceeded)?;
-        let candidate_proceeded = checks[at].candidate_proceeded;
-        self.pending_count -= checks.len() - at;
-        checks.truncate(at);
+        let check = checks.pop()?;
+        self.pending_count -= 1;
         if checks.is_empty() {
             self.pending.remove(key);
         }
-        Some(candidate_proceeded)
+        Some(check.candidate_proceeded)
     }
 
     pub fn finish(mut self, files: Vec<FileReport>) -> ReplayReport {
