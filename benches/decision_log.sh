@@ -4,7 +4,8 @@
 # (its defaults) and off (the default), RUNS times each.
 #
 #   cargo build --release
-#   RUNS=3 bash benches/decision_log.sh --in-flight 16 --keys 100000
+#   RUNS=3 bash benches/decision_log.sh --mix check-report --failure-ratio 0.1 --keys 100000 --in-flight 16
+#   ROUTE=request RUNS=3 bash benches/decision_log.sh --mix check --keys 100000 --in-flight 16
 #
 # Prints one line per run ("on ..." / "off ..."); take the medians. After
 # each "on" run it also prints how many records reached the files
@@ -25,7 +26,8 @@ run() { # name, extra config, bench args...
     "$bin" serve --config "$dir/tollgate.toml" > "$dir/log" 2>&1 &
     local pid=$!
     for _ in $(seq 100); do [ -S "$dir/s.sock" ] && break; sleep 0.05; done
-    "$bin" bench --socket "$dir/s.sock" --route login --duration "$duration" "${@:3}" | head -1
+    # (2>/dev/null: `head` closing the pipe makes bench complain on exit.)
+    "$bin" bench --socket "$dir/s.sock" --route "${ROUTE:-login}" --duration "$duration" "${@:3}" 2>/dev/null | head -1
     kill "$pid" && wait "$pid" 2>/dev/null || true
 }
 

@@ -34,6 +34,12 @@ pub const WRITER_POLL_MS: u64 = 10;
 /// Buffered records reach the file at least this often: what a crash can
 /// lose beyond the queue.
 pub const FLUSH_INTERVAL_MS: u64 = 1_000;
+/// The writer's buffer: at a million records a second (40 MB/s) the
+/// default 8 KiB means ten thousand write calls a second, 1 MiB a few
+/// dozen. (Measured: the thread's CPU per record barely moved, 0.18 to
+/// 0.17 µs; its time is in the queue and the encoding.) A crash loses at
+/// most this much or `FLUSH_INTERVAL_MS` of records, whichever is less.
+const WRITE_BUFFER_BYTES: usize = 1 << 20;
 /// Retention (`files_max`, `age_max_secs`) is enforced at every rotation
 /// and at least this often, so a quiet daemon still deletes old files.
 const RETENTION_INTERVAL_MS: u64 = 60_000;
@@ -265,7 +271,7 @@ impl Writer {
             })
             .unwrap_or_else(|| Err(io::Error::other("too many files begun in one millisecond")));
         let written = opened.and_then(|file| {
-            let mut out = BufWriter::new(file);
+            let mut out = BufWriter::with_capacity(WRITE_BUFFER_BYTES, file);
             out.write_all(&header)?;
             Ok(out)
         });
