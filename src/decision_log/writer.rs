@@ -307,12 +307,7 @@ impl Writer {
     /// Counts and logs a failed write; the file is given up and the next
     /// one tried after `RETRY_AFTER_ERROR_MS`.
     fn failed(&mut self, what: &str, e: io::Error) {
-        self.shared.write_errors.fetch_add(1, Ordering::Relaxed);
-        let message: String = format!("{what}: {e}").chars().take(LAST_ERROR_CHARS_MAX).collect();
-        if let Some(suppressed) = self.errors.admit(crate::clock::Clock::System.now_us()) {
-            tracing::error!(target: crate::daemon::LOG_TARGET, error = %message, path = %self.config.path.display(), suppressed, "decision log write failed; records are dropped until a file can be written");
-        }
-        *self.shared.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(message);
+        self.count_error(what, e);
         // A BufWriter whose write failed may hold a partial record; the
         // file ends there (a torn tail replay reads past) and is dropped
         // without another flush attempt.
@@ -322,6 +317,16 @@ impl Writer {
         self.retry_at = Some(Instant::now() + Duration::from_millis(RETRY_AFTER_ERROR_MS));
     }
 
+    /// Counts and logs (rate-capped) an error of the log's files.
+    fn count_error(&mut self, what: &str, e: io::Error) {
+        self.shared.write_errors.fetch_add(1, Ordering::Relaxed);
+        let message: String = format!("{what}: {e}").chars().take(LAST_ERROR_CHARS_MAX).collect();
+        if let Some(suppressed) = self.errors.admit(crate::clock::Clock::System.now_us()) {
+            tracing::error!(target: crate::daemon::LOG_TARGET, error = %message, path = %self.config.path.display(), suppressed, "decision log write failed");
+        }
+        *self.shared.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(message);
+    }
+
     /// Deletes the oldest files past `files_max`, and every file whose
     /// records are all older than `age_max` (the next file began before
     /// the cut-off); never the file being written.
@@ -329,8 +334,10 @@ impl Writer {
         self.last_retention = Some(Instant::now());
         let mut files = match log_files(&self.config.path) {
             Ok(files) => files,
+            // Retention waits for the next round; the file being written
+            // is not the one at fault.
             Err(e) => {
-                self.failed("list", e);
+                self.count_error("list", e);
                 return;
             }
         };
@@ -347,7 +354,7 @@ impl Writer {
             if too_many || too_old {
                 if let Err(e) = fs::remove_file(path) {
                     if e.kind() != io::ErrorKind::NotFound {
-                        self.failed("delete", e);
+                        self.count_error("delete", e);
                         keep.push(*start_ms);
                     }
                 }
@@ -417,6 +424,29 @@ mod tests {
             log.send(record(t));
         }
         assert_eq!(log.stats().records_dropped, 1);
+    }
+
+    #[test]
+    fn a_file_that_cannot_be_written_is_counted_and_logged_and_nothing_blocks() {
+        let scratch = tempfile::tempdir().unwrap();
+        let dir = scratch.path().join("decisions");
+        std::fs::create_dir(&dir).unwrap();
+        let log = DecisionLog::start(&config(&dir, 1024), Clock::manual(), 5).unwrap();
+        log.send(record(0));
+        std::thread::sleep(Duration::from_millis(5 * WRITER_POLL_MS));
+        // The directory replaced by a file: the next file cannot be begun.
+        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::write(&dir, b"in the way").unwrap();
+        // About 80 bytes a record: 100 fill the first file and need another.
+        for t in 1..=100 {
+            log.send(record(t));
+        }
+        log.stop();
+        let stats = log.stats();
+        assert!(stats.write_errors >= 1, "{stats:?}");
+        assert!(stats.last_error.as_deref().is_some_and(|e| e.starts_with("open: ")), "{stats:?}");
+        assert_eq!(stats.records_written + stats.records_dropped, 101, "{stats:?}");
+        assert!(stats.records_dropped > 0, "{stats:?}");
     }
 
     #[test]
