@@ -229,6 +229,20 @@ fn log_files(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
+fn records_in(file: &Path) -> usize {
+    tollgate::read_file_bytes(&std::fs::read(file).unwrap_or_default()).records.len()
+}
+
+/// Waits (up to 20 s: the machine may be loaded) for the writer thread,
+/// which drains every 10 ms and flushes every second.
+fn wait_for(done: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "the decision log's writer did not get there in 20 s");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 fn rule_row<'v>(rules: &'v serde_json::Value, name: &str) -> &'v serde_json::Value {
     rules.as_array().unwrap().iter().find(|r| r["rule"] == name).unwrap_or_else(|| panic!("no rule {name}"))
 }
@@ -327,7 +341,7 @@ async fn a_killed_daemons_log_replays_and_damage_is_named_by_file_and_offset() {
     for i in 0..40u32 {
         verdict(client.check("login", &who(v4(i), Some(&format!("user{i}")))).await);
     }
-    std::thread::sleep(std::time::Duration::from_millis(1_500));
+    wait_for(|| log_files(&logs).first().is_some_and(|f| records_in(f) >= 40));
     for i in 40..80u32 {
         verdict(client.check("login", &who(v4(i), Some(&format!("user{i}")))).await);
     }
@@ -436,7 +450,7 @@ fn files_older_than_age_max_are_deleted_on_the_daemons_clock() {
         })
     };
     phase(0);
-    std::thread::sleep(std::time::Duration::from_millis(200));
+    wait_for(|| log_files(&logs).len() >= 2);
     let first_phase = log_files(&logs);
     assert!(first_phase.len() >= 2, "{first_phase:?}");
     daemon.advance("2m");
