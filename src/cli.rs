@@ -60,6 +60,10 @@ pub enum Command {
     /// and spray detection on a simulated clock: detection latency and
     /// false positives (no daemon needed).
     Simulate(crate::sim::SimulateArgs),
+    /// Run a decision log through a candidate configuration on the log's
+    /// own clock: per rule, what it would have refused, and the people it
+    /// would have bothered (no daemon needed).
+    Replay(crate::decision_log::replay::ReplayArgs),
     /// A bare length-prefixed echo server: the transport floor for `bench --raw`.
     EchoServer {
         #[arg(long)]
@@ -249,6 +253,17 @@ pub fn top(args: &crate::top::TopArgs) -> std::process::ExitCode {
     crate::top::run(args)
 }
 
+/// `tollgate replay`: no daemon, so not a client command.
+pub fn replay(args: &crate::decision_log::replay::ReplayArgs) -> std::process::ExitCode {
+    match crate::decision_log::replay::replay(args) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tollgate: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text).map_err(|e| format!("`{text}`: {e} (try 500ms, 30s, 15m, 1h)"))
 }
@@ -288,6 +303,7 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
         }
         Command::Simulate(_) => unreachable!("main handles simulate"),
         Command::Top(_) => unreachable!("main handles top"),
+        Command::Replay(_) => unreachable!("main handles replay"),
         Command::Bench(args) => {
             let json_out = args.json;
             let r = crate::bench::run(args).await?;
@@ -606,6 +622,18 @@ const STATUS_ACTIVITY_LISTED: u32 = 10;
 /// Attempts and failures per account per day, as quantiles and a
 /// histogram with bars on a log scale (the counts span orders of magnitude).
 pub fn print_distributions(a: &crate::protocol::Activity) {
+    if let Some(log) = &a.decision_log {
+        println!(
+            "decision log: {}  records {}  dropped {}  {} bytes in {} file(s)  write errors {}{}",
+            log.path,
+            log.records_written,
+            log.records_dropped,
+            log.bytes_written,
+            log.files,
+            log.write_errors,
+            log.last_error.as_ref().map(|e| format!("  LAST ERROR: {e}")).unwrap_or_default()
+        );
+    }
     for d in &a.distributions {
         println!(
             "{} per account, {}: {} accounts (~1 in {} sampled)  p50 {}  p90 {}  p99 {}  p99.9 {}  max {}",

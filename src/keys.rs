@@ -245,6 +245,7 @@ const TAG_COMPONENT: u8 = 0xC0;
 const TAG_TUPLE: u8 = 0x7E;
 const TAG_PREFIX_SUBKEY: u8 = 0x5B;
 const TAG_PASSWORD: u8 = 0x9A;
+const TAG_LOGGED: u8 = 0x1D;
 
 impl KeyDeriver {
     pub fn new(secret: &Secret) -> KeyDeriver {
@@ -315,6 +316,17 @@ impl KeyDeriver {
         mac.update(tag);
         let digest: [u8; 16] = mac.finalize_fixed().into();
         u64::from_le_bytes(digest[..8].try_into().expect("8 of 16 bytes"))
+    }
+
+    /// A client's password digest or tag re-keyed with this daemon's
+    /// secret under a domain of its own, for the decision log: consistent
+    /// within one secret (all replay needs), and equal to nothing the
+    /// tables hold. `what` separates the digest from the tag.
+    pub fn logged(&self, what: u8, value: &[u8; 16]) -> [u8; 16] {
+        let mut mac = self.keyed.clone();
+        mac.update(&[TAG_LOGGED, what]);
+        mac.update(value);
+        mac.finalize_fixed().into()
     }
 
     /// The `account_tag` every key containing this account carries.

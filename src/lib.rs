@@ -24,6 +24,8 @@
 //! `activity` (what `tollgate top` and `sample` show: verdicts per route,
 //! latency, top refused prefixes, per-account distributions, counted off
 //! the request path),
+//! `decision_log` (every verdict as a digest-only record, written off the
+//! request path, and `tollgate replay` of it through a candidate config),
 //! `audit` (rate-capped log lines), `notify` (systemd), `metrics`
 //! (Prometheus text), `config`, `clock` (the only place time is read) and
 //! `bench` (the load generator and the echo server). `top` is the
@@ -48,6 +50,7 @@ mod bench;
 mod classes;
 mod clock;
 mod config;
+mod decision_log;
 mod expiring;
 mod failure_window;
 mod gcra;
@@ -95,6 +98,13 @@ pub use store::{Journal, OpenOptions, PersistedEntry, Store, StoreError};
 // The load generator's random numbers (the example login server's test
 // draws its traffic from them).
 pub use bench::Rng;
+
+// The decision log's codec, for its fuzz target and the tests that read
+// the files a daemon wrote.
+pub use decision_log::{
+    decode_header, decode_record, fuzz_decision_log, read_file_bytes, DecisionLogStats, FileContents, Header,
+    HeaderError, Problem, Record, RecordError,
+};
 
 // Spray detection's simulator: generated attacks and legitimate traffic
 // through the real limiter on a simulated clock (`tollgate simulate`,

@@ -20,6 +20,8 @@ fn main() -> ExitCode {
         Command::Simulate(args) => return cli::simulate(&args),
         // A loop of its own that waits for keys between ticks.
         Command::Top(args) => return cli::top(&args),
+        // The decision log through a candidate configuration, in-process.
+        Command::Replay(args) => return cli::replay(&args),
         command => command,
     };
     // The load generator and the echo server want every core; the CLI's one

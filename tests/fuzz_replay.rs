@@ -1,5 +1,5 @@
 //! Replays the checked-in corpora of the `source_parse`, `class_file`,
-//! `config_parse`, `tables_model` and `tat_table` fuzz targets through the
+//! `config_parse`, `tables_model`, `tat_table` and `decision_log` fuzz targets through the
 //! very bodies the targets run (`tests/fuzz_bodies/`), on stable, so every
 //! seed and every input the fuzzer kept stays a regression test.
 //! (`tests/fuzz_corpus.rs` does the same for `frame_decode`.)
@@ -83,6 +83,13 @@ fn tables_model_corpus() {
 #[test]
 fn tat_table_corpus() {
     replay_corpus("tat_table", tat_table::run);
+}
+
+#[test]
+fn decision_log_corpus() {
+    // The body is the library's own (`tollgate::fuzz_decision_log`), as
+    // `frame_decode`'s is.
+    replay_corpus("decision_log", tollgate::fuzz_decision_log);
 }
 
 #[test]

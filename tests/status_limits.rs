@@ -47,6 +47,17 @@ fn documented_activity_limit_names() -> Vec<String> {
     list.split('`').skip(1).step_by(2).map(str::to_string).collect()
 }
 
+/// The names PROTOCOL.md lists for the decision log (after "while the
+/// decision log is on"), in order.
+fn documented_decision_log_limit_names() -> Vec<String> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("PROTOCOL.md");
+    let doc = std::fs::read_to_string(path).unwrap();
+    let start = doc.find("while the decision log is on").expect("the decision log limits paragraph");
+    let list = &doc[start..];
+    let list = &list[list.find("\n\n").unwrap()..list.find("Then come the per-route limits").unwrap()];
+    list.split('`').skip(1).step_by(2).map(str::to_string).collect()
+}
+
 async fn limits(daemon: &TestDaemon) -> Vec<(String, u64)> {
     let status = daemon.client().status().await.unwrap();
     status.limits.into_iter().map(|l| (l.name, l.value)).collect()
@@ -105,4 +116,38 @@ async fn socket_mode_is_sent_in_decimal_and_uptime_follows_the_manual_clock() {
     client.advance_clock(Duration::from_millis(90_061_500)).await.unwrap();
     let status = client.status().await.unwrap();
     assert_eq!((status.uptime_ms, status.now_ms), (90_061_500, 1_893_456_000_000 + 90_061_500));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_decision_log_lists_its_bounds_after_the_operator_s_view_while_on() {
+    let documented = documented_limit_names();
+    let signals = documented_signal_limit_names();
+    let activity = documented_activity_limit_names();
+    let decision_log = documented_decision_log_limit_names();
+    assert_eq!(decision_log.len(), 6, "{decision_log:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "[decision_log]\npath = \"{}\"\nfile_bytes_max = 8192\nfiles_max = 3\nage_max_secs = 600\nqueue_max = 64\n",
+        dir.path().join("decisions").display()
+    );
+    let daemon = TestDaemon::start_with(Some(&config), true);
+    let all = limits(&daemon).await;
+    let names: Vec<&str> = all.iter().map(|(n, _)| n.as_str()).collect();
+    let mut expected: Vec<&str> =
+        documented.iter().chain(&signals).chain(&activity).chain(&decision_log).map(String::as_str).collect();
+    expected.push("login.known_devices_per_account_max");
+    assert_eq!(names, expected);
+    let ours: Vec<(&str, u64)> =
+        all.iter().filter(|(n, _)| n.starts_with("decision_log.")).map(|(n, v)| (n.as_str(), *v)).collect();
+    assert_eq!(
+        ours,
+        [
+            ("decision_log.file_bytes_max", 8192),
+            ("decision_log.files_max", 3),
+            ("decision_log.age_max_secs", 600),
+            ("decision_log.queue_max", 64),
+            ("decision_log.record_bytes_max", 262),
+            ("decision_log.flush_interval_ms", 1000),
+        ]
+    );
 }

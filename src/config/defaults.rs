@@ -359,6 +359,33 @@ pub const ACTIVITY_SAMPLES_MAX_LIMIT: usize = 100_000;
 /// One batch of requests in this many has its latency measured (two clock
 /// reads per batch measured): the percentiles need a sample, not every request.
 pub const ACTIVITY_LATENCY_SAMPLE_EVERY: u32 = 8;
+// The decision log (`[decision_log]`, issue 16): the what-if replay's
+// input. A record is 62 bytes on disk for a check with an account and an
+// IPv4 address, 262 at most (see `decision_log/record.rs`).
+/// A file is one unit of deletion: 64 MiB holds about a million
+/// decisions, small enough that retention trims in fine steps, large
+/// enough that a busy day is a few files, not thousands.
+pub const DECISION_LOG_FILE_BYTES_MAX_DEFAULT: u64 = 64 << 20;
+/// A file must hold its header and a few of the largest records.
+pub const DECISION_LOG_FILE_BYTES_MIN: u64 = 4096;
+/// Beyond 4 GiB one file is a typo; rotate instead.
+pub const DECISION_LOG_FILE_BYTES_MAX_LIMIT: u64 = 1 << 32;
+/// 16 files of 64 MiB: at most 1 GiB of disk whatever the traffic.
+pub const DECISION_LOG_FILES_MAX_DEFAULT: u32 = 16;
+pub const DECISION_LOG_FILES_MAX_LIMIT: u32 = 100_000;
+/// Two weekly cycles: the seed's "two weeks of monitor mode" is what a
+/// replay stands in for, and both of a week's Mondays are in it.
+pub const DECISION_LOG_AGE_MAX_SECS_DEFAULT: u64 = 14 * 86_400;
+pub const DECISION_LOG_AGE_MAX_SECS_MIN: u64 = 60;
+/// A year: past it a decision log is an archive, not a replay's input.
+pub const DECISION_LOG_AGE_MAX_SECS_LIMIT: u64 = 366 * 86_400;
+/// Records waiting for the writer thread, which drains every
+/// `decision_log::WRITER_POLL_MS` (10 ms): 16,384 absorbs 1.6 million
+/// decisions a second, past the daemon's measured peak, and the slots
+/// (a `Record` is at most 216 bytes, held to it by a unit test; allocated
+/// at start) cost about 3.7 MiB.
+pub const DECISION_LOG_QUEUE_MAX_DEFAULT: usize = 16_384;
+pub const DECISION_LOG_QUEUE_MAX_LIMIT: usize = 1 << 20;
 
 // Spray detection (`[signals]`, issue 15). The arithmetic behind each
 // threshold is in docs/design/spray-detection.md §6: an office's 605

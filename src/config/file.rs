@@ -36,6 +36,8 @@ pub struct RawConfig {
     pub signals: RawSignals,
     #[serde(default)]
     pub activity: RawActivity,
+    /// Absent: no decision log (the default).
+    pub decision_log: Option<RawDecisionLog>,
 }
 
 /// `[activity]`: the bounded structures behind `tollgate top`, `tollgate
@@ -49,6 +51,17 @@ pub struct RawActivity {
     pub recent_max: Option<usize>,
     pub accounts_sampled_max: Option<usize>,
     pub samples_max: Option<usize>,
+}
+
+/// `[decision_log]`: the what-if replay's input (see `src/decision_log/`).
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDecisionLog {
+    pub path: Option<PathBuf>,
+    pub file_bytes_max: Option<u64>,
+    pub files_max: Option<u32>,
+    pub age_max_secs: Option<u64>,
+    pub queue_max: Option<usize>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]

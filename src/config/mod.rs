@@ -21,8 +21,8 @@ mod validate;
 
 pub use defaults::*;
 pub use file::{
-    RawActivity, RawClassLimit, RawConfig, RawCountDetector, RawDetector, RawResponses, RawRoute, RawRule, RawRuleKind,
-    RawServer, RawShared, RawSignals, RawSource, Word,
+    RawActivity, RawClassLimit, RawConfig, RawCountDetector, RawDecisionLog, RawDetector, RawResponses, RawRoute,
+    RawRule, RawRuleKind, RawServer, RawShared, RawSignals, RawSource, Word,
 };
 
 /// What a client does for a route when the daemon cannot answer in time:
@@ -450,6 +450,8 @@ pub struct Config {
     /// None: `[signals] enabled = false`.
     pub signals: Option<SignalsConfig>,
     pub activity: ActivityConfig,
+    /// None: no `[decision_log]` (the default).
+    pub decision_log: Option<DecisionLogConfig>,
 }
 
 /// `[activity]`: the bounds of what the operator's view keeps (see
@@ -469,6 +471,23 @@ pub struct ActivityConfig {
     pub accounts_sampled_max: usize,
     /// Monitor mode's would-be refusals kept as a uniform sample.
     pub samples_max: usize,
+}
+
+/// `[decision_log]`: a compact log of every check and report verdict
+/// (digests, never names) for `tollgate replay`. Bounds and why are
+/// beside the defaults in `defaults.rs`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DecisionLogConfig {
+    /// The directory the files go in.
+    pub path: PathBuf,
+    /// A file is closed and a new one begun at this size.
+    pub file_bytes_max: u64,
+    /// At most this many files are kept; the oldest go first.
+    pub files_max: u32,
+    /// A file whose newest record is older than this is deleted.
+    pub age_max_us: u64,
+    /// Records waiting for the writer thread; a full queue drops.
+    pub queue_max: usize,
 }
 
 /// Every problem found in a configuration, one `key: message` per line.

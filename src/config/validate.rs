@@ -31,6 +31,7 @@ impl Config {
         let shared = raw.shared.and_then(|shared| build_shared(shared, &mut errors));
         let signals = build_signals(raw.signals, &mut errors);
         let activity = build_activity(raw.activity, &mut errors);
+        let decision_log = raw.decision_log.and_then(|log| build_decision_log(log, &mut errors));
 
         let mut merged = builtin_routes();
         for (name, user) in raw.routes {
@@ -65,6 +66,7 @@ impl Config {
                 shared,
                 signals,
                 activity,
+                decision_log,
             })
         } else {
             Err(ConfigErrors(errors))
@@ -688,6 +690,34 @@ fn build_rule(path: &str, name: &str, raw: RawRule, errors: &mut Vec<String>) ->
         required: raw.required.unwrap_or(true),
         devices,
         scope,
+    })
+}
+
+fn build_decision_log(raw: RawDecisionLog, errors: &mut Vec<String>) -> Option<DecisionLogConfig> {
+    let before = errors.len();
+    let mut in_range = |field: &str, value: u64, lo: u64, hi: u64| {
+        if !(lo..=hi).contains(&value) {
+            errors.push(format!("decision_log.{field}: must be {lo}..={hi}"));
+        }
+    };
+    let file_bytes_max = raw.file_bytes_max.unwrap_or(DECISION_LOG_FILE_BYTES_MAX_DEFAULT);
+    in_range("file_bytes_max", file_bytes_max, DECISION_LOG_FILE_BYTES_MIN, DECISION_LOG_FILE_BYTES_MAX_LIMIT);
+    let files_max = raw.files_max.unwrap_or(DECISION_LOG_FILES_MAX_DEFAULT);
+    in_range("files_max", u64::from(files_max), 1, u64::from(DECISION_LOG_FILES_MAX_LIMIT));
+    let age_max_secs = raw.age_max_secs.unwrap_or(DECISION_LOG_AGE_MAX_SECS_DEFAULT);
+    in_range("age_max_secs", age_max_secs, DECISION_LOG_AGE_MAX_SECS_MIN, DECISION_LOG_AGE_MAX_SECS_LIMIT);
+    let queue_max = raw.queue_max.unwrap_or(DECISION_LOG_QUEUE_MAX_DEFAULT);
+    in_range("queue_max", queue_max as u64, 1, DECISION_LOG_QUEUE_MAX_LIMIT as u64);
+    let path = raw.path.unwrap_or_default();
+    if path.as_os_str().is_empty() {
+        errors.push("decision_log.path: required: the directory the log files go in".into());
+    }
+    (errors.len() == before).then_some(DecisionLogConfig {
+        path,
+        file_bytes_max,
+        files_max,
+        age_max_us: age_max_secs * 1_000_000,
+        queue_max,
     })
 }
 

@@ -28,6 +28,7 @@ use crate::classes::ClassTable;
 use crate::clock::{ceil_ms, Clock};
 use crate::codec::RequestExtras;
 use crate::config::{Config, ServerConfig};
+use crate::decision_log::{Attempt, DecisionLog, DecisionLogStats};
 use crate::limiter::{CheckPlan, Limiter, RequestError};
 use crate::protocol::{Decision, ErrorCode, Outcome, Request, Response, Subject, Verdict};
 use crate::server::ACCEPT_ERROR_LINES_PER_SEC_MAX;
@@ -76,6 +77,8 @@ pub struct Daemon {
     spray: Option<Spray>,
     /// The operator's view: the request path's link and the thread's state.
     activity: Observing,
+    /// `[decision_log]`: where every check and report verdict goes, when on.
+    decision_log: Option<DecisionLog>,
 }
 
 /// The operator's view as the daemon holds it (see `activity`).
@@ -131,6 +134,7 @@ impl Daemon {
             shared: config.shared.clone().map(SharedStore::new),
             listener: std::sync::Mutex::new(None),
             spray: None,
+            decision_log: None,
             config_in_force: std::sync::Mutex::new(config.clone()),
             config,
         }
@@ -145,6 +149,23 @@ impl Daemon {
     /// Request latency, which `server` measures.
     pub(crate) fn latency(&self) -> &crate::activity::latency::Latency {
         &self.activity.link.latency
+    }
+
+    /// Connects the decision log. Before the daemon is shared.
+    pub(crate) fn set_decision_log(&mut self, log: DecisionLog) {
+        self.decision_log = Some(log);
+    }
+
+    /// The decision log's counters, when `[decision_log]` is on.
+    pub fn decision_log_stats(&self) -> Option<DecisionLogStats> {
+        self.decision_log.as_ref().map(DecisionLog::stats)
+    }
+
+    /// Writes what the decision log has queued and stops its thread.
+    pub(crate) fn stop_decision_log(&self) {
+        if let Some(log) = &self.decision_log {
+            log.stop();
+        }
     }
 
     /// The limiter in force; a reload swaps it whole.
@@ -203,6 +224,11 @@ impl Daemon {
                     "[shared] differs from the running configuration's; changing it needs a restart".to_string()
                 );
             }
+            if config.decision_log != self.config.decision_log {
+                return Err(
+                    "[decision_log] differs from the running configuration's; changing it needs a restart".to_string()
+                );
+            }
             Ok((config, classes))
         });
         match loaded {
@@ -255,20 +281,22 @@ impl Daemon {
                 return Started::Ready((Response::error(ErrorCode::PermissionDenied, message), Vec::new(), false));
             }
             Job::Check { route, subject, plan } => {
+                let attempt = Attempt::check(plan.as_ref().ok().and_then(CheckPlan::password_tag));
                 let verdict = match (plan, &self.shared) {
                     (Ok(plan), Some(store)) if limiter.is_shared() => {
                         match self.start_check_shared(store, limiter, plan, now) {
                             SharedStart::Done(verdict) => Ok(verdict),
                             SharedStart::Waiting(ticket, check) => {
-                                return Started::Check { route, subject, ticket, check };
+                                return Started::Check { route, subject, attempt, ticket, check };
                             }
                         }
                     }
                     (plan, _) => plan.map(|plan| (limiter.decide_check(plan, now), false)),
                 };
-                return Started::Ready(self.checked(limiter, route, &subject, verdict, now));
+                return Started::Ready(self.checked(limiter, route, &subject, &attempt, verdict, now));
             }
             Job::Report { route, subject, outcome, password_digest, password_tag } => {
+                let attempt = Attempt::report(outcome, password_digest, password_tag);
                 let reported = match &self.shared {
                     Some(store) if limiter.is_shared() => {
                         let started = self.start_report_shared(
@@ -284,7 +312,7 @@ impl Daemon {
                         match started {
                             Ok(SharedStart::Done(reported)) => Ok(reported),
                             Ok(SharedStart::Waiting(ticket, report)) => {
-                                return Started::Report { route, subject, outcome, ticket, report };
+                                return Started::Report { route, subject, attempt, ticket, report };
                             }
                             Err(e) => Err(e),
                         }
@@ -293,7 +321,7 @@ impl Daemon {
                         .report_tagged(route, &subject, outcome, password_digest, password_tag, now)
                         .map(|(v, d)| (v, d, false)),
                 };
-                return Started::Ready(self.reported(limiter, route, &subject, outcome, reported, now));
+                return Started::Ready(self.reported(limiter, route, &subject, &attempt, reported, now));
             }
             Job::Other(request) => request,
         };
@@ -341,13 +369,13 @@ impl Daemon {
     ) -> Answer<'l> {
         match started {
             Started::Ready(answer) => answer,
-            Started::Check { route, subject, ticket, check } => {
+            Started::Check { route, subject, attempt, ticket, check } => {
                 let verdict = self.finish_check_shared(limiter, ticket, check, now).await;
-                self.checked(limiter, route, &subject, Ok(verdict), now)
+                self.checked(limiter, route, &subject, &attempt, Ok(verdict), now)
             }
-            Started::Report { route, subject, outcome, ticket, report } => {
+            Started::Report { route, subject, attempt, ticket, report } => {
                 let reported = self.finish_report_shared(limiter, ticket, report, now).await;
-                self.reported(limiter, route, &subject, outcome, Ok(reported), now)
+                self.reported(limiter, route, &subject, &attempt, Ok(reported), now)
             }
             Started::Unlock(request) => self.unlock(limiter, request, peer, now).await,
         }
@@ -364,6 +392,7 @@ impl Daemon {
         limiter: &'l Limiter,
         route: &str,
         subject: &Subject<'_>,
+        attempt: &Attempt,
         verdict: Result<(Verdict<'l>, bool), RequestError>,
         now: u64,
     ) -> Answer<'l> {
@@ -377,6 +406,7 @@ impl Daemon {
                         link.send(Event::Attempt { at_us: now, sample });
                     }
                 }
+                self.log_decision(limiter, route, subject, attempt, &verdict, now);
                 // Monitor mode's would-be refusals are logged too: the
                 // log is how an operator judges a rule before enforcing it.
                 if verdict.decision != Decision::Allow || verdict.reason.is_monitored() {
@@ -396,18 +426,20 @@ impl Daemon {
         limiter: &'l Limiter,
         route: &str,
         subject: &Subject<'_>,
-        outcome: Outcome,
+        attempt: &Attempt,
         reported: Result<Reported<'l>, RequestError>,
         now: u64,
     ) -> Answer<'l> {
         match reported {
             Ok((verdict, durable, degraded)) => {
+                let outcome = attempt.outcome.expect("a report's attempt has its outcome");
                 limiter.count_report(route, &verdict, outcome);
                 let link = &self.activity.link;
                 if let (Outcome::Failure, Some(account)) = (outcome, subject.account) {
                     let sample = link.sample(account);
                     link.send(Event::Failure { at_us: now, sample, account: limiter.account_tag(account) });
                 }
+                self.log_decision(limiter, route, subject, attempt, &verdict, now);
                 if !durable.is_empty() {
                     if let Some(suppressed) = self.audit.admit(now) {
                         let client = limiter.client_prefix(subject).map(|p| p.to_string());
@@ -467,6 +499,7 @@ pub(crate) enum Started<'b, 'l> {
     Check {
         route: &'b str,
         subject: Subject<'b>,
+        attempt: Attempt,
         ticket: Ticket<'b>,
         check: PendingCheck<'l>,
     },
@@ -474,7 +507,7 @@ pub(crate) enum Started<'b, 'l> {
     Report {
         route: &'b str,
         subject: Subject<'b>,
-        outcome: Outcome,
+        attempt: Attempt,
         ticket: Ticket<'b>,
         report: PendingReport<'l>,
     },
@@ -539,6 +572,23 @@ impl<'b, 'l> Job<'b, 'l> {
 }
 
 impl Daemon {
+    /// Hands a verdict to the decision log, when it is on (when off: one
+    /// branch). The digests are derived here, on the request thread.
+    #[inline]
+    fn log_decision(
+        &self,
+        limiter: &Limiter,
+        route: &str,
+        subject: &Subject<'_>,
+        attempt: &Attempt,
+        verdict: &Verdict<'_>,
+        now: u64,
+    ) {
+        if let Some(log) = &self.decision_log {
+            log.send(limiter.decision_record(route, subject, attempt, verdict, now));
+        }
+    }
+
     fn log_refusal(&self, limiter: &Limiter, route: &str, subject: &Subject<'_>, verdict: &Verdict<'_>, now: u64) {
         if let Some(suppressed) = self.refusals.admit(now) {
             let client = limiter.client_prefix(subject).map(|p| p.to_string());

@@ -121,6 +121,12 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
             .spawn(move || crate::activity::run(activity_queue, observer, activity_link, || clock.now_us()))?;
     }
     daemon.set_spray(super::Spray { engine: pump.engine(), link });
+    if let Some(log_config) = &config.decision_log {
+        let log = crate::decision_log::DecisionLog::start(log_config, clock.clone(), secret.fingerprint())
+            .map_err(|e| anyhow::anyhow!("decision log {}: {e}", log_config.path.display()))?;
+        tracing::info!(target: START_LOG_TARGET, path = %log_config.path.display(), "decision log on");
+        daemon.set_decision_log(log);
+    }
     daemon.open_files_max = raise_open_file_limit(&config);
     // Lives as long as the process: the limiter's link keeps it fed.
     std::thread::Builder::new().name("tollgate-spray".into()).spawn(move || pump.run(|| clock.now_us()))?;
@@ -158,6 +164,7 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
 
     maintenance.stop();
     signals.close();
+    daemon.stop_decision_log();
     let failed = save_all(&daemon);
     writer.stop();
     if our_socket.is_some() && server::socket_identity(&config.socket) == our_socket {

@@ -7,7 +7,8 @@ use super::{Daemon, ERRORS};
 use crate::codec::REQUEST_PAYLOAD_BYTES_MAX;
 use crate::limiter::Limiter;
 use crate::protocol::{
-    Activity, Decision, NamedLimit, PersistenceStatus, SharedStatus, SignalsStatus, Status, VerdictCounts,
+    Activity, Decision, DecisionLogStatus, NamedLimit, PersistenceStatus, SharedStatus, SignalsStatus, Status,
+    VerdictCounts,
 };
 use crate::server::{
     ACCEPT_ERROR_LINES_PER_SEC_MAX, ACCEPT_RETRY_DELAY_MS_MAX, FILES_RESERVED_COUNT, READ_BUFFER_BYTES,
@@ -114,6 +115,15 @@ impl Daemon {
         view.routes = limiter.route_activity();
         view.latency = link.latency.snapshot();
         (view.events, view.events_dropped) = link.events();
+        view.decision_log = self.decision_log_stats().map(|s| DecisionLogStatus {
+            path: s.path,
+            records_written: s.records_written,
+            records_dropped: s.records_dropped,
+            bytes_written: s.bytes_written,
+            files: s.files,
+            write_errors: s.write_errors,
+            last_error: s.last_error,
+        });
         view
     }
 
@@ -162,6 +172,22 @@ impl Daemon {
             ("signals.ipv6_widening.per_56", u64::from(c.ipv6_widening.per_56)),
             ("signals.ipv6_widening.per_48", u64::from(c.ipv6_widening.per_48)),
             ("signals.ipv6_widening.hold_secs", c.ipv6_widening.hold_us / 1_000_000),
+        ]
+        .into_iter()
+        .map(|(name, value)| NamedLimit { name: name.into(), value })
+        .collect()
+    }
+
+    /// `[decision_log]`'s limits, when on.
+    fn decision_log_limits(&self) -> Vec<NamedLimit> {
+        let Some(c) = &self.config.decision_log else { return Vec::new() };
+        [
+            ("decision_log.file_bytes_max", c.file_bytes_max),
+            ("decision_log.files_max", u64::from(c.files_max)),
+            ("decision_log.age_max_secs", c.age_max_us / 1_000_000),
+            ("decision_log.queue_max", c.queue_max as u64),
+            ("decision_log.record_bytes_max", crate::decision_log::RECORD_BYTES_MAX as u64),
+            ("decision_log.flush_interval_ms", crate::decision_log::FLUSH_INTERVAL_MS),
         ]
         .into_iter()
         .map(|(name, value)| NamedLimit { name: name.into(), value })
@@ -217,6 +243,7 @@ impl Daemon {
             .chain(self.shared_limits())
             .chain(self.signals_limits())
             .chain(self.activity_limits())
+            .chain(self.decision_log_limits())
             .chain(limiter.route_limits().into_iter().map(|(name, value)| NamedLimit { name, value }))
             .collect(),
             persistence: PersistenceStatus {

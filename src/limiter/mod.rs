@@ -10,6 +10,7 @@
 
 mod build;
 mod global;
+mod logged;
 mod maintenance;
 mod observe;
 mod route;
@@ -111,6 +112,11 @@ pub struct CheckPlan<'l> {
 }
 
 impl CheckPlan<'_> {
+    /// The attempt's password tag, when the client sent one.
+    pub fn password_tag(&self) -> Option<[u8; 16]> {
+        self.password_tag
+    }
+
     /// The attempt's password tag, when the client sent one.
     pub fn with_password_tag(mut self, password_tag: Option<[u8; 16]>) -> Self {
         self.password_tag = password_tag;
