@@ -211,3 +211,23 @@ async fn an_older_version_cannot_ask_and_is_told_why() {
     let tollgate::protocol::Response::Error(e) = reply else { panic!("{reply:?}") };
     assert!(e.message.contains("needs protocol version 4"), "{}", e.message);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_decision_log_s_counters_ride_the_view_and_the_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!("[decision_log]\npath = \"{}\"\n{COUNTING_RULES_ONLY}", dir.path().join("log").display());
+    let daemon = TestDaemon::start_with(Some(&config), true);
+    let client = daemon.client();
+    let none = TestDaemon::start();
+    assert_eq!(none.client().activity(1).await.unwrap().decision_log, None, "off unless configured");
+    let t = drive(&client).await;
+    let answered = t.checks.iter().sum::<u64>() + t.failures + t.successes;
+    let a = activity_when(&client, |a| a.decision_log.as_ref().is_some_and(|l| l.records_written == answered)).await;
+    let log = a.decision_log.unwrap();
+    assert_eq!((log.records_dropped, log.write_errors, log.files), (0, 0, 1), "{log:?}");
+    assert!(log.path.ends_with("log") && log.bytes_written > 0, "{log:?}");
+    let metrics = String::from_utf8(daemon.cli(&["metrics"]).stdout).unwrap();
+    assert!(metrics.contains(&format!("tollgate_decision_log_records_total {answered}\n")), "{metrics}");
+    let status = String::from_utf8(daemon.cli(&["status"]).stdout).unwrap();
+    assert!(status.contains(&format!("decision log: {}  records {answered}  dropped 0", log.path)), "{status}");
+}
