@@ -11,7 +11,8 @@
 #       bash benches/ab.sh --mix check-report --keys 100000 --in-flight 16
 #
 # CONFIG (optional) is TOML appended to each daemon's configuration.
-# Prints one line per run ("A ..." / "B ..."); take the medians. Bench
+# Prints one line per run ("A ..." / "B ...") with the daemon's CPU time
+# per request; take the medians. Bench
 # options after the script's name go to `tollgate bench` as they are; the
 # route is `login` unless ROUTE says otherwise.
 set -euo pipefail
@@ -31,7 +32,15 @@ run() { # binary, name, bench options...
     for _ in $(seq 100); do [ -S "$dir/s.sock" ] && break; sleep 0.05; done
     # Each build's own load generator: it speaks its daemon's newest
     # protocol version (the load generator's code is otherwise the same).
-    "$bin" bench --socket "$dir/s.sock" --route "$route" --duration "$duration" "${@:3}" | sed -n 1p
+    local line
+    line=$("$bin" bench --socket "$dir/s.sock" --route "$route" --duration "$duration" "${@:3}" | sed -n 1p)
+    # The daemon's CPU time (all its threads) per request answered: less
+    # at the mercy of a busy machine than throughput is.
+    local ticks requests
+    ticks=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+    requests=$(echo "$line" | sed -n 's/.*(\([0-9]*\) requests.*/\1/p')
+    echo "$line  daemon CPU $(awk -v t="$ticks" -v r="$requests" -v hz="$(getconf CLK_TCK)" \
+        'BEGIN { printf "%.2f", t / hz * 1e6 / r }') us/request"
     kill "$pid" && wait "$pid" 2>/dev/null || true
 }
 
