@@ -291,16 +291,19 @@ fn activity(out: &mut String, a: &Activity) {
     }
     let l = &a.latency;
     let name = "tollgate_request_latency_seconds";
+    // Gauges, not a summary: the quantiles are of everything since start
+    // (no sum is kept), and every family here is a gauge or a counter.
     let mut family = Family::new(
         out,
         name,
-        "summary",
-        "Check and report latency inside the daemon, from a sample of batches (bucket upper bounds).",
+        "gauge",
+        "Check and report latency inside the daemon since start, from a sample of batches (bucket upper bounds).",
     );
     for (q, ns) in [("0.5", l.p50_ns), ("0.9", l.p90_ns), ("0.99", l.p99_ns), ("0.999", l.p999_ns)] {
         family.sample(name, &[("quantile", q)], ns as f64 / 1e9);
     }
-    family.sample(&format!("{name}_count"), &[], l.samples);
+    let name = "tollgate_request_latency_samples_total";
+    Family::new(out, name, "counter", "Requests whose latency was measured.").sample(name, &[], l.samples);
     let name = "tollgate_request_latency_max_seconds";
     Family::new(out, name, "gauge", "The longest request latency measured since start.").sample(
         name,

@@ -474,7 +474,6 @@ fn parse_exposition(text: &str) -> std::collections::BTreeMap<String, f64> {
     let mut families_done = std::collections::HashSet::new();
     let mut current: Option<String> = None;
     let mut typed = false;
-    let mut summary = false;
     for line in text.lines() {
         if let Some(rest) = line.strip_prefix("# HELP ") {
             let name = rest.split(' ').next().unwrap().to_string();
@@ -486,18 +485,14 @@ fn parse_exposition(text: &str) -> std::collections::BTreeMap<String, f64> {
         if let Some(rest) = line.strip_prefix("# TYPE ") {
             let mut parts = rest.split(' ');
             assert_eq!(parts.next(), current.as_deref(), "TYPE follows its HELP: {line}");
-            let kind = parts.next();
-            assert!(matches!(kind, Some("counter" | "gauge" | "summary")), "{line}");
-            summary = kind == Some("summary");
+            assert!(matches!(parts.next(), Some("counter" | "gauge")), "{line}");
             typed = true;
             continue;
         }
         assert!(!line.starts_with('#'), "unexpected comment: {line}");
         let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("no value: {line}"));
         let name = series.split('{').next().unwrap();
-        // A summary's `_count` and `_sum` belong to it.
-        let family = if summary { name.trim_end_matches("_count").trim_end_matches("_sum") } else { name };
-        assert!(typed && current.as_deref() == Some(family), "sample outside its family: {line}");
+        assert!(typed && current.as_deref() == Some(name), "sample outside its family: {line}");
         assert!(
             name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') && name.starts_with("tollgate_"),
             "metric name {name}"
