@@ -211,3 +211,59 @@ async fn an_older_version_cannot_ask_and_is_told_why() {
     let tollgate::protocol::Response::Error(e) = reply else { panic!("{reply:?}") };
     assert!(e.message.contains("needs protocol version 4"), "{}", e.message);
 }
+
+/// Red team: `samples` (and `activity`) are open to anyone who can
+/// connect, as `lockouts` is, and a 10,000-entry reply is over a megabyte.
+/// `lockouts` holds all connections' replies within a 16 MiB budget (a
+/// thousand clients asking at once would otherwise make the daemon hold a
+/// gigabyte); the operator's view must not be the way around it. Here 60
+/// peers ask for the whole sample and never read.
+#[test]
+fn many_peers_asking_for_the_sample_without_reading_do_not_grow_the_daemon() {
+    use std::io::Write;
+    let config = format!("{CONFIG}{COUNTING_RULES_ONLY}\n[activity]\nsamples_max = 100000\n");
+    let daemon = TestDaemon::start_with(Some(&config), true);
+    let rt = runtime();
+    let client = daemon.client();
+    // Three failures from three places: every later check of the victim is
+    // a would-be refusal of the monitored account ceiling.
+    for n in 0..3 {
+        let s = Subject { peer: Some(v4(0x0a00_0001 + n)), account: Some(VICTIM), ..Subject::default() };
+        rt.block_on(check(&client, &s));
+        rt.block_on(report(&client, &s, Outcome::Failure));
+    }
+    let mut stream = std::os::unix::net::UnixStream::connect(&daemon.socket).unwrap();
+    for chunk in 0..24u32 {
+        let mut frames = Vec::new();
+        for n in chunk * 500..(chunk + 1) * 500 {
+            let s = Subject { peer: Some(v4(0x0b00_0000 + n)), account: Some(VICTIM), ..Subject::default() };
+            check_frame(n as usize, LOGIN, &s, &mut frames);
+        }
+        stream.write_all(&frames).unwrap();
+        for _ in 0..500 {
+            read_reply(&mut stream);
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rt.block_on(client.samples(1)).unwrap().1 < 12_000 {
+        assert!(Instant::now() < deadline, "the sample never filled");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let one = rt.block_on(client.samples(10_000)).unwrap().0;
+    assert_eq!(one.len(), 10_000);
+
+    let before = daemon.rss_kib();
+    let mut frame = Vec::new();
+    tollgate::codec::encode_request(1, &tollgate::protocol::Request::Samples { limit: 10_000 }, &mut frame);
+    let peers: Vec<_> = (0..60)
+        .map(|_| {
+            let mut s = std::os::unix::net::UnixStream::connect(&daemon.socket).unwrap();
+            s.write_all(&frame).unwrap();
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let grown_mib = daemon.rss_kib().saturating_sub(before) / 1024;
+    drop(peers);
+    assert!(grown_mib <= 32, "60 unread sample replies grew the daemon by {grown_mib} MiB");
+}

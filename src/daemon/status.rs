@@ -3,11 +3,11 @@
 use std::sync::atomic::Ordering;
 
 use super::lockouts::{LOCKOUTS_LISTED_MAX, LOCKOUTS_MADE_CONCURRENTLY_MAX, LOCKOUTS_REPLY_BYTES_MAX};
-use super::{Daemon, ERRORS};
+use super::{Daemon, Observing, ERRORS};
 use crate::codec::REQUEST_PAYLOAD_BYTES_MAX;
 use crate::limiter::Limiter;
 use crate::protocol::{
-    Activity, Decision, NamedLimit, PersistenceStatus, SharedStatus, SignalsStatus, Status, VerdictCounts,
+    Activity, Decision, NamedLimit, PersistenceStatus, Response, SharedStatus, SignalsStatus, Status, VerdictCounts,
 };
 use crate::server::{
     ACCEPT_ERROR_LINES_PER_SEC_MAX, ACCEPT_RETRY_DELAY_MS_MAX, FILES_RESERVED_COUNT, READ_BUFFER_BYTES,
@@ -21,6 +21,27 @@ pub(crate) const ACTIVITY_LISTED_MAX: usize = 10_000;
 /// A request's `limit`, within `ACTIVITY_LISTED_MAX`.
 pub(crate) fn activity_listed(limit: u32) -> usize {
     (limit as usize).min(ACTIVITY_LISTED_MAX)
+}
+
+/// The operator's view (a version-4 `Activity` reply) from what the daemon
+/// observes: at most `limit` entries in each list.
+pub(crate) fn activity_view(observing: &Observing, limiter: &Limiter, limit: u32, now: u64) -> Activity {
+    let mut view = {
+        let observer = observing.observer.lock().unwrap_or_else(|e| e.into_inner());
+        observer.view(activity_listed(limit), now)
+    };
+    let link = &observing.link;
+    view.routes = limiter.route_activity();
+    view.latency = link.latency.snapshot();
+    (view.events, view.events_dropped) = link.events();
+    view
+}
+
+/// A version-4 `Samples` reply: at most `limit` would-be refusals.
+pub(crate) fn samples_reply(observing: &Observing, limit: u32) -> Response<'static> {
+    let observer = observing.observer.lock().unwrap_or_else(|e| e.into_inner());
+    let (samples, seen, since_ms) = observer.samples(activity_listed(limit));
+    Response::Samples { samples, seen, since_ms }
 }
 
 impl Daemon {
@@ -106,15 +127,7 @@ impl Daemon {
     /// The operator's view (a version-4 `Activity` reply): at most `limit`
     /// entries in each list.
     pub(crate) fn activity(&self, limiter: &Limiter, limit: u32, now: u64) -> Activity {
-        let mut view = {
-            let observer = self.activity.observer.lock().unwrap_or_else(|e| e.into_inner());
-            observer.view(activity_listed(limit), now)
-        };
-        let link = &self.activity.link;
-        view.routes = limiter.route_activity();
-        view.latency = link.latency.snapshot();
-        (view.events, view.events_dropped) = link.events();
-        view
+        activity_view(&self.activity, limiter, limit, now)
     }
 
     /// `[activity]`'s limits: those of the structures in force (read at start).
