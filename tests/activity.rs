@@ -141,11 +141,14 @@ async fn the_view_counts_exactly_what_the_traffic_did() {
     );
     assert_eq!(a.events_dropped, 0);
 
-    // The sample of would-be refusals: the 4th and 5th guesses.
+    // The sample of would-be refusals: the 4th and 5th guesses, and the
+    // failed reports of the 3rd and 4th (the ceiling in monitor mode is 3).
     let (samples, seen, _) = client.samples(100).await.unwrap();
-    assert_eq!((samples.len(), seen), (2, 2));
+    assert_eq!((samples.len(), seen), (4, 4));
+    assert_eq!(samples.iter().filter(|s| s.op == "check").count(), 2, "{samples:#?}");
     for s in &samples {
-        assert_eq!((s.route.as_str(), s.rule.as_str(), s.op.as_str()), (LOGIN, "account_failures", "check"));
+        assert!(s.op == "check" || s.op == "report", "{s:?}");
+        assert_eq!((s.route.as_str(), s.rule.as_str()), (LOGIN, "account_failures"));
         assert_eq!(
             (s.reason, s.prefix.as_str(), s.account.as_str()),
             (Reason::MonitorTooManyFailures, "203.0.113.9/32", victim.as_str())
@@ -183,7 +186,7 @@ async fn no_planted_name_reaches_the_view_the_sample_the_status_or_the_metrics()
     }
     // What they do show: the distributions, the sample, the new families.
     assert!(shown.contains("attempts per account, today: 11 accounts"), "{shown}");
-    assert!(shown.contains("2 would-be refusal(s)"), "{shown}");
+    assert!(shown.contains("4 would-be refusal(s)"), "{shown}");
     for family in
         ["tollgate_route_checks_total", "tollgate_request_latency_seconds", "tollgate_account_attempts_per_day"]
     {
@@ -266,4 +269,22 @@ fn many_peers_asking_for_the_sample_without_reading_do_not_grow_the_daemon() {
     let grown_mib = daemon.rss_kib().saturating_sub(before) / 1024;
     drop(peers);
     assert!(grown_mib <= 32, "60 unread sample replies grew the daemon by {grown_mib} MiB");
+}
+
+/// Red team: `tollgate sample` promises monitor mode's would-be refusals,
+/// "check or report", and `seen` counts every one; a report whose verdict
+/// is a would-be refusal (counted in the route's `reports.would_refuse`)
+/// must be in them too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reports_would_be_refusal_is_in_the_sample() {
+    let daemon = TestDaemon::start_with(Some(&format!("{CONFIG}{COUNTING_RULES_ONLY}")), true);
+    let client = daemon.client();
+    drive(&client).await;
+    let a = activity_when(&client, |a| !a.recent_lockouts.is_empty()).await;
+    let login = a.routes.iter().find(|r| r.name == LOGIN).expect("the login route");
+    let (checks, reports) = (login.checks.would_refuse, login.reports.would_refuse);
+    assert!(reports > 0, "the drive makes reports that are would-be refusals: {login:?}");
+    let (samples, seen, _) = client.samples(100).await.unwrap();
+    assert_eq!(seen, checks + reports, "{samples:#?}");
+    assert_eq!(samples.iter().filter(|s| s.op == "report").count() as u64, reports);
 }

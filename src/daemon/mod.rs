@@ -404,6 +404,12 @@ impl Daemon {
                     let sample = link.sample(account);
                     link.send(Event::Failure { at_us: now, sample, account: limiter.account_tag(account) });
                 }
+                // A report's would-be refusal is in the sample as a
+                // check's is (`tollgate sample` shows "check or report").
+                if verdict.reason.is_monitored() {
+                    let refused = limiter.describe_refusal(route, subject, &verdict, "report", now);
+                    link.send(Event::Refused(Box::new(refused)));
+                }
                 if !durable.is_empty() {
                     if let Some(suppressed) = self.audit.admit(now) {
                         let client = limiter.client_prefix(subject).map(|p| p.to_string());
