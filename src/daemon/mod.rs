@@ -369,7 +369,7 @@ impl Daemon {
                 let link = &self.activity.link;
                 if let Some(account) = subject.account {
                     let sample = link.sample(account);
-                    if link.in_sample(sample) {
+                    if link.in_sample(sample, now) {
                         link.send(Event::Attempt { at_us: now, sample });
                     }
                 }
