@@ -288,3 +288,38 @@ async fn a_reports_would_be_refusal_is_in_the_sample() {
     assert_eq!(seen, checks + reports, "{samples:#?}");
     assert_eq!(samples.iter().filter(|s| s.op == "report").count() as u64, reports);
 }
+
+/// Red team: fifty connections hammer one route at once; the route's
+/// verdict counts (per-thread shards summed on read) are exactly the
+/// verdicts the clients received.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_connections_hammering_one_route_are_counted_exactly() {
+    let daemon = TestDaemon::start_with(Some(COUNTING_RULES_ONLY), true);
+    let mut tasks = Vec::new();
+    for c in 0..50u32 {
+        let client = daemon.client();
+        tasks.push(tokio::spawn(async move {
+            let mut got = [0u64; 5];
+            for n in 0..200u32 {
+                // A few addresses, so the request route's rate refuses some.
+                let s = Subject { peer: Some(v4(0x0c00_0000 + (c * 200 + n) % 7)), ..Subject::default() };
+                let v = verdict(client.check("request", &s).await);
+                got[v.decision as usize] += 1;
+                got[4] += v.reason.is_monitored() as u64;
+            }
+            got
+        }));
+    }
+    let mut got = [0u64; 5];
+    for t in tasks {
+        for (total, n) in got.iter_mut().zip(t.await.unwrap()) {
+            *total += n;
+        }
+    }
+    assert_eq!(got[..4].iter().sum::<u64>(), 10_000);
+    assert!(got[0] < 10_000, "some were refused: {got:?}");
+    let a = daemon.client().activity(10).await.unwrap();
+    let r = a.routes.iter().find(|r| r.name == "request").unwrap();
+    let c = &r.checks;
+    assert_eq!([c.allow, c.delay, c.challenge, c.deny, c.would_refuse], got);
+}
