@@ -323,3 +323,48 @@ async fn fifty_connections_hammering_one_route_are_counted_exactly() {
     let c = &r.checks;
     assert_eq!([c.allow, c.delay, c.challenge, c.deny, c.would_refuse], got);
 }
+
+/// Red team: every other client-chosen string (an X-Forwarded-For entry, a
+/// tenant, a client id, an unknown route's name) on checks and reports
+/// that are refused, would-be refused and lock: none reaches the view, the
+/// sample, status, metrics, `top --once --json` or the daemon's log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_client_chosen_string_reaches_the_operators_view_or_the_log() {
+    let config = format!("{CONFIG}{COUNTING_RULES_ONLY}\n[source]\ntrusted_proxies = [\"10.0.0.0/8\"]\n");
+    let daemon = TestDaemon::start_with(Some(&config), true);
+    let client = daemon.client();
+    let forwarded = ["planted-xff-a1, 203.0.113.77", "planted-xff-b2", "203.0.113.78, planted-xff-c3"];
+    for (i, xff) in forwarded.iter().enumerate() {
+        let s = Subject {
+            peer: Some(ip("10.1.1.1")),
+            forwarded_for: Some(xff),
+            account: Some(VICTIM),
+            device: Some(ATTACKER_DEVICE),
+            tenant: Some("planted-tenant-d4"),
+            client_id: Some("planted-client-e5"),
+        };
+        for _ in 0..8 {
+            let v = check(&client, &s).await;
+            if v.proceeds() {
+                report(&client, &s, Outcome::Failure).await;
+            }
+        }
+        let _ = client.check(&format!("planted-route-f{i}"), &s).await;
+        let _ = client.report(&format!("planted-route-g{i}"), &s, Outcome::Failure).await;
+    }
+    activity_when(&client, |a| !a.recent_lockouts.is_empty()).await;
+    let mut shown = String::new();
+    for args in [&["status", "--json"][..], &["metrics"], &["sample", "--json"], &["top", "--once", "--json"]] {
+        let out = daemon.cli(args);
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        shown += &String::from_utf8_lossy(&out.stdout);
+        shown += &String::from_utf8_lossy(&out.stderr);
+    }
+    shown += &format!("{:?}", client.activity(1000).await.unwrap());
+    shown += &format!("{:?}", client.samples(1000).await.unwrap());
+    shown += &daemon.log();
+    assert!(shown.contains("203.0.113.77/32"), "the forwarded address's network is shown");
+    for planted in ["planted-", VICTIM, ATTACKER_DEVICE] {
+        assert!(!shown.contains(planted), "`{planted}` shown:\n{shown}");
+    }
+}
