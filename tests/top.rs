@@ -463,3 +463,28 @@ fn a_terminal_that_goes_away_ends_top_instead_of_spinning() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// Red team: a terminal shrunk to a few cells (a split pane, a phone's
+/// ssh client) on every page, under load, neither crashes nor ends `top`;
+/// grown back it draws the full view again.
+#[test]
+fn a_tiny_terminal_on_every_page_does_not_crash_top() {
+    let daemon = daemon();
+    let tally = Arc::new(Tally::default());
+    lock_the_planted_account(&daemon, &tally);
+    let load = Load::start(&daemon.socket, tally.clone());
+    let Some(tmux) = Tmux::start(daemon.dir.path(), &top_command(&daemon)) else { return };
+    tmux.wait_for("the first page", |s| s.contains("checks/s"));
+    for (x, y) in [("20", "5"), ("1", "1"), ("3", "2"), ("80", "3"), ("10", "24")] {
+        assert!(tmux.run(&["resize-window", "-t", "top", "-x", x, "-y", y]).status.success());
+        for page in ["1", "2", "3", "Tab"] {
+            tmux.keys(page);
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+    assert!(tmux.run(&["resize-window", "-t", "top", "-x", "80", "-y", "24"]).status.success());
+    tmux.keys("1");
+    let screen = tmux.wait_for("the full view again", |s| s.contains("checks/s") || s.contains("exited"));
+    assert!(!screen.contains("exited"), "top ended on a tiny terminal:\n{screen}");
+    load.stop();
+}
