@@ -135,14 +135,18 @@ impl ActivityLink {
 /// for the thread.
 pub fn channel(config: &ActivityConfig, now_us: u64) -> (Arc<ActivityLink>, Arc<Mutex<Observer>>, Receiver<Event>) {
     let (tx, rx) = sync_channel(config.queue_max);
-    let mut key = [0u8; 16];
+    let mut key = [0u8; 24];
     // Without the OS's randomness the sample is still uniform over
     // accounts; only its choice becomes predictable.
     let _ = getrandom::getrandom(&mut key);
     let sample_key = (
         u64::from_le_bytes(key[..8].try_into().expect("8 bytes")),
-        u64::from_le_bytes(key[8..].try_into().expect("8 bytes")),
+        u64::from_le_bytes(key[8..16].try_into().expect("8 bytes")),
     );
+    // The reservoir's seed is its own: which would-be refusals it keeps is
+    // shown to anyone who can connect, so its generator's state must not
+    // be half of the sample's key.
+    let reservoir_seed = u64::from_le_bytes(key[16..].try_into().expect("8 bytes"));
     let link = Arc::new(ActivityLink {
         tx,
         events: AtomicU64::new(0),
@@ -151,7 +155,7 @@ pub fn channel(config: &ActivityConfig, now_us: u64) -> (Arc<ActivityLink>, Arc<
         sample_key,
         latency: Latency::new(ACTIVITY_LATENCY_SAMPLE_EVERY),
     });
-    let observer = Arc::new(Mutex::new(Observer::new(config.clone(), now_us, sample_key.0)));
+    let observer = Arc::new(Mutex::new(Observer::new(config.clone(), now_us, reservoir_seed)));
     (link, observer, rx)
 }
 

@@ -128,3 +128,14 @@ fn a_new_days_first_attempts_are_in_its_sample_before_the_thread_rolls() {
     o.ingest(Event::Attempt { at_us: T0 + DAY_US, sample: outside });
     assert_eq!(o.today.len(), 1);
 }
+
+/// Red team: the reservoir's generator is splitmix64, whose choices
+/// `samples` shows to anyone who can connect; its seed must not be key
+/// material of the account sample's keyed hash.
+#[test]
+fn the_reservoirs_seed_is_not_the_sample_key() {
+    let (link, observer, _rx) = channel(&Config::default().activity, T0);
+    let seed = observer.lock().unwrap().samples.seed();
+    assert_ne!(seed, link.sample_key.0);
+    assert_ne!(seed, link.sample_key.1);
+}
