@@ -488,3 +488,23 @@ fn a_tiny_terminal_on_every_page_does_not_crash_top() {
     assert!(!screen.contains("exited"), "top ended on a tiny terminal:\n{screen}");
     load.stop();
 }
+
+/// Red team: the daemon restarted under a live view. `top` shows it
+/// unreachable, keeps trying, and once the new daemon answers shows its
+/// rates again (its counters started over: no negative or huge rate).
+#[test]
+fn a_daemon_restarted_under_the_live_view_is_picked_up_again() {
+    let mut daemon = TestDaemon::start_with(None, true);
+    let Some(tmux) = Tmux::start(daemon.dir.path(), &top_command(&daemon)) else { return };
+    let tally = Arc::new(Tally::default());
+    let load = Load::start(&daemon.socket, tally.clone());
+    tmux.wait_for("a rate on the login route", |s| route_has_nonzero_rate(s, "login"));
+    load.stop();
+    daemon.terminate();
+    tmux.wait_for("the daemon unreachable", |s| s.contains("UNREACHABLE"));
+    daemon.spawn();
+    let load = Load::start(&daemon.socket, tally.clone());
+    let screen = tmux.wait_for("rates again", |s| !s.contains("UNREACHABLE") && route_has_nonzero_rate(s, "login"));
+    load.stop();
+    assert!(!screen.contains("exited"), "{screen}");
+}
