@@ -368,3 +368,71 @@ async fn no_client_chosen_string_reaches_the_operators_view_or_the_log() {
         assert!(!shown.contains(planted), "`{planted}` shown:\n{shown}");
     }
 }
+
+/// Red team measurement (not an assertion of a promise): what a would-be
+/// refusal costs the request path (two BLAKE2 digests, the route's keys
+/// again and a known-device lookup, on the connection's thread).
+#[test]
+#[ignore = "a measurement: run by hand with --nocapture"]
+fn measure_would_be_refusals_on_the_request_path() {
+    use std::io::Write;
+    let daemon = TestDaemon::start_with(Some(&format!("{CONFIG}{COUNTING_RULES_ONLY}")), true);
+    let rt = runtime();
+    let client = daemon.client();
+    for n in 0..3 {
+        let s = Subject { peer: Some(v4(0x0a00_0001 + n)), account: Some(VICTIM), ..Subject::default() };
+        rt.block_on(check(&client, &s));
+        rt.block_on(report(&client, &s, Outcome::Failure));
+    }
+    let mut stream = std::os::unix::net::UnixStream::connect(&daemon.socket).unwrap();
+    for (what, account) in [("allowed", "someone-else"), ("would-be refused", VICTIM), ("allowed", "someone-else")] {
+        let started = Instant::now();
+        for chunk in 0..40u32 {
+            let mut frames = Vec::new();
+            for n in chunk * 500..(chunk + 1) * 500 {
+                let s = Subject {
+                    peer: Some(v4(0x0b00_0000 + n)),
+                    account: Some(account),
+                    device: Some(ATTACKER_DEVICE),
+                    ..Subject::default()
+                };
+                check_frame(n as usize, LOGIN, &s, &mut frames);
+            }
+            stream.write_all(&frames).unwrap();
+            for _ in 0..500 {
+                read_reply(&mut stream);
+            }
+        }
+        eprintln!("20,000 checks {what}: {:?}", started.elapsed());
+    }
+}
+
+/// Red team: `activity` and `samples` pipelined between checks (and
+/// between versions 3 and 4) are answered in order, each with its id.
+#[test]
+fn activity_and_samples_pipelined_with_checks_are_answered_in_order() {
+    use std::io::Write;
+    use tollgate::protocol::{Request, Response};
+    let daemon = TestDaemon::start_with(Some(COUNTING_RULES_ONLY), true);
+    let s = Subject { peer: Some(ip("198.51.100.3")), account: Some("someone"), ..Subject::default() };
+    let mut frames = Vec::new();
+    for id in 0..60u64 {
+        let request = match id % 4 {
+            0 => Request::Activity { limit: 10_000 },
+            1 => Request::Samples { limit: 10 },
+            _ => Request::Check { route: LOGIN, subject: s.clone() },
+        };
+        let version = if id % 4 == 3 { 3 } else { 4 };
+        tollgate::codec::encode_request_versioned(version, id, &request, &mut frames);
+    }
+    let mut stream = std::os::unix::net::UnixStream::connect(&daemon.socket).unwrap();
+    stream.write_all(&frames).unwrap();
+    for id in 0..60u64 {
+        let (got, reply) = read_reply(&mut stream);
+        assert_eq!(got, id, "in order");
+        match (id % 4, reply) {
+            (0, Response::Activity(_)) | (1, Response::Samples { .. }) | (2 | 3, Response::Verdict(_)) => {}
+            (_, other) => panic!("{id}: {other:?}"),
+        }
+    }
+}
