@@ -508,3 +508,19 @@ fn a_daemon_restarted_under_the_live_view_is_picked_up_again() {
     load.stop();
     assert!(!screen.contains("exited"), "{screen}");
 }
+
+/// Red team: an interval far too long to add to a clock reading (an
+/// operator's typo, `--interval 500000000000y`) is refused at parse time or
+/// shown, never a panic in the live view.
+#[test]
+fn an_absurd_interval_does_not_panic_the_live_view() {
+    let daemon = TestDaemon::start_with(None, true);
+    let command = format!("{} --interval 500000000000y 2>&1", top_command(&daemon));
+    let Some(tmux) = Tmux::start(daemon.dir.path(), &command) else { return };
+    std::thread::sleep(Duration::from_millis(1500));
+    let screen = tmux.wait_for("the view or a refusal", |s| s.contains("checks/s") || s.contains("exited"));
+    assert!(!screen.contains("panicked"), "{screen}");
+    if screen.contains("exited") {
+        assert!(screen.contains("interval"), "refused with a word about the interval:\n{screen}");
+    }
+}
