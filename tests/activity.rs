@@ -436,3 +436,39 @@ fn activity_and_samples_pipelined_with_checks_are_answered_in_order() {
         }
     }
 }
+
+/// Red team: reloads in the middle of a hammering keep the route's counts
+/// exact (a reload keeps a route's counters; requests answered with the old
+/// limiter count into the same ones).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloads_under_load_keep_the_route_counts_exact() {
+    let daemon = TestDaemon::start_with(Some(COUNTING_RULES_ONLY), true);
+    let mut tasks = Vec::new();
+    for c in 0..10u32 {
+        let client = daemon.client();
+        tasks.push(tokio::spawn(async move {
+            let mut got = [0u64; 4];
+            for n in 0..500u32 {
+                let s = Subject { peer: Some(v4(0x0d00_0000 + (c * 500 + n) % 5)), ..Subject::default() };
+                got[verdict(client.check("request", &s).await).decision as usize] += 1;
+            }
+            got
+        }));
+    }
+    for i in 0..3 {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let extra = if i % 2 == 0 { "\n[activity]\nrecent_max = 7\n" } else { "" };
+        daemon.reload_with(&format!("{COUNTING_RULES_ONLY}{extra}"));
+    }
+    let mut got = [0u64; 4];
+    for t in tasks {
+        for (total, n) in got.iter_mut().zip(t.await.unwrap()) {
+            *total += n;
+        }
+    }
+    let a = daemon.client().activity(10).await.unwrap();
+    let c = &a.routes.iter().find(|r| r.name == "request").unwrap().checks;
+    assert_eq!([c.allow, c.delay, c.challenge, c.deny], got);
+    let status = daemon.cli_json(&["status"]);
+    assert!(status.to_string().contains("\"activity.recent_max\""), "the limits in force are shown");
+}
