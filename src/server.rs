@@ -25,7 +25,7 @@ use crate::access::Permissions;
 use crate::clock::{Clock, Stopwatch};
 use crate::codec::ReplyExtras;
 use crate::codec::{self, FrameError, PayloadError, FRAME_HEADER_BYTES, REQUEST_PAYLOAD_BYTES_MAX};
-use crate::daemon::lockouts::make_lockouts_reply;
+use crate::daemon::lockouts::{make_listing_reply, Listing};
 use crate::daemon::{Daemon, Job, Peer, Started, VerdictCounters, ERRORS};
 use crate::limiter::Limiter;
 use crate::protocol::{ErrorCode, Request, Response, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN, SIGNALS_VERSION};
@@ -247,7 +247,7 @@ impl Step<'_, '_> {
     /// A request that must see the effects of every earlier request of the
     /// run, and whose effects every later one must see: nothing after it is
     /// begun before it is answered. `lockouts` (answered by
-    /// `make_lockouts_reply`) and `unlock` (admin; waits for the store
+    /// `make_listing_reply`) and `unlock` (admin; waits for the store
     /// inline).
     fn is_barrier(&self) -> bool {
         matches!(self, Step::Job(Job::Other(Request::Lockouts { .. } | Request::Unlock { .. })))
@@ -411,7 +411,11 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
                 };
                 for planned in run[next..end].iter_mut() {
                     let step = std::mem::replace(&mut planned.step, Step::Answered);
-                    if let Step::Job(Job::Other(Request::Lockouts { limit })) = step {
+                    let listing = match &step {
+                        Step::Job(Job::Other(request)) => Listing::of(request),
+                        _ => None,
+                    };
+                    if let Some(listing) = listing {
                         // Replies buffered before it are written first, so a
                         // connection holds one share of the budget at a time
                         // and two can never each wait for the share the other
@@ -419,7 +423,7 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
                         if !send_replies(&mut writer, &mut out, write_timeout).await {
                             return;
                         }
-                        let made = make_lockouts_reply(daemon, limiter, planned.version, planned.id, limit, now).await;
+                        let made = make_listing_reply(daemon, limiter, planned.version, planned.id, listing, now).await;
                         let Some((mut reply, share)) = made else {
                             return;
                         };

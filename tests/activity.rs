@@ -231,3 +231,223 @@ async fn the_decision_log_s_counters_ride_the_view_and_the_metrics() {
     let status = String::from_utf8(daemon.cli(&["status"]).stdout).unwrap();
     assert!(status.contains(&format!("decision log: {}  records {answered}  dropped 0", log.path)), "{status}");
 }
+
+/// Red team: `samples` (and `activity`) are open to anyone who can
+/// connect, as `lockouts` is, and a 10,000-entry reply is over a megabyte.
+/// `lockouts` holds all connections' replies within a 16 MiB budget (a
+/// thousand clients asking at once would otherwise make the daemon hold a
+/// gigabyte); the operator's view must not be the way around it. Here 60
+/// peers ask for the whole sample and never read.
+#[test]
+fn many_peers_asking_for_the_sample_without_reading_do_not_grow_the_daemon() {
+    use std::io::Write;
+    let config = format!("{CONFIG}{COUNTING_RULES_ONLY}\n[activity]\nsamples_max = 100000\n");
+    let daemon = TestDaemon::start_with(Some(&config), true);
+    let rt = runtime();
+    let client = daemon.client();
+    // Three failures from three places: every later check of the victim is
+    // a would-be refusal of the monitored account ceiling.
+    for n in 0..3 {
+        let s = Subject { peer: Some(v4(0x0a00_0001 + n)), account: Some(VICTIM), ..Subject::default() };
+        rt.block_on(check(&client, &s));
+        rt.block_on(report(&client, &s, Outcome::Failure));
+    }
+    let mut stream = std::os::unix::net::UnixStream::connect(&daemon.socket).unwrap();
+    for chunk in 0..24u32 {
+        let mut frames = Vec::new();
+        for n in chunk * 500..(chunk + 1) * 500 {
+            let s = Subject { peer: Some(v4(0x0b00_0000 + n)), account: Some(VICTIM), ..Subject::default() };
+            check_frame(n as usize, LOGIN, &s, &mut frames);
+        }
+        stream.write_all(&frames).unwrap();
+        for _ in 0..500 {
+            read_reply(&mut stream);
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rt.block_on(client.samples(1)).unwrap().1 < 12_000 {
+        assert!(Instant::now() < deadline, "the sample never filled");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let one = rt.block_on(client.samples(10_000)).unwrap().0;
+    assert_eq!(one.len(), 10_000);
+
+    let before = daemon.rss_kib();
+    let mut frame = Vec::new();
+    tollgate::codec::encode_request(1, &tollgate::protocol::Request::Samples { limit: 10_000 }, &mut frame);
+    let peers: Vec<_> = (0..60)
+        .map(|_| {
+            let mut s = std::os::unix::net::UnixStream::connect(&daemon.socket).unwrap();
+            s.write_all(&frame).unwrap();
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let grown_mib = daemon.rss_kib().saturating_sub(before) / 1024;
+    drop(peers);
+    assert!(grown_mib <= 32, "60 unread sample replies grew the daemon by {grown_mib} MiB");
+}
+
+/// The sample holds would-be refusals of attempts: checks a monitored
+/// rule would have refused. A report's verdict says what a check would now
+/// get (its attempt was already let through and verified), so a monitored
+/// report verdict is not one more attempt refused, and is not sampled
+/// (the route's `reports.would_refuse` still counts it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sample_counts_checks_a_monitored_rule_would_have_refused_not_reports() {
+    let daemon = TestDaemon::start_with(Some(&format!("{CONFIG}{COUNTING_RULES_ONLY}")), true);
+    let client = daemon.client();
+    let t = drive(&client).await;
+    let a = activity_when(&client, |a| !a.recent_lockouts.is_empty()).await;
+    let login = a.routes.iter().find(|r| r.name == LOGIN).expect("the login route");
+    assert!(login.reports.would_refuse > 0, "the drive makes monitored report verdicts: {login:?}");
+    let (samples, seen, _) = client.samples(100).await.unwrap();
+    assert_eq!((seen, login.checks.would_refuse), (t.would_refuse, t.would_refuse), "{samples:#?}");
+    assert!(samples.iter().all(|s| s.op == "check"), "{samples:#?}");
+}
+
+/// Red team: fifty connections hammer one route at once; the route's
+/// verdict counts (per-thread shards summed on read) are exactly the
+/// verdicts the clients received.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_connections_hammering_one_route_are_counted_exactly() {
+    let daemon = TestDaemon::start_with(Some(COUNTING_RULES_ONLY), true);
+    let mut tasks = Vec::new();
+    for c in 0..50u32 {
+        let client = daemon.client();
+        tasks.push(tokio::spawn(async move {
+            let mut got = [0u64; 5];
+            for n in 0..200u32 {
+                // A few addresses, so the request route's rate refuses some.
+                let s = Subject { peer: Some(v4(0x0c00_0000 + (c * 200 + n) % 7)), ..Subject::default() };
+                let v = verdict(client.check("request", &s).await);
+                got[v.decision as usize] += 1;
+                got[4] += v.reason.is_monitored() as u64;
+            }
+            got
+        }));
+    }
+    let mut got = [0u64; 5];
+    for t in tasks {
+        for (total, n) in got.iter_mut().zip(t.await.unwrap()) {
+            *total += n;
+        }
+    }
+    assert_eq!(got[..4].iter().sum::<u64>(), 10_000);
+    assert!(got[0] < 10_000, "some were refused: {got:?}");
+    let a = daemon.client().activity(10).await.unwrap();
+    let r = a.routes.iter().find(|r| r.name == "request").unwrap();
+    let c = &r.checks;
+    assert_eq!([c.allow, c.delay, c.challenge, c.deny, c.would_refuse], got);
+}
+
+/// Red team: every other client-chosen string (an X-Forwarded-For entry, a
+/// tenant, a client id, an unknown route's name) on checks and reports
+/// that are refused, would-be refused and lock: none reaches the view, the
+/// sample, status, metrics, `top --once --json` or the daemon's log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_client_chosen_string_reaches_the_operators_view_or_the_log() {
+    let config = format!("{CONFIG}{COUNTING_RULES_ONLY}\n[source]\ntrusted_proxies = [\"10.0.0.0/8\"]\n");
+    let daemon = TestDaemon::start_with(Some(&config), true);
+    let client = daemon.client();
+    let forwarded = ["planted-xff-a1, 203.0.113.77", "planted-xff-b2", "203.0.113.78, planted-xff-c3"];
+    for (i, xff) in forwarded.iter().enumerate() {
+        let s = Subject {
+            peer: Some(ip("10.1.1.1")),
+            forwarded_for: Some(xff),
+            account: Some(VICTIM),
+            device: Some(ATTACKER_DEVICE),
+            tenant: Some("planted-tenant-d4"),
+            client_id: Some("planted-client-e5"),
+        };
+        for _ in 0..8 {
+            let v = check(&client, &s).await;
+            if v.proceeds() {
+                report(&client, &s, Outcome::Failure).await;
+            }
+        }
+        let _ = client.check(&format!("planted-route-f{i}"), &s).await;
+        let _ = client.report(&format!("planted-route-g{i}"), &s, Outcome::Failure).await;
+    }
+    activity_when(&client, |a| !a.recent_lockouts.is_empty()).await;
+    let mut shown = String::new();
+    for args in [&["status", "--json"][..], &["metrics"], &["sample", "--json"], &["top", "--once", "--json"]] {
+        let out = daemon.cli(args);
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        shown += &String::from_utf8_lossy(&out.stdout);
+        shown += &String::from_utf8_lossy(&out.stderr);
+    }
+    shown += &format!("{:?}", client.activity(1000).await.unwrap());
+    shown += &format!("{:?}", client.samples(1000).await.unwrap());
+    shown += &daemon.log();
+    assert!(shown.contains("203.0.113.77/32"), "the forwarded address's network is shown");
+    for planted in ["planted-", VICTIM, ATTACKER_DEVICE] {
+        assert!(!shown.contains(planted), "`{planted}` shown:\n{shown}");
+    }
+}
+
+/// Red team: `activity` and `samples` pipelined between checks (and
+/// between versions 3 and 4) are answered in order, each with its id.
+#[test]
+fn activity_and_samples_pipelined_with_checks_are_answered_in_order() {
+    use std::io::Write;
+    use tollgate::protocol::{Request, Response};
+    let daemon = TestDaemon::start_with(Some(COUNTING_RULES_ONLY), true);
+    let s = Subject { peer: Some(ip("198.51.100.3")), account: Some("someone"), ..Subject::default() };
+    let mut frames = Vec::new();
+    for id in 0..60u64 {
+        let request = match id % 4 {
+            0 => Request::Activity { limit: 10_000 },
+            1 => Request::Samples { limit: 10 },
+            _ => Request::Check { route: LOGIN, subject: s.clone() },
+        };
+        let version = if id % 4 == 3 { 3 } else { 4 };
+        tollgate::codec::encode_request_versioned(version, id, &request, &mut frames);
+    }
+    let mut stream = std::os::unix::net::UnixStream::connect(&daemon.socket).unwrap();
+    stream.write_all(&frames).unwrap();
+    for id in 0..60u64 {
+        let (got, reply) = read_reply(&mut stream);
+        assert_eq!(got, id, "in order");
+        match (id % 4, reply) {
+            (0, Response::Activity(_)) | (1, Response::Samples { .. }) | (2 | 3, Response::Verdict(_)) => {}
+            (_, other) => panic!("{id}: {other:?}"),
+        }
+    }
+}
+
+/// Red team: reloads in the middle of a hammering keep the route's counts
+/// exact (a reload keeps a route's counters; requests answered with the old
+/// limiter count into the same ones).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloads_under_load_keep_the_route_counts_exact() {
+    let daemon = TestDaemon::start_with(Some(COUNTING_RULES_ONLY), true);
+    let mut tasks = Vec::new();
+    for c in 0..10u32 {
+        let client = daemon.client();
+        tasks.push(tokio::spawn(async move {
+            let mut got = [0u64; 4];
+            for n in 0..500u32 {
+                let s = Subject { peer: Some(v4(0x0d00_0000 + (c * 500 + n) % 5)), ..Subject::default() };
+                got[verdict(client.check("request", &s).await).decision as usize] += 1;
+            }
+            got
+        }));
+    }
+    for i in 0..3 {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let extra = if i % 2 == 0 { "\n[activity]\nrecent_max = 7\n" } else { "" };
+        daemon.reload_with(&format!("{COUNTING_RULES_ONLY}{extra}"));
+    }
+    let mut got = [0u64; 4];
+    for t in tasks {
+        for (total, n) in got.iter_mut().zip(t.await.unwrap()) {
+            *total += n;
+        }
+    }
+    let a = daemon.client().activity(10).await.unwrap();
+    let c = &a.routes.iter().find(|r| r.name == "request").unwrap().checks;
+    assert_eq!([c.allow, c.delay, c.challenge, c.deny], got);
+    let status = daemon.cli_json(&["status"]);
+    assert!(status.to_string().contains("\"activity.recent_max\""), "the limits in force are shown");
+}

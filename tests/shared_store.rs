@@ -490,3 +490,27 @@ fn alice_on_her_known_device_logs_in_on_another_host_while_a_spray_holds_her_cei
         assert_eq!(v.decision, Decision::Allow, "host {host}: her known device is not locked out ({v:?})");
     }
 }
+
+/// Red team (issue 16): a lockout a global rule takes in the store is a
+/// lockout like any other, so the operator's view lists it in its recent
+/// lockouts, as it does on a host without `[shared]`.
+#[test]
+fn a_global_rules_lockout_is_in_the_operators_view() {
+    require_redis();
+    let redis = RedisServer::unix();
+    let dir = tempfile::tempdir().unwrap();
+    let daemons = daemons(1, &redis.url(), &shared_secret(dir.path()), PATIENT);
+    let d = &daemons[0];
+    let mallory = subject("192.0.2.120", "mallory");
+    for _ in 0..5 {
+        assert_eq!(check(d, &mallory).decision, Decision::Allow);
+        report(d, &mallory, Outcome::Failure);
+    }
+    assert_eq!(check(d, &mallory).decision, Decision::Deny, "locked by the store");
+    let rt = runtime();
+    let client = d.client();
+    wait_until(d, Duration::from_secs(5), "the lockout in the view", || {
+        let a = rt.block_on(client.activity(100)).unwrap();
+        a.recent_lockouts.iter().any(|l| l.route == "login" && l.rule == "source_failures")
+    });
+}

@@ -470,3 +470,64 @@ fn a_terminal_that_goes_away_ends_top_instead_of_spinning() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// Red team: a terminal shrunk to a few cells (a split pane, a phone's
+/// ssh client) on every page, under load, neither crashes nor ends `top`;
+/// grown back it draws the full view again.
+#[test]
+fn a_tiny_terminal_on_every_page_does_not_crash_top() {
+    let daemon = daemon();
+    let tally = Arc::new(Tally::default());
+    lock_the_planted_account(&daemon, &tally);
+    let load = Load::start(&daemon.socket, tally.clone());
+    let tmux = Tmux::start(daemon.dir.path(), &top_command(&daemon));
+    tmux.wait_for("the first page", |s| s.contains("checks/s"));
+    for (x, y) in [("20", "5"), ("1", "1"), ("3", "2"), ("80", "3"), ("10", "24")] {
+        assert!(tmux.run(&["resize-window", "-t", "top", "-x", x, "-y", y]).status.success());
+        for page in ["1", "2", "3", "Tab"] {
+            tmux.keys(page);
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+    assert!(tmux.run(&["resize-window", "-t", "top", "-x", "80", "-y", "24"]).status.success());
+    tmux.keys("1");
+    let screen = tmux.wait_for("the full view again", |s| s.contains("checks/s") || s.contains("exited"));
+    assert!(!screen.contains("exited"), "top ended on a tiny terminal:\n{screen}");
+    load.stop();
+}
+
+/// Red team: the daemon restarted under a live view. `top` shows it
+/// unreachable, keeps trying, and once the new daemon answers shows its
+/// rates again (its counters started over: no negative or huge rate).
+#[test]
+fn a_daemon_restarted_under_the_live_view_is_picked_up_again() {
+    let mut daemon = TestDaemon::start_with(None, true);
+    let tmux = Tmux::start(daemon.dir.path(), &top_command(&daemon));
+    let tally = Arc::new(Tally::default());
+    let load = Load::start(&daemon.socket, tally.clone());
+    tmux.wait_for("a rate on the login route", |s| route_has_nonzero_rate(s, "login"));
+    load.stop();
+    daemon.terminate();
+    tmux.wait_for("the daemon unreachable", |s| s.contains("UNREACHABLE"));
+    daemon.spawn();
+    let load = Load::start(&daemon.socket, tally.clone());
+    let screen = tmux.wait_for("rates again", |s| !s.contains("UNREACHABLE") && route_has_nonzero_rate(s, "login"));
+    load.stop();
+    assert!(!screen.contains("exited"), "{screen}");
+}
+
+/// Red team: an interval far too long to add to a clock reading (an
+/// operator's typo, `--interval 500000000000y`) is refused at parse time or
+/// shown, never a panic in the live view.
+#[test]
+fn an_absurd_interval_does_not_panic_the_live_view() {
+    let daemon = TestDaemon::start_with(None, true);
+    let command = format!("{} --interval 500000000000y 2>&1", top_command(&daemon));
+    let tmux = Tmux::start(daemon.dir.path(), &command);
+    std::thread::sleep(Duration::from_millis(1500));
+    let screen = tmux.wait_for("the view or a refusal", |s| s.contains("checks/s") || s.contains("exited"));
+    assert!(!screen.contains("panicked"), "{screen}");
+    if screen.contains("exited") {
+        assert!(screen.contains("interval"), "refused with a word about the interval:\n{screen}");
+    }
+}

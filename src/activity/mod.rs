@@ -22,7 +22,7 @@ mod top_k;
 
 use std::collections::VecDeque;
 use std::hash::Hasher;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -86,8 +86,10 @@ pub struct ActivityLink {
     dropped: AtomicU64,
     /// Today's sample: an account is in it when its hash has this many
     /// leading zeros. Published by the thread, read by every check, so an
-    /// unsampled account costs one hash and no event.
-    shift: AtomicU32,
+    /// unsampled account costs one hash and no event. The day it is of
+    /// comes with it (`day << 6 | shift`): a check on a later day than the
+    /// thread has rolled to is in the new day's sample, which starts whole.
+    sample_of: AtomicU64,
     /// The sample's hash key, drawn at start: no client can aim accounts
     /// at the sample or away from it.
     sample_key: (u64, u64),
@@ -103,8 +105,17 @@ impl ActivityLink {
         h.finish()
     }
 
-    pub fn in_sample(&self, sample: u64) -> bool {
-        sampled(sample, self.shift.load(Ordering::Relaxed))
+    /// Whether a check at `now_us` of an account whose `sample` this is
+    /// is in the day's sample.
+    pub fn in_sample(&self, sample: u64, now_us: u64) -> bool {
+        let published = self.sample_of.load(Ordering::Relaxed);
+        let (day, shift) = (published >> 6, (published & 63) as u32);
+        now_us / DAY_US > day || sampled(sample, shift)
+    }
+
+    /// The thread's day and sample, for `in_sample`.
+    fn publish(&self, today: &DaySample) {
+        self.sample_of.store(today.day() << 6 | u64::from(today.shift().min(63)), Ordering::Relaxed);
     }
 
     /// Queues an event; never blocks (a full queue drops and counts it).
@@ -124,23 +135,27 @@ impl ActivityLink {
 /// for the thread.
 pub fn channel(config: &ActivityConfig, now_us: u64) -> (Arc<ActivityLink>, Arc<Mutex<Observer>>, Receiver<Event>) {
     let (tx, rx) = sync_channel(config.queue_max);
-    let mut key = [0u8; 16];
+    let mut key = [0u8; 24];
     // Without the OS's randomness the sample is still uniform over
     // accounts; only its choice becomes predictable.
     let _ = getrandom::getrandom(&mut key);
     let sample_key = (
         u64::from_le_bytes(key[..8].try_into().expect("8 bytes")),
-        u64::from_le_bytes(key[8..].try_into().expect("8 bytes")),
+        u64::from_le_bytes(key[8..16].try_into().expect("8 bytes")),
     );
+    // The reservoir's seed is its own: which would-be refusals it keeps is
+    // shown to anyone who can connect, so its generator's state must not
+    // be half of the sample's key.
+    let reservoir_seed = u64::from_le_bytes(key[16..].try_into().expect("8 bytes"));
     let link = Arc::new(ActivityLink {
         tx,
         events: AtomicU64::new(0),
         dropped: AtomicU64::new(0),
-        shift: AtomicU32::new(0),
+        sample_of: AtomicU64::new((now_us / DAY_US) << 6),
         sample_key,
         latency: Latency::new(ACTIVITY_LATENCY_SAMPLE_EVERY),
     });
-    let observer = Arc::new(Mutex::new(Observer::new(config.clone(), now_us, sample_key.0)));
+    let observer = Arc::new(Mutex::new(Observer::new(config.clone(), now_us, reservoir_seed)));
     (link, observer, rx)
 }
 
@@ -168,7 +183,7 @@ pub fn run(rx: Receiver<Event>, observer: Arc<Mutex<Observer>>, link: Arc<Activi
                     Err(TryRecvError::Disconnected) => return,
                 }
             }
-            link.shift.store(observer.today.shift(), Ordering::Relaxed);
+            link.publish(&observer.today);
         }
     }
 }

@@ -33,6 +33,12 @@ impl<T> Reservoir<T> {
         self.seen
     }
 
+    /// The generator's state (its seed until the sample is full).
+    #[cfg(test)]
+    pub fn seed(&self) -> u64 {
+        self.rng
+    }
+
     pub fn items(&self) -> &[T] {
         &self.items
     }

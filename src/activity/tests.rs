@@ -104,3 +104,38 @@ fn a_day_ends_into_yesterday() {
     o.ingest(Event::Attempt { at_us: T0 + 9, sample: 4 });
     assert_eq!(o.view(10, T0 + DAY_US + 2).distributions[0].day_start_ms, (T0 + DAY_US) / 1000);
 }
+
+/// Red team: the request path filters checks by the sample the thread last
+/// published. On a new day the sample starts whole (shift 0), but until the
+/// thread rolls (up to its drain interval later) the day before's shift
+/// filtered out the first attempts of accounts outside it, and an account
+/// never joins late: their day's counts were short.
+#[test]
+fn a_new_days_first_attempts_are_in_its_sample_before_the_thread_rolls() {
+    let mut config = Config::default().activity;
+    config.accounts_sampled_max = 4;
+    let (link, observer, _rx) = channel(&config, T0);
+    let hash = |n: u64| n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let mut o = observer.lock().unwrap();
+    for n in 0..256 {
+        o.ingest(Event::Attempt { at_us: T0, sample: hash(n) });
+    }
+    assert!(o.today.shift() > 0, "the sample halved");
+    link.publish(&o.today);
+    let outside = (0..).map(hash).find(|&h| !link.in_sample(h, T0)).expect("an account outside today's sample");
+    assert!(link.in_sample(outside, T0 + DAY_US), "the next day's sample starts whole");
+    // And the thread, rolling to that day, counts it.
+    o.ingest(Event::Attempt { at_us: T0 + DAY_US, sample: outside });
+    assert_eq!(o.today.len(), 1);
+}
+
+/// Red team: the reservoir's generator is splitmix64, whose choices
+/// `samples` shows to anyone who can connect; its seed must not be key
+/// material of the account sample's keyed hash.
+#[test]
+fn the_reservoirs_seed_is_not_the_sample_key() {
+    let (link, observer, _rx) = channel(&Config::default().activity, T0);
+    let seed = observer.lock().unwrap().samples.seed();
+    assert_ne!(seed, link.sample_key.0);
+    assert_ne!(seed, link.sample_key.1);
+}

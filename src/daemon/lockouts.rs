@@ -1,14 +1,16 @@
-//! `lockouts`: the operator's list, made off the request path and within a
-//! memory budget, since anyone who can connect may ask for it.
+//! `lockouts`, and the operator's view's `activity` and `samples`: lists
+//! made off the request path and within one memory budget, since anyone
+//! who can connect may ask for them.
 
 use std::sync::Arc;
 
 use tokio::sync::SemaphorePermit;
 
+use super::status::{activity_listed, activity_view, samples_reply};
 use super::Daemon;
 use crate::codec;
 use crate::limiter::Limiter;
-use crate::protocol::Response;
+use crate::protocol::{Request, Response};
 
 /// Lockouts returned by one `lockouts` request when the client names no limit.
 pub const LOCKOUTS_LISTED_DEFAULT: u32 = 100;
@@ -52,29 +54,94 @@ pub(crate) fn lockouts_reply(limiter: &Limiter, listed: usize, now: u64) -> Resp
     Response::Lockouts { lockouts, total }
 }
 
-/// Makes a `lockouts` reply: waits for its share of
-/// `LOCKOUTS_REPLY_BYTES_MAX` and its turn to be made, then makes and
+/// What a listed entry of an `activity` reply (a recent refusal or
+/// lockout, a top prefix or account) costs while its reply is made and
+/// sent, counted as generously as `LOCKOUT_REPLY_BYTES_ESTIMATE`: the
+/// entry (~110 bytes), its strings' allocations (~130), its encoding
+/// (~150, names of up to 64 bytes).
+pub const ACTIVITY_ENTRY_BYTES_ESTIMATE: usize = 400;
+/// The same for a would-be refusal of a `samples` reply: seven strings.
+pub const SAMPLE_REPLY_BYTES_ESTIMATE: usize = 640;
+/// An `activity` reply's route, distributions and counters: per route, and
+/// once (the distributions' histograms are at most 33 buckets each).
+pub const ACTIVITY_ROUTE_BYTES_ESTIMATE: usize = 512;
+pub const ACTIVITY_FIXED_BYTES_ESTIMATE: usize = 16 * 1024;
+
+/// A request `serve_connection` answers with `make_listing_reply`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Listing {
+    Lockouts(u32),
+    Activity(u32),
+    Samples(u32),
+}
+
+impl Listing {
+    pub(crate) fn of(request: &Request<'_>) -> Option<Listing> {
+        match *request {
+            Request::Lockouts { limit } => Some(Listing::Lockouts(limit)),
+            Request::Activity { limit } => Some(Listing::Activity(limit)),
+            Request::Samples { limit } => Some(Listing::Samples(limit)),
+            _ => None,
+        }
+    }
+
+    /// Its share of `LOCKOUTS_REPLY_BYTES_MAX`: what its reply can cost,
+    /// from the limit asked and the bounds of what is listed.
+    fn share(self, daemon: &Daemon, limiter: &Limiter) -> usize {
+        let bytes = match self {
+            Listing::Lockouts(limit) => lockouts_listed(limit) * LOCKOUT_REPLY_BYTES_ESTIMATE,
+            Listing::Activity(limit) => {
+                let observer = daemon.activity.observer.lock().unwrap_or_else(|e| e.into_inner());
+                let c = observer.config();
+                let listed = activity_listed(limit);
+                let entries = 2 * listed.min(c.recent_max) + 2 * listed.min(2 * c.top_entries_max);
+                entries * ACTIVITY_ENTRY_BYTES_ESTIMATE
+                    + limiter.route_count() * ACTIVITY_ROUTE_BYTES_ESTIMATE
+                    + ACTIVITY_FIXED_BYTES_ESTIMATE
+            }
+            Listing::Samples(limit) => {
+                let observer = daemon.activity.observer.lock().unwrap_or_else(|e| e.into_inner());
+                activity_listed(limit).min(observer.config().samples_max) * SAMPLE_REPLY_BYTES_ESTIMATE
+            }
+        };
+        // A share over the whole budget would never be granted.
+        bytes.min(LOCKOUTS_REPLY_BYTES_MAX)
+    }
+}
+
+/// Makes a `lockouts`, `activity` or `samples` reply: waits for its share
+/// of `LOCKOUTS_REPLY_BYTES_MAX` and its turn to be made, then makes and
 /// encodes it on a blocking thread (a 10,000-entry reply takes
 /// milliseconds; on a runtime thread it would hold up every check waiting
 /// for that thread). Returns the encoded reply and the share, both to be
 /// dropped once written; `None`: close the connection.
-pub(crate) async fn make_lockouts_reply<'d>(
+pub(crate) async fn make_listing_reply<'d>(
     daemon: &'d Daemon,
     limiter: &Arc<Limiter>,
     version: u8,
     id: u64,
-    limit: u32,
+    listing: Listing,
     now: u64,
 ) -> Option<(Vec<u8>, SemaphorePermit<'d>)> {
-    let listed = lockouts_listed(limit);
-    let share = (listed * LOCKOUT_REPLY_BYTES_ESTIMATE) as u32;
+    let share = listing.share(daemon, limiter) as u32;
     let share = daemon.lockouts_reply_bytes.acquire_many(share).await.expect("the budget is never closed");
     let maker = daemon.lockouts_makers.acquire().await.expect("the makers' semaphore is never closed");
     let limiter = limiter.clone();
+    let observing = daemon.activity.clone();
+    let decision_log = daemon.decision_log_status();
     let made = tokio::task::spawn_blocking(move || {
+        let reply = match listing {
+            Listing::Lockouts(limit) => lockouts_reply(&limiter, lockouts_listed(limit), now),
+            Listing::Activity(limit) => {
+                let mut view = activity_view(&observing, &limiter, limit, now);
+                view.decision_log = decision_log;
+                Response::Activity(Box::new(view))
+            }
+            Listing::Samples(limit) => samples_reply(&observing, limit),
+        };
         let mut bytes = Vec::new();
         let extras = codec::ReplyExtras::default();
-        codec::encode_response_versioned(version, id, &lockouts_reply(&limiter, listed, now), &extras, &mut bytes);
+        codec::encode_response_versioned(version, id, &reply, &extras, &mut bytes);
         bytes
     })
     .await;
@@ -82,7 +149,7 @@ pub(crate) async fn make_lockouts_reply<'d>(
     match made {
         Ok(bytes) => Some((bytes, share)),
         Err(e) => {
-            tracing::error!(target: super::LOG_TARGET, error = %e, "making a lockouts reply failed; closing the connection");
+            tracing::error!(target: super::LOG_TARGET, error = %e, "making a listing reply failed; closing the connection");
             None
         }
     }

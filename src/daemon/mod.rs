@@ -13,7 +13,6 @@ mod status;
 pub use start::serve;
 
 use lockouts::{lockouts_listed, lockouts_reply, LOCKOUTS_MADE_CONCURRENTLY_MAX, LOCKOUTS_REPLY_BYTES_MAX};
-use status::activity_listed;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -82,6 +81,7 @@ pub struct Daemon {
 }
 
 /// The operator's view as the daemon holds it (see `activity`).
+#[derive(Clone)]
 pub(crate) struct Observing {
     pub(crate) link: Arc<ActivityLink>,
     pub(crate) observer: Arc<std::sync::Mutex<Observer>>,
@@ -330,18 +330,14 @@ impl Daemon {
                 unreachable!("Job::new makes every check and report a job of its own")
             }
             Request::Status => (Response::Status(Box::new(self.status(limiter))), Vec::new(), false),
-            // `serve_connection` answers these itself (`make_lockouts_reply`:
+            // `serve_connection` answers these three itself (`make_listing_reply`:
             // off the runtime threads, within the reply budget); this is the
             // same answer.
             Request::Lockouts { limit } => (lockouts_reply(limiter, lockouts_listed(limit), now), Vec::new(), false),
             Request::Activity { limit } => {
                 (Response::Activity(Box::new(self.activity(limiter, limit, now))), Vec::new(), false)
             }
-            Request::Samples { limit } => {
-                let observer = self.activity.observer.lock().unwrap_or_else(|e| e.into_inner());
-                let (samples, seen, since_ms) = observer.samples(activity_listed(limit));
-                (Response::Samples { samples, seen, since_ms }, Vec::new(), false)
-            }
+            Request::Samples { limit } => (status::samples_reply(&self.activity, limit), Vec::new(), false),
             request @ Request::Unlock { .. } => return Started::Unlock(request),
             Request::ClockAdvance { by_ms } => match self.clock.advance(by_ms.saturating_mul(1000)) {
                 Some(now) => (Response::ClockAdvanced { now_ms: ceil_ms(now) }, Vec::new(), false),
@@ -402,7 +398,7 @@ impl Daemon {
                 let link = &self.activity.link;
                 if let Some(account) = subject.account {
                     let sample = link.sample(account);
-                    if link.in_sample(sample) {
+                    if link.in_sample(sample, now) {
                         link.send(Event::Attempt { at_us: now, sample });
                     }
                 }

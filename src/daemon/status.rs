@@ -3,12 +3,12 @@
 use std::sync::atomic::Ordering;
 
 use super::lockouts::{LOCKOUTS_LISTED_MAX, LOCKOUTS_MADE_CONCURRENTLY_MAX, LOCKOUTS_REPLY_BYTES_MAX};
-use super::{Daemon, ERRORS};
+use super::{Daemon, Observing, ERRORS};
 use crate::codec::REQUEST_PAYLOAD_BYTES_MAX;
 use crate::limiter::Limiter;
 use crate::protocol::{
-    Activity, Decision, DecisionLogStatus, NamedLimit, PersistenceStatus, SharedStatus, SignalsStatus, Status,
-    VerdictCounts,
+    Activity, Decision, DecisionLogStatus, NamedLimit, PersistenceStatus, Response, SharedStatus, SignalsStatus,
+    Status, VerdictCounts,
 };
 use crate::server::{
     ACCEPT_ERROR_LINES_PER_SEC_MAX, ACCEPT_RETRY_DELAY_MS_MAX, FILES_RESERVED_COUNT, READ_BUFFER_BYTES,
@@ -24,7 +24,41 @@ pub(crate) fn activity_listed(limit: u32) -> usize {
     (limit as usize).min(ACTIVITY_LISTED_MAX)
 }
 
+/// The operator's view (a version-4 `Activity` reply) from what the daemon
+/// observes: at most `limit` entries in each list.
+pub(crate) fn activity_view(observing: &Observing, limiter: &Limiter, limit: u32, now: u64) -> Activity {
+    let mut view = {
+        let observer = observing.observer.lock().unwrap_or_else(|e| e.into_inner());
+        observer.view(activity_listed(limit), now)
+    };
+    let link = &observing.link;
+    view.routes = limiter.route_activity();
+    view.latency = link.latency.snapshot();
+    (view.events, view.events_dropped) = link.events();
+    view
+}
+
+/// A version-4 `Samples` reply: at most `limit` would-be refusals.
+pub(crate) fn samples_reply(observing: &Observing, limit: u32) -> Response<'static> {
+    let observer = observing.observer.lock().unwrap_or_else(|e| e.into_inner());
+    let (samples, seen, since_ms) = observer.samples(activity_listed(limit));
+    Response::Samples { samples, seen, since_ms }
+}
+
 impl Daemon {
+    /// The decision log's counters as the `Activity` reply carries them.
+    pub(crate) fn decision_log_status(&self) -> Option<DecisionLogStatus> {
+        self.decision_log_stats().map(|s| DecisionLogStatus {
+            path: s.path,
+            records_written: s.records_written,
+            records_dropped: s.records_dropped,
+            bytes_written: s.bytes_written,
+            files: s.files,
+            write_errors: s.write_errors,
+            last_error: s.last_error,
+        })
+    }
+
     /// The shared store's state for a version-2 status (None without
     /// `[shared]`).
     pub(crate) fn shared_status(&self, limiter: &Limiter) -> Option<SharedStatus> {
@@ -107,23 +141,8 @@ impl Daemon {
     /// The operator's view (a version-4 `Activity` reply): at most `limit`
     /// entries in each list.
     pub(crate) fn activity(&self, limiter: &Limiter, limit: u32, now: u64) -> Activity {
-        let mut view = {
-            let observer = self.activity.observer.lock().unwrap_or_else(|e| e.into_inner());
-            observer.view(activity_listed(limit), now)
-        };
-        let link = &self.activity.link;
-        view.routes = limiter.route_activity();
-        view.latency = link.latency.snapshot();
-        (view.events, view.events_dropped) = link.events();
-        view.decision_log = self.decision_log_stats().map(|s| DecisionLogStatus {
-            path: s.path,
-            records_written: s.records_written,
-            records_dropped: s.records_dropped,
-            bytes_written: s.bytes_written,
-            files: s.files,
-            write_errors: s.write_errors,
-            last_error: s.last_error,
-        });
+        let mut view = activity_view(&self.activity, limiter, limit, now);
+        view.decision_log = self.decision_log_status();
         view
     }
 

@@ -494,9 +494,8 @@ impl Limiter {
                         let until = now_us + answer.retry_after_us;
                         self.remember_lockout(route, i, key, until, now_us);
                         if !was_locked {
-                            if let Some(write) = self.persist_known_lockout(route, i, key, until) {
-                                durable.push(write);
-                            }
+                            let write = self.persist_known_lockout(route, i, key, until);
+                            durable.push(Durable::of_lockout(write, &rule.id));
                             locked.push(format!("L {} {}", self.store_key(rule, key), answer.retry_after_us));
                         }
                     }

@@ -28,6 +28,11 @@ impl Limiter {
         }
     }
 
+    /// How many routes there are (what an `activity` reply lists).
+    pub fn route_count(&self) -> usize {
+        self.routes.len()
+    }
+
     /// Every route's verdicts since the daemon started.
     pub fn route_activity(&self) -> Vec<RouteActivity> {
         self.routes.iter().map(|r| r.activity.read(&r.name)).collect()

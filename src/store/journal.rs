@@ -27,6 +27,14 @@ impl Durable {
         Durable(self.0, Some(rule.clone()))
     }
 
+    /// A lockout a global rule took in the shared store: its known-lockout
+    /// write, if the route keeps one, named for the rule (or a write that
+    /// is already done), so the operator's view lists it as it does a
+    /// host rule's.
+    pub fn of_lockout(write: Option<Durable>, rule: &Arc<str>) -> Durable {
+        write.unwrap_or_else(|| Durable::done(Ok(()))).of_rule(rule)
+    }
+
     /// The rule whose entries a `write_durably` writes.
     pub fn rule(&self) -> Option<&Arc<str>> {
         self.1.as_ref()

@@ -32,6 +32,9 @@ const INTERVAL_DEFAULT: &str = "1s";
 /// The shortest interval accepted: the daemon answers `activity` with
 /// every list it keeps, so a viewer is not allowed to ask in a busy loop.
 const INTERVAL_MIN: Duration = Duration::from_millis(100);
+/// The longest: a day is already no live view, and a far longer one
+/// overflows the clock reading it is added to (a panic, not a message).
+const INTERVAL_MAX: Duration = Duration::from_secs(86_400);
 /// Entries per list when none is given: what an 80x24 screen shows and a
 /// few more for the plain text and JSON.
 const LIMIT_DEFAULT: u32 = 10;
@@ -65,6 +68,9 @@ fn parse_interval(text: &str) -> Result<Duration, String> {
     let d = crate::cli::parse_duration(text)?;
     if d < INTERVAL_MIN {
         return Err(format!("`{text}` is shorter than {}", humantime::format_duration(INTERVAL_MIN)));
+    }
+    if d > INTERVAL_MAX {
+        return Err(format!("`{text}` is longer than {}", humantime::format_duration(INTERVAL_MAX)));
     }
     Ok(d)
 }
