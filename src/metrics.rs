@@ -540,17 +540,9 @@ mod tests {
             persistence: crate::protocol::PersistenceStatus {
                 state_path: "/x".into(),
                 snapshot_interval_ms: 0,
-                commits: 0,
-                write_failures: 0,
-                last_error: None,
-                changes_unwritten: 0,
-                changes_dropped: 0,
+                ..Default::default()
             },
-            class_prefixes: 0,
-            reloads: 0,
-            reload_failures: 0,
-            last_reload_error: None,
-            log_lines_suppressed: 0,
+            ..Default::default()
         }
     }
 

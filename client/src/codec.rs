@@ -708,18 +708,17 @@ mod tests {
         [Decision::Allow, Decision::Delay, Decision::Challenge, Decision::Deny][i as usize % 4]
     }
 
+    #[test]
+    fn every_reason_is_listed_in_wire_order() {
+        for (i, reason) in Reason::ALL.iter().enumerate() {
+            assert_eq!(*reason as usize, i);
+        }
+        let past = (Reason::ALL.len() as u32).to_le_bytes();
+        assert!(bincode::decode_from_slice::<Reason, _>(&past, WIRE).is_err(), "a reason ALL leaves out");
+    }
+
     fn reason(i: u8) -> Reason {
-        [
-            Reason::Allowed,
-            Reason::RateLimited,
-            Reason::TooManyFailures,
-            Reason::MonitorRateLimited,
-            Reason::MonitorTooManyFailures,
-            Reason::SpraySuspected,
-            Reason::DistributedAttack,
-            Reason::TenantAnomaly,
-            Reason::MonitorSignal,
-        ][i as usize % 9]
+        Reason::ALL[i as usize % Reason::ALL.len()]
     }
 
     fn check_request() -> impl Strategy<Value = (String, Option<IpAddr>, [Option<String>; 5])> {

@@ -267,7 +267,7 @@ pub struct NamedLimit {
     pub value: u64,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct PersistenceStatus {
     pub state_path: String,
@@ -281,7 +281,7 @@ pub struct PersistenceStatus {
     pub changes_dropped: u64,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Status {
     pub version: String,
@@ -614,10 +614,13 @@ pub struct WouldBeRefusal {
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct DecisionLogStatus {
+    /// The directory the files are in.
     pub path: String,
     pub records_written: u64,
+    /// Records lost: the queue was full, or the file could not be written.
     pub records_dropped: u64,
     pub bytes_written: u64,
+    /// Log files in the directory now (the one being written among them).
     pub files: u64,
     pub write_errors: u64,
     pub last_error: Option<String>,
@@ -683,6 +686,19 @@ impl Response<'_> {
 }
 
 impl Reason {
+    /// Every reason, in the wire's order (its discriminant is its place).
+    pub const ALL: [Reason; 9] = [
+        Reason::Allowed,
+        Reason::RateLimited,
+        Reason::TooManyFailures,
+        Reason::MonitorRateLimited,
+        Reason::MonitorTooManyFailures,
+        Reason::SpraySuspected,
+        Reason::DistributedAttack,
+        Reason::TenantAnomaly,
+        Reason::MonitorSignal,
+    ];
+
     /// A rule in monitor mode would have refused: allowed, counted, logged.
     pub fn is_monitored(self) -> bool {
         matches!(self, Reason::MonitorRateLimited | Reason::MonitorTooManyFailures | Reason::MonitorSignal)

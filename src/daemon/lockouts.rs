@@ -128,7 +128,7 @@ pub(crate) async fn make_listing_reply<'d>(
     let maker = daemon.lockouts_makers.acquire().await.expect("the makers' semaphore is never closed");
     let limiter = limiter.clone();
     let observing = daemon.activity.clone();
-    let decision_log = daemon.decision_log_status();
+    let decision_log = daemon.decision_log_stats();
     let made = tokio::task::spawn_blocking(move || {
         let reply = match listing {
             Listing::Lockouts(limit) => lockouts_reply(&limiter, lockouts_listed(limit), now),

@@ -7,8 +7,7 @@ use super::{Daemon, Observing, ERRORS};
 use crate::codec::REQUEST_PAYLOAD_BYTES_MAX;
 use crate::limiter::Limiter;
 use crate::protocol::{
-    Activity, Decision, DecisionLogStatus, NamedLimit, PersistenceStatus, Response, SharedStatus, SignalsStatus,
-    Status, VerdictCounts,
+    Activity, Decision, NamedLimit, PersistenceStatus, Response, SharedStatus, SignalsStatus, Status, VerdictCounts,
 };
 use crate::server::{
     ACCEPT_ERROR_LINES_PER_SEC_MAX, ACCEPT_RETRY_DELAY_MS_MAX, FILES_RESERVED_COUNT, READ_BUFFER_BYTES,
@@ -46,19 +45,6 @@ pub(crate) fn samples_reply(observing: &Observing, limit: u32) -> Response<'stat
 }
 
 impl Daemon {
-    /// The decision log's counters as the `Activity` reply carries them.
-    pub(crate) fn decision_log_status(&self) -> Option<DecisionLogStatus> {
-        self.decision_log_stats().map(|s| DecisionLogStatus {
-            path: s.path,
-            records_written: s.records_written,
-            records_dropped: s.records_dropped,
-            bytes_written: s.bytes_written,
-            files: s.files,
-            write_errors: s.write_errors,
-            last_error: s.last_error,
-        })
-    }
-
     /// The shared store's state for a version-2 status (None without
     /// `[shared]`).
     pub(crate) fn shared_status(&self, limiter: &Limiter) -> Option<SharedStatus> {
@@ -142,7 +128,7 @@ impl Daemon {
     /// entries in each list.
     pub(crate) fn activity(&self, limiter: &Limiter, limit: u32, now: u64) -> Activity {
         let mut view = activity_view(&self.activity, limiter, limit, now);
-        view.decision_log = self.decision_log_status();
+        view.decision_log = self.decision_log_stats();
         view
     }
 

@@ -48,17 +48,6 @@ impl Attempt {
     }
 }
 
-/// The writer's counters, for `status` and metrics.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct DecisionLogStats {
-    /// The directory the files are in.
-    pub path: String,
-    pub records_written: u64,
-    /// Records lost: the queue was full, or the file could not be written.
-    pub records_dropped: u64,
-    pub bytes_written: u64,
-    /// Log files in the directory now (the one being written among them).
-    pub files: u64,
-    pub write_errors: u64,
-    pub last_error: Option<String>,
-}
+/// The writer's counters: the protocol's `DecisionLogStatus` itself, which
+/// the version-4 `Activity` reply carries (status, metrics, `top`).
+pub type DecisionLogStats = crate::protocol::DecisionLogStatus;

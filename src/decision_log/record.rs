@@ -133,19 +133,9 @@ pub fn decode_header(bytes: &[u8]) -> Result<Header, HeaderError> {
     })
 }
 
-const REASONS: [Reason; 10] = [
-    Reason::Allowed,
-    Reason::RateLimited,
-    Reason::TooManyFailures,
-    Reason::MonitorRateLimited,
-    Reason::MonitorTooManyFailures,
-    Reason::SpraySuspected,
-    Reason::DistributedAttack,
-    Reason::TenantAnomaly,
-    Reason::MonitorSignal,
-    Reason::Allowed, // unused slot: keeps the table's length a literal
-];
-const REASONS_KNOWN: usize = 9;
+/// A reason's byte in a record is its place here: the wire's order.
+const REASONS: [Reason; Reason::ALL.len()] = Reason::ALL;
+const REASONS_KNOWN: usize = REASONS.len();
 const DECISIONS: [Decision; 4] = [Decision::Allow, Decision::Delay, Decision::Challenge, Decision::Deny];
 
 fn reason_byte(reason: Reason) -> u8 {

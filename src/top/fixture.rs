@@ -75,17 +75,9 @@ pub fn full_status(uptime_ms: u64, would_refuse: u64) -> FullStatus {
             persistence: PersistenceStatus {
                 state_path: "/var/lib/tollgate/state.redb".into(),
                 snapshot_interval_ms: 1000,
-                commits: 0,
-                write_failures: 0,
-                last_error: None,
-                changes_unwritten: 0,
-                changes_dropped: 0,
+                ..Default::default()
             },
-            class_prefixes: 0,
-            reloads: 0,
-            reload_failures: 0,
-            last_reload_error: None,
-            log_lines_suppressed: 0,
+            ..Default::default()
         },
         shared: None,
         signals: Some(SignalsStatus {
