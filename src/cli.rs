@@ -653,23 +653,17 @@ pub fn print_distributions(a: &crate::protocol::Activity) {
     }
 }
 
-/// One line per bucket: `   3-4  ████▌  1,234`, the bar's length the
-/// log of the count, scaled to `width` for the largest.
+/// One line per bucket, `        3-4 ####     759`: the bar log-scaled as
+/// `top` draws it, `width` characters for the largest count.
 pub fn histogram_lines(buckets: &[crate::protocol::HistogramBucket], width: usize) -> Vec<String> {
     let top = buckets.iter().map(|b| b.accounts).max().unwrap_or(0);
-    let scale = |n: u64| if n == 0 { 0.0 } else { ((n as f64).ln() + 1.0) / ((top as f64).ln() + 1.0) };
     let mut lower = 1u32;
     buckets
         .iter()
         .map(|b| {
             let label = if lower >= b.upto { b.upto.to_string() } else { format!("{lower}-{}", b.upto) };
             lower = b.upto.saturating_add(1);
-            let eighths = (scale(b.accounts) * (width * 8) as f64).round() as usize;
-            let mut bar = "█".repeat(eighths / 8);
-            if !eighths.is_multiple_of(8) {
-                bar.push([' ', '▏', '▎', '▍', '▌', '▋', '▊', '▉'][eighths % 8]);
-            }
-            format!("{label:>11} {bar:<width$} {}", b.accounts)
+            format!("{label:>11} {:<width$} {}", crate::top::bar(b.accounts, top, width), b.accounts)
         })
         .collect()
 }

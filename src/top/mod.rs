@@ -10,6 +10,9 @@ mod fixture;
 mod model;
 mod view;
 
+/// The log-scaled bar `status` draws its histograms with too.
+pub(crate) use view::bar;
+
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
