@@ -99,7 +99,8 @@ async fn the_view_counts_exactly_what_the_traffic_did() {
     assert_eq!((t.checks, t.would_refuse, t.failures, t.successes), ([24, 0, 0, 5], 2, 5, 19));
     let victim = account_text(&daemon, VICTIM);
 
-    let a = activity_when(&client, |a| !a.recent_lockouts.is_empty() && a.top_refused_prefixes.len() == 1).await;
+    // The last events the traffic made are the five refusals.
+    let a = activity_when(&client, |a| !a.recent_lockouts.is_empty() && a.recent_refusals.len() == 5).await;
     let login = a.routes.iter().find(|r| r.name == LOGIN).expect("the login route");
     let c = &login.checks;
     assert_eq!([c.allow, c.delay, c.challenge, c.deny], t.checks);
@@ -177,7 +178,14 @@ async fn no_planted_name_reaches_the_view_the_sample_the_status_or_the_metrics()
         shown += &String::from_utf8_lossy(&out.stdout);
     }
     shown += &format!("{:?}", client.activity(1000).await.unwrap());
-    shown += &daemon.log();
+    let log = daemon.log();
+    // Each rule that locked has its own audit line, named as itself: the
+    // monitored ceiling at the third failure, the source rule at the fifth.
+    let lockouts: Vec<&str> = log.lines().filter(|l| l.contains("lockout")).collect();
+    assert_eq!(lockouts.len(), 2, "{log}");
+    assert!(lockouts[0].contains("rule=account_failures monitor=true"), "{}", lockouts[0]);
+    assert!(lockouts[1].contains("rule=source_failures monitor=false"), "{}", lockouts[1]);
+    shown += &log;
     for planted in [VICTIM, ATTACKER_DEVICE, "person-", "phone-"] {
         assert!(!shown.contains(planted), "`{planted}` shown");
     }

@@ -40,9 +40,11 @@ fn every_metric_the_rules_name_is_one_tollgate_exports() {
     named.sort_unstable();
     named.dedup();
     assert!(named.len() >= 10, "{named:?}");
-    // A live daemon's metrics (with spray detection on), and the shared
-    // store's families from their source, since a store is not running here.
-    let daemon = TestDaemon::start();
+    // A live daemon's metrics (with spray detection and the decision log
+    // on), and the shared store's families from their source, since a store
+    // is not running here.
+    let log = tempfile::tempdir().unwrap();
+    let daemon = TestDaemon::start_with(Some(&format!("[decision_log]\npath = \"{}\"\n", log.path().display())), true);
     let live = String::from_utf8(daemon.cli(&["metrics"]).stdout).unwrap();
     let source = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/metrics.rs")).unwrap();
     for name in named {

@@ -439,7 +439,17 @@ impl Daemon {
                 if !durable.is_empty() {
                     if let Some(suppressed) = self.audit.admit(now) {
                         let client = limiter.client_prefix(subject).map(|p| p.to_string());
-                        tracing::info!(target: LOG_TARGET, route, rule = %verdict.rule, client, suppressed, "lockout");
+                        // One line per rule that locked, named as itself (the
+                        // verdict names only the tightest rule), and whether
+                        // it is in monitor mode (its lock refuses no one).
+                        let mut named = 0;
+                        for (rule, monitor) in durable.iter().filter_map(|d| limiter.rule_of_write(d.rule()?)) {
+                            named += 1;
+                            tracing::info!(target: LOG_TARGET, route, rule = %rule, monitor, client, suppressed, "lockout");
+                        }
+                        if named == 0 {
+                            tracing::info!(target: LOG_TARGET, route, rule = %verdict.rule, client, suppressed, "lockout");
+                        }
                     }
                     // One line in the stream per rule that locked, monitor
                     // mode's excepted: its lock refuses no one.

@@ -43,6 +43,13 @@ impl Limiter {
         self.keys.account_tag(account)
     }
 
+    /// The name of the rule a durable write (`route/rule`) belongs to, and
+    /// whether it is in monitor mode; `None` for one this limiter no longer has.
+    pub fn rule_of_write(&self, id: &Arc<str>) -> Option<(&str, bool)> {
+        let rule = self.routes.iter().flat_map(|r| &r.rules).find(|r| r.id == *id)?;
+        Some((&rule.name, rule.monitor))
+    }
+
     /// A lockout `rule` (`route/rule`) just took, as the operator's view
     /// keeps it; `None` for a rule in monitor mode (its lock refuses no
     /// one) or one this limiter no longer has.
