@@ -23,28 +23,10 @@ route=${ROUTE:-login}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-run() { # binary, name, bench options...
-    local bin=$1 dir=$work/$2
-    rm -rf "$dir" && mkdir -p "$dir"
-    printf 'socket = "%s/s.sock"\nstate = "%s/state.redb"\n%s\n' "$dir" "$dir" "${CONFIG:-}" > "$dir/tollgate.toml"
-    "$bin" serve --config "$dir/tollgate.toml" > "$dir/log" 2>&1 &
-    local pid=$!
-    for _ in $(seq 100); do [ -S "$dir/s.sock" ] && break; sleep 0.05; done
-    # Each build's own load generator: it speaks its daemon's newest
-    # protocol version (the load generator's code is otherwise the same).
-    local line
-    line=$("$bin" bench --socket "$dir/s.sock" --route "$route" --duration "$duration" "${@:3}" | sed -n 1p)
-    # The daemon's CPU time (all its threads) per request answered: less
-    # at the mercy of a busy machine than throughput is.
-    local ticks requests
-    ticks=$(awk '{print $14 + $15}' "/proc/$pid/stat")
-    requests=$(echo "$line" | sed -n 's/.*(\([0-9]*\) requests.*/\1/p')
-    echo "$line  daemon CPU $(awk -v t="$ticks" -v r="$requests" -v hz="$(getconf CLK_TCK)" \
-        'BEGIN { printf "%.2f", t / hz * 1e6 / r }') us/request"
-    kill "$pid" && wait "$pid" 2>/dev/null || true
-}
+# shellcheck source=benches/lib.sh
+. "$(dirname "$0")/lib.sh"
 
 for _ in $(seq "$runs"); do
-    echo "A $(run "$A" a "$@")"
-    echo "B $(run "$B" b "$@")"
+    echo "A $(bench_fresh_daemon "$A" "$work/a" "${CONFIG:-}" "$route" "$duration" "$@")"
+    echo "B $(bench_fresh_daemon "$B" "$work/b" "${CONFIG:-}" "$route" "$duration" "$@")"
 done

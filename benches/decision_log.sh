@@ -19,22 +19,13 @@ duration=${DURATION:-3s}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-run() { # name, extra config, bench args...
-    local dir=$work/$1
-    rm -rf "$dir" && mkdir -p "$dir"
-    printf 'socket = "%s/s.sock"\nstate = "%s/state.redb"\n%s' "$dir" "$dir" "$2" > "$dir/tollgate.toml"
-    "$bin" serve --config "$dir/tollgate.toml" > "$dir/log" 2>&1 &
-    local pid=$!
-    for _ in $(seq 100); do [ -S "$dir/s.sock" ] && break; sleep 0.05; done
-    # (2>/dev/null: `head` closing the pipe makes bench complain on exit.)
-    "$bin" bench --socket "$dir/s.sock" --route "${ROUTE:-login}" --duration "$duration" "${@:3}" 2>/dev/null | head -1
-    kill "$pid" && wait "$pid" 2>/dev/null || true
-}
+# shellcheck source=benches/lib.sh
+. "$here/benches/lib.sh"
 
 for _ in $(seq "$runs"); do
-    echo "on  $(run on "$(printf '[decision_log]\npath = "%s/on/decisions"\n' "$work")" "$@")"
+    echo "on  $(bench_fresh_daemon "$bin" "$work/on" "$(printf '[decision_log]\npath = "%s/on/decisions"' "$work")" "${ROUTE:-login}" "$duration" "$@")"
     records=$("$bin" replay "$work/on/decisions" --config "$work/on/tollgate.toml" --json 2>/dev/null \
         | sed -n 's/^  "records": \([0-9]*\),$/\1/p')
     echo "    records written: $records ($(du -sh "$work/on/decisions" | cut -f1) in $(ls "$work/on/decisions" | wc -l) files)"
-    echo "off $(run off '' "$@")"
+    echo "off $(bench_fresh_daemon "$bin" "$work/off" '' "${ROUTE:-login}" "$duration" "$@")"
 done

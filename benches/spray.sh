@@ -14,18 +14,10 @@ duration=${DURATION:-3s}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-run() { # name, extra config
-    local dir=$work/$1
-    rm -rf "$dir" && mkdir -p "$dir"
-    printf 'socket = "%s/s.sock"\nstate = "%s/state.redb"\n%s' "$dir" "$dir" "$2" > "$dir/tollgate.toml"
-    "$bin" serve --config "$dir/tollgate.toml" > "$dir/log" 2>&1 &
-    local pid=$!
-    for _ in $(seq 100); do [ -S "$dir/s.sock" ] && break; sleep 0.05; done
-    "$bin" bench --socket "$dir/s.sock" --route login --duration "$duration" "${@:3}" | head -1
-    kill "$pid" && wait "$pid" 2>/dev/null || true
-}
+# shellcheck source=benches/lib.sh
+. "$here/benches/lib.sh"
 
 for _ in $(seq "$runs"); do
-    echo "on  $(run on '' "$@")"
-    echo "off $(run off $'[signals]\nenabled = false\n' "$@")"
+    echo "on  $(bench_fresh_daemon "$bin" "$work/on" '' login "$duration" "$@")"
+    echo "off $(bench_fresh_daemon "$bin" "$work/off" $'[signals]\nenabled = false' login "$duration" "$@")"
 done

@@ -1,0 +1,28 @@
+# Shared by the A/B scripts (spray.sh, decision_log.sh, ab.sh): one fresh
+# daemon on a temp socket and state file, one `tollgate bench` run against
+# it, the daemon's CPU time per request, then the daemon stopped.
+#
+#   bench_fresh_daemon BIN DIR CONFIG ROUTE DURATION [bench args...]
+#
+# BIN serves and drives (each build's own load generator speaks its own
+# daemon's newest protocol); CONFIG is TOML appended to the socket and
+# state lines. Prints the bench's first line and the CPU figure.
+bench_fresh_daemon() {
+    local bin=$1 dir=$2 config=$3 route=$4 duration=$5
+    shift 5
+    rm -rf "$dir" && mkdir -p "$dir"
+    printf 'socket = "%s/s.sock"\nstate = "%s/state.redb"\n%s\n' "$dir" "$dir" "$config" > "$dir/tollgate.toml"
+    "$bin" serve --config "$dir/tollgate.toml" > "$dir/log" 2>&1 &
+    local pid=$!
+    for _ in $(seq 100); do [ -S "$dir/s.sock" ] && break; sleep 0.05; done
+    local line
+    line=$("$bin" bench --socket "$dir/s.sock" --route "$route" --duration "$duration" "$@" | sed -n 1p)
+    # The daemon's CPU time (all its threads) per request answered: less
+    # at the mercy of a busy machine than throughput is.
+    local ticks requests
+    ticks=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+    requests=$(echo "$line" | sed -n 's/.*(\([0-9]*\) requests.*/\1/p')
+    echo "$line  daemon CPU $(awk -v t="$ticks" -v r="$requests" -v hz="$(getconf CLK_TCK)" \
+        'BEGIN { printf "%.2f", t / hz * 1e6 / r }') us/request"
+    kill "$pid" && wait "$pid" 2>/dev/null || true
+}
