@@ -417,6 +417,21 @@ pub const SIGNALS_ACCOUNTS_MAX_DEFAULT: usize = 131_072;
 pub const SIGNALS_PASSWORDS_MAX_DEFAULT: usize = 65_536;
 pub const SIGNALS_TENANTS_MAX_DEFAULT: usize = 16_384;
 pub const SIGNALS_FLAGS_MAX_DEFAULT: usize = 65_536;
+/// Successes are what a failure share is diluted by, and nine reports in
+/// ten are successes: counting every one cost the signals thread a hash
+/// probe into two 100,000-entry tables per login, most of spray detection's
+/// cost on the report path. One account in 8, each weighing 8, estimates
+/// an office's thousands of successes within a few percent; a share only
+/// gates a source that has already failed `threshold` distinct accounts.
+/// 1 counts every success.
+pub const SIGNALS_SUCCESS_SAMPLE_DEFAULT: u32 = 8;
+pub const SIGNALS_SUCCESS_SAMPLE_LIMIT: u32 = 1_024;
+/// An account's successes dilute the failure shares of at most this many
+/// sources a window. A person's laptop, phone, home and an office NAT's 4
+/// addresses stay under it; an attacker's own accounts, logged into from
+/// each of 2,000 addresses to hide the failures there, dilute 8 of them
+/// each, so hiding 30 failures at every address takes 7,500 accounts, not 30.
+pub const SIGNALS_SUCCESS_SOURCES_MAX_DEFAULT: u32 = 8;
 /// Thresholds stay in the sketches' exact range (below 128).
 pub const SIGNALS_THRESHOLD_MAX: u32 = 127;
 pub const SIGNALS_PASSWORD_SPRAY_THRESHOLD_DEFAULT: u32 = 20;

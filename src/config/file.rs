@@ -80,6 +80,8 @@ pub struct RawSignals {
     pub passwords_max: Option<usize>,
     pub tenants_max: Option<usize>,
     pub flags_max: Option<usize>,
+    pub success_sample: Option<u32>,
+    pub success_sources_max: Option<u32>,
     #[serde(default)]
     pub password_spray: RawCountDetector,
     #[serde(default)]

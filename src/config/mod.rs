@@ -284,6 +284,11 @@ pub struct SignalsConfig {
     pub passwords_max: usize,
     pub tenants_max: usize,
     pub flags_max: usize,
+    /// One account (IPv6: one block) in this many has its successes
+    /// counted in the failure shares, each weighing this many.
+    pub success_sample: u32,
+    /// Sources one account's successes dilute failure shares at, per window.
+    pub success_sources_max: u32,
     pub password_spray: DetectorConfig,
     pub narrow_spray: DetectorConfig,
     pub wide_spray: DetectorConfig,

@@ -747,6 +747,10 @@ fn build_signals(raw: RawSignals, errors: &mut Vec<String>) -> Option<SignalsCon
     let passwords_max = cap("passwords_max", raw.passwords_max, SIGNALS_PASSWORDS_MAX_DEFAULT);
     let tenants_max = cap("tenants_max", raw.tenants_max, SIGNALS_TENANTS_MAX_DEFAULT);
     let flags_max = cap("flags_max", raw.flags_max, SIGNALS_FLAGS_MAX_DEFAULT);
+    let success_sample = raw.success_sample.unwrap_or(SIGNALS_SUCCESS_SAMPLE_DEFAULT);
+    in_range("success_sample", u64::from(success_sample), 1, u64::from(SIGNALS_SUCCESS_SAMPLE_LIMIT));
+    let success_sources_max = raw.success_sources_max.unwrap_or(SIGNALS_SUCCESS_SOURCES_MAX_DEFAULT);
+    in_range("success_sources_max", u64::from(success_sources_max), 1, u64::from(SIGNALS_THRESHOLD_MAX));
     let sketch_bytes_max = raw.sketch_bytes_max.unwrap_or(SIGNALS_SKETCH_BYTES_MAX_DEFAULT);
     in_range("sketch_bytes_max", sketch_bytes_max as u64, SIGNALS_SKETCH_BYTES_MIN, SIGNALS_SKETCH_BYTES_MAX_LIMIT);
     let mode = |word: &Option<Word<DetectorMode>>, at: &str, default, errors: &mut Vec<String>| match word {
@@ -850,6 +854,8 @@ fn build_signals(raw: RawSignals, errors: &mut Vec<String>) -> Option<SignalsCon
         passwords_max,
         tenants_max,
         flags_max,
+        success_sample,
+        success_sources_max,
         password_spray,
         narrow_spray,
         wide_spray,

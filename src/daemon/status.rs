@@ -168,6 +168,8 @@ impl Daemon {
             ("signals.passwords_max", c.passwords_max as u64),
             ("signals.tenants_max", c.tenants_max as u64),
             ("signals.flags_max", c.flags_max as u64),
+            ("signals.success_sample", u64::from(c.success_sample)),
+            ("signals.success_sources_max", u64::from(c.success_sources_max)),
             ("signals.recent_flags_shown", crate::signals::RECENT_FLAGS_SHOWN as u64),
             ("signals.password_spray.threshold", u64::from(c.password_spray.threshold)),
             ("signals.narrow_spray.threshold", u64::from(c.narrow_spray.threshold)),

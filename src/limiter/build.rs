@@ -96,6 +96,7 @@ impl Limiter {
         Limiter {
             signals: previous.and_then(|p| p.signals.clone()),
             signals_on: config.signals.is_some(),
+            success_sample: config.signals.as_ref().map_or(1, |s| s.success_sample),
             shared_prefix: config.shared.as_ref().map(|s| s.key_prefix.clone()),
             hosts: hosts.max(1),
             routes,

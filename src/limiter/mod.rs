@@ -146,6 +146,9 @@ pub struct Limiter {
     /// until they expire), so this, not the link, says whether checks read
     /// the flags: off means no widening and no signal rule, at once.
     signals_on: bool,
+    /// `signals.success_sample`: the request path leaves the other
+    /// accounts' IPv4 successes at their tenant's count.
+    success_sample: u32,
 }
 
 impl Limiter {
@@ -472,7 +475,7 @@ impl Limiter {
         }
         let mut hits = Hits::default();
         if let (true, Some(link)) = (route.feeds_signals, &self.signals) {
-            if let Some(event) = keys.signal_event(route, outcome, repeated, known, password64) {
+            if let Some(event) = keys.signal_event(route, outcome, repeated, known, password64, self.success_sample) {
                 link.send(event);
             }
             hits = keys.hits(route);

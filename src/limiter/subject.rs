@@ -11,7 +11,7 @@ use crate::config::{Detector, DeviceScope};
 use crate::keys::{Component, Key};
 use crate::protocol::{Outcome, Subject};
 use crate::signals::flags::{digest64, FlagTable, Hits, Space, WIDEN_48, WIDEN_56};
-use crate::signals::{SignalEvent, V6Blocks};
+use crate::signals::{in_success_sample, tenant_draw, ReportEvent, SignalEvent, V6Blocks};
 use crate::source::{forwarded_tail, prefix_of, Prefix};
 use smallvec::SmallVec;
 
@@ -207,9 +207,28 @@ impl SubjectKeys<'_, '_> {
         repeated: bool,
         known_device: bool,
         password: Option<u64>,
+        success_sample: u32,
     ) -> Option<SignalEvent> {
         let (address, class) = self.client().ok()?;
         let narrow = self.natural().ok()?;
+        let account = self.subject.account.and_then(|_| self.component(Component::Account).ok()).map(|d| digest64(&d));
+        let tenant_weight = match outcome {
+            Outcome::Failure => 1,
+            Outcome::Success if tenant_draw(narrow.1 ^ account.unwrap_or(0), self.now_us, success_sample) => {
+                success_sample
+            }
+            Outcome::Success => 0,
+        };
+        let in_sample = account.is_some_and(|a| in_success_sample(a, success_sample));
+        if outcome == Outcome::Success && !narrow.0.network.is_ipv6() && !in_sample {
+            // For its tenant at most: no wide prefix to derive.
+            let tenant = self.tenant64(route);
+            return (tenant_weight > 0).then_some(SignalEvent::TenantSuccess {
+                now_us: self.now_us,
+                tenant,
+                weight: tenant_weight,
+            });
+        }
         let wide = self.wide();
         let v6 = narrow.0.network.is_ipv6().then(|| {
             let keys = &self.limiter.keys;
@@ -220,8 +239,7 @@ impl SubjectKeys<'_, '_> {
                 net64: digest64(&keys.prefix(&net64.to_bytes())),
             }
         });
-        let account = self.subject.account.and_then(|_| self.component(Component::Account).ok()).map(|d| digest64(&d));
-        Some(SignalEvent {
+        Some(SignalEvent::Report(ReportEvent {
             now_us: self.now_us,
             outcome,
             repeated,
@@ -232,8 +250,9 @@ impl SubjectKeys<'_, '_> {
             wide: (wide.1, wide.0),
             v6,
             tenant: self.tenant64(route),
+            tenant_weight,
             password: if outcome == Outcome::Failure { password } else { None },
-        })
+        }))
     }
 
     pub(super) fn key(&mut self, components: &[Component]) -> Result<Key, RequestError> {

@@ -41,9 +41,10 @@ impl Tracked {
     /// Failed distinct elements over failed plus succeeded ones (1 when
     /// nothing succeeded). Distinct successes, not raw ones: an attacker
     /// cannot dilute it by logging into one account of its own many times.
-    pub fn failure_share(&self) -> f64 {
+    /// Successes are counted from a sample, each weighing `success_weight`.
+    pub fn failure_share(&self, success_weight: u32) -> f64 {
         let failed = self.failed.count() as f64;
-        let succeeded = self.succeeded.count() as f64;
+        let succeeded = self.succeeded.count() as f64 * f64::from(success_weight);
         if failed + succeeded == 0.0 {
             0.0
         } else {
@@ -58,7 +59,11 @@ impl Tracked {
 /// keyed inputs cannot aim.
 pub(super) fn splitmix64(state: &mut u64) -> u64 {
     *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
+    mix64(*state)
+}
+
+/// splitmix64's finalizer: every output bit depends on every input bit.
+pub(super) fn mix64(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
@@ -127,12 +132,13 @@ impl Family {
     /// successes before its first failure weigh in its failure share. An
     /// entry that only succeeded is the first a full table evicts (it
     /// counts no failure), so successes never push out a failing source.
-    pub fn succeed(&mut self, key: u64, label: Label, epoch: u64, element: u64, now_us: u64) {
+    pub fn succeed(&mut self, key: u64, label: Label, epoch: u64, element: u64, now_us: u64) -> &Tracked {
         let index = self.entry(key, label, now_us);
         let (_, entry) = self.map.get_index_mut(index).expect("an index just found or made");
         entry.touched_us = now_us;
         let delta = entry.succeeded.insert(epoch, element) + entry.failed.roll(epoch);
         self.heap_bytes = (self.heap_bytes as isize + delta) as usize;
+        entry
     }
 
     fn next_random(&mut self) -> u64 {

@@ -16,6 +16,7 @@
 //!   block to one source.
 //!
 //! `report` sends a fixed-size `SignalEvent` into a bounded queue (`pump`);
+//! successes count from a sample of accounts (`in_success_sample`);
 //! the engine here ingests them, raises flags, and publishes a `FlagTable`
 //! the request path reads with one atomic load. The engine is pure: no
 //! clock (events carry their time), no locks, no I/O, so the simulator
@@ -52,7 +53,47 @@ const TENANT_OUTCOMES_MIN: u32 = 20;
 /// One report, as the signals see it: digests and prefixes only. Built on
 /// the request path without allocating.
 #[derive(Clone, Copy, Debug)]
-pub struct SignalEvent {
+pub enum SignalEvent {
+    /// A report the source, account and password axes count.
+    Report(ReportEvent),
+    /// An IPv4 success outside the success sample (`in_success_sample`)
+    /// that `tenant_draw` picked: only its tenant's ratio counts it, as
+    /// `weight` successes. The request path derives no wide prefix for it
+    /// and the thread probes no table of sources.
+    TenantSuccess { now_us: u64, tenant: u64, weight: u32 },
+}
+
+impl From<ReportEvent> for SignalEvent {
+    fn from(report: ReportEvent) -> SignalEvent {
+        SignalEvent::Report(report)
+    }
+}
+
+/// Whether a success's `element` (an account's digest; for the IPv6
+/// blocks, the smaller block's) is one of those whose successes count:
+/// one in `every`, by a mix of the keyed digest, so an attacker cannot
+/// choose an account in or out of the sample, and the choice shares no
+/// bits with the sketches' registers or the tables' buckets. Consistent:
+/// an account is in or out wherever it logs in from, so a sampled count
+/// of distinct accounts times `every` estimates the distinct count.
+pub fn in_success_sample(element: u64, every: u32) -> bool {
+    every <= 1 || family::mix64(element).is_multiple_of(u64::from(every))
+}
+
+/// Whether a success counts in its tenant's ratio, as `every` successes:
+/// one in `every`, drawn from the report's keyed digests (`keyed`: its
+/// source's and account's) and its time. A tenant's ratio counts outcomes,
+/// not distinct accounts, so its sample is of events, not of accounts (an
+/// account-keyed sample would weigh one busy mail client's retries at 0 or
+/// at `every` times over). Without the secret no sender can predict the
+/// draw, so none can time its successes in or out of the count; with it
+/// the simulator's runs stay exact.
+pub fn tenant_draw(keyed: u64, now_us: u64, every: u32) -> bool {
+    every <= 1 || family::mix64(family::mix64(keyed) ^ now_us).is_multiple_of(u64::from(every))
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct ReportEvent {
     pub now_us: u64,
     pub outcome: Outcome,
     /// The same wrong password again for (account, prefix): feeds nothing
@@ -71,6 +112,10 @@ pub struct SignalEvent {
     pub v6: Option<V6Blocks>,
     /// The tenant's digest, or the route's when the request has no tenant.
     pub tenant: u64,
+    /// The outcomes this report stands for in its tenant's ratio: 1 for a
+    /// failure; for a success, `success_sample` if `tenant_draw` picked it,
+    /// else 0 (it came for the source axes, as a sampled account's).
+    pub tenant_weight: u32,
     /// The password tag re-keyed with the daemon's secret.
     pub password: Option<u64>,
 }
@@ -230,19 +275,46 @@ impl Signals {
 
     /// Counts one report.
     pub fn ingest(&mut self, e: &SignalEvent) {
+        match e {
+            SignalEvent::Report(report) => self.ingest_report(report),
+            SignalEvent::TenantSuccess { now_us, tenant, weight } => {
+                self.events += 1;
+                self.count_tenant(*tenant, Outcome::Success, *weight, *now_us, now_us / self.sub_us);
+            }
+        }
+    }
+
+    /// Counts one report that carries its source.
+    pub fn ingest_report(&mut self, e: &ReportEvent) {
         self.events += 1;
         let epoch = e.now_us / self.sub_us;
         let now = e.now_us;
-        self.count_tenant(e, epoch);
+        self.count_tenant(e.tenant, e.outcome, e.tenant_weight, now, epoch);
         match e.outcome {
+            // Only the sample's successes (see `in_success_sample`); each
+            // weighs `success_sample` in the failure shares.
             Outcome::Success => {
-                if let Some(account) = e.account {
-                    self.narrow.succeed(e.narrow.0, Label::Prefix(e.narrow.1), epoch, account, now);
-                    self.wide.succeed(e.wide.0, Label::Prefix(e.wide.1), epoch, account, now);
+                let every = self.config.success_sample;
+                if let Some(account) = e.account.filter(|a| in_success_sample(*a, every)) {
+                    // An account succeeding from many sources in the window
+                    // (one an attacker owns, logged into from every address
+                    // it has to dilute their failure shares) dilutes only
+                    // the first `success_sources_max`. A person's laptop,
+                    // phone and office NAT's addresses are a few.
+                    let source = if e.class == Some(SourceClass::Mobile) { e.wide } else { e.narrow };
+                    let roaming = self.accounts.succeed(account, Label::Digest, epoch, source.0, now);
+                    if roaming.succeeded.count() <= self.config.success_sources_max {
+                        self.narrow.succeed(e.narrow.0, Label::Prefix(e.narrow.1), epoch, account, now);
+                        self.wide.succeed(e.wide.0, Label::Prefix(e.wide.1), epoch, account, now);
+                    }
                 }
                 if let Some(v6) = e.v6 {
-                    self.blocks48.succeed(e.wide.0, Label::Prefix(e.wide.1), epoch, v6.block56.0, now);
-                    self.blocks56.succeed(v6.block56.0, Label::Prefix(v6.block56.1), epoch, v6.net64, now);
+                    if in_success_sample(v6.block56.0, every) {
+                        self.blocks48.succeed(e.wide.0, Label::Prefix(e.wide.1), epoch, v6.block56.0, now);
+                    }
+                    if in_success_sample(v6.net64, every) {
+                        self.blocks56.succeed(v6.block56.0, Label::Prefix(v6.block56.1), epoch, v6.net64, now);
+                    }
                 }
             }
             // A repeat is one failure, not sixty (a stale client). A failure
@@ -253,10 +325,11 @@ impl Signals {
             Outcome::Failure => {
                 if let Some(account) = e.account {
                     let narrow = self.narrow.fail(e.narrow.0, Label::Prefix(e.narrow.1), epoch, account, now);
-                    let found = judge_source(narrow, &self.config.narrow_spray);
+                    let weight = self.config.success_sample;
+                    let found = judge_source(narrow, &self.config.narrow_spray, weight);
                     self.raise_on(Detector::NarrowSpray, Space::Prefix, e.narrow.0, found, now);
                     let wide = self.wide.fail(e.wide.0, Label::Prefix(e.wide.1), epoch, account, now);
-                    let found = judge_source(wide, &self.config.wide_spray);
+                    let found = judge_source(wide, &self.config.wide_spray, weight);
                     self.raise_on(Detector::WideSpray, Space::Prefix, e.wide.0, found, now);
                     // A mobile source hops addresses within its carrier's
                     // pool: count its wide prefix, or one person would look
@@ -282,12 +355,13 @@ impl Signals {
                     // /56 (256 /64s) can widen only itself, never the
                     // ISP's /48 around it and its other customers.
                     let block = self.blocks48.fail(e.wide.0, Label::Prefix(e.wide.1), epoch, v6.block56.0, now);
-                    let found = judge_widening(block, per_48, share_min);
+                    let weight = self.config.success_sample;
+                    let found = judge_widening(block, per_48, share_min, weight);
                     if may_widen {
                         self.widen(WIDEN_48, e.wide.0, found, per_48, now);
                     }
                     let block = self.blocks56.fail(v6.block56.0, Label::Prefix(v6.block56.1), epoch, v6.net64, now);
-                    let found = judge_widening(block, per_56, share_min);
+                    let found = judge_widening(block, per_56, share_min, weight);
                     if may_widen {
                         self.widen(WIDEN_56, v6.block56.0, found, per_56, now);
                     }
@@ -297,9 +371,9 @@ impl Signals {
         self.hold_sketch_budget();
     }
 
-    fn count_tenant(&mut self, e: &SignalEvent, epoch: u64) {
+    fn count_tenant(&mut self, digest: u64, outcome: Outcome, weight: u32, now_us: u64, epoch: u64) {
         let alpha = (self.sub_us as f64 / (self.config.tenant_anomaly.baseline_hours as f64 * 3.6e9)).min(1.0);
-        if !self.tenants.contains_key(&e.tenant) && self.tenants.len() >= self.config.tenants_max {
+        if !self.tenants.contains_key(&digest) && self.tenants.len() >= self.config.tenants_max {
             // The tenant seen longest ago of a few sampled goes: a scan of
             // the whole table per new tenant would let a flood of invented
             // tenants (where the auth server takes them from user input)
@@ -310,13 +384,13 @@ impl Signals {
             self.tenants.swap_remove_index(i);
             self.tenants_evicted += 1;
         }
-        let tenant = self.tenants.entry(e.tenant).or_insert_with(|| Tenant { epoch, ..Tenant::default() });
+        let tenant = self.tenants.entry(digest).or_insert_with(|| Tenant { epoch, ..Tenant::default() });
         tenant.roll(epoch, alpha);
-        tenant.touched_us = e.now_us;
+        tenant.touched_us = now_us;
         let slot = (epoch % SUB_WINDOWS as u64) as usize;
-        match e.outcome {
-            Outcome::Failure => tenant.failed[slot] += 1,
-            Outcome::Success => tenant.succeeded[slot] += 1,
+        match outcome {
+            Outcome::Failure => tenant.failed[slot] = tenant.failed[slot].saturating_add(weight),
+            Outcome::Success => tenant.succeeded[slot] = tenant.succeeded[slot].saturating_add(weight),
         }
         let t = &self.config.tenant_anomaly;
         if t.mode == DetectorMode::Off {
@@ -331,7 +405,7 @@ impl Signals {
             && ratio >= tenant.baseline * t.ratio_factor
             && ratio >= tenant.baseline + t.ratio_margin;
         let found = anomalous.then_some(failed);
-        self.raise_on(Detector::TenantAnomaly, Space::Tenant, e.tenant, found, e.now_us);
+        self.raise_on(Detector::TenantAnomaly, Space::Tenant, digest, found, now_us);
     }
 
     /// Raises (or extends) `detector`'s flag on `digest` when `found`
@@ -618,14 +692,14 @@ impl Signals {
 
 /// A source detector's judgement: the failed count when it is at the
 /// threshold with a failure share at or above the gate.
-fn judge_source(entry: &Tracked, detector: &crate::config::DetectorConfig) -> Option<u32> {
+fn judge_source(entry: &Tracked, detector: &crate::config::DetectorConfig, success_weight: u32) -> Option<u32> {
     let count = entry.failed.count();
-    (count >= detector.threshold && entry.failure_share() >= detector.failure_share_min).then_some(count)
+    (count >= detector.threshold && entry.failure_share(success_weight) >= detector.failure_share_min).then_some(count)
 }
 
-fn judge_widening(block: &Tracked, threshold: u32, share_min: f64) -> Option<u32> {
+fn judge_widening(block: &Tracked, threshold: u32, share_min: f64, success_weight: u32) -> Option<u32> {
     let count = block.failed.count();
-    (count >= threshold && block.failure_share() >= share_min).then_some(count)
+    (count >= threshold && block.failure_share(success_weight) >= share_min).then_some(count)
 }
 
 #[cfg(test)]

@@ -29,11 +29,11 @@ fn keyed(prefix: Prefix) -> (u64, Prefix) {
     (digest(high ^ digest(low ^ digest(tail))), prefix)
 }
 
-fn event(address: IpAddr, account: u64, outcome: Outcome, now_us: u64) -> SignalEvent {
+fn event(address: IpAddr, account: u64, outcome: Outcome, now_us: u64) -> ReportEvent {
     let v6 = address
         .is_ipv6()
         .then(|| V6Blocks { block56: keyed(prefix_of(address, 32, 56)), net64: keyed(prefix_of(address, 32, 64)).0 });
-    SignalEvent {
+    ReportEvent {
         now_us,
         outcome,
         repeated: false,
@@ -44,6 +44,7 @@ fn event(address: IpAddr, account: u64, outcome: Outcome, now_us: u64) -> Signal
         wide: keyed(prefix_of(address, 24, 48)),
         v6,
         tenant: 1,
+        tenant_weight: 1,
         password: None,
     }
 }
@@ -61,12 +62,12 @@ fn a_source_is_flagged_at_the_threshold_of_distinct_failed_accounts_not_before()
     let mut s = Signals::new(&config());
     let source = v4(0xCB00_7101);
     for account in 0..9 {
-        s.ingest(&event(source, account, Outcome::Failure, T0));
-        s.ingest(&event(source, account, Outcome::Failure, T0)); // a repeat of an account adds nothing
+        s.ingest_report(&event(source, account, Outcome::Failure, T0));
+        s.ingest_report(&event(source, account, Outcome::Failure, T0)); // a repeat of an account adds nothing
     }
     let narrow = keyed(prefix_of(source, 32, 64)).0;
     assert_eq!(published(&mut s, Space::Prefix, narrow), 0, "9 distinct accounts < 10");
-    s.ingest(&event(source, 9, Outcome::Failure, T0));
+    s.ingest_report(&event(source, 9, Outcome::Failure, T0));
     assert_ne!(published(&mut s, Space::Prefix, narrow) & Detector::NarrowSpray.bit() as u16, 0);
 }
 
@@ -75,13 +76,13 @@ fn an_office_failing_among_its_successes_is_not_a_spray() {
     let mut s = Signals::new(&config());
     let office = v4(0xC633_640A);
     // One typo first, so the successes that follow are counted.
-    s.ingest(&event(office, 0, Outcome::Failure, T0));
+    s.ingest_report(&event(office, 0, Outcome::Failure, T0));
     for account in 0..500 {
-        s.ingest(&event(office, account, Outcome::Success, T0 + SECOND));
+        s.ingest_report(&event(office, account, Outcome::Success, T0 + SECOND));
     }
     // 60 typos among 500 successes: a share of 0.11.
     for account in 0..60 {
-        s.ingest(&event(office, account, Outcome::Failure, T0 + 2 * SECOND));
+        s.ingest_report(&event(office, account, Outcome::Failure, T0 + 2 * SECOND));
     }
     let narrow = keyed(prefix_of(office, 32, 64)).0;
     assert_eq!(published(&mut s, Space::Prefix, narrow), 0);
@@ -96,7 +97,7 @@ fn repeats_and_known_devices_feed_no_detector() {
         e.repeated = account % 2 == 0;
         e.known_device = account % 2 == 1;
         e.password = Some(7);
-        s.ingest(&e);
+        s.ingest_report(&e);
     }
     assert!(s.snapshot().is_empty(), "no flag from the owners' own failures");
     assert_eq!(s.narrow.len(), 0);
@@ -108,18 +109,18 @@ fn one_password_on_many_accounts_is_flagged_and_one_account_retrying_is_not() {
     for n in 0..100u32 {
         let mut e = event(v4(0x0B00_0007 + (n << 8)), 1, Outcome::Failure, T0);
         e.password = Some(99);
-        s.ingest(&e);
+        s.ingest_report(&e);
     }
     assert_eq!(published(&mut s, Space::Password, 99), 0, "one account, however many sources");
     for account in 0..19 {
         let mut e = event(v4(0x0C00_0007 + ((account as u32) << 8)), 100 + account, Outcome::Failure, T0);
         e.password = Some(42);
-        s.ingest(&e);
+        s.ingest_report(&e);
     }
     assert_eq!(published(&mut s, Space::Password, 42), 0, "19 accounts");
     let mut e = event(v4(0x0D00_0007), 200, Outcome::Failure, T0);
     e.password = Some(42);
-    s.ingest(&e);
+    s.ingest_report(&e);
     assert_ne!(published(&mut s, Space::Password, 42) & Detector::PasswordSpray.bit() as u16, 0, "20 accounts");
 }
 
@@ -127,10 +128,10 @@ fn one_password_on_many_accounts_is_flagged_and_one_account_retrying_is_not() {
 fn an_account_failing_from_eight_prefixes_is_flagged() {
     let mut s = Signals::new(&config());
     for n in 0..7u32 {
-        s.ingest(&event(v4(0x0E00_0001 + n), 5, Outcome::Failure, T0));
+        s.ingest_report(&event(v4(0x0E00_0001 + n), 5, Outcome::Failure, T0));
     }
     assert_eq!(published(&mut s, Space::Account, digest(5)), 0);
-    s.ingest(&event(v4(0x0E00_0001 + 7), 5, Outcome::Failure, T0));
+    s.ingest_report(&event(v4(0x0E00_0001 + 7), 5, Outcome::Failure, T0));
     assert_ne!(published(&mut s, Space::Account, digest(5)) & Detector::AccountDistributed.bit() as u16, 0);
 }
 
@@ -142,7 +143,7 @@ fn in_48(n: u64, host: u64) -> IpAddr {
 fn one_64_never_widens_its_block_however_often_it_fails() {
     let mut s = Signals::new(&config());
     for account in 0..10_000 {
-        s.ingest(&event(in_48(1, account), account, Outcome::Failure, T0));
+        s.ingest_report(&event(in_48(1, account), account, Outcome::Failure, T0));
     }
     let block = keyed(prefix_of(in_48(1, 0), 24, 48)).0;
     assert_eq!(published(&mut s, Space::Prefix, block) & (WIDEN_48 | WIDEN_56), 0);
@@ -154,11 +155,11 @@ fn sixteen_failing_56s_widen_the_48_and_it_calms_down_later() {
     let mut s = Signals::new(&config());
     // One /64 in each of 16 /56s: only the /48 collects them.
     for n in 0..15u64 {
-        s.ingest(&event(in_48(n << 8, 1), n, Outcome::Failure, T0));
+        s.ingest_report(&event(in_48(n << 8, 1), n, Outcome::Failure, T0));
     }
     let block = keyed(prefix_of(in_48(0, 0), 24, 48)).0;
     assert_eq!(published(&mut s, Space::Prefix, block) & WIDEN_48, 0, "15 /56s");
-    s.ingest(&event(in_48(15 << 8, 1), 15, Outcome::Failure, T0));
+    s.ingest_report(&event(in_48(15 << 8, 1), 15, Outcome::Failure, T0));
     assert_ne!(published(&mut s, Space::Prefix, block) & WIDEN_48, 0, "16 /56s");
     // An hour and a window later, with nothing failing, it is un-widened.
     let later = T0 + 2 * 3_600 * SECOND;
@@ -172,7 +173,7 @@ fn one_56_failing_from_all_its_64s_widens_itself_never_the_48_around_it() {
     // (the customer's own budget) and leave the other customers alone.
     let mut s = Signals::new(&config());
     for n in 0..256u64 {
-        s.ingest(&event(in_48(0x4200 | n, 1), n, Outcome::Failure, T0));
+        s.ingest_report(&event(in_48(0x4200 | n, 1), n, Outcome::Failure, T0));
     }
     let block48 = keyed(prefix_of(in_48(0, 0), 24, 48)).0;
     let block56 = keyed(prefix_of(in_48(0x4200, 0), 32, 56)).0;
@@ -184,7 +185,7 @@ fn one_56_failing_from_all_its_64s_widens_itself_never_the_48_around_it() {
 fn eight_failing_64s_in_one_56_widen_the_56() {
     let mut s = Signals::new(&config());
     for n in 0..8u64 {
-        s.ingest(&event(in_48(n, 1), n, Outcome::Failure, T0));
+        s.ingest_report(&event(in_48(n, 1), n, Outcome::Failure, T0));
     }
     let block = keyed(prefix_of(in_48(0, 0), 32, 56)).0;
     assert_ne!(published(&mut s, Space::Prefix, block) & WIDEN_56, 0);
@@ -196,7 +197,7 @@ fn a_never_widened_class_is_not_widened() {
     for n in 0..64u64 {
         let mut e = event(in_48(n << 8, 1), n, Outcome::Failure, T0);
         e.class = Some(SourceClass::Mobile);
-        s.ingest(&e);
+        s.ingest_report(&e);
     }
     assert_eq!(s.widenings_total(), 0);
 }
@@ -208,7 +209,7 @@ fn a_flag_lasts_its_ttl_and_a_monitored_detector_is_published_unenforced() {
     let mut s = Signals::new(&c);
     let source = v4(0xCB00_7103);
     for account in 0..10 {
-        s.ingest(&event(source, account, Outcome::Failure, T0));
+        s.ingest_report(&event(source, account, Outcome::Failure, T0));
     }
     let narrow = keyed(prefix_of(source, 32, 64)).0;
     let table = s.snapshot();
@@ -232,7 +233,7 @@ fn a_tenant_failing_far_above_its_baseline_is_flagged_once_warm() {
             let outcome = if n < 5 { Outcome::Failure } else { Outcome::Success };
             let mut e = event(v4(0x0A00_0001), n, outcome, T0 + i * sub + n);
             e.known_device = true;
-            s.ingest(&e);
+            s.ingest_report(&e);
         }
     }
     assert_eq!(published(&mut s, Space::Tenant, 1), 0);
@@ -241,7 +242,7 @@ fn a_tenant_failing_far_above_its_baseline_is_flagged_once_warm() {
     for n in 0..200u64 {
         let mut e = event(v4(0x0A00_0001), n, Outcome::Failure, start + n);
         e.known_device = true;
-        s.ingest(&e);
+        s.ingest_report(&e);
     }
     let table = s.snapshot();
     assert_ne!(table.probe(Space::Tenant, 1, start) & Detector::TenantAnomaly.bit() as u16, 0);
@@ -256,7 +257,7 @@ fn the_sketch_budget_holds_under_dense_entries() {
     // Sources each failing 300 accounts: every one dense.
     for source in 0..200u32 {
         for account in 0..300 {
-            s.ingest(&event(v4(0x2000_0000 + (source << 8)), account, Outcome::Failure, T0));
+            s.ingest_report(&event(v4(0x2000_0000 + (source << 8)), account, Outcome::Failure, T0));
         }
         assert!(s.sketch_bytes() <= c.sketch_bytes_max, "{} bytes", s.sketch_bytes());
     }
@@ -280,7 +281,7 @@ fn a_flood_of_new_tenants_stays_at_the_cap() {
     for i in 0..10_000u64 {
         let mut e = event(v4(0xCB00_7101), i % 5, Outcome::Success, T0 + i);
         e.tenant = 1 << 40 | i;
-        s.ingest(&e);
+        s.ingest_report(&e);
         assert!(s.tenants.len() <= 64);
     }
     assert_eq!(s.tenants_evicted, 10_000 - 64);
@@ -288,24 +289,22 @@ fn a_flood_of_new_tenants_stays_at_the_cap() {
 
 /// Red team: the failure-share gate counts distinct *succeeding accounts*,
 /// so an attacker with a few accounts of its own (free sign-up) dilutes
-/// it. One failure first (a success alone creates no entry), then its 30
-/// accounts log in, then 28 more victims: 29 distinct failed accounts,
-/// three times `narrow_spray`'s threshold, at a share of 29/59 < 0.5. The
-/// same 30 accounts serve every address the attacker has, so 2,000
-/// addresses stuff 58,000 distinct accounts an hour without a source flag;
-/// with distinct passwords (stuffing) the password axis sees nothing
-/// either, and 8 prefixes per victim is never reached.
+/// it. One failure, then its 30 accounts log in, then 28 more victims: 29
+/// distinct failed accounts, three times `narrow_spray`'s threshold, at a
+/// share of 29/59 < 0.5. With distinct passwords (stuffing) the password
+/// axis sees nothing either. Still open for one address; the same owned
+/// accounts no longer serve every address the attacker has (next test).
 #[test]
 #[ignore = "a known gap, documented in docs/operations.md (Spray detection): owned accounts dilute the failure-share gate"]
 fn thirty_owned_accounts_hide_a_stuffing_run_from_the_source_axes() {
     let mut s = Signals::new(&config());
     let source = v4(0xCB00_7101);
-    s.ingest(&event(source, 1_000, Outcome::Failure, T0));
+    s.ingest_report(&event(source, 1_000, Outcome::Failure, T0));
     for owned in 0..30 {
-        s.ingest(&event(source, 5_000 + owned, Outcome::Success, T0 + SECOND));
+        s.ingest_report(&event(source, 5_000 + owned, Outcome::Success, T0 + SECOND));
     }
     for victim in 1_001..1_029 {
-        s.ingest(&event(source, victim, Outcome::Failure, T0 + 2 * SECOND));
+        s.ingest_report(&event(source, victim, Outcome::Failure, T0 + 2 * SECOND));
     }
     let narrow = keyed(prefix_of(source, 32, 64)).0;
     let count = s.narrow.get(narrow).map(|e| e.failed.count());
@@ -315,4 +314,94 @@ fn thirty_owned_accounts_hide_a_stuffing_run_from_the_source_axes() {
         0,
         "29 distinct accounts failed from one address (threshold 10), not flagged"
     );
+}
+
+/// Successes are counted from one account in `success_sample`, each
+/// weighing that many: 8,000 people logging in from one office address
+/// leave about 1,000 accounts in its entry, and the failure share its 600
+/// typos make is within a few points of the exact 0.07.
+#[test]
+fn successes_count_from_a_sample_of_accounts_each_weighing_the_rate() {
+    let c = config();
+    assert_eq!(c.success_sample, 8);
+    let mut s = Signals::new(&c);
+    let office = v4(0xC633_640B);
+    for account in 0..8_000 {
+        s.ingest_report(&event(office, account, Outcome::Success, T0));
+    }
+    for account in 0..600 {
+        s.ingest_report(&event(office, 100_000 + account, Outcome::Failure, T0 + SECOND));
+    }
+    let narrow = keyed(prefix_of(office, 32, 64)).0;
+    let entry = s.narrow.get(narrow).expect("tracked");
+    let sampled = f64::from(entry.succeeded.count());
+    assert!((sampled - 1_000.0).abs() < 150.0, "{sampled} accounts in the sample, not about 1,000");
+    let share = entry.failure_share(c.success_sample);
+    assert!((share - 600.0 / 8_600.0).abs() < 0.02, "share {share}");
+    assert_eq!(published(&mut s, Space::Prefix, narrow), 0, "an office's typos among its successes");
+    // In or out wherever it logs in: one account is sampled from every address or none.
+    let sampled_accounts: Vec<u64> = (0..1_000).filter(|a| in_success_sample(digest(*a), 8)).collect();
+    assert!((90..=160).contains(&sampled_accounts.len()), "{} of 1,000", sampled_accounts.len());
+    assert!((0..1_000).all(|a| in_success_sample(digest(a), 1)), "1 counts every success");
+}
+
+/// A success outside the sample still counts in its tenant's ratio,
+/// weighted; a tenant's ratio is of outcomes, drawn per report.
+#[test]
+fn a_tenant_counts_sampled_successes_at_their_weight() {
+    let mut s = Signals::new(&config());
+    s.ingest(&SignalEvent::TenantSuccess { now_us: T0, tenant: 1, weight: 8 });
+    let mut e = event(v4(0x0A00_0001), 1, Outcome::Success, T0);
+    e.tenant_weight = 0;
+    s.ingest_report(&e);
+    s.ingest_report(&event(v4(0x0A00_0001), 2, Outcome::Failure, T0));
+    let tenant = &s.tenants[&1];
+    let slot = (T0 / s.sub_us % SUB_WINDOWS as u64) as usize;
+    assert_eq!((tenant.succeeded[slot], tenant.failed[slot]), (8, 1));
+    let drawn = (0..80_000u64).filter(|n| tenant_draw(digest(*n), T0 + n, 8)).count();
+    assert!((9_000..=11_000).contains(&drawn), "{drawn} of 80,000 drawn at one in 8");
+}
+
+#[test]
+fn success_sample_is_bounded_and_one_counts_every_success() {
+    for bad in ["0", "1025"] {
+        let raw = Config::parse(&format!("[signals]\nsuccess_sample = {bad}\n")).expect("parses");
+        let errors = format!("{:#}", Config::build(raw).expect_err("out of range"));
+        assert!(errors.contains("signals.success_sample: must be 1..=1024"), "{errors}");
+    }
+    let raw = Config::parse("[signals]\nsuccess_sample = 1\n").expect("parses");
+    let c = Config::build(raw).expect("valid").signals.expect("on");
+    let mut s = Signals::new(&c);
+    let office = v4(0xC633_640C);
+    for account in 0..100 {
+        s.ingest_report(&event(office, account, Outcome::Success, T0));
+    }
+    let narrow = keyed(prefix_of(office, 32, 64)).0;
+    assert_eq!(s.narrow.get(narrow).map(|e| e.succeeded.count()), Some(100));
+}
+
+/// The owned accounts' dilution is capped per account: logged into from
+/// a ninth address in the window, they count for nothing there, so the
+/// attacker's ninth address failing 28 victims is flagged. Before the cap,
+/// 30 accounts hid the failures of all 2,000 addresses a stuffing run had.
+#[test]
+fn owned_accounts_dilute_only_their_first_few_addresses() {
+    let mut c = config();
+    c.success_sample = 1;
+    assert_eq!(c.success_sources_max, 8);
+    let mut s = Signals::new(&c);
+    for address in 0..12u32 {
+        let source = v4(0xCB00_7200 + address);
+        let at = T0 + u64::from(address) * SECOND;
+        s.ingest_report(&event(source, 1_000_000 + u64::from(address), Outcome::Failure, at));
+        for owned in 0..30 {
+            s.ingest_report(&event(source, 5_000 + owned, Outcome::Success, at));
+        }
+        for victim in 0..28 {
+            s.ingest_report(&event(source, u64::from(address) * 100 + victim, Outcome::Failure, at));
+        }
+        let narrow = keyed(prefix_of(source, 32, 64)).0;
+        let flagged = published(&mut s, Space::Prefix, narrow) & Detector::NarrowSpray.bit() as u16 != 0;
+        assert_eq!(flagged, address >= 8, "address {address}: flagged {flagged}");
+    }
 }
