@@ -134,8 +134,9 @@ fn the_host_count_is_learned_from_the_store_and_sets_the_degraded_share() {
     assert_eq!(check(&daemons[0], &trudy).decision, Decision::Deny, "the learned share, 2 of 5");
 }
 
-/// A CA and a server certificate for 127.0.0.1 and localhost it signed, in
-/// `dir` (`ca.crt`, `server.crt`, `server.key`), made with the openssl CLI.
+/// A CA, a server certificate for 127.0.0.1 and localhost it signed, and a
+/// client certificate it signed, in `dir` (`ca.crt`, `server.crt`,
+/// `server.key`, `client.crt`, `client.key`), made with the openssl CLI.
 fn make_test_certs(dir: &Path) {
     let openssl = |args: &[&str]| {
         let out = std::process::Command::new("openssl")
@@ -191,6 +192,84 @@ fn make_test_certs(dir: &Path) {
         "-out",
         "server.crt",
     ]);
+    // A client certificate for mutual TLS, issued by the same CA.
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=tollgate-host",
+        "-keyout",
+        "client.key",
+        "-out",
+        "client.csr",
+    ]);
+    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "client.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "1",
+        "-extfile",
+        "client.ext",
+        "-out",
+        "client.crt",
+    ]);
+}
+
+/// Mutual TLS: a store that asks every client for a certificate
+/// (`tls-auth-clients yes`) is joined with `tls_cert_file` and
+/// `tls_key_file`; without them the handshake fails, the daemon is
+/// degraded and says so; a key that cannot be read is named in the log.
+#[test]
+fn a_store_asking_for_client_certificates_is_joined_with_this_host_s() {
+    require_redis();
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    std::fs::create_dir(&certs).unwrap();
+    make_test_certs(&certs);
+    let redis = RedisServer::tls_mutual(&certs);
+    let secret = shared_secret(dir.path());
+    let ca_only = format!(
+        "url = \"{}\"\ntimeout_ms = 200\nhosts = 3\ntls_ca_file = \"{}\"",
+        redis.url(),
+        certs.join("ca.crt").display()
+    );
+    let mutual = format!(
+        "{ca_only}\ntls_cert_file = \"{}\"\ntls_key_file = \"{}\"",
+        certs.join("client.crt").display(),
+        certs.join("client.key").display()
+    );
+    let d = TestDaemon::start_with(Some(&config(&secret, &mutual, "")), false);
+    let answered = runtime().block_on(d.client().check_answered("login", &subject("192.0.2.170", "trent")));
+    assert!(!answered.degraded, "decided by the store over mutual TLS:\n{}", d.log());
+    assert!(!redis.cmd(&["KEYS", "tg:*"]).is_empty(), "no keys reached the store");
+
+    // The store refuses a client without a certificate.
+    let d = TestDaemon::start_with(Some(&config(&secret, &ca_only, "")), false);
+    let answered = runtime().block_on(d.client().check_answered("login", &subject("192.0.2.171", "trent")));
+    assert!(answered.degraded, "no client certificate, no store");
+    assert!(d.log().contains("shared store unreachable at start"), "{}", d.log());
+
+    // A key file that cannot be read: degraded, and the log names it.
+    let missing = dir.path().join("no-such-client.key");
+    let unreadable = format!(
+        "{ca_only}\ntls_cert_file = \"{}\"\ntls_key_file = \"{}\"",
+        certs.join("client.crt").display(),
+        missing.display()
+    );
+    let d = TestDaemon::start_with(Some(&config(&secret, &unreadable, "")), false);
+    let answered = runtime().block_on(d.client().check_answered("login", &subject("192.0.2.172", "trent")));
+    assert!(answered.degraded, "no key, no store");
+    assert!(d.log().contains(&format!("cannot read tls_key_file {}", missing.display())), "{}", d.log());
 }
 
 #[test]

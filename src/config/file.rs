@@ -143,6 +143,8 @@ pub struct RawShared {
     pub username: Option<String>,
     pub password_file: Option<PathBuf>,
     pub tls_ca_file: Option<PathBuf>,
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
     pub key_prefix: Option<String>,
     pub timeout_ms: Option<u64>,
     pub connect_timeout_ms: Option<u64>,

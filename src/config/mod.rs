@@ -370,6 +370,11 @@ pub struct SharedConfig {
     /// None: the platform's roots. Read at every connection, like the
     /// password file, so a renewed CA is picked up without a restart.
     pub tls_ca_file: Option<PathBuf>,
+    /// Mutual TLS: the PEM certificate chain and private key this host
+    /// presents to a store that asks for one (`tls-auth-clients yes`). Both
+    /// or neither; read at every connection, like the CA bundle.
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
     pub key_prefix: String,
     pub timeout_ms: u64,
     pub connect_timeout_ms: u64,

@@ -277,6 +277,8 @@ fn shared_takes_its_defaults_and_needs_only_a_url() {
             username: None,
             password_file: None,
             tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
             key_prefix: "tg".into(),
             timeout_ms: 2,
             connect_timeout_ms: 200,
@@ -491,4 +493,23 @@ fn each_shared_bound_is_reported_with_its_number_and_all_at_once() {
 fn shared_refuses_unknown_keys() {
     let err = Config::parse("[shared]\nurl = \"redis://store\"\nsentinels = []\n").unwrap_err();
     assert!(err.contains("sentinels"), "{err}");
+}
+
+#[test]
+fn a_client_certificate_needs_its_key_and_a_tls_store() {
+    let built = shared("url = \"rediss://store:6380\"\ntls_cert_file = \"/etc/tollgate/host.crt\"\ntls_key_file = \"/etc/tollgate/host.key\"")
+        .unwrap()
+        .unwrap();
+    assert_eq!(built.tls_cert_file, Some(PathBuf::from("/etc/tollgate/host.crt")));
+    assert_eq!(built.tls_key_file, Some(PathBuf::from("/etc/tollgate/host.key")));
+    for half in ["tls_cert_file = \"/c\"", "tls_key_file = \"/k\""] {
+        assert_eq!(
+            shared(&format!("url = \"rediss://store:6380\"\n{half}")).unwrap_err(),
+            ["shared.tls_cert_file, shared.tls_key_file: both or neither (a client certificate and its key)"]
+        );
+    }
+    assert_eq!(
+        shared("url = \"redis://store:6379\"\ntls_cert_file = \"/c\"\ntls_key_file = \"/k\"").unwrap_err(),
+        ["shared.tls_cert_file: only for a TLS store; the url (or nodes) must be rediss://host:port to present a client certificate"]
+    );
 }

@@ -327,12 +327,24 @@ fn build_shared(raw: RawShared, errors: &mut Vec<String>) -> Option<SharedConfig
                 .into(),
         );
     }
+    match (&raw.tls_cert_file, &raw.tls_key_file) {
+        (Some(_), None) | (None, Some(_)) => errors.push(
+            "shared.tls_cert_file, shared.tls_key_file: both or neither (a client certificate and its key)".into(),
+        ),
+        (Some(_), Some(_)) if !tls => errors.push(
+            "shared.tls_cert_file: only for a TLS store; the url (or nodes) must be rediss://host:port to present a client certificate"
+                .into(),
+        ),
+        _ => {}
+    }
     let shared = SharedConfig {
         url,
         nodes,
         username: raw.username,
         password_file: raw.password_file,
         tls_ca_file: raw.tls_ca_file,
+        tls_cert_file: raw.tls_cert_file,
+        tls_key_file: raw.tls_key_file,
         key_prefix,
         timeout_ms: raw.timeout_ms.unwrap_or(SHARED_TIMEOUT_MS_DEFAULT),
         connect_timeout_ms: raw.connect_timeout_ms.unwrap_or(SHARED_CONNECT_TIMEOUT_MS_DEFAULT),

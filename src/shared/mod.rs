@@ -15,6 +15,7 @@
 pub mod breaker;
 pub mod script;
 
+use std::path::Path;
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -579,26 +580,48 @@ impl SharedStore {
             settings = settings.set_password(password);
         }
         info = info.set_redis_settings(settings);
-        match self.tls_ca()? {
+        match self.tls_files()? {
             // Without a CA file a rediss:// URL trusts the platform's roots
             // (rustls-native-certs), as redis-rs does by itself.
             None => redis::Client::open(info).map_err(|e| e.to_string()),
-            Some(certs) => redis::Client::build_with_tls(info, certs).map_err(|e| self.tls_ca_error(e)),
+            Some(certs) => redis::Client::build_with_tls(info, certs).map_err(|e| self.tls_error(e)),
         }
     }
 
-    /// The CA bundle of a TLS store (`tls_ca_file`), if one is configured.
-    fn tls_ca(&self) -> Result<Option<redis::TlsCertificates>, String> {
-        let Some(path) = &self.config.tls_ca_file else { return Ok(None) };
-        let pem = std::fs::read(path).map_err(|e| format!("cannot read tls_ca_file {}: {e}", path.display()))?;
-        Ok(Some(redis::TlsCertificates { client_tls: None, root_cert: Some(pem) }))
+    /// The CA bundle of a TLS store (`tls_ca_file`) and this host's client
+    /// certificate and key (`tls_cert_file`, `tls_key_file`), if any is
+    /// configured.
+    fn tls_files(&self) -> Result<Option<redis::TlsCertificates>, String> {
+        let read = |key: &str, path: &Path| {
+            std::fs::read(path).map_err(|e| format!("cannot read {key} {}: {e}", path.display()))
+        };
+        let c = &self.config;
+        let root_cert = c.tls_ca_file.as_deref().map(|path| read("tls_ca_file", path)).transpose()?;
+        let client_tls = match (&c.tls_cert_file, &c.tls_key_file) {
+            (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+                client_cert: read("tls_cert_file", cert)?,
+                client_key: read("tls_key_file", key)?,
+            }),
+            _ => None,
+        };
+        if root_cert.is_none() && client_tls.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(redis::TlsCertificates { client_tls, root_cert }))
     }
 
-    /// A client that cannot be built from the CA bundle says which file.
-    fn tls_ca_error(&self, e: redis::RedisError) -> String {
-        match &self.config.tls_ca_file {
-            Some(path) => format!("tls_ca_file {}: {e}", path.display()),
-            None => e.to_string(),
+    /// A client that cannot be built from the TLS files says which ones.
+    fn tls_error(&self, e: redis::RedisError) -> String {
+        let c = &self.config;
+        let files: Vec<String> =
+            [("tls_ca_file", &c.tls_ca_file), ("tls_cert_file", &c.tls_cert_file), ("tls_key_file", &c.tls_key_file)]
+                .into_iter()
+                .filter_map(|(key, path)| path.as_ref().map(|p| format!("{key} {}", p.display())))
+                .collect();
+        if files.is_empty() {
+            e.to_string()
+        } else {
+            format!("{}: {e}", files.join(", "))
         }
     }
 
@@ -628,10 +651,10 @@ impl SharedStore {
         }
         // rediss:// seed nodes make every node's connection TLS; the CA
         // bundle, if any, is what their certificates must chain to.
-        if let Some(certs) = self.tls_ca()? {
+        if let Some(certs) = self.tls_files()? {
             builder = builder.certs(certs);
         }
-        builder.build().map_err(|e| self.tls_ca_error(e))
+        builder.build().map_err(|e| self.tls_error(e))
     }
 
     /// A subscription: on the store, or in a cluster on the first seed node

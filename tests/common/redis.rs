@@ -112,6 +112,9 @@ pub struct RedisServer {
     /// TLS only (`tls()`): the directory of `ca.crt`, `server.crt` and
     /// `server.key`; the port is then a TLS port and plain TCP is off.
     tls: Option<PathBuf>,
+    /// TLS (`tls_mutual()`): clients must present a certificate `ca.crt`
+    /// issued (`tls-auth-clients yes`); `redis-cli` uses `client.crt`.
+    tls_mutual: bool,
 }
 
 impl RedisServer {
@@ -120,7 +123,8 @@ impl RedisServer {
         require_redis();
         let dir = temp_dir();
         let addr = Addr::Unix(dir.path().join("r.sock"));
-        let mut server = RedisServer { dir, addr, child: None, paused: false, password: None, tls: None };
+        let mut server =
+            RedisServer { dir, addr, child: None, paused: false, password: None, tls: None, tls_mutual: false };
         if let Err(why) = server.start() {
             panic!("redis-server did not start: {why}\n{}", server.log());
         }
@@ -132,8 +136,15 @@ impl RedisServer {
         require_redis();
         let dir = temp_dir();
         let addr = Addr::Unix(dir.path().join("r.sock"));
-        let mut server =
-            RedisServer { dir, addr, child: None, paused: false, password: Some(password.into()), tls: None };
+        let mut server = RedisServer {
+            dir,
+            addr,
+            child: None,
+            paused: false,
+            password: Some(password.into()),
+            tls: None,
+            tls_mutual: false,
+        };
         if let Err(why) = server.start() {
             panic!("redis-server did not start: {why}\n{}", server.log());
         }
@@ -143,20 +154,33 @@ impl RedisServer {
     /// Listening on a free loopback port.
     pub fn tcp() -> RedisServer {
         require_redis();
-        RedisServer::tcp_with(None)
+        RedisServer::tcp_with(None, false)
     }
 
     /// TLS only, on a free loopback port, with `certs`' `server.crt` and
     /// `server.key` (issued for 127.0.0.1 by `ca.crt`). Clients are not
     /// asked for a certificate.
     pub fn tls(certs: &Path) -> RedisServer {
-        RedisServer::tcp_with(Some(certs.to_path_buf()))
+        RedisServer::tcp_with(Some(certs.to_path_buf()), false)
     }
 
-    fn tcp_with(tls: Option<PathBuf>) -> RedisServer {
+    /// As `tls`, and every client must present a certificate `ca.crt`
+    /// issued (mutual TLS).
+    pub fn tls_mutual(certs: &Path) -> RedisServer {
+        RedisServer::tcp_with(Some(certs.to_path_buf()), true)
+    }
+
+    fn tcp_with(tls: Option<PathBuf>, tls_mutual: bool) -> RedisServer {
         require_redis();
-        let mut server =
-            RedisServer { dir: temp_dir(), addr: Addr::Tcp(0), child: None, paused: false, password: None, tls };
+        let mut server = RedisServer {
+            dir: temp_dir(),
+            addr: Addr::Tcp(0),
+            child: None,
+            paused: false,
+            password: None,
+            tls,
+            tls_mutual,
+        };
         let mut why = String::new();
         for _ in 0..PORT_ATTEMPTS {
             server.addr = Addr::Tcp(free_ports(1)[0]);
@@ -190,7 +214,7 @@ impl RedisServer {
                         .arg(certs.join("server.key"))
                         .arg("--tls-ca-cert-file")
                         .arg(certs.join("ca.crt"))
-                        .args(["--tls-auth-clients", "no"]);
+                        .args(["--tls-auth-clients", if self.tls_mutual { "yes" } else { "no" }]);
                 }
             },
         }
@@ -246,6 +270,11 @@ impl RedisServer {
         };
         if let Some(certs) = &self.tls {
             target.extend(["--tls".to_string(), "--cacert".to_string(), certs.join("ca.crt").display().to_string()]);
+            if self.tls_mutual {
+                for (flag, file) in [("--cert", "client.crt"), ("--key", "client.key")] {
+                    target.extend([flag.to_string(), certs.join(file).display().to_string()]);
+                }
+            }
         }
         if let Some(password) = &self.password {
             target.extend(["--no-auth-warning".to_string(), "-a".to_string(), password.clone()]);
