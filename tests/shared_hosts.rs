@@ -132,6 +132,23 @@ fn the_host_count_is_learned_from_the_store_and_sets_the_degraded_share() {
         report(&daemons[0], &trudy, Outcome::Failure);
     }
     assert_eq!(check(&daemons[0], &trudy).decision, Decision::Deny, "the learned share, 2 of 5");
+
+    // Restarted (a deploy) while the store is still away: the count learned
+    // before is in the state file, so the share stays 2 of 5, not
+    // ceil(5 / hosts_when_unknown) = 3.
+    let mut restarted = daemons.into_iter().next().unwrap();
+    restarted.terminate();
+    restarted.spawn();
+    let (_, s) = runtime().block_on(restarted.client().status_with_shared()).unwrap();
+    let s = s.unwrap();
+    assert_eq!((s.hosts_in_force, s.hosts_source.as_str()), (4, "remembered"), "{s:?}");
+    assert!(restarted.log().contains("as last learned from the store"), "{}", restarted.log());
+    let victor = subject("192.0.2.151", "victor");
+    for n in 0..2 {
+        assert_eq!(check(&restarted, &victor).decision, Decision::Allow, "degraded attempt {n} after the restart");
+        report(&restarted, &victor, Outcome::Failure);
+    }
+    assert_eq!(check(&restarted, &victor).decision, Decision::Deny, "the remembered share, 2 of 5");
 }
 
 /// A CA, a server certificate for 127.0.0.1 and localhost it signed, and a

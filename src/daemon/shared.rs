@@ -389,6 +389,11 @@ pub(super) async fn supervise(daemon: Arc<Daemon>, fingerprint: String, host: St
     let heartbeat = Duration::from_millis(store.config.heartbeat_ms);
     let mut last_beat = tokio::time::Instant::now() - heartbeat;
     let mut seen: std::collections::VecDeque<(tokio::time::Instant, u32)> = Default::default();
+    // The count remembered from before a restart counts as seen now: a
+    // deploy restarting every host does not swing the share to 1 and back.
+    if let Some(remembered) = store.hosts_remembered() {
+        seen.push_back((tokio::time::Instant::now(), remembered));
+    }
     let mut tick = tokio::time::interval(Duration::from_millis(SUPERVISOR_TICK_MS));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -447,8 +452,10 @@ pub(super) async fn supervise(daemon: Arc<Daemon>, fingerprint: String, host: St
                     seen.pop_front();
                 }
                 let learned = seen.iter().map(|(_, n)| *n).max().unwrap_or(live).max(1);
-                if store.set_hosts_in_force(learned) {
+                let was_remembered = store.take_hosts_remembered();
+                if store.set_hosts_in_force(learned) || was_remembered {
                     daemon.set_hosts(learned);
+                    daemon.limiter().load().journal().hosts_learned(learned);
                     tracing::info!(target: LOG_TARGET, hosts = learned, "hosts sharing the limits learned from the store");
                 }
             }
@@ -458,7 +465,7 @@ pub(super) async fn supervise(daemon: Arc<Daemon>, fingerprint: String, host: St
 
 impl Daemon {
     /// Rebuilds the limiter's degraded shares for `hosts` hosts.
-    fn set_hosts(&self, hosts: u32) {
+    pub(super) fn set_hosts(&self, hosts: u32) {
         // Under the reload lock: a reload and this rebuild each start from
         // the limiter in force, and neither may undo the other.
         let config = self.config_in_force.lock().unwrap_or_else(|e| e.into_inner());

@@ -109,11 +109,19 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
     let (link, pump) = crate::signals::pump::channel(&signals_config);
     let limiter = Limiter::new(&config, Arc::new(load_classes(&config)?), KeyDeriver::new(&secret), journal)
         .with_signals(Some(link.clone()));
+    let hosts_learned = loaded.hosts_learned;
     let restored = restore(&limiter, loaded, clock.now_us());
     let access = Access::resolve(&config.server, nix::unistd::geteuid().as_raw())?;
     let (activity_link, observer, activity_queue) = crate::activity::channel(&config.activity, clock.now_us());
     let observing = super::Observing { link: activity_link.clone(), observer: observer.clone() };
     let mut daemon = Daemon::new(limiter, clock.clone(), config.clone(), access, stats, observing);
+    if let (Some(store), Some(hosts)) = (daemon.shared(), hosts_learned) {
+        if store.config.hosts == 0 {
+            store.remember_hosts(hosts);
+            daemon.set_hosts(hosts);
+            tracing::info!(target: START_LOG_TARGET, hosts, "hosts sharing the limits as last learned from the store (state file)");
+        }
+    }
     {
         let clock = clock.clone();
         std::thread::Builder::new()

@@ -55,6 +55,7 @@ impl Daemon {
         let degraded_for_us = store.degraded_since_us().map_or(0, |s| wall.saturating_sub(s));
         let batches = get(&stats.batches);
         let hosts_source = match (store.config.hosts, store.hosts_live()) {
+            (0, 0) if store.hosts_remembered().is_some() => "remembered",
             (0, 0) => "assumed",
             (0, _) => "learned",
             _ => "configured",

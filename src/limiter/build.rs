@@ -30,6 +30,11 @@ impl Limiter {
     }
 
     /// The hosts whose share a global rule's degraded table holds.
+    /// Where this limiter's changes are written.
+    pub fn journal(&self) -> &Journal {
+        &self.journal
+    }
+
     pub fn hosts(&self) -> u32 {
         self.hosts
     }

@@ -160,6 +160,9 @@ pub struct SharedStore {
     /// Hosts counted for degraded limits (ceil(limit / N)).
     hosts_in_force: AtomicU32,
     hosts_live: AtomicU32,
+    /// The host count read from the state file at start (0: none), until
+    /// the store's first learned count.
+    hosts_remembered: AtomicU32,
     /// The store's clock minus this host's, from the last reply (µs).
     clock_offset_us: AtomicI64,
     /// When degraded began (this host's wall µs), 0 when not degraded.
@@ -234,6 +237,7 @@ impl SharedStore {
             stats: SharedStats::default(),
             hosts_in_force: AtomicU32::new(hosts),
             hosts_live: AtomicU32::new(0),
+            hosts_remembered: AtomicU32::new(0),
             clock_offset_us: AtomicI64::new(0),
             degraded_since_us: AtomicU64::new(crate::clock::Clock::System.now_us()),
             last_error: Mutex::new(None),
@@ -733,6 +737,26 @@ impl SharedStore {
 
     pub fn set_hosts_in_force(&self, n: u32) -> bool {
         self.hosts_in_force.swap(n.max(1), Ordering::Relaxed) != n.max(1)
+    }
+
+    /// At start, with `hosts = 0`: the count learned before the restart
+    /// (kept in the state file) stands until the store is heard from.
+    pub fn remember_hosts(&self, n: u32) {
+        if self.config.hosts == 0 && n > 0 {
+            self.hosts_in_force.store(n, Ordering::Relaxed);
+            self.hosts_remembered.store(n, Ordering::Relaxed);
+        }
+    }
+
+    /// The count remembered from the state file, until the store's first
+    /// learned count replaces it.
+    pub fn hosts_remembered(&self) -> Option<u32> {
+        Some(self.hosts_remembered.load(Ordering::Relaxed)).filter(|n| *n > 0)
+    }
+
+    /// Forgets the remembered count; whether there was one.
+    pub fn take_hosts_remembered(&self) -> bool {
+        self.hosts_remembered.swap(0, Ordering::Relaxed) > 0
     }
 
     /// Breaker steps for the supervisor.

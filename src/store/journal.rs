@@ -61,6 +61,8 @@ pub(super) enum Edit {
     Devices(DeviceRows),
     /// Every known-device row of a route that keeps none (any more).
     DropDevices(Arc<str>),
+    /// One value of the `meta` table (kept by the writer for a rewrite).
+    Meta(&'static str, u64),
 }
 
 impl Edit {
@@ -68,7 +70,7 @@ impl Edit {
     pub(super) fn size(&self) -> usize {
         match self {
             Edit::Entries { changes, .. } => changes.len(),
-            Edit::DropRule(_) | Edit::DropDevices(_) => 1,
+            Edit::DropRule(_) | Edit::DropDevices(_) | Edit::Meta(..) => 1,
             Edit::Devices(d) => d.rows.len(),
         }
     }
@@ -143,6 +145,15 @@ impl Journal {
     pub fn drop_devices(&self, route: &str) {
         if let Some(tx) = &self.tx {
             let _ = tx.send(Message::Write { edit: Edit::DropDevices(route.into()), ack: None });
+        }
+    }
+
+    /// Queues the host count learned from the shared store, for a restart
+    /// while the store is away.
+    pub fn hosts_learned(&self, hosts: u32) {
+        if let Some(tx) = &self.tx {
+            let edit = Edit::Meta(super::schema::META_HOSTS_LEARNED, u64::from(hosts));
+            let _ = tx.send(Message::Write { edit, ack: None });
         }
     }
 

@@ -227,6 +227,8 @@ pub struct Loaded {
     /// Rows whose check did not match (a damaged disk): dropped, and
     /// deleted from the file.
     pub damaged_rows: usize,
+    /// Shared mode: the host count last learned from the store, if any.
+    pub hosts_learned: Option<u32>,
 }
 
 /// An opened state file and what it held.
@@ -297,7 +299,9 @@ impl Store {
             Err(e) => return Err(corrupt(&e)),
         };
         let (loaded, _) = read_rows(&entries, devices.as_ref()).map_err(|e| corrupt(&e))?;
-        Ok(loaded)
+        let meta = txn.open_table(schema::META).map_err(|e| corrupt(&e))?;
+        let hosts_learned = meta.get(schema::META_HOSTS_LEARNED).map_err(|e| corrupt(&e))?.map(|v| v.value());
+        Ok(Loaded { hosts_learned: hosts_learned.and_then(|n| u32::try_from(n).ok()).filter(|n| *n > 0), ..loaded })
     }
 }
 

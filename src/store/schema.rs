@@ -35,6 +35,10 @@ pub(super) const META: TableDefinition<&str, u64> = TableDefinition::new("meta")
 pub(super) const SCHEMA_VERSION: u64 = 3;
 /// `meta` key of the secret key's fingerprint (`Secret::fingerprint`).
 pub(super) const META_KEY_FINGERPRINT: &str = "key_fingerprint";
+/// Shared mode: the host count last learned from the store, so a restart
+/// while the store is away shares the limits as the hosts last did, not by
+/// `hosts_when_unknown`.
+pub(super) const META_HOSTS_LEARNED: &str = "shared_hosts_learned";
 /// Domain of the row checks: a check of one table's row never matches a
 /// row of another shape.
 const ROW_CHECK_DOMAIN: &[u8] = b"tollgate state row check v3";

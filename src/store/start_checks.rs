@@ -17,7 +17,7 @@ use redb::{Database, ReadableTable};
 
 use super::schema::{
     device_check, entry_check, migrate_to_v3, DeviceKey, DeviceValue, EntryRow, DEVICES, ENTRIES, META,
-    META_KEY_FINGERPRINT, SCHEMA_VERSION,
+    META_HOSTS_LEARNED, META_KEY_FINGERPRINT, SCHEMA_VERSION,
 };
 use super::writer::rewrite_path;
 use super::{
@@ -232,7 +232,8 @@ fn prepare(db: &Database, path: &Path, key_fingerprint: Option<u64>, key_is_new:
                 }
             }
         }
-        loaded
+        let hosts_learned = meta.get(META_HOSTS_LEARNED).map_err(|e| corrupt(&e))?.map(|v| v.value());
+        Loaded { hosts_learned: hosts_learned.and_then(|n| u32::try_from(n).ok()).filter(|n| *n > 0), ..loaded }
     };
     txn.commit().map_err(|e| corrupt(&e))?;
     Ok(loaded)

@@ -279,3 +279,29 @@ fn a_panic_or_a_hang_while_reading_is_a_one_line_refusal() {
     assert!(err.to_string().contains("did not finish within 100 ms"), "{err}");
     assert!(started.elapsed() < Duration::from_secs(2), "not waited out");
 }
+
+/// The host count learned from a shared store is in the file a restart
+/// opens, also after a rewrite from memory (which collects only rows).
+#[test]
+fn the_learned_host_count_survives_a_restart_and_a_rewrite() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    {
+        let store = Store::open(&path, false).unwrap();
+        assert_eq!(store.load_all().unwrap().hosts_learned, None);
+        let (journal, writer) = store.start_writer(Arc::default());
+        journal.hosts_learned(3);
+        journal.hosts_learned(4);
+        writer.stop();
+    }
+    let store = Store::open(&path, false).unwrap();
+    assert_eq!(store.load_all().unwrap().hosts_learned, Some(4));
+    let (journal, writer) = store.start_writer(Arc::default());
+    journal.rewrite_begin();
+    journal.rewrite_end().wait_blocking().unwrap();
+    writer.stop();
+    let opened =
+        Store::open_with(&path, OpenOptions { discard_corrupt: false, key_fingerprint: None, key_is_new: false })
+            .unwrap();
+    assert_eq!(opened.loaded.hosts_learned, Some(4), "a rewrite kept the learned count");
+}

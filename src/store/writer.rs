@@ -66,6 +66,10 @@ fn run_writer(store: Store, rx: Receiver<Message>, stats: Arc<StoreStats>) {
     // may not match memory any more, so nothing more is written to it; the
     // whole state is rewritten from memory into a fresh file instead.
     let mut db = Some(store.db);
+    // The file's `meta` values beyond the schema and key fingerprint, as
+    // read at start and written since: a fresh file gets them too, since a
+    // rewrite collects only rows from memory.
+    let mut meta: Vec<(String, u64)> = db.as_ref().map(store_meta).unwrap_or_default();
     let mut rewriting = false;
     let mut rewrite_failed = false;
     // Changes that could not be written, kept (bounded) until a rewrite
@@ -92,6 +96,12 @@ fn run_writer(store: Store, rx: Receiver<Message>, stats: Arc<StoreStats>) {
             match rx.try_recv() {
                 Ok(m) => control = take(m, &mut batch, &mut acks),
                 Err(_) => break,
+            }
+        }
+        for edit in &batch {
+            if let Edit::Meta(key, value) = edit {
+                meta.retain(|(k, _)| k != key);
+                meta.push((key.to_string(), *value));
             }
         }
         if !batch.is_empty() {
@@ -148,7 +158,7 @@ fn run_writer(store: Store, rx: Receiver<Message>, stats: Arc<StoreStats>) {
                 rewriting = true;
                 let _ = std::fs::remove_file(&fresh);
                 match open_database(&fresh).map_err(WriteError::from).and_then(|open| {
-                    init_fresh(&open, key_fingerprint)?;
+                    init_fresh(&open, key_fingerprint, &meta)?;
                     Ok(open)
                 }) {
                     Ok(open) => {
@@ -221,7 +231,28 @@ fn swap_in(db: &mut Option<Database>, fresh: &Path, path: &Path) -> Result<(), W
 }
 
 /// A fresh file (a rewrite from memory) says what it is before any row.
-fn init_fresh(db: &Database, key_fingerprint: Option<u64>) -> Result<(), WriteError> {
+/// The `meta` values a rewrite must carry over (all but the schema version
+/// and key fingerprint, which a fresh file writes itself). A file whose
+/// `meta` cannot be read gives none: its rows are what matters.
+fn store_meta(db: &Database) -> Vec<(String, u64)> {
+    use redb::ReadableTable;
+    let read = || -> Result<Vec<(String, u64)>, Box<dyn std::error::Error>> {
+        let txn = db.begin_read()?;
+        let table = txn.open_table(META)?;
+        let mut values = Vec::new();
+        for row in table.iter()? {
+            let (key, value) = row?;
+            let key = key.value();
+            if key != "schema_version" && key != META_KEY_FINGERPRINT {
+                values.push((key.to_string(), value.value()));
+            }
+        }
+        Ok(values)
+    };
+    read().unwrap_or_default()
+}
+
+fn init_fresh(db: &Database, key_fingerprint: Option<u64>, values: &[(String, u64)]) -> Result<(), WriteError> {
     let mut txn = db.begin_write()?;
     // Two-phase: after a crash, redb otherwise falls back to the older
     // commit slot when the newer one reads as damaged, silently rolling
@@ -232,6 +263,9 @@ fn init_fresh(db: &Database, key_fingerprint: Option<u64>) -> Result<(), WriteEr
         meta.insert("schema_version", SCHEMA_VERSION)?;
         if let Some(fingerprint) = key_fingerprint {
             meta.insert(META_KEY_FINGERPRINT, fingerprint)?;
+        }
+        for (key, value) in values {
+            meta.insert(key.as_str(), *value)?;
         }
     }
     txn.commit()?;
@@ -247,6 +281,7 @@ fn commit(db: &Database, batch: &[Edit]) -> Result<(), WriteError> {
     {
         let mut table = txn.open_table(ENTRIES)?;
         let mut devices = txn.open_table(DEVICES)?;
+        let mut meta = txn.open_table(META)?;
         for edit in batch {
             let (rule, window_us, changes) = match edit {
                 Edit::Entries { rule, window_us, changes } => (rule, window_us, changes),
@@ -262,6 +297,10 @@ fn commit(db: &Database, batch: &[Edit]) -> Result<(), WriteError> {
                 Edit::DropDevices(route) => {
                     let rows = (&**route, 0u8, 0u8, 0u64)..=(&**route, u8::MAX, u8::MAX, u64::MAX);
                     devices.retain_in(rows, |_, _| false)?;
+                    continue;
+                }
+                Edit::Meta(key, value) => {
+                    meta.insert(*key, *value)?;
                     continue;
                 }
             };
