@@ -405,3 +405,56 @@ fn owned_accounts_dilute_only_their_first_few_addresses() {
         assert_eq!(flagged, address >= 8, "address {address}: flagged {flagged}");
     }
 }
+
+/// Red team: the cap's memory is the owned account's entry in the
+/// `accounts` table, an entry that only succeeded, the first a full table
+/// evicts. A stuffing run fails more distinct accounts an hour than the
+/// table holds (131,072 by default; 64 here), so its own victims push its
+/// owned accounts' entries out, and every address it has is again one of
+/// their first eight.
+#[test]
+fn a_full_accounts_table_still_caps_where_owned_accounts_dilute() {
+    let mut c = config();
+    c.success_sample = 1;
+    c.accounts_max = 64;
+    let mut s = Signals::new(&c);
+    for address in 0..12u32 {
+        let source = v4(0xCB00_7200 + address);
+        let at = T0 + u64::from(address) * SECOND;
+        s.ingest_report(&event(source, 1_000_000 + u64::from(address), Outcome::Failure, at));
+        for owned in 0..30 {
+            s.ingest_report(&event(source, 5_000 + owned, Outcome::Success, at));
+        }
+        for victim in 0..28 {
+            s.ingest_report(&event(source, u64::from(address) * 100 + victim, Outcome::Failure, at));
+        }
+        let narrow = keyed(prefix_of(source, 32, 64)).0;
+        let flagged = published(&mut s, Space::Prefix, narrow) & Detector::NarrowSpray.bit() as u16 != 0;
+        assert_eq!(flagged, address >= 8, "address {address}: flagged {flagged}");
+    }
+}
+
+/// Red team: a reload changing `success_sample` judged the successes
+/// already counted at the old rate at the new weight. From 8 to 1 (an
+/// operator counting every success to look into a borderline source), the
+/// eighth of an office's successes in its sample weighed 1 each, its share
+/// rose from 0.17 to about 0.6, and its next typo flagged it.
+#[test]
+fn a_reload_changing_the_success_sample_does_not_flag_an_office() {
+    let c = config();
+    let mut s = Signals::new(&c);
+    let office = v4(0xC633_640D);
+    for account in 0..1_000 {
+        s.ingest_report(&event(office, account, Outcome::Success, T0));
+    }
+    for account in 0..200 {
+        s.ingest_report(&event(office, 100_000 + account, Outcome::Failure, T0 + SECOND));
+    }
+    let narrow = keyed(prefix_of(office, 32, 64)).0;
+    assert_eq!(published(&mut s, Space::Prefix, narrow), 0, "a share of 0.17");
+    let mut every = c.clone();
+    every.success_sample = 1;
+    s.reconfigure(&every);
+    s.ingest_report(&event(office, 100_200, Outcome::Failure, T0 + 2 * SECOND));
+    assert_eq!(published(&mut s, Space::Prefix, narrow), 0, "the same office, reloaded");
+}
