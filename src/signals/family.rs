@@ -186,6 +186,12 @@ impl Family {
         self.heap_bytes -= freed;
     }
 
+    /// Forgets every entry (not counted as evictions).
+    pub fn clear(&mut self) {
+        self.map.clear();
+        self.heap_bytes = 0;
+    }
+
     /// Applies a new cap, evicting down to it.
     pub fn set_entries_max(&mut self, entries_max: usize) {
         self.entries_max = entries_max;

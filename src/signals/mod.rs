@@ -243,6 +243,22 @@ impl Signals {
 
     /// Applies a reloaded configuration; caps shrink by eviction.
     pub fn reconfigure(&mut self, config: &SignalsConfig) {
+        if config.success_sample != self.config.success_sample {
+            // The source tables' successes were counted at the old rate and
+            // would be judged at the new weight: from 8 to 1, an office's
+            // sampled eighth weighs 1 each and its next typos flag it. They
+            // start over, as at a restart (failures and successes together,
+            // so no share is judged on failures alone).
+            for family in [&mut self.narrow, &mut self.wide, &mut self.blocks48, &mut self.blocks56] {
+                family.clear();
+            }
+            tracing::warn!(
+                target: "tollgate::signals",
+                from = self.config.success_sample,
+                to = config.success_sample,
+                "success_sample changed: the source tables start over"
+            );
+        }
         self.config = config.clone();
         self.sub_us = (config.window_us / SUB_WINDOWS as u64).max(1);
         self.narrow.set_entries_max(config.prefixes_max);
