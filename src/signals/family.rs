@@ -80,11 +80,31 @@ pub struct Family {
     pub heap_bytes: usize,
     /// Sampling state (splitmix64): deterministic for the simulator.
     rng: u64,
+    /// Eviction ranks an entry by its successes too (`roaming`).
+    successes_rank: bool,
 }
 
 impl Family {
     pub fn new(name: &'static str, entries_max: usize, seed: u64) -> Family {
-        Family { name, map: IndexMap::default(), entries_max, evicted: 0, heap_bytes: 0, rng: seed }
+        Family {
+            name,
+            map: IndexMap::default(),
+            entries_max,
+            evicted: 0,
+            heap_bytes: 0,
+            rng: seed,
+            successes_rank: false,
+        }
+    }
+
+    /// As `new`, for a table whose successes carry information too: the
+    /// accounts' distinct succeeding sources, what caps where an account
+    /// dilutes failure shares (`success_sources_max`). Ranked by failures
+    /// alone, an attacker's own accounts (success only) were the first a
+    /// full table evicted, and its stuffing run fills the table: each
+    /// eviction forgot the addresses an owned account had diluted.
+    pub fn roaming(name: &'static str, entries_max: usize, seed: u64) -> Family {
+        Family { successes_rank: true, ..Family::new(name, entries_max, seed) }
     }
 
     pub fn len(&self) -> usize {
@@ -131,7 +151,8 @@ impl Family {
     /// Counts a success's `element` under `key`, so that a source's
     /// successes before its first failure weigh in its failure share. An
     /// entry that only succeeded is the first a full table evicts (it
-    /// counts no failure), so successes never push out a failing source.
+    /// counts no failure), so successes never push out a failing source;
+    /// in a `roaming` table its distinct successes rank it as failures do.
     pub fn succeed(&mut self, key: u64, label: Label, epoch: u64, element: u64, now_us: u64) -> &Tracked {
         let index = self.entry(key, label, now_us);
         let (_, entry) = self.map.get_index_mut(index).expect("an index just found or made");
@@ -162,7 +183,8 @@ impl Family {
         for _ in 0..EVICTION_SAMPLES.min(len) {
             let i = (self.next_random() % len as u64) as usize;
             let (_, e) = self.map.get_index(i).expect("index below len");
-            let rank = (e.failed.count(), e.touched_us, i);
+            let counted = if self.successes_rank { e.failed.count() + e.succeeded.count() } else { e.failed.count() };
+            let rank = (counted, e.touched_us, i);
             if (rank.0, rank.1) < (victim.0, victim.1) {
                 victim = rank;
             }

@@ -224,7 +224,7 @@ impl Signals {
             wide: Family::new("wide_prefixes", c.wide_prefixes_max, 2),
             blocks48: Family::new("blocks_48", c.blocks_max, 3),
             blocks56: Family::new("blocks_56", c.blocks_max, 4),
-            accounts: Family::new("accounts", c.accounts_max, 5),
+            accounts: Family::roaming("accounts", c.accounts_max, 5),
             passwords: Family::new("passwords", c.passwords_max, 6),
             tenants: IndexMap::default(),
             tenants_evicted: 0,
