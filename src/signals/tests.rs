@@ -458,3 +458,38 @@ fn a_reload_changing_the_success_sample_does_not_flag_an_office() {
     s.ingest_report(&event(office, 100_200, Outcome::Failure, T0 + 2 * SECOND));
     assert_eq!(published(&mut s, Space::Prefix, narrow), 0, "the same office, reloaded");
 }
+
+/// Red team: a `mobile` source counts against `success_sources_max` by its
+/// wide prefix (a phone hops addresses in its carrier's pool), but its
+/// successes dilute each narrow prefix it logs in from. Through mobile
+/// proxies (each exit a /64 of a carrier's /48, never widened) one owned
+/// account dilutes every /64 of 8 carrier /48s: 30 accounts again hide a
+/// stuffing run's failures at every exit it has.
+#[test]
+#[ignore = "a known gap: a mobile carrier's pool counts once against success_sources_max, each of its /64s dilutes"]
+fn owned_accounts_dilute_every_64_of_a_mobile_carriers_pool() {
+    let mut c = config();
+    c.success_sample = 1;
+    let mut s = Signals::new(&c);
+    let mut flagged = 0;
+    for exit in 0..12u64 {
+        let source = in_48(exit, 1);
+        let at = T0 + exit * SECOND;
+        let mobile = |mut e: ReportEvent| {
+            e.class = Some(SourceClass::Mobile);
+            e
+        };
+        s.ingest_report(&mobile(event(source, 1_000_000 + exit, Outcome::Failure, at)));
+        for owned in 0..30 {
+            s.ingest_report(&mobile(event(source, 5_000 + owned, Outcome::Success, at)));
+        }
+        for victim in 0..28 {
+            s.ingest_report(&mobile(event(source, exit * 100 + victim, Outcome::Failure, at)));
+        }
+        let narrow = keyed(prefix_of(source, 32, 64)).0;
+        if published(&mut s, Space::Prefix, narrow) & Detector::NarrowSpray.bit() as u16 != 0 {
+            flagged += 1;
+        }
+    }
+    assert_eq!(flagged, 4, "12 exits, 8 of them diluted");
+}
