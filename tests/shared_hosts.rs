@@ -45,16 +45,23 @@ fn hosts_whose_clocks_differ_by_minutes_and_hours_decide_alike() {
         report(&daemons[n % 3], &mallory, Outcome::Failure);
     }
     let mut retry = Vec::new();
+    let asked = Instant::now();
     for d in &daemons {
         let v = check(d, &mallory);
         assert_eq!((v.decision, v.rule.as_ref()), (Decision::Deny, "source_failures"), "every host refuses");
         retry.push(v.retry_after_ms);
     }
+    // Time passing between the three calls (a loaded machine) explains a
+    // difference too; only more than that is disagreement.
+    let between_ms = asked.elapsed().as_millis() as u64;
     // Each host's own clock plays no part: an hour ahead does not end the
     // lockout, and the remaining times agree (the ladder rounds them up to
     // at least its first step alike).
     let (min, max) = (*retry.iter().min().unwrap(), *retry.iter().max().unwrap());
-    assert!(max - min <= 250, "retry_after differs by more than latency: {retry:?}");
+    assert!(
+        max - min <= between_ms + 250,
+        "retry_after differs by more than latency: {retry:?} ({between_ms} ms apart)"
+    );
     // The store's clock ends it for all at once: once the store's window
     // has passed (in real time), every host admits again, whatever its own
     // clock says; advancing a host's clock does not end it early.
@@ -179,67 +186,34 @@ fn make_test_certs(dir: &Path) {
         "-out",
         "ca.crt",
     ]);
-    openssl(&[
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-subj",
-        "/CN=127.0.0.1",
-        "-keyout",
-        "server.key",
-        "-out",
-        "server.csr",
-    ]);
-    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1,DNS:localhost\n").unwrap();
-    openssl(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-days",
-        "1",
-        "-extfile",
-        "san.ext",
-        "-out",
-        "server.crt",
-    ]);
-    // A client certificate for mutual TLS, issued by the same CA.
-    openssl(&[
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-subj",
-        "/CN=tollgate-host",
-        "-keyout",
-        "client.key",
-        "-out",
-        "client.csr",
-    ]);
-    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
-    openssl(&[
-        "x509",
-        "-req",
-        "-in",
-        "client.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-days",
-        "1",
-        "-extfile",
-        "client.ext",
-        "-out",
-        "client.crt",
-    ]);
+    // A certificate for `subject` with `extension`, issued by the CA, as
+    // `name.crt` and `name.key`.
+    let issue = |name: &str, subject: &str, extension: &str| {
+        let (key, csr, ext, crt) =
+            (format!("{name}.key"), format!("{name}.csr"), format!("{name}.ext"), format!("{name}.crt"));
+        openssl(&["req", "-newkey", "rsa:2048", "-nodes", "-subj", subject, "-keyout", &key, "-out", &csr]);
+        std::fs::write(dir.join(&ext), format!("{extension}\n")).unwrap();
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-extfile",
+            &ext,
+            "-out",
+            &crt,
+        ]);
+    };
+    issue("server", "/CN=127.0.0.1", "subjectAltName=IP:127.0.0.1,DNS:localhost");
+    // For mutual TLS.
+    issue("client", "/CN=tollgate-host", "extendedKeyUsage=clientAuth");
 }
 
 /// Mutual TLS: a store that asks every client for a certificate

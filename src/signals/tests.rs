@@ -320,19 +320,24 @@ fn thirty_owned_accounts_hide_a_stuffing_run_from_the_source_axes() {
 /// weighing that many: 8,000 people logging in from one office address
 /// leave about 1,000 accounts in its entry, and the failure share its 600
 /// typos make is within a few points of the exact 0.07.
+/// `people` distinct accounts log in from `office`, then `typos` others
+/// fail once from it; the office's narrow digest.
+fn office_logs_in(s: &mut Signals, office: IpAddr, people: u64, typos: u64) -> u64 {
+    for account in 0..people {
+        s.ingest_report(&event(office, account, Outcome::Success, T0));
+    }
+    for account in 0..typos {
+        s.ingest_report(&event(office, 100_000 + account, Outcome::Failure, T0 + SECOND));
+    }
+    keyed(prefix_of(office, 32, 64)).0
+}
+
 #[test]
 fn successes_count_from_a_sample_of_accounts_each_weighing_the_rate() {
     let c = config();
     assert_eq!(c.success_sample, 8);
     let mut s = Signals::new(&c);
-    let office = v4(0xC633_640B);
-    for account in 0..8_000 {
-        s.ingest_report(&event(office, account, Outcome::Success, T0));
-    }
-    for account in 0..600 {
-        s.ingest_report(&event(office, 100_000 + account, Outcome::Failure, T0 + SECOND));
-    }
-    let narrow = keyed(prefix_of(office, 32, 64)).0;
+    let narrow = office_logs_in(&mut s, v4(0xC633_640B), 8_000, 600);
     let entry = s.narrow.get(narrow).expect("tracked");
     let sampled = f64::from(entry.succeeded.count());
     assert!((sampled - 1_000.0).abs() < 150.0, "{sampled} accounts in the sample, not about 1,000");
@@ -389,7 +394,13 @@ fn owned_accounts_dilute_only_their_first_few_addresses() {
     let mut c = config();
     c.success_sample = 1;
     assert_eq!(c.success_sources_max, 8);
-    let mut s = Signals::new(&c);
+    owned_accounts_then_victims_flag_the_ninth_address(&c);
+}
+
+/// At each of 12 addresses in turn: one failure, the attacker's 30 own
+/// accounts log in, 28 victims fail. Addresses past the eighth are flagged.
+fn owned_accounts_then_victims_flag_the_ninth_address(c: &SignalsConfig) {
+    let mut s = Signals::new(c);
     for address in 0..12u32 {
         let source = v4(0xCB00_7200 + address);
         let at = T0 + u64::from(address) * SECOND;
@@ -417,21 +428,7 @@ fn a_full_accounts_table_still_caps_where_owned_accounts_dilute() {
     let mut c = config();
     c.success_sample = 1;
     c.accounts_max = 64;
-    let mut s = Signals::new(&c);
-    for address in 0..12u32 {
-        let source = v4(0xCB00_7200 + address);
-        let at = T0 + u64::from(address) * SECOND;
-        s.ingest_report(&event(source, 1_000_000 + u64::from(address), Outcome::Failure, at));
-        for owned in 0..30 {
-            s.ingest_report(&event(source, 5_000 + owned, Outcome::Success, at));
-        }
-        for victim in 0..28 {
-            s.ingest_report(&event(source, u64::from(address) * 100 + victim, Outcome::Failure, at));
-        }
-        let narrow = keyed(prefix_of(source, 32, 64)).0;
-        let flagged = published(&mut s, Space::Prefix, narrow) & Detector::NarrowSpray.bit() as u16 != 0;
-        assert_eq!(flagged, address >= 8, "address {address}: flagged {flagged}");
-    }
+    owned_accounts_then_victims_flag_the_ninth_address(&c);
 }
 
 /// Red team: a reload changing `success_sample` judged the successes
@@ -444,13 +441,7 @@ fn a_reload_changing_the_success_sample_does_not_flag_an_office() {
     let c = config();
     let mut s = Signals::new(&c);
     let office = v4(0xC633_640D);
-    for account in 0..1_000 {
-        s.ingest_report(&event(office, account, Outcome::Success, T0));
-    }
-    for account in 0..200 {
-        s.ingest_report(&event(office, 100_000 + account, Outcome::Failure, T0 + SECOND));
-    }
-    let narrow = keyed(prefix_of(office, 32, 64)).0;
+    let narrow = office_logs_in(&mut s, office, 1_000, 200);
     assert_eq!(published(&mut s, Space::Prefix, narrow), 0, "a share of 0.17");
     let mut every = c.clone();
     every.success_sample = 1;
