@@ -449,12 +449,23 @@ fn files_older_than_age_max_are_deleted_on_the_daemons_clock() {
             }
         })
     };
+    // Each phase's records are written before the clock moves on: a writer
+    // lagging on a loaded machine would otherwise write the first phase's
+    // last records into a file begun after the move.
+    let written = |n: u64| {
+        wait_for(|| {
+            let activity = rt.block_on(client.activity(1)).unwrap();
+            activity.decision_log.is_some_and(|l| l.records_written >= n)
+        })
+    };
     phase(0);
+    written(100);
     wait_for(|| log_files(&logs).len() >= 2);
     let first_phase = log_files(&logs);
     assert!(first_phase.len() >= 2, "{first_phase:?}");
     daemon.advance("2m");
     phase(1);
+    written(200);
     daemon.advance("2m");
     phase(2);
     assert!(daemon.terminate().success());
