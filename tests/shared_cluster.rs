@@ -8,7 +8,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::redis::{require_redis, Cluster};
+use common::redis::{make_test_certs, require_redis, Cluster};
 use common::shared::*;
 use common::*;
 use tollgate::protocol::{Decision, Outcome};
@@ -172,4 +172,47 @@ fn a_killed_master_degrades_only_its_own_slots_and_every_answer_stays_bounded() 
         assert_eq!(shared.state, "closed", "one node's loss does not open the breaker: {shared:?}");
         assert!(!d.log().contains("panicked"), "{}", d.log());
     }
+}
+
+/// A cluster over TLS (`rediss://` seeds, `tls-cluster yes`): the nodes'
+/// TLS ports are what the cluster announces, every node is reached with
+/// the same CA file, and two hosts enforce one limit through it.
+#[test]
+fn a_cluster_over_tls_is_joined_with_its_ca_file_and_enforces_one_limit() {
+    require_redis();
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    std::fs::create_dir(&certs).unwrap();
+    make_test_certs(&certs);
+    let cluster = Cluster::three_tls(&certs);
+    assert!(cluster.urls().iter().all(|u| u.starts_with("rediss://127.0.0.1:")), "{:?}", cluster.urls());
+    // Three TLS handshakes and a slot map at start: more than the default
+    // 200 ms on a loaded machine.
+    let ca = format!(
+        "tls_ca_file = \"{}\"\nconnect_timeout_ms = 5000\n{PATIENT}{COUNTING_RULES_ONLY}",
+        certs.join("ca.crt").display()
+    );
+    let daemons = daemons(2, &cluster, &shared_secret(dir.path()), &ca);
+    for d in &daemons {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let (_, shared) = runtime().block_on(d.client().status_with_shared()).unwrap();
+            if shared.as_ref().is_some_and(|s| !s.degraded) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "never joined the TLS cluster: {shared:?}\n{}", d.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    let answered = runtime().block_on(daemons[0].client().check_answered("login", &subject("192.0.2.60", "dave")));
+    assert!(!answered.degraded, "decided by the cluster over TLS:\n{}", daemons[0].log());
+
+    let tried = race_logins(&daemons, ATTEMPTS, PASSWORD_HASH, |_| subject("198.51.100.8", "erin"));
+    assert_eq!(tried, 5, "one limit for two hosts on a TLS cluster");
+    // Accounts hash over the whole cluster: every node holds keys, so every
+    // node was reached over TLS.
+    race_logins(&daemons, 200, Duration::ZERO, |n| {
+        subject(leak(format!("203.0.113.{}", n % 250)), leak(format!("t{n}")))
+    });
+    assert!(dbsizes(&cluster).iter().all(|n| *n > 0), "{:?}", dbsizes(&cluster));
 }

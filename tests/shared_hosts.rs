@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::redis::{require_redis, RedisServer};
+use common::redis::{make_test_certs, require_redis, RedisServer};
 use common::shared::*;
 use common::*;
 use tollgate::protocol::{Decision, Outcome};
@@ -156,64 +156,6 @@ fn the_host_count_is_learned_from_the_store_and_sets_the_degraded_share() {
         report(&restarted, &victor, Outcome::Failure);
     }
     assert_eq!(check(&restarted, &victor).decision, Decision::Deny, "the remembered share, 2 of 5");
-}
-
-/// A CA, a server certificate for 127.0.0.1 and localhost it signed, and a
-/// client certificate it signed, in `dir` (`ca.crt`, `server.crt`,
-/// `server.key`, `client.crt`, `client.key`), made with the openssl CLI.
-fn make_test_certs(dir: &Path) {
-    let openssl = |args: &[&str]| {
-        let out = std::process::Command::new("openssl")
-            .current_dir(dir)
-            .args(args)
-            .stdin(std::process::Stdio::null())
-            .output()
-            .unwrap_or_else(|e| panic!("running openssl (needed for the TLS test): {e}"));
-        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    };
-    openssl(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "1",
-        "-subj",
-        "/CN=tollgate-test-ca",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-    ]);
-    // A certificate for `subject` with `extension`, issued by the CA, as
-    // `name.crt` and `name.key`.
-    let issue = |name: &str, subject: &str, extension: &str| {
-        let (key, csr, ext, crt) =
-            (format!("{name}.key"), format!("{name}.csr"), format!("{name}.ext"), format!("{name}.crt"));
-        openssl(&["req", "-newkey", "rsa:2048", "-nodes", "-subj", subject, "-keyout", &key, "-out", &csr]);
-        std::fs::write(dir.join(&ext), format!("{extension}\n")).unwrap();
-        openssl(&[
-            "x509",
-            "-req",
-            "-in",
-            &csr,
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "1",
-            "-extfile",
-            &ext,
-            "-out",
-            &crt,
-        ]);
-    };
-    issue("server", "/CN=127.0.0.1", "subjectAltName=IP:127.0.0.1,DNS:localhost");
-    // For mutual TLS.
-    issue("client", "/CN=tollgate-host", "extendedKeyUsage=clientAuth");
 }
 
 /// Mutual TLS: a store that asks every client for a certificate

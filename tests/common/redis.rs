@@ -395,14 +395,28 @@ struct Node {
 pub struct Cluster {
     dir: tempfile::TempDir,
     nodes: Vec<Node>,
+    /// TLS only (`three_tls()`): the directory of `ca.crt`, `server.crt` and
+    /// `server.key`; clients and the cluster bus both speak TLS.
+    tls: Option<PathBuf>,
 }
 
 impl Cluster {
     pub fn three() -> Cluster {
+        Cluster::three_with(None)
+    }
+
+    /// As `three`, TLS only (`tls-cluster yes`: the bus too), with `certs`'
+    /// `server.crt` and `server.key` (issued for 127.0.0.1 by `ca.crt`).
+    /// Clients are not asked for a certificate.
+    pub fn three_tls(certs: &Path) -> Cluster {
+        Cluster::three_with(Some(certs.to_path_buf()))
+    }
+
+    fn three_with(tls: Option<PathBuf>) -> Cluster {
         require_redis();
         let mut why = String::new();
         for _ in 0..PORT_ATTEMPTS {
-            let mut cluster = Cluster { dir: temp_dir(), nodes: Vec::new() };
+            let mut cluster = Cluster { dir: temp_dir(), nodes: Vec::new(), tls: tls.clone() };
             match cluster.start() {
                 Ok(()) => return cluster,
                 Err(e) => why = format!("{e}\n{}", cluster.logs()),
@@ -419,8 +433,21 @@ impl Cluster {
         for i in 0..3 {
             let (port, bus_port) = (ports[i], ports[i + 3]);
             let log = File::create(d.join(format!("redis-{i}.log"))).unwrap();
-            let child = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--cluster-port", &bus_port.to_string()])
+            let mut cmd = Command::new("redis-server");
+            match &self.tls {
+                None => cmd.args(["--port", &port.to_string()]),
+                Some(certs) => cmd
+                    .args(["--port", "0", "--tls-port", &port.to_string(), "--tls-cluster", "yes"])
+                    .arg("--tls-cert-file")
+                    .arg(certs.join("server.crt"))
+                    .arg("--tls-key-file")
+                    .arg(certs.join("server.key"))
+                    .arg("--tls-ca-cert-file")
+                    .arg(certs.join("ca.crt"))
+                    .args(["--tls-auth-clients", "no"]),
+            };
+            let child = cmd
+                .args(["--cluster-port", &bus_port.to_string()])
                 .args(["--bind", "127.0.0.1", "--cluster-enabled", "yes", "--cluster-config-file"])
                 .arg(d.join(format!("nodes-{i}.conf")))
                 .args(["--cluster-node-timeout", "2000"])
@@ -438,7 +465,7 @@ impl Cluster {
         }
         let deadline = Instant::now() + READY_TIMEOUT;
         for i in 0..3 {
-            while !ping_tcp(self.nodes[i].port) {
+            while !self.ping(i) {
                 if let Some(status) = self.nodes[i].child.as_mut().unwrap().try_wait().unwrap() {
                     return Err(format!("node {i} exited with {status}"));
                 }
@@ -449,6 +476,7 @@ impl Cluster {
             }
         }
         let out = Command::new("redis-cli")
+            .args(self.tls_args())
             .arg("--cluster")
             .arg("create")
             .args(self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)))
@@ -491,9 +519,32 @@ impl Cluster {
             .collect()
     }
 
-    /// `redis://127.0.0.1:PORT` for each node, in node order.
+    /// `redis://127.0.0.1:PORT` (TLS: `rediss://`) for each node, in node
+    /// order.
     pub fn urls(&self) -> Vec<String> {
-        self.nodes.iter().map(|n| format!("redis://127.0.0.1:{}", n.port)).collect()
+        let scheme = if self.tls.is_some() { "rediss" } else { "redis" };
+        self.nodes.iter().map(|n| format!("{scheme}://127.0.0.1:{}", n.port)).collect()
+    }
+
+    /// `redis-cli`'s TLS options for this cluster (none without TLS).
+    fn tls_args(&self) -> Vec<String> {
+        match &self.tls {
+            None => Vec::new(),
+            Some(certs) => vec!["--tls".into(), "--cacert".into(), certs.join("ca.crt").display().to_string()],
+        }
+    }
+
+    /// Whether node `i` answers PING (over TLS through `redis-cli`).
+    fn ping(&self, i: usize) -> bool {
+        if self.tls.is_none() {
+            return ping_tcp(self.nodes[i].port);
+        }
+        Command::new("redis-cli")
+            .args(self.tls_args())
+            .args(["-p", &self.nodes[i].port.to_string(), "PING"])
+            .stdin(Stdio::null())
+            .output()
+            .is_ok_and(|out| out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "PONG")
     }
 
     pub fn ports(&self) -> Vec<u16> {
@@ -515,7 +566,9 @@ impl Cluster {
     /// One command on node `i` through `redis-cli` (no `-c`: a key in
     /// another node's slot answers MOVED, which is what a test may want).
     pub fn node_cmd(&self, i: usize, args: &[&str]) -> String {
-        redis_cli(&["-p".to_string(), self.nodes[i].port.to_string()], args)
+        let mut target = self.tls_args();
+        target.extend(["-p".to_string(), self.nodes[i].port.to_string()]);
+        redis_cli(&target, args)
     }
 }
 
@@ -523,7 +576,9 @@ impl Cluster {
     /// One command through `redis-cli -c` at node 0, following MOVED the
     /// way a cluster client does.
     pub fn cmd(&self, args: &[&str]) -> String {
-        redis_cli(&["-c".to_string(), "-p".to_string(), self.nodes[0].port.to_string()], args)
+        let mut target = self.tls_args();
+        target.extend(["-c".to_string(), "-p".to_string(), self.nodes[0].port.to_string()]);
+        redis_cli(&target, args)
     }
 }
 
@@ -787,4 +842,62 @@ async fn write_all(s: &tokio::net::TcpStream, mut buf: &[u8]) -> std::io::Result
         }
     }
     Ok(())
+}
+
+/// A CA, a server certificate for 127.0.0.1 and localhost it signed, and a
+/// client certificate it signed, in `dir` (`ca.crt`, `server.crt`,
+/// `server.key`, `client.crt`, `client.key`), made with the openssl CLI.
+pub fn make_test_certs(dir: &Path) {
+    let openssl = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .current_dir(dir)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("running openssl (needed for the TLS test): {e}"));
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=tollgate-test-ca",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+    ]);
+    // A certificate for `subject` with `extension`, issued by the CA, as
+    // `name.crt` and `name.key`.
+    let issue = |name: &str, subject: &str, extension: &str| {
+        let (key, csr, ext, crt) =
+            (format!("{name}.key"), format!("{name}.csr"), format!("{name}.ext"), format!("{name}.crt"));
+        openssl(&["req", "-newkey", "rsa:2048", "-nodes", "-subj", subject, "-keyout", &key, "-out", &csr]);
+        std::fs::write(dir.join(&ext), format!("{extension}\n")).unwrap();
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-extfile",
+            &ext,
+            "-out",
+            &crt,
+        ]);
+    };
+    issue("server", "/CN=127.0.0.1", "subjectAltName=IP:127.0.0.1,DNS:localhost");
+    // For mutual TLS.
+    issue("client", "/CN=tollgate-host", "extendedKeyUsage=clientAuth");
 }
