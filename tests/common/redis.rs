@@ -207,14 +207,8 @@ impl RedisServer {
                     cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"]);
                 }
                 Some(certs) => {
-                    cmd.args(["--port", "0", "--tls-port", &port.to_string(), "--bind", "127.0.0.1"])
-                        .arg("--tls-cert-file")
-                        .arg(certs.join("server.crt"))
-                        .arg("--tls-key-file")
-                        .arg(certs.join("server.key"))
-                        .arg("--tls-ca-cert-file")
-                        .arg(certs.join("ca.crt"))
-                        .args(["--tls-auth-clients", if self.tls_mutual { "yes" } else { "no" }]);
+                    cmd.args(["--bind", "127.0.0.1"]);
+                    tls_only(&mut cmd, *port, certs, self.tls_mutual);
                 }
             },
         }
@@ -379,6 +373,20 @@ impl Drop for RedisServer {
     }
 }
 
+/// `redis-server` listening with TLS only on `port` (plain TCP off), with
+/// `certs`' `server.crt`, `server.key` and `ca.crt`; with `mutual`, every
+/// client must present a certificate `ca.crt` issued.
+fn tls_only<'c>(cmd: &'c mut Command, port: u16, certs: &Path, mutual: bool) -> &'c mut Command {
+    cmd.args(["--port", "0", "--tls-port", &port.to_string()])
+        .arg("--tls-cert-file")
+        .arg(certs.join("server.crt"))
+        .arg("--tls-key-file")
+        .arg(certs.join("server.key"))
+        .arg("--tls-ca-cert-file")
+        .arg(certs.join("ca.crt"))
+        .args(["--tls-auth-clients", if mutual { "yes" } else { "no" }])
+}
+
 fn temp_dir() -> tempfile::TempDir {
     // Short: a Unix socket path must fit in 108 bytes.
     tempfile::Builder::new().prefix("tg-redis").tempdir_in("/tmp").expect("temp dir")
@@ -436,15 +444,7 @@ impl Cluster {
             let mut cmd = Command::new("redis-server");
             match &self.tls {
                 None => cmd.args(["--port", &port.to_string()]),
-                Some(certs) => cmd
-                    .args(["--port", "0", "--tls-port", &port.to_string(), "--tls-cluster", "yes"])
-                    .arg("--tls-cert-file")
-                    .arg(certs.join("server.crt"))
-                    .arg("--tls-key-file")
-                    .arg(certs.join("server.key"))
-                    .arg("--tls-ca-cert-file")
-                    .arg(certs.join("ca.crt"))
-                    .args(["--tls-auth-clients", "no"]),
+                Some(certs) => tls_only(&mut cmd, port, certs, false).args(["--tls-cluster", "yes"]),
             };
             let child = cmd
                 .args(["--cluster-port", &bus_port.to_string()])
