@@ -42,7 +42,11 @@ async fn spray_from(client: &Client, peer: &str, accounts: std::ops::Range<u32>)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flag_raised_by_the_thread_challenges_unknown_devices_and_never_a_known_one() {
-    let daemon = TestDaemon::start();
+    // Every success counted: with the default sample, Alice's account is in
+    // it one time in 8 (the daemon's secret is new each run), and a source
+    // with a sampled success needs 16 failing accounts, not 10 (see
+    // `Tracked::failure_share`). This test is about what a flag does.
+    let daemon = TestDaemon::start_with(Some("[signals]\nsuccess_sample = 1\n"), true);
     let client = daemon.client();
     // Alice logs in from her laptop behind the same address first.
     let laptop = Subject { device: Some("alice-laptop"), ..subject("203.0.113.7", "alice.planted@example.com") };
