@@ -158,7 +158,13 @@ async fn the_view_counts_exactly_what_the_traffic_did() {
     daemon.advance("24h");
     let person = Subject { peer: Some(ip("198.51.100.1")), account: Some("person-0"), ..Subject::default() };
     check(&client, &person).await;
-    let a = activity_when(&client, |a| a.distributions.iter().any(|d| d.day == "yesterday")).await;
+    // The day can turn on the observer's clock before the check's event is
+    // drained: wait for both.
+    let a = activity_when(&client, |a| {
+        a.distributions.iter().any(|d| d.day == "yesterday")
+            && a.distributions.iter().any(|d| d.name == "attempts" && d.day == "today" && d.accounts == 1)
+    })
+    .await;
     let yesterday = a.distributions.iter().find(|d| d.name == "attempts" && d.day == "yesterday").unwrap();
     assert_eq!((yesterday.accounts, yesterday.p50, yesterday.max), (11, 2, 10));
     let today = a.distributions.iter().find(|d| d.name == "attempts" && d.day == "today").unwrap();
