@@ -8,7 +8,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::redis::{make_test_certs, require_redis, Cluster};
+use common::redis::{require_redis, test_certs, Cluster};
 use common::shared::*;
 use common::*;
 use tollgate::protocol::{Decision, Outcome};
@@ -181,9 +181,7 @@ fn a_killed_master_degrades_only_its_own_slots_and_every_answer_stays_bounded() 
 fn a_cluster_over_tls_is_joined_with_its_ca_file_and_enforces_one_limit() {
     require_redis();
     let dir = tempfile::tempdir().unwrap();
-    let certs = dir.path().join("certs");
-    std::fs::create_dir(&certs).unwrap();
-    make_test_certs(&certs);
+    let certs = test_certs(dir.path());
     let cluster = Cluster::three_tls(&certs);
     assert!(cluster.urls().iter().all(|u| u.starts_with("rediss://127.0.0.1:")), "{:?}", cluster.urls());
     // Three TLS handshakes and a slot map at start: more than the default

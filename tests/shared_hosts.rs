@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::redis::{make_test_certs, require_redis, RedisServer};
+use common::redis::{require_redis, test_certs, RedisServer};
 use common::shared::*;
 use common::*;
 use tollgate::protocol::{Decision, Outcome};
@@ -166,9 +166,7 @@ fn the_host_count_is_learned_from_the_store_and_sets_the_degraded_share() {
 fn a_store_asking_for_client_certificates_is_joined_with_this_host_s() {
     require_redis();
     let dir = tempfile::tempdir().unwrap();
-    let certs = dir.path().join("certs");
-    std::fs::create_dir(&certs).unwrap();
-    make_test_certs(&certs);
+    let certs = test_certs(dir.path());
     let redis = RedisServer::tls_mutual(&certs);
     let secret = shared_secret(dir.path());
     let ca_only = format!(
@@ -209,9 +207,7 @@ fn a_store_asking_for_client_certificates_is_joined_with_this_host_s() {
 fn a_tls_store_is_joined_with_its_ca_file_and_refused_without_it() {
     require_redis();
     let dir = tempfile::tempdir().unwrap();
-    let certs = dir.path().join("certs");
-    std::fs::create_dir(&certs).unwrap();
-    make_test_certs(&certs);
+    let certs = test_certs(dir.path());
     let redis = RedisServer::tls(&certs);
     assert!(redis.url().starts_with("rediss://127.0.0.1:"), "{}", redis.url());
     let secret = shared_secret(dir.path());

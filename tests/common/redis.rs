@@ -844,10 +844,18 @@ async fn write_all(s: &tokio::net::TcpStream, mut buf: &[u8]) -> std::io::Result
     Ok(())
 }
 
+/// `dir/certs`, made and filled by `make_test_certs`: its path.
+pub fn test_certs(dir: &Path) -> PathBuf {
+    let certs = dir.join("certs");
+    std::fs::create_dir(&certs).unwrap();
+    make_test_certs(&certs);
+    certs
+}
+
 /// A CA, a server certificate for 127.0.0.1 and localhost it signed, and a
 /// client certificate it signed, in `dir` (`ca.crt`, `server.crt`,
 /// `server.key`, `client.crt`, `client.key`), made with the openssl CLI.
-pub fn make_test_certs(dir: &Path) {
+fn make_test_certs(dir: &Path) {
     let openssl = |args: &[&str]| {
         let out = std::process::Command::new("openssl")
             .current_dir(dir)
