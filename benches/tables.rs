@@ -1,6 +1,7 @@
 //! Micro-benchmarks of the request path's pieces: the GCRA and failure-window
 //! tables at 1 thousand and 10 million live keys, key derivation, frame
-//! encoding and decoding, and one whole `Limiter::check`.
+//! encoding and decoding, and one whole `Limiter::check`; and off it, the
+//! spray-detection thread's cost per event.
 //!
 //! `nice -n 10 cargo bench --bench tables` (a few minutes; the 10M tables
 //! take ~0.5-1 GB and a few seconds each to fill, once per table). Filter
@@ -21,12 +22,13 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 
 use tollgate::codec::{self, FRAME_HEADER_BYTES};
-use tollgate::protocol::{Decision, Reason, Request, Response, Subject, Verdict};
+use tollgate::protocol::{Decision, Outcome, Reason, Request, Response, Subject, Verdict};
 use tollgate::ClassTable;
 use tollgate::Config;
 use tollgate::Journal;
 use tollgate::Limiter;
 use tollgate::SourcePolicy;
+use tollgate::{in_success_sample, Prefix, ReportEvent, SignalEvent, Signals};
 use tollgate::{Component, Key, KeyDeriver, Secret};
 use tollgate::{FailureWindowTable, WindowSpec};
 use tollgate::{GcraSpec, GcraTable};
@@ -244,6 +246,76 @@ fn bench_limiter(c: &mut Criterion) {
     group.finish();
 }
 
+/// What the spray thread receives for one report of `tollgate bench --mix
+/// report --failure-ratio 0.1` on key `k`: a failure, a sampled success,
+/// or nothing (the request path sends an unsampled success at most as a
+/// tenant-only event, which probes no large table).
+fn signal_event(k: u64, failure: bool, now_us: u64) -> Option<SignalEvent> {
+    let account = mix64(k ^ 0xACC0);
+    if !failure && !in_success_sample(account, 8) {
+        return None;
+    }
+    let address = peer(k);
+    let IpAddr::V4(v4) = address else { unreachable!("keys below 2^24 are IPv4") };
+    let wide = IpAddr::V4(Ipv4Addr::from(u32::from(v4) & !0xFF));
+    Some(SignalEvent::Report(ReportEvent {
+        now_us,
+        outcome: if failure { Outcome::Failure } else { Outcome::Success },
+        repeated: false,
+        known_device: false,
+        class: None,
+        account: Some(account),
+        narrow: (mix64(k ^ 0x5EED), Prefix { network: address, len: 32 }),
+        wide: (mix64((k >> 8) ^ 0x2424), Prefix { network: wide, len: 24 }),
+        v6: None,
+        tenant: 1,
+        tenant_weight: u32::from(failure),
+        password: None,
+    }))
+}
+
+fn bench_signals(c: &mut Criterion) {
+    // The daemon's A/B mix: 100,000 accounts, each from its own address
+    // (391 /24s), one report in ten a failure. Every table is filled first,
+    // so the measured events probe tables the size the daemon's are.
+    const KEYS: u64 = 100_000;
+    let mut group = c.benchmark_group("signals");
+    let config = Config::default().signals.expect("on by default");
+    let mut engine = Signals::new(&config);
+    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+    let mut now_us = NOW_US;
+    let events = |n: usize, rng: &mut Rng, now_us: &mut u64| -> Vec<SignalEvent> {
+        std::iter::from_fn(|| {
+            *now_us += 2;
+            Some(signal_event(rng.below(KEYS), rng.below(10) == 0, *now_us))
+        })
+        .flatten()
+        .take(n)
+        .collect()
+    };
+    for k in 0..KEYS {
+        let fill = [signal_event(k, true, now_us), signal_event(k, false, now_us)];
+        engine.ingest_all(&fill.into_iter().flatten().collect::<Vec<_>>());
+    }
+    // Batches as the thread drains them (`pump::BATCH_MAX`).
+    group.throughput(criterion::Throughput::Elements(256));
+    group.bench_function("ingest_all_100k", |b| {
+        b.iter_batched(
+            || events(256, &mut rng, &mut now_us),
+            |batch| engine.ingest_all(&batch),
+            criterion::BatchSize::SmallInput,
+        )
+    });
+    group.bench_function("ingest_one_by_one_100k", |b| {
+        b.iter_batched(
+            || events(256, &mut rng, &mut now_us),
+            |batch| batch.iter().for_each(|e| engine.ingest(e)),
+            criterion::BatchSize::SmallInput,
+        )
+    });
+    group.finish();
+}
+
 fn config() -> Criterion {
     Criterion::default()
         .sample_size(20)
@@ -255,6 +327,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = bench_gcra, bench_failure_window, bench_keys, bench_codec, bench_limiter
+    targets = bench_gcra, bench_failure_window, bench_keys, bench_codec, bench_limiter, bench_signals
 }
 criterion_main!(benches);

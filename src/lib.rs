@@ -32,7 +32,7 @@
 //! operator's live view, a client like `cli` that only reads.
 // No unsafe code, with two audited exceptions in `tat_table`, both hints
 // that cannot change memory: the cache prefetch (`prefetch_read`) and the
-// huge-page advice for large GCRA tables (`advise_huge_pages`).
+// huge-page advice for large tables (`advise_huge_pages_under`).
 #![deny(unsafe_code)]
 
 // The client side is its own crate (what an auth server links); the daemon
@@ -105,6 +105,9 @@ pub use decision_log::{
     decode_header, decode_record, fuzz_decision_log, read_file_bytes, DecisionLogStats, FileContents, Header,
     HeaderError, Problem, Record, RecordError,
 };
+
+// Spray detection's engine, for its micro-benchmark (`benches/tables.rs`).
+pub use signals::{in_success_sample, ReportEvent, SignalEvent, Signals};
 
 // Spray detection's simulator: generated attacks and legitimate traffic
 // through the real limiter on a simulated clock (`tollgate simulate`,

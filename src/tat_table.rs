@@ -58,7 +58,7 @@ impl SlotHint {
 
 /// One of the crate's two exceptions to its no-unsafe rule (see lib.rs).
 #[allow(unsafe_code)]
-fn prefetch_read(address: usize) {
+pub(crate) fn prefetch_read(address: usize) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch is a hint to the cache: it never faults, whatever
     // the address (a stale one merely fetches nothing useful), and it
@@ -91,18 +91,24 @@ fn slot_array(capacity: usize) -> Vec<Slot> {
 /// in a VM the page walk costs more than the miss: with 10 million keys a
 /// check's prefetch spent most of its time waiting on it, and huge pages
 /// took pipelined throughput from 0.67 to over 0.9 of the 1k-key figure.
+pub(crate) fn advise_huge_pages<T>(slots: &[T]) {
+    advise_huge_pages_under(slots.as_ptr() as usize, std::mem::size_of_val(slots));
+}
+
+/// As `advise_huge_pages`, for the `bytes` from `address` (an array with
+/// its spare capacity, which a `Vec` fills later).
 /// The other exception to the crate's no-unsafe rule (see lib.rs).
 #[allow(unsafe_code)]
-fn advise_huge_pages(slots: &[Slot]) {
-    let start = (slots.as_ptr() as usize).next_multiple_of(PAGE_BYTES);
-    let end = (slots.as_ptr() as usize + std::mem::size_of_val(slots)) / PAGE_BYTES * PAGE_BYTES;
+pub(crate) fn advise_huge_pages_under(address: usize, bytes: usize) {
+    let start = address.next_multiple_of(PAGE_BYTES);
+    let end = (address + bytes) / PAGE_BYTES * PAGE_BYTES;
     let Some(address) = std::ptr::NonNull::new(start as *mut std::ffi::c_void) else { return };
     if end > start {
         // SAFETY: MADV_HUGEPAGE changes only how the kernel backs these
         // pages, never their contents or whether they are mapped, and the
-        // page-aligned range lies inside the live allocation `slots`. With
-        // THP off or unsupported the call fails, and the table works the
-        // same on small pages.
+        // page-aligned range lies inside the caller's live allocation.
+        // With THP off or unsupported the call fails, and the table works
+        // the same on small pages.
         let _ = unsafe { nix::sys::mman::madvise(address, end - start, nix::sys::mman::MmapAdvise::MADV_HUGEPAGE) };
     }
 }

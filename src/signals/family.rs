@@ -4,14 +4,14 @@
 //! Our own rather than an LRU crate's because eviction must keep the
 //! entries that carry information: a flood of one-failure prefixes must
 //! not push out the /24 a spray is coming from. So a full table samples a
-//! few entries at random positions (an `IndexMap` gives O(1) access by
-//! position) and evicts the one that counts least, the oldest of equals,
-//! as Redis's sampled eviction does.
+//! few entries at random positions (the entries are a dense array) and
+//! evicts the one that counts least, the oldest of equals, as Redis's
+//! sampled eviction does. The array is found by key through our own index
+//! (`index`), which the thread can prefetch.
 
-use indexmap::IndexMap;
-
+use super::index::PositionIndex;
 use super::sketch::Windowed;
-use crate::expiring::DigestBuildHasher;
+use crate::tat_table::{advise_huge_pages_under, prefetch_read};
 
 /// Entries sampled per eviction.
 const EVICTION_SAMPLES: usize = 5;
@@ -29,7 +29,6 @@ pub enum Label {
 pub struct Tracked {
     pub failed: Windowed,
     pub succeeded: Windowed,
-    pub label: Label,
     pub touched_us: u64,
 }
 
@@ -77,11 +76,42 @@ pub(super) fn mix64(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// A tracked subject and its key (a keyed digest): two cache lines, all
+/// of which counting reads, so a prefetch brings exactly them. Its label,
+/// which only `status` reads, is kept apart (`Family::labels`).
+#[derive(Debug)]
+#[repr(align(64))]
+struct Entry {
+    key: u64,
+    tracked: Tracked,
+}
+
+const _: () = assert!(std::mem::size_of::<Entry>() == 128, "an entry is two cache lines");
+
+/// Bytes from which a table's array asks for huge pages.
+pub(super) const HUGE_PAGES_FROM_BYTES: usize = 4 << 20;
+
+/// Asks for huge pages under a large array (whole, with its spare
+/// capacity): at 100,000 entries a table spans thousands of small pages,
+/// and each event's probes missed the TLB as well as the cache.
+pub(super) fn advise_huge_pages_over<T>(array: &Vec<T>) {
+    let bytes = array.capacity() * std::mem::size_of::<T>();
+    if bytes >= HUGE_PAGES_FROM_BYTES {
+        advise_huge_pages_under(array.as_ptr() as usize, bytes);
+    }
+}
+
 pub struct Family {
     pub name: &'static str,
-    /// Keyed by digests, whose bits pass through as the hash (an attacker
-    /// without the secret cannot aim at a bucket).
-    map: IndexMap<u64, Tracked, DigestBuildHasher>,
+    /// Dense, in the order made (a removal moves the last entry into the
+    /// hole, as `IndexMap::swap_remove` did: the simulator's runs, which
+    /// sample positions, are the same as with it).
+    entries: Vec<Entry>,
+    /// Each entry's label, at the same position.
+    labels: Vec<Label>,
+    /// Keyed by digests, whose bits pass through as the tag (an attacker
+    /// without the secret cannot aim at a probe run).
+    index: PositionIndex,
     pub entries_max: usize,
     pub evicted: u64,
     /// Heap bytes of every sketch in the table.
@@ -96,7 +126,9 @@ impl Family {
     pub fn new(name: &'static str, entries_max: usize, seed: u64) -> Family {
         Family {
             name,
-            map: IndexMap::default(),
+            entries: Vec::new(),
+            labels: Vec::new(),
+            index: PositionIndex::default(),
             entries_max,
             evicted: 0,
             heap_bytes: 0,
@@ -116,40 +148,90 @@ impl Family {
     }
 
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.entries.len()
+    }
+
+    /// Bytes of the entries' array and index, as allocated (the sketches'
+    /// heap is `heap_bytes`).
+    pub fn table_bytes(&self) -> usize {
+        self.entries.capacity() * std::mem::size_of::<Entry>()
+            + self.labels.capacity() * std::mem::size_of::<Label>()
+            + self.index.heap_bytes()
+    }
+
+    fn position(&self, key: u64) -> Option<usize> {
+        self.index.find(key, |p| self.entries[p].key == key).map(|(_, p)| p)
     }
 
     pub fn get(&self, key: u64) -> Option<&Tracked> {
-        self.map.get(&key)
+        self.position(key).map(|p| &self.entries[p].tracked)
     }
 
-    /// The entry of `key`, created if absent (evicting another if that
-    /// puts the table over its cap); its index. One hash probe either way.
-    fn entry(&mut self, key: u64, label: Label, now_us: u64) -> usize {
-        let (index, made) = match self.map.entry(key) {
-            indexmap::map::Entry::Occupied(e) => (e.index(), false),
-            indexmap::map::Entry::Vacant(e) => {
-                let index = e.index();
-                let empty =
-                    Tracked { failed: Windowed::default(), succeeded: Windowed::default(), label, touched_us: now_us };
-                e.insert(empty);
-                (index, true)
-            }
-        };
-        if made && self.map.len() > self.entries_max {
-            // Never the entry just made: it is last, and sampling skips it;
-            // removing another moves the last entry (ours) into its place.
-            if let Some(hole) = self.evict_one_before(index) {
-                return hole;
-            }
+    pub fn label(&self, key: u64) -> Option<Label> {
+        self.position(key).map(|p| self.labels[p])
+    }
+
+    /// Hints the cache at the index word `key` will probe first.
+    pub fn prefetch_index(&self, key: u64) {
+        prefetch_read(self.index.home_address(key));
+    }
+
+    /// Hints the cache at `key`'s entry, found through its index word (the
+    /// word itself prefetched earlier, `prefetch_index`): both its lines.
+    pub fn prefetch_entry(&self, key: u64) {
+        if let Some(entry) = self.index.peek(key).and_then(|p| self.entries.get(p)) {
+            let start = entry as *const Entry as usize;
+            prefetch_read(start);
+            prefetch_read(start + 64);
         }
-        index
+    }
+
+    /// The entry of `key`, created if absent (in the place of another,
+    /// evicted, when the table is full); its position.
+    fn entry(&mut self, key: u64, label: Label, now_us: u64) -> usize {
+        if let Some(position) = self.position(key) {
+            return position;
+        }
+        let made = Entry {
+            key,
+            tracked: Tracked { failed: Windowed::default(), succeeded: Windowed::default(), touched_us: now_us },
+        };
+        if self.entries.len() >= self.entries_max {
+            // The new entry takes the victim's place: where `IndexMap`
+            // left it, appended and then swapped into the hole.
+            let victim = self.victim(self.entries.len());
+            let slot = self.index.slot_of(self.entries[victim].key, victim).expect("every entry is indexed");
+            self.index.remove(slot);
+            let gone = std::mem::replace(&mut self.entries[victim], made);
+            self.labels[victim] = label;
+            self.heap_bytes -= gone.tracked.heap_bytes();
+            self.evicted += 1;
+            self.index.insert(key, victim);
+            return victim;
+        }
+        if self.entries.len() == self.entries.capacity() {
+            // Doubling, but never past the cap: a full table's array is
+            // its cap, not the next power of two.
+            let capacity = (self.entries.capacity() * 2).max(4).min(self.entries_max);
+            // A fresh array, advised before the move writes it: growing in
+            // place would keep the pages already touched small.
+            let mut grown = Vec::with_capacity(capacity);
+            advise_huge_pages_over(&grown);
+            grown.append(&mut self.entries);
+            self.entries = grown;
+            self.labels.reserve_exact(capacity - self.labels.len());
+        }
+        let position = self.entries.len();
+        self.entries.push(made);
+        self.labels.push(label);
+        self.index.insert(key, position);
+        position
     }
 
     /// Counts a failure's `element` under `key`. Returns the entry.
     pub fn fail(&mut self, key: u64, label: Label, epoch: u64, element: u64, now_us: u64) -> &Tracked {
-        let index = self.entry(key, label, now_us);
-        let (_, entry) = self.map.get_index_mut(index).expect("an index just found or made");
+        let position = self.entry(key, label, now_us);
+        let entry = &mut self.entries[position].tracked;
         entry.touched_us = now_us;
         let delta = entry.failed.insert(epoch, element) + entry.succeeded.roll(epoch);
         self.heap_bytes = (self.heap_bytes as isize + delta) as usize;
@@ -162,12 +244,26 @@ impl Family {
     /// counts no failure), so successes never push out a failing source;
     /// in a `roaming` table its distinct successes rank it as failures do.
     pub fn succeed(&mut self, key: u64, label: Label, epoch: u64, element: u64, now_us: u64) -> &Tracked {
-        let index = self.entry(key, label, now_us);
-        let (_, entry) = self.map.get_index_mut(index).expect("an index just found or made");
+        let position = self.entry(key, label, now_us);
+        let entry = &mut self.entries[position].tracked;
         entry.touched_us = now_us;
         let delta = entry.succeeded.insert(epoch, element) + entry.failed.roll(epoch);
         self.heap_bytes = (self.heap_bytes as isize + delta) as usize;
         entry
+    }
+
+    /// Removes the entry at `position`, moving the last entry into its place.
+    fn swap_remove(&mut self, position: usize) -> Tracked {
+        let last = self.entries.len() - 1;
+        let slot = self.index.slot_of(self.entries[position].key, position).expect("every entry is indexed");
+        self.index.remove(slot);
+        if position != last {
+            let moved = self.entries[last].key;
+            let slot = self.index.slot_of(moved, last).expect("every entry is indexed");
+            self.index.set_position(slot, position);
+        }
+        self.labels.swap_remove(position);
+        self.entries.swap_remove(position).tracked
     }
 
     fn next_random(&mut self) -> u64 {
@@ -176,56 +272,69 @@ impl Family {
 
     /// Evicts the least informative of a few sampled entries.
     pub fn evict_one(&mut self) {
-        let len = self.map.len();
-        self.evict_one_before(len);
+        if self.entries.is_empty() {
+            return;
+        }
+        let victim = self.victim(self.entries.len());
+        let gone = self.swap_remove(victim);
+        self.heap_bytes -= gone.heap_bytes();
+        self.evicted += 1;
     }
 
-    /// As `evict_one`, among the entries before index `end`; the index
-    /// emptied (which the last entry now holds), if any.
-    fn evict_one_before(&mut self, end: usize) -> Option<usize> {
-        let len = end.min(self.map.len());
-        if len == 0 {
-            return None;
-        }
+    /// The least informative of a few entries sampled among the first
+    /// `len` (at least one): fewest counted, the oldest of equals.
+    fn victim(&mut self, len: usize) -> usize {
         let mut victim = (u32::MAX, u64::MAX, 0);
         for _ in 0..EVICTION_SAMPLES.min(len) {
             let i = (self.next_random() % len as u64) as usize;
-            let (_, e) = self.map.get_index(i).expect("index below len");
+            let e = &self.entries[i].tracked;
             let counted = if self.successes_rank { e.failed.count() + e.succeeded.count() } else { e.failed.count() };
             let rank = (counted, e.touched_us, i);
             if (rank.0, rank.1) < (victim.0, victim.1) {
                 victim = rank;
             }
         }
-        let (_, gone) = self.map.swap_remove_index(victim.2).expect("index below len");
-        self.heap_bytes -= gone.heap_bytes();
-        self.evicted += 1;
-        Some(victim.2)
+        victim.2
     }
 
     /// Drops entries untouched for a whole window (they count nothing).
     pub fn sweep(&mut self, now_us: u64, window_us: u64) {
-        let mut freed = 0;
-        self.map.retain(|_, e| {
-            let keep = e.touched_us + window_us > now_us;
-            if !keep {
-                freed += e.heap_bytes();
+        // `retain` over both arrays at once: the kept keep their order.
+        let (mut kept, before) = (0, self.entries.len());
+        for i in 0..before {
+            let tracked = &self.entries[i].tracked;
+            if tracked.touched_us + window_us > now_us {
+                self.entries.swap(kept, i);
+                self.labels.swap(kept, i);
+                kept += 1;
+            } else {
+                self.heap_bytes -= tracked.heap_bytes();
             }
-            keep
-        });
-        self.heap_bytes -= freed;
+        }
+        self.entries.truncate(kept);
+        self.labels.truncate(kept);
+        if kept < before {
+            // A flood that has passed gives most of its memory back.
+            if self.entries.capacity() > 4 * kept {
+                self.entries.shrink_to(2 * kept);
+                self.labels.shrink_to(2 * kept);
+            }
+            self.index.rebuild(self.entries.iter().map(|e| e.key));
+        }
     }
 
     /// Forgets every entry (not counted as evictions).
     pub fn clear(&mut self) {
-        self.map.clear();
+        self.entries = Vec::new();
+        self.labels = Vec::new();
+        self.index = PositionIndex::default();
         self.heap_bytes = 0;
     }
 
     /// Applies a new cap, evicting down to it.
     pub fn set_entries_max(&mut self, entries_max: usize) {
         self.entries_max = entries_max;
-        while self.map.len() > entries_max {
+        while self.entries.len() > entries_max {
             self.evict_one();
         }
     }
@@ -249,6 +358,20 @@ mod tests {
         }
         assert_eq!(f.get(u64::MAX).map(|e| e.failed.count()), Some(30), "sampled eviction keeps the informative entry");
         assert!(f.evicted >= 99_000);
+    }
+
+    #[test]
+    fn a_full_table_holds_its_cap_and_no_more_memory() {
+        let mut f = Family::new("t", 1_000, 1);
+        for k in 0..50_000u64 {
+            f.fail(k.wrapping_mul(0x9E37_79B9_7F4A_7C15), Label::Digest, 0, 1, k);
+            assert!(f.len() <= 1_000);
+            assert!(f.entries.capacity() <= 1_000, "the array never doubles past the cap");
+        }
+        // 1,000 entries at load at most 1/2: 2,048 words.
+        assert_eq!(f.table_bytes(), 1_000 * (128 + std::mem::size_of::<Label>()) + 2_048 * 8);
+        assert!(f.get(49_999u64.wrapping_mul(0x9E37_79B9_7F4A_7C15)).is_some(), "the newest is found");
+        assert_eq!(f.evicted, 49_000);
     }
 
     #[test]

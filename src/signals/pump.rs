@@ -18,6 +18,14 @@ use super::flags::FlagTable;
 use super::{SignalEvent, Signals};
 use crate::config::SignalsConfig;
 
+/// Events taken from the queue before ingesting them together, so the
+/// engine can prefetch ahead within the batch (`Signals::ingest_all`).
+const BATCH_MAX: usize = 256;
+
+/// The published flags as a request reads them: a guard, which costs no
+/// shared reference count while the thread holds few.
+pub type FlagsGuard = arc_swap::Guard<Arc<FlagTable>>;
+
 /// What the limiter holds: the sending end and the published flags.
 pub struct SignalsLink {
     tx: SyncSender<SignalEvent>,
@@ -34,7 +42,7 @@ impl SignalsLink {
     }
 
     /// The flags as last published.
-    pub fn flags(&self) -> arc_swap::Guard<Arc<FlagTable>> {
+    pub fn flags(&self) -> FlagsGuard {
         self.flags.load()
     }
 
@@ -76,8 +84,14 @@ impl Pump {
     /// flag changed. The simulator calls this itself, on its own clock.
     pub fn drain(&self, now_us: u64) {
         let mut engine = self.engine.lock().unwrap_or_else(|e| e.into_inner());
-        for event in self.rx.try_iter() {
-            engine.ingest(&event);
+        let mut batch = Vec::with_capacity(BATCH_MAX);
+        loop {
+            batch.clear();
+            batch.extend(self.rx.try_iter().take(BATCH_MAX));
+            if batch.is_empty() {
+                break;
+            }
+            engine.ingest_all(&batch);
         }
         self.finish(&mut engine, now_us);
     }
@@ -95,6 +109,7 @@ impl Pump {
     /// sender, a futex call on the request path for every report that finds
     /// the queue drained. Returns when every link is dropped.
     pub fn run(self, now_us: impl Fn() -> u64) {
+        let mut batch = Vec::with_capacity(BATCH_MAX);
         loop {
             let interval = {
                 let engine = self.engine.lock().unwrap_or_else(|e| e.into_inner());
@@ -104,11 +119,27 @@ impl Pump {
             let mut engine = self.engine.lock().unwrap_or_else(|e| e.into_inner());
             // At most a queue's worth per round, so `status` never waits
             // long for the engine's lock under a flood.
-            for _ in 0..self.capacity {
-                match self.rx.try_recv() {
-                    Ok(event) => engine.ingest(&event),
-                    Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected) => return,
+            let mut taken = 0;
+            while taken < self.capacity {
+                batch.clear();
+                let mut gone = false;
+                while batch.len() < BATCH_MAX.min(self.capacity - taken) {
+                    match self.rx.try_recv() {
+                        Ok(event) => batch.push(event),
+                        Err(TryRecvError::Empty) => break,
+                        Err(TryRecvError::Disconnected) => {
+                            gone = true;
+                            break;
+                        }
+                    }
+                }
+                engine.ingest_all(&batch);
+                taken += batch.len();
+                if gone {
+                    return;
+                }
+                if batch.len() < BATCH_MAX {
+                    break;
                 }
             }
             self.finish(&mut engine, now_us());

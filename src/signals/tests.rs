@@ -510,3 +510,51 @@ fn small_labs_are_seldom_flagged_for_the_sample_they_drew() {
     }
     assert!(flagged <= 80, "{flagged} of 400 labs flagged");
 }
+
+/// `status` and the published flags, compared as text: what two engines
+/// fed the same events must agree on.
+fn observed(s: &mut Signals, now_us: u64) -> String {
+    s.tick(now_us);
+    let status = s.status(0, now_us);
+    let flags = s.snapshot();
+    format!("{status:?} {:?}", (flags.len(), flags.enforced))
+}
+
+#[test]
+fn ingesting_in_batches_with_prefetching_counts_exactly_what_one_by_one_does() {
+    // Small tables, so the stream evicts all the time; IPv4 and IPv6
+    // sources, passwords, successes sampled and not, repeats.
+    let mut c = config();
+    (c.prefixes_max, c.wide_prefixes_max, c.accounts_max, c.passwords_max, c.blocks_max) = (500, 50, 400, 40, 60);
+    let (mut batched, mut single) = (Signals::new(&c), Signals::new(&c));
+    let mut events = Vec::new();
+    for i in 0..20_000u64 {
+        let r = digest(i);
+        let address = if r.is_multiple_of(3) {
+            // Across 256 /48s, 16 /56s in each, 4 /64s in each /56.
+            let (net48, net56, net64) = (u128::from(r >> 8 & 0xFF), u128::from(r >> 16 & 0xF), u128::from(r >> 20 & 3));
+            IpAddr::V6(Ipv6Addr::from(0x2001_0db8u128 << 96 | net48 << 80 | net56 << 72 | net64 << 64 | 1))
+        } else {
+            v4(0x0A00_0000 | (r >> 20) as u32 & 0xF_FFFF)
+        };
+        let outcome = if r.is_multiple_of(4) { Outcome::Success } else { Outcome::Failure };
+        let mut e = event(address, r >> 40 & 0x3FF, outcome, T0 + i * 100_000);
+        e.password = (outcome == Outcome::Failure).then_some(r >> 50 & 0x3F);
+        e.repeated = r.is_multiple_of(29);
+        events.push(SignalEvent::Report(e));
+        if r.is_multiple_of(5) {
+            events.push(SignalEvent::TenantSuccess { now_us: T0 + i * 100_000, tenant: r & 3, weight: 8 });
+        }
+    }
+    for (n, chunk) in events.chunks(256).enumerate() {
+        batched.ingest_all(chunk);
+        chunk.iter().for_each(|e| single.ingest(e));
+        if n % 10 == 0 {
+            let now = T0 + (n as u64 * 256 + 255) * 50_000;
+            assert_eq!(observed(&mut batched, now), observed(&mut single, now));
+        }
+    }
+    let evicted: Vec<_> = batched.families().iter().map(|f| (f.name, f.len(), f.evicted)).collect();
+    assert!(batched.families().iter().all(|f| f.evicted > 0), "every table was full: {evicted:?}");
+    assert_eq!(batched.bytes(), single.bytes());
+}
