@@ -30,7 +30,8 @@ use crate::config::{DeviceScope, ResponsePolicy, RULES_PER_ROUTE_MAX};
 use crate::expiring::Slot;
 use crate::keys::{Component, Key, KeyDeriver};
 use crate::protocol::{Outcome, Subject, Verdict};
-use crate::signals::flags::{FlagTable, Hits, Space};
+use crate::signals::flags::{Hits, Space};
+use crate::signals::pump::FlagsGuard;
 use crate::signals::pump::SignalsLink;
 use crate::source::SourcePolicy;
 use crate::store::{Durable, Journal};
@@ -107,7 +108,7 @@ pub struct CheckPlan<'l> {
     password_tag: Option<[u8; 16]>,
     /// Spray detection's flags when any are raised (`None`, the common
     /// case, costs nothing), and what they say of this subject so far.
-    flags: Option<Arc<FlagTable>>,
+    flags: Option<FlagsGuard>,
     hits: Hits,
 }
 

@@ -2,7 +2,6 @@
 //! the client's address and source class looked up at most once.
 
 use std::net::IpAddr;
-use std::sync::Arc;
 
 use super::route::{Route, Rule};
 use super::{Limiter, RequestError, IDENTIFIER_BYTES_MAX};
@@ -10,7 +9,8 @@ use crate::classes::SourceClass;
 use crate::config::{Detector, DeviceScope};
 use crate::keys::{Component, Key};
 use crate::protocol::{Outcome, Subject};
-use crate::signals::flags::{digest64, FlagTable, Hits, Space, WIDEN_48, WIDEN_56};
+use crate::signals::flags::{digest64, Hits, Space, WIDEN_48, WIDEN_56};
+use crate::signals::pump::FlagsGuard;
 use crate::signals::{in_success_sample, tenant_draw, ReportEvent, SignalEvent, V6Blocks};
 use crate::source::{forwarded_tail, prefix_of, Prefix};
 use smallvec::SmallVec;
@@ -34,7 +34,7 @@ pub(super) struct SubjectKeys<'s, 'k> {
     digests: [Option<[u8; 16]>; 5],
     /// Spray detection's flags, when any are raised: the prefix may be
     /// widened, and the signal rules look the subject up.
-    pub(super) flags: Option<Arc<FlagTable>>,
+    pub(super) flags: Option<FlagsGuard>,
     now_us: u64,
     /// The prefix rules would key on without widening, and its digest.
     natural: Option<(Prefix, u64)>,
@@ -113,7 +113,7 @@ impl SubjectKeys<'_, '_> {
     /// failing), that /48 or /56, so the block is one source.
     fn widened(&mut self, address: IpAddr, class: Option<SourceClass>) -> Prefix {
         let prefix = self.limiter.source.prefix_in_class(address, class);
-        let Some(flags) = self.flags.clone() else { return prefix };
+        let Some(flags) = &self.flags else { return prefix };
         if !self.widen
             || !prefix.network.is_ipv6()
             || flags.enforced & (WIDEN_48 | WIDEN_56) == 0
@@ -121,15 +121,17 @@ impl SubjectKeys<'_, '_> {
         {
             return prefix;
         }
-        let now_us = self.now_us;
         let (wide, digest48) = self.wide();
-        if prefix.len > 48 && flags.probe(Space::Prefix, digest48, now_us) & WIDEN_48 != 0 {
+        let probe = |keys: &Self, digest: u64| {
+            keys.flags.as_ref().map_or(0, |flags| flags.probe(Space::Prefix, digest, keys.now_us))
+        };
+        if prefix.len > 48 && probe(self, digest48) & WIDEN_48 != 0 {
             return wide;
         }
         let block56 = prefix_of(address, 32, 56);
         if prefix.len > 56 {
             let digest56 = digest64(&self.limiter.keys.prefix(&block56.to_bytes()));
-            if flags.probe(Space::Prefix, digest56, now_us) & WIDEN_56 != 0 {
+            if probe(self, digest56) & WIDEN_56 != 0 {
                 return block56;
             }
         }
@@ -181,21 +183,23 @@ impl SubjectKeys<'_, '_> {
 
     /// What the flags say of this subject (all but its password tag).
     pub(super) fn hits(&mut self, route: &Route) -> Hits {
-        let Some(flags) = self.flags.clone() else { return Hits::default() };
-        let now_us = self.now_us;
-        let mut hits = Hits::default();
-        if self.client().is_ok() {
-            let (_, narrow) = self.natural().expect("the client is known");
-            hits.add(&flags, flags.probe(Space::Prefix, narrow, now_us), Detector::NarrowSpray.bit());
-            let (_, wide) = self.wide();
-            hits.add(&flags, flags.probe(Space::Prefix, wide, now_us), Detector::WideSpray.bit());
+        if self.flags.is_none() {
+            return Hits::default();
         }
-        if let Ok(account) = self.component(Component::Account) {
-            let bits = flags.probe(Space::Account, digest64(&account), now_us);
-            hits.add(&flags, bits, Detector::AccountDistributed.bit());
-        }
+        // Digests first (they need `self` mutably), then the flags.
+        let source = self.client().is_ok().then(|| (self.natural().expect("the client is known").1, self.wide().1));
+        let account = self.component(Component::Account).ok().map(|a| digest64(&a));
         let tenant = self.tenant64(route);
-        hits.add(&flags, flags.probe(Space::Tenant, tenant, now_us), Detector::TenantAnomaly.bit());
+        let (Some(flags), now_us) = (&self.flags, self.now_us) else { return Hits::default() };
+        let mut hits = Hits::default();
+        if let Some((narrow, wide)) = source {
+            hits.add(flags, flags.probe(Space::Prefix, narrow, now_us), Detector::NarrowSpray.bit());
+            hits.add(flags, flags.probe(Space::Prefix, wide, now_us), Detector::WideSpray.bit());
+        }
+        if let Some(account) = account {
+            hits.add(flags, flags.probe(Space::Account, account, now_us), Detector::AccountDistributed.bit());
+        }
+        hits.add(flags, flags.probe(Space::Tenant, tenant, now_us), Detector::TenantAnomaly.bit());
         hits
     }
 
@@ -354,11 +358,11 @@ impl Limiter {
         subject: &'s Subject<'s>,
         now_us: u64,
     ) -> SubjectKeys<'s, 's> {
-        // The common case, nothing flagged: one atomic load, no clone.
-        let flags = self.signals.as_ref().filter(|_| self.signals_on).and_then(|link| {
-            let flags = link.flags();
-            (!flags.is_empty()).then(|| Arc::clone(&flags))
-        });
+        // The common case, nothing flagged: one atomic load. Held as the
+        // load's guard, not a clone of the `Arc`: every request cloning it
+        // bounced its count between the cores' caches.
+        let flags =
+            self.signals.as_ref().filter(|_| self.signals_on).map(|link| link.flags()).filter(|f| !f.is_empty());
         SubjectKeys { flags, now_us, ..self.subject_keys(route, subject) }
     }
 }
