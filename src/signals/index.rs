@@ -252,6 +252,58 @@ mod tests {
         }
     }
 
+    /// Keys that all share one tag whose home is the last slot: their run
+    /// wraps around the end, every lookup must tell them apart by
+    /// `is_key`, and removals from any point of the run shift the rest
+    /// back across the wrap.
+    #[test]
+    fn one_tag_for_every_key_and_a_run_across_the_end() {
+        let index = PositionIndex::default();
+        let last = index.words.len() - 1;
+        let tag = (1u32..).find(|t| index.home(*t) == last).expect("some tag's home is the last slot");
+        // tag(key) = low ^ high = tag for each of these.
+        let keys: Vec<u64> = (0..7u64).map(|x| u64::from(tag) ^ x | x << 32).collect();
+        assert!(keys.iter().all(|k| super::tag(*k) == tag));
+        for removed in 0..keys.len() {
+            let mut index = PositionIndex::default();
+            let mut model: HashMap<u64, usize> = HashMap::new();
+            let mut live = keys.clone();
+            for (p, k) in keys.iter().enumerate() {
+                index.insert(*k, p);
+                model.insert(*k, p);
+            }
+            assert_eq!(index.words.len(), 16, "7 keys at load at most 1/2");
+            agrees(&index, &model, &[0, u64::from(tag), u64::from(tag) << 32]).unwrap();
+            // Remove the key at `removed`, swap-remove style.
+            let key = live[removed];
+            index.remove(index.slot_of(key, removed).expect("indexed"));
+            model.remove(&key);
+            let end = live.len() - 1;
+            live.swap_remove(removed);
+            if removed != end {
+                let moved = live[removed];
+                let slot = index.slot_of(moved, end).expect("indexed");
+                index.set_position(slot, removed);
+                model.insert(moved, removed);
+            }
+            agrees(&index, &model, &keys).unwrap();
+            // Then the rest, from the front of the run.
+            while let Some(key) = live.first().copied() {
+                index.remove(index.slot_of(key, 0).expect("indexed"));
+                model.remove(&key);
+                let end = live.len() - 1;
+                live.swap_remove(0);
+                if end != 0 {
+                    let moved = live[0];
+                    index.set_position(index.slot_of(moved, end).expect("indexed"), 0);
+                    model.insert(moved, 0);
+                }
+                agrees(&index, &model, &keys).unwrap();
+            }
+            assert!(index.words.iter().all(|w| *w == EMPTY), "nothing left behind");
+        }
+    }
+
     #[test]
     fn load_stays_at_most_half_and_a_rebuild_shrinks() {
         let mut index = PositionIndex::default();
