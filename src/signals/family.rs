@@ -196,7 +196,10 @@ impl Family {
             key,
             tracked: Tracked { failed: Windowed::default(), succeeded: Windowed::default(), touched_us: now_us },
         };
-        if self.entries.len() >= self.entries_max {
+        // A cap of 0 holds one entry, as `IndexMap` did (it sampled among
+        // the entries before the new one, and with none it kept it).
+        let entries_max = self.entries_max.max(1);
+        if self.entries.len() >= entries_max {
             // The new entry takes the victim's place: where `IndexMap`
             // left it, appended and then swapped into the hole.
             let victim = self.victim(self.entries.len());
@@ -212,7 +215,7 @@ impl Family {
         if self.entries.len() == self.entries.capacity() {
             // Doubling, but never past the cap: a full table's array is
             // its cap, not the next power of two.
-            let capacity = (self.entries.capacity() * 2).max(4).min(self.entries_max);
+            let capacity = (self.entries.capacity() * 2).max(4).min(entries_max);
             // A fresh array, advised before the move writes it: growing in
             // place would keep the pages already touched small.
             let mut grown = Vec::with_capacity(capacity);
@@ -331,11 +334,18 @@ impl Family {
         self.heap_bytes = 0;
     }
 
-    /// Applies a new cap, evicting down to it.
+    /// Applies a new cap, evicting down to it. A lowered cap gives back
+    /// the array and index sized for the old one (positions unchanged).
     pub fn set_entries_max(&mut self, entries_max: usize) {
         self.entries_max = entries_max;
         while self.entries.len() > entries_max {
             self.evict_one();
+        }
+        let entries_max = entries_max.max(1);
+        if self.entries.capacity() > entries_max || self.labels.capacity() > entries_max {
+            self.entries.shrink_to(entries_max);
+            self.labels.shrink_to(entries_max);
+            self.index.rebuild(self.entries.iter().map(|e| e.key));
         }
     }
 }
@@ -372,6 +382,47 @@ mod tests {
         assert_eq!(f.table_bytes(), 1_000 * (128 + std::mem::size_of::<Label>()) + 2_048 * 8);
         assert!(f.get(49_999u64.wrapping_mul(0x9E37_79B9_7F4A_7C15)).is_some(), "the newest is found");
         assert_eq!(f.evicted, 49_000);
+    }
+
+    #[test]
+    fn a_lowered_cap_gives_its_memory_back_and_keeps_what_it_holds() {
+        let mut f = Family::new("t", 10_000, 1);
+        let key = |k: u64| k.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        for k in 0..20_000u64 {
+            f.fail(key(k), Label::Digest, 0, 1, k);
+        }
+        let full = f.table_bytes();
+        f.set_entries_max(100);
+        assert_eq!(f.len(), 100);
+        assert!(f.entries.capacity() <= 100, "the array holds the new cap, not the old: {}", f.entries.capacity());
+        assert!(f.table_bytes() * 50 < full, "{} of {full} bytes kept", f.table_bytes());
+        // Every entry kept is still found, at its position.
+        let kept: Vec<u64> = f.entries.iter().map(|e| e.key).collect();
+        for (p, k) in kept.iter().enumerate() {
+            assert_eq!(f.position(*k), Some(p));
+        }
+        for k in 20_000..21_000u64 {
+            f.fail(key(k), Label::Digest, 0, 1, k);
+            assert!(f.len() <= 100 && f.entries.capacity() <= 100);
+        }
+        assert!(f.get(key(20_999)).is_some());
+    }
+
+    #[test]
+    fn a_cap_of_zero_holds_one_entry_as_indexmap_did() {
+        // Configuration refuses 0, but the table must not panic on it
+        // (sampling among no entries indexed an empty array).
+        let mut f = Family::new("t", 0, 1);
+        for k in 1..50u64 {
+            f.fail(k, Label::Digest, 0, 1, k);
+            assert_eq!(f.len(), 1);
+            assert!(f.get(k).is_some());
+        }
+        assert_eq!(f.evicted, 48);
+        f.set_entries_max(0);
+        assert_eq!(f.len(), 0);
+        f.succeed(7, Label::Digest, 0, 1, 60);
+        assert_eq!(f.len(), 1);
     }
 
     #[test]
