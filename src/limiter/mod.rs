@@ -31,7 +31,6 @@ use crate::expiring::Slot;
 use crate::keys::{Component, Key, KeyDeriver};
 use crate::protocol::{Outcome, Subject, Verdict};
 use crate::signals::flags::{Hits, Space};
-use crate::signals::pump::FlagsGuard;
 use crate::signals::pump::SignalsLink;
 use crate::source::SourcePolicy;
 use crate::store::{Durable, Journal};
@@ -106,9 +105,10 @@ pub struct CheckPlan<'l> {
     /// The client's keyed digest of the password alone (protocol v3): a
     /// check looks it up among the flagged passwords, never stores it.
     password_tag: Option<[u8; 16]>,
-    /// Spray detection's flags when any are raised (`None`, the common
-    /// case, costs nothing), and what they say of this subject so far.
-    flags: Option<FlagsGuard>,
+    /// What spray detection's flags say of this subject so far (not the
+    /// flags themselves: a plan may wait across a slow reply, and a held
+    /// guard takes one of the few slots that keep every other load on its
+    /// thread free of a shared reference count).
     hits: Hits,
 }
 
@@ -225,8 +225,7 @@ impl Limiter {
         let device = self.device_in_store(route, &mut keys)?;
         let rule_keys = keys.rule_keys(&route.rules, known, device.is_some())?;
         let hits = if route.feeds_signals { keys.hits(route) } else { Hits::default() };
-        let flags = keys.flags.take().filter(|_| route.feeds_signals);
-        Ok(CheckPlan { route, rule_keys, class: keys.source_class(), device, known, password_tag: None, flags, hits })
+        Ok(CheckPlan { route, rule_keys, class: keys.source_class(), device, known, password_tag: None, hits })
     }
 
     /// Asks the memory system for the rate-table slots a planned check will
@@ -256,9 +255,11 @@ impl Limiter {
     /// Every flag the plan's subject carries, its password tag's included.
     fn plan_hits(&self, plan: &CheckPlan<'_>, now_us: u64) -> Hits {
         let mut hits = plan.hits;
-        if let (Some(flags), Some(tag)) = (&plan.flags, &plan.password_tag) {
-            let bits = flags.probe(Space::Password, self.keys.password_tag(tag), now_us);
-            hits.add(flags, bits, Detector::PasswordSpray.bit());
+        if let (true, Some(tag)) = (plan.route.feeds_signals, &plan.password_tag) {
+            if let Some(flags) = self.flags_raised() {
+                let bits = flags.probe(Space::Password, self.keys.password_tag(tag), now_us);
+                hits.add(&flags, bits, Detector::PasswordSpray.bit());
+            }
         }
         hits
     }

@@ -358,11 +358,14 @@ impl Limiter {
         subject: &'s Subject<'s>,
         now_us: u64,
     ) -> SubjectKeys<'s, 's> {
-        // The common case, nothing flagged: one atomic load. Held as the
-        // load's guard, not a clone of the `Arc`: every request cloning it
-        // bounced its count between the cores' caches.
-        let flags =
-            self.signals.as_ref().filter(|_| self.signals_on).map(|link| link.flags()).filter(|f| !f.is_empty());
-        SubjectKeys { flags, now_us, ..self.subject_keys(route, subject) }
+        SubjectKeys { flags: self.flags_raised(), now_us, ..self.subject_keys(route, subject) }
+    }
+
+    /// Spray detection's flags, when it is on and any are raised. The
+    /// common case, nothing flagged, is one atomic load. Held as the load's
+    /// guard, not a clone of the `Arc`: every request cloning it bounced
+    /// its count between the cores' caches.
+    pub(super) fn flags_raised(&self) -> Option<FlagsGuard> {
+        self.signals.as_ref().filter(|_| self.signals_on).map(|link| link.flags()).filter(|f| !f.is_empty())
     }
 }
