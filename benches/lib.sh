@@ -6,17 +6,24 @@
 #
 # BIN serves and drives (each build's own load generator speaks its own
 # daemon's newest protocol); CONFIG is TOML appended to the socket and
-# state lines. Prints the bench's first line and the CPU figure.
+# state lines. Prints the bench's first line and the CPU figure. With
+# PIN=1 in the environment the daemon runs on CPU 0 and the load generator
+# on CPU 1 (`taskset`).
 bench_fresh_daemon() {
     local bin=$1 dir=$2 config=$3 route=$4 duration=$5
     shift 5
     rm -rf "$dir" && mkdir -p "$dir"
     printf 'socket = "%s/s.sock"\nstate = "%s/state.redb"\n%s\n' "$dir" "$dir" "$config" > "$dir/tollgate.toml"
-    "$bin" serve --config "$dir/tollgate.toml" > "$dir/log" 2>&1 &
+    # PIN=1: the daemon on CPU 0 and the load generator on CPU 1, so
+    # neither steals the other's core and a run measures the daemon's own
+    # capacity on one core (less noisy than both sharing two).
+    local daemon_cpu=() bench_cpu=()
+    if [ -n "${PIN:-}" ]; then daemon_cpu=(taskset -c 0); bench_cpu=(taskset -c 1); fi
+    "${daemon_cpu[@]}" "$bin" serve --config "$dir/tollgate.toml" > "$dir/log" 2>&1 &
     local pid=$!
     for _ in $(seq 100); do [ -S "$dir/s.sock" ] && break; sleep 0.05; done
     local line
-    line=$("$bin" bench --socket "$dir/s.sock" --route "$route" --duration "$duration" "$@" | sed -n 1p)
+    line=$("${bench_cpu[@]}" "$bin" bench --socket "$dir/s.sock" --route "$route" --duration "$duration" "$@" | sed -n 1p)
     # The daemon's CPU time (all its threads) per request answered: less
     # at the mercy of a busy machine than throughput is.
     local ticks requests
