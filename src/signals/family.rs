@@ -65,9 +65,12 @@ impl Tracked {
 /// what is evicted depends on the entries' counts, which the attacker's
 /// keyed inputs cannot aim.
 pub(super) fn splitmix64(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    *state = state.wrapping_add(SPLITMIX_STEP);
     mix64(*state)
 }
+
+/// splitmix64's increment: the state `n` draws ahead is `n` steps on.
+const SPLITMIX_STEP: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// splitmix64's finalizer: every output bit depends on every input bit.
 pub(super) fn mix64(mut z: u64) -> u64 {
@@ -178,8 +181,35 @@ impl Family {
 
     /// Hints the cache at `key`'s entry, found through its index word (the
     /// word itself prefetched earlier, `prefetch_index`): both its lines.
-    pub fn prefetch_entry(&self, key: u64) {
-        if let Some(entry) = self.index.peek(key).and_then(|p| self.entries.get(p)) {
+    /// A key not there, in a full table, will evict: then the entries its
+    /// eviction will sample, taking it to be `evictions_ahead` evictions
+    /// away (exact under a flood, where every event evicts; a wasted hint
+    /// otherwise).
+    pub fn prefetch_entry(&self, key: u64, evictions_ahead: u64) {
+        match self.index.peek(key) {
+            Some(position) => self.prefetch_position(position),
+            None if self.entries.len() >= self.entries_max => {
+                for position in self.sampled_at(evictions_ahead) {
+                    self.prefetch_position(position);
+                }
+            }
+            None => {}
+        }
+    }
+
+    /// The positions the eviction `evictions_ahead` evictions from now
+    /// will sample, the table staying full until then (`victim`'s draws).
+    fn sampled_at(&self, evictions_ahead: u64) -> impl Iterator<Item = usize> + '_ {
+        let len = self.entries.len() as u64;
+        let first = evictions_ahead * EVICTION_SAMPLES as u64;
+        (first + 1..=first + EVICTION_SAMPLES as u64).map(move |draw| {
+            // `next_random`'s draw that many calls from now.
+            (mix64(self.rng.wrapping_add(draw.wrapping_mul(SPLITMIX_STEP))) % len) as usize
+        })
+    }
+
+    fn prefetch_position(&self, position: usize) {
+        if let Some(entry) = self.entries.get(position) {
             let start = entry as *const Entry as usize;
             prefetch_read(start);
             prefetch_read(start + 64);
@@ -423,6 +453,17 @@ mod tests {
         assert_eq!(f.len(), 0);
         f.succeed(7, Label::Digest, 0, 1, 60);
         assert_eq!(f.len(), 1);
+    }
+
+    #[test]
+    fn the_prefetch_foresees_the_positions_evictions_will_sample() {
+        let mut f = Family::new("t", 100, 9);
+        for k in 0..100u64 {
+            f.fail(k.wrapping_mul(0x9E37_79B9_7F4A_7C15), Label::Digest, 0, 1, k);
+        }
+        let foreseen: Vec<usize> = (0..3).flat_map(|ahead| f.sampled_at(ahead).collect::<Vec<_>>()).collect();
+        let drawn: Vec<usize> = (0..15).map(|_| (f.next_random() % 100) as usize).collect();
+        assert_eq!(foreseen, drawn);
     }
 
     #[test]

@@ -317,7 +317,7 @@ impl Signals {
                 self.prefetch(ahead, Family::prefetch_index);
             }
             if let Some(SignalEvent::Report(ahead)) = events.get(i + ENTRY_PREFETCH_AHEAD) {
-                self.prefetch(ahead, Family::prefetch_entry);
+                self.prefetch(ahead, |family, key| family.prefetch_entry(key, ENTRY_PREFETCH_AHEAD as u64));
             }
             self.ingest(event);
         }
@@ -325,7 +325,7 @@ impl Signals {
 
     /// Applies `hint` to each large table `e` will probe (as
     /// `ingest_report` decides; the small ones stay cached).
-    fn prefetch(&self, e: &ReportEvent, hint: fn(&Family, u64)) {
+    fn prefetch(&self, e: &ReportEvent, hint: impl Fn(&Family, u64)) {
         match (e.outcome, e.account) {
             (Outcome::Success, Some(account)) if in_success_sample(account, self.config.success_sample) => {
                 hint(&self.accounts, account);
