@@ -313,6 +313,27 @@ fn bench_signals(c: &mut Criterion) {
             criterion::BatchSize::SmallInput,
         )
     });
+    // A flood: every event a failure from a new source on a new account,
+    // so the source and account tables are full and every event evicts
+    // from both (`--mix report --failure-ratio 1 --keys 1000000`).
+    let mut flood = Signals::new(&config);
+    let mut next = KEYS;
+    let mut new_failures = |n: u64, now_us: &mut u64| -> Vec<SignalEvent> {
+        let batch = (next..next + n).filter_map(|k| signal_event(k % (1 << 24), true, *now_us)).collect();
+        next += n;
+        *now_us += 2 * n;
+        batch
+    };
+    for _ in 0..1_000 {
+        flood.ingest_all(&new_failures(256, &mut now_us));
+    }
+    group.bench_function("ingest_all_flood", |b| {
+        b.iter_batched(
+            || new_failures(256, &mut now_us),
+            |batch| flood.ingest_all(&batch),
+            criterion::BatchSize::SmallInput,
+        )
+    });
     group.finish();
 }
 
