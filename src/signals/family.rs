@@ -188,7 +188,7 @@ impl Family {
     pub fn prefetch_entry(&self, key: u64, evictions_ahead: u64) {
         match self.index.peek(key) {
             Some(position) => self.prefetch_position(position),
-            None if self.entries.len() >= self.entries_max => {
+            None if !self.entries.is_empty() && self.entries.len() >= self.entries_max => {
                 for position in self.sampled_at(evictions_ahead) {
                     self.prefetch_position(position);
                 }
@@ -451,6 +451,7 @@ mod tests {
         assert_eq!(f.evicted, 48);
         f.set_entries_max(0);
         assert_eq!(f.len(), 0);
+        f.prefetch_entry(7, 1); // empty and "full": nothing to sample
         f.succeed(7, Label::Digest, 0, 1, 60);
         assert_eq!(f.len(), 1);
     }
