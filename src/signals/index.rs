@@ -215,6 +215,21 @@ mod tests {
         Ok(())
     }
 
+    /// Removes the key at `position` as `Family` does: swap-remove from
+    /// the array, re-pointing the moved key's word; the model follows.
+    fn swap_remove(index: &mut PositionIndex, keys: &mut Vec<u64>, model: &mut HashMap<u64, usize>, position: usize) {
+        let key = keys[position];
+        index.remove(index.slot_of(key, position).expect("indexed"));
+        model.remove(&key);
+        let last = keys.len() - 1;
+        keys.swap_remove(position);
+        if position != last {
+            let moved = keys[position];
+            index.set_position(index.slot_of(moved, last).expect("indexed"), position);
+            model.insert(moved, position);
+        }
+    }
+
     proptest! {
         /// Against a `HashMap`, through growth and backward-shift removals,
         /// with keys drawn from a small space so tags and homes collide
@@ -232,18 +247,8 @@ mod tests {
                     index.insert(key, keys.len());
                     model.insert(key, keys.len());
                     keys.push(key);
-                } else if let Some(position) = model.remove(&key) {
-                    // What `Family` does: swap-remove, re-pointing the moved key.
-                    let slot = index.slot_of(key, position).expect("indexed");
-                    index.remove(slot);
-                    let last = keys.len() - 1;
-                    keys.swap_remove(position);
-                    if position != last {
-                        let moved = keys[position];
-                        let slot = index.slot_of(moved, last).expect("indexed");
-                        index.set_position(slot, position);
-                        model.insert(moved, position);
-                    }
+                } else if let Some(&position) = model.get(&key) {
+                    swap_remove(&mut index, &mut keys, &mut model, position);
                 }
                 agrees(&index, &model, &seen)?;
             }
@@ -274,30 +279,11 @@ mod tests {
             }
             assert_eq!(index.words.len(), 16, "7 keys at load at most 1/2");
             agrees(&index, &model, &[0, u64::from(tag), u64::from(tag) << 32]).unwrap();
-            // Remove the key at `removed`, swap-remove style.
-            let key = live[removed];
-            index.remove(index.slot_of(key, removed).expect("indexed"));
-            model.remove(&key);
-            let end = live.len() - 1;
-            live.swap_remove(removed);
-            if removed != end {
-                let moved = live[removed];
-                let slot = index.slot_of(moved, end).expect("indexed");
-                index.set_position(slot, removed);
-                model.insert(moved, removed);
-            }
+            // Remove the key at `removed`, then the rest from the front.
+            swap_remove(&mut index, &mut live, &mut model, removed);
             agrees(&index, &model, &keys).unwrap();
-            // Then the rest, from the front of the run.
-            while let Some(key) = live.first().copied() {
-                index.remove(index.slot_of(key, 0).expect("indexed"));
-                model.remove(&key);
-                let end = live.len() - 1;
-                live.swap_remove(0);
-                if end != 0 {
-                    let moved = live[0];
-                    index.set_position(index.slot_of(moved, end).expect("indexed"), 0);
-                    model.insert(moved, 0);
-                }
+            while !live.is_empty() {
+                swap_remove(&mut index, &mut live, &mut model, 0);
                 agrees(&index, &model, &keys).unwrap();
             }
             assert!(index.words.iter().all(|w| *w == EMPTY), "nothing left behind");
