@@ -107,7 +107,9 @@ impl Pump {
     /// holds, then publishes. It sleeps rather than blocks on the queue: a
     /// receiver blocked on an empty channel must be woken by the next
     /// sender, a futex call on the request path for every report that finds
-    /// the queue drained. Returns when every link is dropped.
+    /// the queue drained. It runs for the daemon's life: the pump holds a
+    /// link itself (to publish the flags), so the queue never disconnects
+    /// while it runs; the `Disconnected` arm only guards a future owner.
     pub fn run(self, now_us: impl Fn() -> u64) {
         let mut batch = Vec::with_capacity(BATCH_MAX);
         loop {
