@@ -51,7 +51,7 @@ impl Daemon {
             CheckedLocally::Store(check) => check,
         };
         let op = std::mem::take(&mut check.op);
-        match store.submit(op, Some(check.release.clone())) {
+        match store.submit(op) {
             Ok(ticket) => SharedStart::Waiting(ticket, PendingCheck(CheckedLocally::Store(check))),
             Err(e) => SharedStart::Done(self.check_answered(
                 store,
@@ -129,7 +129,7 @@ impl Daemon {
             ReportedLocally::Store(report) => report,
         };
         let op = std::mem::take(&mut report.op);
-        Ok(match store.submit(op, None) {
+        Ok(match store.submit(op) {
             Ok(ticket) => SharedStart::Waiting(ticket, PendingReport(ReportedLocally::Store(report))),
             Err(e) => SharedStart::Done(self.report_answered(
                 store,
@@ -258,7 +258,7 @@ fn give_back_later(store: &Arc<SharedStore>, op: Op) {
     let store = store.clone();
     store.stats.releases_sent.fetch_add(1, Ordering::Relaxed);
     tokio::spawn(async move {
-        let _ = store.call(op, None).await;
+        let _ = store.call(op).await;
     });
 }
 

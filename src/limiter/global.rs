@@ -42,8 +42,6 @@ pub struct StoreCheck<'l> {
     hits: Hits,
     /// The op to send.
     pub op: Op,
-    /// Gives back the places the op takes, if its answer is not used.
-    pub release: Op,
 }
 
 /// A check's first half in shared mode.
@@ -240,7 +238,6 @@ impl Limiter {
             return CheckedLocally::Done(combine(&answers));
         }
         let mut rules = Vec::new();
-        let mut places = Vec::new();
         if let Some(device) = device {
             rules.push(CheckRule::Device { key: self.device_key(route, device) });
         }
@@ -250,7 +247,6 @@ impl Limiter {
             let scope = scope(rule, device.is_some());
             match full {
                 Full::Failures(spec) => {
-                    places.push((name.clone(), spec.window_us));
                     rules.push(CheckRule::Failures {
                         key: name,
                         scope,
@@ -281,7 +277,6 @@ impl Limiter {
             known,
             hits: deferred,
             op: Op::check(&rules),
-            release: Op::release(&places),
         }))
     }
 
@@ -342,9 +337,12 @@ impl Limiter {
             Ok(p) => p,
             Err(e) => return Err((check, e)),
         };
-        let StoreCheck { route, rule_keys, class, mut answers, held, release, known, hits, .. } = *check;
+        let StoreCheck { route, rule_keys, class, mut answers, held, known, hits, .. } = *check;
         let store_now = parsed.store_now;
         let known_anywhere = store_knows_device(route, &parsed.rules).unwrap_or(known);
+        // The places the store took for this attempt, given back if a rule
+        // of this host refuses it after all.
+        let mut taken = Vec::new();
         for (i, found) in parsed.rules {
             if matches!(found, Found::Skipped) {
                 continue;
@@ -357,6 +355,7 @@ impl Limiter {
                     // admitted attempt also holds the place it took, as a
                     // check on this host's tables shows.
                     if parsed.admitted && !refuses {
+                        taken.push((self.store_key(rule, key), spec.window_us));
                         if entry.in_flight == 0 {
                             entry.first_lapse_in_us = self.attempt_timeout_us;
                         }
@@ -386,7 +385,11 @@ impl Limiter {
             || self.spend_rates(route, &rule_keys, class, Rules::Host, now_us, &mut answers)
         {
             self.give_back(route, &rule_keys, held, now_us);
-            return Ok(CheckStored { verdict: combine(&answers), store_now, give_back: Some(release) });
+            return Ok(CheckStored {
+                verdict: combine(&answers),
+                store_now,
+                give_back: (!taken.is_empty()).then(|| Op::release(&taken)),
+            });
         }
         Ok(CheckStored { verdict: combine(&answers), store_now, give_back: None })
     }

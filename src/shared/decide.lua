@@ -3,11 +3,15 @@
 -- (EVALSHA), reloaded on NOSCRIPT. No modules: managed services cannot load
 -- them.
 --
--- ARGV[1] = number of ops; then each op: its kind, its rule count or
--- arguments, its rules' arguments. KEYS holds every op's keys in op order.
--- The reply is one array per op; an op that finds a value tollgate did not
--- write answers {-code, rule} (1: not a tollgate value, 2: wrong type) and
--- writes nothing.
+-- ARGV[1] = number of ops; then each op: its kind, its argument count,
+-- its key count, its arguments. KEYS holds every op's keys in op order.
+-- The ops of the request path (check, report, release, merge) take one
+-- argument, their numbers packed little-endian (struct), and reply with one
+-- string of int64s: a few hundred decimal arguments and integer replies per
+-- batch cost the store more to convert than the decisions cost (measured:
+-- docs/performance.md, "Shared mode"). The others take and give plain
+-- values. An op that finds a value tollgate did not write answers
+-- {-code, rule} (1: not a tollgate value, 2: wrong type) and writes nothing.
 --
 -- Time is the store's (TIME), read once per batch: with one clock per key,
 -- skew between hosts changes nothing in a decision. Every time and count
@@ -35,6 +39,9 @@ end
 local function key()
   local v = KEYS[k]; k = k + 1; return v
 end
+
+-- The packed argument of the op being run, and the read position in it.
+local blob, at = '', 1
 
 -- floor(at / W), corrected for the rounding of a double division.
 local function widx(W, at)
@@ -145,21 +152,26 @@ local function applies(scope, known)
 end
 
 local function check()
-  local n = num()
+  local n
+  n, at = struct.unpack('<B', blob, at)
   local recs, refused, out = {}, false, { 0, now }
   local known = false
   for i = 1, n do
-    local kind = str()
+    local kind, scope, W, T, timeout, mon, interval, tolerance
+    kind, at = struct.unpack('c1', blob, at)
     local kn = key()
+    if kind == 'f' then
+      scope, W, T, timeout, mon, at = struct.unpack('<Bi8I4i8B', blob, at)
+    elseif kind == 'g' then
+      scope, interval, tolerance, mon, at = struct.unpack('<Bi8i8B', blob, at)
+    end
     if kind == 'd' then
       -- The (account, device) key: known if any host saw it log in.
       known = redis.call('EXISTS', kn) == 1
-    elseif not applies(num(), known) then
-      -- Skipped: its arguments are passed over, it answers 2.
-      if kind == 'f' then a = a + 4 else a = a + 3 end
+    elseif not applies(scope, known) then
+      -- Skipped: it answers 2.
       out[#out + 1] = 2
     elseif kind == 'f' then
-      local W, T, timeout, mon = num(), num(), num(), num()
       local r, err = load(kn, W)
       if not r then return { -err, i } end
       roll(r)
@@ -169,7 +181,6 @@ local function check()
       out[#out + 1] = refuses and 1 or 0
       standing(r, out)
     else
-      local interval, tolerance, mon = num(), num(), num()
       local tat, err = gcra_tat(kn)
       if not tat then return { -err, i } end
       local ok = tat + interval - tolerance <= now
@@ -196,24 +207,32 @@ end
 -- REPORT: settle the attempt's place, count the failure, say whether the
 -- key was locked before and is now. Rate rules are only read.
 local function report()
-  local n = num()
+  local n
+  n, at = struct.unpack('<B', blob, at)
   local recs, out = {}, { 0, now }
   local known = false
   local remember = nil
   for i = 1, n do
-    local kind = str()
+    local kind, scope, W, T, release, count, clear
+    kind, at = struct.unpack('c1', blob, at)
     local kn = key()
+    if kind == 'f' or kind == 'F' then
+      scope, W, T, release, count, clear, at = struct.unpack('<Bi8I4BBB', blob, at)
+    elseif kind == 'g' then
+      scope, at = struct.unpack('<B', blob, at)
+    end
     if kind == 'd' then
       known = redis.call('EXISTS', kn) == 1
       recs[i] = { skip = true }
     elseif kind == 'D' then
       -- A success: the device becomes known to every host, while the
       -- account is under its cap of new devices (the next key counts them).
-      remember = { kn = kn, ck = key(), ttl = num(), max = num() }
+      local ttl, max
+      ttl, max, at = struct.unpack('<i8H', blob, at)
+      remember = { kn = kn, ck = key(), ttl = ttl, max = max }
       recs[i] = { skip = true }
-    elseif not applies(num(), known) then
+    elseif not applies(scope, known) then
       if kind == 'F' then key() end
-      if kind ~= 'g' then a = a + 5 end
       recs[i] = { skipped = true }
     elseif kind == 'f' or kind == 'F' then
       -- 'F': the rule is keyed on the account and something else; its
@@ -223,11 +242,13 @@ local function report()
       if kind == 'F' then
         ix = key()
         -- Checked before anything is written: a write that fails midway
-        -- would abort the whole batch and keep what was written.
-        local t = redis.call('TYPE', ix)['ok']
-        if t ~= 'none' and t ~= 'set' then return { -2, i } end
+        -- would abort the whole batch and keep what was written. Only a
+        -- failure writes the index.
+        if count == 1 then
+          local t = redis.call('TYPE', ix)['ok']
+          if t ~= 'none' and t ~= 'set' then return { -2, i } end
+        end
       end
-      local W, T, release, count, clear = num(), num(), num(), num(), num()
       local r, err = load(kn, W)
       if not r then return { -err, i } end
       recs[i] = { kn = kn, ix = ix, r = r, T = T, release = release, count = count, clear = clear }
@@ -290,9 +311,11 @@ end
 -- RELEASE: give back the places of a check whose answer was given locally
 -- (its reply came too late) or refused by a rule on this host.
 local function release()
-  local n = num()
+  local n
+  n, at = struct.unpack('<H', blob, at)
   for i = 1, n do
-    local kn, W = key(), num()
+    local kn, W = key(), nil
+    W, at = struct.unpack('<i8', blob, at)
     local r, err = load(kn, W)
     if not r then return { -err, i } end
     roll(r)
@@ -306,7 +329,9 @@ end
 -- lock only moves later (max), so a merge sent twice is a merge sent once;
 -- an unlock newer than the lockout wins.
 local function merge()
-  local kn, W, T, lock_rem, age = key(), num(), num(), num(), num()
+  local kn = key()
+  local W, T, lock_rem, age
+  W, T, lock_rem, age, at = struct.unpack('<i8I4i8i8', blob, at)
   -- No lockout of a sliding window outlasts its next window.
   lock_rem = math.min(lock_rem, 2 * W)
   local r, err = load(kn, W)
@@ -375,6 +400,14 @@ local function join()
 end
 
 local ops = { C = check, R = report, X = release, M = merge, U = unlock, H = heartbeat, J = join }
+local packed = { C = true, R = true, X = true, M = true }
+-- struct formats of n int64s, made once per length.
+local formats = {}
+local function ints(out)
+  local f = formats[#out]
+  if not f then f = '<' .. string.rep('i8', #out); formats[#out] = f end
+  return struct.pack(f, unpack(out))
+end
 local replies = {}
 for o = 1, tonumber(ARGV[1]) do
   local kind = str()
@@ -384,8 +417,10 @@ for o = 1, tonumber(ARGV[1]) do
   -- found from the counts each op carries, so the batch stays aligned.
   local a0, k0 = a, k
   local span_args, span_keys = num(), num()
+  if packed[kind] then blob, at = str(), 1 end
   local reply = op()
   a, k = a0 + 2 + span_args, k0 + span_keys
+  if packed[kind] then reply = ints(reply) end
   replies[o] = reply
 end
 return replies

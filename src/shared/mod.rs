@@ -138,10 +138,6 @@ pub struct SharedStats {
 struct Pending {
     op: Op,
     reply: oneshot::Sender<Result<Reply, CallError>>,
-    /// Sent if the reply comes after the caller gave up and the op took
-    /// places in the store (a check that admitted): the caller answered
-    /// on this host instead, so the store's places must not also hold.
-    late: Option<Op>,
 }
 
 /// The store's handle, shared by every connection.
@@ -316,8 +312,8 @@ impl SharedStore {
     /// the caller answers on this host. Never waits longer than
     /// `timeout_ms` (plus the timer's millisecond), and not at all while
     /// the breaker is open. `submit` then `Ticket::wait`.
-    pub async fn call(&self, op: Op, late: Option<Op>) -> Result<Reply, CallError> {
-        self.submit(op, late)?.wait().await
+    pub async fn call(&self, op: Op) -> Result<Reply, CallError> {
+        self.submit(op)?.wait().await
     }
 
     /// Queues one op for the store without waiting: the breaker is looked
@@ -325,19 +321,19 @@ impl SharedStore {
     /// deadline is `timeout_ms` from now. A caller with several ops (a
     /// connection's pipelined run) submits them all before waiting for
     /// any, so they share one batch and one deadline, not one each in turn.
-    pub fn submit(&self, op: Op, late: Option<Op>) -> Result<Ticket<'_>, CallError> {
+    pub fn submit(&self, op: Op) -> Result<Ticket<'_>, CallError> {
         let state = self.state();
         if state != State::Closed {
             self.stats.not_asked.fetch_add(1, Ordering::Relaxed);
             return Err(CallError::NotAsked(state.name()));
         }
-        self.submit_unchecked(op, late, Duration::from_millis(self.config.timeout_ms))
+        self.submit_unchecked(op, Duration::from_millis(self.config.timeout_ms))
     }
 
-    fn submit_unchecked(&self, op: Op, late: Option<Op>, timeout: Duration) -> Result<Ticket<'_>, CallError> {
+    fn submit_unchecked(&self, op: Op, timeout: Duration) -> Result<Ticket<'_>, CallError> {
         let deadline = tokio::time::Instant::now() + timeout;
         let (tx, rx) = oneshot::channel();
-        if self.queue.try_send(Pending { op, reply: tx, late }).is_err() {
+        if self.queue.try_send(Pending { op, reply: tx }).is_err() {
             self.stats.not_asked.fetch_add(1, Ordering::Relaxed);
             return Err(CallError::QueueFull);
         }
@@ -345,14 +341,14 @@ impl SharedStore {
         Ok(Ticket { store: self, reply: rx, deadline })
     }
 
-    async fn call_unchecked(&self, op: Op, late: Option<Op>, timeout: Duration) -> Result<Reply, CallError> {
-        self.submit_unchecked(op, late, timeout)?.wait().await
+    async fn call_unchecked(&self, op: Op, timeout: Duration) -> Result<Reply, CallError> {
+        self.submit_unchecked(op, timeout)?.wait().await
     }
 
     /// An op sent while recovering (the write-back), before requests are
     /// sent again: bounded by `connect_timeout_ms`, off the request path.
     pub async fn call_recovering(&self, op: Op) -> Result<Reply, CallError> {
-        self.call_unchecked(op, None, Duration::from_millis(self.config.connect_timeout_ms)).await
+        self.call_unchecked(op, Duration::from_millis(self.config.connect_timeout_ms)).await
     }
 
     fn failed(&self, e: &CallError) {
@@ -391,10 +387,11 @@ impl SharedStore {
                         Err(_) => break,
                     }
                 }
-                // A caller that already gave up (and has no places to give
-                // back) needs nothing sent. A release is sent though nobody
-                // waits for it: the places it gives back are the point.
-                batch.retain(|p| !(p.reply.is_closed() && p.late.is_none() && p.op.kind != b'X'));
+                // A caller that already gave up needs nothing sent, but for
+                // a check (it may take places, given back when its reply
+                // comes late) and a release (sent though nobody waits for
+                // it: the places it gives back are the point).
+                batch.retain(|p| !(p.reply.is_closed() && p.op.kind != b'C' && p.op.kind != b'X'));
                 if batch.is_empty() {
                     continue;
                 }
@@ -488,14 +485,19 @@ impl SharedStore {
         match replies {
             Ok(replies) => {
                 for (p, reply) in batch.into_iter().zip(replies) {
-                    let admitted = matches!(&reply, Ok(r) if p.op.kind == b'C' && r.ints.first() == Some(&1));
                     let reply = reply.map_err(CallError::BadValue);
-                    if p.reply.send(reply).is_err() {
+                    if let Err(reply) = p.reply.send(reply) {
                         self.stats.late_replies.fetch_add(1, Ordering::Relaxed);
-                        if let (true, Some(release)) = (admitted, p.late) {
+                        // A check answered on this host after all: the places
+                        // it took in the store must not also hold.
+                        let release = match &reply {
+                            Ok(reply) => p.op.release_taken(reply).ok().flatten(),
+                            Err(_) => None,
+                        };
+                        if let Some(release) = release {
                             self.stats.releases_sent.fetch_add(1, Ordering::Relaxed);
                             let (tx, _) = oneshot::channel();
-                            let _ = self.queue.try_send(Pending { op: release, reply: tx, late: None });
+                            let _ = self.queue.try_send(Pending { op: release, reply: tx });
                         }
                     }
                 }
@@ -552,7 +554,7 @@ impl SharedStore {
         }
         *self.connection.lock().unwrap_or_else(|e| e.into_inner()) = Some(connection);
         let join = Op::join(format!("{}:{{meta}}", self.config.key_prefix), fingerprint);
-        let reply = self.call_unchecked(join, None, connect_timeout).await.map_err(|e| match e {
+        let reply = self.call_unchecked(join, connect_timeout).await.map_err(|e| match e {
             CallError::BadValue(_) => ProbeError::Refused(format!(
                 "the store holds a key {}:{{meta}} tollgate did not write; choose another key_prefix",
                 self.config.key_prefix
@@ -726,7 +728,7 @@ impl SharedStore {
     pub async fn heartbeat(&self, host: &str, local_now_us: u64) -> Result<u32, CallError> {
         let op = Op::heartbeat(format!("{}:{{hosts}}", self.config.key_prefix), host, self.config.host_ttl_ms * 1000);
         let timeout = Duration::from_millis(self.config.connect_timeout_ms);
-        let reply = self.call_unchecked(op, None, timeout).await?;
+        let reply = self.call_unchecked(op, timeout).await?;
         let mut ints = script::Ints::new(&reply);
         let live = ints.u32().map_err(CallError::BadValue)?;
         let store_now = ints.unsigned().map_err(CallError::BadValue)?;

@@ -15,88 +15,181 @@ pub const SCRIPT: &str = include_str!("decide.lua");
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Op {
     pub kind: u8,
-    pub args: Vec<String>,
+    pub args: Vec<Vec<u8>>,
     pub keys: Vec<String>,
+    /// A check's rules in order (not sent): how to read its reply when
+    /// giving back the places it took.
+    shapes: Vec<Shape>,
+}
+
+/// A check's rule as its reply lays it out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Shape {
+    Device,
+    Failures { window_us: u64 },
+    Rate,
+}
+
+/// The one argument of a packed op (check, report, release, merge): its
+/// numbers little-endian, as the script's `struct.unpack` formats read
+/// them (B u8, H u16, I4 u32, i8 i64, c1 a kind letter). One argument in
+/// place of a dozen decimal ones is what the store and the driver spend
+/// least on, at both ends.
+#[derive(Default)]
+struct Packed(Vec<u8>);
+
+impl Packed {
+    fn u8(&mut self, v: u8) -> &mut Packed {
+        self.0.push(v);
+        self
+    }
+
+    fn u16(&mut self, v: u16) -> &mut Packed {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+
+    fn u32(&mut self, v: u32) -> &mut Packed {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+
+    /// A time or length in µs. The script's numbers are doubles: every
+    /// value sent is far under 2^53, so it is read exactly.
+    fn u64(&mut self, v: u64) -> &mut Packed {
+        self.0.extend_from_slice(&(v.min(i64::MAX as u64) as i64).to_le_bytes());
+        self
+    }
+
+    /// A rule count: the script reads one byte. A route has at most
+    /// `RULES_PER_ROUTE_MAX` (16) rules, and an op adds two device keys.
+    fn count(&mut self, n: usize) -> &mut Packed {
+        self.u8(u8::try_from(n).expect("at most RULES_PER_ROUTE_MAX rules and two device keys"))
+    }
 }
 
 impl Op {
     fn new(kind: u8) -> Op {
-        Op { kind, args: Vec::new(), keys: Vec::new() }
+        Op { kind, ..Op::default() }
     }
 
     fn arg(&mut self, v: impl ToString) -> &mut Op {
-        self.args.push(v.to_string());
+        self.args.push(v.to_string().into_bytes());
         self
+    }
+
+    fn packed(kind: u8, packed: Packed, keys: Vec<String>) -> Op {
+        Op { kind, args: vec![packed.0], keys, shapes: Vec::new() }
     }
 
     /// A check: `rules` failure and rate rules, each with its key.
     pub fn check(rules: &[CheckRule]) -> Op {
-        let mut op = Op::new(b'C');
-        op.arg(rules.len());
+        let mut p = Packed::default();
+        let mut keys = Vec::with_capacity(rules.len());
+        let mut shapes = Vec::with_capacity(rules.len());
+        p.count(rules.len());
         for rule in rules {
             match *rule {
                 CheckRule::Device { ref key } => {
-                    op.arg("d");
-                    op.keys.push(key.clone());
+                    p.u8(b'd');
+                    keys.push(key.clone());
+                    shapes.push(Shape::Device);
                 }
                 CheckRule::Failures { ref key, scope, window_us, threshold, timeout_us, monitor } => {
-                    op.arg("f").arg(scope).arg(window_us).arg(threshold).arg(timeout_us).arg(monitor as u8);
-                    op.keys.push(key.clone());
+                    p.u8(b'f').u8(scope).u64(window_us).u32(threshold).u64(timeout_us).u8(monitor as u8);
+                    keys.push(key.clone());
+                    shapes.push(Shape::Failures { window_us });
                 }
                 CheckRule::Rate { ref key, scope, interval_us, tolerance_us, monitor } => {
-                    op.arg("g").arg(scope).arg(interval_us).arg(tolerance_us).arg(monitor as u8);
-                    op.keys.push(key.clone());
+                    p.u8(b'g').u8(scope).u64(interval_us).u64(tolerance_us).u8(monitor as u8);
+                    keys.push(key.clone());
+                    shapes.push(Shape::Rate);
                 }
             }
         }
-        op
+        Op { shapes, ..Op::packed(b'C', p, keys) }
+    }
+
+    /// Gives back the places this check took, read from its reply: one on
+    /// each failure rule the script applied and did not refuse, if it
+    /// admitted. None when it took none. A rule the device's scope skipped
+    /// took no place, so it gives none back (that place would be another
+    /// attempt's).
+    pub fn release_taken(&self, reply: &Reply) -> Result<Option<Op>, ReplyError> {
+        let mut ints = Ints::new(reply);
+        if self.kind != b'C' || !ints.flag()? {
+            return Ok(None);
+        }
+        ints.next()?; // the store's time
+        let mut places = Vec::new();
+        for (key, shape) in self.keys.iter().zip(&self.shapes) {
+            if *shape == Shape::Device {
+                continue;
+            }
+            let code = ints.next()?;
+            if code == 2 {
+                continue; // skipped: nothing follows
+            }
+            match *shape {
+                Shape::Failures { window_us } => {
+                    if code == 0 {
+                        places.push((key.clone(), window_us));
+                    }
+                    StoreEntry::read(&mut ints)?;
+                }
+                Shape::Rate => {
+                    ints.next()?;
+                }
+                Shape::Device => unreachable!("passed over above"),
+            }
+        }
+        Ok((!places.is_empty()).then(|| Op::release(&places)))
     }
 
     pub fn report(rules: &[ReportRule]) -> Op {
-        let mut op = Op::new(b'R');
-        op.arg(rules.len());
+        let mut p = Packed::default();
+        let mut keys = Vec::with_capacity(rules.len() + 2);
+        p.count(rules.len());
         for rule in rules {
             match *rule {
                 ReportRule::Device { ref key } => {
-                    op.arg("d");
-                    op.keys.push(key.clone());
+                    p.u8(b'd');
+                    keys.push(key.clone());
                 }
                 ReportRule::Remember { ref key, ref count_key, ttl_us, per_account_max } => {
-                    op.arg("D").arg(ttl_us).arg(per_account_max);
-                    op.keys.push(key.clone());
-                    op.keys.push(count_key.clone());
+                    p.u8(b'D').u64(ttl_us).u16(per_account_max);
+                    keys.push(key.clone());
+                    keys.push(count_key.clone());
                 }
                 ReportRule::Failures { ref key, ref index, scope, window_us, threshold, release, count, clear } => {
-                    op.arg(if index.is_some() { "F" } else { "f" }).arg(scope);
-                    op.arg(window_us).arg(threshold).arg(release as u8).arg(count as u8).arg(clear as u8);
-                    op.keys.push(key.clone());
-                    op.keys.extend(index.iter().cloned());
+                    p.u8(if index.is_some() { b'F' } else { b'f' }).u8(scope);
+                    p.u64(window_us).u32(threshold).u8(release as u8).u8(count as u8).u8(clear as u8);
+                    keys.push(key.clone());
+                    keys.extend(index.iter().cloned());
                 }
                 ReportRule::Rate { ref key, scope } => {
-                    op.arg("g").arg(scope);
-                    op.keys.push(key.clone());
+                    p.u8(b'g').u8(scope);
+                    keys.push(key.clone());
                 }
             }
         }
-        op
+        Op::packed(b'R', p, keys)
     }
 
     /// Gives back one place on each (key, window length).
     pub fn release(places: &[(String, u64)]) -> Op {
-        let mut op = Op::new(b'X');
-        op.arg(places.len());
-        for (key, window_us) in places {
-            op.arg(window_us);
-            op.keys.push(key.clone());
+        let mut p = Packed::default();
+        p.u16(u16::try_from(places.len()).expect("at most RULES_PER_ROUTE_MAX rules"));
+        for (_, window_us) in places {
+            p.u64(*window_us);
         }
-        op
+        Op::packed(b'X', p, places.iter().map(|(key, _)| key.clone()).collect())
     }
 
     pub fn merge(key: String, window_us: u64, threshold: u32, lock_remaining_us: u64, age_us: u64) -> Op {
-        let mut op = Op::new(b'M');
-        op.arg(window_us).arg(threshold).arg(lock_remaining_us).arg(age_us);
-        op.keys.push(key);
-        op
+        let mut p = Packed::default();
+        p.u64(window_us).u32(threshold).u64(lock_remaining_us).u64(age_us);
+        Op::packed(b'M', p, vec![key])
     }
 
     /// Unlocks one entry, or with `indexed` every entry an account's index
@@ -204,7 +297,10 @@ fn batch_command_of(name: &str, script: &str, ops: &[&Op]) -> redis::Cmd {
     }
     cmd.arg(ops.len());
     for op in ops {
-        cmd.arg(&[op.kind][..]).arg(op.args.len()).arg(op.keys.len()).arg(&op.args);
+        cmd.arg(&[op.kind][..]).arg(op.args.len()).arg(op.keys.len());
+        for arg in &op.args {
+            cmd.arg(&arg[..]);
+        }
     }
     cmd
 }
@@ -278,18 +374,31 @@ pub fn split_batch(value: Value, ops: usize) -> Result<Vec<Result<Reply, ReplyEr
 }
 
 fn op_reply(value: Value) -> Result<Reply, ReplyError> {
-    let Value::Array(items) = value else { return Err(ReplyError::Malformed("an op's reply is not an array")) };
-    let mut reply = Reply { ints: Vec::with_capacity(items.len()), strings: Vec::new() };
-    for item in items {
-        match item {
-            Value::Int(i) => reply.ints.push(i),
-            Value::BulkString(bytes) => {
-                reply.strings.push(String::from_utf8(bytes).map_err(|_| ReplyError::Malformed("not UTF-8"))?)
+    let reply = match value {
+        // A packed op's reply: its int64s, little-endian.
+        Value::BulkString(bytes) => {
+            if bytes.len() % 8 != 0 {
+                return Err(ReplyError::Malformed("a packed reply is not whole int64s"));
             }
-            Value::SimpleString(s) => reply.strings.push(s),
-            _ => return Err(ReplyError::Malformed("an op's reply holds something else than integers")),
+            let ints = bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes"))).collect();
+            Reply { ints, strings: Vec::new() }
         }
-    }
+        Value::Array(items) => {
+            let mut reply = Reply { ints: Vec::with_capacity(items.len()), strings: Vec::new() };
+            for item in items {
+                match item {
+                    Value::Int(i) => reply.ints.push(i),
+                    Value::BulkString(bytes) => {
+                        reply.strings.push(String::from_utf8(bytes).map_err(|_| ReplyError::Malformed("not UTF-8"))?)
+                    }
+                    Value::SimpleString(s) => reply.strings.push(s),
+                    _ => return Err(ReplyError::Malformed("an op's reply holds something else than integers")),
+                }
+            }
+            reply
+        }
+        _ => return Err(ReplyError::Malformed("an op's reply is not an array")),
+    };
     match reply.ints.first() {
         Some(&-1) => Err(ReplyError::NotOurs(rule_index(&reply))),
         Some(&-2) => Err(ReplyError::WrongType(rule_index(&reply))),
@@ -407,17 +516,102 @@ mod tests {
         let a = Op::release(&[("k1".into(), 5), ("k2".into(), 6)]);
         let b = Op::unlock("k3".into(), 7, false, "ch");
         let cmd = batch_command("sha", &[&a, &b]);
-        let args: Vec<String> = cmd
+        let args: Vec<Vec<u8>> = cmd
             .args_iter()
             .map(|a| match a {
-                redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
-                _ => "<cursor>".into(),
+                redis::Arg::Simple(b) => b.to_vec(),
+                _ => b"<cursor>".to_vec(),
             })
             .collect();
-        assert_eq!(
-            args,
-            ["EVALSHA", "sha", "3", "k1", "k2", "k3", "2", "X", "3", "2", "2", "5", "6", "U", "3", "1", "7", "0", "ch"]
-        );
+        // The release's one argument: its count (u16), then each window
+        // (i64), little-endian, as the script's struct.unpack reads them.
+        let mut release = vec![2, 0];
+        release.extend_from_slice(&5i64.to_le_bytes());
+        release.extend_from_slice(&6i64.to_le_bytes());
+        let plain = |s: &str| s.as_bytes().to_vec();
+        let mut expected: Vec<Vec<u8>> =
+            ["EVALSHA", "sha", "3", "k1", "k2", "k3", "2", "X", "1", "2"].iter().map(|s| plain(s)).collect();
+        expected.push(release);
+        expected.extend(["U", "3", "1", "7", "0", "ch"].iter().map(|s| plain(s)));
+        assert_eq!(args, expected);
+    }
+
+    #[test]
+    fn a_check_packs_each_rules_numbers_in_the_scripts_formats() {
+        let op = Op::check(&[
+            CheckRule::Device { key: "d".into() },
+            CheckRule::Failures {
+                key: "f".into(),
+                scope: 1,
+                window_us: 900_000_000,
+                threshold: 5,
+                timeout_us: 30_000_000,
+                monitor: true,
+            },
+            CheckRule::Rate { key: "r".into(), scope: 0, interval_us: 7, tolerance_us: 70, monitor: false },
+        ]);
+        assert_eq!(op.keys, ["d", "f", "r"]);
+        let mut want = vec![3, b'd', b'f', 1];
+        want.extend_from_slice(&900_000_000i64.to_le_bytes());
+        want.extend_from_slice(&5u32.to_le_bytes());
+        want.extend_from_slice(&30_000_000i64.to_le_bytes());
+        want.extend_from_slice(&[1, b'g', 0]);
+        want.extend_from_slice(&7i64.to_le_bytes());
+        want.extend_from_slice(&70i64.to_le_bytes());
+        want.push(0);
+        assert_eq!(op.args, [want]);
+    }
+
+    #[test]
+    fn a_late_check_gives_back_only_the_places_it_took() {
+        let failures = |key: &str, window_us| CheckRule::Failures {
+            key: key.into(),
+            scope: 0,
+            window_us,
+            threshold: 5,
+            timeout_us: 1,
+            monitor: false,
+        };
+        let op = Op::check(&[
+            CheckRule::Device { key: "dev".into() },
+            failures("took", 10),
+            failures("skipped", 20),
+            CheckRule::Rate { key: "rate".into(), scope: 0, interval_us: 1, tolerance_us: 1, monitor: false },
+            failures("refused-in-monitor", 30),
+        ]);
+        let entry = [0, 0, 0, 0, 0, 0, 10];
+        let mut ints = vec![1, 1_000];
+        ints.push(0);
+        ints.extend(entry);
+        ints.push(2); // skipped by the device's scope: no place, nothing follows
+        ints.extend([0, 999]); // the rate rule: ok, its TAT
+        ints.push(1);
+        ints.extend(entry);
+        let admitted = Reply { ints: ints.clone(), strings: vec![] };
+        assert_eq!(op.release_taken(&admitted), Ok(Some(Op::release(&[("took".into(), 10)]))));
+        ints[0] = 0;
+        let refused = Reply { ints, strings: vec![] };
+        assert_eq!(op.release_taken(&refused), Ok(None), "a refused check took nothing");
+        let short = Reply { ints: vec![1, 1_000, 0, 0], strings: vec![] };
+        assert!(op.release_taken(&short).is_err(), "a short reply is an error, not a guess");
+    }
+
+    #[test]
+    fn a_packed_reply_is_read_as_int64s_and_a_ragged_one_is_an_error() {
+        let mut bytes = Vec::new();
+        for v in [1i64, 1_800_000_000_000_000, -7] {
+            bytes.extend_from_slice(&v.to_le_bytes());
+        }
+        let replies = split_batch(Value::Array(vec![Value::BulkString(bytes.clone())]), 1).unwrap();
+        assert_eq!(replies[0].as_ref().unwrap().ints, [1, 1_800_000_000_000_000, -7]);
+        bytes.pop();
+        let ragged = split_batch(Value::Array(vec![Value::BulkString(bytes)]), 1).unwrap();
+        assert!(matches!(ragged[0], Err(ReplyError::Malformed(_))));
+        let mut theirs = Vec::new();
+        theirs.extend_from_slice(&(-1i64).to_le_bytes());
+        theirs.extend_from_slice(&2i64.to_le_bytes());
+        let theirs = split_batch(Value::Array(vec![Value::BulkString(theirs)]), 1).unwrap();
+        assert_eq!(theirs[0], Err(ReplyError::NotOurs(2)));
     }
 
     #[test]
