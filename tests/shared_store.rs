@@ -354,6 +354,32 @@ fn an_unlock_clears_the_store_and_every_host_forgets_the_lockout() {
     assert_eq!(check(&daemons[0], &mallory).decision, Decision::Allow, "A too");
 }
 
+/// An unlock sends every rule's op at once: a slow store costs it one
+/// round trip, not one per rule (login's account and source rules are two;
+/// they were sent one after the other).
+#[test]
+fn an_unlock_through_a_slow_store_waits_one_round_trip_not_one_per_rule() {
+    require_redis();
+    let redis = RedisServer::tcp();
+    let proxy = Proxy::new(redis.addr());
+    let dir = tempfile::tempdir().unwrap();
+    let d = TestDaemon::start_with(
+        Some(&shared_config(&proxy.url(), &shared_secret(dir.path()), "connect_timeout_ms = 2000")),
+        false,
+    );
+    let rt = runtime();
+    assert!(!rt.block_on(d.client().check_answered("login", &subject("192.0.2.9", "mallory"))).degraded);
+    let delay = Duration::from_millis(400);
+    proxy.set_mode(ProxyMode::Delay(delay));
+    let started = Instant::now();
+    let out = d.cli(&["unlock", "--route", "login", "--account", "mallory"]);
+    let took = started.elapsed();
+    proxy.set_mode(ProxyMode::Pass);
+    assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stderr), d.log());
+    assert!(took >= delay, "the store's reply was waited for: {took:?}");
+    assert!(took < delay * 2, "two rules' ops in one round trip, not two: {took:?}");
+}
+
 #[test]
 fn a_flushed_script_is_loaded_again_and_the_check_still_goes_to_the_store() {
     require_redis();

@@ -204,18 +204,25 @@ impl Daemon {
         now: u64,
     ) -> Result<u32, String> {
         let ops = limiter.unlock_ops(route, account, source, now).map_err(|e| e.to_string())?;
+        if !store.is_up() {
+            return Err(format!("the store is {}", store.state().name()));
+        }
+        // Every rule's op in flight at once: a slow store costs the unlock
+        // one `connect_timeout_ms`, not one per rule.
         let mut cleared = 0;
-        for op in ops {
-            if !store.is_up() {
-                return Err(format!("the store is {}", store.state().name()));
-            }
-            let reply = store.call_recovering(op).await.map_err(|e| e.to_string())?;
-            cleared += reply.ints.first().copied().unwrap_or(0).clamp(0, u32::MAX as i64) as u32;
-            for name in &reply.strings {
-                limiter.forget_known_lockout(name);
+        let mut failed = None;
+        for reply in futures_util::future::join_all(ops.into_iter().map(|op| store.call_recovering(op))).await {
+            match reply {
+                Ok(reply) => {
+                    cleared += reply.ints.first().copied().unwrap_or(0).clamp(0, u32::MAX as i64) as u32;
+                    for name in &reply.strings {
+                        limiter.forget_known_lockout(name);
+                    }
+                }
+                Err(e) => failed = Some(e.to_string()),
             }
         }
-        Ok(cleared)
+        failed.map_or(Ok(cleared), Err)
     }
 
     fn bad_store_value(&self, store: &SharedStore, error: &str, now: u64) {
@@ -344,7 +351,7 @@ async fn write_back(daemon: &Arc<Daemon>, store: &Arc<SharedStore>) -> usize {
     for batch in lockouts.chunks(WRITE_BACK_BATCH) {
         let mut done = Vec::new();
         let calls = batch.iter().map(|l| store.call_recovering(l.op.clone()));
-        for (lockout, result) in batch.iter().zip(futures_join(calls).await) {
+        for (lockout, result) in batch.iter().zip(futures_util::future::join_all(calls).await) {
             match result {
                 // The merge's first integer: 1 if the store took it, 0 if
                 // an unlock made since the lockout won.
@@ -365,21 +372,6 @@ async fn write_back(daemon: &Arc<Daemon>, store: &Arc<SharedStore>) -> usize {
     }
     store.stats.written_back.fetch_add(written as u64, Ordering::Relaxed);
     written
-}
-
-async fn futures_join<F: std::future::Future>(calls: impl Iterator<Item = F>) -> Vec<F::Output> {
-    let mut set = Vec::new();
-    for call in calls {
-        set.push(call);
-    }
-    let mut out = Vec::with_capacity(set.len());
-    // Submitted together (each call queues its op before awaiting), so
-    // they ride in few batches; awaited in order.
-    let mut pinned: Vec<std::pin::Pin<Box<F>>> = set.into_iter().map(Box::pin).collect();
-    for f in pinned.iter_mut() {
-        out.push(f.await);
-    }
-    out
 }
 
 /// The supervisor: probes while the breaker is open, beats while it is
