@@ -25,6 +25,7 @@ use crate::protocol::{Outcome, Reason, Subject, Verdict};
 use crate::shared::script::{CheckRule, Ints, Op, Reply, ReplyError, ReportRule, Scope, StoreEntry};
 use crate::signals::flags::Hits;
 use crate::store::{DeviceMap, DeviceRows, Durable};
+use smallvec::SmallVec;
 
 /// A check after this host's rules, waiting for the store.
 pub struct StoreCheck<'l> {
@@ -99,10 +100,9 @@ impl Limiter {
     /// shares the hash tag (the account's tag when the rule's key has the
     /// account, so a login's rules live on one Cluster node).
     fn store_key(&self, rule: &Rule, key: Key) -> String {
-        let prefix = self.shared_prefix.as_deref().unwrap_or("tg");
         let tag = if rule.key.contains(&Component::Account) { key.account_tag } else { key.tuple };
-        let kind = if matches!(rule.global, Some(Full::Rate { .. })) { 'r' } else { 'f' };
-        format!("{prefix}:{{{tag:016x}}}:{kind}:{}:{:032x}", rule.id, key.to_u128())
+        let kind = if matches!(rule.global, Some(Full::Rate { .. })) { "r" } else { "f" };
+        store_name(self.prefix(), tag, kind, &rule.id, Some(key.to_u128()))
     }
 
     fn prefix(&self) -> &str {
@@ -112,7 +112,7 @@ impl Limiter {
     /// The store's name for a device an account logged in from: any host's
     /// success makes it known to all.
     fn device_key(&self, route: &Route, device: Key) -> String {
-        format!("{}:{{{:016x}}}:d:{}:{:032x}", self.prefix(), device.account_tag, route.name, device.to_u128())
+        store_name(self.prefix(), device.account_tag, "d", &route.name, Some(device.to_u128()))
     }
 
     /// An account's index of a rule's entries, for a rule keyed on the
@@ -121,8 +121,7 @@ impl Limiter {
         if !rule.key.contains(&Component::Account) || rule.key.len() < 2 {
             return None;
         }
-        let prefix = self.shared_prefix.as_deref().unwrap_or("tg");
-        Some(format!("{prefix}:{{{account_tag:016x}}}:i:{}", rule.id))
+        Some(store_name(self.prefix(), account_tag, "i", &rule.id, None))
     }
 
     /// The channel unlocks and lockouts are published on.
@@ -340,9 +339,9 @@ impl Limiter {
         let StoreCheck { route, rule_keys, class, mut answers, held, known, hits, .. } = *check;
         let store_now = parsed.store_now;
         let known_anywhere = store_knows_device(route, &parsed.rules).unwrap_or(known);
-        // The places the store took for this attempt, given back if a rule
-        // of this host refuses it after all.
-        let mut taken = Vec::new();
+        // The rules the store took a place on for this attempt, given back
+        // if a rule of this host refuses it after all.
+        let mut taken: SmallVec<[(usize, u64); 4]> = SmallVec::new();
         for (i, found) in parsed.rules {
             if matches!(found, Found::Skipped) {
                 continue;
@@ -355,7 +354,7 @@ impl Limiter {
                     // admitted attempt also holds the place it took, as a
                     // check on this host's tables shows.
                     if parsed.admitted && !refuses {
-                        taken.push((self.store_key(rule, key), spec.window_us));
+                        taken.push((i, spec.window_us));
                         if entry.in_flight == 0 {
                             entry.first_lapse_in_us = self.attempt_timeout_us;
                         }
@@ -385,11 +384,15 @@ impl Limiter {
             || self.spend_rates(route, &rule_keys, class, Rules::Host, now_us, &mut answers)
         {
             self.give_back(route, &rule_keys, held, now_us);
-            return Ok(CheckStored {
-                verdict: combine(&answers),
-                store_now,
-                give_back: (!taken.is_empty()).then(|| Op::release(&taken)),
-            });
+            let places: Vec<(String, u64)> = taken
+                .iter()
+                .map(|&(i, window_us)| {
+                    let key = rule_keys[i].expect("a global rule in the op has a key");
+                    (self.store_key(&route.rules[i], key), window_us)
+                })
+                .collect();
+            let give_back = (!places.is_empty()).then(|| Op::release(&places));
+            return Ok(CheckStored { verdict: combine(&answers), store_now, give_back });
         }
         Ok(CheckStored { verdict: combine(&answers), store_now, give_back: None })
     }
@@ -456,7 +459,7 @@ impl Limiter {
         if let (Some(device), Some(known), Outcome::Success) = (prepared.device, &route.known_devices, outcome) {
             rules.push(ReportRule::Remember {
                 key: self.device_key(route, device),
-                count_key: format!("{}:{{{:016x}}}:dn:{}", self.prefix(), device.account_tag, route.name),
+                count_key: store_name(self.prefix(), device.account_tag, "dn", &route.name, None),
                 ttl_us: known.ttl_us,
                 per_account_max: known.per_account_max,
             });
@@ -614,6 +617,30 @@ impl Limiter {
 /// Whether the store knows the check's device, read from how it scoped the
 /// global rules (a rule for unknown devices skipped, or one for known
 /// devices applied); `None` when no global rule is scoped by device.
+/// A store key: `{prefix}:{{tag:016x}}:{kind}:{name}` and, for an entry,
+/// `:{digest:032x}`. Every request names two to five of them; `format!`'s
+/// padded hex was a tenth of the daemon's time in shared mode.
+fn store_name(prefix: &str, tag: u64, kind: &str, name: &str, digest: Option<u128>) -> String {
+    fn hex(out: &mut String, v: u128, digits: u32) {
+        for i in (0..digits).rev() {
+            out.push(char::from(b"0123456789abcdef"[((v >> (4 * i)) & 0xf) as usize]));
+        }
+    }
+    let mut out = String::with_capacity(prefix.len() + kind.len() + name.len() + 56);
+    out.push_str(prefix);
+    out.push_str(":{");
+    hex(&mut out, u128::from(tag), 16);
+    out.push_str("}:");
+    out.push_str(kind);
+    out.push(':');
+    out.push_str(name);
+    if let Some(digest) = digest {
+        out.push(':');
+        hex(&mut out, digest, 32);
+    }
+    out
+}
+
 fn store_knows_device(route: &Route, found: &[(usize, Found)]) -> Option<bool> {
     let mut knows = None;
     for (i, found) in found {
@@ -748,4 +775,22 @@ fn parse_report(report: &StoreReport<'_>, reply: &Reply) -> Result<Parsed, Reply
         rules.push((i, found));
     }
     Ok(Parsed { admitted: true, store_now, rules })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::store_name;
+
+    /// The names are the store's data: a host that named a key otherwise
+    /// would not share it. The same bytes `format!` made before.
+    #[test]
+    fn store_names_are_the_padded_hex_names_format_made() {
+        for (tag, digest) in [(0u64, 0u128), (0xdead_beef, 0xabc), (u64::MAX, u128::MAX), (1 << 60, 1 << 100)] {
+            assert_eq!(
+                store_name("tg", tag, "f", "login/source_failures", Some(digest)),
+                format!("tg:{{{tag:016x}}}:f:login/source_failures:{digest:032x}")
+            );
+            assert_eq!(store_name("acme", tag, "i", "login/x", None), format!("acme:{{{tag:016x}}}:i:login/x"));
+        }
+    }
 }
