@@ -17,12 +17,14 @@ use tollgate::protocol::{Decision, Outcome};
 /// the store's `timeout_ms`), with slack for 2 loaded cores.
 const ANSWER_BOUND: Duration = Duration::from_millis(500);
 
-/// `extra` is more `[shared]` keys; `timeout_ms` is 20 unless it sets it.
+/// `extra` is more `[shared]` keys; `timeout_ms` is 20 and the probes
+/// 50 to 200 ms unless it sets them.
 fn cluster_config(cluster: &Cluster, secret: &Path, extra: &str) -> String {
     let timeout = if extra.contains("timeout_ms") { "" } else { "timeout_ms = 20\n" };
+    let probes = if extra.contains("probe_") { "" } else { "probe_interval_ms = 50\nprobe_max_ms = 200\n" };
     let nodes: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
     format!(
-        "secret = \"{}\"\n\n[shared]\nnodes = [{}]\n{timeout}hosts = 3\nprobe_interval_ms = 50\nprobe_max_ms = 200\n{extra}\n",
+        "secret = \"{}\"\n\n[shared]\nnodes = [{}]\n{timeout}hosts = 3\n{probes}{extra}\n",
         secret.display(),
         nodes.join(", ")
     )
@@ -103,6 +105,99 @@ fn three_daemons_on_a_cluster_enforce_one_limit_with_keys_on_every_node() {
     assert!(reloads >= 3, "each node's NOSCRIPT was answered by loading the script there: {reloads}");
 }
 
+/// Each account from its own address: one address's checks would meet
+/// the login route's per-source rate before anything else.
+fn source(n: usize) -> &'static str {
+    leak(format!("198.51.100.{}", 10 + n))
+}
+
+/// Which node holds each account: the node whose key count grows when the
+/// account's first failure is reported (from `source(n)`).
+fn home_nodes(cluster: &Cluster, daemon: &TestDaemon, accounts: &[String]) -> Vec<usize> {
+    let mut home = Vec::new();
+    for (n, account) in accounts.iter().enumerate() {
+        let s = subject(source(n), account);
+        let before = dbsizes(cluster);
+        assert_eq!(check(daemon, &s).decision, Decision::Allow);
+        report(daemon, &s, Outcome::Failure);
+        let after = dbsizes(cluster);
+        let grew: Vec<usize> = (0..3).filter(|&i| after[i] > before[i]).collect();
+        assert_eq!(grew.len(), 1, "{account}: one node's keys grew: {before:?} -> {after:?}");
+        home.push(grew[0]);
+    }
+    home
+}
+
+/// A frozen master (SIGSTOP: its connections stay open, nothing answers)
+/// opens its own node's breaker: once a few calls have waited out their
+/// timeout, its slots are answered on this host at once (one probe in
+/// each probe delay still waits), the other nodes' slots are still decided
+/// by the store, and the node is asked again when it is back. Without a
+/// breaker per node, every check on its slots waited the timeout.
+#[test]
+fn a_frozen_master_opens_its_own_breaker_and_its_slots_are_answered_at_once() {
+    require_redis();
+    let mut cluster = Cluster::three();
+    let dir = tempfile::tempdir().unwrap();
+    let timeout = Duration::from_millis(200);
+    let config = "timeout_ms = 200\nprobe_interval_ms = 1000\nprobe_max_ms = 4000";
+    let d = TestDaemon::start_with(Some(&cluster_config(&cluster, &shared_secret(dir.path()), config)), false);
+    let accounts: Vec<String> = (0..30).map(|n| format!("acct{n}")).collect();
+    let home = home_nodes(&cluster, &d, &accounts);
+    let victim = home[0];
+    let dead: Vec<usize> = (0..accounts.len()).filter(|&n| home[n] == victim).collect();
+    let live: Vec<usize> = (0..accounts.len()).filter(|&n| home[n] != victim).collect();
+    assert!(!live.is_empty(), "accounts on other nodes too: {home:?}");
+    let rt = runtime();
+    let ask = |n: usize| {
+        let s = subject(source(n), &accounts[n]);
+        let asked = Instant::now();
+        let answered = rt.block_on(d.client().check_answered("login", &s));
+        let took = asked.elapsed();
+        rt.block_on(d.client().report("login", &s, Outcome::Success));
+        (answered.degraded, took)
+    };
+
+    cluster.pause(victim);
+    let frozen = Instant::now();
+    let mut waited = 0;
+    loop {
+        assert!(frozen.elapsed() < Duration::from_secs(10), "the node's breaker never opened:\n{}", d.log());
+        // Traffic on the live nodes too, as a real host has: the store
+        // answers, so the store's own breaker has no cause to open.
+        let n = live[waited % live.len()];
+        let (degraded, took) = ask(n);
+        assert!(!degraded && took < timeout, "{}: on a live node, decided by the store", accounts[n]);
+        let (degraded, took) = ask(dead[waited % dead.len()]);
+        assert!(degraded, "a frozen node's slot is answered on this host");
+        assert!(took < ANSWER_BOUND, "{took:?}");
+        if took < timeout / 4 {
+            break;
+        }
+        waited += 1;
+    }
+    assert!(waited >= 1, "the first calls waited out the timeout");
+    let fast = (0..12).filter(|i| ask(dead[i % dead.len()]).1 < timeout / 4).count();
+    assert!(fast >= 10, "the frozen node's slots are answered at once but for a probe: {fast} of 12");
+    for &n in &live {
+        let (degraded, took) = ask(n);
+        assert!(!degraded && took < timeout, "{}: on a live node, decided by the store", accounts[n]);
+    }
+    assert!(d.log().contains("cluster node away"), "{}", d.log());
+    let (_, shared) = rt.block_on(d.client().status_with_shared()).unwrap();
+    let shared = shared.expect("shared status");
+    assert_eq!(shared.state, "closed", "one node's loss does not open the store's breaker");
+
+    cluster.resume(victim);
+    let back = Instant::now();
+    while ask(dead[0]).0 {
+        assert!(back.elapsed() < Duration::from_secs(10), "the node was never asked again:\n{}", d.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(d.log().contains("cluster node back"), "{}", d.log());
+    assert!(!d.log().contains("panicked"), "{}", d.log());
+}
+
 #[test]
 fn a_killed_master_degrades_only_its_own_slots_and_every_answer_stays_bounded() {
     require_redis();
@@ -113,23 +208,8 @@ fn a_killed_master_degrades_only_its_own_slots_and_every_answer_stays_bounded() 
     // the test is about which node's keys the store keeps deciding.
     let daemons = daemons(2, &cluster, &shared_secret(dir.path()), "timeout_ms = 200");
 
-    // Which node holds each account: the node whose key count grows when
-    // the account's first failure is reported.
     let accounts: Vec<String> = (0..30).map(|n| format!("acct{n}")).collect();
-    // Each account from its own address: one address's checks would meet
-    // the login route's per-source rate before anything else.
-    let source = |n: usize| leak(format!("198.51.100.{}", 10 + n));
-    let mut home = Vec::new();
-    for (n, account) in accounts.iter().enumerate() {
-        let s = subject(source(n), account);
-        let before = dbsizes(&cluster);
-        assert_eq!(check(&daemons[0], &s).decision, Decision::Allow);
-        report(&daemons[0], &s, Outcome::Failure);
-        let after = dbsizes(&cluster);
-        let grew: Vec<usize> = (0..3).filter(|&i| after[i] > before[i]).collect();
-        assert_eq!(grew.len(), 1, "{account}: one node's keys grew: {before:?} -> {after:?}");
-        home.push(grew[0]);
-    }
+    let home = home_nodes(&cluster, &daemons[0], &accounts);
     let victim = home[0];
     assert!(home.iter().any(|&h| h != victim), "accounts on other nodes too: {home:?}");
 

@@ -429,6 +429,11 @@ pub(super) async fn supervise(daemon: Arc<Daemon>, fingerprint: String, host: St
                         *listener = Some(tokio::spawn(listen(daemon.clone(), store.clone())));
                     }
                 }
+                // A failover or resharding moves slots between nodes: the
+                // node breakers follow the cluster's map.
+                if let Err(e) = store.refresh_slots().await {
+                    tracing::debug!(target: LOG_TARGET, error = %e, "cluster slot map not read; the last one stands");
+                }
                 let Ok(live) = store.heartbeat(&host, daemon.clock().now_us()).await else { continue };
                 if store.config.hosts > 0 {
                     continue;

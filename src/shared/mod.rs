@@ -13,6 +13,7 @@
 //! and only dropping it and connecting again finds out.
 
 pub mod breaker;
+pub mod nodes;
 pub mod script;
 
 use std::path::Path;
@@ -26,6 +27,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use breaker::Breaker;
 pub use breaker::State;
+use nodes::{Change, Nodes};
 use script::{batch_command, batch_eval_command, op_slot, split_batch, Op, Reply, ReplyError, SCRIPT};
 
 use crate::config::SharedConfig;
@@ -99,6 +101,10 @@ pub enum CallError {
     NotAsked(&'static str),
     #[error("the queue to the store is full")]
     QueueFull,
+    /// In a cluster: the node serving the op's slot is away (its own
+    /// breaker is open); the other nodes' slots are still asked.
+    #[error("cluster node {0} is away (its breaker is open): its slots are not asked")]
+    NodeAway(String),
     #[error("no reply within the timeout")]
     Timeout,
     #[error("the store failed: {0}")]
@@ -152,6 +158,8 @@ pub struct SharedStore {
     last_success_us: AtomicU64,
     state: AtomicU8,
     breaker: Mutex<Breaker>,
+    /// In a cluster: which node serves each slot, and a breaker per node.
+    nodes: Mutex<Nodes>,
     pub stats: SharedStats,
     /// Hosts counted for degraded limits (ceil(limit / N)).
     hosts_in_force: AtomicU32,
@@ -193,6 +201,10 @@ impl Ticket<'_> {
                 store.stats.bad_values.fetch_add(1, Ordering::Relaxed);
                 Err(CallError::BadValue(e))
             }
+            Ok(Ok(Err(e @ CallError::NodeAway(_)))) => {
+                store.stats.not_asked.fetch_add(1, Ordering::Relaxed);
+                Err(e)
+            }
             Ok(Ok(Err(e))) => {
                 store.stats.errors.fetch_add(1, Ordering::Relaxed);
                 store.failed(&e);
@@ -230,6 +242,11 @@ impl SharedStore {
             last_success_us: AtomicU64::new(0),
             state: AtomicU8::new(State::Open.to_u8()),
             breaker: Mutex::new(breaker),
+            nodes: Mutex::new(Nodes::new(
+                config.breaker_failures,
+                config.probe_interval_ms * 1000,
+                config.probe_max_ms * 1000,
+            )),
             stats: SharedStats::default(),
             hosts_in_force: AtomicU32::new(hosts),
             hosts_live: AtomicU32::new(0),
@@ -436,20 +453,80 @@ impl SharedStore {
                 }
             }
         }
+        // A group whose node is away is answered at once, but for one
+        // probe in each probe delay.
+        let now = self.micros();
+        let groups: Vec<_> = {
+            let mut nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
+            groups
+                .into_iter()
+                .filter_map(|(slot, group)| match slot {
+                    Some(s) if !nodes.admit(s, now) => {
+                        let name = nodes.name_of(s).unwrap_or("?").to_string();
+                        for p in group {
+                            let _ = p.reply.send(Err(CallError::NodeAway(name.clone())));
+                        }
+                        None
+                    }
+                    _ => Some((slot, group)),
+                })
+                .collect()
+        };
         let sends: Vec<_> = groups
             .into_iter()
-            .map(|(_, group)| {
+            .map(|(slot, group)| {
                 let (store, connection) = (self.clone(), connection.clone());
-                tokio::spawn(async move { store.send_group(connection, group).await })
+                tokio::spawn(async move {
+                    let answered = store.send_group(connection, group).await;
+                    if let Some(slot) = slot {
+                        store.node_outcome(slot, answered);
+                    }
+                })
             })
             .collect();
         let deadline = Duration::from_millis(self.config.timeout_ms);
         let _ = tokio::time::timeout(deadline, futures_util::future::join_all(sends)).await;
     }
 
+    /// A cluster call's outcome, on its node's breaker; a change is logged
+    /// and shown as the last error.
+    fn node_outcome(&self, slot: u16, answered: bool) {
+        let change = self.nodes.lock().unwrap_or_else(|e| e.into_inner()).outcome(slot, answered, self.micros());
+        match change {
+            Change::None => {}
+            Change::Opened(node) => {
+                let e = CallError::NodeAway(node.clone());
+                self.set_last_error(&e);
+                tracing::warn!(target: LOG_TARGET, node = %node,
+                    "cluster node away; its slots are answered on this host (degraded) and probed, the other nodes' slots are still asked");
+            }
+            Change::Closed(node) => {
+                tracing::info!(target: LOG_TARGET, node = %node, "cluster node back; its slots are asked again");
+            }
+        }
+    }
+
+    /// Reads the cluster's slot map (`CLUSTER SLOTS`) for the node
+    /// breakers. Off the request path (connect, then every heartbeat).
+    pub async fn refresh_slots(&self) -> Result<(), String> {
+        if !self.is_cluster() {
+            return Ok(());
+        }
+        let connection = self.connection.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let Some(mut connection) = connection else { return Err("not connected".into()) };
+        let timeout = Duration::from_millis(self.config.connect_timeout_ms);
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("SLOTS");
+        let reply = tokio::time::timeout(timeout, cmd.query_async::<redis::Value>(&mut connection))
+            .await
+            .map_err(|_| "CLUSTER SLOTS timed out".to_string())?
+            .map_err(|e| e.to_string())?;
+        self.nodes.lock().unwrap_or_else(|e| e.into_inner()).remap(&reply).map_err(str::to_string)
+    }
+
     /// One EVALSHA for `batch` (one slot's ops in a cluster), its replies
-    /// handed to the callers.
-    async fn send_group(&self, mut connection: Connection, batch: Vec<Pending>) {
+    /// handed to the callers. True if the store answered the batch.
+    async fn send_group(&self, mut connection: Connection, batch: Vec<Pending>) -> bool {
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
         self.stats.batched_ops.fetch_add(batch.len() as u64, Ordering::Relaxed);
         let ops: Vec<&Op> = batch.iter().map(|p| &p.op).collect();
@@ -506,8 +583,10 @@ impl SharedStore {
                 for p in batch {
                     let _ = p.reply.send(Err(e.clone()));
                 }
+                return false;
             }
         }
+        true
     }
 
     /// Drops the connection and makes a new one, loads the script and
@@ -553,6 +632,9 @@ impl SharedStore {
             Err(e) => return Err(ProbeError::Unreachable(e)),
         }
         *self.connection.lock().unwrap_or_else(|e| e.into_inner()) = Some(connection);
+        if let Err(e) = self.refresh_slots().await {
+            tracing::warn!(target: LOG_TARGET, error = %e, "cluster slot map not read; node breakers wait for the next heartbeat");
+        }
         let join = Op::join(format!("{}:{{meta}}", self.config.key_prefix), fingerprint);
         let reply = self.call_unchecked(join, connect_timeout).await.map_err(|e| match e {
             CallError::BadValue(_) => ProbeError::Refused(format!(

@@ -563,6 +563,16 @@ impl Cluster {
         let _ = child.wait();
     }
 
+    /// SIGSTOP node `i`: its connections stay open and nothing answers.
+    /// (Drop's SIGKILL ends a stopped node all the same.)
+    pub fn pause(&mut self, i: usize) {
+        signal(self.nodes[i].child.as_ref().unwrap_or_else(|| panic!("node {i} not running")), Signal::SIGSTOP);
+    }
+
+    pub fn resume(&mut self, i: usize) {
+        signal(self.nodes[i].child.as_ref().unwrap_or_else(|| panic!("node {i} not running")), Signal::SIGCONT);
+    }
+
     /// One command on node `i` through `redis-cli` (no `-c`: a key in
     /// another node's slot answers MOVED, which is what a test may want).
     pub fn node_cmd(&self, i: usize, args: &[&str]) -> String {
