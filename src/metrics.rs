@@ -110,13 +110,14 @@ fn shared(out: &mut String, status: &Status, s: &SharedStatus) {
     family.sample("tollgate_shared_degraded_seconds_total", &[], s.degraded_total_ms as f64 / 1e3);
 
     // Every call that was queued ended in exactly one of these (a call the
-    // breaker or a full queue kept from the store is `not_asked`).
+    // breaker, its cluster node's breaker or a full queue kept from the
+    // store is `not_asked`).
     let ok = s.calls.saturating_sub(s.timeouts).saturating_sub(s.errors).saturating_sub(s.bad_values);
     let mut family = Family::new(
         out,
         "tollgate_shared_calls_total",
         "counter",
-        "Store calls by result; not_asked: answered on this host without asking (breaker not closed, queue full).",
+        "Store calls by result; not_asked: answered on this host without asking (breaker not closed, the cluster node's breaker open, queue full).",
     );
     for (result, count) in [
         ("ok", ok),

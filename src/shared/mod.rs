@@ -202,6 +202,9 @@ impl Ticket<'_> {
                 Err(CallError::BadValue(e))
             }
             Ok(Ok(Err(e @ CallError::NodeAway(_)))) => {
+                // Queued, but never sent: a call not asked, as one the
+                // store's breaker keeps back, and not a call made.
+                store.stats.calls.fetch_sub(1, Ordering::Relaxed);
                 store.stats.not_asked.fetch_add(1, Ordering::Relaxed);
                 Err(e)
             }
