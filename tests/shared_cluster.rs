@@ -187,6 +187,8 @@ fn a_frozen_master_opens_its_own_breaker_and_its_slots_are_answered_at_once() {
     let (_, shared) = rt.block_on(d.client().status_with_shared()).unwrap();
     let shared = shared.expect("shared status");
     assert_eq!(shared.state, "closed", "one node's loss does not open the store's breaker");
+    assert!(shared.not_asked >= 10, "the calls its breaker kept back are not asked: {shared:?}");
+    assert!(shared.calls >= shared.timeouts + shared.errors, "and not counted as calls made: {shared:?}");
 
     cluster.resume(victim);
     let back = Instant::now();
