@@ -9,7 +9,8 @@
 #      goes to the store (login's rules are global); on a daemon with the
 #      default-like timeout (TIMEOUT_MS, 2) and on a patient one (1000 ms),
 #      with the share of answers given degraded: a saturated store makes
-#      the first answer most requests on its degraded share;
+#      the first answer most requests on its degraded share; and the CPU
+#      time Redis and the daemon spent a request (/proc, user + system);
 #   2. the Redis+Lua peer (../shared/bench/peer-redis.sh, or $PEER) at the
 #      same 50 connections, same session;
 #   3. `request` route checks (host rules only) with shared mode on, then
@@ -51,6 +52,7 @@ start_daemon() { # name, extra config
   TOLLGATE_LOG=warn "$BIN" serve --socket "$dir/t.sock" --state "$dir/state.redb" --config "$dir/tollgate.toml" \
     2> "$dir/log" &
   PIDS+=("$!")
+  echo "$!" > "$dir/pid"
   for _ in $(seq 200); do [ -S "$dir/t.sock" ] && break; sleep 0.05; done
 }
 
@@ -78,13 +80,23 @@ bench() { # socket, args...
   local socket=$1; shift
   "$BIN" bench --socket "$socket" --json "$@"
 }
+# utime + stime of a process, in clock ticks.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+per_request() { # ticks, bench json
+  python3 -c "import json,sys,os; d=json.loads(sys.argv[2]); print(round($1 / os.sysconf('SC_CLK_TCK') * 1e6 / max(1, d['requests']), 1))" "$1" "$2"
+}
 field() { python3 -c "import json,sys; d=json.load(sys.stdin); print(d$1)"; }
 
 for run in $(seq "$RUNS"); do
   for d in shared patient; do
     read -r deg0 _ <<<"$(degraded_share "$TMP/$d/t.sock")"
+    redis0=$(cpu_ticks "$REDIS"); daemon0=$(cpu_ticks "$(cat "$TMP/$d/pid")")
     out=$(bench "$TMP/$d/t.sock" --route login --mix check-report --connections 50 --in-flight 1 --keys 100000 --duration "$DURATION")
+    redis1=$(cpu_ticks "$REDIS"); daemon1=$(cpu_ticks "$(cat "$TMP/$d/pid")")
     read -r deg1 _ <<<"$(degraded_share "$TMP/$d/t.sock")"
+    # CPU time a request (user + system, from /proc): where the time goes.
+    echo "run${run}_login_${d}_redis_cpu_us_per_request=$(per_request $((redis1 - redis0)) "$out")"
+    echo "run${run}_login_${d}_daemon_cpu_us_per_request=$(per_request $((daemon1 - daemon0)) "$out")"
     echo "run${run}_login_${d}_requests_per_s=$(field "['requests']/d['duration_s']" <<<"$out")"
     echo "run${run}_login_${d}_p50_us=$(field "['p50_us']" <<<"$out")"
     echo "run${run}_login_${d}_p99_us=$(field "['p99_us']" <<<"$out")"
