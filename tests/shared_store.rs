@@ -380,6 +380,72 @@ fn an_unlock_through_a_slow_store_waits_one_round_trip_not_one_per_rule() {
     assert!(took < delay * 2, "two rules' ops in one round trip, not two: {took:?}");
 }
 
+/// A write-back larger than the queue to the store (`pending_max`) is
+/// sent in chunks the queue holds: every lockout taken while the store was
+/// away reaches it. Sent all at once, the merges past the queue's room
+/// were refused (QueueFull) and never written (red team, issue 14).
+#[test]
+fn a_write_back_larger_than_the_queue_reaches_the_store_whole() {
+    require_redis();
+    let mut redis = RedisServer::unix();
+    let dir = tempfile::tempdir().unwrap();
+    let d = TestDaemon::start_with(
+        Some(&shared_config(&redis.url(), &shared_secret(dir.path()), "pending_max = 2")),
+        false,
+    );
+    redis.kill9();
+    const LOCKED: usize = 8;
+    for i in 0..LOCKED {
+        let who = subject(leak(format!("192.0.2.{}", 10 + i)), leak(format!("victim{i}")));
+        // ceil(5 / 3 hosts) = 2 failures lock while degraded.
+        for _ in 0..2 {
+            check(&d, &who);
+            report(&d, &who, Outcome::Failure);
+        }
+        assert_eq!(check(&d, &who).decision, Decision::Deny, "locked while degraded");
+    }
+    redis.restart();
+    wait_until(&d, Duration::from_secs(10), "recovered", || d.log().matches("shared store reachable").count() >= 2);
+    let (_, shared) = runtime().block_on(d.client().status_with_shared()).unwrap();
+    let shared = shared.expect("shared status");
+    assert!(!d.log().contains("a lockout was not written back"), "{}", d.log());
+    assert!(shared.written_back as usize >= LOCKED, "every lockout written back: {shared:?}");
+}
+
+/// An op the script cannot read (a short packed argument) fails on its
+/// own: the batch's other ops still run. Unguarded, the script's error
+/// aborted the whole batch (red team, issue 14).
+#[test]
+fn an_op_the_script_cannot_read_fails_alone_and_the_rest_of_its_batch_runs() {
+    require_redis();
+    let redis = RedisServer::unix();
+    let script = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/shared/decide.lua")).unwrap();
+    let sha = redis.cmd(&["SCRIPT", "LOAD", &script]);
+    assert_eq!(sha.len(), 40, "{sha}");
+    // Op 1: a check whose argument says one rule and holds none. Op 2: a
+    // heartbeat (plain arguments), which adds this host to a sorted set.
+    let out = redis.cmd(&[
+        "EVALSHA",
+        &sha,
+        "2",
+        "tg:{a}:f:login/x:00",
+        "tg:{hosts}",
+        "2",
+        "C",
+        "1",
+        "1",
+        "\u{1}",
+        "H",
+        "2",
+        "1",
+        "host-1",
+        "60000000",
+    ]);
+    assert!(!out.contains("ERR"), "the batch ran: {out}");
+    assert_eq!(redis.cmd(&["ZCARD", "tg:{hosts}"]), "1", "the heartbeat after the bad op ran");
+    assert_eq!(redis.cmd(&["EXISTS", "tg:{a}:f:login/x:00"]), "0", "the bad op wrote nothing");
+}
+
 #[test]
 fn a_flushed_script_is_loaded_again_and_the_check_still_goes_to_the_store() {
     require_redis();

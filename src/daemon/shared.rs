@@ -207,22 +207,33 @@ impl Daemon {
         if !store.is_up() {
             return Err(format!("the store is {}", store.state().name()));
         }
-        // Every rule's op in flight at once: a slow store costs the unlock
-        // one `connect_timeout_ms`, not one per rule.
-        let mut cleared = 0;
-        let mut failed = None;
-        for reply in futures_util::future::join_all(ops.into_iter().map(|op| store.call_recovering(op))).await {
-            match reply {
-                Ok(reply) => {
-                    cleared += reply.ints.first().copied().unwrap_or(0).clamp(0, u32::MAX as i64) as u32;
-                    for name in &reply.strings {
-                        limiter.forget_known_lockout(name);
+        // Every rule's op in flight at once (as many as the queue takes): a
+        // slow store costs the unlock one `connect_timeout_ms`, not one per
+        // rule.
+        let (mut cleared, mut done, mut failed) = (0, 0, None);
+        let total = ops.len();
+        for chunk in ops.chunks(store.config.pending_max.max(1)) {
+            let calls = chunk.iter().map(|op| store.call_recovering(op.clone()));
+            for reply in futures_util::future::join_all(calls).await {
+                match reply {
+                    Ok(reply) => {
+                        done += 1;
+                        cleared += reply.ints.first().copied().unwrap_or(0).clamp(0, u32::MAX as i64) as u32;
+                        for name in &reply.strings {
+                            limiter.forget_known_lockout(name);
+                        }
                     }
+                    Err(e) => failed = Some(e.to_string()),
                 }
-                Err(e) => failed = Some(e.to_string()),
             }
         }
-        failed.map_or(Ok(cleared), Err)
+        match failed {
+            None => Ok(cleared),
+            Some(e) if done > 0 => {
+                Err(format!("{e}; {done} of the {total} rules were unlocked there ({cleared} entries cleared)"))
+            }
+            Some(e) => Err(e),
+        }
     }
 
     fn bad_store_value(&self, store: &SharedStore, error: &str, now: u64) {
@@ -348,7 +359,9 @@ async fn write_back(daemon: &Arc<Daemon>, store: &Arc<SharedStore>) -> usize {
     let now = daemon.clock().now_us();
     let lockouts = limiter.degraded_lockouts(now);
     let mut written = 0;
-    for batch in lockouts.chunks(WRITE_BACK_BATCH) {
+    // A chunk's merges are queued together: no more than the queue holds,
+    // or the ones past it would be refused (QueueFull) and not written.
+    for batch in lockouts.chunks(WRITE_BACK_BATCH.min(store.config.pending_max).max(1)) {
         let mut done = Vec::new();
         let calls = batch.iter().map(|l| store.call_recovering(l.op.clone()));
         for (lockout, result) in batch.iter().zip(futures_util::future::join_all(calls).await) {
@@ -430,10 +443,10 @@ pub(super) async fn supervise(daemon: Arc<Daemon>, fingerprint: String, host: St
                     }
                 }
                 // A failover or resharding moves slots between nodes: the
-                // node breakers follow the cluster's map.
-                if let Err(e) = store.refresh_slots().await {
-                    tracing::debug!(target: LOG_TARGET, error = %e, "cluster slot map not read; the last one stands");
-                }
+                // node breakers follow the cluster's map. On a task of its
+                // own: the driver sends CLUSTER SLOTS to a random node, and
+                // a frozen one must not hold up the heartbeat or a probe.
+                store.refresh_slots_in_background();
                 let Ok(live) = store.heartbeat(&host, daemon.clock().now_us()).await else { continue };
                 if store.config.hosts > 0 {
                     continue;

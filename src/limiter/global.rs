@@ -611,12 +611,6 @@ impl Limiter {
     }
 }
 
-/// A rule's device scope for the store's script: decided there when the
-/// request has a device it can look up; otherwise already decided here
-/// (the rule has a key only if it applies).
-/// Whether the store knows the check's device, read from how it scoped the
-/// global rules (a rule for unknown devices skipped, or one for known
-/// devices applied); `None` when no global rule is scoped by device.
 /// A store key: `{prefix}:{{tag:016x}}:{kind}:{name}` and, for an entry,
 /// `:{digest:032x}`. Every request names two to five of them; `format!`'s
 /// padded hex was a tenth of the daemon's time in shared mode.
@@ -641,6 +635,9 @@ fn store_name(prefix: &str, tag: u64, kind: &str, name: &str, digest: Option<u12
     out
 }
 
+/// Whether the store knows the check's device, read from how it scoped the
+/// global rules (a rule for unknown devices skipped, or one for known
+/// devices applied); `None` when no global rule is scoped by device.
 fn store_knows_device(route: &Route, found: &[(usize, Found)]) -> Option<bool> {
     let mut knows = None;
     for (i, found) in found {
@@ -654,6 +651,9 @@ fn store_knows_device(route: &Route, found: &[(usize, Found)]) -> Option<bool> {
     knows
 }
 
+/// A rule's device scope for the store's script: decided there when the
+/// request has a device it can look up; otherwise already decided here
+/// (the rule has a key only if it applies).
 fn scope(rule: &Rule, store_decides_devices: bool) -> Scope {
     match (store_decides_devices, rule.devices) {
         (false, _) | (true, DeviceScope::All) => 0,

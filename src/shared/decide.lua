@@ -11,7 +11,8 @@
 -- batch cost the store more to convert than the decisions cost (measured:
 -- docs/performance.md, "Shared mode"). The others take and give plain
 -- values. An op that finds a value tollgate did not write answers
--- {-code, rule} (1: not a tollgate value, 2: wrong type) and writes nothing.
+-- {-code, rule} (1: not a tollgate value, 2: wrong type) and writes nothing;
+-- one the script fails on answers {-3, 0}.
 --
 -- Time is the store's (TIME), read once per batch: with one clock per key,
 -- skew between hosts changes nothing in a decision. Every time and count
@@ -43,10 +44,17 @@ end
 -- The packed argument of the op being run, and the read position in it.
 local blob, at = '', 1
 
--- struct formats made once per length: n doubles (the places of an
--- entry), an entry's header and n places. One pack or unpack of the whole
--- entry costs the script a fraction of one per place.
-local places_formats, entry_formats = {}, {}
+-- struct formats made once per length in a batch: n int64s (a release's
+-- windows, a reply), n doubles (the places of an entry), an entry's
+-- header and n places. One
+-- pack or unpack of the whole entry costs the script a fraction of one per
+-- place.
+local places_formats, entry_formats, int64s_formats = {}, {}, {}
+local function int64s_format(n)
+  local f = int64s_formats[n]
+  if not f then f = '<' .. string.rep('i8', n); int64s_formats[n] = f end
+  return f
+end
 local function places_format(n)
   local f = places_formats[n]
   if not f then f = '<' .. string.rep('d', n); places_formats[n] = f end
@@ -331,9 +339,11 @@ end
 local function release()
   local n
   n, at = struct.unpack('<H', blob, at)
+  -- Every window read before the first write: a short argument fails the
+  -- op before it has released anything.
+  local windows = { struct.unpack(int64s_format(n), blob, at) }
   for i = 1, n do
-    local kn, W = key(), nil
-    W, at = struct.unpack('<i8', blob, at)
+    local kn, W = key(), windows[i]
     local r, err = load(kn, W)
     if not r then return { -err, i } end
     roll(r)
@@ -419,12 +429,8 @@ end
 
 local ops = { C = check, R = report, X = release, M = merge, U = unlock, H = heartbeat, J = join }
 local packed = { C = true, R = true, X = true, M = true }
--- struct formats of n int64s, made once per length.
-local formats = {}
 local function ints(out)
-  local f = formats[#out]
-  if not f then f = '<' .. string.rep('i8', #out); formats[#out] = f end
-  return struct.pack(f, unpack(out))
+  return struct.pack(int64s_format(#out), unpack(out))
 end
 local replies = {}
 for o = 1, tonumber(ARGV[1]) do
@@ -436,7 +442,11 @@ for o = 1, tonumber(ARGV[1]) do
   local a0, k0 = a, k
   local span_args, span_keys = num(), num()
   if packed[kind] then blob, at = str(), 1 end
-  local reply = op()
+  -- An op that fails in the script (an argument it cannot read) answers
+  -- {-3, 0} on its own, and the batch's other ops still run; unguarded,
+  -- the error would abort the whole batch.
+  local ran, reply = pcall(op)
+  if not ran then reply = { -3, 0 } end
   a, k = a0 + 2 + span_args, k0 + span_keys
   if packed[kind] then reply = ints(reply) end
   replies[o] = reply

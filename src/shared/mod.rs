@@ -17,7 +17,7 @@ pub mod nodes;
 pub mod script;
 
 use std::path::Path;
-use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -160,6 +160,8 @@ pub struct SharedStore {
     breaker: Mutex<Breaker>,
     /// In a cluster: which node serves each slot, and a breaker per node.
     nodes: Mutex<Nodes>,
+    /// A slot map read is running (`refresh_slots_in_background`).
+    refreshing_slots: AtomicBool,
     pub stats: SharedStats,
     /// Hosts counted for degraded limits (ceil(limit / N)).
     hosts_in_force: AtomicU32,
@@ -250,6 +252,7 @@ impl SharedStore {
                 config.probe_interval_ms * 1000,
                 config.probe_max_ms * 1000,
             )),
+            refreshing_slots: AtomicBool::new(false),
             stats: SharedStats::default(),
             hosts_in_force: AtomicU32::new(hosts),
             hosts_live: AtomicU32::new(0),
@@ -509,8 +512,24 @@ impl SharedStore {
         }
     }
 
+    /// Reads the cluster's slot map for the node breakers on a task of its
+    /// own, unless a read is still running (each waits at most
+    /// `connect_timeout_ms`). Called at every heartbeat.
+    pub fn refresh_slots_in_background(self: &Arc<SharedStore>) {
+        if !self.is_cluster() || self.refreshing_slots.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let store = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = store.refresh_slots().await {
+                tracing::debug!(target: LOG_TARGET, error = %e, "cluster slot map not read; the last one stands");
+            }
+            store.refreshing_slots.store(false, Ordering::Release);
+        });
+    }
+
     /// Reads the cluster's slot map (`CLUSTER SLOTS`) for the node
-    /// breakers. Off the request path (connect, then every heartbeat).
+    /// breakers. Off the request path.
     pub async fn refresh_slots(&self) -> Result<(), String> {
         if !self.is_cluster() {
             return Ok(());
@@ -635,9 +654,6 @@ impl SharedStore {
             Err(e) => return Err(ProbeError::Unreachable(e)),
         }
         *self.connection.lock().unwrap_or_else(|e| e.into_inner()) = Some(connection);
-        if let Err(e) = self.refresh_slots().await {
-            tracing::warn!(target: LOG_TARGET, error = %e, "cluster slot map not read; node breakers wait for the next heartbeat");
-        }
         let join = Op::join(format!("{}:{{meta}}", self.config.key_prefix), fingerprint);
         let reply = self.call_unchecked(join, connect_timeout).await.map_err(|e| match e {
             CallError::BadValue(_) => ProbeError::Refused(format!(

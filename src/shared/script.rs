@@ -39,6 +39,13 @@ enum Shape {
 struct Packed(Vec<u8>);
 
 impl Packed {
+    /// Room for a rule count and `rules` rules of at most 27 bytes (a
+    /// check's failure rule: kind, scope, window, threshold, timeout,
+    /// monitor), so a check or report is one allocation.
+    fn with_rules(rules: usize) -> Packed {
+        Packed(Vec::with_capacity(1 + 27 * rules))
+    }
+
     fn u8(&mut self, v: u8) -> &mut Packed {
         self.0.push(v);
         self
@@ -84,7 +91,7 @@ impl Op {
 
     /// A check: `rules` failure and rate rules, each with its key.
     pub fn check(rules: &[CheckRule]) -> Op {
-        let mut p = Packed::default();
+        let mut p = Packed::with_rules(rules.len());
         let mut keys = Vec::with_capacity(rules.len());
         let mut shapes = Vec::with_capacity(rules.len());
         p.count(rules.len());
@@ -147,7 +154,7 @@ impl Op {
     }
 
     pub fn report(rules: &[ReportRule]) -> Op {
-        let mut p = Packed::default();
+        let mut p = Packed::with_rules(rules.len());
         let mut keys = Vec::with_capacity(rules.len() + 2);
         p.count(rules.len());
         for rule in rules {
@@ -402,6 +409,7 @@ fn op_reply(value: Value) -> Result<Reply, ReplyError> {
     match reply.ints.first() {
         Some(&-1) => Err(ReplyError::NotOurs(rule_index(&reply))),
         Some(&-2) => Err(ReplyError::WrongType(rule_index(&reply))),
+        Some(&-3) => Err(ReplyError::Malformed("the script failed on this op (an argument it could not read)")),
         Some(&code) if code < 0 => Err(ReplyError::Malformed("unknown error code")),
         Some(_) => Ok(reply),
         None => Err(ReplyError::Malformed("an empty op reply")),
