@@ -141,7 +141,9 @@ fn a_frozen_master_opens_its_own_breaker_and_its_slots_are_answered_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let timeout = Duration::from_millis(200);
     let config = "timeout_ms = 200\nprobe_interval_ms = 1000\nprobe_max_ms = 4000";
-    let d = TestDaemon::start_with(Some(&cluster_config(&cluster, &shared_secret(dir.path()), config)), false);
+    let secret = shared_secret(dir.path());
+    let d = TestDaemon::start_with(Some(&cluster_config(&cluster, &secret, config)), false);
+    let other = TestDaemon::start_with(Some(&cluster_config(&cluster, &secret, config)), false);
     let accounts: Vec<String> = (0..30).map(|n| format!("acct{n}")).collect();
     let home = home_nodes(&cluster, &d, &accounts);
     let victim = home[0];
@@ -184,6 +186,14 @@ fn a_frozen_master_opens_its_own_breaker_and_its_slots_are_answered_at_once() {
         assert!(!degraded && took < timeout, "{}: on a live node, decided by the store", accounts[n]);
     }
     assert!(d.log().contains("cluster node away"), "{}", d.log());
+    // A guesser on the frozen node's slots meets this host's share,
+    // ceil(5 / 3) = 2, and is locked out here.
+    let guesser = subject("203.0.113.66", &accounts[dead[0]]);
+    for _ in 0..2 {
+        check(&d, &guesser);
+        report(&d, &guesser, Outcome::Failure);
+    }
+    assert_eq!(check(&d, &guesser).decision, Decision::Deny, "locked on this host's share");
     let (_, shared) = rt.block_on(d.client().status_with_shared()).unwrap();
     let shared = shared.expect("shared status");
     assert_eq!(shared.state, "closed", "one node's loss does not open the store's breaker");
@@ -197,6 +207,23 @@ fn a_frozen_master_opens_its_own_breaker_and_its_slots_are_answered_at_once() {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(d.log().contains("cluster node back"), "{}", d.log());
+    // The lockout taken while the node was away is written back: the
+    // other host, asking the store, refuses the guesser too.
+    let written = Instant::now();
+    loop {
+        let answered = rt.block_on(other.client().check_answered("login", &guesser));
+        let v = verdict(answered.answer);
+        if !answered.degraded && v.decision == Decision::Deny {
+            assert_eq!(v.rule.as_ref(), "source_failures", "{v:?}");
+            break;
+        }
+        if v.decision == Decision::Allow {
+            // Settled, so its place does not count toward a refusal.
+            rt.block_on(other.client().report("login", &guesser, Outcome::Success));
+        }
+        assert!(written.elapsed() < Duration::from_secs(10), "not written back: {v:?}\n{}", d.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
     assert!(!d.log().contains("panicked"), "{}", d.log());
 }
 

@@ -430,6 +430,11 @@ pub(super) async fn supervise(daemon: Arc<Daemon>, fingerprint: String, host: St
                 }
             }
             State::Closed => {
+                if store.take_write_back_due() {
+                    let written = write_back(&daemon, &store).await;
+                    tracing::info!(target: LOG_TARGET, written_back = written,
+                        "lockouts taken while a cluster node was away written back");
+                }
                 if last_beat.elapsed() < heartbeat {
                     continue;
                 }

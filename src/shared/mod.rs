@@ -162,6 +162,9 @@ pub struct SharedStore {
     nodes: Mutex<Nodes>,
     /// A slot map read is running (`refresh_slots_in_background`).
     refreshing_slots: AtomicBool,
+    /// A cluster node came back: the lockouts this host took on its share
+    /// meanwhile are to be written back (`take_write_back_due`).
+    write_back_due: AtomicBool,
     pub stats: SharedStats,
     /// Hosts counted for degraded limits (ceil(limit / N)).
     hosts_in_force: AtomicU32,
@@ -253,6 +256,7 @@ impl SharedStore {
                 config.probe_max_ms * 1000,
             )),
             refreshing_slots: AtomicBool::new(false),
+            write_back_due: AtomicBool::new(false),
             stats: SharedStats::default(),
             hosts_in_force: AtomicU32::new(hosts),
             hosts_live: AtomicU32::new(0),
@@ -507,9 +511,17 @@ impl SharedStore {
                     "cluster node away; its slots are answered on this host (degraded) and probed, the other nodes' slots are still asked");
             }
             Change::Closed(node) => {
+                self.write_back_due.store(true, Ordering::Release);
                 tracing::info!(target: LOG_TARGET, node = %node, "cluster node back; its slots are asked again");
             }
         }
+    }
+
+    /// Whether a cluster node came back since the last call: the
+    /// supervisor then writes back the lockouts taken on this host's share
+    /// while it was away, as after the whole store comes back.
+    pub fn take_write_back_due(&self) -> bool {
+        self.write_back_due.swap(false, Ordering::AcqRel)
     }
 
     /// Reads the cluster's slot map for the node breakers on a task of its
