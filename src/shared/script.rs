@@ -17,18 +17,20 @@ pub struct Op {
     pub kind: u8,
     pub args: Vec<Vec<u8>>,
     pub keys: Vec<String>,
-    /// A check's rules in order (not sent): how to read its reply when
-    /// giving back the places it took.
-    shapes: Vec<Shape>,
 }
 
-/// A check's rule as its reply lays it out.
+/// A check's rule as its reply lays it out, read back from the check's
+/// packed argument (`Op::check_shapes`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Shape {
     Device,
     Failures { window_us: u64 },
     Rate,
 }
+
+/// Bytes after a check rule's kind letter, as `Op::check` packs them.
+const CHECK_FAILURES_BYTES: usize = 1 + 8 + 4 + 8 + 1;
+const CHECK_RATE_BYTES: usize = 1 + 8 + 8 + 1;
 
 /// The one argument of a packed op (check, report, release, merge): its
 /// numbers little-endian, as the script's `struct.unpack` formats read
@@ -86,35 +88,56 @@ impl Op {
     }
 
     fn packed(kind: u8, packed: Packed, keys: Vec<String>) -> Op {
-        Op { kind, args: vec![packed.0], keys, shapes: Vec::new() }
+        Op { kind, args: vec![packed.0], keys }
     }
 
     /// A check: `rules` failure and rate rules, each with its key.
     pub fn check(rules: &[CheckRule]) -> Op {
         let mut p = Packed::with_rules(rules.len());
         let mut keys = Vec::with_capacity(rules.len());
-        let mut shapes = Vec::with_capacity(rules.len());
         p.count(rules.len());
         for rule in rules {
             match *rule {
                 CheckRule::Device { ref key } => {
                     p.u8(b'd');
                     keys.push(key.clone());
-                    shapes.push(Shape::Device);
                 }
                 CheckRule::Failures { ref key, scope, window_us, threshold, timeout_us, monitor } => {
                     p.u8(b'f').u8(scope).u64(window_us).u32(threshold).u64(timeout_us).u8(monitor as u8);
                     keys.push(key.clone());
-                    shapes.push(Shape::Failures { window_us });
                 }
                 CheckRule::Rate { ref key, scope, interval_us, tolerance_us, monitor } => {
                     p.u8(b'g').u8(scope).u64(interval_us).u64(tolerance_us).u8(monitor as u8);
                     keys.push(key.clone());
-                    shapes.push(Shape::Rate);
                 }
             }
         }
-        Op { shapes, ..Op::packed(b'C', p, keys) }
+        Op::packed(b'C', p, keys)
+    }
+
+    /// A check's rules in order, read back from its packed argument (only
+    /// when a reply comes late, so a check carries nothing more).
+    fn check_shapes(&self) -> Result<Vec<Shape>, ReplyError> {
+        let short = ReplyError::Malformed("a check's argument is short");
+        let arg = self.args.first().ok_or(short.clone())?;
+        let (&count, mut rest) = arg.split_first().ok_or(short.clone())?;
+        let mut shapes = Vec::with_capacity(usize::from(count));
+        for _ in 0..count {
+            let (&kind, after) = rest.split_first().ok_or(short.clone())?;
+            let (shape, len) = match kind {
+                b'd' => (Shape::Device, 0),
+                b'f' => {
+                    let window = after.get(1..9).ok_or(short.clone())?;
+                    let window_us = i64::from_le_bytes(window.try_into().expect("8 bytes")) as u64;
+                    (Shape::Failures { window_us }, CHECK_FAILURES_BYTES)
+                }
+                b'g' => (Shape::Rate, CHECK_RATE_BYTES),
+                _ => return Err(ReplyError::Malformed("a check rule of an unknown kind")),
+            };
+            rest = after.get(len..).ok_or(short.clone())?;
+            shapes.push(shape);
+        }
+        Ok(shapes)
     }
 
     /// Gives back the places this check took, read from its reply: one on
@@ -129,15 +152,15 @@ impl Op {
         }
         ints.next()?; // the store's time
         let mut places = Vec::new();
-        for (key, shape) in self.keys.iter().zip(&self.shapes) {
-            if *shape == Shape::Device {
+        for (key, shape) in self.keys.iter().zip(self.check_shapes()?) {
+            if shape == Shape::Device {
                 continue;
             }
             let code = ints.next()?;
             if code == 2 {
                 continue; // skipped: nothing follows
             }
-            match *shape {
+            match shape {
                 Shape::Failures { window_us } => {
                     if code == 0 {
                         places.push((key.clone(), window_us));
