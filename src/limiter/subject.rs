@@ -43,6 +43,19 @@ pub(super) struct SubjectKeys<'s, 'k> {
     /// Whether a widened block replaces the prefix: not for a device the
     /// account knows (see `known_device_keeps_its_prefix`).
     widen: bool,
+    /// Tuple keys already derived, by `tuple_code`: several rules (and the
+    /// wrong-password memory) key on the same tuple, and each derivation
+    /// is a BLAKE2b MAC, the request path's largest cost.
+    tuples: SmallVec<[(u32, Key); TUPLES_REMEMBERED]>,
+}
+
+/// Distinct multi-component tuples a request remembers; a route keying on
+/// more derives the rest again (correct, only slower).
+const TUPLES_REMEMBERED: usize = 4;
+
+/// A tuple's components, in order, as one number (3 bits each, at most 5).
+fn tuple_code(components: &[Component]) -> u32 {
+    components.iter().fold(0, |code, c| code << 3 | *c as u32)
 }
 
 impl SubjectKeys<'_, '_> {
@@ -265,11 +278,19 @@ impl SubjectKeys<'_, '_> {
             let digest = self.component(*only)?;
             return Ok(self.limiter.keys.tuple(&[(*only, digest)]));
         }
+        let code = tuple_code(components);
+        if let Some(&(_, key)) = self.tuples.iter().find(|(c, _)| *c == code) {
+            return Ok(key);
+        }
         let mut parts = [(Component::Prefix, [0u8; 16]); 5];
         for (i, c) in components.iter().enumerate() {
             parts[i] = (*c, self.component(*c)?);
         }
-        Ok(self.limiter.keys.tuple(&parts[..components.len()]))
+        let key = self.limiter.keys.tuple(&parts[..components.len()]);
+        if self.tuples.len() < TUPLES_REMEMBERED {
+            self.tuples.push((code, key));
+        }
+        Ok(key)
     }
 
     /// Every rule's key, in rule order; an error if any key field is
@@ -347,6 +368,7 @@ impl Limiter {
             natural: None,
             wide: None,
             widen: true,
+            tuples: SmallVec::new(),
         }
     }
 
