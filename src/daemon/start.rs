@@ -106,9 +106,10 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
         .signals
         .clone()
         .unwrap_or_else(|| Config::default().signals.expect("built-in defaults have spray detection on"));
-    let (link, pump) = crate::signals::pump::channel(&signals_config);
-    let limiter = Limiter::new(&config, Arc::new(load_classes(&config)?), KeyDeriver::new(&secret), journal)
-        .with_signals(Some(link.clone()));
+    let keys = KeyDeriver::new(&secret);
+    let (link, pump) = crate::signals::pump::channel(&signals_config, &keys);
+    let limiter =
+        Limiter::new(&config, Arc::new(load_classes(&config)?), keys, journal).with_signals(Some(link.clone()));
     let hosts_learned = loaded.hosts_learned;
     let restored = restore(&limiter, loaded, clock.now_us());
     let access = Access::resolve(&config.server, nix::unistd::geteuid().as_raw())?;

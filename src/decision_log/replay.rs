@@ -259,12 +259,16 @@ impl Replayer {
     /// makes a replay's output repeatable).
     pub fn new(config: &Config, classes: Arc<ClassTable>) -> Replayer {
         let keys = KeyDeriver::new(&Secret::from_bytes([0x5e; SECRET_BYTES]));
-        let mut limiter = Limiter::new(config, classes, keys, Journal::discard());
         let mut pump = None;
+        let mut link = None;
         if let Some(signals) = &config.signals {
-            let (link, p) = channel(signals);
-            limiter = limiter.with_signals(Some(link));
+            let (l, p) = channel(signals, &keys);
+            link = Some(l);
             pump = Some(p);
+        }
+        let mut limiter = Limiter::new(config, classes, keys, Journal::discard());
+        if let Some(link) = link {
+            limiter = limiter.with_signals(Some(link));
         }
         let mut candidate = Tally::default();
         for route in &config.routes {

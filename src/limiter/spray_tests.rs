@@ -18,8 +18,8 @@ const T0: u64 = 1_900_000_000 * SECOND;
 fn limiter() -> (Limiter, Pump) {
     let config = Config::default();
     let signals = config.signals.clone().expect("on by default");
-    let (link, pump) = channel(&signals);
     let keys = KeyDeriver::new(&Secret::from_bytes([9; SECRET_BYTES]));
+    let (link, pump) = channel(&signals, &keys);
     let limiter =
         Limiter::new(&config, Arc::new(ClassTable::default()), keys, Journal::discard()).with_signals(Some(link));
     (limiter, pump)
@@ -166,8 +166,8 @@ fn shared_mode_challenges_the_owner_on_a_device_known_to_another_host() {
     let config = Config::parse("[shared]\nurl = \"redis://127.0.0.1:1\"\n").expect("parses");
     let config = Config::build(config).expect("valid");
     let signals = config.signals.clone().expect("on by default");
-    let (link, pump) = channel(&signals);
     let keys = KeyDeriver::new(&Secret::from_bytes([9; SECRET_BYTES]));
+    let (link, pump) = channel(&signals, &keys);
     let l = Limiter::new(&config, Arc::new(ClassTable::default()), keys, Journal::discard()).with_signals(Some(link));
     // 8 prefixes fail the owner's account once each: account_distributed.
     for p in 0..8u8 {

@@ -11,14 +11,10 @@ use crate::keys::{Component, Key};
 use crate::protocol::{Outcome, Subject};
 use crate::signals::flags::{digest64, Hits, Space, WIDEN_48, WIDEN_56};
 use crate::signals::pump::FlagsGuard;
-use crate::signals::{in_success_sample, tenant_draw, ReportEvent, SignalEvent, V6Blocks};
+use crate::signals::queued::{prefix_digest, wide_prefix, QueuedEvent, Reported};
+use crate::signals::{in_success_sample, tenant_draw};
 use crate::source::{forwarded_tail, prefix_of, Prefix};
 use smallvec::SmallVec;
-
-/// The wide prefix of the spray signals: an IPv4 /24, an IPv6 /48 (a
-/// site's usual allocation).
-pub(super) const WIDE_V4_LEN: u8 = 24;
-pub(super) const WIDE_V6_LEN: u8 = 48;
 
 /// Keys ride in a check's plan, which the server moves around; four inline
 /// (every preset's count) keeps it small, a longer route spills to the heap.
@@ -181,8 +177,8 @@ impl SubjectKeys<'_, '_> {
             return wide;
         }
         let (address, _) = self.client.expect("the client is looked up first");
-        let prefix = prefix_of(address, WIDE_V4_LEN, WIDE_V6_LEN);
-        let wide = (prefix, digest64(&self.limiter.keys.prefix(&prefix.to_bytes())));
+        let prefix = wide_prefix(address);
+        let wide = (prefix, prefix_digest(&self.limiter.keys, &prefix));
         self.wide = Some(wide);
         wide
     }
@@ -216,7 +212,8 @@ impl SubjectKeys<'_, '_> {
         hits
     }
 
-    /// The report as spray detection sees it; `None` without a source.
+    /// The report as spray detection's queue takes it; `None` without a
+    /// source.
     pub(super) fn signal_event(
         &mut self,
         route: &Route,
@@ -225,7 +222,7 @@ impl SubjectKeys<'_, '_> {
         known_device: bool,
         password: Option<u64>,
         success_sample: u32,
-    ) -> Option<SignalEvent> {
+    ) -> Option<QueuedEvent> {
         let (address, class) = self.client().ok()?;
         let narrow = self.natural().ok()?;
         let account = self.subject.account.and_then(|_| self.component(Component::Account).ok()).map(|d| digest64(&d));
@@ -237,36 +234,21 @@ impl SubjectKeys<'_, '_> {
             Outcome::Success => 0,
         };
         let in_sample = account.is_some_and(|a| in_success_sample(a, success_sample));
+        let tenant = self.tenant64(route);
         if outcome == Outcome::Success && !narrow.0.network.is_ipv6() && !in_sample {
-            // For its tenant at most: no wide prefix to derive.
-            let tenant = self.tenant64(route);
-            return (tenant_weight > 0).then_some(SignalEvent::TenantSuccess {
-                now_us: self.now_us,
-                tenant,
-                weight: tenant_weight,
-            });
+            // For its tenant at most.
+            return (tenant_weight > 0).then(|| QueuedEvent::tenant_success(self.now_us, tenant, tenant_weight));
         }
-        let wide = self.wide();
-        let v6 = narrow.0.network.is_ipv6().then(|| {
-            let keys = &self.limiter.keys;
-            let block56 = prefix_of(address, 32, 56);
-            let net64 = prefix_of(address, 32, 64);
-            V6Blocks {
-                block56: (digest64(&keys.prefix(&block56.to_bytes())), block56),
-                net64: digest64(&keys.prefix(&net64.to_bytes())),
-            }
-        });
-        Some(SignalEvent::Report(ReportEvent {
+        Some(QueuedEvent::report(Reported {
             now_us: self.now_us,
             outcome,
             repeated,
             known_device,
             class,
             account,
-            narrow: (narrow.1, narrow.0),
-            wide: (wide.1, wide.0),
-            v6,
-            tenant: self.tenant64(route),
+            narrow,
+            address,
+            tenant,
             tenant_weight,
             password: if outcome == Outcome::Failure { password } else { None },
         }))

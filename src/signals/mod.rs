@@ -15,7 +15,8 @@
 //! - failing /64s per /56 and failing /56s per /48, which widen an IPv6
 //!   block to one source.
 //!
-//! `report` sends a fixed-size `SignalEvent` into a bounded queue (`pump`);
+//! `report` sends a 64-byte `QueuedEvent` into a bounded queue (`pump`),
+//! which the thread expands into a `SignalEvent` (`queued`);
 //! successes count from a sample of accounts (`in_success_sample`);
 //! the engine here ingests them, raises flags, and publishes a `FlagTable`
 //! the request path reads with one atomic load. The engine is pure: no
@@ -26,6 +27,7 @@ mod family;
 pub mod flags;
 mod index;
 pub mod pump;
+pub mod queued;
 pub mod sketch;
 
 use std::collections::HashMap;

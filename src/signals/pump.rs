@@ -15,8 +15,10 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 
 use super::flags::FlagTable;
-use super::{SignalEvent, Signals};
+use super::queued::QueuedEvent;
+use super::Signals;
 use crate::config::SignalsConfig;
+use crate::keys::KeyDeriver;
 
 /// Events taken from the queue before ingesting them together, so the
 /// engine can prefetch ahead within the batch (`Signals::ingest_all`).
@@ -28,14 +30,14 @@ pub type FlagsGuard = arc_swap::Guard<Arc<FlagTable>>;
 
 /// What the limiter holds: the sending end and the published flags.
 pub struct SignalsLink {
-    tx: SyncSender<SignalEvent>,
+    tx: SyncSender<QueuedEvent>,
     flags: ArcSwap<FlagTable>,
     dropped: AtomicU64,
 }
 
 impl SignalsLink {
     /// Queues an event; never blocks (a full queue drops and counts it).
-    pub fn send(&self, event: SignalEvent) {
+    pub fn send(&self, event: QueuedEvent) {
         if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = self.tx.try_send(event) {
             self.dropped.fetch_add(1, Ordering::Relaxed);
         }
@@ -59,20 +61,25 @@ impl SignalsLink {
 
 /// The receiving end and the engine.
 pub struct Pump {
-    rx: Receiver<SignalEvent>,
+    rx: Receiver<QueuedEvent>,
+    /// The daemon's keys, to derive what the request path left to the
+    /// thread (`QueuedEvent::expand`). The secret is fixed for the
+    /// process's life (a reload keeps it).
+    keys: KeyDeriver,
     /// The queue's capacity (`queue_max`).
     capacity: usize,
     engine: Arc<Mutex<Signals>>,
     link: Arc<SignalsLink>,
 }
 
-/// A link and its pump, with the engine shared for `status`.
-pub fn channel(config: &SignalsConfig) -> (Arc<SignalsLink>, Pump) {
+/// A link and its pump, with the engine shared for `status`; `keys` are
+/// the limiter's.
+pub fn channel(config: &SignalsConfig, keys: &KeyDeriver) -> (Arc<SignalsLink>, Pump) {
     let (tx, rx) = sync_channel(config.queue_max);
     let link =
         Arc::new(SignalsLink { tx, flags: ArcSwap::from_pointee(FlagTable::default()), dropped: AtomicU64::new(0) });
     let engine = Arc::new(Mutex::new(Signals::new(config)));
-    (link.clone(), Pump { rx, capacity: config.queue_max, engine, link })
+    (link.clone(), Pump { rx, keys: keys.clone(), capacity: config.queue_max, engine, link })
 }
 
 impl Pump {
@@ -87,7 +94,7 @@ impl Pump {
         let mut batch = Vec::with_capacity(BATCH_MAX);
         loop {
             batch.clear();
-            batch.extend(self.rx.try_iter().take(BATCH_MAX));
+            batch.extend(self.rx.try_iter().take(BATCH_MAX).map(|event| event.expand(&self.keys)));
             if batch.is_empty() {
                 break;
             }
@@ -127,7 +134,7 @@ impl Pump {
                 let mut gone = false;
                 while batch.len() < BATCH_MAX.min(self.capacity - taken) {
                     match self.rx.try_recv() {
-                        Ok(event) => batch.push(event),
+                        Ok(event) => batch.push(event.expand(&self.keys)),
                         Err(TryRecvError::Empty) => break,
                         Err(TryRecvError::Disconnected) => {
                             gone = true;

@@ -153,7 +153,7 @@ pub fn run(config: &Config, scenario: &Scenario) -> SimReport {
     let mut secret = [0u8; SECRET_BYTES];
     secret[..8].copy_from_slice(&seed.to_le_bytes());
     let keys = KeyDeriver::new(&Secret::from_bytes(secret));
-    let (link, pump) = channel(&signals);
+    let (link, pump) = channel(&signals, &keys);
     let limiter = Limiter::new(config, classes, keys, Journal::discard()).with_signals(Some(link.clone()));
     let client_key = [7u8; 32];
 
