@@ -1,6 +1,6 @@
 //! A report as the request path queues it for spray detection: one 64-byte
 //! cache line. The engine's `SignalEvent` names the wide prefix, the IPv6
-//! blocks and their digests, about 180 bytes, three lines for the request
+//! blocks and their digests, 160 bytes, three lines for the request
 //! path to write and the thread to read back through the queue, and four
 //! SipHash digests for the request path to derive though no flag may need
 //! them. This carries the address instead; the thread derives the rest
