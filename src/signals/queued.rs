@@ -66,7 +66,9 @@ pub struct QueuedEvent {
 const _: () = assert!(std::mem::size_of::<QueuedEvent>() == 64);
 const _: () = assert!(crate::config::SIGNALS_SUCCESS_SAMPLE_LIMIT <= u16::MAX as u32);
 
-/// What a report tells the source, account and password axes.
+/// What a report tells the source, account and password axes: the
+/// fields of `ReportEvent` the request path knows, with the address in
+/// place of the prefixes and digests the thread derives from it.
 #[derive(Clone, Copy, Debug)]
 pub struct Reported {
     pub now_us: u64,
