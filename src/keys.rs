@@ -274,6 +274,13 @@ impl KeyDeriver {
         hasher.finish128().as_bytes()
     }
 
+    /// A digest of a fixed input: two derivers with the same value derive
+    /// the same prefix digests (spray detection's thread and the request
+    /// path must, or a flag is raised on a digest nobody probes).
+    pub fn prefix_check(&self) -> [u8; 16] {
+        self.prefix(&[0; PREFIX_BYTES])
+    }
+
     /// Digest of one component. Length-prefixed so ("ab","c") != ("a","bc").
     pub fn component(&self, component: Component, bytes: &[u8]) -> [u8; 16] {
         let mut mac = self.keyed.clone();

@@ -19,7 +19,12 @@ use crate::store::Journal;
 impl Limiter {
     /// Connects the limiter to spray detection: reports feed the link's
     /// queue, checks read its flags. Kept by `reconfigured` and `with_hosts`.
+    /// The link's pump must hold this limiter's keys (`channel`).
     pub fn with_signals(mut self, link: Option<Arc<SignalsLink>>) -> Limiter {
+        assert!(
+            link.as_ref().is_none_or(|link| link.derives_as(&self.keys)),
+            "spray detection's pump was given other keys than the limiter's"
+        );
         self.signals = link;
         self
     }

@@ -218,3 +218,16 @@ fn disabling_signals_by_reload_does_not_unwiden() {
         v.reason
     );
 }
+
+/// The pump derives the wide prefixes' and IPv6 blocks' digests the
+/// request path probes flags with: a pump holding other keys would raise
+/// every wide and widening flag where no request looks. Refused at once.
+#[test]
+#[should_panic(expected = "other keys than the limiter's")]
+fn a_pump_with_other_keys_than_the_limiters_is_refused() {
+    let config = Config::default();
+    let signals = config.signals.clone().expect("on by default");
+    let (link, _pump) = channel(&signals, &KeyDeriver::new(&Secret::from_bytes([1; SECRET_BYTES])));
+    let keys = KeyDeriver::new(&Secret::from_bytes([2; SECRET_BYTES]));
+    let _ = Limiter::new(&config, Arc::new(ClassTable::default()), keys, Journal::discard()).with_signals(Some(link));
+}

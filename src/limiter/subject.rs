@@ -373,3 +373,52 @@ impl Limiter {
         self.signals.as_ref().filter(|_| self.signals_on).map(|link| link.flags()).filter(|f| !f.is_empty())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::classes::ClassTable;
+    use crate::config::Config;
+    use crate::keys::{KeyDeriver, Secret, SECRET_BYTES};
+    use crate::store::Journal;
+
+    /// Every ordered tuple of two to five distinct components has its own
+    /// code, and a request that remembers tuple keys (four of them, then
+    /// derives the rest afresh) answers each as a fresh derivation does.
+    #[test]
+    fn a_remembered_tuple_key_is_the_one_a_fresh_derivation_gives() {
+        let keys = KeyDeriver::new(&Secret::from_bytes([9; SECRET_BYTES]));
+        let l = Limiter::new(&Config::default(), Arc::new(ClassTable::default()), keys, Journal::discard());
+        let s = Subject {
+            peer: Some("2001:db8::1".parse().expect("an address")),
+            account: Some("a"),
+            device: Some("d"),
+            tenant: Some("t"),
+            client_id: Some("c"),
+            ..Subject::default()
+        };
+        let mut tuples: Vec<Vec<Component>> = vec![vec![]];
+        for _ in 0..Component::ALL.len() {
+            let longer: Vec<Vec<Component>> = tuples
+                .iter()
+                .flat_map(|t| {
+                    Component::ALL.into_iter().filter(|c| !t.contains(c)).map(|c| [t.as_slice(), &[c]].concat())
+                })
+                .collect();
+            tuples.extend(longer);
+            tuples.sort();
+            tuples.dedup();
+        }
+        tuples.retain(|t| t.len() >= 2);
+        assert_eq!(tuples.len(), 320);
+        let codes: std::collections::HashSet<u32> = tuples.iter().map(|t| tuple_code(t)).collect();
+        assert_eq!(codes.len(), tuples.len(), "tuple codes collide");
+        let mut remembering = l.subject_keys("login", &s);
+        for t in tuples.iter().chain(tuples.iter().rev()) {
+            let mut fresh = l.subject_keys("login", &s);
+            assert_eq!(remembering.key(t).expect("a key"), fresh.key(t).expect("a key"), "{t:?}");
+        }
+    }
+}

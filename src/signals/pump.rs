@@ -33,6 +33,8 @@ pub struct SignalsLink {
     tx: SyncSender<QueuedEvent>,
     flags: ArcSwap<FlagTable>,
     dropped: AtomicU64,
+    /// `KeyDeriver::prefix_check` of the pump's keys.
+    keys_check: [u8; 16],
 }
 
 impl SignalsLink {
@@ -52,6 +54,11 @@ impl SignalsLink {
     /// reload: a widened block must not stay widened for the rest of its hour).
     pub fn withdraw(&self) {
         self.flags.store(Arc::new(FlagTable::default()));
+    }
+
+    /// Whether the pump derives prefix digests as `keys` do.
+    pub fn derives_as(&self, keys: &KeyDeriver) -> bool {
+        self.keys_check == keys.prefix_check()
     }
 
     pub fn dropped(&self) -> u64 {
@@ -76,8 +83,12 @@ pub struct Pump {
 /// the limiter's.
 pub fn channel(config: &SignalsConfig, keys: &KeyDeriver) -> (Arc<SignalsLink>, Pump) {
     let (tx, rx) = sync_channel(config.queue_max);
-    let link =
-        Arc::new(SignalsLink { tx, flags: ArcSwap::from_pointee(FlagTable::default()), dropped: AtomicU64::new(0) });
+    let link = Arc::new(SignalsLink {
+        tx,
+        flags: ArcSwap::from_pointee(FlagTable::default()),
+        dropped: AtomicU64::new(0),
+        keys_check: keys.prefix_check(),
+    });
     let engine = Arc::new(Mutex::new(Signals::new(config)));
     (link.clone(), Pump { rx, keys: keys.clone(), capacity: config.queue_max, engine, link })
 }
@@ -125,9 +136,9 @@ impl Pump {
                 Duration::from_millis(engine.config().publish_interval_ms)
             };
             std::thread::sleep(interval);
-            let mut engine = self.engine.lock().unwrap_or_else(|e| e.into_inner());
-            // At most a queue's worth per round, so `status` never waits
-            // long for the engine's lock under a flood.
+            // At most a queue's worth per round. Each batch is expanded
+            // (its digests derived) before the engine's lock is taken and
+            // ingested under it, so `status` waits for one batch at most.
             let mut taken = 0;
             while taken < self.capacity {
                 batch.clear();
@@ -142,7 +153,7 @@ impl Pump {
                         }
                     }
                 }
-                engine.ingest_all(&batch);
+                self.engine.lock().unwrap_or_else(|e| e.into_inner()).ingest_all(&batch);
                 taken += batch.len();
                 if gone {
                     return;
@@ -151,6 +162,7 @@ impl Pump {
                     break;
                 }
             }
+            let mut engine = self.engine.lock().unwrap_or_else(|e| e.into_inner());
             self.finish(&mut engine, now_us());
         }
     }

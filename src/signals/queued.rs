@@ -86,10 +86,18 @@ pub struct Reported {
     pub password: Option<u64>,
 }
 
+/// A tenant weight (`success_sample` at most, validated up to
+/// `SIGNALS_SUCCESS_SAMPLE_LIMIT`), saturating rather than wrapping should
+/// a caller ever pass more.
+fn weight_u16(weight: u32) -> u16 {
+    debug_assert!(weight <= crate::config::SIGNALS_SUCCESS_SAMPLE_LIMIT, "weight {weight}");
+    u16::try_from(weight).unwrap_or(u16::MAX)
+}
+
 impl QueuedEvent {
     /// A success only its tenant's ratio counts, as `weight` successes.
     pub fn tenant_success(now_us: u64, tenant: u64, weight: u32) -> QueuedEvent {
-        QueuedEvent { now_us, tenant, tenant_weight: weight as u16, bits: TENANT_ONLY, ..QueuedEvent::default() }
+        QueuedEvent { now_us, tenant, tenant_weight: weight_u16(weight), bits: TENANT_ONLY, ..QueuedEvent::default() }
     }
 
     pub fn report(r: Reported) -> QueuedEvent {
@@ -122,7 +130,7 @@ impl QueuedEvent {
             tenant: r.tenant,
             password: r.password.unwrap_or(0),
             address,
-            tenant_weight: r.tenant_weight as u16,
+            tenant_weight: weight_u16(r.tenant_weight),
             narrow_len: r.narrow.0.len,
             class: r.class.map_or(0, |c| c as u8 + 1),
             bits,
