@@ -234,11 +234,15 @@ impl SubjectKeys<'_, '_> {
             Outcome::Success => 0,
         };
         let in_sample = account.is_some_and(|a| in_success_sample(a, success_sample));
-        let tenant = self.tenant64(route);
         if outcome == Outcome::Success && !narrow.0.network.is_ipv6() && !in_sample {
-            // For its tenant at most.
-            return (tenant_weight > 0).then(|| QueuedEvent::tenant_success(self.now_us, tenant, tenant_weight));
+            // For its tenant at most; most such successes are not drawn,
+            // and need not pay for the tenant's digest.
+            if tenant_weight == 0 {
+                return None;
+            }
+            return Some(QueuedEvent::tenant_success(self.now_us, self.tenant64(route), tenant_weight));
         }
+        let tenant = self.tenant64(route);
         Some(QueuedEvent::report(Reported {
             now_us: self.now_us,
             outcome,
