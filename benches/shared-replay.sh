@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# shared-replay.sh: what decide.lua costs Redis, with nothing else in the
+# measurement, and what an edited copy would cost (issue 14).
+#
+#   bash benches/shared-replay.sh [VARIANT.lua ...]
+#
+# Captures the EVALSHA batches of `benches/shared.sh`'s login load
+# (check + report, 50 connections x 1 in flight, 100,000 accounts) from a
+# release daemon through `redis-cli MONITOR`, then replays them against a
+# fresh Redis with src/shared/decide.lua and each VARIANT, interleaved,
+# ROUNDS times (default 5): benches/shared_replay.py. Each variant is
+# loaded as it is, so an edited script is measured without a rebuild.
+# Prints microseconds of Redis time a batch (medians), and a op.
+# CAPTURE=file reuses a capture; KEEP=file keeps this one.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$HERE/.." && pwd)
+BIN=$ROOT/target/release/tollgate
+TMP=$(mktemp -d /tmp/tg-replay-capture.XXXXXX)
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$TMP"
+}
+trap cleanup EXIT INT TERM
+
+capture=${CAPTURE:-}
+if [ -z "$capture" ]; then
+  cargo build --release --quiet --manifest-path "$ROOT/Cargo.toml"
+  redis-server --port 0 --unixsocket "$TMP/r.sock" --unixsocketperm 700 --dir "$TMP" \
+    --save '' --appendonly no --daemonize no --logfile "$TMP/redis.log" &
+  PIDS+=("$!")
+  for _ in $(seq 100); do redis-cli -s "$TMP/r.sock" PING >/dev/null 2>&1 && break; sleep 0.05; done
+  printf 'secret = "%s"\n[shared]\nurl = "redis+unix://%s"\ntimeout_ms = 1000\nhosts = 3\n' \
+    "$TMP/secret" "$TMP/r.sock" > "$TMP/tollgate.toml"
+  TOLLGATE_LOG=warn "$BIN" serve --socket "$TMP/t.sock" --state "$TMP/state.redb" --config "$TMP/tollgate.toml" \
+    2> "$TMP/log" &
+  PIDS+=("$!")
+  for _ in $(seq 200); do [ -S "$TMP/t.sock" ] && break; sleep 0.05; done
+  redis-cli -s "$TMP/r.sock" MONITOR > "$TMP/monitor.txt" &
+  monitor=$!
+  sleep 0.3
+  "$BIN" bench --socket "$TMP/t.sock" --route login --mix check-report --connections 50 --in-flight 1 \
+    --keys 100000 --duration 2s > /dev/null
+  kill "$monitor" 2>/dev/null || true
+  wait "$monitor" 2>/dev/null || true
+  capture=$TMP/monitor.txt
+  if [ -n "${KEEP:-}" ]; then cp "$capture" "$KEEP"; fi
+fi
+python3 "$HERE/shared_replay.py" "$capture" "$ROOT/src/shared/decide.lua" "$@"
