@@ -10,8 +10,14 @@
 # fresh Redis with src/shared/decide.lua and each VARIANT, interleaved,
 # ROUNDS times (default 5): benches/shared_replay.py. Each variant is
 # loaded as it is, so an edited script is measured without a rebuild.
-# Prints microseconds of Redis time a batch (medians), and a op.
-# CAPTURE=file reuses a capture; KEEP=file keeps this one.
+# Prints microseconds of Redis time a batch (medians), and an op.
+# CAPTURE=file reuses a capture; KEEP=file keeps this one; LOAD="bench
+# arguments" captures another load (for instance failures on few keys,
+# so that entries lock: LOAD="--failure-ratio 0.8 --keys 300").
+# SAME=1 proves each VARIANT answers and stores exactly what decide.lua
+# does on the captured batches, instead of timing it (shared_replay.py).
+# Replays are only as wide as the capture: the bench sends no device, so
+# no device scope, unlock, merge or release is in it.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -42,8 +48,9 @@ if [ -z "$capture" ]; then
   redis-cli -s "$TMP/r.sock" MONITOR > "$TMP/monitor.txt" &
   monitor=$!
   sleep 0.3
+  # shellcheck disable=SC2086 # LOAD is a list of arguments
   "$BIN" bench --socket "$TMP/t.sock" --route login --mix check-report --connections 50 --in-flight 1 \
-    --keys 100000 --duration 2s > /dev/null
+    --duration 2s ${LOAD:---keys 100000} > /dev/null
   kill "$monitor" 2>/dev/null || true
   wait "$monitor" 2>/dev/null || true
   capture=$TMP/monitor.txt

@@ -13,9 +13,19 @@ commandstats) is kept. Prints the median microseconds a batch per script
 over ROUNDS rounds (default 5), the rounds in order, and the ops a batch.
 
 The figure is Redis's time inside the script only: no socket, no
-parsing of the command, no reply writing, no daemon. A variant that
-answers differently is still timed: compare what the variants do, not
-only what they cost. Needs only python3 and redis-server.
+parsing of the command, no reply writing, no daemon. Needs only python3
+and redis-server.
+
+SAME=1 checks instead that every VARIANT does exactly what SCRIPT does:
+each script runs once with its clock pinned to the capture's own
+timestamps (the store's TIME replaced, in a copy, by a value the replay
+sets before each batch), and every reply, byte for byte, and the whole
+keyspace after the last batch (each key's type, value and expiry
+instant) must equal SCRIPT's. Prints the first difference and exits 1.
+The expiry of a failure or rate entry (`}:f:`, `}:g:` in its name) is
+set from the pinned clock and must be equal to the millisecond; the
+others' (an account's index, a known device) are set relative to the
+store's real clock, and may differ by the time between the runs.
 """
 import os
 import re
@@ -88,12 +98,102 @@ class Redis:
         return self.reply()
 
 
+# The key a pinned clock is read from: not tollgate's (no hash tag).
+CLOCK_KEY = b"shared-replay:now"
+CLOCK_LINE = "local now = tonumber(t[1]) * 1000000 + tonumber(t[2])\n"
+
+
+def pinned(script):
+    """The script with its clock read from CLOCK_KEY instead of TIME."""
+    text = script.decode()
+    if CLOCK_LINE not in text:
+        sys.exit("shared_replay.py: SAME=1 needs the line %r in every script" % CLOCK_LINE.strip())
+    return text.replace(CLOCK_LINE, CLOCK_LINE + "now = tonumber(redis.call('GET', '%s'))\n" % CLOCK_KEY.decode()).encode()
+
+
+def keyspace(redis):
+    """Every key but the clock's: its type, its value and its expiry instant."""
+    out = {}
+    for key in sorted(redis.call("KEYS", "*")):
+        if key == CLOCK_KEY:
+            continue
+        kind = redis.call("TYPE", key)
+        if kind == b"string":
+            value = redis.call("GET", key)
+        elif kind == b"set":
+            value = sorted(redis.call("SMEMBERS", key))
+        elif kind == b"zset":
+            value = redis.call("ZRANGE", key, "0", "-1", "WITHSCORES")
+        elif kind == b"hash":
+            value = sorted(redis.call("HGETALL", key))
+        else:
+            value = kind
+        out[key] = (kind, value, redis.call("PEXPIRETIME", key))
+    return out
+
+
+def pinned_expiry(key):
+    return b"}:f:" in key or b"}:g:" in key
+
+
+def keyspace_difference(base, other, slack_ms):
+    """The first key whose state differs, or None."""
+    for key in sorted(set(base) | set(other)):
+        a, b = base.get(key), other.get(key)
+        if a == b:
+            continue
+        if a and b and a[:2] == b[:2] and not pinned_expiry(key) and abs(int(a[2]) - int(b[2])) <= slack_ms:
+            continue
+        return key
+    return None
+
+
+def same(redis, scripts, batches, stamps):
+    """Runs each script once on the pinned clock; 0 if all match the first."""
+    runs = []
+    started = time.monotonic()
+    for script in scripts:
+        sha = redis.call("SCRIPT", "LOAD", pinned(open(script, "rb").read()))
+        redis.call("FLUSHALL")
+        replies = []
+        for start in range(0, len(batches), 32):
+            chunk = list(zip(batches[start:start + 32], stamps[start:start + 32]))
+            redis.sock.sendall(b"".join(
+                command([b"SET", CLOCK_KEY, b"%d" % stamp]) + command([b"EVALSHA", sha] + batch)
+                for batch, stamp in chunk))
+            for _ in chunk:
+                redis.reply()
+                try:
+                    replies.append(redis.reply())
+                except RuntimeError as e:
+                    replies.append("error: %s" % e)
+        runs.append((script, replies, keyspace(redis)))
+    # Relative expiries may differ by the real time the runs took.
+    slack_ms = int((time.monotonic() - started) * 1000) + 1000
+    base_script, base_replies, base_keys = runs[0]
+    failed = 0
+    for script, replies, keys in runs[1:]:
+        diff = next((i for i, (a, b) in enumerate(zip(base_replies, replies)) if a != b), None)
+        if diff is not None:
+            print("%s: reply to batch %d differs from %s's:\n  %r\n  %r" % (
+                script, diff, base_script, base_replies[diff], replies[diff]))
+            failed = 1
+        elif keyspace_difference(base_keys, keys, slack_ms) is not None:
+            key = keyspace_difference(base_keys, keys, slack_ms)
+            print("%s: the keyspace differs from %s's at %r:\n  %r\n  %r" % (
+                script, base_script, key, base_keys.get(key), keys.get(key)))
+            failed = 1
+        else:
+            print("%s: the same %d replies and %d keys as %s" % (script, len(replies), len(keys), base_script))
+    return failed
+
+
 def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
     capture, scripts = sys.argv[1], sys.argv[2:]
     rounds = int(os.environ.get("ROUNDS", "5"))
-    batches, ops = [], 0
+    batches, stamps, ops = [], [], 0
     with open(capture, encoding="latin-1") as f:
         for line in f:
             if '"EVALSHA"' in line:
@@ -101,6 +201,9 @@ def main():
                 keys = int(args[0])
                 ops += int(args[1 + keys])
                 batches.append(args)
+                # MONITOR's timestamp: seconds.microseconds.
+                seconds, micros = line.split(" ", 1)[0].split(".")
+                stamps.append(int(seconds) * 1000000 + int(micros))
     if not batches:
         sys.exit("shared_replay.py: no EVALSHA in %s" % capture)
     tmp = tempfile.mkdtemp(prefix="tg-replay.")
@@ -117,6 +220,8 @@ def main():
                 break
             time.sleep(0.05)
         redis = Redis(path)
+        if os.environ.get("SAME") == "1":
+            sys.exit(same(redis, scripts, batches, stamps))
         shas = [redis.call("SCRIPT", "LOAD", open(s, "rb").read()) for s in scripts]
         costs = [[] for _ in scripts]
         for _ in range(rounds):
