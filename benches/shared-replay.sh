@@ -14,10 +14,11 @@
 # CAPTURE=file reuses a capture; KEEP=file keeps this one; LOAD="bench
 # arguments" captures another load (for instance failures on few keys,
 # so that entries lock: LOAD="--failure-ratio 0.8 --keys 300").
-# SAME=1 proves each VARIANT answers and stores exactly what decide.lua
-# does on the captured batches, instead of timing it (shared_replay.py).
-# Replays are only as wide as the capture: the bench sends no device, so
-# no device scope, unlock, merge or release is in it.
+# SAME=1 checks, instead of timing, that each VARIANT answers and stores
+# what decide.lua does on the captured batches: only as wide as the
+# capture (no device, unlock, merge, release, rate rule, lock-until or
+# foreign value is in one); shared_replay.py's header says what else it
+# cannot see.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

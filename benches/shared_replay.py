@@ -16,19 +16,31 @@ The figure is Redis's time inside the script only: no socket, no
 parsing of the command, no reply writing, no daemon. Needs only python3
 and redis-server.
 
-SAME=1 checks instead that every VARIANT does exactly what SCRIPT does:
-each script runs once with its clock pinned to the capture's own
-timestamps (the store's TIME replaced, in a copy, by a value the replay
-sets before each batch), and every reply, byte for byte, and the whole
-keyspace after the last batch (each key's type, value and expiry
+SAME=1 checks instead that every VARIANT does what SCRIPT does on these
+batches: each script runs once on a pinned clock (the store's TIME
+replaced, in a copy, by a value the replay sets before each batch: the
+capture's own timestamps, moved by one offset for every script so that
+they lie ahead of the store's real clock and no entry's PXAT expires
+during the replay), and every reply (its RESP type and bytes) and the
+whole keyspace after the last batch (each key's type, value and expiry
 instant) must equal SCRIPT's. Prints the first difference and exits 1.
-The expiry of a failure or rate entry (`}:f:`, `}:g:` in its name) is
-set from the pinned clock and must be equal to the millisecond; the
-others' (an account's index, a known device) are set relative to the
-store's real clock, and may differ by the time between the runs.
+What it cannot see:
+- ops and values the capture does not hold: the bench sends no device,
+  so there is no device scope, no unlock, merge, release or join, no
+  rate (`}:g:`) rule, no lock-until (only a merge sets one), no foreign
+  or wrong-type value at tollgate's keys; the success-heavy capture
+  locks nothing (capture another with failures on few keys for that);
+- expiries set relative to the store's real clock (an account's index,
+  a known device, the hosts' set): each is compared as an offset from
+  its own run's start, within the longest run's duration (printed), so
+  a change of a TTL smaller than that passes. A failure or rate entry's
+  expiry comes from the pinned clock and must be equal to the ms;
+- the store's real clock read any other way: a script with more than
+  one TIME call is refused.
 """
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -73,29 +85,49 @@ def command(args):
     return b"".join(parts)
 
 
+class Error(bytes):
+    """An error reply, kept as a value: raising mid-reply would leave the
+    rest of a nested reply unread and every later reply out of step."""
+
+
 class Redis:
     def __init__(self, path):
         self.sock = socket.socket(socket.AF_UNIX)
         self.sock.connect(path)
         self.file = self.sock.makefile("rb")
 
-    def reply(self):
+    def reply(self, typed=False):
+        """One whole reply. typed: simple strings and integers come as
+        (type, bytes), so that `:1`, `+1` and `$1 1` differ."""
         line = self.file.readline()
         kind, rest = line[:1], line[1:-2]
         if kind == b"-":
-            raise RuntimeError(rest.decode(errors="replace"))
+            return Error(rest)
         if kind in (b"+", b":"):
-            return rest
+            return (kind, rest) if typed else rest
         if kind == b"$":
             n = int(rest)
             return None if n < 0 else self.file.read(n + 2)[:-2]
         if kind == b"*":
-            return [self.reply() for _ in range(max(int(rest), 0))]
+            n = int(rest)
+            return None if n < 0 else [self.reply(typed) for _ in range(n)]
         raise RuntimeError("unexpected reply %r" % line)
 
     def call(self, *args):
         self.sock.sendall(command(list(args)))
-        return self.reply()
+        got = self.reply()
+        if isinstance(got, Error):
+            raise RuntimeError("%s: %s" % (args[0], got.decode(errors="replace")))
+        return got
+
+
+def first_error(reply):
+    """The first error anywhere in a reply, or None."""
+    if isinstance(reply, Error):
+        return reply
+    if isinstance(reply, list):
+        return next((e for e in map(first_error, reply) if e is not None), None)
+    return None
 
 
 # The key a pinned clock is read from: not tollgate's (no hash tag).
@@ -106,6 +138,8 @@ CLOCK_LINE = "local now = tonumber(t[1]) * 1000000 + tonumber(t[2])\n"
 def pinned(script):
     """The script with its clock read from CLOCK_KEY instead of TIME."""
     text = script.decode()
+    if text.count("'TIME'") + text.count('"TIME"') != 1:
+        sys.exit("shared_replay.py: SAME=1 needs exactly one TIME call in every script")
     if CLOCK_LINE not in text:
         sys.exit("shared_replay.py: SAME=1 needs the line %r in every script" % CLOCK_LINE.strip())
     return text.replace(CLOCK_LINE, CLOCK_LINE + "now = tonumber(redis.call('GET', '%s'))\n" % CLOCK_KEY.decode()).encode()
@@ -125,10 +159,13 @@ def keyspace(redis):
         elif kind == b"zset":
             value = redis.call("ZRANGE", key, "0", "-1", "WITHSCORES")
         elif kind == b"hash":
-            value = sorted(redis.call("HGETALL", key))
+            flat = redis.call("HGETALL", key)
+            value = sorted(zip(flat[::2], flat[1::2]))
+        elif kind == b"list":
+            value = redis.call("LRANGE", key, "0", "-1")
         else:
             value = kind
-        out[key] = (kind, value, redis.call("PEXPIRETIME", key))
+        out[key] = (kind, value, int(redis.call("PEXPIRETIME", key)))
     return out
 
 
@@ -137,24 +174,42 @@ def pinned_expiry(key):
 
 
 def keyspace_difference(base, other, slack_ms):
-    """The first key whose state differs, or None."""
+    """The first key whose state differs, or None. Each state's expiry of
+    a key not on the pinned clock is an offset from its run's start."""
     for key in sorted(set(base) | set(other)):
         a, b = base.get(key), other.get(key)
         if a == b:
             continue
-        if a and b and a[:2] == b[:2] and not pinned_expiry(key) and abs(int(a[2]) - int(b[2])) <= slack_ms:
-            continue
+        if a and b and a[:2] == b[:2] and not pinned_expiry(key) and a[2] >= 0 and b[2] >= 0:
+            if abs(a[2] - b[2]) <= slack_ms:
+                continue
         return key
     return None
 
 
+def classes(keys):
+    """How many keys of each kind a keyspace holds: an empty replay shows."""
+    counts = {}
+    for key in keys:
+        kind = re.search(rb"\}:([a-z]+):", key)
+        name = kind.group(1).decode() if kind else "other"
+        counts[name] = counts.get(name, 0) + 1
+    return " ".join("%s=%d" % kv for kv in sorted(counts.items()))
+
+
 def same(redis, scripts, batches, stamps):
     """Runs each script once on the pinned clock; 0 if all match the first."""
-    runs = []
-    started = time.monotonic()
+    # One offset for every script: the capture's first instant 10 minutes
+    # ahead of the store's real clock, so that no pinned PXAT is past, or
+    # passes, while the scripts run.
+    lead_us = 600 * 1000000
+    offset = int(time.time() * 1000000) + lead_us - stamps[0]
+    stamps = [s + offset for s in stamps]
+    runs, longest_ms = [], 0
     for script in scripts:
         sha = redis.call("SCRIPT", "LOAD", pinned(open(script, "rb").read()))
         redis.call("FLUSHALL")
+        started_ms = int(time.time() * 1000)
         replies = []
         for start in range(0, len(batches), 32):
             chunk = list(zip(batches[start:start + 32], stamps[start:start + 32]))
@@ -163,28 +218,32 @@ def same(redis, scripts, batches, stamps):
                 for batch, stamp in chunk))
             for _ in chunk:
                 redis.reply()
-                try:
-                    replies.append(redis.reply())
-                except RuntimeError as e:
-                    replies.append("error: %s" % e)
-        runs.append((script, replies, keyspace(redis)))
-    # Relative expiries may differ by the real time the runs took.
-    slack_ms = int((time.monotonic() - started) * 1000) + 1000
+                replies.append(redis.reply(typed=True))
+        longest_ms = max(longest_ms, int(time.time() * 1000) - started_ms)
+        keys = keyspace(redis)
+        # Real-clock expiries as offsets from this run's start.
+        keys = {k: (t, v, e if pinned_expiry(k) or e < 0 else e - started_ms) for k, (t, v, e) in keys.items()}
+        runs.append((script, replies, keys))
+    if time.time() * 1000000 >= stamps[0]:
+        sys.exit("shared_replay.py: the replays outlasted the pinned clock's lead; nothing compared")
     base_script, base_replies, base_keys = runs[0]
+    errors = sum(1 for r in base_replies if first_error(r) is not None)
+    print("%s: %d replies (%d with an error), keys %s; real-clock expiries compared within %d ms" % (
+        base_script, len(base_replies), errors, classes(base_keys), longest_ms))
     failed = 0
     for script, replies, keys in runs[1:]:
         diff = next((i for i, (a, b) in enumerate(zip(base_replies, replies)) if a != b), None)
+        key = keyspace_difference(base_keys, keys, longest_ms)
         if diff is not None:
             print("%s: reply to batch %d differs from %s's:\n  %r\n  %r" % (
                 script, diff, base_script, base_replies[diff], replies[diff]))
             failed = 1
-        elif keyspace_difference(base_keys, keys, slack_ms) is not None:
-            key = keyspace_difference(base_keys, keys, slack_ms)
+        elif key is not None:
             print("%s: the keyspace differs from %s's at %r:\n  %r\n  %r" % (
                 script, base_script, key, base_keys.get(key), keys.get(key)))
             failed = 1
         else:
-            print("%s: the same %d replies and %d keys as %s" % (script, len(replies), len(keys), base_script))
+            print("%s: the same %d replies and %d keys" % (script, len(replies), len(keys)))
     return failed
 
 
@@ -231,8 +290,11 @@ def main():
                 for start in range(0, len(batches), 32):
                     chunk = batches[start:start + 32]
                     redis.sock.sendall(b"".join(command([b"EVALSHA", sha] + b) for b in chunk))
-                    for _ in chunk:
-                        redis.reply()
+                    for batch in chunk:
+                        error = first_error(redis.reply())
+                        if error is not None:
+                            sys.exit("shared_replay.py: %s answered a batch with %s" % (
+                                scripts[i], error.decode(errors="replace")))
                 stats = redis.call("INFO", "commandstats").decode()
                 calls, usec = re.search(r"cmdstat_evalsha:calls=(\d+),usec=(\d+)", stats).groups()
                 costs[i].append(int(usec) / int(calls))
@@ -244,6 +306,7 @@ def main():
     finally:
         server.kill()
         server.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
