@@ -33,3 +33,27 @@ bench_fresh_daemon() {
         'BEGIN { printf "%.2f", t / hz * 1e6 / r }') us/request"
     kill "$pid" && wait "$pid" 2>/dev/null || true
 }
+
+# Shared mode's scripts (shared.sh, shared-replay.sh): a private
+# redis-server on DIR/r.sock, answering before this returns; its pid in
+# REDIS_PID.
+start_redis() {
+    local dir=$1
+    redis-server --port 0 --unixsocket "$dir/r.sock" --unixsocketperm 700 --dir "$dir" \
+        --save '' --appendonly no --daemonize no --logfile "$dir/redis.log" &
+    REDIS_PID=$!
+    for _ in $(seq 100); do redis-cli -s "$dir/r.sock" PING >/dev/null 2>&1 && break; sleep 0.05; done
+}
+
+# A daemon BIN serving on DIR/t.sock with DIR/state.redb and CONFIG (TOML)
+# as its config file, its log in DIR/log, listening before this returns;
+# its pid in DAEMON_PID.
+start_serving() {
+    local bin=$1 dir=$2
+    mkdir -p "$dir"
+    printf '%s\n' "$3" > "$dir/tollgate.toml"
+    TOLLGATE_LOG=warn "$bin" serve --socket "$dir/t.sock" --state "$dir/state.redb" --config "$dir/tollgate.toml" \
+        2> "$dir/log" &
+    DAEMON_PID=$!
+    for _ in $(seq 200); do [ -S "$dir/t.sock" ] && break; sleep 0.05; done
+}

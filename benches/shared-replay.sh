@@ -24,6 +24,8 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/.." && pwd)
 BIN=$ROOT/target/release/tollgate
+# shellcheck source=benches/lib.sh
+. "$HERE/lib.sh"
 TMP=$(mktemp -d /tmp/tg-replay-capture.XXXXXX)
 PIDS=()
 cleanup() {
@@ -36,16 +38,15 @@ trap cleanup EXIT INT TERM
 capture=${CAPTURE:-}
 if [ -z "$capture" ]; then
   cargo build --release --quiet --manifest-path "$ROOT/Cargo.toml"
-  redis-server --port 0 --unixsocket "$TMP/r.sock" --unixsocketperm 700 --dir "$TMP" \
-    --save '' --appendonly no --daemonize no --logfile "$TMP/redis.log" &
-  PIDS+=("$!")
-  for _ in $(seq 100); do redis-cli -s "$TMP/r.sock" PING >/dev/null 2>&1 && break; sleep 0.05; done
-  printf 'secret = "%s"\n[shared]\nurl = "redis+unix://%s"\ntimeout_ms = 1000\nhosts = 3\n' \
-    "$TMP/secret" "$TMP/r.sock" > "$TMP/tollgate.toml"
-  TOLLGATE_LOG=warn "$BIN" serve --socket "$TMP/t.sock" --state "$TMP/state.redb" --config "$TMP/tollgate.toml" \
-    2> "$TMP/log" &
-  PIDS+=("$!")
-  for _ in $(seq 200); do [ -S "$TMP/t.sock" ] && break; sleep 0.05; done
+  start_redis "$TMP"
+  PIDS+=("$REDIS_PID")
+  # As shared.sh's patient daemon: the store decides every answer.
+  start_serving "$BIN" "$TMP" "secret = \"$TMP/secret\"
+[shared]
+url = \"redis+unix://$TMP/r.sock\"
+timeout_ms = 1000
+hosts = 3"
+  PIDS+=("$DAEMON_PID")
   redis-cli -s "$TMP/r.sock" MONITOR > "$TMP/monitor.txt" &
   monitor=$!
   sleep 0.3

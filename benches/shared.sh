@@ -27,6 +27,8 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/.." && pwd)
 PEER=${PEER:-$ROOT/../shared/bench/peer-redis.sh}
 BIN=$ROOT/target/release/tollgate
+# shellcheck source=benches/lib.sh
+. "$HERE/lib.sh"
 
 cargo build --release --quiet --manifest-path "$ROOT/Cargo.toml"
 
@@ -39,21 +41,14 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-redis-server --port 0 --unixsocket "$TMP/r.sock" --unixsocketperm 700 --dir "$TMP" \
-  --save '' --appendonly no --daemonize no --logfile "$TMP/redis.log" &
-REDIS=$!
+start_redis "$TMP"
+REDIS=$REDIS_PID
 PIDS+=("$REDIS")
-for _ in $(seq 100); do redis-cli -s "$TMP/r.sock" PING >/dev/null 2>&1 && break; sleep 0.05; done
 
 start_daemon() { # name, extra config
-  local dir=$TMP/$1
-  mkdir -p "$dir"
-  printf '%s\n' "$2" > "$dir/tollgate.toml"
-  TOLLGATE_LOG=warn "$BIN" serve --socket "$dir/t.sock" --state "$dir/state.redb" --config "$dir/tollgate.toml" \
-    2> "$dir/log" &
-  PIDS+=("$!")
-  echo "$!" > "$dir/pid"
-  for _ in $(seq 200); do [ -S "$dir/t.sock" ] && break; sleep 0.05; done
+  start_serving "$BIN" "$TMP/$1" "$2"
+  PIDS+=("$DAEMON_PID")
+  echo "$DAEMON_PID" > "$TMP/$1/pid"
 }
 
 # One secret for both shared daemons: a host with another key may not join.
