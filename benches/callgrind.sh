@@ -31,7 +31,11 @@ cleanup() {
   [ -n "$VG" ] && { kill "$VG" 2>/dev/null || true; wait "$VG" 2>/dev/null || true; }
   [ -n "${KEEP:-}" ] && cp "$TMP/out" "$KEEP"; rm -rf "$TMP"
 }
-trap cleanup EXIT INT TERM
+# cleanup runs once, on exit; a signal exits (bash would otherwise run the
+# handler and carry on with the next command)
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$TMP/out" \
   "$BIN" serve --socket "$TMP/t.sock" --state "$TMP/s.redb" --config /dev/null >"$TMP/log" 2>&1 &

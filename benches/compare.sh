@@ -37,7 +37,11 @@ cleanup() {
   for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
   rm -rf "$TMP"
 }
-trap cleanup EXIT INT TERM
+# cleanup runs once, on exit; a signal exits (bash would otherwise run the
+# handler and carry on with the next command)
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 # tollgate with built-in defaults on a temp socket; the `request` route's
 # GCRA (one per source prefix) is the like-for-like of the Lua script.

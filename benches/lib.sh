@@ -34,13 +34,14 @@ bench_fresh_daemon() {
     kill "$pid" && wait "$pid" 2>/dev/null || true
 }
 
-# Shared mode's scripts (shared.sh, shared-replay.sh): a private
-# redis-server on DIR/r.sock, answering before this returns; its pid in
-# REDIS_PID.
+# Shared mode's scripts (shared.sh, shared-replay.sh, shared-ceiling.sh):
+# a private redis-server on DIR/r.sock, answering before this returns;
+# its pid in REDIS_PID. The servers' standard output goes nowhere here,
+# so that none holds open a pipe the script's output goes through.
 start_redis() {
     local dir=$1
     redis-server --port 0 --unixsocket "$dir/r.sock" --unixsocketperm 700 --dir "$dir" \
-        --save '' --appendonly no --daemonize no --logfile "$dir/redis.log" &
+        --save '' --appendonly no --daemonize no --logfile "$dir/redis.log" > /dev/null &
     REDIS_PID=$!
     for _ in $(seq 100); do redis-cli -s "$dir/r.sock" PING >/dev/null 2>&1 && break; sleep 0.05; done
 }
@@ -53,7 +54,7 @@ start_serving() {
     mkdir -p "$dir"
     printf '%s\n' "$3" > "$dir/tollgate.toml"
     TOLLGATE_LOG=warn "$bin" serve --socket "$dir/t.sock" --state "$dir/state.redb" --config "$dir/tollgate.toml" \
-        2> "$dir/log" &
+        > /dev/null 2> "$dir/log" &
     DAEMON_PID=$!
     for _ in $(seq 200); do [ -S "$dir/t.sock" ] && break; sleep 0.05; done
 }

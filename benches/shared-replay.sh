@@ -33,7 +33,11 @@ cleanup() {
   wait 2>/dev/null || true
   rm -rf "$TMP"
 }
-trap cleanup EXIT INT TERM
+# cleanup runs once, on exit; a signal exits (bash would otherwise run the
+# handler and carry on with the next command)
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 capture=${CAPTURE:-}
 if [ -z "$capture" ]; then

@@ -22,6 +22,8 @@ set -euo pipefail
 
 RUNS=${RUNS:-3}
 DURATION=${DURATION:-3s}
+# The peer takes whole seconds: DURATION must be N followed by s.
+[[ $DURATION =~ ^[0-9]+s$ ]] || { echo "${0##*/}: DURATION must be whole seconds, like 3s (not $DURATION)" >&2; exit 2; }
 TIMEOUT_MS=${TIMEOUT_MS:-2}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/.." && pwd)
@@ -39,7 +41,11 @@ cleanup() {
   wait 2>/dev/null || true
   rm -rf "$TMP"
 }
-trap cleanup EXIT INT TERM
+# cleanup runs once, on exit; a signal exits (bash would otherwise run the
+# handler and carry on with the next command)
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 start_redis "$TMP"
 REDIS=$REDIS_PID

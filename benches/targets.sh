@@ -33,7 +33,11 @@ cleanup() {
   for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
   rm -rf "$TMP"
 }
-trap cleanup EXIT INT TERM
+# cleanup runs once, on exit; a signal exits (bash would otherwise run the
+# handler and carry on with the next command)
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 # start <name> [serve flags...]: a daemon on $TMP/<name>.sock; waits for it.
 start() {
