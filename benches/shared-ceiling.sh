@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# shared-ceiling.sh: how far any rewrite of decide.lua could take shared
+# mode's login throughput (issue 14), measured end to end.
+#
+# Builds two more daemons from this tree, with decide.lua's check and
+# report replaced by stand-ins (benches/shared_ceiling.py):
+#   floor: each failure entry read and written (a check) or read and
+#          deleted (a report), a failure listed in its account's index,
+#          nothing decided: the store work of the two global login rules
+#          in today's layout (one key an entry);
+#   null:  no key touched, an answer at once: a store that does no work.
+# Then, RUNS times (default 3), interleaved: each daemon (decide.lua's,
+# floor, null) on its own fresh redis-server, under shared.sh's login
+# load (check + report, 50 connections x 1 in flight, 100,000 accounts,
+# timeout_ms = 1000 so the store decides every answer), and the Redis+Lua
+# peer (../shared/bench/peer-redis.sh, or $PEER). A run whose daemon
+# counted a store error or a degraded answer fails the script: a
+# stand-in the daemon did not take as the store's word measures nothing.
+# Prints each run, then medians and their ratio to the peer's.
+# The variant builds keep their own target dir (target/ceiling), so a
+# second run is quick. Needs redis-server, redis-cli, redis-benchmark.
+set -euo pipefail
+
+RUNS=${RUNS:-3}
+DURATION=${DURATION:-3s}
+# The peer takes whole seconds: DURATION must be N followed by s.
+[[ $DURATION =~ ^[0-9]+s$ ]] || { echo "${0##*/}: DURATION must be whole seconds, like 3s (not $DURATION)" >&2; exit 2; }
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$HERE/.." && pwd)
+PEER=${PEER:-$ROOT/../shared/bench/peer-redis.sh}
+# shellcheck source=benches/lib.sh
+. "$HERE/lib.sh"
+
+TMP=$(mktemp -d /tmp/tg-shared-ceiling.XXXXXX)
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$TMP"
+}
+# cleanup runs once, on exit; a signal exits (bash would otherwise run the
+# handler and carry on with the next command)
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+cargo build --release --quiet --manifest-path "$ROOT/Cargo.toml"
+cp "$ROOT/target/release/tollgate" "$TMP/tollgate-decide"
+mkdir "$TMP/tree"
+tar -C "$ROOT" --exclude=./target --exclude=./.git --exclude=./fuzz -cf - . | tar -C "$TMP/tree" -xf -
+for kind in floor null; do
+  python3 "$HERE/shared_ceiling.py" "$ROOT/src/shared/decide.lua" "$kind" > "$TMP/tree/src/shared/decide.lua"
+  CARGO_TARGET_DIR=$ROOT/target/ceiling cargo build --release --quiet --manifest-path "$TMP/tree/Cargo.toml"
+  cp "$ROOT/target/ceiling/release/tollgate" "$TMP/tollgate-$kind"
+done
+
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+one_run() { # variant, run
+  local name=$1 run=$2 dir=$TMP/$1.$2 bin=$TMP/tollgate-$1
+  mkdir -p "$dir"
+  start_redis "$dir"
+  PIDS+=("$REDIS_PID")
+  start_serving "$bin" "$dir" "secret = \"$TMP/secret\"
+[shared]
+url = \"redis+unix://$dir/r.sock\"
+timeout_ms = 1000
+hosts = 3"
+  PIDS+=("$DAEMON_PID")
+  sleep 0.3
+  local r0 d0 r1 d1 out status
+  r0=$(cpu_ticks "$REDIS_PID"); d0=$(cpu_ticks "$DAEMON_PID")
+  out=$("$bin" bench --socket "$dir/t.sock" --json --route login --mix check-report --connections 50 \
+    --in-flight 1 --keys 100000 --duration "$DURATION")
+  r1=$(cpu_ticks "$REDIS_PID"); d1=$(cpu_ticks "$DAEMON_PID")
+  status=$("$bin" status --socket "$dir/t.sock" --json)
+  kill "$DAEMON_PID" "$REDIS_PID"
+  wait "$DAEMON_PID" "$REDIS_PID" 2>/dev/null || true
+  python3 - "$name" "$run" "$out" "$status" $((r1 - r0)) $((d1 - d0)) <<'EOF'
+import json, os, sys
+name, run, out, status, redis, daemon = sys.argv[1:]
+d, s = json.loads(out), json.loads(status)["shared"]
+if s["errors"] or s["degraded_answers"] or d["errors"]:
+    sys.exit(f"shared-ceiling.sh: {name} run {run}: {s['errors']} store errors, "
+             f"{s['degraded_answers']} degraded answers, {d['errors']} bench errors "
+             f"(last error: {s['last_error']}): the daemon did not take every answer as the store's")
+tick, n = os.sysconf("SC_CLK_TCK"), max(1, d["requests"])
+print(f"run{run}_{name}_requests_per_s={d['requests'] / d['duration_s']:.0f}")
+print(f"run{run}_{name}_p99_us={d['p99_us']}")
+print(f"run{run}_{name}_redis_cpu_us_per_request={int(redis) / tick * 1e6 / n:.1f}")
+print(f"run{run}_{name}_daemon_cpu_us_per_request={int(daemon) / tick * 1e6 / n:.1f}")
+EOF
+}
+
+# Each run in this shell, not in a pipeline's subshell: the servers it
+# starts must be in PIDS for cleanup to stop them.
+for run in $(seq "$RUNS"); do
+  for name in decide floor null; do
+    one_run "$name" "$run" > "$TMP/run"
+    cat "$TMP/run" >> "$TMP/runs" && cat "$TMP/run"
+  done
+  DURATION=${DURATION%s} bash "$PEER" > "$TMP/run"
+  sed -n "s/^redis_gcra_ops_per_s=/run${run}_peer_requests_per_s=/p" "$TMP/run" | tee -a "$TMP/runs"
+done
+
+python3 - "$TMP/runs" <<'EOF'
+import re, statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    m = re.match(r"run\d+_(\w+?)_(requests_per_s|p99_us|redis_cpu_us_per_request|daemon_cpu_us_per_request)=(\S+)", line)
+    if m:
+        runs.setdefault((m[1], m[2]), []).append(float(m[3]))
+peers = runs[("peer", "requests_per_s")]
+peer = statistics.median(peers)
+print(f"median_peer_requests_per_s={peer:.0f}")
+for name in ("decide", "floor", "null"):
+    rps = statistics.median(runs[(name, "requests_per_s")])
+    # The machine drifts between runs: each run's ratio to the peer run
+    # beside it, and their median, say more than a ratio of medians.
+    ratios = [r / p for r, p in zip(runs[(name, "requests_per_s")], peers)]
+    print(f"median_{name}_requests_per_s={rps:.0f} ratio_to_peer={rps / peer:.2f} "
+          f"ratios_by_run={'/'.join(f'{r:.2f}' for r in ratios)} median_ratio={statistics.median(ratios):.2f}")
+    for what in ("p99_us", "redis_cpu_us_per_request", "daemon_cpu_us_per_request"):
+        print(f"median_{name}_{what}={statistics.median(runs[(name, what)]):g}")
+EOF

@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""shared_ceiling.py: two stand-ins for decide.lua that bound what any
+rewrite of its logic could give (issue 14). Used by
+benches/shared-ceiling.sh.
+
+    shared_ceiling.py DECIDE_LUA KIND > OUT.lua
+
+KIND is one of:
+- null: a check and a report read their arguments and answer at once,
+  touching no key: what the daemon, the batching, the socket and
+  EVALSHA's plumbing cost with a store that does no work;
+- floor: the same answers, after each failure entry of a check is read
+  (GET) and written (SET ... PXAT) and each of a report's is read and
+  deleted (DEL) or, a failure, written and listed in its account's
+  index (TYPE, SADD, PEXPIRE): the store work of the two global login rules in
+  decide.lua's layout (one key an entry), with no decision.
+
+Both answer what decide.lua answers an admitted check and an unlocked
+report, in its packed layout, so the daemon takes them as the store's
+word; the bench script fails a run whose daemon counted an error or a
+degraded answer. They are wrong on purpose (nothing is counted), so they
+only ever run here. Release, merge, unlock, heartbeat and join are
+decide.lua's own.
+"""
+import sys
+
+# Replaces check() and report(): everything from the first marker up to
+# the second.
+FROM, TO = "local function check()", "-- RELEASE:"
+
+STAND_INS = r"""local function check()
+  local n
+  n, at = struct.unpack('<B', blob, at)
+  local out = { 1, now }
+  for i = 1, n do
+    local kind, scope, W, T, timeout, mon, interval, tolerance
+    kind, at = struct.unpack('c1', blob, at)
+    local kn = key()
+    if kind == 'f' then
+      scope, W, T, timeout, mon, at = struct.unpack('<Bi8I4i8B', blob, at)
+      --CHECK_TOUCH
+      -- not refused; standing: w, p, c, one place, its lapse, no lock, W
+      out[#out + 1] = 0
+      out[#out + 1] = widx(W, now); out[#out + 1] = 0; out[#out + 1] = 0; out[#out + 1] = 1
+      out[#out + 1] = timeout; out[#out + 1] = 0; out[#out + 1] = W
+    elseif kind == 'g' then
+      scope, interval, tolerance, mon, at = struct.unpack('<Bi8i8B', blob, at)
+      out[#out + 1] = 0; out[#out + 1] = now
+    end
+  end
+  return out
+end
+
+local function report()
+  local n
+  n, at = struct.unpack('<B', blob, at)
+  local out = { 0, now }
+  for i = 1, n do
+    local kind, scope, W, T, release, count, clear
+    kind, at = struct.unpack('c1', blob, at)
+    local kn = key()
+    if kind == 'f' or kind == 'F' then
+      scope, W, T, release, count, clear, at = struct.unpack('<Bi8I4BBB', blob, at)
+      local ix = nil
+      if kind == 'F' then ix = key() end
+      --REPORT_TOUCH
+      -- not locked before or after; standing: w, nothing counted, W
+      out[#out + 1] = 0; out[#out + 1] = 0
+      out[#out + 1] = widx(W, now); out[#out + 1] = 0; out[#out + 1] = 0; out[#out + 1] = 0
+      out[#out + 1] = 0; out[#out + 1] = 0; out[#out + 1] = W
+    elseif kind == 'g' then
+      scope, at = struct.unpack('<B', blob, at)
+      out[#out + 1] = 0; out[#out + 1] = 0; out[#out + 1] = now
+    elseif kind == 'D' then
+      local ttl, max
+      ttl, max, at = struct.unpack('<i8H', blob, at)
+      key()
+    end
+  end
+  return out
+end
+
+"""
+
+# The floor's store work: decide.lua's entry is 39 bytes of header and
+# 8 a place, and it expires two windows on.
+TOUCH = {
+    "null": ("", ""),
+    "floor": (
+        "redis.call('GET', kn); redis.call('SET', kn, string.rep('x', 47), 'PXAT', "
+        "string.format('%d', math.ceil((now + 2 * W) / 1000)))",
+        "redis.call('GET', kn); "
+        # a failure is kept (counted), a success's entry goes
+        "if count == 1 then redis.call('SET', kn, string.rep('x', 39), 'PXAT', "
+        "string.format('%d', math.ceil((now + 2 * W) / 1000))) else redis.call('DEL', kn) end; "
+        # a failure on an account-and-something rule also lists its entry
+        # in the account's index, as decide.lua does
+        "if ix and count == 1 then redis.call('TYPE', ix); redis.call('SADD', ix, kn); "
+        "redis.call('PEXPIRE', ix, math.ceil(2 * W / 1000)) end",
+    ),
+}
+
+
+def main():
+    if len(sys.argv) != 3 or sys.argv[2] not in TOUCH:
+        sys.exit("usage: shared_ceiling.py DECIDE_LUA null|floor")
+    source = open(sys.argv[1]).read()
+    start, end = source.find(FROM), source.find(TO)
+    if start < 0 or end < start:
+        sys.exit(f"shared_ceiling.py: {sys.argv[1]} has no '{FROM}' ... '{TO}': decide.lua changed shape")
+    check_touch, report_touch = TOUCH[sys.argv[2]]
+    body = STAND_INS.replace("--CHECK_TOUCH", check_touch).replace("--REPORT_TOUCH", report_touch)
+    sys.stdout.write(source[:start] + body + source[end:])
+
+
+if __name__ == "__main__":
+    main()
