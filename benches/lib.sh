@@ -58,3 +58,24 @@ start_serving() {
     DAEMON_PID=$!
     for _ in $(seq 200); do [ -S "$dir/t.sock" ] && break; sleep 0.05; done
 }
+
+# Shared mode's scripts: a temp dir in TMP (mktemp -d /tmp/PREFIX.XXXXXX)
+# and the servers started for it in PIDS (the caller appends), all gone
+# when the script ends: on exit, or on INT or TERM, which exit (bash would
+# otherwise run the handler and carry on with the next command). A frozen
+# server (SIGSTOP) is continued first, so that it can die.
+with_temp_dir() {
+    TMP=$(mktemp -d "/tmp/$1.XXXXXX")
+    PIDS=()
+    trap remove_temp_dir EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+}
+remove_temp_dir() {
+    for pid in "${PIDS[@]}"; do
+        kill -CONT "$pid" 2>/dev/null || true
+        kill "$pid" 2>/dev/null || true
+    done
+    wait 2>/dev/null || true
+    rm -rf "$TMP"
+}

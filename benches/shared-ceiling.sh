@@ -31,18 +31,7 @@ PEER=${PEER:-$ROOT/../shared/bench/peer-redis.sh}
 # shellcheck source=benches/lib.sh
 . "$HERE/lib.sh"
 
-TMP=$(mktemp -d /tmp/tg-shared-ceiling.XXXXXX)
-PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$TMP"
-}
-# cleanup runs once, on exit; a signal exits (bash would otherwise run the
-# handler and carry on with the next command)
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+with_temp_dir tg-shared-ceiling
 
 cargo build --release --quiet --manifest-path "$ROOT/Cargo.toml"
 cp "$ROOT/target/release/tollgate" "$TMP/tollgate-decide"

@@ -26,18 +26,7 @@ ROOT=$(cd "$HERE/.." && pwd)
 BIN=$ROOT/target/release/tollgate
 # shellcheck source=benches/lib.sh
 . "$HERE/lib.sh"
-TMP=$(mktemp -d /tmp/tg-replay-capture.XXXXXX)
-PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$TMP"
-}
-# cleanup runs once, on exit; a signal exits (bash would otherwise run the
-# handler and carry on with the next command)
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+with_temp_dir tg-replay-capture
 
 capture=${CAPTURE:-}
 if [ -z "$capture" ]; then

@@ -34,18 +34,7 @@ BIN=$ROOT/target/release/tollgate
 
 cargo build --release --quiet --manifest-path "$ROOT/Cargo.toml"
 
-TMP=$(mktemp -d /tmp/tg-shared-bench.XXXXXX)
-PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill -CONT "$pid" 2>/dev/null || true; kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$TMP"
-}
-# cleanup runs once, on exit; a signal exits (bash would otherwise run the
-# handler and carry on with the next command)
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+with_temp_dir tg-shared-bench
 
 start_redis "$TMP"
 REDIS=$REDIS_PID
