@@ -16,9 +16,13 @@
 # peer (../shared/bench/peer-redis.sh, or $PEER). A run whose daemon
 # counted a store error or a degraded answer fails the script: a
 # stand-in the daemon did not take as the store's word measures nothing.
-# Prints each run, then medians and their ratio to the peer's.
-# The variant builds keep their own target dir (target/ceiling), so a
-# second run is quick. Needs redis-server, redis-cli, redis-benchmark.
+# Prints each run (with the CPU time of Redis, the daemon and the load
+# generator a request, and the cores the three kept busy), then medians,
+# the ratio of the medians to the peer's, and the median of each run's
+# ratio to the peer run beside it (the figure docs/performance.md quotes:
+# the machine drifts between runs). The variant builds keep their own
+# target dir (target/ceiling): the dependencies are built once, tollgate
+# itself twice a run. Needs redis-server, redis-cli, redis-benchmark.
 set -euo pipefail
 
 RUNS=${RUNS:-3}
@@ -57,17 +61,22 @@ timeout_ms = 1000
 hosts = 3"
   PIDS+=("$DAEMON_PID")
   sleep 0.3
-  local r0 d0 r1 d1 out status
+  local r0 d0 r1 d1 out status generator TIMEFORMAT='%U %S'
   r0=$(cpu_ticks "$REDIS_PID"); d0=$(cpu_ticks "$DAEMON_PID")
-  out=$("$bin" bench --socket "$dir/t.sock" --json --route login --mix check-report --connections 50 \
-    --in-flight 1 --keys 100000 --duration "$DURATION")
+  # The load generator's CPU time too (bash's `time`, user and system):
+  # the three processes share the two cores.
+  { time "$bin" bench --socket "$dir/t.sock" --json --route login --mix check-report --connections 50 \
+    --in-flight 1 --keys 100000 --duration "$DURATION" > "$dir/bench.json" 2> "$dir/bench.log"; } 2> "$dir/generator"
   r1=$(cpu_ticks "$REDIS_PID"); d1=$(cpu_ticks "$DAEMON_PID")
+  out=$(cat "$dir/bench.json"); generator=$(awk '{print $1 + $2}' "$dir/generator")
   status=$("$bin" status --socket "$dir/t.sock" --json)
   kill "$DAEMON_PID" "$REDIS_PID"
   wait "$DAEMON_PID" "$REDIS_PID" 2>/dev/null || true
-  python3 - "$name" "$run" "$out" "$status" $((r1 - r0)) $((d1 - d0)) <<'EOF'
+  # Reaped: their numbers may be reused before the script ends.
+  PIDS=()
+  python3 - "$name" "$run" "$out" "$status" $((r1 - r0)) $((d1 - d0)) "$generator" <<'EOF'
 import json, os, sys
-name, run, out, status, redis, daemon = sys.argv[1:]
+name, run, out, status, redis, daemon, generator = sys.argv[1:]
 d, s = json.loads(out), json.loads(status)["shared"]
 if s["errors"] or s["degraded_answers"] or d["errors"]:
     sys.exit(f"shared-ceiling.sh: {name} run {run}: {s['errors']} store errors, "
@@ -78,6 +87,11 @@ print(f"run{run}_{name}_requests_per_s={d['requests'] / d['duration_s']:.0f}")
 print(f"run{run}_{name}_p99_us={d['p99_us']}")
 print(f"run{run}_{name}_redis_cpu_us_per_request={int(redis) / tick * 1e6 / n:.1f}")
 print(f"run{run}_{name}_daemon_cpu_us_per_request={int(daemon) / tick * 1e6 / n:.1f}")
+print(f"run{run}_{name}_generator_cpu_us_per_request={float(generator) * 1e6 / n:.1f}")
+# Of the machine's cores, how many the three kept busy (1 in flight a
+# connection: a run can be bound by round trips rather than by CPU).
+cpus = (int(redis) / tick + int(daemon) / tick + float(generator)) / d["duration_s"]
+print(f"run{run}_{name}_cores_busy={cpus:.2f}")
 EOF
 }
 
@@ -96,7 +110,8 @@ python3 - "$TMP/runs" <<'EOF'
 import re, statistics, sys
 runs = {}
 for line in open(sys.argv[1]):
-    m = re.match(r"run\d+_(\w+?)_(requests_per_s|p99_us|redis_cpu_us_per_request|daemon_cpu_us_per_request)=(\S+)", line)
+    m = re.match(r"run\d+_(\w+?)_(requests_per_s|p99_us|redis_cpu_us_per_request|daemon_cpu_us_per_request"
+                 r"|generator_cpu_us_per_request|cores_busy)=(\S+)", line)
     if m:
         runs.setdefault((m[1], m[2]), []).append(float(m[3]))
 peers = runs[("peer", "requests_per_s")]
@@ -109,6 +124,7 @@ for name in ("decide", "floor", "null"):
     ratios = [r / p for r, p in zip(runs[(name, "requests_per_s")], peers)]
     print(f"median_{name}_requests_per_s={rps:.0f} ratio_to_peer={rps / peer:.2f} "
           f"ratios_by_run={'/'.join(f'{r:.2f}' for r in ratios)} median_ratio={statistics.median(ratios):.2f}")
-    for what in ("p99_us", "redis_cpu_us_per_request", "daemon_cpu_us_per_request"):
+    for what in ("p99_us", "redis_cpu_us_per_request", "daemon_cpu_us_per_request",
+                 "generator_cpu_us_per_request", "cores_busy"):
         print(f"median_{name}_{what}={statistics.median(runs[(name, what)]):g}")
 EOF

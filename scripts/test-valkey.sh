@@ -18,8 +18,12 @@ URL=${VALKEY_URL:-http://deb.debian.org/debian/pool/main/v/valkey/valkey_${VERSI
 SHA256=${VALKEY_SHA256:-d9bbd82eecb82f359e649a0007ad3dc1b47cc15afa626348ca86b73c4ae2c7ee}
 DIR=$PWD/target/valkey
 SRC=$DIR/valkey-$VERSION
+# What the build in SRC was made from, written once it finished: a build
+# from another source, or one that stopped midway, is made again.
+STAMP="$URL $SHA256 MALLOC=libc BUILD_TLS=yes"
 
-if [ ! -x "$SRC/src/valkey-server" ] || [ ! -x "$SRC/src/valkey-cli" ]; then
+if [ "$(cat "$DIR/built" 2>/dev/null)" != "$STAMP" ]; then
+    rm -f "$DIR/built"
     # A C compiler, make and OpenSSL's headers build it.
     missing=()
     command -v make >/dev/null || missing+=(make)
@@ -35,7 +39,11 @@ if [ ! -x "$SRC/src/valkey-server" ] || [ ! -x "$SRC/src/valkey-cli" ]; then
             apt-get install -y -qq --no-install-recommends "${missing[@]}"
     fi
     mkdir -p "$DIR"
-    curl -fsSL -o "$DIR/valkey.tar.xz" "$URL"
+    curl -fsSL -o "$DIR/valkey.tar.xz" "$URL" || {
+        echo "test-valkey.sh: could not download $URL (the one step that needs the network;" \
+            "VALKEY_URL and VALKEY_SHA256 name another copy)" >&2
+        exit 1
+    }
     echo "$SHA256  $DIR/valkey.tar.xz" | sha256sum -c --quiet - || {
         echo "test-valkey.sh: $URL does not have SHA-256 $SHA256" >&2
         exit 1
@@ -51,14 +59,15 @@ if [ ! -x "$SRC/src/valkey-server" ] || [ ! -x "$SRC/src/valkey-cli" ]; then
         echo "test-valkey.sh: Valkey did not build; the whole log is $DIR/build.log" >&2
         exit 1
     }
+    echo "$STAMP" > "$DIR/built"
 fi
 
 mkdir -p "$DIR/bin"
 ln -sf "$SRC/src/valkey-server" "$DIR/bin/redis-server"
 ln -sf "$SRC/src/valkey-cli" "$DIR/bin/redis-cli"
 export PATH=$DIR/bin:$PATH
-redis-server --version | grep -q '^Valkey server' || {
-    echo "test-valkey.sh: redis-server in PATH is not Valkey: $(redis-server --version)" >&2
+redis-server --version | grep -q "^Valkey server v=$VERSION " || {
+    echo "test-valkey.sh: redis-server in PATH is not Valkey $VERSION: $(redis-server --version)" >&2
     exit 1
 }
 redis-server --version
