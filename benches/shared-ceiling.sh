@@ -4,11 +4,11 @@
 #
 # Builds two more daemons from this tree, with decide.lua's check and
 # report replaced by stand-ins (benches/shared_ceiling.py):
-#   floor: each failure entry read and written (a check) or read and
-#          deleted (a report), a failure listed in its account's index,
-#          nothing decided: the store work of the two global login rules
-#          in today's layout (one key an entry);
-#   null:  no key touched, an answer at once: a store that does no work.
+#   floor: each failure entry of a check read and written; a report's
+#          read and deleted, or for a failure written and listed in its
+#          account's index; nothing decided: the store work of the two
+#          global login rules in today's layout (one key an entry);
+#   null:  the arguments read, no key touched, an answer at once.
 # Then, RUNS times (default 3), interleaved: each daemon (decide.lua's,
 # floor, null) on its own fresh redis-server, under shared.sh's login
 # load (check + report, 50 connections x 1 in flight, 100,000 accounts,

@@ -66,11 +66,14 @@ mkdir -p "$DIR/bin"
 ln -sf "$SRC/src/valkey-server" "$DIR/bin/redis-server"
 ln -sf "$SRC/src/valkey-cli" "$DIR/bin/redis-cli"
 export PATH=$DIR/bin:$PATH
-redis-server --version | grep -q "^Valkey server v=$VERSION " || {
-    echo "test-valkey.sh: redis-server in PATH is not Valkey $VERSION: $(redis-server --version)" >&2
+# Read whole, not piped into `grep -q`: under pipefail a grep that stops
+# reading early can fail the check for a server that passed it.
+version=$(redis-server --version)
+[[ $version == "Valkey server v=$VERSION "* ]] || {
+    echo "test-valkey.sh: redis-server in PATH is not Valkey $VERSION: $version" >&2
     exit 1
 }
-redis-server --version
+echo "$version"
 # Every test file that starts a store: tests/shared_*.rs.
 tests=()
 for file in tests/shared_*.rs; do
