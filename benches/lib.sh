@@ -59,6 +59,22 @@ start_serving() {
     for _ in $(seq 200); do [ -S "$dir/t.sock" ] && break; sleep 0.05; done
 }
 
+# A private redis-server in DIR and the daemon BIN beside it, with
+# [shared] pointing at it and patient (timeout_ms = 1000: the store
+# decides every answer, as shared.sh's patient daemon), SECRET its key
+# file; both appended to PIDS (with_temp_dir's). Their pids in REDIS_PID
+# and DAEMON_PID.
+start_store_and_daemon() { # bin, dir, secret
+    start_redis "$2"
+    PIDS+=("$REDIS_PID")
+    start_serving "$1" "$2" "secret = \"$3\"
+[shared]
+url = \"redis+unix://$2/r.sock\"
+timeout_ms = 1000
+hosts = 3"
+    PIDS+=("$DAEMON_PID")
+}
+
 # Shared mode's scripts: a temp dir in TMP (mktemp -d /tmp/PREFIX.XXXXXX)
 # and the servers started for it in PIDS (the caller appends), all gone
 # when the script ends: on exit, or on INT or TERM, which exit (bash would

@@ -52,14 +52,7 @@ cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 one_run() { # variant, run
   local name=$1 run=$2 dir=$TMP/$1.$2 bin=$TMP/tollgate-$1
   mkdir -p "$dir"
-  start_redis "$dir"
-  PIDS+=("$REDIS_PID")
-  start_serving "$bin" "$dir" "secret = \"$TMP/secret\"
-[shared]
-url = \"redis+unix://$dir/r.sock\"
-timeout_ms = 1000
-hosts = 3"
-  PIDS+=("$DAEMON_PID")
+  start_store_and_daemon "$bin" "$dir" "$TMP/secret"
   sleep 0.3
   local r0 d0 r1 d1 out status generator TIMEFORMAT='%U %S'
   r0=$(cpu_ticks "$REDIS_PID"); d0=$(cpu_ticks "$DAEMON_PID")

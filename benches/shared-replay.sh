@@ -31,15 +31,7 @@ with_temp_dir tg-replay-capture
 capture=${CAPTURE:-}
 if [ -z "$capture" ]; then
   cargo build --release --quiet --manifest-path "$ROOT/Cargo.toml"
-  start_redis "$TMP"
-  PIDS+=("$REDIS_PID")
-  # As shared.sh's patient daemon: the store decides every answer.
-  start_serving "$BIN" "$TMP" "secret = \"$TMP/secret\"
-[shared]
-url = \"redis+unix://$TMP/r.sock\"
-timeout_ms = 1000
-hosts = 3"
-  PIDS+=("$DAEMON_PID")
+  start_store_and_daemon "$BIN" "$TMP" "$TMP/secret"
   redis-cli -s "$TMP/r.sock" MONITOR > "$TMP/monitor.txt" &
   monitor=$!
   sleep 0.3
