@@ -23,6 +23,10 @@
 # the machine drifts between runs). The variant builds keep their own
 # target dir (target/ceiling): the dependencies are built once, tollgate
 # itself twice a run. Needs redis-server, redis-cli, redis-benchmark.
+# PIN=1 gives the store a core of its own, as a store on a host of its
+# own would have: Redis on CPU 0, the daemon and the load generator on
+# CPU 1; and the peer the same way (its Redis on CPU 0, redis-benchmark
+# on CPU 1, peer-redis.sh's no-pipelining measure with its gcra.lua).
 set -euo pipefail
 
 RUNS=${RUNS:-3}
@@ -49,16 +53,47 @@ done
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
+# PIN=1: every thread of a running process onto one CPU; the load
+# generators start on CPU 1.
+on_cpu1=()
+if [ -n "${PIN:-}" ]; then on_cpu1=(taskset -c 1); fi
+pin() { # cpu, pid
+  if [ -n "${PIN:-}" ]; then taskset -a -pc "$1" "$2" > /dev/null; fi
+}
+
+pinned_peer() { # run
+  local dir=$TMP/peer.$1 sha cal n
+  mkdir -p "$dir"
+  start_redis "$dir"
+  PIDS+=("$REDIS_PID")
+  pin 0 "$REDIS_PID"
+  sha=$(redis-cli -s "$dir/r.sock" SCRIPT LOAD "$(cat "$(dirname "$PEER")/gcra.lua")")
+  peer_rps() { # requests
+    redis-cli -s "$dir/r.sock" FLUSHALL > /dev/null
+    "${on_cpu1[@]}" redis-benchmark -s "$dir/r.sock" -c 50 -n "$1" -P 1 -r 1000000 --csv \
+      EVALSHA "$sha" 1 'gcra:user:__rand_int__' 15 30 60 1 | tail -n 1 | tr -d '"' | awk -F, '{ printf "%.0f\n", $2 }'
+  }
+  cal=$(peer_rps 20000)
+  n=$((cal * ${DURATION%s}))
+  if [ "$n" -lt 20000 ]; then n=20000; fi
+  echo "run${1}_peer_requests_per_s=$(peer_rps "$n")"
+  kill "$REDIS_PID"
+  wait "$REDIS_PID" 2>/dev/null || true
+  PIDS=()
+}
+
 one_run() { # variant, run
   local name=$1 run=$2 dir=$TMP/$1.$2 bin=$TMP/tollgate-$1
   mkdir -p "$dir"
   start_store_and_daemon "$bin" "$dir" "$TMP/secret"
+  pin 0 "$REDIS_PID"
+  pin 1 "$DAEMON_PID"
   sleep 0.3
   local r0 d0 r1 d1 out status generator TIMEFORMAT='%U %S'
   r0=$(cpu_ticks "$REDIS_PID"); d0=$(cpu_ticks "$DAEMON_PID")
   # The load generator's CPU time too (bash's `time`, user and system):
   # the three processes share the two cores.
-  { time "$bin" bench --socket "$dir/t.sock" --json --route login --mix check-report --connections 50 \
+  { time "${on_cpu1[@]}" "$bin" bench --socket "$dir/t.sock" --json --route login --mix check-report --connections 50 \
     --in-flight 1 --keys 100000 --duration "$DURATION" > "$dir/bench.json" 2> "$dir/bench.log"; } 2> "$dir/generator"
   r1=$(cpu_ticks "$REDIS_PID"); d1=$(cpu_ticks "$DAEMON_PID")
   out=$(cat "$dir/bench.json"); generator=$(awk '{print $1 + $2}' "$dir/generator")
@@ -95,8 +130,12 @@ for run in $(seq "$RUNS"); do
     one_run "$name" "$run" > "$TMP/run"
     cat "$TMP/run" >> "$TMP/runs" && cat "$TMP/run"
   done
-  DURATION=${DURATION%s} bash "$PEER" > "$TMP/run"
-  sed -n "s/^redis_gcra_ops_per_s=/run${run}_peer_requests_per_s=/p" "$TMP/run" | tee -a "$TMP/runs"
+  if [ -n "${PIN:-}" ]; then
+    pinned_peer "$run" > "$TMP/run"
+  else
+    DURATION=${DURATION%s} bash "$PEER" > "$TMP/run"
+  fi
+  sed -n "s/^redis_gcra_ops_per_s=/run${run}_peer_requests_per_s=/p; /^run.*_peer_requests_per_s=/p" "$TMP/run" | tee -a "$TMP/runs"
 done
 
 python3 - "$TMP/runs" <<'EOF'
