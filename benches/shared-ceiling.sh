@@ -2,18 +2,23 @@
 # shared-ceiling.sh: how far any rewrite of decide.lua could take shared
 # mode's login throughput (issue 14), measured end to end.
 #
-# Builds two more daemons from this tree, with decide.lua's check and
+# Builds three more daemons from this tree, with decide.lua's check and
 # report replaced by stand-ins (benches/shared_ceiling.py):
 #   floor: each failure entry of a check read and written; a report's
 #          read and deleted, or for a failure written and listed in its
 #          account's index; nothing decided: the store work of the two
 #          global login rules in today's layout (one key an entry);
+#   gcra:  the peer's own decision (gcra.lua's GCRA) on one key an op,
+#          check or report, and nothing else;
 #   null:  the arguments read, no key touched, an answer at once.
 # Then, RUNS times (default 3), interleaved: each daemon (decide.lua's,
-# floor, null) on its own fresh redis-server, under shared.sh's login
+# floor, gcra, null) on its own fresh redis-server, under shared.sh's login
 # load (check + report, 50 connections x 1 in flight, 100,000 accounts,
 # timeout_ms = 1000 so the store decides every answer), and the Redis+Lua
-# peer (../shared/bench/peer-redis.sh, or $PEER). A run whose daemon
+# peer (../shared/bench/peer-redis.sh, or $PEER); and decide.lua's daemon
+# without [shared] (local: the same load decided in the daemon's memory,
+# what the daemon and the load generator cost a request with no store at
+# all). A run whose daemon
 # counted a store error or a degraded answer fails the script: a
 # stand-in the daemon did not take as the store's word measures nothing.
 # Prints each run (with the CPU time of Redis, the daemon and the load
@@ -22,7 +27,7 @@
 # ratio to the peer run beside it (the figure docs/performance.md quotes:
 # the machine drifts between runs). The variant builds keep their own
 # target dir (target/ceiling): the dependencies are built once, tollgate
-# itself twice a run. Needs redis-server, redis-cli, redis-benchmark.
+# itself once a stand-in. Needs redis-server, redis-cli, redis-benchmark.
 # PIN=1 gives the store a core of its own, as a store on a host of its
 # own would have: Redis on CPU 0, the daemon and the load generator on
 # CPU 1; and the peer the same way (its Redis on CPU 0, redis-benchmark
@@ -45,7 +50,7 @@ cargo build --release --quiet --manifest-path "$ROOT/Cargo.toml"
 cp "$ROOT/target/release/tollgate" "$TMP/tollgate-decide"
 mkdir "$TMP/tree"
 tar -C "$ROOT" --exclude=./target --exclude=./.git --exclude=./fuzz -cf - . | tar -C "$TMP/tree" -xf -
-for kind in floor null; do
+for kind in floor gcra null; do
   python3 "$HERE/shared_ceiling.py" "$ROOT/src/shared/decide.lua" "$kind" > "$TMP/tree/src/shared/decide.lua"
   CARGO_TARGET_DIR=$ROOT/target/ceiling cargo build --release --quiet --manifest-path "$TMP/tree/Cargo.toml"
   cp "$ROOT/target/ceiling/release/tollgate" "$TMP/tollgate-$kind"
@@ -85,7 +90,17 @@ pinned_peer() { # run
 one_run() { # variant, run
   local name=$1 run=$2 dir=$TMP/$1.$2 bin=$TMP/tollgate-$1
   mkdir -p "$dir"
-  start_store_and_daemon "$bin" "$dir" "$TMP/secret"
+  if [ "$name" = local ]; then
+    # The store is started all the same, idle, so the figures below keep
+    # one shape.
+    bin=$TMP/tollgate-decide
+    start_redis "$dir"
+    PIDS+=("$REDIS_PID")
+    start_serving "$bin" "$dir" ""
+    PIDS+=("$DAEMON_PID")
+  else
+    start_store_and_daemon "$bin" "$dir" "$TMP/secret"
+  fi
   pin 0 "$REDIS_PID"
   pin 1 "$DAEMON_PID"
   sleep 0.3
@@ -105,8 +120,11 @@ one_run() { # variant, run
   python3 - "$name" "$run" "$out" "$status" $((r1 - r0)) $((d1 - d0)) "$generator" <<'EOF'
 import json, os, sys
 name, run, out, status, redis, daemon, generator = sys.argv[1:]
-d, s = json.loads(out), json.loads(status)["shared"]
-if s["errors"] or s["degraded_answers"] or d["errors"]:
+d, s = json.loads(out), json.loads(status).get("shared")
+if name == "local":
+    if s or d["errors"]:
+        sys.exit(f"shared-ceiling.sh: local run {run}: shared mode on, or {d['errors']} bench errors")
+elif s["errors"] or s["degraded_answers"] or d["errors"]:
     sys.exit(f"shared-ceiling.sh: {name} run {run}: {s['errors']} store errors, "
              f"{s['degraded_answers']} degraded answers, {d['errors']} bench errors "
              f"(last error: {s['last_error']}): the daemon did not take every answer as the store's")
@@ -126,7 +144,7 @@ EOF
 # Each run in this shell, not in a pipeline's subshell: the servers it
 # starts must be in PIDS for cleanup to stop them.
 for run in $(seq "$RUNS"); do
-  for name in decide floor null; do
+  for name in decide floor gcra null local; do
     one_run "$name" "$run" > "$TMP/run"
     cat "$TMP/run" >> "$TMP/runs" && cat "$TMP/run"
   done
@@ -149,7 +167,7 @@ for line in open(sys.argv[1]):
 peers = runs[("peer", "requests_per_s")]
 peer = statistics.median(peers)
 print(f"median_peer_requests_per_s={peer:.0f}")
-for name in ("decide", "floor", "null"):
+for name in ("decide", "floor", "gcra", "null", "local"):
     rps = statistics.median(runs[(name, "requests_per_s")])
     # The machine drifts between runs: each run's ratio to the peer run
     # beside it, and their median, say more than a ratio of medians.

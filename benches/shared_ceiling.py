@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""shared_ceiling.py: two stand-ins for decide.lua that bound what any
+"""shared_ceiling.py: stand-ins for decide.lua that bound what any
 rewrite of its logic could give (issue 14). Used by
 benches/shared-ceiling.sh.
 
@@ -13,7 +13,12 @@ KIND is one of:
   (GET) and written (SET ... PXAT) and each of a report's is read and
   deleted (DEL) or, a failure, written and listed in its account's
   index (TYPE, SADD, PEXPIRE): the store work of the two global login rules in
-  decide.lua's layout (one key an entry), with no decision.
+  decide.lua's layout (one key an entry), with no decision;
+- gcra: each check and each report runs the peer's own decision
+  (../shared/bench/gcra.lua's GCRA: GET, arithmetic, SET ... PX) on one
+  key, its first entry's, and nothing else: a store as lean as the
+  peer's, one key an op, and no places in flight, no failure window, no
+  second rule. No exact design can ask less of the store a request.
 
 Both answer what decide.lua answers an admitted check and an unlocked
 report, in its packed layout, so the daemon takes them as the store's
@@ -82,6 +87,16 @@ end
 
 """
 
+# gcra.lua's decision with its arguments (burst 15, 30 a minute, a
+# quantity of 1), on the op's first key: times in microseconds, as there.
+GCRA = (
+    "if i == 1 then local interval, tolerance = 60 * 1000000 / 30, 60 * 1000000 / 30 * 15; "
+    "local tat = tonumber(redis.call('GET', kn)); if not tat or tat < now then tat = now end; "
+    "local new_tat = tat + interval; "
+    "if new_tat - tolerance <= now then redis.call('SET', kn, string.format('%d', math.ceil(new_tat)), "
+    "'PX', math.ceil((new_tat - now) / 1000)) end end"
+)
+
 # The floor's store work: decide.lua's entry is 39 bytes of header and
 # 8 a place, and it expires two windows on.
 TOUCH = {
@@ -98,12 +113,13 @@ TOUCH = {
         "if ix and count == 1 then redis.call('TYPE', ix); redis.call('SADD', ix, kn); "
         "redis.call('PEXPIRE', ix, math.ceil(2 * W / 1000)) end",
     ),
+    "gcra": (GCRA, GCRA),
 }
 
 
 def main():
     if len(sys.argv) != 3 or sys.argv[2] not in TOUCH:
-        sys.exit("usage: shared_ceiling.py DECIDE_LUA null|floor")
+        sys.exit("usage: shared_ceiling.py DECIDE_LUA null|floor|gcra")
     source = open(sys.argv[1]).read()
     start, end = source.find(FROM), source.find(TO)
     if start < 0 or end < start:
