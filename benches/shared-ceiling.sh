@@ -32,6 +32,9 @@
 # own would have: Redis on CPU 0, the daemon and the load generator on
 # CPU 1; and the peer the same way (its Redis on CPU 0, redis-benchmark
 # on CPU 1, peer-redis.sh's no-pipelining measure with its gcra.lua).
+# The local daemon then has one core with its load generator, beside an
+# idle Redis. Each run also prints the store's EVALSHA, GET, SET and DEL
+# calls a request (INFO commandstats): what each stand-in really ran.
 set -euo pipefail
 
 RUNS=${RUNS:-3}
@@ -113,13 +116,16 @@ one_run() { # variant, run
   r1=$(cpu_ticks "$REDIS_PID"); d1=$(cpu_ticks "$DAEMON_PID")
   out=$(cat "$dir/bench.json"); generator=$(awk '{print $1 + $2}' "$dir/generator")
   status=$("$bin" status --socket "$dir/t.sock" --json)
+  # What the store ran, by command: a stand-in's work is in the output,
+  # not taken on trust.
+  redis-cli -s "$dir/r.sock" INFO commandstats > "$dir/commandstats"
   kill "$DAEMON_PID" "$REDIS_PID"
   wait "$DAEMON_PID" "$REDIS_PID" 2>/dev/null || true
   # Reaped: their numbers may be reused before the script ends.
   PIDS=()
-  python3 - "$name" "$run" "$out" "$status" $((r1 - r0)) $((d1 - d0)) "$generator" <<'EOF'
-import json, os, sys
-name, run, out, status, redis, daemon, generator = sys.argv[1:]
+  python3 - "$name" "$run" "$out" "$status" $((r1 - r0)) $((d1 - d0)) "$generator" "$dir/commandstats" <<'EOF'
+import json, os, re, sys
+name, run, out, status, redis, daemon, generator, commandstats = sys.argv[1:]
 d, s = json.loads(out), json.loads(status).get("shared")
 if name == "local":
     if s or d["errors"]:
@@ -138,6 +144,9 @@ print(f"run{run}_{name}_generator_cpu_us_per_request={float(generator) * 1e6 / n
 # connection: a run can be bound by round trips rather than by CPU).
 cpus = (int(redis) / tick + int(daemon) / tick + float(generator)) / d["duration_s"]
 print(f"run{run}_{name}_cores_busy={cpus:.2f}")
+calls = dict(re.findall(r"^cmdstat_(\w+):calls=(\d+)", open(commandstats).read(), re.M))
+for command in ("evalsha", "get", "set", "del"):
+    print(f"run{run}_{name}_store_{command}s_per_request={int(calls.get(command, 0)) / n:.2f}")
 EOF
 }
 
@@ -153,25 +162,35 @@ for run in $(seq "$RUNS"); do
   else
     DURATION=${DURATION%s} bash "$PEER" > "$TMP/run"
   fi
-  sed -n "s/^redis_gcra_ops_per_s=/run${run}_peer_requests_per_s=/p; /^run.*_peer_requests_per_s=/p" "$TMP/run" | tee -a "$TMP/runs"
+  # peer-redis.sh's figure renamed, or pinned_peer's as it is: once.
+  sed -n "s/^redis_gcra_ops_per_s=/run${run}_peer_requests_per_s=/; /^run[0-9]*_peer_requests_per_s=/p" "$TMP/run" | tee -a "$TMP/runs"
 done
 
-python3 - "$TMP/runs" <<'EOF'
+python3 - "$TMP/runs" "$RUNS" <<'EOF'
 import re, statistics, sys
-runs = {}
+runs, by_run = {}, {}
 for line in open(sys.argv[1]):
-    m = re.match(r"run\d+_(\w+?)_(requests_per_s|p99_us|redis_cpu_us_per_request|daemon_cpu_us_per_request"
+    m = re.match(r"run(\d+)_(\w+?)_(requests_per_s|p99_us|redis_cpu_us_per_request|daemon_cpu_us_per_request"
                  r"|generator_cpu_us_per_request|cores_busy)=(\S+)", line)
     if m:
-        runs.setdefault((m[1], m[2]), []).append(float(m[3]))
-peers = runs[("peer", "requests_per_s")]
+        runs.setdefault((m[2], m[3]), []).append(float(m[4]))
+        if m[3] == "requests_per_s":
+            by_run.setdefault((m[2], int(m[1])), []).append(float(m[4]))
+# Each run's figures are paired by run number, one of each: a figure
+# printed twice must not shift every later ratio onto the wrong peer run.
+numbers = range(1, int(sys.argv[2]) + 1)
+for name in ("peer", "decide", "floor", "gcra", "null", "local"):
+    for run in numbers:
+        if len(by_run.get((name, run), [])) != 1:
+            sys.exit(f"shared-ceiling.sh: run {run} has {len(by_run.get((name, run), []))} {name} figures, not 1")
+peers = [by_run[("peer", run)][0] for run in numbers]
 peer = statistics.median(peers)
 print(f"median_peer_requests_per_s={peer:.0f}")
 for name in ("decide", "floor", "gcra", "null", "local"):
     rps = statistics.median(runs[(name, "requests_per_s")])
     # The machine drifts between runs: each run's ratio to the peer run
     # beside it, and their median, say more than a ratio of medians.
-    ratios = [r / p for r, p in zip(runs[(name, "requests_per_s")], peers)]
+    ratios = [by_run[(name, run)][0] / by_run[("peer", run)][0] for run in numbers]
     print(f"median_{name}_requests_per_s={rps:.0f} ratio_to_peer={rps / peer:.2f} "
           f"ratios_by_run={'/'.join(f'{r:.2f}' for r in ratios)} median_ratio={statistics.median(ratios):.2f}")
     for what in ("p99_us", "redis_cpu_us_per_request", "daemon_cpu_us_per_request",

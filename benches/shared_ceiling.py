@@ -15,12 +15,13 @@ KIND is one of:
   index (TYPE, SADD, PEXPIRE): the store work of the two global login rules in
   decide.lua's layout (one key an entry), with no decision;
 - gcra: each check and each report runs the peer's own decision
-  (../shared/bench/gcra.lua's GCRA: GET, arithmetic, SET ... PX) on one
-  key, its first entry's, and nothing else: a store as lean as the
-  peer's, one key an op, and no places in flight, no failure window, no
-  second rule. No exact design can ask less of the store a request.
+  (../shared/bench/gcra.lua's GCRA: GET, arithmetic, SET ... PX when
+  allowed) on one key, its first failure entry's, and nothing else: a
+  store as lean a request as the peer's a call, one key an op, with no
+  places in flight, no failure window, no second rule. About the least
+  a design that writes on every check and every report can ask of it.
 
-Both answer what decide.lua answers an admitted check and an unlocked
+All three answer what decide.lua answers an admitted check and an unlocked
 report, in its packed layout, so the daemon takes them as the store's
 word; the bench script fails a run whose daemon counted an error or a
 degraded answer. They are wrong on purpose (nothing is counted), so they
@@ -37,6 +38,7 @@ STAND_INS = r"""local function check()
   local n
   n, at = struct.unpack('<B', blob, at)
   local out = { 1, now }
+  local first = true
   for i = 1, n do
     local kind, scope, W, T, timeout, mon, interval, tolerance
     kind, at = struct.unpack('c1', blob, at)
@@ -60,6 +62,7 @@ local function report()
   local n
   n, at = struct.unpack('<B', blob, at)
   local out = { 0, now }
+  local first = true
   for i = 1, n do
     local kind, scope, W, T, release, count, clear
     kind, at = struct.unpack('c1', blob, at)
@@ -88,9 +91,10 @@ end
 """
 
 # gcra.lua's decision with its arguments (burst 15, 30 a minute, a
-# quantity of 1), on the op's first key: times in microseconds, as there.
+# quantity of 1), on the op's first failure entry's key: times in
+# microseconds, as there.
 GCRA = (
-    "if i == 1 then local interval, tolerance = 60 * 1000000 / 30, 60 * 1000000 / 30 * 15; "
+    "if first then first = false; local interval, tolerance = 60 * 1000000 / 30, 60 * 1000000 / 30 * 15; "
     "local tat = tonumber(redis.call('GET', kn)); if not tat or tat < now then tat = now end; "
     "local new_tat = tat + interval; "
     "if new_tat - tolerance <= now then redis.call('SET', kn, string.format('%d', math.ceil(new_tat)), "
