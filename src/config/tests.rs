@@ -382,8 +382,33 @@ fn shared_url_forms() {
         ("rediss://", "shared.url: rediss:// needs a host (rediss://host:port[/db])"),
         ("unix://relative.sock", "shared.url: unix:// needs an absolute socket path (unix:///path/to.sock)"),
         ("redis://sto re:6379", "shared.url: must not contain whitespace or control characters"),
+        (
+            "rediss://store:6380/#insecure",
+            "shared.url: must not have a #fragment (#insecure would skip the TLS certificate check; \
+             for a private CA, give its certificate in tls_ca_file)",
+        ),
+        (
+            "rediss://store:6380#verify-later",
+            "shared.url: must not have a #fragment (#insecure would skip the TLS certificate check; \
+             for a private CA, give its certificate in tls_ca_file)",
+        ),
     ] {
         assert_eq!(shared(&format!("url = \"{url}\"")).unwrap_err(), [expected], "{url}");
+    }
+    // What the store's client cannot read is refused here, by its field,
+    // not left to every start, degraded and retrying what never connects.
+    let unusable = "not a URL the store client can use";
+    for (field, lines) in [
+        ("shared.url", "url = \"redis://store:notaport\""),
+        ("shared.url", "url = \"redis://store:99999\""),
+        ("shared.url", "url = \"redis://[::1:6379\""),
+        ("shared.url", "url = \"redis://store:6379/notadb\""),
+        ("shared.url", "url = \"unix:///run/redis.sock?db=two\""),
+        ("shared.url", "url = \"redis://0.0.0.0:6379\""),
+        ("shared.nodes[1]", "nodes = [\"redis://a:7000\", \"redis://b:70000\"]"),
+    ] {
+        let errors = shared(lines).unwrap_err();
+        assert!(errors.len() == 1 && errors[0].starts_with(&format!("{field}: {unusable} (")), "{lines}: {errors:?}");
     }
     // A CA bundle goes with TLS only, and an error names both fields.
     let built = shared("url = \"rediss://store:6380\"\ntls_ca_file = \"/etc/tollgate/redis-ca.pem\"").unwrap().unwrap();

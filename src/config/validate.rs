@@ -421,7 +421,20 @@ fn check_store_url(url: &str) -> Result<(), String> {
     if !matches!(scheme, "redis" | "rediss") && (!authority.is_empty() || before_query.len() <= 1) {
         return Err(format!("{scheme}:// needs an absolute socket path ({scheme}:///path/to.sock)"));
     }
-    Ok(())
+    // redis-rs reads `#insecure` as "skip the certificate check": a store
+    // that anyone on the path can impersonate could answer "not locked".
+    if url.contains('#') {
+        return Err("must not have a #fragment (#insecure would skip the TLS certificate check; \
+                    for a private CA, give its certificate in tls_ca_file)"
+            .into());
+    }
+    // Last, the store client's own reading (redis-rs, as the daemon will
+    // read it): a port or database that is not a number, a wildcard host
+    // or a fragment would otherwise pass here and leave every start
+    // degraded, retrying a URL that can never connect.
+    redis::IntoConnectionInfo::into_connection_info(url)
+        .map(drop)
+        .map_err(|e| format!("not a URL the store client can use ({e}); one of {ACCEPTED}"))
 }
 
 /// Why a cluster seed URL cannot name a node: the checks of `url`, and
