@@ -88,8 +88,8 @@ pub use source::{
 // The configuration, as written and as validated, with its bounds.
 pub use config::{
     Config, DeviceScope, FailPolicy, KnownDevicesConfig, RawConfig, RawRuleKind, RouteConfig, RuleConfig, RuleKind,
-    Rung, BURST_SPAN_US_MAX, ENTRIES_MAX_LIMIT, KNOWN_DEVICES_PER_ACCOUNT_MAX_LIMIT, PERIOD_SECS_MAX,
-    RECENT_PASSWORDS_MAX, RULES_PER_ROUTE_MAX, SNAPSHOT_INTERVAL_MS_MAX, SOCKET_PATH_DEFAULT,
+    Rung, Scope, SharedConfig, BURST_SPAN_US_MAX, ENTRIES_MAX_LIMIT, KNOWN_DEVICES_PER_ACCOUNT_MAX_LIMIT,
+    PERIOD_SECS_MAX, RECENT_PASSWORDS_MAX, RULES_PER_ROUTE_MAX, SNAPSHOT_INTERVAL_MS_MAX, SOCKET_PATH_DEFAULT,
 };
 
 // The state file.

@@ -12,9 +12,9 @@
 use tollgate::Component;
 use tollgate::{decide, GcraSpec};
 use tollgate::{
-    Config, DeviceScope, KnownDevicesConfig, RouteConfig, RuleConfig, RuleKind, Rung, BURST_SPAN_US_MAX,
-    ENTRIES_MAX_LIMIT, KNOWN_DEVICES_PER_ACCOUNT_MAX_LIMIT, PERIOD_SECS_MAX, RECENT_PASSWORDS_MAX, RULES_PER_ROUTE_MAX,
-    SNAPSHOT_INTERVAL_MS_MAX,
+    Config, DeviceScope, KnownDevicesConfig, RouteConfig, RuleConfig, RuleKind, Rung, Scope, SharedConfig,
+    BURST_SPAN_US_MAX, ENTRIES_MAX_LIMIT, KNOWN_DEVICES_PER_ACCOUNT_MAX_LIMIT, PERIOD_SECS_MAX, RECENT_PASSWORDS_MAX,
+    RULES_PER_ROUTE_MAX, SNAPSHOT_INTERVAL_MS_MAX,
 };
 use tollgate::{FailureWindowTable, WindowSpec, THRESHOLD_MAX, WINDOW_US_MIN};
 use tollgate::{FORWARDED_HOPS_MAX, IPV4_PREFIX_LEN_MIN, IPV6_PREFIX_LEN_MAX, IPV6_PREFIX_LEN_MIN};
@@ -84,6 +84,59 @@ fn check_config(config: &Config) {
     for route in &config.routes {
         check_route(route);
     }
+    if let Some(shared) = &config.shared {
+        check_shared(shared);
+    }
+}
+
+/// `[shared]` as docs/configuration.md bounds it: the figures are the
+/// documented ones, written out, so a changed bound has to change both.
+fn check_shared(shared: &SharedConfig) {
+    let at = format!("{shared:?}");
+    let urls: Vec<&str> = if shared.nodes.is_empty() {
+        vec![shared.url.as_str()]
+    } else {
+        assert_eq!(shared.url, shared.nodes[0], "the url of a cluster is its first seed: {at}");
+        assert!(shared.nodes.len() <= 64, "{at}");
+        shared.nodes.iter().map(String::as_str).collect()
+    };
+    let tls = shared.url.starts_with("rediss://");
+    for url in &urls {
+        let (scheme, rest) = url.split_once("://").unwrap_or_else(|| panic!("{url:?}: no scheme"));
+        assert!(matches!(scheme, "redis" | "rediss" | "redis+unix" | "unix"), "{url:?}");
+        assert!(shared.nodes.is_empty() || matches!(scheme, "redis" | "rediss"), "a cluster seed on a socket: {url:?}");
+        assert_eq!(url.starts_with("rediss://"), tls, "TLS and plain seeds mixed: {at}");
+        // The URL is shown in status and logs: never a password in it, and
+        // no #insecure (a store anyone on the path could answer for).
+        let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let authority = before_query.split('/').next().unwrap_or("");
+        assert!(!authority.rsplit_once('@').is_some_and(|(userinfo, _)| userinfo.contains(':')), "{url:?}");
+        assert!(!query.split('&').any(|p| matches!(p.split('=').next(), Some("pass" | "password"))), "{url:?}");
+        assert!(!url.contains('#'), "{url:?}");
+        assert!(!url.chars().any(|c| c.is_whitespace() || c.is_control()), "{url:?}");
+    }
+    if let Some(name) = &shared.username {
+        assert!((1..=64).contains(&name.chars().count()), "{at}");
+        assert!(!name.chars().any(|c| c.is_whitespace() || c.is_control()), "{at}");
+    }
+    let prefix = &shared.key_prefix;
+    assert!(
+        (1..=32).contains(&prefix.len()) && prefix.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'),
+        "key_prefix {prefix:?}"
+    );
+    assert!(tls || (shared.tls_ca_file.is_none() && shared.tls_cert_file.is_none()), "TLS files without TLS: {at}");
+    assert_eq!(shared.tls_cert_file.is_some(), shared.tls_key_file.is_some(), "{at}");
+    assert!((1..=1000).contains(&shared.timeout_ms), "{at}");
+    assert!((10..=10_000).contains(&shared.connect_timeout_ms), "{at}");
+    assert!((10..=10_000).contains(&shared.probe_interval_ms), "{at}");
+    assert!((shared.probe_interval_ms..=60_000).contains(&shared.probe_max_ms), "{at}");
+    assert!((1..=100).contains(&shared.breaker_failures), "{at}");
+    assert!((1..=1024).contains(&shared.batch_max), "{at}");
+    assert!((1..=1_000_000).contains(&shared.pending_max), "{at}");
+    assert!(shared.hosts <= 1000, "{at}");
+    assert!((1..=1000).contains(&shared.hosts_when_unknown), "{at}");
+    assert!((100..=60_000).contains(&shared.heartbeat_ms), "{at}");
+    assert!((2 * shared.heartbeat_ms..=600_000).contains(&shared.host_ttl_ms), "{at}");
 }
 
 fn check_route(route: &RouteConfig) {
@@ -128,6 +181,7 @@ fn check_rule(route: &RouteConfig, rule: &RuleConfig) {
     match &rule.kind {
         RuleKind::Signal { detectors, entries_max } => {
             assert!(*detectors != 0, "{at}: a signal rule with no detector");
+            assert_eq!(rule.scope, Scope::Host, "{at}: a signal rule acts on this host's flags");
             assert!((1..=ENTRIES_MAX_LIMIT).contains(entries_max), "{at}: entries_max {entries_max}");
             if rule.responses.contains(&Rung::Deny) {
                 assert_eq!(rule.devices, DeviceScope::UnknownDevices, "{at}: deny on a known device");
