@@ -301,8 +301,28 @@ fn shared_takes_its_defaults_and_needs_only_a_url() {
 
 #[test]
 fn shared_nodes_name_a_cluster() {
-    let built = shared("nodes = [\"redis://10.0.0.5:7000\", \"redis://user@10.0.0.6:7000/0\"]").unwrap().unwrap();
-    assert_eq!(built.nodes, ["redis://10.0.0.5:7000", "redis://user@10.0.0.6:7000/0"]);
+    let built = shared("nodes = [\"redis://10.0.0.5:7000\", \"redis://10.0.0.6:7000/0\"]").unwrap().unwrap();
+    assert_eq!(built.nodes, ["redis://10.0.0.5:7000", "redis://10.0.0.6:7000/0"]);
+    // The cluster client takes every seed's user and protocol from the
+    // first, and refuses seeds that differ: a seed names neither.
+    for (lines, expected) in [
+        (
+            "nodes = [\"redis://a:7000\", \"redis://user@b:7000/0\"]",
+            "shared.nodes[1]: a cluster seed names no user (the cluster client would use the first seed's for all): \
+             set shared.username",
+        ),
+        (
+            "nodes = [\"redis://alice@a:7000\", \"redis://b:7000\"]",
+            "shared.nodes[0]: a cluster seed names no user (the cluster client would use the first seed's for all): \
+             set shared.username",
+        ),
+        (
+            "nodes = [\"redis://a:7000?protocol=resp3\", \"redis://b:7000\"]",
+            "shared.nodes[0]: a cluster seed takes no parameters: redis://host:port",
+        ),
+    ] {
+        assert_eq!(shared(lines).unwrap_err(), [expected], "{lines}");
+    }
     assert_eq!(built.url, "redis://10.0.0.5:7000", "the first node describes the store");
     for (lines, expected) in [
         (
@@ -384,20 +404,21 @@ fn shared_url_forms() {
         ("redis://sto re:6379", "shared.url: must not contain whitespace or control characters"),
         (
             "rediss://store:6380/#insecure",
-            "shared.url: must not have a #fragment (#insecure would skip the TLS certificate check; \
-             for a private CA, give its certificate in tls_ca_file)",
+            "shared.url: must not have a #fragment (#insecure is not supported: it would turn off a TLS store's \
+             certificate check; for a private CA, give its certificate in tls_ca_file)",
         ),
         (
             "rediss://store:6380#verify-later",
-            "shared.url: must not have a #fragment (#insecure would skip the TLS certificate check; \
-             for a private CA, give its certificate in tls_ca_file)",
+            "shared.url: must not have a #fragment (#insecure is not supported: it would turn off a TLS store's \
+             certificate check; for a private CA, give its certificate in tls_ca_file)",
         ),
     ] {
         assert_eq!(shared(&format!("url = \"{url}\"")).unwrap_err(), [expected], "{url}");
     }
     // What the store's client cannot read is refused here, by its field,
     // not left to every start, degraded and retrying what never connects.
-    let unusable = "not a URL the store client can use";
+    let unusable = "not a URL the store client can use: the port must be 1-65535, the database a number from 0, \
+                    the host not a wildcard address (0.0.0.0, ::), protocol resp2 or resp3";
     for (field, lines) in [
         ("shared.url", "url = \"redis://store:notaport\""),
         ("shared.url", "url = \"redis://store:99999\""),
@@ -405,10 +426,31 @@ fn shared_url_forms() {
         ("shared.url", "url = \"redis://store:6379/notadb\""),
         ("shared.url", "url = \"unix:///run/redis.sock?db=two\""),
         ("shared.url", "url = \"redis://0.0.0.0:6379\""),
+        ("shared.url", "url = \"redis://store:6379/-1\""),
+        ("shared.url", "url = \"unix:///run/redis.sock?db=-5\""),
+        ("shared.url", "url = \"redis://store:0\""),
+        // redis-rs's error can hold the decoded text: never quoted.
+        ("shared.url", "url = \"redis://store:6379?protocol=%1b%5b2J\""),
         ("shared.nodes[1]", "nodes = [\"redis://a:7000\", \"redis://b:70000\"]"),
     ] {
-        let errors = shared(lines).unwrap_err();
-        assert!(errors.len() == 1 && errors[0].starts_with(&format!("{field}: {unusable} (")), "{lines}: {errors:?}");
+        assert_eq!(shared(lines).unwrap_err(), [format!("{field}: {unusable}")], "{lines}");
+    }
+    // A password however spelled, and parameters the client ignores.
+    let password = "shared.url: holds a password, which would be shown wherever the URL is; put it in password_file";
+    for (url, expected) in [
+        (
+            "unix:///run/redis.sock?p%61ss=hunter2",
+            "shared.url: unix:// takes only these parameters: db, user, protocol",
+        ),
+        ("unix:///run/redis.sock?pass=hunter2", password),
+        ("redis://:hunter2@store:6379", password),
+        ("redis://store:6379?db=2", "shared.url: redis:// takes only these parameters: protocol"),
+        ("rediss://store:6380?user=admin", "shared.url: rediss:// takes only these parameters: protocol"),
+    ] {
+        assert_eq!(shared(&format!("url = \"{url}\"")).unwrap_err(), [expected], "{url}");
+    }
+    for url in ["redis://store:6379?protocol=resp3", "unix:///run/redis.sock?db=2&user=tollgate", "redis://store:"] {
+        assert!(shared(&format!("url = \"{url}\"")).is_ok(), "{url} refused");
     }
     // A CA bundle goes with TLS only, and an error names both fields.
     let built = shared("url = \"rediss://store:6380\"\ntls_ca_file = \"/etc/tollgate/redis-ca.pem\"").unwrap().unwrap();

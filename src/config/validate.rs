@@ -421,25 +421,52 @@ fn check_store_url(url: &str) -> Result<(), String> {
     if !matches!(scheme, "redis" | "rediss") && (!authority.is_empty() || before_query.len() <= 1) {
         return Err(format!("{scheme}:// needs an absolute socket path ({scheme}:///path/to.sock)"));
     }
-    // redis-rs reads `#insecure` as "skip the certificate check": a store
-    // that anyone on the path can impersonate could answer "not locked".
+    // `#insecure` would ask redis-rs to skip the certificate check (this
+    // build refuses it at every connect); no other fragment means anything.
     if url.contains('#') {
-        return Err("must not have a #fragment (#insecure would skip the TLS certificate check; \
-                    for a private CA, give its certificate in tls_ca_file)"
+        return Err("must not have a #fragment (#insecure is not supported: it would turn off a TLS store's \
+                    certificate check; for a private CA, give its certificate in tls_ca_file)"
             .into());
     }
+    // Only the parameters the store client reads, spelled plainly: one it
+    // ignores (`?db=2` on a TCP URL) would show a database the daemon does
+    // not use, and an encoded one (`p%61ss=`) could smuggle a password.
+    let known: &[&str] = if matches!(scheme, "redis" | "rediss") { &["protocol"] } else { &["db", "user", "protocol"] };
+    if query
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .any(|pair| !known.contains(&pair.split('=').next().unwrap_or("")))
+    {
+        return Err(format!("{scheme}:// takes only these parameters: {}", known.join(", ")));
+    }
     // Last, the store client's own reading (redis-rs, as the daemon will
-    // read it): a port or database that is not a number, a wildcard host
-    // or a fragment would otherwise pass here and leave every start
-    // degraded, retrying a URL that can never connect.
-    redis::IntoConnectionInfo::into_connection_info(url)
-        .map(drop)
-        .map_err(|e| format!("not a URL the store client can use ({e}); one of {ACCEPTED}"))
+    // read it): a port or database that is not a number, or a wildcard
+    // host, would otherwise pass here and leave every start degraded,
+    // retrying a URL that can never connect. Its error is not quoted: it
+    // can hold decoded URL text.
+    const UNUSABLE: &str = "not a URL the store client can use: the port must be 1-65535, the database a number \
+                            from 0, the host not a wildcard address (0.0.0.0, ::), protocol resp2 or resp3";
+    let info = redis::IntoConnectionInfo::into_connection_info(url).map_err(|_| UNUSABLE.to_string())?;
+    let settings = info.redis_settings();
+    if settings.password().is_some() {
+        return Err("holds a password, which would be shown wherever the URL is; put it in password_file".into());
+    }
+    let port = match info.addr() {
+        redis::ConnectionAddr::Tcp(_, port) | redis::ConnectionAddr::TcpTls { port, .. } => Some(*port),
+        _ => None,
+    };
+    if settings.db() < 0 || port == Some(0) {
+        return Err(UNUSABLE.into());
+    }
+    Ok(())
 }
 
 /// Why a cluster seed URL cannot name a node: the checks of `url`, and
 /// TCP only (a cluster's nodes announce host:port to each other, and the
 /// client follows MOVED to those addresses, so a socket path is no use).
+/// The cluster client takes the user and protocol of every seed from the
+/// first and refuses seeds that differ, so a seed names none: the user is
+/// `shared.username`.
 fn check_node_url(url: &str) -> Result<(), String> {
     check_store_url(url)?;
     let Some(rest) = url.strip_prefix("redis://").or_else(|| url.strip_prefix("rediss://")) else {
@@ -447,6 +474,15 @@ fn check_node_url(url: &str) -> Result<(), String> {
             "a cluster node is redis://host:port or rediss://host:port (no Unix sockets in cluster mode)".into()
         );
     };
+    if rest.contains('?') {
+        return Err("a cluster seed takes no parameters: redis://host:port".into());
+    }
+    let authority = rest.split('/').next().unwrap_or("");
+    if authority.contains('@') {
+        return Err("a cluster seed names no user (the cluster client would use the first seed's for all): \
+                    set shared.username"
+            .into());
+    }
     let path = rest.find('/').map_or("", |at| &rest[at..]);
     if !matches!(path, "" | "/" | "/0") {
         return Err("a cluster has only database 0: redis://host:port".into());
