@@ -1,6 +1,7 @@
 //! Body of the `config_parse` fuzz target, shared with `tests/fuzz_replay.rs`
 //! (which replays `fuzz/corpus/config_parse/` on stable). Uses only
-//! `tollgate` and std.
+//! `tollgate`, std and `redis` (the daemon's store client, as the oracle
+//! for the store URLs a config may hold).
 //!
 //! The input, decoded as lossy UTF-8, goes through `Config::parse` and
 //! `Config::build` as a config file does. Neither may panic; a refusal must
@@ -114,6 +115,24 @@ fn check_shared(shared: &SharedConfig) {
         assert!(!query.split('&').any(|p| matches!(p.split('=').next(), Some("pass" | "password"))), "{url:?}");
         assert!(!url.contains('#'), "{url:?}");
         assert!(!url.chars().any(|c| c.is_whitespace() || c.is_control()), "{url:?}");
+        // And as the store's client reads it: usable, no password however
+        // spelled, a real database and port; a cluster seed with no user
+        // and the default protocol (the cluster client refuses seeds that
+        // differ in either), on database 0.
+        let info = redis::IntoConnectionInfo::into_connection_info(*url)
+            .unwrap_or_else(|e| panic!("{url:?} built but the store client cannot read it: {e}"));
+        let settings = info.redis_settings();
+        assert!(settings.password().is_none(), "{url:?}: a password");
+        assert!(settings.db() >= 0, "{url:?}");
+        match info.addr() {
+            redis::ConnectionAddr::Tcp(_, port) => assert!(*port != 0, "{url:?}"),
+            redis::ConnectionAddr::TcpTls { port, insecure, .. } => assert!(*port != 0 && !insecure, "{url:?}"),
+            _ => {}
+        }
+        if !shared.nodes.is_empty() {
+            assert!(settings.username().is_none() && settings.db() == 0, "{url:?}");
+            assert_eq!(settings.protocol(), redis::ProtocolVersion::RESP2, "{url:?}");
+        }
     }
     if let Some(name) = &shared.username {
         assert!((1..=64).contains(&name.chars().count()), "{at}");
