@@ -449,6 +449,23 @@ fn shared_url_forms() {
     ] {
         assert_eq!(shared(&format!("url = \"{url}\"")).unwrap_err(), [expected], "{url}");
     }
+    for (lines, expected) in [
+        (
+            "url = \"unix:///run/redis.sock?user\"",
+            "shared.url: names an empty user: leave the user out, or set shared.username",
+        ),
+        ("url = \"unix:///run/redis%00.sock\"", "shared.url: the socket path must not hold a NUL (%00)"),
+        (
+            "url = \"unix:///run/redis.sock?user=alice\"\nusername = \"bob\"",
+            "shared.username: the url names a user too; give it in one place, username",
+        ),
+        (
+            "url = \"redis://alice@store:6379\"\nusername = \"bob\"",
+            "shared.username: the url names a user too; give it in one place, username",
+        ),
+    ] {
+        assert_eq!(shared(lines).unwrap_err(), [expected], "{lines}");
+    }
     for url in ["redis://store:6379?protocol=resp3", "unix:///run/redis.sock?db=2&user=tollgate", "redis://store:"] {
         assert!(shared(&format!("url = \"{url}\"")).is_ok(), "{url} refused");
     }

@@ -315,6 +315,14 @@ fn build_shared(raw: RawShared, errors: &mut Vec<String>) -> Option<SharedConfig
     {
         errors.push(format!("shared.key_prefix: 1-{SHARED_KEY_PREFIX_BYTES_MAX} characters of [A-Za-z0-9_-]"));
     }
+    // The daemon authenticates as shared.username when it is set, so a
+    // user in the URL as well would be shown and not used.
+    let url_user = redis::IntoConnectionInfo::into_connection_info(url.as_str())
+        .ok()
+        .and_then(|info| info.redis_settings().username().map(str::to_string));
+    if raw.username.is_some() && url_user.is_some() {
+        errors.push("shared.username: the url names a user too; give it in one place, username".into());
+    }
     let tls = url.starts_with("rediss://");
     if let [first, rest @ ..] = nodes.as_slice() {
         if rest.iter().any(|node| node.starts_with("rediss://") != first.starts_with("rediss://")) {
@@ -457,6 +465,16 @@ fn check_store_url(url: &str) -> Result<(), String> {
     };
     if settings.db() < 0 || port == Some(0) {
         return Err(UNUSABLE.into());
+    }
+    // Decoded, what the raw-text checks above cannot see: an empty user
+    // (AUTH "" never succeeds) and a NUL in a socket path (`%00`).
+    if settings.username() == Some("") {
+        return Err("names an empty user: leave the user out, or set shared.username".into());
+    }
+    if let redis::ConnectionAddr::Unix(path) = info.addr() {
+        if path.as_os_str().as_encoded_bytes().contains(&0) {
+            return Err("the socket path must not hold a NUL (%00)".into());
+        }
     }
     Ok(())
 }
