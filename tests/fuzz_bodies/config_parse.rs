@@ -124,6 +124,8 @@ fn check_shared(shared: &SharedConfig) {
         let settings = info.redis_settings();
         assert!(settings.password().is_none(), "{url:?}: a password");
         assert!(settings.db() >= 0, "{url:?}");
+        assert_ne!(settings.username(), Some(""), "{url:?}: an empty user");
+        assert!(shared.username.is_none() || settings.username().is_none(), "{url:?}: a user shown, not used");
         match info.addr() {
             redis::ConnectionAddr::Tcp(_, port) => assert!(*port != 0, "{url:?}"),
             redis::ConnectionAddr::TcpTls { port, insecure, .. } => assert!(*port != 0 && !insecure, "{url:?}"),
