@@ -312,11 +312,30 @@ fn until_decision(daemon: &TestDaemon, who: &Subject<'_>, decision: Decision, wh
 
 #[test]
 fn a_lockout_is_pushed_to_the_other_hosts_and_refused_there_without_the_store() {
+    lockout_is_pushed_and_refused_without_the_store("");
+}
+
+/// RESP3 delivers pub/sub messages as pushes, not as replies: the
+/// subscription must hear them all the same.
+#[test]
+fn a_lockout_is_pushed_over_resp3_as_over_resp2() {
+    lockout_is_pushed_and_refused_without_the_store("?protocol=resp3");
+}
+
+/// `query` is appended to the store's URL.
+fn lockout_is_pushed_and_refused_without_the_store(query: &str) {
     require_redis();
     let mut redis = RedisServer::unix();
     let dir = tempfile::tempdir().unwrap();
-    let daemons = daemons(2, &redis.url(), &shared_secret(dir.path()), "");
+    let daemons = daemons(2, &format!("{}{query}", redis.url()), &shared_secret(dir.path()), "");
     std::thread::sleep(Duration::from_millis(300)); // both subscribed
+                                                    // Every connection of both hosts speaks the protocol the URL names,
+                                                    // their subscriptions included.
+    let resp = if query.contains("resp3") { "resp=3" } else { "resp=2" };
+    let clients = redis.cmd(&["CLIENT", "LIST"]);
+    let ours: Vec<&str> = clients.lines().filter(|l| !l.contains("cmd=client|list")).collect();
+    assert_eq!(ours.iter().filter(|l| l.contains(" sub=1 ")).count(), 2, "two subscriptions:\n{clients}");
+    assert!(ours.iter().all(|l| l.contains(resp)), "all {resp}:\n{clients}");
     let mallory = subject("192.0.2.110", "mallory");
     for _ in 0..5 {
         assert_eq!(check(&daemons[0], &mallory).decision, Decision::Allow);

@@ -380,13 +380,16 @@ fn shared_url_forms() {
     for url in [
         "redis://10.0.0.5:6379/0",
         "redis://store.internal",
-        "redis://tollgate@store:6379",
         "rediss://store.internal:6380",
-        "rediss://tollgate@10.0.0.5:6380/1",
         "redis+unix:///run/redis/redis.sock",
         "unix:///run/redis/redis.sock?db=2",
     ] {
         assert!(shared(&format!("url = \"{url}\"")).is_ok(), "{url} refused");
+    }
+    // A user goes with a password: the client sends a user only with one.
+    for url in ["redis://tollgate@store:6379", "rediss://tollgate@10.0.0.5:6380/1"] {
+        let lines = format!("url = \"{url}\"\npassword_file = \"/run/credentials/redis\"");
+        assert!(shared(&lines).is_ok(), "{url} refused");
     }
     let accepted = "redis://host:port[/db], rediss://host:port[/db], redis+unix:///path or unix:///path";
     let schemes = format!("shared.url: the scheme must be one of {accepted}");
@@ -456,18 +459,35 @@ fn shared_url_forms() {
         ),
         ("url = \"unix:///run/redis%00.sock\"", "shared.url: the socket path must not hold a NUL (%00)"),
         (
-            "url = \"unix:///run/redis.sock?user=alice\"\nusername = \"bob\"",
+            "url = \"unix:///run/redis.sock?user=alice\"\nusername = \"bob\"\npassword_file = \"/p\"",
             "shared.username: the url names a user too; give it in one place, username",
         ),
         (
-            "url = \"redis://alice@store:6379\"\nusername = \"bob\"",
+            "url = \"redis://alice@store:6379\"\nusername = \"bob\"\npassword_file = \"/p\"",
             "shared.username: the url names a user too; give it in one place, username",
+        ),
+        // Without a password the client would log in as the default user,
+        // and status would show one it does not use.
+        (
+            "url = \"redis://alice@store:6379\"",
+            "shared.url: names a user but there is no password_file: the store's client sends a user only with \
+             its password (for an ACL user without one, nopass, put any text in password_file)",
+        ),
+        (
+            "url = \"unix:///run/redis.sock?user=alice\"",
+            "shared.url: names a user but there is no password_file: the store's client sends a user only with \
+             its password (for an ACL user without one, nopass, put any text in password_file)",
+        ),
+        (
+            "url = \"redis://store:6379\"\nusername = \"tollgate\"",
+            "shared.username: there is no password_file: the store's client sends a user only with its \
+             password (for an ACL user without one, nopass, put any text in password_file)",
         ),
     ] {
         assert_eq!(shared(lines).unwrap_err(), [expected], "{lines}");
     }
     for url in ["redis://store:6379?protocol=resp3", "unix:///run/redis.sock?db=2&user=tollgate", "redis://store:"] {
-        assert!(shared(&format!("url = \"{url}\"")).is_ok(), "{url} refused");
+        assert!(shared(&format!("url = \"{url}\"\npassword_file = \"/p\"")).is_ok(), "{url} refused");
     }
     // A CA bundle goes with TLS only, and an error names both fields.
     let built = shared("url = \"rediss://store:6380\"\ntls_ca_file = \"/etc/tollgate/redis-ca.pem\"").unwrap().unwrap();

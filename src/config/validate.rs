@@ -323,6 +323,19 @@ fn build_shared(raw: RawShared, errors: &mut Vec<String>) -> Option<SharedConfig
     if raw.username.is_some() && url_user.is_some() {
         errors.push("shared.username: the url names a user too; give it in one place, username".into());
     }
+    // redis-rs authenticates only when it has a password: a user without
+    // one would be dropped, the daemon logging in as the default user.
+    // Said once: not beside an error already given for the user's field.
+    let said = |field: &str| errors.iter().any(|e| e.starts_with(field));
+    if raw.password_file.is_none() && !said("shared.url") && !said("shared.nodes") && !said("shared.username") {
+        let without = "there is no password_file: the store's client sends a user only with its password \
+                       (for an ACL user without one, nopass, put any text in password_file)";
+        if raw.username.is_some() {
+            errors.push(format!("shared.username: {without}"));
+        } else if url_user.is_some() {
+            errors.push(format!("shared.url: names a user but {without}"));
+        }
+    }
     let tls = url.starts_with("rediss://");
     if let [first, rest @ ..] = nodes.as_slice() {
         if rest.iter().any(|node| node.starts_with("rediss://") != first.starts_with("rediss://")) {

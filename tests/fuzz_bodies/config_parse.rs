@@ -126,6 +126,9 @@ fn check_shared(shared: &SharedConfig) {
         assert!(settings.db() >= 0, "{url:?}");
         assert_ne!(settings.username(), Some(""), "{url:?}: an empty user");
         assert!(shared.username.is_none() || settings.username().is_none(), "{url:?}: a user shown, not used");
+        // The client sends a user only with a password: without one the
+        // daemon would log in as the default user.
+        assert!(settings.username().is_none() || shared.password_file.is_some(), "{url:?}: a user, no password");
         match info.addr() {
             redis::ConnectionAddr::Tcp(_, port) => assert!(*port != 0, "{url:?}"),
             redis::ConnectionAddr::TcpTls { port, insecure, .. } => assert!(*port != 0 && !insecure, "{url:?}"),
@@ -137,6 +140,7 @@ fn check_shared(shared: &SharedConfig) {
         }
     }
     if let Some(name) = &shared.username {
+        assert!(shared.password_file.is_some(), "{at}: username without password_file");
         assert!((1..=64).contains(&name.chars().count()), "{at}");
         assert!(!name.chars().any(|c| c.is_whitespace() || c.is_control()), "{at}");
     }
