@@ -17,7 +17,8 @@
 # each from 4 connections, no pipelining, N calls (default 100,000); then
 # native commands without a script, pipelined 24 deep from 4 connections
 # on random keys from 1,000,000, N2 commands each (default 2,000,000):
-# INCR, GET, SET, and SET ... PX of an entry-sized value (38 bytes).
+# INCR, SET, GET (of the keys SET wrote), and SET ... PX of an
+# entry-sized value (38 bytes). Any error reply fails the script.
 # Needs redis-server, redis-cli, redis-benchmark.
 set -euo pipefail
 
@@ -31,7 +32,8 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 with_temp_dir tg-store-shape
 start_redis "$TMP"
 PIDS+=("$REDIS_PID")
-taskset -p -c 0 "$REDIS_PID" > /dev/null
+# Every thread of it (bio_*, jemalloc's too), not only the main one.
+taskset -a -p -c 0 "$REDIS_PID" > /dev/null
 sock=$TMP/r.sock
 
 empty=$(redis-cli -s "$sock" SCRIPT LOAD "return 1")
@@ -59,6 +61,10 @@ per_call() { # name, calls, redis-benchmark args...
   before=$(ticks)
   taskset -c 1 redis-benchmark -s "$sock" -q "$@" > /dev/null
   after=$(ticks)
+  # redis-benchmark -q shows no errors: a call that failed is not timed.
+  local errors
+  errors=$(redis-cli -s "$sock" INFO stats | tr -d '\r' | sed -n 's/^total_error_replies://p')
+  [ "${errors:-0}" = 0 ] || { echo "${0##*/}: $name: the store answered $errors errors" >&2; exit 1; }
   echo "${name}_redis_cpu_us=$(awk -v t=$((after - before)) -v n="$calls" -v hz="$(getconf CLK_TCK)" \
     'BEGIN { printf "%.1f", t / hz * 1e6 / n }')"
 }
@@ -68,7 +74,8 @@ for round in $(seq "$ROUNDS"); do
   per_call "round${round}_keys_blob" "$N" -c 4 -n "$N" EVALSHA "$empty" 40 "${keys[@]}" "$blob"
   per_call "round${round}_keys_args" "$N" -c 4 -n "$N" EVALSHA "$empty" 40 "${keys[@]}" "${ops[@]}"
   per_call "round${round}_walk" "$N" -c 4 -n "$N" EVALSHA "$walk" 40 "${keys[@]}" "${ops[@]}"
-  for t in incr get set; do
+  # SET before GET, so that the GETs find their keys.
+  for t in incr set get; do
     per_call "round${round}_native_$t" "$N2" -c 4 -P 24 -r 1000000 -n "$N2" -t "$t"
   done
   per_call "round${round}_native_set_px" "$N2" -c 4 -P 24 -r 1000000 -n "$N2" \

@@ -325,7 +325,8 @@ fn build_shared(raw: RawShared, errors: &mut Vec<String>) -> Option<SharedConfig
     }
     // redis-rs authenticates only when it has a password: a user without
     // one would be dropped, the daemon logging in as the default user.
-    // Said once: not beside an error already given for the user's field.
+    // Said once the URL and the user are otherwise right: not beside an
+    // error already given for either, which is fixed first.
     let said = |field: &str| errors.iter().any(|e| e.starts_with(field));
     if raw.password_file.is_none() && !said("shared.url") && !said("shared.nodes") && !said("shared.username") {
         let without = "there is no password_file: the store's client sends a user only with its password \
