@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # store-shape.sh: what a store call costs Redis before any decision
-# (issue 14; docs/performance.md, "The store's cost a request").
+# (issue 14; docs/performance.md, "The store's CPU a request").
 #
 # On a private redis-server pinned to CPU 0, redis-benchmark on CPU 1,
 # ROUNDS times (default 2), prints Redis's CPU time (user + system, /proc)
