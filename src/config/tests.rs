@@ -429,6 +429,15 @@ fn shared_url_forms() {
         ("shared.url", "url = \"redis://store:6379/notadb\""),
         ("shared.url", "url = \"unix:///run/redis.sock?db=two\""),
         ("shared.url", "url = \"redis://0.0.0.0:6379\""),
+        // The wildcard however spelled: Linux connects to it as localhost,
+        // so a bind address copied here would reach the wrong store.
+        ("shared.url", "url = \"redis://0:6379\""),
+        ("shared.url", "url = \"redis://0x0:6379\""),
+        ("shared.url", "url = \"redis://0.0:6379\""),
+        ("shared.url", "url = \"rediss://000.0.0x00.0:6380\""),
+        ("shared.url", "url = \"redis://[::ffff:0.0.0.0]:6379\""),
+        ("shared.url", "url = \"redis://[0:0::0]:6379\""),
+        ("shared.nodes[0]", "nodes = [\"redis://0:7000\", \"redis://b:7000\"]"),
         ("shared.url", "url = \"redis://store:6379/-1\""),
         ("shared.url", "url = \"unix:///run/redis.sock?db=-5\""),
         ("shared.url", "url = \"redis://store:0\""),
@@ -486,7 +495,14 @@ fn shared_url_forms() {
     ] {
         assert_eq!(shared(lines).unwrap_err(), [expected], "{lines}");
     }
-    for url in ["redis://store:6379?protocol=resp3", "unix:///run/redis.sock?db=2&user=tollgate", "redis://store:"] {
+    for url in [
+        "redis://store:6379?protocol=resp3",
+        "unix:///run/redis.sock?db=2&user=tollgate",
+        "redis://store:",
+        "redis://0.store.internal:6379",
+        "redis://10.0.0.0:6379",
+        "redis://[::1]:6379",
+    ] {
         assert!(shared(&format!("url = \"{url}\"\npassword_file = \"/p\"")).is_ok(), "{url} refused");
     }
     // A CA bundle goes with TLS only, and an error names both fields.

@@ -473,11 +473,13 @@ fn check_store_url(url: &str) -> Result<(), String> {
     if settings.password().is_some() {
         return Err("holds a password, which would be shown wherever the URL is; put it in password_file".into());
     }
-    let port = match info.addr() {
-        redis::ConnectionAddr::Tcp(_, port) | redis::ConnectionAddr::TcpTls { port, .. } => Some(*port),
-        _ => None,
+    let (host, port) = match info.addr() {
+        redis::ConnectionAddr::Tcp(host, port) | redis::ConnectionAddr::TcpTls { host, port, .. } => {
+            (Some(host.as_str()), Some(*port))
+        }
+        _ => (None, None),
     };
-    if settings.db() < 0 || port == Some(0) {
+    if settings.db() < 0 || port == Some(0) || host.is_some_and(is_wildcard_host) {
         return Err(UNUSABLE.into());
     }
     // Decoded, what the raw-text checks above cannot see: an empty user
@@ -491,6 +493,26 @@ fn check_store_url(url: &str) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Whether a host names the wildcard address in any spelling the resolver
+/// reads as one: redis-rs refuses only `0.0.0.0` and `::` as written, and
+/// Linux connects to the wildcard as to localhost, so a bind address
+/// copied into the URL would reach whatever store runs here. IPv4 in the
+/// forms inet_aton reads (`0`, `0.0`, `0x0`, `000.0.0.0`: one to four
+/// parts, each zero in decimal, octal or hex), and IPv6 unspecified or
+/// mapped from it (`[::ffff:0.0.0.0]`).
+fn is_wildcard_host(host: &str) -> bool {
+    let bare = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    if let Ok(v6) = bare.parse::<std::net::Ipv6Addr>() {
+        return v6.is_unspecified() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_unspecified());
+    }
+    let zero = |part: &str| {
+        let digits = part.strip_prefix("0x").or_else(|| part.strip_prefix("0X")).unwrap_or(part);
+        !part.is_empty() && digits.bytes().all(|b| b == b'0')
+    };
+    let parts: Vec<&str> = host.split('.').collect();
+    parts.len() <= 4 && parts.iter().all(|p| zero(p))
 }
 
 /// Why a cluster seed URL cannot name a node: the checks of `url`, and
