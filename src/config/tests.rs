@@ -500,6 +500,7 @@ fn shared_url_forms() {
         "unix:///run/redis.sock?db=2&user=tollgate",
         "redis://store:",
         "redis://0.store.internal:6379",
+        "redis://0x.0:6379",
         "redis://10.0.0.0:6379",
         "redis://[::1]:6379",
     ] {

@@ -507,9 +507,10 @@ fn is_wildcard_host(host: &str) -> bool {
     if let Ok(v6) = bare.parse::<std::net::Ipv6Addr>() {
         return v6.is_unspecified() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_unspecified());
     }
+    // A hex part needs a digit after its 0x: glibc reads `0x` as a name.
     let zero = |part: &str| {
         let digits = part.strip_prefix("0x").or_else(|| part.strip_prefix("0X")).unwrap_or(part);
-        !part.is_empty() && digits.bytes().all(|b| b == b'0')
+        !digits.is_empty() && digits.bytes().all(|b| b == b'0')
     };
     let parts: Vec<&str> = host.split('.').collect();
     parts.len() <= 4 && parts.iter().all(|p| zero(p))
