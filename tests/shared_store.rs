@@ -328,14 +328,20 @@ fn lockout_is_pushed_and_refused_without_the_store(query: &str) {
     let mut redis = RedisServer::unix();
     let dir = tempfile::tempdir().unwrap();
     let daemons = daemons(2, &format!("{}{query}", redis.url()), &shared_secret(dir.path()), "");
-    // Time for both to subscribe.
-    std::thread::sleep(Duration::from_millis(300));
     // Every connection of both hosts (its calls and its subscription)
     // speaks the protocol the URL names. redis-cli's own is left out
     // (`cmd=client|list`, `cmd=client` before Redis 7); Redis shows `resp=`
     // from 7.0, so on 6.2 only the connections are counted.
-    let clients = redis.cmd(&["CLIENT", "LIST"]);
-    let ours: Vec<&str> = clients.lines().filter(|l| !l.contains(" cmd=client")).collect();
+    let started = Instant::now();
+    let (clients, ours) = loop {
+        let clients = redis.cmd(&["CLIENT", "LIST"]);
+        let ours: Vec<String> = clients.lines().filter(|l| !l.contains(" cmd=client")).map(str::to_string).collect();
+        let subscribed = ours.iter().filter(|l| l.contains(" sub=1 ")).count();
+        if (ours.len(), subscribed) == (4, 2) || started.elapsed() > Duration::from_secs(5) {
+            break (clients, ours);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     assert_eq!(ours.len(), 4, "two daemons, a connection and a subscription each:\n{clients}");
     assert_eq!(ours.iter().filter(|l| l.contains(" sub=1 ")).count(), 2, "two subscriptions:\n{clients}");
     let resp = if query.contains("resp3") { "resp=3" } else { "resp=2" };
