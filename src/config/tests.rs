@@ -421,7 +421,7 @@ fn shared_url_forms() {
     // What the store's client cannot read is refused here, by its field,
     // not left to every start, degraded and retrying what never connects.
     let unusable = "not a URL the store client can use: the port must be 1-65535, the database a number from 0, \
-                    the host not a wildcard address (0.0.0.0, ::), protocol resp2 or resp3";
+                    the host not a wildcard address (0.0.0.0, ::, 0, 0x0, however spelled), protocol resp2 or resp3";
     for (field, lines) in [
         ("shared.url", "url = \"redis://store:notaport\""),
         ("shared.url", "url = \"redis://store:99999\""),
@@ -433,6 +433,8 @@ fn shared_url_forms() {
         // so a bind address copied here would reach the wrong store.
         ("shared.url", "url = \"redis://0:6379\""),
         ("shared.url", "url = \"redis://0x0:6379\""),
+        ("shared.url", "url = \"redis://0X0:6379\""),
+        ("shared.url", "url = \"redis://00:6379\""),
         ("shared.url", "url = \"redis://0.0:6379\""),
         ("shared.url", "url = \"rediss://000.0.0x00.0:6380\""),
         ("shared.url", "url = \"redis://[::ffff:0.0.0.0]:6379\""),

@@ -467,7 +467,7 @@ fn check_store_url(url: &str) -> Result<(), String> {
     // retrying a URL that can never connect. Its error is not quoted: it
     // can hold decoded URL text.
     const UNUSABLE: &str = "not a URL the store client can use: the port must be 1-65535, the database a number \
-                            from 0, the host not a wildcard address (0.0.0.0, ::), protocol resp2 or resp3";
+                            from 0, the host not a wildcard address (0.0.0.0, ::, 0, 0x0, however spelled), protocol resp2 or resp3";
     let info = redis::IntoConnectionInfo::into_connection_info(url).map_err(|_| UNUSABLE.to_string())?;
     let settings = info.redis_settings();
     if settings.password().is_some() {
