@@ -227,8 +227,11 @@ pub fn man_page() -> std::io::Result<Vec<u8>> {
 
 /// `tollgate man`: the page on stdout, or one plain error line.
 pub fn print_man_page() -> std::process::ExitCode {
-    match man_page().and_then(|page| std::io::Write::write_all(&mut std::io::stdout(), &page)) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+    match man_page() {
+        Ok(page) => {
+            crate::stdout::write_bytes(&page);
+            std::process::ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("tollgate: error: {e}");
             std::process::ExitCode::FAILURE
@@ -298,7 +301,7 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
     match command {
         Command::Serve(_) => unreachable!("main handles serve"),
         Command::Man => {
-            std::io::Write::write_all(&mut std::io::stdout(), &man_page()?)?;
+            crate::stdout::write_bytes(&man_page()?);
             Ok(())
         }
         Command::Simulate(_) => unreachable!("main handles simulate"),
@@ -308,9 +311,9 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
             let json_out = args.json;
             let r = crate::bench::run(args).await?;
             if json_out {
-                println!("{}", json(&r));
+                crate::stdout::outln!("{}", json(&r));
             } else {
-                println!(
+                crate::stdout::outln!(
                     "{} ops/s  ({} requests in {:.1} s, {} connections x {} in flight, route {})",
                     r.ops_per_s.round(),
                     r.requests,
@@ -319,19 +322,32 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
                     r.in_flight,
                     r.route
                 );
-                println!("latency us: p50 {}  p99 {}  p99.9 {}  max {}", r.p50_us, r.p99_us, r.p999_us, r.max_us);
+                crate::stdout::outln!(
+                    "latency us: p50 {}  p99 {}  p99.9 {}  max {}",
+                    r.p50_us,
+                    r.p99_us,
+                    r.p999_us,
+                    r.max_us
+                );
                 if r.offered_ops_per_s > 0.0 {
-                    println!("offered {} ops/s, paced", r.offered_ops_per_s.round());
+                    crate::stdout::outln!("offered {} ops/s, paced", r.offered_ops_per_s.round());
                 }
                 if r.floor_requests > 0 {
-                    println!(
+                    crate::stdout::outln!(
                         "echo floor, timed alongside: {} replies, latency us: p50 {}  p99 {}  p99.9 {}  max {}",
-                        r.floor_requests, r.floor_p50_us, r.floor_p99_us, r.floor_p999_us, r.floor_max_us
+                        r.floor_requests,
+                        r.floor_p50_us,
+                        r.floor_p99_us,
+                        r.floor_p999_us,
+                        r.floor_max_us
                     );
                 }
-                println!(
+                crate::stdout::outln!(
                     "refused {} (latency us: p50 {}  p99 {})  errors {}",
-                    r.refused, r.refused_p50_us, r.refused_p99_us, r.errors
+                    r.refused,
+                    r.refused_p50_us,
+                    r.refused_p99_us,
+                    r.errors
                 );
             }
             Ok(())
@@ -362,7 +378,7 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
             if common.json {
                 let mut value = status_json(&full);
                 value["activity"] = serde_json::to_value(&activity).expect("plain data serializes");
-                println!("{value}");
+                crate::stdout::outln!("{value}");
             } else {
                 print_status(status);
                 if let Some(shared) = shared {
@@ -382,7 +398,7 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
             let client = client(&common);
             let full = client.status_full().await?;
             let activity = client.activity(0).await.ok();
-            print!(
+            crate::stdout::out!(
                 "{}",
                 crate::metrics::prometheus(
                     &full.status,
@@ -396,7 +412,10 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
         Command::Sample(args) => {
             let (samples, seen, since_ms) = client(&args.common).samples(args.limit).await?;
             if args.common.json {
-                println!("{}", serde_json::json!({ "samples": samples, "seen": seen, "since_ms": since_ms }));
+                crate::stdout::outln!(
+                    "{}",
+                    serde_json::json!({ "samples": samples, "seen": seen, "since_ms": since_ms })
+                );
             } else {
                 print_samples(&samples, seen, since_ms);
             }
@@ -405,14 +424,14 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
         Command::Lockouts(args) => {
             let (lockouts, total) = client(&args.common).lockouts(args.limit).await?;
             if args.common.json {
-                println!("{}", serde_json::json!({ "lockouts": lockouts, "total": total }));
+                crate::stdout::outln!("{}", serde_json::json!({ "lockouts": lockouts, "total": total }));
             } else {
-                println!(
+                crate::stdout::outln!(
                     "{total} active lockout(s){}",
                     if total as usize > lockouts.len() { " (list truncated)" } else { "" }
                 );
                 for l in &lockouts {
-                    println!(
+                    crate::stdout::outln!(
                         "{}/{}  key {}  count {}  until {} ms  (retry after {})",
                         l.route,
                         l.rule,
@@ -428,18 +447,18 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
         Command::Unlock(args) => {
             let cleared = client(&args.common).unlock(&args.route, &args.account, args.source).await?;
             if args.common.json {
-                println!("{}", serde_json::json!({ "cleared": cleared }));
+                crate::stdout::outln!("{}", serde_json::json!({ "cleared": cleared }));
             } else {
-                println!("cleared {cleared} entr{}", if cleared == 1 { "y" } else { "ies" });
+                crate::stdout::outln!("cleared {cleared} entr{}", if cleared == 1 { "y" } else { "ies" });
             }
             Ok(())
         }
         Command::Clock { command: ClockCommand::Advance { by, common } } => {
             let now_ms = client(&common).advance_clock(by).await?;
             if common.json {
-                println!("{}", serde_json::json!({ "now_ms": now_ms }));
+                crate::stdout::outln!("{}", serde_json::json!({ "now_ms": now_ms }));
             } else {
-                println!("clock now {now_ms} ms since the epoch");
+                crate::stdout::outln!("clock now {now_ms} ms since the epoch");
             }
             Ok(())
         }
@@ -478,11 +497,14 @@ fn print_verdict(
     if common.json {
         let mut value = serde_json::to_value(&verdict).expect("plain data serializes");
         value["degraded"] = extras.degraded.into();
-        println!("{value}");
+        crate::stdout::outln!("{value}");
     } else if extras.degraded {
-        println!("{}  DEGRADED (decided on this host's share: the shared store was unreachable)", describe(&verdict));
+        crate::stdout::outln!(
+            "{}  DEGRADED (decided on this host's share: the shared store was unreachable)",
+            describe(&verdict)
+        );
     } else {
-        println!("{}", describe(&verdict));
+        crate::stdout::outln!("{}", describe(&verdict));
     }
     Ok(())
 }
@@ -539,17 +561,21 @@ fn describe(v: &Verdict<'_>) -> String {
 }
 
 fn print_status(s: &crate::protocol::Status) {
-    println!(
+    crate::stdout::outln!(
         "tollgate {}  up {}{}",
         s.version,
         human_duration(s.uptime_ms),
         if s.manual_clock { "  (manual clock)" } else { "" }
     );
-    println!(
+    crate::stdout::outln!(
         "verdicts: allow {}  delay {}  challenge {}  deny {}  errors {}",
-        s.verdicts.allow, s.verdicts.delay, s.verdicts.challenge, s.verdicts.deny, s.verdicts.errors
+        s.verdicts.allow,
+        s.verdicts.delay,
+        s.verdicts.challenge,
+        s.verdicts.deny,
+        s.verdicts.errors
     );
-    println!("connections: {}  log lines suppressed: {}", s.connections, s.log_lines_suppressed);
+    crate::stdout::outln!("connections: {}  log lines suppressed: {}", s.connections, s.log_lines_suppressed);
     for route in &s.routes {
         let mut extras = Vec::new();
         if route.known_devices_max > 0 {
@@ -559,7 +585,7 @@ fn print_status(s: &crate::protocol::Status) {
             extras.push(format!("remembers {} wrong passwords per source", route.recent_passwords));
         }
         let extras = if extras.is_empty() { String::new() } else { format!(", {}", extras.join(", ")) };
-        println!("route {}  (fail {}{extras})", route.name, route.fail_policy);
+        crate::stdout::outln!("route {}  (fail {}{extras})", route.name, route.fail_policy);
         for r in &route.rules {
             let limit = if r.kind == "rate" {
                 let mut text = format!("{} per {}, burst {}", r.limit, human_duration(r.period_ms), r.burst);
@@ -582,7 +608,7 @@ fn print_status(s: &crate::protocol::Status) {
             } else {
                 format!("{} refused {}", r.responses.join(">"), r.refused)
             };
-            println!(
+            crate::stdout::outln!(
                 "  {:<22} {:<8} key ({}){scope}  {}  entries {}/{}  {mode}",
                 r.name,
                 r.kind,
@@ -593,7 +619,7 @@ fn print_status(s: &crate::protocol::Status) {
             );
         }
     }
-    println!(
+    crate::stdout::outln!(
         "source classes: {} prefixes  reloads {}  failed {}{}",
         s.class_prefixes,
         s.reloads,
@@ -602,9 +628,9 @@ fn print_status(s: &crate::protocol::Status) {
     );
     let limits: Vec<String> =
         s.limits.iter().map(|l| format!("{}={}", l.name, human_limit(&l.name, l.value))).collect();
-    println!("limits: {}", limits.join("  "));
+    crate::stdout::outln!("limits: {}", limits.join("  "));
     let p = &s.persistence;
-    println!(
+    crate::stdout::outln!(
         "state: {}  commits {}  write failures {}  unwritten {}  dropped {}{}",
         p.state_path,
         p.commits,
@@ -623,7 +649,7 @@ const STATUS_ACTIVITY_LISTED: u32 = 10;
 /// histogram with bars on a log scale (the counts span orders of magnitude).
 pub fn print_distributions(a: &crate::protocol::Activity) {
     if let Some(log) = &a.decision_log {
-        println!(
+        crate::stdout::outln!(
             "decision log: {}  records {}  dropped {}  {} bytes in {} file(s)  write errors {}{}",
             log.path,
             log.records_written,
@@ -635,7 +661,7 @@ pub fn print_distributions(a: &crate::protocol::Activity) {
         );
     }
     for d in &a.distributions {
-        println!(
+        crate::stdout::outln!(
             "{} per account, {}: {} accounts (~1 in {} sampled)  p50 {}  p90 {}  p99 {}  p99.9 {}  max {}",
             d.name,
             d.day,
@@ -648,7 +674,7 @@ pub fn print_distributions(a: &crate::protocol::Activity) {
             d.max
         );
         for line in histogram_lines(&d.histogram, 40) {
-            println!("  {line}");
+            crate::stdout::outln!("  {line}");
         }
     }
 }
@@ -669,7 +695,7 @@ pub fn histogram_lines(buckets: &[crate::protocol::HistogramBucket], width: usiz
 }
 
 fn print_samples(samples: &[crate::protocol::WouldBeRefusal], seen: u64, since_ms: u64) {
-    println!(
+    crate::stdout::outln!(
         "{seen} would-be refusal(s) since {}; {} in the sample{}",
         at_time(since_ms),
         samples.len(),
@@ -683,7 +709,7 @@ fn print_samples(samples: &[crate::protocol::WouldBeRefusal], seen: u64, since_m
         };
         let class = if s.class.is_empty() { String::new() } else { format!(" [{}]", s.class) };
         let account = if s.account.is_empty() { "no account" } else { &s.account };
-        println!(
+        crate::stdout::outln!(
             "{}  {} {}/{}  {}  {}{class}  {account}  {device}",
             at_time(s.at_ms),
             s.op,
@@ -706,12 +732,19 @@ fn print_shared(s: &crate::protocol::SharedStatus) {
     } else {
         String::new()
     };
-    println!("shared store: {}  {}{degraded}  transitions {}", s.url, s.state, s.transitions);
-    println!(
+    crate::stdout::outln!("shared store: {}  {}{degraded}  transitions {}", s.url, s.state, s.transitions);
+    crate::stdout::outln!(
         "  hosts {} ({}), {} live  calls {}  timeouts {}  errors {}  bad values {}  degraded answers {}",
-        s.hosts_in_force, s.hosts_source, s.hosts_live, s.calls, s.timeouts, s.errors, s.bad_values, s.degraded_answers
+        s.hosts_in_force,
+        s.hosts_source,
+        s.hosts_live,
+        s.calls,
+        s.timeouts,
+        s.errors,
+        s.bad_values,
+        s.degraded_answers
     );
-    println!(
+    crate::stdout::outln!(
         "  rtt us: mean {}  max {}  clock offset us {}  global rules: {}{}",
         s.rtt_mean_us,
         s.rtt_max_us,
@@ -722,7 +755,7 @@ fn print_shared(s: &crate::protocol::SharedStatus) {
 }
 
 fn print_signals(s: &crate::protocol::SignalsStatus, now_ms: u64) {
-    println!(
+    crate::stdout::outln!(
         "spray detection: window {} in {} parts  events {} (dropped {})  sketches {} of {} bytes  flags {} of {} \
          (dropped {})",
         human_duration(s.window_ms),
@@ -736,15 +769,23 @@ fn print_signals(s: &crate::protocol::SignalsStatus, now_ms: u64) {
         s.flags_dropped
     );
     for f in &s.families {
-        println!(
+        crate::stdout::outln!(
             "  {:<16} {:>8} of {:<8} entries  heap {} bytes  evicted {}",
-            f.name, f.entries, f.entries_max, f.heap_bytes, f.evicted
+            f.name,
+            f.entries,
+            f.entries_max,
+            f.heap_bytes,
+            f.evicted
         );
     }
     for d in &s.detectors {
-        println!(
+        crate::stdout::outln!(
             "  {:<20} {:<8} threshold {:<4} active {:<6} raised {}",
-            d.name, d.mode, d.threshold, d.active, d.raised_total
+            d.name,
+            d.mode,
+            d.threshold,
+            d.active,
+            d.raised_total
         );
     }
     for f in &s.flagged {
@@ -753,7 +794,7 @@ fn print_signals(s: &crate::protocol::SignalsStatus, now_ms: u64) {
         } else {
             "expired".to_string()
         };
-        println!(
+        crate::stdout::outln!(
             "  flagged {} by {}: {} >= {}, {} ago, {state}",
             f.subject,
             f.detector,

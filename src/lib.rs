@@ -63,6 +63,7 @@ mod server;
 mod shared;
 mod signals;
 mod source;
+mod stdout;
 mod store;
 mod tat_table;
 mod top;

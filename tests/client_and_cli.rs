@@ -4,6 +4,7 @@
 mod common;
 
 use std::io::{Read, Write};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
@@ -557,4 +558,39 @@ fn metrics_print_status_in_the_prometheus_text_format_without_identifiers() {
         assert!(!text.contains(secret), "metrics leak {secret}");
     }
     assert!(!daemon.cli(&["metrics", "--json"]).status.success(), "one format only");
+}
+
+/// `tollgate status | head -1`: the reader goes away before the output is
+/// written. The CLI stops quietly, as `cat` would, instead of panicking
+/// on the closed pipe (Rust ignores SIGPIPE, so each print fails instead).
+#[test]
+fn a_reader_that_stops_early_ends_the_output_quietly() {
+    let daemon = TestDaemon::start();
+    let dir = tempfile::tempdir().unwrap();
+    let without_a_daemon: [&[&str]; 1] = [&["simulate", "--hours", "1"]];
+    let client: [&[&str]; 2] = [&["status"], &["status", "--json"]];
+    for args in without_a_daemon.iter().chain(client.iter()) {
+        let mut child = Command::new(BIN)
+            .args(*args)
+            .env("TOLLGATE_SOCKET", &daemon.socket)
+            .current_dir(dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "tollgate {args:?}: {:?}: {stderr}", out.status);
+        assert!(stderr.is_empty(), "tollgate {args:?} said: {stderr}");
+    }
+    // Any other failed write (a full disk) is an error, in one line.
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+    let out = Command::new(BIN).args(["simulate", "--hours", "1"]).stdout(full).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(
+        stderr.trim(),
+        "tollgate: error: cannot write to standard output: No space left on device (os error 28)"
+    );
 }

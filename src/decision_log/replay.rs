@@ -502,9 +502,9 @@ pub fn replay(args: &ReplayArgs) -> anyhow::Result<()> {
     let files = files_named(&args.logs)?;
     let report = replay_files(&config, Arc::new(classes), &files);
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        crate::stdout::outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print!("{}", text(&report, &args.config));
+        crate::stdout::out!("{}", text(&report, &args.config));
     }
     let mut damaged = 0;
     for file in &report.files {

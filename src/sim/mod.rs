@@ -431,19 +431,26 @@ impl Sim {
 
 /// The report as a table for people.
 pub fn print(report: &SimReport) {
-    println!(
+    crate::stdout::outln!(
         "mixes {} · seed {} · {} h from 06:00 · flags published every {} report(s)",
         report.mixes.join("+"),
         report.seed,
         report.hours,
         report.publish_lag
     );
-    println!(
+    crate::stdout::outln!(
         "{:<12} {:>8} {:>12} {:<22} {:>10} {:>10} {:>8} {:>11}",
-        "attack", "attempts", "detected_at", "by", "reached", "challenged", "denied", "compromised"
+        "attack",
+        "attempts",
+        "detected_at",
+        "by",
+        "reached",
+        "challenged",
+        "denied",
+        "compromised"
     );
     for a in &report.attacks {
-        println!(
+        crate::stdout::outln!(
             "{:<12} {:>8} {:>12} {:<22} {:>10} {:>10} {:>8} {:>11}",
             a.mix,
             a.attempts,
@@ -455,11 +462,11 @@ pub fn print(report: &SimReport) {
             a.compromised
         );
         if let Some(n) = a.allowed_after_widening {
-            println!("{:<12} allowed in the hour after widening: {n}", "");
+            crate::stdout::outln!("{:<12} allowed in the hour after widening: {n}", "");
         }
     }
     let l = &report.legit;
-    println!(
+    crate::stdout::outln!(
         "legitimate: {} attempts by {} people; bothered (delay, challenge or refusal): {} on a known device, {} on an \
          unknown one ({} by spray detection); refused on a known device: {}; owner of the targeted account refused on \
          their device: {}; stale mail clients bothered: {}",
@@ -472,7 +479,7 @@ pub fn print(report: &SimReport) {
         l.owner_known_refused,
         l.fp_machines
     );
-    println!(
+    crate::stdout::outln!(
         "spray detection: {} events ({} dropped); at most {} subjects tracked, in {} bytes ({} bytes each)",
         report.events,
         report.events_dropped,
@@ -481,15 +488,19 @@ pub fn print(report: &SimReport) {
         report.tracked_bytes.checked_div(report.tracked).unwrap_or(0)
     );
     for f in &report.memory {
-        println!(
+        crate::stdout::outln!(
             "  {:<16} {:>8} of {:>8} entries, {:>10} heap bytes, {:>8} evicted",
-            f.name, f.entries, f.entries_max, f.heap_bytes, f.evicted
+            f.name,
+            f.entries,
+            f.entries_max,
+            f.heap_bytes,
+            f.evicted
         );
     }
     let raised: Vec<String> = report.raised.iter().map(|(d, n)| format!("{d} {n}")).collect();
-    println!("flags raised: {}", raised.join(", "));
+    crate::stdout::outln!("flags raised: {}", raised.join(", "));
     for f in &report.flagged {
-        println!("  {f}");
+        crate::stdout::outln!("  {f}");
     }
 }
 
@@ -525,7 +536,7 @@ pub fn simulate(args: &SimulateArgs) -> anyhow::Result<()> {
     };
     let report = run(&config, &scenario);
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        crate::stdout::outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print(&report);
     }

@@ -122,11 +122,11 @@ fn once(args: &TopArgs, snapshot: Result<Snapshot, ClientError>) -> Result<(), C
             "status": crate::cli::status_json(&snapshot.full),
             "activity": snapshot.activity,
         });
-        println!("{value}");
+        crate::stdout::outln!("{value}");
     } else {
         let rates = rates(None, &snapshot);
         let view = View { snapshot: Some(&snapshot), rates: Some(&rates), unreachable: None, interval: args.interval };
-        print!("{}", plain_text(&view, PLAIN_WIDTH));
+        crate::stdout::out!("{}", plain_text(&view, PLAIN_WIDTH));
     }
     Ok(())
 }
