@@ -14,6 +14,9 @@
 # CAPTURE=file reuses a capture; KEEP=file keeps this one; LOAD="bench
 # arguments" captures another load (for instance failures on few keys,
 # so that entries lock: LOAD="--failure-ratio 0.8 --keys 300").
+# FRAMING=1 times, instead, three minimal scripts that only frame the
+# batches (today's framing, one argument a batch, one reply a batch) and
+# each VARIANT beside them: benches/script_framing.py.
 # SAME=1 checks, instead of timing, that each VARIANT answers and stores
 # what decide.lua does on the captured batches: only as wide as the
 # capture (no device, unlock, merge, release, rate rule, lock-until or
@@ -43,4 +46,9 @@ if [ -z "$capture" ]; then
   capture=$TMP/monitor.txt
   if [ -n "${KEEP:-}" ]; then cp "$capture" "$KEEP"; fi
 fi
-python3 "$HERE/shared_replay.py" "$capture" "$ROOT/src/shared/decide.lua" "$@"
+if [ -n "${FRAMING:-}" ]; then
+  # The framing alone: benches/script_framing.py.
+  python3 "$HERE/script_framing.py" "$capture" "$@"
+else
+  python3 "$HERE/shared_replay.py" "$capture" "$ROOT/src/shared/decide.lua" "$@"
+fi

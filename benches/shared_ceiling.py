@@ -21,13 +21,21 @@ KIND is one of:
   places in flight, no failure window, no second rule. About the least
   a design that writes on every check and every report can ask of it.
 
-All three answer what decide.lua answers an admitted check and an unlocked
+Two more, for `benches/shared-replay.sh` only (the daemon refuses their
+answers, so `shared-ceiling.sh` does not build them):
+- bare: null without its answers' standing: each rule's numbers decoded,
+  the op answered with its code and the store's time alone;
+- skeleton: each op answers at once, its rules not read: the batch's
+  arguments, the loop over its ops and their replies.
+
+null, floor and gcra answer what decide.lua answers an admitted check and an unlocked
 report, in its packed layout, so the daemon takes them as the store's
 word; the bench script fails a run whose daemon counted an error or a
 degraded answer. They are wrong on purpose (nothing is counted), so they
 only ever run here. Release, merge, unlock, heartbeat and join are
 decide.lua's own.
 """
+import re
 import sys
 
 # Replaces check() and report(): everything from the first marker up to
@@ -46,10 +54,12 @@ STAND_INS = r"""local function check()
     if kind == 'f' then
       scope, W, T, timeout, mon, at = struct.unpack('<Bi8I4i8B', blob, at)
       --CHECK_TOUCH
+      --STANDING
       -- not refused; standing: w, p, c, one place, its lapse, no lock, W
       out[#out + 1] = 0
       out[#out + 1] = widx(W, now); out[#out + 1] = 0; out[#out + 1] = 0; out[#out + 1] = 1
       out[#out + 1] = timeout; out[#out + 1] = 0; out[#out + 1] = W
+      --END
     elseif kind == 'g' then
       scope, interval, tolerance, mon, at = struct.unpack('<Bi8i8B', blob, at)
       out[#out + 1] = 0; out[#out + 1] = now
@@ -72,10 +82,12 @@ local function report()
       local ix = nil
       if kind == 'F' then ix = key() end
       --REPORT_TOUCH
+      --STANDING
       -- not locked before or after; standing: w, nothing counted, W
       out[#out + 1] = 0; out[#out + 1] = 0
       out[#out + 1] = widx(W, now); out[#out + 1] = 0; out[#out + 1] = 0; out[#out + 1] = 0
       out[#out + 1] = 0; out[#out + 1] = 0; out[#out + 1] = W
+      --END
     elseif kind == 'g' then
       scope, at = struct.unpack('<B', blob, at)
       out[#out + 1] = 0; out[#out + 1] = 0; out[#out + 1] = now
@@ -118,18 +130,26 @@ TOUCH = {
         "redis.call('PEXPIRE', ix, math.ceil(2 * W / 1000)) end",
     ),
     "gcra": (GCRA, GCRA),
+    "bare": ("", ""),
+    "skeleton": ("", ""),
 }
 
 
 def main():
     if len(sys.argv) != 3 or sys.argv[2] not in TOUCH:
-        sys.exit("usage: shared_ceiling.py DECIDE_LUA null|floor|gcra")
+        sys.exit("usage: shared_ceiling.py DECIDE_LUA null|floor|gcra|bare|skeleton")
     source = open(sys.argv[1]).read()
     start, end = source.find(FROM), source.find(TO)
     if start < 0 or end < start:
         sys.exit(f"shared_ceiling.py: {sys.argv[1]} has no '{FROM}' ... '{TO}': decide.lua changed shape")
     check_touch, report_touch = TOUCH[sys.argv[2]]
     body = STAND_INS.replace("--CHECK_TOUCH", check_touch).replace("--REPORT_TOUCH", report_touch)
+    if sys.argv[2] == "bare":
+        body = re.sub(r"\n *--STANDING\n.*?--END\n", "\n", body, flags=re.S)
+    if sys.argv[2] == "skeleton":
+        for op, code in (("check", 1), ("report", 0)):
+            head = "local function %s()\n" % op
+            body = body.replace(head, head + "  do return { %d, now } end\n" % code)
     sys.stdout.write(source[:start] + body + source[end:])
 
 

@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""script_framing.py: what the framing of a batch costs the store, apart
+from anything an op decides (issue 14). Used by benches/shared-replay.sh
+with FRAMING=1.
+
+    script_framing.py CAPTURE [SCRIPT ...]
+
+Replays the captured batches (as shared_replay.py does: Redis pinned to
+CPU 0, FLUSHALL and RESETSTAT before each script, ROUNDS rounds
+interleaved, Redis's own `usec_per_call` of EVALSHA) through three
+minimal scripts that read each op's header and answer it at once, the
+way a decision would be framed:
+
+- today: the batch as the daemon sends it (four arguments an op: kind,
+  argument count, key count, the packed argument), one packed reply an op;
+- one-argument: every op in one argument (kind, key count, argument
+  length, the packed argument), one packed reply an op;
+- one-reply: the same, and the batch's replies joined in one string.
+
+The captured batches are rewritten for the last two. Any SCRIPT given
+(for instance `shared_ceiling.py`'s skeleton, bare or null) runs on the
+batches as captured, for comparison. Nothing is decided, so the replies
+are not checked beyond not being errors.
+"""
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+from shared_replay import Redis, command, first_error, monitor_args
+
+PROLOGUE = """local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local formats = {}
+local function ints(out)
+  local f = formats[#out]
+  if not f then f = '<' .. string.rep('i8', #out); formats[#out] = f end
+  return struct.pack(f, unpack(out))
+end
+"""
+
+MINIMAL = {
+    "today": PROLOGUE + """local a, k = 2, 1
+local replies = {}
+for o = 1, tonumber(ARGV[1]) do
+  local kind = ARGV[a]
+  local span_args, span_keys = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local blob = ARGV[a + 3]
+  replies[o] = ints((kind == 'C') and { 1, now } or { 0, now })
+  a, k = a + 3 + span_args, k + span_keys
+end
+return replies
+""",
+    "one-argument": PROLOGUE + """local frame, at, k, o = ARGV[1], 1, 1, 0
+local replies = {}
+while at <= #frame do
+  local kind, keys, len
+  kind, keys, len, at = struct.unpack('<c1HI4', frame, at)
+  local blob = string.sub(frame, at, at + len - 1)
+  at, k, o = at + len, k + keys, o + 1
+  replies[o] = ints((kind == 'C') and { 1, now } or { 0, now })
+end
+return replies
+""",
+    "one-reply": PROLOGUE + """local frame, at, k, o = ARGV[1], 1, 1, 0
+local replies = {}
+while at <= #frame do
+  local kind, keys, len
+  kind, keys, len, at = struct.unpack('<c1HI4', frame, at)
+  local blob = string.sub(frame, at, at + len - 1)
+  at, k, o = at + len, k + keys, o + 1
+  local reply = ints((kind == 'C') and { 1, now } or { 0, now })
+  replies[o] = struct.pack('<I4', #reply) .. reply
+end
+return table.concat(replies)
+""",
+}
+
+
+def one_argument(args):
+    """A captured batch's arguments with its ops in one argument: each op's
+    kind, key count and argument length, then its argument (an op of
+    several arguments, a heartbeat, has them each after its length)."""
+    keys = int(args[0])
+    rest = args[1 + keys:]
+    frame, i = b"", 1
+    for _ in range(int(rest[0])):
+        kind, count, span_keys = rest[i], int(rest[i + 1]), int(rest[i + 2])
+        values = rest[i + 3:i + 3 + count]
+        arg = values[0] if count == 1 else b"".join(struct.pack("<I", len(v)) + v for v in values)
+        frame += kind + struct.pack("<HI", span_keys, len(arg)) + arg
+        i += 3 + count
+    return args[:1 + keys] + [frame]
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    capture, extra = sys.argv[1], sys.argv[2:]
+    rounds = int(os.environ.get("ROUNDS", "5"))
+    batches, ops = [], 0
+    with open(capture, encoding="latin-1") as f:
+        for line in f:
+            if '"EVALSHA"' in line:
+                args = monitor_args(line)[2:]
+                ops += int(args[1 + int(args[0])])
+                batches.append(args)
+    if not batches:
+        sys.exit("script_framing.py: no EVALSHA in %s" % capture)
+    rewritten = [one_argument(b) for b in batches]
+    scripts = [(name, text.encode(), batches if name == "today" else rewritten) for name, text in MINIMAL.items()]
+    scripts += [(path, open(path, "rb").read(), batches) for path in extra]
+    tmp = tempfile.mkdtemp(prefix="tg-framing.")
+    path = os.path.join(tmp, "r.sock")
+    pin = ["taskset", "-c", "0"] if os.cpu_count() and os.cpu_count() > 1 else []
+    server = subprocess.Popen(
+        pin + ["redis-server", "--port", "0", "--unixsocket", path, "--save", "", "--appendonly", "no", "--dir", tmp],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(200):
+            if os.path.exists(path):
+                break
+            time.sleep(0.05)
+        redis = Redis(path)
+        shas = [redis.call("SCRIPT", "LOAD", text) for _, text, _ in scripts]
+        costs = [[] for _ in scripts]
+        for _ in range(rounds):
+            for i, ((name, _, its), sha) in enumerate(zip(scripts, shas)):
+                redis.call("FLUSHALL")
+                redis.call("CONFIG", "RESETSTAT")
+                for start in range(0, len(its), 32):
+                    chunk = its[start:start + 32]
+                    redis.sock.sendall(b"".join(command([b"EVALSHA", sha] + b) for b in chunk))
+                    for _ in chunk:
+                        error = first_error(redis.reply())
+                        if error is not None:
+                            sys.exit("script_framing.py: %s answered %s" % (name, error.decode(errors="replace")))
+                stats = redis.call("INFO", "commandstats").decode()
+                calls, usec = re.search(r"cmdstat_evalsha:calls=(\d+),usec=(\d+)", stats).groups()
+                costs[i].append(int(usec) / int(calls))
+        print("batches=%d ops_per_batch=%.1f rounds=%d" % (len(batches), ops / len(batches), rounds))
+        for (name, _, _), xs in zip(scripts, costs):
+            median = sorted(xs)[len(xs) // 2]
+            print("%s us_per_batch=%.1f us_per_op=%.2f rounds=%s" % (
+                name, median, median * len(batches) / ops, "/".join("%.0f" % x for x in xs)))
+    finally:
+        server.kill()
+        server.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
