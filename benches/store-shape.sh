@@ -18,7 +18,9 @@
 # native commands without a script, pipelined 24 deep from 4 connections
 # on random keys from 1,000,000, N2 commands each (default 2,000,000):
 # INCR, SET, GET (of the keys SET wrote), and SET ... PX of an
-# entry-sized value (38 bytes). Any error reply fails the script.
+# entry-sized value (38 bytes); and the commands a design keeping an
+# account's counters in one hash would send: HINCRBY of one field,
+# HMGET of four, PEXPIRE of the hash. Any error reply fails the script.
 # Needs redis-server, redis-cli, redis-benchmark.
 set -euo pipefail
 
@@ -80,4 +82,8 @@ for round in $(seq "$ROUNDS"); do
   done
   per_call "round${round}_native_set_px" "$N2" -c 4 -P 24 -r 1000000 -n "$N2" \
     SET 'k:{__rand_int__}:f' 12345678901234567890123456789012345678 PX 120000
+  # HINCRBY first, so that HMGET and PEXPIRE find most hashes.
+  per_call "round${round}_native_hincrby" "$N2" -c 4 -P 24 -r 1000000 -n "$N2" HINCRBY 'h:{__rand_int__}' p 1
+  per_call "round${round}_native_hmget4" "$N2" -c 4 -P 24 -r 1000000 -n "$N2" HMGET 'h:{__rand_int__}' p q r s
+  per_call "round${round}_native_pexpire" "$N2" -c 4 -P 24 -r 1000000 -n "$N2" PEXPIRE 'h:{__rand_int__}' 120000
 done

@@ -21,20 +21,31 @@ pub(crate) fn write(args: fmt::Arguments<'_>, newline: bool) {
 
 /// Writes `bytes` whole and flushes them, as `write`.
 pub(crate) fn write_bytes(bytes: &[u8]) {
-    let mut stdout = io::stdout().lock();
-    if let Err(e) = stdout.write_all(bytes).and_then(|()| stdout.flush()) {
-        drop(stdout);
+    if let Err(e) = try_write_bytes(bytes) {
         stop(&e);
     }
 }
 
+/// Writes `bytes` whole and flushes them, for a caller that has more to
+/// say after a failed write (`tollgate replay`'s damage, on stderr and in
+/// its exit status).
+pub(crate) fn try_write_bytes(bytes: &[u8]) -> io::Result<()> {
+    let mut stdout = io::stdout().lock();
+    stdout.write_all(bytes).and_then(|()| stdout.flush())
+}
+
+/// The one line a write error other than a closed pipe ends with.
+pub(crate) fn error_line(e: &io::Error) -> String {
+    format!("cannot write to standard output: {e}")
+}
+
 /// Ends the process after a failed write to standard output.
-fn stop(e: &io::Error) -> ! {
+pub(crate) fn stop(e: &io::Error) -> ! {
     if e.kind() == io::ErrorKind::BrokenPipe {
         // The reader has all it wanted.
         std::process::exit(0);
     }
-    eprintln!("tollgate: error: cannot write to standard output: {e}");
+    eprintln!("tollgate: error: {}", error_line(e));
     std::process::exit(1)
 }
 

@@ -568,7 +568,7 @@ fn a_reader_that_stops_early_ends_the_output_quietly() {
     let daemon = TestDaemon::start();
     let dir = tempfile::tempdir().unwrap();
     let without_a_daemon: [&[&str]; 1] = [&["simulate", "--hours", "1"]];
-    let client: [&[&str]; 2] = [&["status"], &["status", "--json"]];
+    let client: [&[&str]; 5] = [&["status"], &["status", "--json"], &["metrics"], &["lockouts"], &["man"]];
     for args in without_a_daemon.iter().chain(client.iter()) {
         let mut child = Command::new(BIN)
             .args(*args)
@@ -585,12 +585,15 @@ fn a_reader_that_stops_early_ends_the_output_quietly() {
         assert!(stderr.is_empty(), "tollgate {args:?} said: {stderr}");
     }
     // Any other failed write (a full disk) is an error, in one line.
-    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
-    let out = Command::new(BIN).args(["simulate", "--hours", "1"]).stdout(full).output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert_eq!(
-        stderr.trim(),
-        "tollgate: error: cannot write to standard output: No space left on device (os error 28)"
-    );
+    for args in [&["simulate", "--hours", "1"][..], &["top", "--interval", "100ms"], &["status"]] {
+        let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+        let out = Command::new(BIN).args(args).env("TOLLGATE_SOCKET", &daemon.socket).stdout(full).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "tollgate {args:?}: {stderr}");
+        assert_eq!(
+            stderr.trim(),
+            "tollgate: error: cannot write to standard output: No space left on device (os error 28)",
+            "tollgate {args:?}"
+        );
+    }
 }

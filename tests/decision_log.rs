@@ -393,6 +393,23 @@ async fn a_killed_daemons_log_replays_and_damage_is_named_by_file_and_offset() {
     assert!(stderr.contains(&format!("error: {} at offset {middle}: damaged record", files[0].display())), "{stderr}");
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["checks"].as_u64().unwrap(), written.records.len() as u64 - 2 + 10);
+    // A reader that stops early (`| head`) does not hide the damage: the
+    // error line and the exit status stay.
+    let mut child = Command::new(BIN)
+        .arg("replay")
+        .arg(&logs)
+        .arg("--config")
+        .arg(&candidate)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(&format!("error: {} at offset {middle}: damaged record", files[0].display())), "{stderr}");
+    assert!(stderr.contains("damaged or unreadable part(s) of the log were skipped"), "{stderr}");
 
     // A file that is not a decision log.
     let foreign = write(scratch.path(), "notes.tglog", "these are not decisions, just some text");

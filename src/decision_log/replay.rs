@@ -501,11 +501,10 @@ pub fn replay(args: &ReplayArgs) -> anyhow::Result<()> {
     };
     let files = files_named(&args.logs)?;
     let report = replay_files(&config, Arc::new(classes), &files);
-    if args.json {
-        crate::stdout::outln!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        crate::stdout::out!("{}", text(&report, &args.config));
-    }
+    let output = if args.json { serde_json::to_string_pretty(&report)? + "\n" } else { text(&report, &args.config) };
+    // A reader that stops early (`| head`) cuts the report short, but not
+    // the damage below: its lines and the exit status still come.
+    let written = crate::stdout::try_write_bytes(output.as_bytes());
     let mut damaged = 0;
     for file in &report.files {
         for p in &file.problems {
@@ -519,7 +518,10 @@ pub fn replay(args: &ReplayArgs) -> anyhow::Result<()> {
             "{damaged} damaged or unreadable part(s) of the log were skipped; the figures above are of the rest"
         );
     }
-    Ok(())
+    match written {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => anyhow::bail!(crate::stdout::error_line(&e)),
+        _ => Ok(()),
+    }
 }
 
 fn rfc3339(ms: u64) -> String {

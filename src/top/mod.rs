@@ -155,7 +155,8 @@ fn plain(args: &TopArgs, mut fetch: impl FnMut() -> Result<Snapshot, ClientError
             Ok(()) => {}
             // The reader went away (`| head`): that is the end, not an error.
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
-            Err(e) => return Err(e.into()),
+            // Not the daemon's connection: a full disk, say.
+            Err(e) => crate::stdout::stop(&e),
         }
         drop(out);
         std::thread::sleep(args.interval.saturating_sub(tick.elapsed()));
