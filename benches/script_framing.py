@@ -23,15 +23,10 @@ batches as captured, for comparison. Nothing is decided, so the replies
 are not checked beyond not being errors.
 """
 import os
-import re
-import shutil
 import struct
-import subprocess
 import sys
-import tempfile
-import time
 
-from shared_replay import Redis, command, first_error, monitor_args
+from shared_replay import pinned_redis, print_costs, read_capture, time_scripts
 
 PROLOGUE = """local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -41,6 +36,21 @@ local function ints(out)
   if not f then f = '<' .. string.rep('i8', #out); formats[#out] = f end
   return struct.pack(f, unpack(out))
 end
+"""
+
+# Reads a batch of ops in one argument and answers each at once; REPLY
+# is how an op's answer joins the replies, RETURN what the batch returns.
+ONE_ARGUMENT = PROLOGUE + """local frame, at, k, o = ARGV[1], 1, 1, 0
+local replies = {}
+while at <= #frame do
+  local kind, keys, len
+  kind, keys, len, at = struct.unpack('<c1HI4', frame, at)
+  local blob = string.sub(frame, at, at + len - 1)
+  at, k, o = at + len, k + keys, o + 1
+  local reply = ints((kind == 'C') and { 1, now } or { 0, now })
+  replies[o] = REPLY
+end
+return RETURN
 """
 
 MINIMAL = {
@@ -55,29 +65,9 @@ for o = 1, tonumber(ARGV[1]) do
 end
 return replies
 """,
-    "one-argument": PROLOGUE + """local frame, at, k, o = ARGV[1], 1, 1, 0
-local replies = {}
-while at <= #frame do
-  local kind, keys, len
-  kind, keys, len, at = struct.unpack('<c1HI4', frame, at)
-  local blob = string.sub(frame, at, at + len - 1)
-  at, k, o = at + len, k + keys, o + 1
-  replies[o] = ints((kind == 'C') and { 1, now } or { 0, now })
-end
-return replies
-""",
-    "one-reply": PROLOGUE + """local frame, at, k, o = ARGV[1], 1, 1, 0
-local replies = {}
-while at <= #frame do
-  local kind, keys, len
-  kind, keys, len, at = struct.unpack('<c1HI4', frame, at)
-  local blob = string.sub(frame, at, at + len - 1)
-  at, k, o = at + len, k + keys, o + 1
-  local reply = ints((kind == 'C') and { 1, now } or { 0, now })
-  replies[o] = struct.pack('<I4', #reply) .. reply
-end
-return table.concat(replies)
-""",
+    "one-argument": ONE_ARGUMENT.replace("REPLY", "reply").replace("RETURN", "replies"),
+    "one-reply": ONE_ARGUMENT.replace("REPLY", "struct.pack('<I4', #reply) .. reply").replace(
+        "RETURN", "table.concat(replies)"),
 }
 
 
@@ -102,56 +92,13 @@ def main():
         sys.exit(__doc__)
     capture, extra = sys.argv[1], sys.argv[2:]
     rounds = int(os.environ.get("ROUNDS", "5"))
-    batches, ops = [], 0
-    with open(capture, encoding="latin-1") as f:
-        for line in f:
-            if '"EVALSHA"' in line:
-                args = monitor_args(line)[2:]
-                ops += int(args[1 + int(args[0])])
-                batches.append(args)
-    if not batches:
-        sys.exit("script_framing.py: no EVALSHA in %s" % capture)
+    batches, _, ops = read_capture(capture)
     rewritten = [one_argument(b) for b in batches]
-    scripts = [(name, text.encode(), batches if name == "today" else rewritten) for name, text in MINIMAL.items()]
-    scripts += [(path, open(path, "rb").read(), batches) for path in extra]
-    tmp = tempfile.mkdtemp(prefix="tg-framing.")
-    path = os.path.join(tmp, "r.sock")
-    pin = ["taskset", "-c", "0"] if os.cpu_count() and os.cpu_count() > 1 else []
-    server = subprocess.Popen(
-        pin + ["redis-server", "--port", "0", "--unixsocket", path, "--save", "", "--appendonly", "no", "--dir", tmp],
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        for _ in range(200):
-            if os.path.exists(path):
-                break
-            time.sleep(0.05)
-        redis = Redis(path)
-        shas = [redis.call("SCRIPT", "LOAD", text) for _, text, _ in scripts]
-        costs = [[] for _ in scripts]
-        for _ in range(rounds):
-            for i, ((name, _, its), sha) in enumerate(zip(scripts, shas)):
-                redis.call("FLUSHALL")
-                redis.call("CONFIG", "RESETSTAT")
-                for start in range(0, len(its), 32):
-                    chunk = its[start:start + 32]
-                    redis.sock.sendall(b"".join(command([b"EVALSHA", sha] + b) for b in chunk))
-                    for _ in chunk:
-                        error = first_error(redis.reply())
-                        if error is not None:
-                            sys.exit("script_framing.py: %s answered %s" % (name, error.decode(errors="replace")))
-                stats = redis.call("INFO", "commandstats").decode()
-                calls, usec = re.search(r"cmdstat_evalsha:calls=(\d+),usec=(\d+)", stats).groups()
-                costs[i].append(int(usec) / int(calls))
-        print("batches=%d ops_per_batch=%.1f rounds=%d" % (len(batches), ops / len(batches), rounds))
-        for (name, _, _), xs in zip(scripts, costs):
-            median = sorted(xs)[len(xs) // 2]
-            print("%s us_per_batch=%.1f us_per_op=%.2f rounds=%s" % (
-                name, median, median * len(batches) / ops, "/".join("%.0f" % x for x in xs)))
-    finally:
-        server.kill()
-        server.wait()
-        shutil.rmtree(tmp, ignore_errors=True)
+    runs = [(name, text.encode(), batches if name == "today" else rewritten) for name, text in MINIMAL.items()]
+    runs += [(path, open(path, "rb").read(), batches) for path in extra]
+    with pinned_redis() as redis:
+        costs = time_scripts(redis, runs, rounds)
+    print_costs([name for name, _, _ in runs], costs, len(batches), ops, rounds)
 
 
 if __name__ == "__main__":

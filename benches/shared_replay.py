@@ -38,6 +38,7 @@ What it cannot see:
 - the store's real clock read any other way: a script with more than
   one TIME call is refused.
 """
+import contextlib
 import os
 import re
 import shutil
@@ -247,11 +248,9 @@ def same(redis, scripts, batches, stamps):
     return failed
 
 
-def main():
-    if len(sys.argv) < 3:
-        sys.exit(__doc__)
-    capture, scripts = sys.argv[1], sys.argv[2:]
-    rounds = int(os.environ.get("ROUNDS", "5"))
+def read_capture(capture):
+    """Every EVALSHA of a MONITOR capture: its arguments (without the
+    command and the SHA) and its timestamp (µs), and the ops they hold."""
     batches, stamps, ops = [], [], 0
     with open(capture, encoding="latin-1") as f:
         for line in f:
@@ -264,10 +263,16 @@ def main():
                 seconds, micros = line.split(" ", 1)[0].split(".")
                 stamps.append(int(seconds) * 1000000 + int(micros))
     if not batches:
-        sys.exit("shared_replay.py: no EVALSHA in %s" % capture)
+        sys.exit("%s: no EVALSHA in %s" % (os.path.basename(sys.argv[0]), capture))
+    return batches, stamps, ops
+
+
+@contextlib.contextmanager
+def pinned_redis():
+    """A fresh redis-server, on CPU 0 when the machine has two (this client
+    elsewhere), connected; gone when the block ends."""
     tmp = tempfile.mkdtemp(prefix="tg-replay.")
     path = os.path.join(tmp, "r.sock")
-    # Redis on CPU 0 and this client elsewhere when the machine has two.
     pin = ["taskset", "-c", "0"] if os.cpu_count() and os.cpu_count() > 1 else []
     server = subprocess.Popen(
         pin + ["redis-server", "--port", "0", "--unixsocket", path, "--save", "", "--appendonly", "no", "--dir", tmp],
@@ -278,35 +283,57 @@ def main():
             if os.path.exists(path):
                 break
             time.sleep(0.05)
-        redis = Redis(path)
-        if os.environ.get("SAME") == "1":
-            sys.exit(same(redis, scripts, batches, stamps))
-        shas = [redis.call("SCRIPT", "LOAD", open(s, "rb").read()) for s in scripts]
-        costs = [[] for _ in scripts]
-        for _ in range(rounds):
-            for i, sha in enumerate(shas):
-                redis.call("FLUSHALL")
-                redis.call("CONFIG", "RESETSTAT")
-                for start in range(0, len(batches), 32):
-                    chunk = batches[start:start + 32]
-                    redis.sock.sendall(b"".join(command([b"EVALSHA", sha] + b) for b in chunk))
-                    for batch in chunk:
-                        error = first_error(redis.reply())
-                        if error is not None:
-                            sys.exit("shared_replay.py: %s answered a batch with %s" % (
-                                scripts[i], error.decode(errors="replace")))
-                stats = redis.call("INFO", "commandstats").decode()
-                calls, usec = re.search(r"cmdstat_evalsha:calls=(\d+),usec=(\d+)", stats).groups()
-                costs[i].append(int(usec) / int(calls))
-        print("batches=%d ops_per_batch=%.1f rounds=%d" % (len(batches), ops / len(batches), rounds))
-        for script, xs in zip(scripts, costs):
-            median = sorted(xs)[len(xs) // 2]
-            print("%s us_per_batch=%.1f us_per_op=%.2f rounds=%s" % (
-                script, median, median * len(batches) / ops, "/".join("%.0f" % x for x in xs)))
+        yield Redis(path)
     finally:
         server.kill()
         server.wait()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def time_scripts(redis, runs, rounds):
+    """Redis's own µs a batch (`usec_per_call` of EVALSHA) for each run,
+    a (name, script, batches) each, on a fresh keyspace each round, the
+    runs interleaved: a list of figures a run, one a round."""
+    shas = [redis.call("SCRIPT", "LOAD", script) for _, script, _ in runs]
+    costs = [[] for _ in runs]
+    for _ in range(rounds):
+        for i, ((name, _, batches), sha) in enumerate(zip(runs, shas)):
+            redis.call("FLUSHALL")
+            redis.call("CONFIG", "RESETSTAT")
+            for start in range(0, len(batches), 32):
+                chunk = batches[start:start + 32]
+                redis.sock.sendall(b"".join(command([b"EVALSHA", sha] + b) for b in chunk))
+                for _ in chunk:
+                    error = first_error(redis.reply())
+                    if error is not None:
+                        sys.exit("%s: %s answered a batch with %s" % (
+                            os.path.basename(sys.argv[0]), name, error.decode(errors="replace")))
+            stats = redis.call("INFO", "commandstats").decode()
+            calls, usec = re.search(r"cmdstat_evalsha:calls=(\d+),usec=(\d+)", stats).groups()
+            costs[i].append(int(usec) / int(calls))
+    return costs
+
+
+def print_costs(names, costs, batches, ops, rounds):
+    print("batches=%d ops_per_batch=%.1f rounds=%d" % (batches, ops / batches, rounds))
+    for name, xs in zip(names, costs):
+        median = sorted(xs)[len(xs) // 2]
+        print("%s us_per_batch=%.1f us_per_op=%.2f rounds=%s" % (
+            name, median, median * batches / ops, "/".join("%.0f" % x for x in xs)))
+
+
+def main():
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    capture, scripts = sys.argv[1], sys.argv[2:]
+    rounds = int(os.environ.get("ROUNDS", "5"))
+    batches, stamps, ops = read_capture(capture)
+    with pinned_redis() as redis:
+        if os.environ.get("SAME") == "1":
+            sys.exit(same(redis, scripts, batches, stamps))
+        runs = [(script, open(script, "rb").read(), batches) for script in scripts]
+        costs = time_scripts(redis, runs, rounds)
+    print_costs(scripts, costs, len(batches), ops, rounds)
 
 
 if __name__ == "__main__":
