@@ -11,6 +11,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::client::{Client, ClientConfig, ClientError};
 use crate::config::SOCKET_PATH_DEFAULT;
 use crate::protocol::{Decision, Outcome, Request, Response, Subject, Verdict};
+use crate::stdout::{out, outln};
 
 #[derive(Debug, Parser)]
 #[command(name = "tollgate", version, about = "Per-host login rate limiter: daemon and CLI")]
@@ -311,9 +312,9 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
             let json_out = args.json;
             let r = crate::bench::run(args).await?;
             if json_out {
-                crate::stdout::outln!("{}", json(&r));
+                outln!("{}", json(&r));
             } else {
-                crate::stdout::outln!(
+                outln!(
                     "{} ops/s  ({} requests in {:.1} s, {} connections x {} in flight, route {})",
                     r.ops_per_s.round(),
                     r.requests,
@@ -322,18 +323,12 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
                     r.in_flight,
                     r.route
                 );
-                crate::stdout::outln!(
-                    "latency us: p50 {}  p99 {}  p99.9 {}  max {}",
-                    r.p50_us,
-                    r.p99_us,
-                    r.p999_us,
-                    r.max_us
-                );
+                outln!("latency us: p50 {}  p99 {}  p99.9 {}  max {}", r.p50_us, r.p99_us, r.p999_us, r.max_us);
                 if r.offered_ops_per_s > 0.0 {
-                    crate::stdout::outln!("offered {} ops/s, paced", r.offered_ops_per_s.round());
+                    outln!("offered {} ops/s, paced", r.offered_ops_per_s.round());
                 }
                 if r.floor_requests > 0 {
-                    crate::stdout::outln!(
+                    outln!(
                         "echo floor, timed alongside: {} replies, latency us: p50 {}  p99 {}  p99.9 {}  max {}",
                         r.floor_requests,
                         r.floor_p50_us,
@@ -342,7 +337,7 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
                         r.floor_max_us
                     );
                 }
-                crate::stdout::outln!(
+                outln!(
                     "refused {} (latency us: p50 {}  p99 {})  errors {}",
                     r.refused,
                     r.refused_p50_us,
@@ -378,7 +373,7 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
             if common.json {
                 let mut value = status_json(&full);
                 value["activity"] = serde_json::to_value(&activity).expect("plain data serializes");
-                crate::stdout::outln!("{value}");
+                outln!("{value}");
             } else {
                 print_status(status);
                 if let Some(shared) = shared {
@@ -398,7 +393,7 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
             let client = client(&common);
             let full = client.status_full().await?;
             let activity = client.activity(0).await.ok();
-            crate::stdout::out!(
+            out!(
                 "{}",
                 crate::metrics::prometheus(
                     &full.status,
@@ -412,10 +407,7 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
         Command::Sample(args) => {
             let (samples, seen, since_ms) = client(&args.common).samples(args.limit).await?;
             if args.common.json {
-                crate::stdout::outln!(
-                    "{}",
-                    serde_json::json!({ "samples": samples, "seen": seen, "since_ms": since_ms })
-                );
+                outln!("{}", serde_json::json!({ "samples": samples, "seen": seen, "since_ms": since_ms }));
             } else {
                 print_samples(&samples, seen, since_ms);
             }
@@ -424,14 +416,14 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
         Command::Lockouts(args) => {
             let (lockouts, total) = client(&args.common).lockouts(args.limit).await?;
             if args.common.json {
-                crate::stdout::outln!("{}", serde_json::json!({ "lockouts": lockouts, "total": total }));
+                outln!("{}", serde_json::json!({ "lockouts": lockouts, "total": total }));
             } else {
-                crate::stdout::outln!(
+                outln!(
                     "{total} active lockout(s){}",
                     if total as usize > lockouts.len() { " (list truncated)" } else { "" }
                 );
                 for l in &lockouts {
-                    crate::stdout::outln!(
+                    outln!(
                         "{}/{}  key {}  count {}  until {} ms  (retry after {})",
                         l.route,
                         l.rule,
@@ -447,18 +439,18 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
         Command::Unlock(args) => {
             let cleared = client(&args.common).unlock(&args.route, &args.account, args.source).await?;
             if args.common.json {
-                crate::stdout::outln!("{}", serde_json::json!({ "cleared": cleared }));
+                outln!("{}", serde_json::json!({ "cleared": cleared }));
             } else {
-                crate::stdout::outln!("cleared {cleared} entr{}", if cleared == 1 { "y" } else { "ies" });
+                outln!("cleared {cleared} entr{}", if cleared == 1 { "y" } else { "ies" });
             }
             Ok(())
         }
         Command::Clock { command: ClockCommand::Advance { by, common } } => {
             let now_ms = client(&common).advance_clock(by).await?;
             if common.json {
-                crate::stdout::outln!("{}", serde_json::json!({ "now_ms": now_ms }));
+                outln!("{}", serde_json::json!({ "now_ms": now_ms }));
             } else {
-                crate::stdout::outln!("clock now {now_ms} ms since the epoch");
+                outln!("clock now {now_ms} ms since the epoch");
             }
             Ok(())
         }
@@ -497,14 +489,11 @@ fn print_verdict(
     if common.json {
         let mut value = serde_json::to_value(&verdict).expect("plain data serializes");
         value["degraded"] = extras.degraded.into();
-        crate::stdout::outln!("{value}");
+        outln!("{value}");
     } else if extras.degraded {
-        crate::stdout::outln!(
-            "{}  DEGRADED (decided on this host's share: the shared store was unreachable)",
-            describe(&verdict)
-        );
+        outln!("{}  DEGRADED (decided on this host's share: the shared store was unreachable)", describe(&verdict));
     } else {
-        crate::stdout::outln!("{}", describe(&verdict));
+        outln!("{}", describe(&verdict));
     }
     Ok(())
 }
@@ -561,13 +550,13 @@ fn describe(v: &Verdict<'_>) -> String {
 }
 
 fn print_status(s: &crate::protocol::Status) {
-    crate::stdout::outln!(
+    outln!(
         "tollgate {}  up {}{}",
         s.version,
         human_duration(s.uptime_ms),
         if s.manual_clock { "  (manual clock)" } else { "" }
     );
-    crate::stdout::outln!(
+    outln!(
         "verdicts: allow {}  delay {}  challenge {}  deny {}  errors {}",
         s.verdicts.allow,
         s.verdicts.delay,
@@ -575,7 +564,7 @@ fn print_status(s: &crate::protocol::Status) {
         s.verdicts.deny,
         s.verdicts.errors
     );
-    crate::stdout::outln!("connections: {}  log lines suppressed: {}", s.connections, s.log_lines_suppressed);
+    outln!("connections: {}  log lines suppressed: {}", s.connections, s.log_lines_suppressed);
     for route in &s.routes {
         let mut extras = Vec::new();
         if route.known_devices_max > 0 {
@@ -585,7 +574,7 @@ fn print_status(s: &crate::protocol::Status) {
             extras.push(format!("remembers {} wrong passwords per source", route.recent_passwords));
         }
         let extras = if extras.is_empty() { String::new() } else { format!(", {}", extras.join(", ")) };
-        crate::stdout::outln!("route {}  (fail {}{extras})", route.name, route.fail_policy);
+        outln!("route {}  (fail {}{extras})", route.name, route.fail_policy);
         for r in &route.rules {
             let limit = if r.kind == "rate" {
                 let mut text = format!("{} per {}, burst {}", r.limit, human_duration(r.period_ms), r.burst);
@@ -608,7 +597,7 @@ fn print_status(s: &crate::protocol::Status) {
             } else {
                 format!("{} refused {}", r.responses.join(">"), r.refused)
             };
-            crate::stdout::outln!(
+            outln!(
                 "  {:<22} {:<8} key ({}){scope}  {}  entries {}/{}  {mode}",
                 r.name,
                 r.kind,
@@ -619,7 +608,7 @@ fn print_status(s: &crate::protocol::Status) {
             );
         }
     }
-    crate::stdout::outln!(
+    outln!(
         "source classes: {} prefixes  reloads {}  failed {}{}",
         s.class_prefixes,
         s.reloads,
@@ -628,9 +617,9 @@ fn print_status(s: &crate::protocol::Status) {
     );
     let limits: Vec<String> =
         s.limits.iter().map(|l| format!("{}={}", l.name, human_limit(&l.name, l.value))).collect();
-    crate::stdout::outln!("limits: {}", limits.join("  "));
+    outln!("limits: {}", limits.join("  "));
     let p = &s.persistence;
-    crate::stdout::outln!(
+    outln!(
         "state: {}  commits {}  write failures {}  unwritten {}  dropped {}{}",
         p.state_path,
         p.commits,
@@ -649,7 +638,7 @@ const STATUS_ACTIVITY_LISTED: u32 = 10;
 /// histogram with bars on a log scale (the counts span orders of magnitude).
 pub fn print_distributions(a: &crate::protocol::Activity) {
     if let Some(log) = &a.decision_log {
-        crate::stdout::outln!(
+        outln!(
             "decision log: {}  records {}  dropped {}  {} bytes in {} file(s)  write errors {}{}",
             log.path,
             log.records_written,
@@ -661,7 +650,7 @@ pub fn print_distributions(a: &crate::protocol::Activity) {
         );
     }
     for d in &a.distributions {
-        crate::stdout::outln!(
+        outln!(
             "{} per account, {}: {} accounts (~1 in {} sampled)  p50 {}  p90 {}  p99 {}  p99.9 {}  max {}",
             d.name,
             d.day,
@@ -674,7 +663,7 @@ pub fn print_distributions(a: &crate::protocol::Activity) {
             d.max
         );
         for line in histogram_lines(&d.histogram, 40) {
-            crate::stdout::outln!("  {line}");
+            outln!("  {line}");
         }
     }
 }
@@ -695,7 +684,7 @@ pub fn histogram_lines(buckets: &[crate::protocol::HistogramBucket], width: usiz
 }
 
 fn print_samples(samples: &[crate::protocol::WouldBeRefusal], seen: u64, since_ms: u64) {
-    crate::stdout::outln!(
+    outln!(
         "{seen} would-be refusal(s) since {}; {} in the sample{}",
         at_time(since_ms),
         samples.len(),
@@ -709,7 +698,7 @@ fn print_samples(samples: &[crate::protocol::WouldBeRefusal], seen: u64, since_m
         };
         let class = if s.class.is_empty() { String::new() } else { format!(" [{}]", s.class) };
         let account = if s.account.is_empty() { "no account" } else { &s.account };
-        crate::stdout::outln!(
+        outln!(
             "{}  {} {}/{}  {}  {}{class}  {account}  {device}",
             at_time(s.at_ms),
             s.op,
@@ -732,8 +721,8 @@ fn print_shared(s: &crate::protocol::SharedStatus) {
     } else {
         String::new()
     };
-    crate::stdout::outln!("shared store: {}  {}{degraded}  transitions {}", s.url, s.state, s.transitions);
-    crate::stdout::outln!(
+    outln!("shared store: {}  {}{degraded}  transitions {}", s.url, s.state, s.transitions);
+    outln!(
         "  hosts {} ({}), {} live  calls {}  timeouts {}  errors {}  bad values {}  degraded answers {}",
         s.hosts_in_force,
         s.hosts_source,
@@ -744,7 +733,7 @@ fn print_shared(s: &crate::protocol::SharedStatus) {
         s.bad_values,
         s.degraded_answers
     );
-    crate::stdout::outln!(
+    outln!(
         "  rtt us: mean {}  max {}  clock offset us {}  global rules: {}{}",
         s.rtt_mean_us,
         s.rtt_max_us,
@@ -755,7 +744,7 @@ fn print_shared(s: &crate::protocol::SharedStatus) {
 }
 
 fn print_signals(s: &crate::protocol::SignalsStatus, now_ms: u64) {
-    crate::stdout::outln!(
+    outln!(
         "spray detection: window {} in {} parts  events {} (dropped {})  sketches {} of {} bytes  flags {} of {} \
          (dropped {})",
         human_duration(s.window_ms),
@@ -769,7 +758,7 @@ fn print_signals(s: &crate::protocol::SignalsStatus, now_ms: u64) {
         s.flags_dropped
     );
     for f in &s.families {
-        crate::stdout::outln!(
+        outln!(
             "  {:<16} {:>8} of {:<8} entries  heap {} bytes  evicted {}",
             f.name,
             f.entries,
@@ -779,7 +768,7 @@ fn print_signals(s: &crate::protocol::SignalsStatus, now_ms: u64) {
         );
     }
     for d in &s.detectors {
-        crate::stdout::outln!(
+        outln!(
             "  {:<20} {:<8} threshold {:<4} active {:<6} raised {}",
             d.name,
             d.mode,
@@ -794,7 +783,7 @@ fn print_signals(s: &crate::protocol::SignalsStatus, now_ms: u64) {
         } else {
             "expired".to_string()
         };
-        crate::stdout::outln!(
+        outln!(
             "  flagged {} by {}: {} >= {}, {} ago, {state}",
             f.subject,
             f.detector,

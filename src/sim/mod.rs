@@ -24,6 +24,7 @@ use crate::keys::{KeyDeriver, Secret, SECRET_BYTES};
 use crate::limiter::Limiter;
 use crate::protocol::{Decision, Outcome, Reason, Subject};
 use crate::signals::pump::{channel, Pump};
+use crate::stdout::outln;
 use crate::store::Journal;
 pub use traffic::Mix;
 use traffic::{Actor, Attempt, HOUR};
@@ -431,14 +432,14 @@ impl Sim {
 
 /// The report as a table for people.
 pub fn print(report: &SimReport) {
-    crate::stdout::outln!(
+    outln!(
         "mixes {} · seed {} · {} h from 06:00 · flags published every {} report(s)",
         report.mixes.join("+"),
         report.seed,
         report.hours,
         report.publish_lag
     );
-    crate::stdout::outln!(
+    outln!(
         "{:<12} {:>8} {:>12} {:<22} {:>10} {:>10} {:>8} {:>11}",
         "attack",
         "attempts",
@@ -450,7 +451,7 @@ pub fn print(report: &SimReport) {
         "compromised"
     );
     for a in &report.attacks {
-        crate::stdout::outln!(
+        outln!(
             "{:<12} {:>8} {:>12} {:<22} {:>10} {:>10} {:>8} {:>11}",
             a.mix,
             a.attempts,
@@ -462,11 +463,11 @@ pub fn print(report: &SimReport) {
             a.compromised
         );
         if let Some(n) = a.allowed_after_widening {
-            crate::stdout::outln!("{:<12} allowed in the hour after widening: {n}", "");
+            outln!("{:<12} allowed in the hour after widening: {n}", "");
         }
     }
     let l = &report.legit;
-    crate::stdout::outln!(
+    outln!(
         "legitimate: {} attempts by {} people; bothered (delay, challenge or refusal): {} on a known device, {} on an \
          unknown one ({} by spray detection); refused on a known device: {}; owner of the targeted account refused on \
          their device: {}; stale mail clients bothered: {}",
@@ -479,7 +480,7 @@ pub fn print(report: &SimReport) {
         l.owner_known_refused,
         l.fp_machines
     );
-    crate::stdout::outln!(
+    outln!(
         "spray detection: {} events ({} dropped); at most {} subjects tracked, in {} bytes ({} bytes each)",
         report.events,
         report.events_dropped,
@@ -488,7 +489,7 @@ pub fn print(report: &SimReport) {
         report.tracked_bytes.checked_div(report.tracked).unwrap_or(0)
     );
     for f in &report.memory {
-        crate::stdout::outln!(
+        outln!(
             "  {:<16} {:>8} of {:>8} entries, {:>10} heap bytes, {:>8} evicted",
             f.name,
             f.entries,
@@ -498,9 +499,9 @@ pub fn print(report: &SimReport) {
         );
     }
     let raised: Vec<String> = report.raised.iter().map(|(d, n)| format!("{d} {n}")).collect();
-    crate::stdout::outln!("flags raised: {}", raised.join(", "));
+    outln!("flags raised: {}", raised.join(", "));
     for f in &report.flagged {
-        crate::stdout::outln!("  {f}");
+        outln!("  {f}");
     }
 }
 
@@ -536,7 +537,7 @@ pub fn simulate(args: &SimulateArgs) -> anyhow::Result<()> {
     };
     let report = run(&config, &scenario);
     if args.json {
-        crate::stdout::outln!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print(&report);
     }

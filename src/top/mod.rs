@@ -26,6 +26,7 @@ use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers
 use crate::client::{Client, ClientConfig, ClientError};
 use crate::config::SOCKET_PATH_DEFAULT;
 
+use crate::stdout::{out, outln};
 use model::{rates, Rates, Snapshot};
 use view::{plain_text, Page, View};
 
@@ -122,11 +123,11 @@ fn once(args: &TopArgs, snapshot: Result<Snapshot, ClientError>) -> Result<(), C
             "status": crate::cli::status_json(&snapshot.full),
             "activity": snapshot.activity,
         });
-        crate::stdout::outln!("{value}");
+        outln!("{value}");
     } else {
         let rates = rates(None, &snapshot);
         let view = View { snapshot: Some(&snapshot), rates: Some(&rates), unreachable: None, interval: args.interval };
-        crate::stdout::out!("{}", plain_text(&view, PLAIN_WIDTH));
+        out!("{}", plain_text(&view, PLAIN_WIDTH));
     }
     Ok(())
 }
