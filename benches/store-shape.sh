@@ -20,7 +20,8 @@
 # INCR, SET, GET (of the keys SET wrote), and SET ... PX of an
 # entry-sized value (38 bytes); and the commands a design keeping an
 # account's counters in one hash would send: HINCRBY of one field,
-# HMGET of four, PEXPIRE of the hash. Any error reply fails the script.
+# HMGET of four (the hashes hold only the one HINCRBY wrote), PEXPIRE
+# of the hash. Any error reply fails the script.
 # Needs redis-server, redis-cli, redis-benchmark.
 set -euo pipefail
 
