@@ -106,7 +106,7 @@ pub struct LoginServer {
 }
 
 struct App {
-    limiter: Client,
+    limiter: Arc<Client>,
     hasher: Argon2<'static>,
     /// account -> PHC string.
     users: HashMap<String, String>,
@@ -138,7 +138,7 @@ impl LoginServer {
             debug_assert!(!ok);
         }
         let floor = settings.floor.max(verify_time.mul_f64(FLOOR_OVER_VERIFY));
-        let limiter = Client::new(ClientConfig::new(settings.socket).timeout(settings.daemon_timeout));
+        let limiter = Arc::new(Client::new(ClientConfig::new(settings.socket).timeout(settings.daemon_timeout)));
         let app = App { limiter, hasher, users, dummy_hash, server_key: settings.server_key, floor, verify_time };
         Ok(LoginServer { app: Arc::new(app) })
     }
@@ -230,8 +230,12 @@ async fn login(
         ..Subject::default()
     };
 
-    // 1. Before any expensive work: may this attempt proceed?
-    let answer = app.limiter.check("login", &subject).await;
+    // 1. Before any expensive work: may this attempt proceed? The attempt
+    // is a guard: if this handler is dropped before step 3 (the client hung
+    // up, axum cancels the future), it tells the daemon the attempt was
+    // abandoned, so no place is held for a password nobody learned about.
+    let attempt = app.limiter.begin("login", &subject, None).await;
+    let answer = attempt.answer();
     if !answer.proceeds() {
         // One refusal form whatever the reason; the reason and the rule go
         // to the log only.
@@ -249,7 +253,7 @@ async fn login(
         }
         return refused(answer.verdict().map_or(1000, |v| v.retry_after_ms));
     }
-    match &answer {
+    match answer {
         Answer::Verdict(v) if v.decision == Decision::Delay => {
             tokio::time::sleep(Duration::from_millis(v.delay_ms)).await;
         }
@@ -290,7 +294,7 @@ async fn login(
     };
     let subject = Subject { device: device.as_deref(), ..subject };
     let (outcome, digest) = if password_ok { (Outcome::Success, None) } else { (Outcome::Failure, Some(digest)) };
-    match app.limiter.report_with_password("login", &subject, outcome, digest).await {
+    match attempt.report_as(&subject, outcome, digest, None).await.answer {
         Answer::Verdict(_) => {}
         Answer::Rejected(e) => tracing::warn!(code = ?e.code, message = %e.message, "tollgate rejected the report"),
         // The outcome stands either way; the daemon just did not count it.

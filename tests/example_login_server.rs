@@ -79,13 +79,17 @@ impl Drop for Stack {
 }
 
 async fn start_stack(users: &[(String, String)]) -> Stack {
+    start_stack_hashing(users, cheap_argon2()).await
+}
+
+async fn start_stack_hashing(users: &[(String, String)], argon2: Params) -> Stack {
     let daemon = tokio::task::spawn_blocking(|| TestDaemon::start_with(Some(DAEMON_CONFIG), true)).await.unwrap();
     let mut settings = Settings::new(&daemon.socket);
     // Generous: a loaded test machine must not turn a verdict into a
     // fail-open (the daemon-down test does not wait: connect fails at once).
     settings.daemon_timeout = Duration::from_secs(5);
     settings.floor = FLOOR;
-    settings.argon2 = cheap_argon2();
+    settings.argon2 = argon2;
     settings.users = users.to_vec();
     let server = tokio::task::spawn_blocking(move || LoginServer::new(settings)).await.unwrap().unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -107,6 +111,26 @@ impl Stack {
             headers.push(("X-Forwarded-For", x));
         }
         http(self.addr, "POST", "/login", &headers, &body.to_string()).await
+    }
+
+    /// A login whose client hangs up (a TCP reset) `after` the request
+    /// is sent: the server has checked it and is verifying the password.
+    async fn abort_login(&self, account: &str, password: &str, xff: &str, after: Duration) {
+        let body = serde_json::json!({ "account": account, "password": password }).to_string();
+        let stream = TcpStream::connect(self.addr).await.unwrap();
+        let request = format!(
+            "POST /login HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nX-Forwarded-For: {xff}\r\nContent-Length: {}\r\n\r\n{body}",
+            self.addr,
+            body.len()
+        );
+        let mut stream = stream;
+        stream.write_all(request.as_bytes()).await.unwrap();
+        tokio::time::sleep(after).await;
+        // A zero linger resets the connection at once instead of blocking
+        // the thread on drop, which is what the deprecation warns about.
+        #[allow(deprecated)]
+        stream.set_linger(Some(Duration::ZERO)).unwrap();
+        drop(stream);
     }
 
     async fn advance(&self, by: Duration) {
@@ -551,4 +575,45 @@ fn form_encode(s: &str) -> String {
             _ => format!("%{b:02X}"),
         })
         .collect()
+}
+
+/// An argon2id slow enough to hang up in the middle of: 8 MiB, 48 passes
+/// (about 150 ms a verify here).
+fn slow_argon2() -> Params {
+    Params::new(8 * 1024, 48, 1, None).unwrap()
+}
+
+/// A login whose client hangs up while its password is verified learned
+/// nothing, so it is no guess: the attempt gives back its places (the
+/// example's guard sends `abandon` when axum drops the handler) and counts
+/// no failure. A stranger who aborts 6 logins from each of 10 addresses (as
+/// many places as the per-source threshold and the account ceiling hold)
+/// must not keep the account's owner out, from her own address or another.
+/// The daemon runs on the manual clock, so no place lapses by itself here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logins_aborted_during_the_verify_hold_no_place() {
+    const ABORT_AFTER: Duration = Duration::from_millis(15);
+    let stack = start_stack_hashing(&[(PROBE.to_string(), PROBE_PASSWORD.to_string())], slow_argon2()).await;
+    assert!(
+        stack.verify_time >= ABORT_AFTER * 3,
+        "a verify takes {:?}: too fast to hang up in the middle of",
+        stack.verify_time
+    );
+    let sources: Vec<String> = (1..=10).map(|n| format!("198.51.100.{n}")).collect();
+    for source in &sources {
+        for _ in 0..6 {
+            stack.abort_login(PROBE, "a guess never answered", source, ABORT_AFTER).await;
+        }
+    }
+    // The aborted verifies still run to the end on the blocking pool; wait
+    // for them and for the abandons (nothing here moves the manual clock).
+    tokio::time::sleep(stack.verify_time * 35 + Duration::from_millis(500)).await;
+    let status = stack.admin.status().await.unwrap();
+    let login = status.routes.iter().find(|r| r.name == "login").expect("the login route");
+    let failure_entries: u64 = login.rules.iter().filter(|r| r.kind == "failures").map(|r| r.entries).sum();
+    assert_eq!(failure_entries, 0, "an aborted login counted a failure: {:?}", login.rules);
+    let own = stack.login(PROBE, PROBE_PASSWORD, None, Some(&sources[0])).await;
+    assert_eq!(own.status, 200, "from her own address: {own:?}");
+    let elsewhere = stack.login(PROBE, PROBE_PASSWORD, None, Some("203.0.113.9")).await;
+    assert_eq!(elsewhere.status, 200, "from another address: {elsewhere:?}");
 }

@@ -30,8 +30,8 @@ use tollgate::protocol::{
     AccountCount, Activity, ClassLimit, Decision, DecisionCounts, DetectorStatus, Distribution, ErrorCode, ErrorReply,
     FlaggedSubject, HistogramBucket, LatencyHistogram, Lockout, NamedLimit, Outcome, PersistenceStatus, PrefixCount,
     Reason, RecentLockout, RecentRefusal, Request, Response, RouteActivity, RouteStatus, RuleStatus, SharedStatus,
-    SignalFamilyStatus, SignalsStatus, Status, Subject, Verdict, VerdictCounts, WouldBeRefusal, ACTIVITY_VERSION,
-    PROTOCOL_VERSION,
+    SignalFamilyStatus, SignalsStatus, Status, Subject, Verdict, VerdictCounts, WouldBeRefusal, ABANDON_VERSION,
+    ACTIVITY_VERSION, PROTOCOL_VERSION,
 };
 
 const DOC: &str = "PROTOCOL.md";
@@ -97,6 +97,11 @@ fn v3(name: &'static str, case: Case) -> Case {
 /// A case's message in version 4.
 fn v4(name: &'static str, case: Case) -> Case {
     Case { name, version: 4, ..case }
+}
+
+/// A case's message in version 5.
+fn v5(name: &'static str, case: Case) -> Case {
+    Case { name, version: 5, ..case }
 }
 
 /// The message as a reply of the case's version carries it: versions 1 and
@@ -277,7 +282,34 @@ fn cases() -> Vec<Case> {
         v3("error-activity-needs-v4-v3", response("error-activity-needs-v4-v3", 11, activity_refused_in_v3())),
     ];
     cases.extend(v4_cases);
+    let v5_cases = vec![
+        v5("check-login-v4-v5", again(&cases, "check-login-v4")),
+        v5("abandon-login-v5", request("abandon-login-v5", 13, abandon_login())),
+        Case { degraded: true, ..v5("verdict-deny-degraded-v5", again(&cases, "verdict-deny")) },
+        v4("error-abandon-needs-v5-v4", response("error-abandon-needs-v5-v4", 13, abandon_refused_in_v4())),
+    ];
+    cases.extend(v5_cases);
     cases
+}
+
+/// `abandon-login-v5`: the subject of `check-login-v4`, whose attempt it ends.
+fn abandon_login() -> Request<'static> {
+    Request::Abandon {
+        route: "login",
+        subject: Subject {
+            peer: Some(IpAddr::V4(Ipv4Addr::new(198, 51, 100, 7))),
+            account: Some("alice"),
+            ..Subject::default()
+        },
+    }
+}
+
+/// `error-abandon-needs-v5-v4`: an `abandon` in a version-4 frame.
+fn abandon_refused_in_v4() -> Response<'static> {
+    Response::Error(ErrorReply {
+        code: ErrorCode::Malformed,
+        message: "request `abandon` needs protocol version 5; this frame is version 4".into(),
+    })
 }
 
 /// An account as the version-4 vectors show it: `acct:` and 16 hex digits
@@ -1048,10 +1080,27 @@ fn an_older_frame_of_a_version_4_request_gets_the_error_in_the_file() {
     }
 }
 
+/// `error-abandon-needs-v5-v4` is what the codec says of request 8 in a
+/// version-1 to 4 frame (naming the frame's version); in version 5 it decodes.
+#[test]
+fn an_older_frame_of_an_abandon_gets_the_error_in_the_file() {
+    let Response::Error(in_file) = abandon_refused_in_v4() else { unreachable!() };
+    for version in 1..ABANDON_VERSION {
+        let mut frame = Vec::new();
+        encode_request_with_extras(version, 13, &abandon_login(), &RequestExtras::default(), &mut frame);
+        let failure = decode_request_versioned(&frame[FRAME_HEADER_BYTES..]).expect_err("refused");
+        let expected = in_file.message.replace("is version 4", &format!("is version {version}"));
+        assert_eq!((failure.id, failure.error.to_string()), (Some(13), expected), "version {version}");
+    }
+    let mut frame = Vec::new();
+    encode_request_with_extras(ABANDON_VERSION, 13, &abandon_login(), &RequestExtras::default(), &mut frame);
+    assert_eq!(decode_request_versioned(&frame[FRAME_HEADER_BYTES..]).map(|(_, r, _)| r), Ok(abandon_login()));
+}
+
 /// Every variant of both message enums. `variant` below is exhaustive, so
 /// a new variant does not compile until it is named there; add it here too,
 /// and the test below fails until the vector file has a vector for it.
-const VARIANTS: [&str; 16] = [
+const VARIANTS: [&str; 17] = [
     "Request::Check",
     "Request::Report",
     "Request::Status",
@@ -1068,6 +1117,7 @@ const VARIANTS: [&str; 16] = [
     "Request::Samples",
     "Response::Activity",
     "Response::Samples",
+    "Request::Abandon",
 ];
 
 fn variant(message: &Message) -> &'static str {
@@ -1081,6 +1131,7 @@ fn variant(message: &Message) -> &'static str {
             Request::ClockAdvance { .. } => "Request::ClockAdvance",
             Request::Activity { .. } => "Request::Activity",
             Request::Samples { .. } => "Request::Samples",
+            Request::Abandon { .. } => "Request::Abandon",
         },
         Message::Response(r) => match r {
             Response::Verdict(_) => "Response::Verdict",

@@ -637,3 +637,31 @@ fn a_global_rules_lockout_is_in_the_operators_view() {
         a.recent_lockouts.iter().any(|l| l.route == "login" && l.rule == "source_failures")
     });
 }
+
+/// An abandoned attempt gives back the place its check took in the store,
+/// on every host: five checks on one host hold the (account, address) at
+/// its threshold everywhere, their abandons free it everywhere, and
+/// nothing was counted (the next report's verdict shows all 5 left).
+#[test]
+fn an_abandoned_attempt_gives_back_its_place_in_the_store() {
+    require_redis();
+    let redis = RedisServer::unix();
+    let dir = tempfile::tempdir().unwrap();
+    let daemons = daemons(2, &redis.url(), &shared_secret(dir.path()), "");
+    let carol = subject("198.51.100.8", "carol");
+    for _ in 0..5 {
+        assert_eq!(check(&daemons[0], &carol).decision, Decision::Allow);
+    }
+    let held = check(&daemons[1], &carol);
+    assert_eq!((held.decision, held.rule.as_ref()), (Decision::Deny, "source_failures"), "5 places held");
+    let rt = runtime();
+    for _ in 0..5 {
+        let answered = rt.block_on(daemons[0].client().abandon("login", &carol));
+        assert!(!answered.degraded, "decided in the store: {answered:?}");
+        verdict(answered.answer);
+    }
+    let freed = check(&daemons[1], &carol);
+    assert_eq!(freed.decision, Decision::Allow, "{freed:?}");
+    let reported = verdict(rt.block_on(daemons[1].client().report("login", &carol, Outcome::Success)));
+    assert_eq!(reported.remaining, 5, "no failure was counted: {reported:?}");
+}

@@ -272,7 +272,7 @@ impl Client {
         self.report_answered(route, subject, outcome, password_digest).await.answer
     }
 
-    async fn decide(&self, route: &str, request: &Request<'_>, extras: &RequestExtras) -> Answered {
+    pub(crate) async fn decide(&self, route: &str, request: &Request<'_>, extras: &RequestExtras) -> Answered {
         // Only a check is an attempt: a report of its outcome must not spend
         // a second unit of the static budget.
         let spend = matches!(request, Request::Check { .. });
@@ -471,7 +471,7 @@ impl Client {
 /// daemon reads (`forwarded_tail`). Sent whole, a header the end
 /// user made huge would overflow the frame and get the attempt refused as
 /// malformed.
-fn bounded<'a>(subject: &Subject<'a>) -> Subject<'a> {
+pub(crate) fn bounded<'a>(subject: &Subject<'a>) -> Subject<'a> {
     Subject { forwarded_for: subject.forwarded_for.map(forwarded_tail), ..subject.clone() }
 }
 

@@ -19,8 +19,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use bincode::config::{self, Configuration, Fixint, LittleEndian, NoLimit};
 
 use crate::protocol::{
-    Request, Response, SharedStatus, SignalsStatus, Subject, Verdict, ACTIVITY_VERSION, PROTOCOL_VERSION,
-    PROTOCOL_VERSION_MIN, SIGNALS_VERSION,
+    Request, Response, SharedStatus, SignalsStatus, Subject, Verdict, ABANDON_VERSION, ACTIVITY_VERSION,
+    PROTOCOL_VERSION, PROTOCOL_VERSION_MIN, SIGNALS_VERSION,
 };
 
 /// Bytes of the length prefix.
@@ -187,14 +187,19 @@ fn decode_request_general(
         failure(Some(id), PayloadError::Malformed(why))
     };
     let (request, mut used) = bincode::borrow_decode_from_slice::<Request<'_>, _>(body, WIRE).map_err(malformed)?;
-    if version < ACTIVITY_VERSION && matches!(request, Request::Activity { .. } | Request::Samples { .. }) {
-        // Versions 1 to 3 have six requests; a seventh is as unknown to
-        // them as any other discriminant.
+    // Versions 1 to 3 have six requests and version 4 eight; a later one
+    // is as unknown to them as any other discriminant.
+    let needs = match request {
+        Request::Activity { .. } => Some(("activity", ACTIVITY_VERSION)),
+        Request::Samples { .. } => Some(("samples", ACTIVITY_VERSION)),
+        Request::Abandon { .. } => Some(("abandon", ABANDON_VERSION)),
+        _ => None,
+    };
+    if let Some((name, first)) = needs.filter(|&(_, first)| version < first) {
         return Err(failure(
             Some(id),
             PayloadError::Malformed(format!(
-                "request {} needs protocol version {ACTIVITY_VERSION}; this frame is version {version}",
-                if matches!(request, Request::Activity { .. }) { "`activity`" } else { "`samples`" }
+                "request `{name}` needs protocol version {first}; this frame is version {version}"
             )),
         ));
     }
@@ -333,8 +338,16 @@ fn describe_bad_request(version: u8, body: &[u8]) -> Result<(), String> {
         }
         5 => body.take(8, "field `by_ms`").map(drop),
         6 | 7 if version >= ACTIVITY_VERSION => body.take(4, "field `limit`").map(drop),
+        8 if version >= ABANDON_VERSION => {
+            body.str("route")?;
+            body.subject()
+        }
         other => {
-            let last = if version >= ACTIVITY_VERSION { 7 } else { 5 };
+            let last = match version {
+                v if v >= ABANDON_VERSION => 8,
+                v if v >= ACTIVITY_VERSION => 7,
+                _ => 5,
+            };
             Err(format!("unknown request tag {other} (the known tags are 0 to {last})"))
         }
     }
@@ -834,7 +847,7 @@ mod tests {
         let v4 = [&[1u8][..], &0u32.to_le_bytes(), &[198, 51, 100, 7]].concat();
         let cases: Vec<(Vec<u8>, &str)> = vec![
             (vec![], "message ends inside the request tag: 4 bytes needed, 0 left"),
-            (42u32.to_le_bytes().to_vec(), "unknown request tag 42 (the known tags are 0 to 7)"),
+            (42u32.to_le_bytes().to_vec(), "unknown request tag 42 (the known tags are 0 to 8)"),
             (body(&[&6u32.to_le_bytes(), &[1, 0]]), "message ends inside field `limit`: 4 bytes needed, 2 left"),
             (
                 body(&[&0u32.to_le_bytes(), &2u64.to_le_bytes(), &[0xff, 0xfe]]),

@@ -20,11 +20,13 @@
 //! ```
 #![forbid(unsafe_code)]
 
+mod attempt;
 mod client;
 pub mod codec;
 pub mod gcra;
 pub mod protocol;
 
+pub use attempt::Attempt;
 pub use client::{
     password_digest, password_tag, Answer, Answered, Client, ClientConfig, ClientError, FullStatus,
     CALL_TIMEOUT_DEFAULT, PASSWORD_TAG_PERSONAL, POOL_CONNECTIONS_MAX,

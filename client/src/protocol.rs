@@ -13,7 +13,7 @@ use bincode::{BorrowDecode, Decode, Encode};
 /// Version byte at the start of every payload; a frame with a version
 /// outside `PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION` gets an
 /// `unsupported_version` error and the connection survives.
-pub const PROTOCOL_VERSION: u8 = 4;
+pub const PROTOCOL_VERSION: u8 = 5;
 /// The oldest version the daemon still answers, in that version's bytes:
 /// auth servers linking an older client keep working across an upgrade.
 pub const PROTOCOL_VERSION_MIN: u8 = 1;
@@ -27,6 +27,11 @@ const _: () = assert!(PROTOCOL_VERSION_MIN < SIGNALS_VERSION && SIGNALS_VERSION 
 pub const ACTIVITY_VERSION: u8 = 4;
 
 const _: () = assert!(SIGNALS_VERSION < ACTIVITY_VERSION && ACTIVITY_VERSION <= PROTOCOL_VERSION);
+/// The first version with `Abandon`: an attempt that ends without an
+/// outcome gives back the places its check took.
+pub const ABANDON_VERSION: u8 = 5;
+
+const _: () = assert!(ACTIVITY_VERSION < ABANDON_VERSION && ABANDON_VERSION <= PROTOCOL_VERSION);
 
 /// Who is attempting what. The daemon derives every key from these fields.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Encode, BorrowDecode)]
@@ -94,6 +99,15 @@ pub enum Request<'a> {
     /// `limit` of them, newest first.
     Samples {
         limit: u32,
+    },
+    /// The attempt a check admitted ended without an outcome (version 5):
+    /// its handler was cancelled, the end user hung up, a deadline passed.
+    /// Gives back the place the check took on each failure rule and counts
+    /// nothing: an attempt whose result never reached its sender taught
+    /// nobody anything, so it is not a guess. Same subject as the check.
+    Abandon {
+        route: &'a str,
+        subject: Subject<'a>,
     },
 }
 

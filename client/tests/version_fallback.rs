@@ -1,6 +1,6 @@
 //! The client against fake daemons: ones that speak up to version 1 (as a
 //! daemon from before version 2 does), up to 2 (before version 3), up to 3
-//! (before version 4), and 4.
+//! (before version 4), up to 4 (before version 5), and 5.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -26,6 +26,9 @@ struct Seen {
     v2: AtomicUsize,
     v3: AtomicUsize,
     v4: AtomicUsize,
+    v5: AtomicUsize,
+    /// `Abandon` requests answered.
+    abandons: AtomicUsize,
     tags: std::sync::Mutex<Vec<Option<[u8; 16]>>>,
 }
 
@@ -79,7 +82,8 @@ fn reply(newest: u8, payload: &[u8], seen: &Seen) -> Vec<u8> {
         1 => seen.v1.fetch_add(1, Ordering::SeqCst),
         2 => seen.v2.fetch_add(1, Ordering::SeqCst),
         3 => seen.v3.fetch_add(1, Ordering::SeqCst),
-        _ => seen.v4.fetch_add(1, Ordering::SeqCst),
+        4 => seen.v4.fetch_add(1, Ordering::SeqCst),
+        _ => seen.v5.fetch_add(1, Ordering::SeqCst),
     };
     if version > newest {
         let refusal = Response::error(
@@ -103,6 +107,14 @@ fn reply(newest: u8, payload: &[u8], seen: &Seen) -> Vec<u8> {
         Request::Status => Response::Status(Box::new(status())),
         Request::Activity { .. } => Response::Activity(Box::new(Activity { now_ms: 9, ..Activity::default() })),
         Request::Samples { .. } => Response::Samples { samples: vec![], seen: 3, since_ms: 7 },
+        Request::Abandon { .. } => {
+            seen.abandons.fetch_add(1, Ordering::SeqCst);
+            Response::Verdict(allow())
+        }
+        // bob is refused, as a locked-out account is.
+        Request::Check { subject, .. } if subject.account == Some("bob") => {
+            Response::Verdict(Verdict { decision: Decision::Deny, reason: Reason::TooManyFailures, ..allow() })
+        }
         _ => {
             seen.tags.lock().unwrap().push(extras.password_tag);
             // Spray detection's monitor-mode reason for mallory, which
@@ -163,11 +175,11 @@ fn alice() -> Subject<'static> {
     Subject { peer: Some("198.51.100.7".parse().unwrap()), account: Some("alice"), ..Subject::default() }
 }
 
-/// Frames seen in versions 1, 2, 3 and 4.
-fn counts(fake: &Fake) -> (usize, usize, usize, usize) {
+/// Frames seen in versions 1, 2, 3, 4 and 5.
+fn counts(fake: &Fake) -> (usize, usize, usize, usize, usize) {
     let seen = &fake.seen;
     let load = |n: &AtomicUsize| n.load(Ordering::SeqCst);
-    (load(&seen.v1), load(&seen.v2), load(&seen.v3), load(&seen.v4))
+    (load(&seen.v1), load(&seen.v2), load(&seen.v3), load(&seen.v4), load(&seen.v5))
 }
 
 fn tags(fake: &Fake) -> Vec<Option<[u8; 16]>> {
@@ -175,33 +187,33 @@ fn tags(fake: &Fake) -> Vec<Option<[u8; 16]>> {
 }
 
 #[tokio::test]
-async fn an_old_daemon_is_asked_again_in_versions_3_and_2_then_1_once_per_connection() {
+async fn an_old_daemon_is_asked_again_in_versions_4_3_and_2_then_1_once_per_connection() {
     let fake = fake(1);
     let client = Client::new(client(&fake));
     let answered = client.check_tagged("login", &alice(), Some(password_tag(&[1; 32], "hunter2"))).await;
     assert!(matches!(&answered.answer, Answer::Verdict(v) if *v == allow()), "{answered:?}");
     assert!(!answered.degraded, "a version-1 reply has no flag");
-    assert_eq!(counts(&fake), (1, 1, 1, 1), "refused in versions 4, 3 and 2, then version 1");
+    assert_eq!(counts(&fake), (1, 1, 1, 1, 1), "refused in versions 5, 4, 3 and 2, then version 1");
     assert_eq!(tags(&fake), [None], "version 1 has no room for the tag");
     // The pooled connection remembers: no second refusal.
     let report = client.report("login", &alice(), Outcome::Failure).await;
     assert!(matches!(report, Answer::Verdict(_)), "{report:?}");
     let (status, shared) = client.status_with_shared().await.unwrap();
     assert_eq!((status, shared), (self::status(), None));
-    assert_eq!(counts(&fake), (3, 1, 1, 1));
+    assert_eq!(counts(&fake), (3, 1, 1, 1, 1));
 }
 
 #[tokio::test]
-async fn a_version_2_daemon_is_asked_again_in_versions_3_and_2_and_never_sees_the_tag() {
+async fn a_version_2_daemon_is_asked_again_in_versions_4_3_and_2_and_never_sees_the_tag() {
     let fake = fake(2);
     let client = Client::new(client(&fake));
     let tag = Some(password_tag(&[1; 32], "hunter2"));
     let answered = client.report_tagged("login", &alice(), Outcome::Failure, None, tag).await;
     assert!(answered.degraded && answered.answer.proceeds(), "{answered:?}");
-    assert_eq!(counts(&fake), (0, 1, 1, 1), "refused in versions 4 and 3, then version 2");
+    assert_eq!(counts(&fake), (0, 1, 1, 1, 1), "refused in versions 5, 4 and 3, then version 2");
     let full = client.status_full().await.unwrap();
     assert_eq!(full, FullStatus { status: status(), shared: Some(shared()), signals: None });
-    assert_eq!(counts(&fake), (0, 2, 1, 1));
+    assert_eq!(counts(&fake), (0, 2, 1, 1, 1));
     assert_eq!(tags(&fake), [None]);
 }
 
@@ -210,7 +222,7 @@ async fn version_1_can_be_forced() {
     let fake = fake(1);
     let client = Client::new(client(&fake).protocol_version(1));
     assert!(client.check("login", &alice()).await.proceeds());
-    assert_eq!(counts(&fake), (1, 0, 0, 0));
+    assert_eq!(counts(&fake), (1, 0, 0, 0, 0));
 }
 
 #[tokio::test]
@@ -223,7 +235,7 @@ async fn a_version_2_daemon_shows_the_flag_and_the_shared_status() {
     assert!(answered.degraded, "{answered:?}");
     assert_eq!(client.status_with_shared().await.unwrap(), (status(), Some(shared())));
     assert_eq!(client.status().await.unwrap(), status());
-    assert_eq!(counts(&fake), (0, 4, 0, 0));
+    assert_eq!(counts(&fake), (0, 4, 0, 0, 0));
 }
 
 #[tokio::test]
@@ -239,8 +251,9 @@ async fn a_version_3_daemon_gets_the_tag_and_shows_the_signals() {
     assert_eq!(tags(&fake), [Some(tag), Some(tag), None]);
     let full = client.status_full().await.unwrap();
     assert_eq!(full, FullStatus { status: status(), shared: Some(shared()), signals: Some(signals()) });
-    // One version-4 frame refused, then version 3 on the pooled connection.
-    assert_eq!(counts(&fake), (0, 0, 4, 1));
+    // One version-5 and one version-4 frame refused, then version 3 on the
+    // pooled connection.
+    assert_eq!(counts(&fake), (0, 0, 4, 1, 1));
 }
 
 /// A version-3 daemon has no `Activity` or `Samples`: after stepping down,
@@ -255,13 +268,13 @@ async fn activity_and_samples_need_a_version_4_daemon() {
     let e = asking_old.samples(10).await.unwrap_err().to_string();
     assert!(e.contains("this needs version 4"), "{e}");
     assert!(asking_old.check("login", &alice()).await.proceeds());
-    assert_eq!(counts(&old), (0, 0, 3, 1), "one refused version-4 frame, then version 3");
+    assert_eq!(counts(&old), (0, 0, 3, 1, 1), "one refused version-5 and version-4 frame, then version 3");
 
     let new = fake(4);
     let asking_new = Client::new(client(&new));
     assert_eq!(asking_new.activity(10).await.unwrap(), Activity { now_ms: 9, ..Activity::default() });
     assert_eq!(asking_new.samples(10).await.unwrap(), (vec![], 3, 7));
-    assert_eq!(counts(&new), (0, 0, 0, 2));
+    assert_eq!(counts(&new), (0, 0, 0, 2, 1), "one refused version-5 frame, then version 4");
 }
 
 /// A monitored spray signal reaches an older client as the nearest reason
@@ -279,7 +292,103 @@ async fn a_version_2_client_reads_a_new_reason_as_the_nearest_old_one() {
 }
 
 #[test]
-#[should_panic(expected = "protocol version 5 is not one this client speaks")]
+#[should_panic(expected = "protocol version 6 is not one this client speaks")]
 fn an_unknown_version_cannot_be_configured() {
-    let _ = ClientConfig::new("/nowhere").protocol_version(5);
+    let _ = ClientConfig::new("/nowhere").protocol_version(6);
+}
+
+fn abandons(fake: &Fake) -> usize {
+    fake.seen.abandons.load(Ordering::SeqCst)
+}
+
+/// Waits (a bounded while) for the abandons a dropped guard sends on a task.
+async fn wait_for_abandons(fake: &Fake, expected: usize) {
+    for _ in 0..200 {
+        if abandons(fake) >= expected {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // And a little longer, so that one too many would show.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(abandons(fake), expected);
+}
+
+/// The attempt guard: an admitted attempt dropped without its report (a
+/// cancelled future, a panic) sends one `abandon`; a reported one, a
+/// refused one and one explicitly abandoned send no more than they should.
+#[tokio::test]
+async fn an_admitted_attempt_dropped_without_its_report_is_abandoned() {
+    let fake = fake(5);
+    let client = Arc::new(Client::new(client(&fake)));
+
+    let attempt = client.begin("login", &alice(), None).await;
+    assert!(attempt.proceeds());
+    drop(attempt);
+    wait_for_abandons(&fake, 1).await;
+
+    let attempt = client.begin("login", &alice(), None).await;
+    let answered = attempt.report(Outcome::Failure, None, None).await;
+    assert!(answered.answer.proceeds());
+    wait_for_abandons(&fake, 1).await;
+
+    let bob = Subject { account: Some("bob"), ..alice() };
+    let refused = client.begin("login", &bob, None).await;
+    assert!(!refused.proceeds());
+    drop(refused);
+    wait_for_abandons(&fake, 1).await;
+
+    let attempt = client.begin("login", &alice(), None).await;
+    assert!(attempt.abandon().await.is_some_and(|a| a.answer.proceeds()));
+    wait_for_abandons(&fake, 2).await;
+
+    // A handler cancelled in the middle of its verify (its future dropped).
+    let handler = {
+        let client = client.clone();
+        async move {
+            let _attempt = client.begin("login", &alice(), None).await;
+            std::future::pending::<()>().await;
+        }
+    };
+    assert!(tokio::time::timeout(Duration::from_millis(50), handler).await.is_err());
+    wait_for_abandons(&fake, 3).await;
+
+    // A handler that panics.
+    let panicking = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let _attempt = client.begin("login", &alice(), None).await;
+            panic!("the handler's own bug");
+        })
+    };
+    assert!(panicking.await.is_err());
+    wait_for_abandons(&fake, 4).await;
+}
+
+/// A check whose reply never came is never abandoned: the daemon may not
+/// have seen it, and an abandon would free another attempt's place.
+#[tokio::test]
+async fn an_unanswered_check_is_not_abandoned() {
+    let client = Arc::new(Client::new(ClientConfig::new("/nonexistent/tollgate.sock")));
+    let attempt = client.begin("login", &alice(), None).await;
+    assert!(attempt.proceeds(), "login fails open");
+    assert!(matches!(attempt.answer(), Answer::Unavailable { .. }));
+    assert!(attempt.abandon().await.is_none(), "nothing held, nothing sent");
+}
+
+/// A version-4 daemon has no `Abandon`: the client steps down and the
+/// daemon refuses it as malformed (its places lapse on their own).
+#[tokio::test]
+async fn a_version_4_daemon_cannot_be_told_of_an_abandon() {
+    let fake = fake(4);
+    let client = Arc::new(Client::new(client(&fake)));
+    let answered = client.abandon("login", &alice()).await;
+    match answered.answer {
+        Answer::Rejected(e) => {
+            assert_eq!(e.code, ErrorCode::Malformed);
+            assert!(e.message.contains("needs protocol version 5"), "{}", e.message);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(abandons(&fake), 0);
 }

@@ -296,7 +296,8 @@ impl Daemon {
                 return Started::Ready(self.checked(limiter, route, &subject, &attempt, verdict, now));
             }
             Job::Report { route, subject, outcome, password_digest, password_tag } => {
-                let attempt = Attempt::report(outcome, password_digest, password_tag);
+                // An abandoned attempt (no outcome) has nothing to log.
+                let attempt = outcome.map(|outcome| Attempt::report(outcome, password_digest, password_tag));
                 let reported = match &self.shared {
                     Some(store) if limiter.is_shared() => {
                         let started = self.start_report_shared(
@@ -317,17 +318,20 @@ impl Daemon {
                             Err(e) => Err(e),
                         }
                     }
-                    _ => limiter
-                        .report_tagged(route, &subject, outcome, password_digest, password_tag, now)
-                        .map(|(v, d)| (v, d, false)),
+                    _ => match outcome {
+                        Some(outcome) => limiter
+                            .report_tagged(route, &subject, outcome, password_digest, password_tag, now)
+                            .map(|(v, d)| (v, d, false)),
+                        None => limiter.abandon(route, &subject, now).map(|v| (v, Vec::new(), false)),
+                    },
                 };
-                return Started::Ready(self.reported(limiter, route, &subject, &attempt, reported, now));
+                return Started::Ready(self.reported(limiter, route, &subject, attempt.as_ref(), reported, now));
             }
             Job::Other(request) => request,
         };
         Started::Ready(match request {
-            Request::Check { .. } | Request::Report { .. } => {
-                unreachable!("Job::new makes every check and report a job of its own")
+            Request::Check { .. } | Request::Report { .. } | Request::Abandon { .. } => {
+                unreachable!("Job::new makes every check, report and abandon a job of its own")
             }
             Request::Status => (Response::Status(Box::new(self.status(limiter))), Vec::new(), false),
             // `serve_connection` answers these three itself (`make_listing_reply`:
@@ -371,7 +375,7 @@ impl Daemon {
             }
             Started::Report { route, subject, attempt, ticket, report } => {
                 let reported = self.finish_report_shared(limiter, ticket, report, now).await;
-                self.reported(limiter, route, &subject, &attempt, Ok(reported), now)
+                self.reported(limiter, route, &subject, attempt.as_ref(), Ok(reported), now)
             }
             Started::Unlock(request) => self.unlock(limiter, request, peer, now).await,
         }
@@ -416,18 +420,21 @@ impl Daemon {
         }
     }
 
+    /// A report's answer, counted and logged; `attempt` is None for an
+    /// abandoned attempt, which gave back its places and counts nowhere.
     #[allow(clippy::too_many_arguments)] // a report's request and its answer
     fn reported<'l>(
         &self,
         limiter: &'l Limiter,
         route: &str,
         subject: &Subject<'_>,
-        attempt: &Attempt,
+        attempt: Option<&Attempt>,
         reported: Result<Reported<'l>, RequestError>,
         now: u64,
     ) -> Answer<'l> {
         match reported {
             Ok((verdict, durable, degraded)) => {
+                let Some(attempt) = attempt else { return (Response::Verdict(verdict), durable, degraded) };
                 let outcome = attempt.outcome.expect("a report's attempt has its outcome");
                 limiter.count_report(route, &verdict, outcome);
                 let link = &self.activity.link;
@@ -509,11 +516,12 @@ pub(crate) enum Started<'b, 'l> {
         ticket: Ticket<'b>,
         check: PendingCheck<'l>,
     },
-    /// A report whose global rules' op is queued to the store.
+    /// A report (or an abandoned attempt: no `attempt`) whose global
+    /// rules' op is queued to the store.
     Report {
         route: &'b str,
         subject: Subject<'b>,
-        attempt: Attempt,
+        attempt: Option<Attempt>,
         ticket: Ticket<'b>,
         report: PendingReport<'l>,
     },
@@ -536,11 +544,11 @@ pub(crate) enum Job<'b, 'l> {
         plan: Result<CheckPlan<'l>, RequestError>,
     },
     /// A report, with its password tag (version 3), which `Request` has no
-    /// room for.
+    /// room for; an outcome of None is an abandoned attempt (version 5).
     Report {
         route: &'b str,
         subject: Subject<'b>,
-        outcome: Outcome,
+        outcome: Option<Outcome>,
         password_digest: Option<[u8; 16]>,
         password_tag: Option<[u8; 16]>,
     },
@@ -563,6 +571,7 @@ impl<'b, 'l> Job<'b, 'l> {
         let RequestExtras { password_tag } = extras;
         match request {
             Request::Check { .. } | Request::Report { .. } if !permissions.attempts => Job::Denied("check or report"),
+            Request::Abandon { .. } if !permissions.attempts => Job::Denied("abandon"),
             Request::Unlock { .. } if !permissions.admin => Job::Denied("unlock"),
             Request::ClockAdvance { .. } if !permissions.admin => Job::Denied("clock advance"),
             Request::Check { route, subject } => {
@@ -570,7 +579,10 @@ impl<'b, 'l> Job<'b, 'l> {
                 Job::Check { route, subject, plan }
             }
             Request::Report { route, subject, outcome, password_digest } => {
-                Job::Report { route, subject, outcome, password_digest, password_tag }
+                Job::Report { route, subject, outcome: Some(outcome), password_digest, password_tag }
+            }
+            Request::Abandon { route, subject } => {
+                Job::Report { route, subject, outcome: None, password_digest: None, password_tag: None }
             }
             other => Job::Other(other),
         }

@@ -119,7 +119,7 @@ impl Daemon {
         limiter: &'l Limiter,
         route: &str,
         subject: &Subject<'_>,
-        outcome: Outcome,
+        outcome: Option<Outcome>,
         password_digest: Option<[u8; 16]>,
         password_tag: Option<[u8; 16]>,
         now: u64,

@@ -409,12 +409,13 @@ impl Limiter {
 
     /// A report's first half: this host's rules are counted; a global
     /// failure rule settles a place its check took on this host (a check
-    /// admitted while degraded); the op carries the rest.
+    /// admitted while degraded); the op carries the rest. An `outcome` of
+    /// None is an abandoned attempt: places settled, nothing counted.
     pub fn begin_report<'a>(
         &'a self,
         route: &str,
         subject: &Subject<'_>,
-        outcome: Outcome,
+        outcome: Option<Outcome>,
         password_digest: Option<[u8; 16]>,
         password_tag: Option<[u8; 16]>,
         now_us: u64,
@@ -448,15 +449,15 @@ impl Limiter {
                         window_us: spec.window_us,
                         threshold: spec.threshold,
                         release: !settled_here,
-                        count: outcome == Outcome::Failure && !prepared.repeated,
-                        clear: outcome == Outcome::Success && *cleared_by_success,
+                        count: outcome == Some(Outcome::Failure) && !prepared.repeated,
+                        clear: outcome == Some(Outcome::Success) && *cleared_by_success,
                         scope,
                     });
                 }
                 _ => rules.push(ReportRule::Rate { key: name, scope }),
             }
         }
-        if let (Some(device), Some(known), Outcome::Success) = (prepared.device, &route.known_devices, outcome) {
+        if let (Some(device), Some(known), Some(Outcome::Success)) = (prepared.device, &route.known_devices, outcome) {
             rules.push(ReportRule::Remember {
                 key: self.device_key(route, device),
                 count_key: store_name(self.prefix(), device.account_tag, "dn", &route.name, None),

@@ -83,7 +83,8 @@ struct PreparedReport<'l> {
     route: &'l Route,
     rule_keys: RuleKeys,
     class: Option<SourceClass>,
-    outcome: Outcome,
+    /// None: the attempt was abandoned (it settles its places, counts nothing).
+    outcome: Option<Outcome>,
     repeated: bool,
     /// As in `CheckPlan`.
     device: Option<Key>,
@@ -430,11 +431,24 @@ impl Limiter {
         password_tag: Option<[u8; 16]>,
         now_us: u64,
     ) -> Result<(Verdict<'a>, Vec<Durable>), RequestError> {
-        let prepared = self.prepare_report(route, subject, outcome, password_digest, password_tag, now_us)?;
+        let prepared = self.prepare_report(route, subject, Some(outcome), password_digest, password_tag, now_us)?;
         let mut answers = Answers::new();
         let mut durable = Vec::new();
         self.report_rules(&prepared, Rules::All, true, now_us, &mut answers, &mut durable);
         Ok((combine(&answers), durable))
+    }
+
+    /// `abandon`: the attempt a check admitted ended without an outcome.
+    /// Each failure rule gives back the newest place held on its key, as a
+    /// report would, and nothing is counted, remembered or sent to spray
+    /// detection. Returns the verdict a check would now give.
+    pub fn abandon<'a>(&'a self, route: &str, subject: &Subject<'_>, now_us: u64) -> Result<Verdict<'a>, RequestError> {
+        let prepared = self.prepare_report(route, subject, None, None, None, now_us)?;
+        let mut answers = Answers::new();
+        let mut durable = Vec::new();
+        self.report_rules(&prepared, Rules::All, true, now_us, &mut answers, &mut durable);
+        debug_assert!(durable.is_empty(), "an abandoned attempt locks nothing");
+        Ok(combine(&answers))
     }
 
     /// A report's first half, the same for every rule: its keys, whether
@@ -443,7 +457,7 @@ impl Limiter {
         &'a self,
         route: &str,
         subject: &Subject<'_>,
-        outcome: Outcome,
+        outcome: Option<Outcome>,
         password_digest: Option<[u8; 16]>,
         password_tag: Option<[u8; 16]>,
         now_us: u64,
@@ -459,7 +473,7 @@ impl Limiter {
         let rule_keys = keys.rule_keys(&route.rules, known, device.is_some())?;
         let password64 = password_tag.map(|tag| self.keys.password_tag(&tag));
         let repeated = match (outcome, password_digest, &route.recent_passwords) {
-            (Outcome::Failure, Some(digest), Some(recent))
+            (Some(Outcome::Failure), Some(digest), Some(recent))
                 if keys.has(Component::Prefix) && keys.has(Component::Account) =>
             {
                 let key = keys.key(&[Component::Account, Component::Prefix])?;
@@ -467,7 +481,7 @@ impl Limiter {
             }
             _ => false,
         };
-        if outcome == Outcome::Success {
+        if outcome == Some(Outcome::Success) {
             if let (Some(known_devices), true) =
                 (&route.known_devices, keys.has(Component::Device) && keys.has(Component::Account))
             {
@@ -477,7 +491,10 @@ impl Limiter {
         }
         let mut hits = Hits::default();
         if let (true, Some(link)) = (route.feeds_signals, &self.signals) {
-            if let Some(event) = keys.signal_event(route, outcome, repeated, known, password64, self.success_sample) {
+            let event = outcome.and_then(|outcome| {
+                keys.signal_event(route, outcome, repeated, known, password64, self.success_sample)
+            });
+            if let Some(event) = event {
                 link.send(event);
             }
             hits = keys.hits(route);
@@ -515,7 +532,7 @@ impl Limiter {
                         table.settle(key, now_us);
                     }
                     match outcome {
-                        Outcome::Failure if !repeated => match table.record_failure(key, now_us) {
+                        Some(Outcome::Failure) if !repeated => match table.record_failure(key, now_us) {
                             Ok(recorded) if recorded.now_locked && !recorded.was_locked => {
                                 // Written while the shard is locked, so it is
                                 // queued before any later change of this key.
@@ -529,7 +546,7 @@ impl Limiter {
                                 table.count_overflow(key, now_us);
                             }
                         },
-                        Outcome::Success if *cleared_by_success => {
+                        Some(Outcome::Success) if *cleared_by_success => {
                             table.clear(key);
                         }
                         _ => {}

@@ -1,0 +1,183 @@
+//! `Attempt`: a login attempt from its check to its outcome, which gives
+//! its places back when it ends without one.
+//!
+//! An admitted check holds a place on each failure rule until its report,
+//! so that parallel guesses cannot all pass before the first failure is
+//! counted. A handler that never reports (the end user hung up and the web
+//! framework dropped the future, a deadline passed, a panic) would leave
+//! its place held until `attempt_timeout_ms`, and a stranger who aborts
+//! logins on purpose could keep a real user out with places nobody tried a
+//! password for. The guard closes that: dropped without `report`, it tells
+//! the daemon the attempt was abandoned, in the background.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use crate::client::{Answer, Answered, Client};
+use crate::protocol::{Decision, Outcome, Request, Subject};
+
+/// An owned copy of a `Subject`, so that a dropped guard can still name
+/// the attempt it abandons after the request that lent the fields is gone.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct OwnedSubject {
+    peer: Option<IpAddr>,
+    forwarded_for: Option<String>,
+    account: Option<String>,
+    device: Option<String>,
+    tenant: Option<String>,
+    client_id: Option<String>,
+}
+
+impl OwnedSubject {
+    fn of(subject: &Subject<'_>) -> OwnedSubject {
+        OwnedSubject {
+            peer: subject.peer,
+            forwarded_for: subject.forwarded_for.map(str::to_owned),
+            account: subject.account.map(str::to_owned),
+            device: subject.device.map(str::to_owned),
+            tenant: subject.tenant.map(str::to_owned),
+            client_id: subject.client_id.map(str::to_owned),
+        }
+    }
+
+    fn as_subject(&self) -> Subject<'_> {
+        Subject {
+            peer: self.peer,
+            forwarded_for: self.forwarded_for.as_deref(),
+            account: self.account.as_deref(),
+            device: self.device.as_deref(),
+            tenant: self.tenant.as_deref(),
+            client_id: self.client_id.as_deref(),
+        }
+    }
+}
+
+/// A checked attempt, until its outcome is reported ([`Attempt::report`])
+/// or it is given up ([`Attempt::abandon`]). Dropped without either while
+/// the check had admitted it, it sends `abandon` on a tokio task, so a
+/// cancelled future or a panic still gives its places back (without a
+/// runtime to spawn on, the places lapse after `attempt_timeout_ms`).
+///
+/// Only an attempt the daemon admitted (`Decision::Allow`) holds places:
+/// a refused, delayed or unanswered check sends nothing when dropped. In
+/// particular a check that timed out is never abandoned: the daemon may
+/// not have seen it, and an abandon would then free another attempt's place.
+#[must_use = "report the attempt's outcome, or it is abandoned when dropped"]
+pub struct Attempt {
+    client: Arc<Client>,
+    route: String,
+    subject: OwnedSubject,
+    answered: Answered,
+    /// The daemon admitted the check and no outcome was sent yet.
+    holds_places: bool,
+}
+
+impl Client {
+    /// Checks an attempt and returns it as a guard: report its outcome
+    /// with [`Attempt::report`]; if it is dropped first, it is abandoned.
+    pub async fn begin(
+        self: &Arc<Self>,
+        route: &str,
+        subject: &Subject<'_>,
+        password_tag: Option<[u8; 16]>,
+    ) -> Attempt {
+        let answered = self.check_tagged(route, subject, password_tag).await;
+        let holds_places = matches!(&answered.answer, Answer::Verdict(v) if v.decision == Decision::Allow);
+        Attempt {
+            client: Arc::clone(self),
+            route: route.to_owned(),
+            subject: OwnedSubject::of(subject),
+            answered,
+            holds_places,
+        }
+    }
+
+    /// The attempt a check admitted ended without an outcome: its places
+    /// are given back and nothing is counted. Prefer [`Client::begin`],
+    /// whose guard sends this by itself. A daemon older than protocol
+    /// version 5 answers it with a `malformed` error, and the places lapse.
+    pub async fn abandon(&self, route: &str, subject: &Subject<'_>) -> Answered {
+        let request = Request::Abandon { route, subject: crate::client::bounded(subject) };
+        self.decide(route, &request, &Default::default()).await
+    }
+}
+
+impl Attempt {
+    /// The check's answer.
+    pub fn answered(&self) -> &Answered {
+        &self.answered
+    }
+
+    pub fn answer(&self) -> &Answer {
+        &self.answered.answer
+    }
+
+    /// Whether the attempt may go ahead (see [`Answer::proceeds`]).
+    pub fn proceeds(&self) -> bool {
+        self.answered.answer.proceeds()
+    }
+
+    /// Reports the verified outcome; the guard is spent. If this future is
+    /// itself cancelled, nothing more is sent: the daemon may already have
+    /// the report, and counting it twice or freeing a place that another
+    /// attempt holds would both be wrong, so the place lapses instead.
+    pub async fn report(
+        mut self,
+        outcome: Outcome,
+        password_digest: Option<[u8; 16]>,
+        password_tag: Option<[u8; 16]>,
+    ) -> Answered {
+        self.holds_places = false;
+        let subject = self.subject.as_subject();
+        self.client.report_tagged(&self.route, &subject, outcome, password_digest, password_tag).await
+    }
+
+    /// `report` with the subject as it stands after the verify, such as
+    /// the device id issued at a successful sign-in (so the daemon knows
+    /// the device next time). The route is the check's.
+    pub async fn report_as(
+        mut self,
+        subject: &Subject<'_>,
+        outcome: Outcome,
+        password_digest: Option<[u8; 16]>,
+        password_tag: Option<[u8; 16]>,
+    ) -> Answered {
+        self.holds_places = false;
+        self.client.report_tagged(&self.route, subject, outcome, password_digest, password_tag).await
+    }
+
+    /// Gives the attempt up now, waiting for the daemon's answer (dropping
+    /// the guard does the same in the background). Returns None when the
+    /// attempt held no place, so there was nothing to send.
+    pub async fn abandon(mut self) -> Option<Answered> {
+        if !std::mem::take(&mut self.holds_places) {
+            return None;
+        }
+        Some(self.client.abandon(&self.route, &self.subject.as_subject()).await)
+    }
+}
+
+impl Drop for Attempt {
+    fn drop(&mut self) {
+        if !self.holds_places {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let client = Arc::clone(&self.client);
+        let route = std::mem::take(&mut self.route);
+        let subject = std::mem::take(&mut self.subject);
+        runtime.spawn(async move {
+            client.abandon(&route, &subject.as_subject()).await;
+        });
+    }
+}
+
+impl std::fmt::Debug for Attempt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Attempt")
+            .field("route", &self.route)
+            .field("answered", &self.answered)
+            .field("holds_places", &self.holds_places)
+            .finish_non_exhaustive()
+    }
+}
