@@ -293,11 +293,13 @@ fn plan_frame<'b, 'l>(
             let job = Job::new(limiter, request, extras, peer.permissions, now);
             Planned { id, version, step: Step::Job(job), frame_bytes }
         }
-        // A frame that did not decode is answered in version 1, which
-        // every client reads (PROTOCOL.md §8).
+        // A frame that did not decode is answered in its own version when
+        // the daemon speaks it and could read its id; otherwise (no id, a
+        // version it does not speak) in version 1, which every client reads
+        // (PROTOCOL.md §8).
         Err(failure) => Planned {
             id: failure.id.unwrap_or(0),
-            version: PROTOCOL_VERSION_MIN,
+            version: if failure.id.is_some() { version } else { PROTOCOL_VERSION_MIN },
             step: Step::Error(payload_error(&failure.error)),
             frame_bytes,
         },

@@ -285,6 +285,86 @@ fn bad_frames_get_error_replies_and_the_connection_survives() {
     assert_eq!(daemon.cli_json(&["status"])["verdicts"]["errors"], 4);
 }
 
+/// An error reply to a frame the daemon could read the version and id of
+/// is written in that version, so a strict client of versions 2 to 5 reads
+/// it; a frame of a version the daemon does not speak, or too short to
+/// hold an id, is answered in version 1. The bytes of the vectors file's
+/// `error-activity-needs-v4-v3` come back from a real daemon.
+#[test]
+fn error_replies_carry_the_version_of_the_request() {
+    let daemon = TestDaemon::start();
+    let mut stream = std::os::unix::net::UnixStream::connect(&daemon.socket).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let read_raw = |stream: &mut std::os::unix::net::UnixStream| {
+        let mut header = [0u8; 4];
+        stream.read_exact(&mut header).unwrap();
+        let mut payload = vec![0u8; u32::from_le_bytes(header) as usize];
+        stream.read_exact(&mut payload).unwrap();
+        payload
+    };
+    let activity = Request::Activity { limit: 10 };
+    let abandon = Request::Abandon { route: "login", subject: subject("198.51.100.7", "alice") };
+    let check = Request::Check { route: "login", subject: subject("198.51.100.7", "alice") };
+    let mut frames: Vec<(Vec<u8>, u8)> = Vec::new();
+    for version in 1..=3 {
+        let mut f = Vec::new();
+        codec::encode_request_versioned(version, 11, &activity, &mut f);
+        frames.push((f, version));
+    }
+    for version in 1..=4 {
+        let mut f = Vec::new();
+        codec::encode_request_versioned(version, 13, &abandon, &mut f);
+        frames.push((f, version));
+    }
+    for version in 2..=5 {
+        // A check cut short inside its subject: malformed, in its version.
+        let mut f = Vec::new();
+        codec::encode_request_versioned(version, 14, &check, &mut f);
+        f.truncate(f.len() - 3);
+        let payload_len = (f.len() - codec::FRAME_HEADER_BYTES) as u32;
+        f[..4].copy_from_slice(&payload_len.to_le_bytes());
+        frames.push((f, version));
+    }
+    // An unknown request tag in version 4, and a version not spoken.
+    let mut unknown = vec![0u8; 4];
+    unknown.push(4);
+    unknown.extend_from_slice(&15u64.to_le_bytes());
+    unknown.extend_from_slice(&99u32.to_le_bytes());
+    let len = (unknown.len() - 4) as u32;
+    unknown[..4].copy_from_slice(&len.to_le_bytes());
+    frames.push((unknown, 4));
+    let mut unspoken = vec![0u8; 4];
+    unspoken.push(9);
+    unspoken.extend_from_slice(&16u64.to_le_bytes());
+    unspoken[..4].copy_from_slice(&9u32.to_le_bytes());
+    frames.push((unspoken, 1));
+    for (frame, version) in frames {
+        stream.write_all(&frame).unwrap();
+        let payload = read_raw(&mut stream);
+        let (_, reply, extras) = codec::decode_response_versioned(&payload).unwrap();
+        assert!(matches!(reply, Response::Error(_)), "{reply:?}");
+        assert_eq!((payload[0], extras.version), (version, version), "{reply:?} for {frame:02x?}");
+    }
+    // The file's vector, byte for byte.
+    let mut f = Vec::new();
+    codec::encode_request_versioned(3, 11, &activity, &mut f);
+    stream.write_all(&f).unwrap();
+    let vectors: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string("tests/vectors/protocol.json").unwrap()).unwrap();
+    let expected = vectors["vectors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "error-activity-needs-v4-v3")
+        .map(|v| v["frame"].as_str().unwrap().to_string())
+        .unwrap();
+    let payload = read_raw(&mut stream);
+    let mut whole = (payload.len() as u32).to_le_bytes().to_vec();
+    whole.extend_from_slice(&payload);
+    let hex: String = whole.iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(hex, expected);
+}
+
 /// A `malformed` reply's message names what is wrong in plain words (no
 /// decoder's Debug text), with the request's id, and the connection serves
 /// on. PROTOCOL.md, section 8, lists these texts as informational.
