@@ -474,7 +474,7 @@ impl Daemon {
 
     async fn unlock<'l>(&self, limiter: &'l Limiter, request: Request<'_>, peer: &Peer, now: u64) -> Answer<'l> {
         let Request::Unlock { route, account, source } = request else { unreachable!("only an unlock is deferred") };
-        match limiter.unlock(route, account, source) {
+        match limiter.unlock(route, account, source, now) {
             Ok((mut cleared, writes)) => {
                 let in_store = match &self.shared {
                     Some(store) if limiter.is_shared() => {

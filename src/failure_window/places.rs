@@ -11,63 +11,94 @@ use super::window::Counts;
 use crate::expiring::Slot as ExpiringSlot;
 use crate::keys::Key;
 
-/// Places a key's attempts in flight hold, each timed on its own: up to
-/// `PLACES_TIMED` by their own lapse instant, and any beyond that (more
-/// attempts at once than any default threshold but the account ceiling
-/// admits) together, lapsing with the newest of them.
-pub const PLACES_TIMED: usize = 8;
+/// Cells of one key's places (see `Places`).
+pub const PLACE_CELLS: usize = 8;
 
-/// The places of one key (see `PLACES_TIMED`). A report releases the newest
-/// live place, so a place whose report never comes (a crashed handler)
-/// keeps its own lapse instant however busy the key stays: an older place
-/// is never renewed by newer attempts.
+/// How finely places that share a cell are timed: a cell that holds more
+/// than one place lapses at the end of its step of `timeout / PLACE_STEPS`.
+/// With that step, the places of one timeout fall in at most
+/// `PLACE_STEPS + 1` steps, one cell each, so the cells always suffice.
+const PLACE_STEPS: u64 = PLACE_CELLS as u64 - 1;
+
+/// The places of one key, each lapsing on its own: up to `PLACE_CELLS` at
+/// their exact instant, and beyond that grouped by the step of the timeout
+/// their instant falls in, so a place lapses at most one step
+/// (`attempt_timeout / 7`) after its own instant and is never renewed by
+/// later attempts. A report or an abandon releases the newest live place,
+/// so a place whose report never comes (a crashed handler) keeps its own
+/// lapse instant however busy the key stays.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Places {
     /// Lapse instants; 0 or past means the cell is free.
-    until_us: [u64; PLACES_TIMED],
-    /// Places beyond the timed ones, lapsing together at `more_until_us`.
-    more: u32,
-    more_until_us: u64,
+    until_us: [u64; PLACE_CELLS],
+    /// Places each cell holds (1 unless grouped).
+    count: [u32; PLACE_CELLS],
+    /// The key's account tag, so an account-wide unlock finds its places.
+    account_tag: u64,
 }
 
 impl Places {
+    fn cells(&self, now_us: u64) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.until_us.iter().zip(self.count.iter()).filter(move |(u, _)| **u > now_us).map(|(u, c)| (*u, *c))
+    }
+
     pub fn live(&self, now_us: u64) -> u32 {
-        let timed = self.until_us.iter().filter(|u| **u > now_us).count() as u32;
-        timed + if self.more_until_us > now_us { self.more } else { 0 }
+        self.cells(now_us).fold(0u32, |n, (_, c)| n.saturating_add(c))
     }
 
     /// When the first live place lapses (`now_us` if none is live).
     pub fn first_lapse(&self, now_us: u64) -> u64 {
-        let more = (self.more > 0 && self.more_until_us > now_us).then_some(self.more_until_us);
-        self.until_us.iter().copied().filter(|u| *u > now_us).chain(more).min().unwrap_or(now_us)
+        self.cells(now_us).map(|(u, _)| u).min().unwrap_or(now_us)
     }
 
     /// When the last live place lapses: the map entry's own expiry.
     fn last_lapse(&self, now_us: u64) -> u64 {
-        let more = if self.more > 0 { self.more_until_us } else { 0 };
-        self.until_us.iter().copied().chain([more]).max().unwrap_or(0).max(now_us)
+        self.until_us.iter().copied().max().unwrap_or(0).max(now_us)
     }
 
-    fn take(&mut self, until_us: u64, now_us: u64) {
-        if let Some(free) = self.until_us.iter_mut().find(|u| **u <= now_us) {
-            *free = until_us;
+    /// A place lapsing at `until_us`, taken at `now_us` for `timeout_us`.
+    fn take(&mut self, until_us: u64, now_us: u64, timeout_us: u64) {
+        let step_us = timeout_us.div_ceil(PLACE_STEPS).max(1);
+        let step_end = |u: u64| u.div_ceil(step_us).saturating_mul(step_us);
+        let live = |i: usize| self.until_us[i] > now_us;
+        if let Some(free) = (0..PLACE_CELLS).find(|&i| !live(i)) {
+            (self.until_us[free], self.count[free]) = (until_us, 1);
             return;
         }
-        if self.more_until_us <= now_us {
-            self.more = 0;
+        // Every cell is live: join the cell of the same step, or merge two
+        // cells that share a step to free one. Each then lapses at the end
+        // of its step, never earlier than any of its places.
+        let end = step_end(until_us);
+        if let Some(same) = (0..PLACE_CELLS).find(|&i| step_end(self.until_us[i]) == end) {
+            self.count[same] = self.count[same].saturating_add(1);
+            self.until_us[same] = end;
+            return;
         }
-        self.more = self.more.saturating_add(1);
-        self.more_until_us = until_us;
+        let pair = (0..PLACE_CELLS)
+            .flat_map(|i| (i + 1..PLACE_CELLS).map(move |j| (i, j)))
+            .find(|&(i, j)| step_end(self.until_us[i]) == step_end(self.until_us[j]));
+        if let Some((i, j)) = pair {
+            self.count[i] = self.count[i].saturating_add(self.count[j]);
+            self.until_us[i] = step_end(self.until_us[i]);
+            (self.until_us[j], self.count[j]) = (until_us, 1);
+            return;
+        }
+        // Only when places of a longer timeout (a reload) span more steps
+        // than there are cells: join the newest cell, which then lapses
+        // with the newest place. Errs towards holding, never freeing.
+        let newest = (0..PLACE_CELLS).max_by_key(|&i| self.until_us[i]).expect("cells");
+        self.count[newest] = self.count[newest].saturating_add(1);
+        self.until_us[newest] = self.until_us[newest].max(until_us);
     }
 
     /// Releases the newest live place, if any.
     fn release(&mut self, now_us: u64) {
-        if self.more > 0 && self.more_until_us > now_us {
-            self.more -= 1;
-            return;
-        }
-        if let Some(newest) = self.until_us.iter_mut().filter(|u| **u > now_us).max_by_key(|u| **u) {
-            *newest = 0;
+        let newest = (0..PLACE_CELLS).filter(|&i| self.until_us[i] > now_us).max_by_key(|&i| self.until_us[i]);
+        if let Some(i) = newest {
+            self.count[i] -= 1;
+            if self.count[i] == 0 {
+                self.until_us[i] = 0;
+            }
         }
     }
 }
@@ -114,7 +145,8 @@ impl FailureWindowTable {
         if self.spec.refuses(before.counts, before.in_flight, now_us) {
             return (false, before);
         }
-        places.take(now_us.saturating_add(timeout_us.max(1)), now_us);
+        places.account_tag = key.account_tag;
+        places.take(now_us.saturating_add(timeout_us.max(1)), now_us, timeout_us.max(1));
         let slot = ExpiringSlot { expires_us: places.last_lapse(now_us), value: places };
         if !self.in_flight.set_if_room(key.tuple, slot, now_us) {
             // Full of live places: the attempt is counted as a failure now,
@@ -146,6 +178,28 @@ impl FailureWindowTable {
             }
             None => (None, false),
         })
+    }
+
+    /// Drops every place the key holds (an operator's unlock); true if
+    /// any was live.
+    pub fn clear_places(&mut self, key: Key, now_us: u64) -> bool {
+        self.in_flight.remove(key.tuple).is_some_and(|slot| slot.value.live(now_us) > 0)
+    }
+
+    /// Drops every place held on a key of the account; how many keys held
+    /// live ones.
+    pub fn clear_account_places(&mut self, account_tag: u64, now_us: u64) -> u32 {
+        let doomed: Vec<u64> = self
+            .in_flight
+            .live(now_us)
+            .into_iter()
+            .filter(|(_, slot)| slot.value.account_tag == account_tag && slot.value.live(now_us) > 0)
+            .map(|(id, _)| id)
+            .collect();
+        for id in &doomed {
+            self.in_flight.remove(*id);
+        }
+        doomed.len() as u32
     }
 
     /// Checks admitted when the map of places was full of live ones, each

@@ -265,3 +265,78 @@ proptest::proptest! {
         }
     }
 }
+
+/// However many places a key holds, each lapses on its own: 49 checks at
+/// t0 and one 20 s later hold 50 places, and once the 49 lapse (30 s after
+/// their checks) 49 more are admitted beside the one still live. Later
+/// checks never renew earlier places.
+#[test]
+fn each_of_many_places_lapses_after_its_own_check() {
+    const TIMEOUT_US: u64 = 30_000_000;
+    let mut table = FailureWindowTable::new(spec(50), 100);
+    let t0 = 100 * WINDOW;
+    for n in 0..49 {
+        assert!(table.admit(key(1), t0, TIMEOUT_US).0, "check {n} at t0");
+    }
+    assert!(table.admit(key(1), t0 + 20_000_000, TIMEOUT_US).0, "the check at t0 + 20 s");
+    assert!(!table.admit(key(1), t0 + 20_000_000, TIMEOUT_US).0, "50 places: the threshold");
+    let later = t0 + 35_000_000;
+    assert_eq!(table.standing(key(1), later).in_flight, 1, "only the t0 + 20 s place is live");
+    let admitted = (0..60).filter(|_| table.admit(key(1), later, TIMEOUT_US).0).count();
+    assert_eq!(admitted, 49);
+}
+
+/// An operator's unlock drops the places of the key it clears, and of
+/// every key of the account when it clears them all.
+#[test]
+fn clearing_places_frees_the_key_and_the_account() {
+    const TIMEOUT_US: u64 = 30_000_000;
+    let mut table = FailureWindowTable::new(spec(5), 100);
+    let t0 = 100 * WINDOW;
+    let other_key_of_1 = Key { account_tag: 1, tuple: 77 };
+    for _ in 0..5 {
+        table.admit(key(1), t0, TIMEOUT_US);
+        table.admit(other_key_of_1, t0, TIMEOUT_US);
+        table.admit(key(2), t0, TIMEOUT_US);
+    }
+    assert!(!table.admit(key(1), t0, TIMEOUT_US).0, "5 places refuse");
+    assert!(table.clear_places(key(1), t0));
+    assert!(!table.clear_places(key(1), t0), "nothing left to clear");
+    assert_eq!(table.standing(key(1), t0).in_flight, 0);
+    assert_eq!(table.clear_account_places(1, t0), 1, "the account's other key");
+    assert_eq!(table.standing(other_key_of_1, t0).in_flight, 0);
+    assert_eq!(table.standing(key(2), t0).in_flight, 5, "another account keeps its places");
+}
+
+proptest::proptest! {
+    /// Past the cells' count of exact places, grouped places still lapse
+    /// on their own: against a plain model of each place's lapse instant,
+    /// the table holds at least every place the model still holds and at
+    /// most those that lapsed less than one step (timeout / 7) ago. (Reports
+    /// are left out: which of several places a report frees is arbitrary,
+    /// and `places_in_flight_follow_a_plain_model` covers them.)
+    #[test]
+    fn many_places_lapse_within_a_step_of_their_own_instant(
+        ops in proptest::collection::vec((0u8..12, 0u16..4000), 1..400),
+    ) {
+        const TIMEOUT_US: u64 = 1_000_000;
+        const STEP_US: u64 = TIMEOUT_US.div_ceil(super::places::PLACE_CELLS as u64 - 1);
+        const THRESHOLD: u32 = 1000;
+        let mut table = FailureWindowTable::new(spec(THRESHOLD), 10);
+        let mut model: Vec<u64> = Vec::new();
+        let mut now = 900 * WINDOW;
+        for (checks, ms) in ops {
+            for _ in 0..checks {
+                let (admitted, _) = table.admit(key(1), now, TIMEOUT_US);
+                proptest::prop_assert!(admitted);
+                model.push(now + TIMEOUT_US);
+            }
+            now += u64::from(ms) * 100;
+            model.retain(|u| *u + STEP_US > now);
+            let held = table.standing(key(1), now).in_flight as usize;
+            let at_least = model.iter().filter(|u| **u > now).count();
+            proptest::prop_assert!(held >= at_least, "{} held, {} live in the model", held, at_least);
+            proptest::prop_assert!(held <= model.len(), "{} held, at most {} within a step", held, model.len());
+        }
+    }
+}

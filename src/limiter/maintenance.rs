@@ -37,12 +37,16 @@ impl Limiter {
 
     /// Clears an account's entries on a route's failure rules: with a
     /// source, its (account, source) entries and the account-wide ones;
-    /// without, every entry of the account. Durable before it returns Ok.
+    /// without, every entry of the account. The places attempts in flight
+    /// hold on those keys go too, so a refusal made of places nobody
+    /// reported is undone like one made of failures. Returns how many keys
+    /// held anything; durable before it returns Ok.
     pub fn unlock(
         &self,
         route: &str,
         account: &str,
         source: Option<std::net::IpAddr>,
+        now_us: u64,
     ) -> Result<(u32, Vec<Durable>), RequestError> {
         let route = self.route(route)?;
         if account.len() > IDENTIFIER_BYTES_MAX {
@@ -61,9 +65,12 @@ impl Limiter {
             if unlocks_one_entry(rule, source) {
                 let key = keys.key(&rule.key)?;
                 let mut table = shards.of(key);
-                if table.clear(key).is_some() {
-                    cleared += 1;
+                let failed = table.clear(key).is_some();
+                if failed {
                     writes.push(self.journal.write_durably(&rule.id, table.spec().window_us, vec![(key, None)]));
+                }
+                if table.clear_places(key, now_us) || failed {
+                    cleared += 1;
                 }
                 continue;
             }
@@ -72,13 +79,15 @@ impl Limiter {
             }
             for mut table in shards.each() {
                 let doomed: Vec<Key> = table.entries().filter(|(k, _)| k.account_tag == tag).map(|(k, _)| k).collect();
+                for key in &doomed {
+                    table.clear(*key);
+                    table.clear_places(*key, now_us);
+                }
+                // Keys with places and no failures are found by their tag.
+                cleared += doomed.len() as u32 + table.clear_account_places(tag, now_us);
                 if doomed.is_empty() {
                     continue;
                 }
-                for key in &doomed {
-                    table.clear(*key);
-                }
-                cleared += doomed.len() as u32;
                 let removals = doomed.into_iter().map(|k| (k, None)).collect();
                 writes.push(self.journal.write_durably(&rule.id, table.spec().window_us, removals));
             }
