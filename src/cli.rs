@@ -234,10 +234,17 @@ pub fn print_man_page() -> std::process::ExitCode {
             std::process::ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("tollgate: error: {e}");
+            print_error(&e);
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// The one line a failed command ends with, on standard error. An error
+/// may quote a daemon's reply or a file, so it is made printable as
+/// standard output is.
+pub fn print_error(e: &dyn std::fmt::Display) {
+    eprintln!("tollgate: error: {}", crate::stdout::printable(&e.to_string()));
 }
 
 /// `tollgate simulate`: no daemon, so not a client command.
@@ -245,7 +252,7 @@ pub fn simulate(args: &crate::sim::SimulateArgs) -> std::process::ExitCode {
     match crate::sim::simulate(args) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("tollgate: error: {e:#}");
+            print_error(&format_args!("{e:#}"));
             std::process::ExitCode::FAILURE
         }
     }
@@ -262,7 +269,7 @@ pub fn replay(args: &crate::decision_log::replay::ReplayArgs) -> std::process::E
     match crate::decision_log::replay::replay(args) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("tollgate: error: {e:#}");
+            print_error(&format_args!("{e:#}"));
             std::process::ExitCode::FAILURE
         }
     }

@@ -35,7 +35,7 @@ fn main() -> ExitCode {
     match runtime.block_on(cli::run(command)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("tollgate: error: {e}");
+            cli::print_error(&e);
             ExitCode::FAILURE
         }
     }

@@ -516,3 +516,85 @@ fn a_reload_that_changes_the_decision_log_fails_and_keeps_the_running_one() {
     daemon.reload_with(&log_config(&logs, ""));
     assert_eq!(daemon.cli_json(&["status"])["reloads"], 1);
 }
+
+/// CRC-32 (IEEE), as the log's records carry it: a crafted record must
+/// pass its checksum to reach the replay at all.
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in bytes {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 { (crc >> 1) ^ 0xEDB8_8320 } else { crc >> 1 };
+        }
+    }
+    !crc
+}
+
+/// A record re-made from `body` with a valid length and checksum.
+fn record_from(body: &[u8]) -> Vec<u8> {
+    let mut out = vec![0xD5];
+    out.extend_from_slice(&(body.len() as u16).to_le_bytes());
+    out.extend_from_slice(body);
+    let crc = crc32(&out[1..]);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// `tollgate replay` trusts no value in a file: records whose checksums
+/// hold but whose times are past year 9999 are reported as numbers (they
+/// once ended the replay with a panic, exit 101), and route and rule names
+/// holding terminal escape sequences are printed escaped, never raw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crafted_log_cannot_crash_the_replay_or_drive_the_terminal() {
+    let scratch = tempfile::tempdir().unwrap();
+    let logs = scratch.path().join("decisions");
+    let config = log_config(&logs, "");
+    let candidate = write(scratch.path(), "candidate.toml", &config);
+    let mut daemon = TestDaemon::start_with(Some(&config), true);
+    verdict(daemon.client().check("login", &who(v4(1), Some("alice"))).await);
+    wait_for(|| log_files(&logs).first().is_some_and(|f| records_in(f) >= 1));
+    assert!(daemon.terminate().success());
+    let file = std::fs::read(&log_files(&logs)[0]).unwrap();
+    let first = 28; // the header's bytes
+    assert_eq!(file[first], 0xD5, "a record marker after the header");
+    let body_len = usize::from(u16::from_le_bytes([file[first + 1], file[first + 2]]));
+    let body = &file[first + 3..first + 3 + body_len];
+    let route_len = usize::from(body[13]);
+    let rule_at = 14 + route_len;
+    let rule_len = usize::from(body[rule_at]);
+    let rest = &body[rule_at + 1 + rule_len..];
+    let named = |time_us: u64, route: &str, rule: &str| {
+        let mut b = time_us.to_le_bytes().to_vec();
+        b.extend_from_slice(&body[8..10]); // op, then the decision...
+        b[9] = 3; // ...made a deny, so its rule is listed
+        b.extend_from_slice(&body[10..13]);
+        b.push(route.len() as u8);
+        b.extend_from_slice(route.as_bytes());
+        b.push(rule.len() as u8);
+        b.extend_from_slice(rule.as_bytes());
+        b.extend_from_slice(rest);
+        record_from(&b)
+    };
+    let mut crafted = file[..first].to_vec();
+    let now = u64::from_le_bytes(body[..8].try_into().unwrap());
+    crafted.extend(named(now, "login", "source_failures"));
+    crafted.extend(named(now, "lo\u{1b}[2Jgin", "rule\u{1b}]0;owned\u{7}"));
+    crafted.extend(named(1 << 63, "login", "source_failures"));
+    crafted.extend(named(u64::MAX, "login", "source_failures"));
+    let path = scratch.path().join("crafted.tglog");
+    std::fs::write(&path, &crafted).unwrap();
+    assert_eq!(records_in(&path), 4, "every crafted record passes its checksum");
+
+    let out = Command::new(BIN).arg("replay").arg(&path).arg("--config").arg(&candidate).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.contains("past year 9999"), "{stdout}");
+    assert!(
+        !out.stdout.contains(&0x1b) && !out.stdout.contains(&0x07),
+        "a control byte reached the terminal: {stdout}"
+    );
+    assert!(stdout.contains("lo\\u{1b}[2Jgin.rule\\u{1b}]0;owned\\u{7}"), "{stdout}");
+    let json = replay_json(&[&path], &candidate);
+    assert_eq!(json["records"], 4, "{json:#}");
+}

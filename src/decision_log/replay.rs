@@ -509,7 +509,8 @@ pub fn replay(args: &ReplayArgs) -> anyhow::Result<()> {
     for file in &report.files {
         for p in &file.problems {
             let kind = if p.torn_tail { "warning" } else { "error" };
-            eprintln!("tollgate: {kind}: {} at offset {}: {}", file.path, p.offset, p.what);
+            let line = format!("{kind}: {} at offset {}: {}", file.path, p.offset, p.what);
+            eprintln!("tollgate: {}", crate::stdout::printable(&line));
             damaged += usize::from(!p.torn_tail);
         }
     }
@@ -524,14 +525,22 @@ pub fn replay(args: &ReplayArgs) -> anyhow::Result<()> {
     }
 }
 
+/// The last millisecond RFC 3339 can write (9999-12-31T23:59:59.999Z).
+const RFC3339_MS_MAX: u64 = 253_402_300_799_999;
+
+/// A log's time as a date; a time past year 9999 (a crafted or damaged
+/// record whose checksum still holds) as the number it is, never a panic.
 fn rfc3339(ms: u64) -> String {
+    if ms > RFC3339_MS_MAX {
+        return format!("{ms} ms after 1970 (past year 9999)");
+    }
     humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms)).to_string()
 }
 
 /// The text output: what was read, then one table per configuration.
 pub fn text(r: &ReplayReport, candidate: &Path) -> String {
     let mut out = String::new();
-    let span = std::time::Duration::from_secs((r.last_ms - r.first_ms) / 1000);
+    let span = std::time::Duration::from_secs(r.last_ms.saturating_sub(r.first_ms) / 1000);
     let _ = writeln!(
         out,
         "replayed {} file(s): {} records ({} checks, {} reports), {} to {} ({})",

@@ -70,9 +70,10 @@ fn heading(text: impl Into<String>) -> Row {
     Row { text: text.into(), heading: true }
 }
 
-/// At most `width` characters of `text`.
+/// At most `width` characters of `text`, control characters escaped (a
+/// row may hold names a daemon sent; the terminal must not obey them).
 pub fn fit(text: &str, width: usize) -> String {
-    text.chars().take(width).collect()
+    crate::stdout::printable(text).chars().take(width).collect()
 }
 
 /// Width of the account digests shown: `acct:` and 12 of the 16 hex
