@@ -591,7 +591,7 @@ fn slow_argon2() -> Params {
 /// must not keep the account's owner out, from her own address or another.
 /// The daemon runs on the manual clock, so no place lapses by itself here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn logins_aborted_during_the_verify_hold_no_place() {
+async fn logins_aborted_at_any_point_hold_no_place() {
     const ABORT_AFTER: Duration = Duration::from_millis(15);
     let stack = start_stack_hashing(&[(PROBE.to_string(), PROBE_PASSWORD.to_string())], slow_argon2()).await;
     assert!(
@@ -616,4 +616,21 @@ async fn logins_aborted_during_the_verify_hold_no_place() {
     assert_eq!(own.status, 200, "from her own address: {own:?}");
     let elsewhere = stack.login(PROBE, PROBE_PASSWORD, None, Some("203.0.113.9")).await;
     assert_eq!(elsewhere.status, 200, "from another address: {elsewhere:?}");
+
+    // Hung up sooner, from 0 to 3 ms after the request: before the check
+    // reached the daemon, while it was on the wire, and early in the
+    // verify. Whenever it happens, no place stays held.
+    let victim = "victim@example.com";
+    for n in 0..60u32 {
+        let source = format!("198.51.{}.{}", 101 + n / 4, 1 + n % 4);
+        stack.abort_login(victim, "x", &source, Duration::from_micros(u64::from(n) * 50)).await;
+    }
+    tokio::time::sleep(stack.verify_time * 35 + Duration::from_millis(500)).await;
+    let mut room = 0;
+    for n in 0..50u32 {
+        let peer = format!("203.0.{}.{}", 100 + n / 5, 1 + n % 5).parse().unwrap();
+        let probe = Subject { peer: Some(peer), account: Some(victim), ..Subject::default() };
+        room += u32::from(stack.admin.check("login", &probe).await.proceeds());
+    }
+    assert_eq!(room, 50, "places on the account held by hung-up logins");
 }

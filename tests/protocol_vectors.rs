@@ -287,9 +287,30 @@ fn cases() -> Vec<Case> {
         v5("abandon-login-v5", request("abandon-login-v5", 13, abandon_login())),
         Case { degraded: true, ..v5("verdict-deny-degraded-v5", again(&cases, "verdict-deny")) },
         v4("error-abandon-needs-v5-v4", response("error-abandon-needs-v5-v4", 13, abandon_refused_in_v4())),
+        v5("verdict-attempts-in-flight-v5", places_verdict("verdict-attempts-in-flight-v5")),
+        v4("verdict-attempts-in-flight-v4", places_verdict("verdict-attempts-in-flight-v4")),
     ];
     cases.extend(v5_cases);
     cases
+}
+
+/// A deny by places in flight (reason added in version 5): 5 attempts
+/// checked and not yet reported fill `source_failures`.
+fn places_verdict(name: &'static str) -> Case {
+    response(
+        name,
+        1,
+        Response::Verdict(Verdict {
+            decision: Decision::Deny,
+            retry_after_ms: 30_000,
+            delay_ms: 0,
+            limit: 5,
+            remaining: 0,
+            reset_ms: 0,
+            reason: Reason::AttemptsInFlight,
+            rule: Cow::Borrowed("source_failures"),
+        }),
+    )
 }
 
 /// `abandon-login-v5`: the subject of `check-login-v4`, whose attempt it ends.

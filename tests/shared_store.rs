@@ -664,4 +664,20 @@ fn an_abandoned_attempt_gives_back_its_place_in_the_store() {
     assert_eq!(freed.decision, Decision::Allow, "{freed:?}");
     let reported = verdict(rt.block_on(daemons[1].client().report("login", &carol, Outcome::Success)));
     assert_eq!(reported.remaining, 5, "no failure was counted: {reported:?}");
+
+    // Places nobody will report are undone by an unlock, in the store too:
+    // five unreported checks on one host, the source's unlock on the other.
+    // (An account-wide unlock finds the store's entries through the
+    // account's index, which lists entries with failures only: places on
+    // an entry without failures there lapse on their own.)
+    let dave = subject("198.51.100.9", "dave");
+    for _ in 0..5 {
+        assert_eq!(check(&daemons[0], &dave).decision, Decision::Allow);
+    }
+    let held = check(&daemons[1], &dave);
+    assert_eq!((held.decision, held.reason), (Decision::Deny, tollgate::protocol::Reason::AttemptsInFlight));
+    let unlocked =
+        daemons[1].cli_json(&["unlock", "--route", "login", "--account", "dave", "--source", "198.51.100.9"]);
+    assert!(unlocked["cleared"].as_u64().unwrap() >= 1, "{unlocked}");
+    assert_eq!(check(&daemons[0], &dave).decision, Decision::Allow, "the store's places went with the unlock");
 }

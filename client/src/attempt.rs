@@ -9,6 +9,12 @@
 //! logins on purpose could keep a real user out with places nobody tried a
 //! password for. The guard closes that: dropped without `report`, it tells
 //! the daemon the attempt was abandoned, in the background.
+//!
+//! The handler can be cancelled at any await, including while its check or
+//! its report is on the wire. So both run on tasks of their own: the check's
+//! task makes the guard and hands it over, and a guard nobody takes (the
+//! handler is gone) is dropped there and abandons; the report's task sends
+//! the report whether or not anyone still waits for its answer.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -58,10 +64,13 @@ impl OwnedSubject {
 /// cancelled future or a panic still gives its places back (without a
 /// runtime to spawn on, the places lapse after `attempt_timeout_ms`).
 ///
-/// Only an attempt the daemon admitted (`Decision::Allow`) holds places:
-/// a refused, delayed or unanswered check sends nothing when dropped. In
+/// Only an attempt the daemon let proceed (`allow`, or `delay`) holds
+/// places: a refused or unanswered check sends nothing when dropped. In
 /// particular a check that timed out is never abandoned: the daemon may
-/// not have seen it, and an abandon would then free another attempt's place.
+/// not have seen it, and an abandon would then free another attempt's
+/// place. Do not drop the guard while the attempt goes on (`if
+/// !client.begin(..).await.proceeds()` abandons at once): keep it until
+/// the outcome is known.
 #[must_use = "report the attempt's outcome, or it is abandoned when dropped"]
 pub struct Attempt {
     client: Arc<Client>,
@@ -75,20 +84,27 @@ pub struct Attempt {
 impl Client {
     /// Checks an attempt and returns it as a guard: report its outcome
     /// with [`Attempt::report`]; if it is dropped first, it is abandoned.
+    /// Cancelling this future while the check is on the wire abandons the
+    /// attempt too, once the daemon's answer comes.
     pub async fn begin(
         self: &Arc<Self>,
         route: &str,
         subject: &Subject<'_>,
         password_tag: Option<[u8; 16]>,
     ) -> Attempt {
-        let answered = self.check_tagged(route, subject, password_tag).await;
-        let holds_places = matches!(&answered.answer, Answer::Verdict(v) if v.decision == Decision::Allow);
-        Attempt {
-            client: Arc::clone(self),
-            route: route.to_owned(),
-            subject: OwnedSubject::of(subject),
-            answered,
-            holds_places,
+        let client = Arc::clone(self);
+        let (route, subject) = (route.to_owned(), OwnedSubject::of(subject));
+        let (handed, taken) = tokio::sync::oneshot::channel();
+        let checking = tokio::spawn(async move {
+            let answered = client.check_tagged(&route, &subject.as_subject(), password_tag).await;
+            let holds_places = holds_places(&answered.answer);
+            // Sent or not, the guard lives on: in the caller's hands, in the
+            // channel until the receiver goes, or dropped right here.
+            let _ = handed.send(Attempt { client, route, subject, answered, holds_places });
+        });
+        match taken.await {
+            Ok(attempt) => attempt,
+            Err(_) => ended_without_answer(checking.await.err()),
         }
     }
 
@@ -117,33 +133,49 @@ impl Attempt {
         self.answered.answer.proceeds()
     }
 
-    /// Reports the verified outcome; the guard is spent. If this future is
-    /// itself cancelled, nothing more is sent: the daemon may already have
-    /// the report, and counting it twice or freeing a place that another
-    /// attempt holds would both be wrong, so the place lapses instead.
+    /// Reports the verified outcome; the guard is spent. The report goes
+    /// out even if this future is cancelled (the verify happened, so the
+    /// outcome counts), on a task of its own.
     pub async fn report(
         mut self,
         outcome: Outcome,
         password_digest: Option<[u8; 16]>,
         password_tag: Option<[u8; 16]>,
     ) -> Answered {
-        self.holds_places = false;
-        let subject = self.subject.as_subject();
-        self.client.report_tagged(&self.route, &subject, outcome, password_digest, password_tag).await
+        let subject = std::mem::take(&mut self.subject);
+        self.send_report(subject, outcome, password_digest, password_tag).await
     }
 
     /// `report` with the subject as it stands after the verify, such as
     /// the device id issued at a successful sign-in (so the daemon knows
     /// the device next time). The route is the check's.
     pub async fn report_as(
-        mut self,
+        self,
         subject: &Subject<'_>,
         outcome: Outcome,
         password_digest: Option<[u8; 16]>,
         password_tag: Option<[u8; 16]>,
     ) -> Answered {
+        self.send_report(OwnedSubject::of(subject), outcome, password_digest, password_tag).await
+    }
+
+    /// The report, on a task of its own: a handler cancelled while it is on
+    /// the wire neither loses it (the verify happened: the failure counts)
+    /// nor leaves the place held.
+    async fn send_report(
+        mut self,
+        subject: OwnedSubject,
+        outcome: Outcome,
+        password_digest: Option<[u8; 16]>,
+        password_tag: Option<[u8; 16]>,
+    ) -> Answered {
         self.holds_places = false;
-        self.client.report_tagged(&self.route, subject, outcome, password_digest, password_tag).await
+        let client = Arc::clone(&self.client);
+        let route = std::mem::take(&mut self.route);
+        let reporting = tokio::spawn(async move {
+            client.report_tagged(&route, &subject.as_subject(), outcome, password_digest, password_tag).await
+        });
+        reporting.await.unwrap_or_else(|e| ended_without_answer(Some(e)))
     }
 
     /// Gives the attempt up now, waiting for the daemon's answer (dropping
@@ -155,6 +187,21 @@ impl Attempt {
         }
         Some(self.client.abandon(&self.route, &self.subject.as_subject()).await)
     }
+}
+
+/// A task of this module ended without its answer: it panicked (the panic
+/// goes on here), or the runtime is shutting down under it.
+fn ended_without_answer(error: Option<tokio::task::JoinError>) -> ! {
+    match error {
+        Some(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        _ => panic!("a tollgate call's task ended without an answer: the runtime is shutting down"),
+    }
+}
+
+/// Whether a check's answer left places held: an allowed attempt, and a
+/// delayed one (it proceeds after its delay, so it holds its places too).
+fn holds_places(answer: &Answer) -> bool {
+    matches!(answer, Answer::Verdict(v) if matches!(v.decision, Decision::Allow | Decision::Delay))
 }
 
 impl Drop for Attempt {

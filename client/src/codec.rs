@@ -603,6 +603,17 @@ pub fn encode_response_versioned(
             encode_frame(version, id, response, Some(&(extras.shared, extras.signals)), out)
         }
         Response::Status(_) if v2 => encode_frame(version, id, response, Some(&extras.shared), out),
+        // The operator's view lists refusals with their reasons: a version-4
+        // client reads the reasons version 5 added as the nearest it knows.
+        Response::Activity(activity)
+            if activity.recent_refusals.iter().any(|r| r.reason.for_version(version) != r.reason) =>
+        {
+            let mut older = activity.clone();
+            for refusal in &mut older.recent_refusals {
+                refusal.reason = refusal.reason.for_version(version);
+            }
+            encode_frame(version, id, &Response::Activity(older), NO_EXTRA, out)
+        }
         other => encode_frame(version, id, other, NO_EXTRA, out),
     }
 }
@@ -811,10 +822,10 @@ mod tests {
                 decode_response(&fast[at + FRAME_HEADER_BYTES..]),
                 Ok((id, Response::Verdict(read_in_v1.into_owned())))
             );
-            // Version 3 sends every reason as it is, then the flags byte.
+            // The newest version sends every reason as it is, then the flags byte.
             let (mut fast, mut general) = (Vec::new(), Vec::new());
-            encode_response_versioned(3, id, &response, &ReplyExtras::default(), &mut fast);
-            encode_frame(3, id, &response, Some(&0u8), &mut general);
+            encode_response_versioned(PROTOCOL_VERSION, id, &response, &ReplyExtras::default(), &mut fast);
+            encode_frame(PROTOCOL_VERSION, id, &response, Some(&0u8), &mut general);
             prop_assert_eq!(&fast, &general);
             prop_assert_eq!(decode_response(&fast[FRAME_HEADER_BYTES..]), Ok((id, response.into_owned())));
         }
@@ -1257,6 +1268,41 @@ mod tests {
         }
         for reason in (0..5).map(reason) {
             assert_eq!(reason.for_version(1), reason);
+        }
+    }
+
+    /// `attempts_in_flight` (version 5) reaches versions 1 to 4 as
+    /// `too_many_failures`, in a verdict and in the operator's view alike.
+    #[test]
+    fn the_version_5_reason_goes_to_older_versions_as_too_many_failures() {
+        let Response::Verdict(deny) = verdict_sample() else { unreachable!() };
+        let refusal = crate::protocol::RecentRefusal {
+            at_ms: 1,
+            route: "login".into(),
+            rule: "source_failures".into(),
+            decision: Decision::Deny,
+            reason: Reason::AttemptsInFlight,
+            prefix: "198.51.100.0/24".into(),
+            class: String::new(),
+        };
+        let activity = Response::Activity(Box::new(crate::protocol::Activity {
+            recent_refusals: vec![refusal],
+            ..Default::default()
+        }));
+        for version in PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION {
+            let sent = if version >= ABANDON_VERSION { Reason::AttemptsInFlight } else { Reason::TooManyFailures };
+            let verdict = Response::Verdict(Verdict { reason: Reason::AttemptsInFlight, ..deny.clone() });
+            let mut frame = Vec::new();
+            encode_response_versioned(version, 2, &verdict, &ReplyExtras::default(), &mut frame);
+            let (_, decoded, _) = decode_response_versioned(payload(&frame)).unwrap();
+            assert_eq!(decoded, Response::Verdict(Verdict { reason: sent, ..deny.clone() }), "version {version}");
+            if version >= ACTIVITY_VERSION {
+                let mut frame = Vec::new();
+                encode_response_versioned(version, 2, &activity, &ReplyExtras::default(), &mut frame);
+                let (_, decoded, _) = decode_response_versioned(payload(&frame)).unwrap();
+                let Response::Activity(decoded) = decoded else { panic!("{decoded:?}") };
+                assert_eq!(decoded.recent_refusals[0].reason, sent, "version {version}");
+            }
         }
     }
 

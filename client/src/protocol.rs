@@ -27,8 +27,9 @@ const _: () = assert!(PROTOCOL_VERSION_MIN < SIGNALS_VERSION && SIGNALS_VERSION 
 pub const ACTIVITY_VERSION: u8 = 4;
 
 const _: () = assert!(SIGNALS_VERSION < ACTIVITY_VERSION && ACTIVITY_VERSION <= PROTOCOL_VERSION);
-/// The first version with `Abandon`: an attempt that ends without an
-/// outcome gives back the places its check took.
+/// The first version with `Abandon` (an attempt that ends without an
+/// outcome gives back the places its check took) and with the reason
+/// `attempts_in_flight`.
 pub const ABANDON_VERSION: u8 = 5;
 
 const _: () = assert!(ACTIVITY_VERSION < ABANDON_VERSION && ABANDON_VERSION <= PROTOCOL_VERSION);
@@ -159,6 +160,11 @@ pub enum Reason {
     /// above. Version 3 and later; sent as `MonitorTooManyFailures` in
     /// versions 1 and 2.
     MonitorSignal,
+    /// A failure rule refused because the attempts in flight on its key
+    /// (checked, not yet reported or abandoned) fill its threshold; its
+    /// failures alone would not. Version 5 and later; sent as
+    /// `TooManyFailures` in versions 1 to 4.
+    AttemptsInFlight,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
@@ -701,7 +707,7 @@ impl Response<'_> {
 
 impl Reason {
     /// Every reason, in the wire's order (its discriminant is its place).
-    pub const ALL: [Reason; 9] = [
+    pub const ALL: [Reason; 10] = [
         Reason::Allowed,
         Reason::RateLimited,
         Reason::TooManyFailures,
@@ -711,6 +717,7 @@ impl Reason {
         Reason::DistributedAttack,
         Reason::TenantAnomaly,
         Reason::MonitorSignal,
+        Reason::AttemptsInFlight,
     ];
 
     /// A rule in monitor mode would have refused: allowed, counted, logged.
@@ -719,15 +726,18 @@ impl Reason {
     }
 
     /// The reason as a reply of `version` carries it. Versions 1 and 2 know
-    /// only the first five, and their clients refuse an unknown
-    /// discriminant: a spray-detection refusal goes to them as
-    /// `TooManyFailures` and its monitor-mode twin as
-    /// `MonitorTooManyFailures`, the nearest reason they can read.
+    /// only the first five, versions 3 and 4 the first nine, and their
+    /// clients refuse an unknown discriminant: a spray-detection refusal
+    /// goes to versions 1 and 2 as `TooManyFailures` and its monitor-mode
+    /// twin as `MonitorTooManyFailures`, and `AttemptsInFlight` to versions
+    /// 1 to 4 as `TooManyFailures`, the nearest reason they can read.
     pub fn for_version(self, version: u8) -> Reason {
-        if version >= SIGNALS_VERSION {
+        if version >= ABANDON_VERSION {
             return self;
         }
         match self {
+            Reason::AttemptsInFlight => Reason::TooManyFailures,
+            _ if version >= SIGNALS_VERSION => self,
             Reason::SpraySuspected | Reason::DistributedAttack | Reason::TenantAnomaly => Reason::TooManyFailures,
             Reason::MonitorSignal => Reason::MonitorTooManyFailures,
             Reason::Allowed

@@ -29,6 +29,8 @@ struct Seen {
     v5: AtomicUsize,
     /// `Abandon` requests answered.
     abandons: AtomicUsize,
+    /// `Report` requests answered.
+    reports: AtomicUsize,
     tags: std::sync::Mutex<Vec<Option<[u8; 16]>>>,
 }
 
@@ -143,7 +145,17 @@ async fn serve(mut stream: UnixStream, newest: u8, seen: Arc<Seen>) {
         }
         let mut payload = vec![0u8; u32::from_le_bytes(header) as usize];
         stream.read_exact(&mut payload).await.unwrap();
-        stream.write_all(&reply(newest, &payload, &seen)).await.unwrap();
+        if matches!(decode_request_versioned(&payload), Ok((_, Request::Report { .. }, _))) {
+            seen.reports.fetch_add(1, Ordering::SeqCst);
+        }
+        // A slow daemon for slowpoke's requests: the caller's future can be
+        // dropped while they are on the wire.
+        if payload.windows(8).any(|w| w == b"slowpoke") {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if stream.write_all(&reply(newest, &payload, &seen)).await.is_err() {
+            return; // the caller went away (a cancelled call)
+        }
     }
 }
 
@@ -363,6 +375,26 @@ async fn an_admitted_attempt_dropped_without_its_report_is_abandoned() {
     };
     assert!(panicking.await.is_err());
     wait_for_abandons(&fake, 4).await;
+}
+
+/// A handler cancelled while its check is on the wire (the end user hung
+/// up before the daemon answered) still abandons the attempt once the
+/// answer comes; one cancelled while its report is on the wire still
+/// reports, and abandons nothing.
+#[tokio::test]
+async fn a_guard_cancelled_mid_call_abandons_or_reports_all_the_same() {
+    let fake = fake(5);
+    let client = Arc::new(Client::new(client(&fake)));
+    let slowpoke = Subject { account: Some("slowpoke"), ..alice() };
+    let begun = tokio::time::timeout(Duration::from_millis(20), client.begin("login", &slowpoke, None)).await;
+    assert!(begun.is_err(), "cancelled while the check was on the wire");
+    wait_for_abandons(&fake, 1).await;
+
+    let attempt = client.begin("login", &slowpoke, None).await;
+    let reporting = tokio::time::timeout(Duration::from_millis(20), attempt.report(Outcome::Failure, None, None)).await;
+    assert!(reporting.is_err(), "cancelled while the report was on the wire");
+    wait_for_abandons(&fake, 1).await;
+    assert_eq!(fake.seen.reports.load(Ordering::SeqCst), 1, "the report went out all the same");
 }
 
 /// A check whose reply never came is never abandoned: the daemon may not

@@ -380,9 +380,11 @@ impl Limiter {
             return Ok(CheckStored { verdict: combine(&answers), store_now, give_back: None });
         }
         let signals = if known_anywhere { Hits::default() } else { hits };
-        if self.judge_signals(route, &rule_keys, signals, now_us, true, &mut answers)
-            || self.spend_rates(route, &rule_keys, class, Rules::Host, now_us, &mut answers)
-        {
+        let refused = self.judge_signals(route, &rule_keys, signals, now_us, true, &mut answers)
+            || self.spend_rates(route, &rule_keys, class, Rules::Host, now_us, &mut answers);
+        // A delayed check proceeds after its delay: it keeps its places,
+        // here and in the store, as `admit_then_spend` does.
+        if refused && !combine(&answers).proceeds() {
             self.give_back(route, &rule_keys, held, now_us);
             let places: Vec<(String, u64)> = taken
                 .iter()
@@ -699,7 +701,11 @@ fn store_failure_answer<'r>(
         // no longer than that.
         let lock_remaining_us = entry.lock_remaining_us.min(spec.window_us.saturating_mul(2));
         answer.retry_after_us = answer.retry_after_us.max(lock_remaining_us);
-        answer.reason = Reason::TooManyFailures;
+        // Places alone refuse only when nothing else does: a written-back
+        // lockout, or a store whose counts refuse, is a failures' refusal.
+        if lock_remaining_us > 0 || standing.in_flight == 0 || spec.is_locked(standing.counts, store_now) {
+            answer.reason = Reason::TooManyFailures;
+        }
     }
     answer
 }

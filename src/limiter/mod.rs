@@ -303,6 +303,9 @@ impl Limiter {
     /// The failure rules of `admit` admit the attempt, then every rate rule
     /// spends; if any enforced rule refuses, the places taken (`held`, and
     /// those taken here) are given back, so a refused check holds nothing.
+    /// A delayed check proceeds after its delay, so it keeps its places:
+    /// otherwise any number of attempts delayed together would all pass a
+    /// failure rule's threshold.
     #[allow(clippy::too_many_arguments)] // the state of a check half done
     fn admit_then_spend<'a>(
         &'a self,
@@ -322,10 +325,11 @@ impl Limiter {
         if !refused {
             refused = self.spend_rates(route, rule_keys, class, Rules::All, now_us, &mut answers);
         }
-        if refused {
+        let verdict = combine(&answers);
+        if refused && !verdict.proceeds() {
             self.give_back(route, rule_keys, held, now_us);
         }
-        combine(&answers)
+        verdict
     }
 
     /// Each failure rule of `which` admits the attempt into a place of its

@@ -132,7 +132,13 @@ pub(super) fn failure_answer(
     RuleAnswer {
         refused,
         monitored: false,
-        reason: if refused { Reason::TooManyFailures } else { Reason::Allowed },
+        reason: match (refused, spec.is_locked(counts, now_us)) {
+            (false, _) => Reason::Allowed,
+            (true, true) => Reason::TooManyFailures,
+            // Refused only because the attempts in flight fill the rule:
+            // said apart, so an operator does not look for failures.
+            (true, false) => Reason::AttemptsInFlight,
+        },
         rung: Rung::Deny,
         retry_after_us,
         delay_us: 0,

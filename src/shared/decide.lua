@@ -377,9 +377,10 @@ local function merge()
 end
 
 -- UNLOCK: an operator's unlock, of one entry or (with an index) of every
--- entry of an account on one rule. The counts and lock go; the places in
--- flight stay (their reports still settle them); the tombstone makes an
--- older lockout written back later lose. Each unlocked key is published,
+-- entry of an account on one rule. The counts, the lock and the places in
+-- flight go (a refusal made of places nobody will report is undone like
+-- one made of failures; a later report finds no place, which is fine);
+-- the tombstone makes an older lockout written back later lose. Each unlocked key is published,
 -- so the other hosts forget it as a known lockout.
 local function unlock()
   local kn, W, indexed, channel = key(), num(), num(), str()
@@ -394,8 +395,8 @@ local function unlock()
     local r, err = load(name, W)
     if r then
       roll(r)
-      if r.p + r.c > 0 or r.lu > now then had = had + 1 end
-      r.p, r.c, r.lu, r.ua = 0, 0, 0, now
+      if r.p + r.c > 0 or r.lu > now or #r.q > 0 then had = had + 1 end
+      r.p, r.c, r.lu, r.ua, r.q = 0, 0, 0, now, {}
       save(name, r)
       redis.call('PUBLISH', channel, 'U ' .. name)
     end
