@@ -64,8 +64,8 @@ impl OwnedSubject {
 /// cancelled future or a panic still gives its places back (without a
 /// runtime to spawn on, the places lapse after `attempt_timeout_ms`).
 ///
-/// Only an attempt the daemon let proceed (`allow`, or `delay`) holds
-/// places: a refused or unanswered check sends nothing when dropped. In
+/// Only an attempt the daemon allowed holds places: a refused, delayed or
+/// unanswered check sends nothing when dropped. In
 /// particular a check that timed out is never abandoned: the daemon may
 /// not have seen it, and an abandon would then free another attempt's
 /// place. Do not drop the guard while the attempt goes on (`if
@@ -185,7 +185,11 @@ impl Attempt {
         if !std::mem::take(&mut self.holds_places) {
             return None;
         }
-        Some(self.client.abandon(&self.route, &self.subject.as_subject()).await)
+        // On a task of its own, as the report: cancelled here, it still goes.
+        let client = Arc::clone(&self.client);
+        let (route, subject) = (std::mem::take(&mut self.route), std::mem::take(&mut self.subject));
+        let abandoning = tokio::spawn(async move { client.abandon(&route, &subject.as_subject()).await });
+        Some(abandoning.await.unwrap_or_else(|e| ended_without_answer(Some(e))))
     }
 }
 
@@ -198,10 +202,10 @@ fn ended_without_answer(error: Option<tokio::task::JoinError>) -> ! {
     }
 }
 
-/// Whether a check's answer left places held: an allowed attempt, and a
-/// delayed one (it proceeds after its delay, so it holds its places too).
+/// Whether a check's answer left places held: only an allowed attempt's
+/// (a delayed check gave its places back, though it proceeds).
 fn holds_places(answer: &Answer) -> bool {
-    matches!(answer, Answer::Verdict(v) if matches!(v.decision, Decision::Allow | Decision::Delay))
+    matches!(answer, Answer::Verdict(v) if v.decision == Decision::Allow)
 }
 
 impl Drop for Attempt {

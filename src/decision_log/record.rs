@@ -135,7 +135,11 @@ pub fn decode_header(bytes: &[u8]) -> Result<Header, HeaderError> {
 
 /// A reason's byte in a record is its place here: the wire's order.
 const REASONS: [Reason; Reason::ALL.len()] = Reason::ALL;
-const REASONS_KNOWN: usize = REASONS.len();
+/// The reasons a record holds: version 4's nine (`encode_record` writes a
+/// later one as version 4 receives it), so a log stays readable by every
+/// replay that reads this format.
+const REASONS_KNOWN: usize = 9;
+const _: () = assert!(REASONS_KNOWN <= REASONS.len());
 const DECISIONS: [Decision; 4] = [Decision::Allow, Decision::Delay, Decision::Challenge, Decision::Deny];
 
 fn reason_byte(reason: Reason) -> u8 {
@@ -155,7 +159,9 @@ pub fn encode_record(record: &Record, out: &mut Vec<u8>) {
         Op::Report(Outcome::Failure) => 2,
     });
     out.push(record.decision as u8);
-    out.push(reason_byte(record.reason));
+    // The log keeps version 4's reasons, so a replay built before version 5
+    // reads every record: a refusal by places is logged as one by failures.
+    out.push(reason_byte(record.reason.for_version(crate::protocol::ACTIVITY_VERSION)));
     let digests =
         [record.account, record.device, record.tenant, record.client_id, record.password_digest, record.password_tag];
     let present = digests.iter().enumerate().fold(0u8, |bits, (i, d)| bits | (u8::from(d.is_some()) << i));

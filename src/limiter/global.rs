@@ -380,11 +380,9 @@ impl Limiter {
             return Ok(CheckStored { verdict: combine(&answers), store_now, give_back: None });
         }
         let signals = if known_anywhere { Hits::default() } else { hits };
-        let refused = self.judge_signals(route, &rule_keys, signals, now_us, true, &mut answers)
-            || self.spend_rates(route, &rule_keys, class, Rules::Host, now_us, &mut answers);
-        // A delayed check proceeds after its delay: it keeps its places,
-        // here and in the store, as `admit_then_spend` does.
-        if refused && !combine(&answers).proceeds() {
+        if self.judge_signals(route, &rule_keys, signals, now_us, true, &mut answers)
+            || self.spend_rates(route, &rule_keys, class, Rules::Host, now_us, &mut answers)
+        {
             self.give_back(route, &rule_keys, held, now_us);
             let places: Vec<(String, u64)> = taken
                 .iter()

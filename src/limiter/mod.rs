@@ -303,9 +303,10 @@ impl Limiter {
     /// The failure rules of `admit` admit the attempt, then every rate rule
     /// spends; if any enforced rule refuses, the places taken (`held`, and
     /// those taken here) are given back, so a refused check holds nothing.
-    /// A delayed check proceeds after its delay, so it keeps its places:
-    /// otherwise any number of attempts delayed together would all pass a
-    /// failure rule's threshold.
+    /// A delayed check holds nothing either, though it proceeds after its
+    /// delay: keeping its places would hold a victim's account for the
+    /// whole delay, and its report could not tell which places are its own
+    /// (docs/operations.md says what a delay rung on a failure route costs).
     #[allow(clippy::too_many_arguments)] // the state of a check half done
     fn admit_then_spend<'a>(
         &'a self,
@@ -325,11 +326,10 @@ impl Limiter {
         if !refused {
             refused = self.spend_rates(route, rule_keys, class, Rules::All, now_us, &mut answers);
         }
-        let verdict = combine(&answers);
-        if refused && !verdict.proceeds() {
+        if refused {
             self.give_back(route, rule_keys, held, now_us);
         }
-        verdict
+        combine(&answers)
     }
 
     /// Each failure rule of `which` admits the attempt into a place of its

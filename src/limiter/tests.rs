@@ -189,20 +189,6 @@ fn combine_takes_the_severest_rung_then_the_longest_wait() {
     assert_eq!((v.decision, v.rule.as_ref(), v.limit), (Decision::Allow, "", 0));
 }
 
-/// A check delayed by another rule proceeds after its delay, so it keeps
-/// its place on the failure rule: 20 attempts delayed together still pass
-/// a threshold of 3 at most 3 times (they once all passed).
-#[test]
-fn delayed_checks_keep_their_places() {
-    let limiter = limiter(&rule(
-        "[routes.t.rules.per_account_rate]\nkind = \"rate\"\nkey = [\"account\"]\nlimit = 1\nburst = 1\nresponses = [\"delay\"]\n",
-    ));
-    let proceeding = (0..20).filter(|_| check(&limiter, "alice", T0).proceeds()).count();
-    assert_eq!(proceeding, 3, "attempts in flight at once past a threshold of 3");
-    let v = check(&limiter, "alice", T0);
-    assert_eq!((v.decision, v.reason), (Decision::Deny, Reason::AttemptsInFlight), "refused by places alone");
-}
-
 /// A refusal made of places in flight says so; one made of failures says
 /// that, however many places are held beside them.
 #[test]
