@@ -19,7 +19,7 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::client::{Answer, Answered, Client};
+use crate::client::{Answer, Answered, Client, ClientError};
 use crate::protocol::{Decision, Outcome, Request, Subject};
 
 /// An owned copy of a `Subject`, so that a dropped guard can still name
@@ -94,6 +94,7 @@ impl Client {
     ) -> Attempt {
         let client = Arc::clone(self);
         let (route, subject) = (route.to_owned(), OwnedSubject::of(subject));
+        let route_name = route.clone();
         let (handed, taken) = tokio::sync::oneshot::channel();
         let checking = tokio::spawn(async move {
             let answered = client.check_tagged(&route, &subject.as_subject(), password_tag).await;
@@ -104,7 +105,11 @@ impl Client {
         });
         match taken.await {
             Ok(attempt) => attempt,
-            Err(_) => ended_without_answer(checking.await.err()),
+            Err(_) => {
+                let answered = ended_without_answer(self, &route_name, true, checking.await.err());
+                let subject = OwnedSubject::default();
+                Attempt { client: Arc::clone(self), route: route_name, subject, answered, holds_places: false }
+            }
         }
     }
 
@@ -171,11 +176,12 @@ impl Attempt {
     ) -> Answered {
         self.holds_places = false;
         let client = Arc::clone(&self.client);
-        let route = std::mem::take(&mut self.route);
+        let route = self.route.clone();
         let reporting = tokio::spawn(async move {
             client.report_tagged(&route, &subject.as_subject(), outcome, password_digest, password_tag).await
         });
-        reporting.await.unwrap_or_else(|e| ended_without_answer(Some(e)))
+        let ended = reporting.await;
+        ended.unwrap_or_else(|e| ended_without_answer(&self.client, &self.route, false, Some(e)))
     }
 
     /// Gives the attempt up now, waiting for the daemon's answer (dropping
@@ -187,18 +193,24 @@ impl Attempt {
         }
         // On a task of its own, as the report: cancelled here, it still goes.
         let client = Arc::clone(&self.client);
-        let (route, subject) = (std::mem::take(&mut self.route), std::mem::take(&mut self.subject));
+        let (route, subject) = (self.route.clone(), std::mem::take(&mut self.subject));
         let abandoning = tokio::spawn(async move { client.abandon(&route, &subject.as_subject()).await });
-        Some(abandoning.await.unwrap_or_else(|e| ended_without_answer(Some(e))))
+        let ended = abandoning.await;
+        Some(ended.unwrap_or_else(|e| ended_without_answer(&self.client, &self.route, false, Some(e))))
     }
 }
 
 /// A task of this module ended without its answer: it panicked (the panic
-/// goes on here), or the runtime is shutting down under it.
-fn ended_without_answer(error: Option<tokio::task::JoinError>) -> ! {
+/// goes on here), or the runtime is shutting down under it, which is
+/// answered as a daemon that cannot be reached is: by the route's fail
+/// policy (`spend` as for `Client::unavailable`).
+fn ended_without_answer(client: &Client, route: &str, spend: bool, error: Option<tokio::task::JoinError>) -> Answered {
     match error {
         Some(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        _ => panic!("a tollgate call's task ended without an answer: the runtime is shutting down"),
+        _ => {
+            let why = std::io::Error::other("the runtime is shutting down: the call's task ended without an answer");
+            Answered { answer: client.unavailable(route, ClientError::Io(why), spend), degraded: false }
+        }
     }
 }
 

@@ -287,7 +287,7 @@ impl Client {
 
     /// The route's fail policy; for a closed route, whether the static
     /// budget has room (spent from only when `spend`).
-    fn unavailable(&self, route: &str, error: ClientError, spend: bool) -> Answer {
+    pub(crate) fn unavailable(&self, route: &str, error: ClientError, spend: bool) -> Answer {
         let policy = self.config.fail_policies.get(route).copied().unwrap_or(self.config.default_fail_policy);
         let within_static_budget = policy == FailPolicy::Closed
             && self.config.static_budgets.get(route).is_some_and(|spec| {

@@ -424,3 +424,22 @@ async fn a_version_4_daemon_cannot_be_told_of_an_abandon() {
     }
     assert_eq!(abandons(&fake), 0);
 }
+
+/// A runtime shutting down while a check is on the wire: the guard comes
+/// back with the route's fail policy (login: open), as for a daemon that
+/// cannot be reached, instead of a panic, and holds nothing.
+#[test]
+fn a_runtime_shutting_down_mid_check_answers_by_the_fail_policy() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let fake = rt.block_on(async { fake(5) });
+    let client = Arc::new(Client::new(client(&fake)));
+    let handle = rt.handle().clone();
+    let asking = std::thread::spawn(move || {
+        let slowpoke = Subject { account: Some("slowpoke"), ..alice() };
+        let attempt = handle.block_on(client.begin("login", &slowpoke, None));
+        (matches!(attempt.answer(), Answer::Unavailable { .. }), attempt.proceeds())
+    });
+    std::thread::sleep(Duration::from_millis(30));
+    rt.shutdown_background();
+    assert_eq!(asking.join().expect("no panic"), (true, true));
+}
