@@ -222,3 +222,62 @@ async fn a_reload_that_turns_spray_detection_off_withdraws_its_flags_at_once() {
     let status = daemon.cli_json(&["status"]);
     assert!(status["signals"].is_null(), "{}", status["signals"]);
 }
+
+/// Whether `status` lists `subject` flagged by `detector`.
+fn flagged(daemon: &TestDaemon, subject: &str, detector: &str) -> bool {
+    let status = daemon.cli_json(&["status"]);
+    let flagged = status["signals"]["flagged"].as_array().cloned().unwrap_or_default();
+    flagged.iter().any(|f| f["subject"] == subject && f["detector"] == detector)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_customer_failing_many_accounts_never_flags_its_neighbours() {
+    let daemon = TestDaemon::start();
+    let client = daemon.client();
+    // Six addresses of one /24 and six /64s of one /56, each failing ten
+    // accounts: sixty distinct accounts from each /24 and /48, past
+    // `wide_spray`'s 50, from what is one customer in each.
+    for host in 0..6u32 {
+        spray_from(&client, &format!("203.0.113.{}", host + 1), host * 10..host * 10 + 10).await;
+        spray_from(&client, &format!("2001:db8:1:{host:x}::1"), 100 + host * 10..110 + host * 10).await;
+    }
+    // Each of those sources is flagged itself (`narrow_spray`, their own
+    // tenth account, the last events the thread counts).
+    for peer in ["203.0.113.6", "2001:db8:1:5::1"] {
+        let v = check_until(&client, &subject(peer, "target999"), |v| v.decision != Decision::Allow).await;
+        assert_eq!((v.decision, v.rule.as_ref()), (Decision::Challenge, "spray_signals"));
+    }
+    // Their neighbours are not: another address of the /24, and another
+    // customer's /56 of the /48, on a new device.
+    for peer in ["203.0.113.200", "2001:db8:1:100::1"] {
+        let v = verdict(client.check("login", &subject(peer, "bystander")).await);
+        assert_eq!((v.decision, v.reason), (Decision::Allow, Reason::Allowed), "{peer}: {v:?}");
+    }
+    assert!(!flagged(&daemon, "203.0.113.0/24", "wide_spray") && !flagged(&daemon, "2001:db8:1::/48", "wide_spray"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spray_rotating_through_a_24_or_a_48_is_flagged_at_its_fiftieth_account() {
+    let daemon = TestDaemon::start();
+    let client = daemon.client();
+    // One account per attempt, from 64 addresses of a /24 in turn, and from
+    // a fresh /64 of a /48 each time: no address fails ten accounts.
+    for n in 0..50u32 {
+        let (v4_peer, v4_account) = (format!("198.51.100.{}", n % 64), format!("v4target{n}"));
+        let (v6_peer, v6_account) = (format!("2001:db8:77:{:x}::1", n * 0x0101), format!("v6target{n}"));
+        for s in [subject(&v4_peer, &v4_account), subject(&v6_peer, &v6_account)] {
+            if n < 49 {
+                // The budget is unchanged: nothing flags the wide prefix
+                // before its 50th distinct account.
+                assert!(!flagged(&daemon, "198.51.100.0/24", "wide_spray"), "flagged at {n}");
+            }
+            assert!(verdict(client.check("login", &s).await).proceeds(), "attempt {n}");
+            verdict(client.report("login", &s, Outcome::Failure).await);
+        }
+    }
+    for (peer, wide) in [("198.51.100.99", "198.51.100.0/24"), ("2001:db8:77:ffff::1", "2001:db8:77::/48")] {
+        let v = check_until(&client, &subject(peer, "target999"), |v| v.decision != Decision::Allow).await;
+        assert_eq!((v.decision, v.rule.as_ref()), (Decision::Challenge, "spray_signals"), "{peer}");
+        assert!(flagged(&daemon, wide, "wide_spray"), "{wide}");
+    }
+}

@@ -69,7 +69,7 @@ async fn status_lists_the_documented_limits_then_one_per_route_keeping_known_dev
     assert_eq!(documented.len(), 23, "{documented:?}");
 
     let signals = documented_signal_limit_names();
-    assert_eq!(signals.len(), 24, "{signals:?}");
+    assert_eq!(signals.len(), 25, "{signals:?}");
 
     let activity = documented_activity_limit_names();
     assert_eq!(activity.len(), 8, "{activity:?}");

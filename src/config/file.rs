@@ -87,7 +87,7 @@ pub struct RawSignals {
     #[serde(default)]
     pub narrow_spray: RawDetector,
     #[serde(default)]
-    pub wide_spray: RawDetector,
+    pub wide_spray: RawWideDetector,
     #[serde(default)]
     pub account_distributed: RawCountDetector,
     #[serde(default)]
@@ -111,6 +111,16 @@ pub struct RawDetector {
     pub mode: Option<Word<DetectorMode>>,
     pub threshold: Option<u32>,
     pub failure_share_min: Option<f64>,
+}
+
+/// The wide source detector: one more gate, its distinct failing sources.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawWideDetector {
+    pub mode: Option<Word<DetectorMode>>,
+    pub threshold: Option<u32>,
+    pub failure_share_min: Option<f64>,
+    pub sources_min: Option<u32>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]

@@ -198,8 +198,9 @@ pub struct Signals {
     sub_us: u64,
     narrow: Family,
     wide: Family,
-    /// /48 → distinct /56s, failed and succeeded (IPv6 only).
-    blocks48: Family,
+    /// Wide prefix → distinct sources: /48 → /56s failed and succeeded,
+    /// /24 → addresses failed.
+    blocks: Family,
     /// /56 → distinct /64s.
     blocks56: Family,
     accounts: Family,
@@ -230,7 +231,7 @@ impl Signals {
             sub_us: (c.window_us / SUB_WINDOWS as u64).max(1),
             narrow: Family::new("narrow_prefixes", c.prefixes_max, 1),
             wide: Family::new("wide_prefixes", c.wide_prefixes_max, 2),
-            blocks48: Family::new("blocks_48", c.blocks_max, 3),
+            blocks: Family::new("wide_sources", c.blocks_max, 3),
             blocks56: Family::new("blocks_56", c.blocks_max, 4),
             accounts: Family::roaming("accounts", c.accounts_max, 5),
             passwords: Family::new("passwords", c.passwords_max, 6),
@@ -257,7 +258,7 @@ impl Signals {
             // sampled eighth weighs 1 each and its next typos flag it. They
             // start over, as at a restart (failures and successes together,
             // so no share is judged on failures alone).
-            for family in [&mut self.narrow, &mut self.wide, &mut self.blocks48, &mut self.blocks56] {
+            for family in [&mut self.narrow, &mut self.wide, &mut self.blocks, &mut self.blocks56] {
                 family.clear();
             }
             tracing::warn!(
@@ -271,7 +272,7 @@ impl Signals {
         self.sub_us = (config.window_us / SUB_WINDOWS as u64).max(1);
         self.narrow.set_entries_max(config.prefixes_max);
         self.wide.set_entries_max(config.wide_prefixes_max);
-        self.blocks48.set_entries_max(config.blocks_max);
+        self.blocks.set_entries_max(config.blocks_max);
         self.blocks56.set_entries_max(config.blocks_max);
         self.accounts.set_entries_max(config.accounts_max);
         self.passwords.set_entries_max(config.passwords_max);
@@ -290,7 +291,7 @@ impl Signals {
     }
 
     fn families(&self) -> [&Family; 6] {
-        [&self.narrow, &self.wide, &self.blocks48, &self.blocks56, &self.accounts, &self.passwords]
+        [&self.narrow, &self.wide, &self.blocks, &self.blocks56, &self.accounts, &self.passwords]
     }
 
     fn sketch_bytes(&self) -> usize {
@@ -334,6 +335,7 @@ impl Signals {
                 hint(&self.narrow, e.narrow.0);
             }
             (Outcome::Failure, Some(account)) if !e.repeated && !e.known_device => {
+                hint(&self.blocks, e.wide.0);
                 hint(&self.narrow, e.narrow.0);
                 hint(&self.accounts, account);
                 if let Some(tag) = e.password {
@@ -370,7 +372,7 @@ impl Signals {
                 }
                 if let Some(v6) = e.v6 {
                     if in_success_sample(v6.block56.0, every) {
-                        self.blocks48.succeed(e.wide.0, Label::Prefix(e.wide.1), epoch, v6.block56.0, now);
+                        self.blocks.succeed(e.wide.0, Label::Prefix(e.wide.1), epoch, v6.block56.0, now);
                     }
                     if in_success_sample(v6.net64, every) {
                         self.blocks56.succeed(v6.block56.0, Label::Prefix(v6.block56.1), epoch, v6.net64, now);
@@ -383,13 +385,21 @@ impl Signals {
             // thousands of accounts cannot have their devices.
             Outcome::Failure if e.repeated || e.known_device => {}
             Outcome::Failure => {
+                // The wide prefix's distinct failing sources: IPv4
+                // addresses, IPv6 /56s (what widening counts a /48 by).
+                let source = e.v6.map_or(e.narrow.0, |v6| v6.block56.0);
+                let sources = self.blocks.fail(e.wide.0, Label::Prefix(e.wide.1), epoch, source, now).failed.count();
                 if let Some(account) = e.account {
                     let narrow = self.narrow.fail(e.narrow.0, Label::Prefix(e.narrow.1), epoch, account, now);
                     let weight = self.config.success_sample;
                     let found = judge_source(narrow, &self.config.narrow_spray, weight);
                     self.raise_on(Detector::NarrowSpray, Space::Prefix, e.narrow.0, found, now);
                     let wide = self.wide.fail(e.wide.0, Label::Prefix(e.wide.1), epoch, account, now);
-                    let found = judge_source(wide, &self.config.wide_spray, weight);
+                    // A wide flag falls on every address of the /24 (/48):
+                    // it needs failures from enough of them, so one
+                    // customer's can never flag its neighbours.
+                    let spread = sources >= self.config.wide_spray.sources_min;
+                    let found = judge_source(wide, &self.config.wide_spray, weight).filter(|_| spread);
                     self.raise_on(Detector::WideSpray, Space::Prefix, e.wide.0, found, now);
                     // A mobile source hops addresses within its carrier's
                     // pool: count its wide prefix, or one person would look
@@ -411,12 +421,12 @@ impl Signals {
                     let may_widen = widening.mode != DetectorMode::Off
                         && e.class.is_none_or(|c| !widening.never_classes.contains(&c));
                     let (per_48, per_56, share_min) = (widening.per_48, widening.per_56, widening.failure_share_min);
-                    // A /48 counts its failing /56s, not /64s: one customer's
-                    // /56 (256 /64s) can widen only itself, never the
-                    // ISP's /48 around it and its other customers.
-                    let block = self.blocks48.fail(e.wide.0, Label::Prefix(e.wide.1), epoch, v6.block56.0, now);
+                    // A /48 counts its failing /56s (above), not /64s: one
+                    // customer's /56 (256 /64s) can widen only itself,
+                    // never the ISP's /48 around it and its other customers.
                     let weight = self.config.success_sample;
-                    let found = judge_widening(block, per_48, share_min, weight);
+                    let block = self.blocks.get(e.wide.0);
+                    let found = block.and_then(|block| judge_widening(block, per_48, share_min, weight));
                     if may_widen {
                         self.widen(WIDEN_48, e.wide.0, found, per_48, now);
                     }
@@ -569,7 +579,7 @@ impl Signals {
             let fattest = [
                 &mut self.narrow,
                 &mut self.wide,
-                &mut self.blocks48,
+                &mut self.blocks,
                 &mut self.blocks56,
                 &mut self.accounts,
                 &mut self.passwords,
@@ -599,7 +609,7 @@ impl Signals {
             for family in [
                 &mut self.narrow,
                 &mut self.wide,
-                &mut self.blocks48,
+                &mut self.blocks,
                 &mut self.blocks56,
                 &mut self.accounts,
                 &mut self.passwords,
@@ -628,7 +638,7 @@ impl Signals {
                     failed.count() * 2 >= threshold
                 })
             };
-            let keep_48 = flag.bits & WIDEN_48 != 0 && still(&self.blocks48, per_48);
+            let keep_48 = flag.bits & WIDEN_48 != 0 && still(&self.blocks, per_48);
             let keep_56 = flag.bits & WIDEN_56 != 0 && still(&self.blocks56, per_56);
             if keep_48 || keep_56 {
                 flag.bits &= (if keep_48 { WIDEN_48 } else { 0 }) | (if keep_56 { WIDEN_56 } else { 0 });
