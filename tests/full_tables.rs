@@ -122,3 +122,55 @@ fn a_spilled_lockout_shows_in_report_verdicts_and_survives_a_reload_to_another_w
     let v = verdict(rt.block_on(client.check("login", &victim)));
     assert_eq!((v.decision, v.rule.as_ref()), (Decision::Deny, "source_failures"), "re-dated, not dropped: {v:?}");
 }
+
+/// Places at a scale model of the default caps: 16 keys a shard.
+const SMALL_PLACES: &str = "\
+[routes.login.rules.source_failures]
+entries_max = 256
+[routes.login.rules.account_failures]
+entries_max = 256
+";
+
+/// `n` checks on distinct accounts, from 8 addresses, never reported (a
+/// client that hangs up, or an attacker's): every shard's places fill.
+fn hold_places(daemon: &TestDaemon, n: usize) {
+    let accounts: Vec<String> = (0..n).map(|i| format!("held-{i}")).collect();
+    let addresses: Vec<String> = (0..8).map(|i| format!("10.9.{i}.1")).collect();
+    runtime().block_on(pipeline(&daemon.socket, n, 64, |i, out| {
+        check_frame(i, "login", &subject(&addresses[i % 8], &accounts[i]), out);
+    }));
+}
+
+#[test]
+fn with_every_place_held_a_real_attempt_counts_once_and_an_abandon_counts_nothing() {
+    let daemon = TestDaemon::start_with(Some(SMALL_PLACES), true);
+    // 800 keys over 16 shards of 16 places each: every shard full (a shard
+    // draws fewer than 16 of them with probability below 10^-8).
+    hold_places(&daemon, 800);
+    let rt = runtime();
+    let client = daemon.client();
+    // Three typos, then her password: each attempt counted once, so the
+    // fourth check is admitted (3 of 5) and the success clears her.
+    let alice = subject("198.51.100.7", "alice");
+    for typo in 0..3 {
+        let v = verdict(rt.block_on(client.check("login", &alice)));
+        assert!(v.proceeds(), "typo {typo}: {v:?}");
+        let after = verdict(rt.block_on(client.report("login", &alice, Outcome::Failure)));
+        assert_eq!(after.remaining, 5 - (typo + 1), "typo {typo} counted once: {after:?}");
+    }
+    assert!(verdict(rt.block_on(client.check("login", &alice))).proceeds(), "her password");
+    verdict(rt.block_on(client.report("login", &alice, Outcome::Success)));
+    // Attempts with no room were counted at their checks: 4 of them.
+    let presumed = rule_status(&daemon, "source_failures")["refused_full"].as_u64().unwrap();
+    assert!(presumed >= 4, "{presumed}");
+
+    // Abandoned attempts give back what was counted for them: ten, where
+    // five would lock her if they stayed counted.
+    let bob = subject("198.51.100.8", "bob");
+    for n in 0..10 {
+        assert!(verdict(rt.block_on(client.check("login", &bob))).proceeds(), "attempt {n}");
+        verdict(rt.block_on(client.abandon("login", &bob)).answer);
+    }
+    let v = verdict(rt.block_on(client.check("login", &bob)));
+    assert_eq!((v.decision, v.remaining), (Decision::Allow, 4), "{v:?}");
+}

@@ -29,6 +29,6 @@ mod table;
 mod tests;
 mod window;
 
-pub use places::Standing;
+pub use places::{Settled, Standing};
 pub use table::{Change, FailureWindowTable, Recorded, TableError, TOP_CLASS_EVICTION_SCAN};
 pub use window::{Counts, WindowSpec, THRESHOLD_MAX, WINDOW_US_MIN};

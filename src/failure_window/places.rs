@@ -3,8 +3,11 @@
 //! (`settle`), and a place whose report never comes lapses on its own.
 //! `standing` is what a check reads: a key's failures and its places.
 //!
-//! Places are memory only, never persisted; they count as failures only
-//! when the map of places is full (`presumed_failures`).
+//! Places are memory only, never persisted. When the map of places is full
+//! of live ones, an attempt that finds no room is counted as a failure at
+//! once and remembered as presumed (`Presumed`), so that its report settles
+//! it as a place would be: a failure is not counted twice, and a success,
+//! a repeat or an abandon takes the presumed failure back.
 
 use super::table::FailureWindowTable;
 use super::window::Counts;
@@ -103,6 +106,30 @@ impl Places {
     }
 }
 
+/// A key's attempts admitted with no room for their place: each counted as
+/// a failure in the window it was admitted in, and kept in the key's entry
+/// beside its counts until a report or an abandon settles it (so it lasts
+/// as long as the failure it stands for). Per window, as `Counts`, so that
+/// a failure taken back comes out of the window it went into.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Presumed {
+    window: u32,
+    previous: u16,
+    current: u16,
+}
+
+/// How a report (or an abandon, or a refused check giving back) found its
+/// attempt on a rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Settled {
+    /// A live place was released.
+    Place,
+    /// A presumed failure was settled: the attempt was counted already.
+    Presumed,
+    /// Neither: a report after its place lapsed, or without a check.
+    Nothing,
+}
+
 /// What a key looks like to a check: its counts and the attempts admitted
 /// on it that have not been reported yet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -150,10 +177,13 @@ impl FailureWindowTable {
         let slot = ExpiringSlot { expires_us: places.last_lapse(now_us), value: places };
         if !self.in_flight.set_if_room(key.tuple, slot, now_us) {
             // Full of live places: the attempt is counted as a failure now,
-            // and its report, finding no place, counts again (a success
-            // clears what it clears). Over-counting, only under a flood.
+            // which errs towards refusing, and marked presumed in its entry
+            // for its report to settle. In a table full of lockouts (the
+            // failure spilled to the sketch) its report counts it again.
             self.presumed += 1;
-            if self.record_failure(key, now_us).is_err() {
+            if self.record_failure(key, now_us).is_ok() {
+                self.presume(key, now_us);
+            } else {
                 self.count_overflow(key, now_us);
             }
             return (true, self.standing(key, now_us));
@@ -163,11 +193,47 @@ impl FailureWindowTable {
         (true, after)
     }
 
-    /// Releases the newest of the key's places in flight (its report
-    /// arrived, or the check was refused by another rule); none held is
-    /// fine (a report after its place lapsed, or without a check). True
-    /// if a live place was released.
-    pub fn settle(&mut self, key: Key, now_us: u64) -> bool {
+    /// Marks one of the key's failures, counted in `now_us`'s window, as
+    /// presumed.
+    fn presume(&mut self, key: Key, now_us: u64) {
+        let window = self.spec.window_index(now_us);
+        if let Some(presumed) = self.presumed_mut(key) {
+            let mut p = rolled(*presumed, window);
+            p.current = p.current.saturating_add(1);
+            *presumed = p;
+        }
+    }
+
+    /// Settles the attempt a report (or an abandon, or a refused check)
+    /// speaks for: releases the newest of the key's live places, or else
+    /// settles one of its presumed failures, which is taken back unless
+    /// `failed` (the attempt failed, and was counted when presumed). None
+    /// held is fine (a report after its place lapsed, or without a check).
+    pub fn settle(&mut self, key: Key, now_us: u64, failed: bool) -> Settled {
+        if self.release_place(key, now_us) {
+            return Settled::Place;
+        }
+        let window = self.spec.window_index(now_us);
+        let Some(presumed) = self.presumed_mut(key) else { return Settled::Nothing };
+        let mut p = rolled(*presumed, window);
+        let in_previous = if p.current > 0 {
+            p.current -= 1;
+            false
+        } else if p.previous > 0 {
+            p.previous -= 1;
+            true
+        } else {
+            return Settled::Nothing;
+        };
+        *presumed = p;
+        if !failed {
+            self.take_back(key, now_us, in_previous);
+        }
+        Settled::Presumed
+    }
+
+    /// Releases the newest of the key's live places; true if there was one.
+    fn release_place(&mut self, key: Key, now_us: u64) -> bool {
         self.in_flight.update(key.tuple, now_us, |held| match held {
             Some(mut slot) => {
                 let released = slot.value.live(now_us) > 0;
@@ -212,5 +278,16 @@ impl FailureWindowTable {
     /// also sweeps itself, amortised, as it fills).
     pub fn sweep_places(&mut self, now_us: u64) {
         self.in_flight.sweep(now_us);
+    }
+}
+
+/// The presumed failures as seen from `window`.
+fn rolled(p: Presumed, window: u32) -> Presumed {
+    if window <= p.window {
+        p
+    } else if window == p.window + 1 {
+        Presumed { window, previous: p.current, current: 0 }
+    } else {
+        Presumed { window, previous: 0, current: 0 }
     }
 }

@@ -8,7 +8,7 @@
 
 use hashbrown::HashTable;
 
-use super::places::Places;
+use super::places::{Places, Presumed};
 use super::window::{Counts, WindowSpec, THRESHOLD_MAX, WINDOW_US_MIN};
 use crate::expiring::ExpiringMap;
 use crate::keys::Key;
@@ -20,11 +20,14 @@ const NIL: u32 = u32::MAX;
 pub const TOP_CLASS_EVICTION_SCAN: usize = 64;
 
 /// One slot of the slab: the key, its counts, and its place in a list.
-/// 40 bytes; `Key` is stored as two u64 so the slot is 8-aligned.
+/// 48 bytes; `Key` is stored as two u64 so the slot is 8-aligned.
 #[derive(Clone, Copy, Debug)]
 struct Slot {
     key: Key,
     counts: Counts,
+    /// Of the counts, the failures presumed for attempts admitted with no
+    /// room for their place, which their reports settle. Memory only.
+    pub(super) presumed: Presumed,
     prev: u32,
     next: u32,
     /// Which list the slot is on: `min(previous + current, threshold)` at its
@@ -189,6 +192,27 @@ impl FailureWindowTable {
         let counts = self.slots[i as usize].counts;
         self.remove(i);
         Some(counts)
+    }
+
+    /// The presumed failures of the key's entry, if it has one.
+    pub(super) fn presumed_mut(&mut self, key: Key) -> Option<&mut Presumed> {
+        let i = self.find(key)?;
+        Some(&mut self.slots[i as usize].presumed)
+    }
+
+    /// Takes back one failure counted in the current window (or, with
+    /// `in_previous`, the previous one): a presumed failure whose attempt
+    /// did not fail after all.
+    pub(super) fn take_back(&mut self, key: Key, now_us: u64, in_previous: bool) {
+        let Some(i) = self.find(key) else { return };
+        let mut counts = self.spec.rolled(self.slots[i as usize].counts, now_us);
+        let count = if in_previous { &mut counts.previous } else { &mut counts.current };
+        *count = count.saturating_sub(1);
+        if counts.previous == 0 && counts.current == 0 {
+            self.remove(i);
+        } else {
+            self.write(i, counts);
+        }
     }
 
     /// Puts back a persisted entry at start; true if it is live. An entry
@@ -360,6 +384,9 @@ impl FailureWindowTable {
             if spec.window_us != old.window_us {
                 let whole = old.whole_failures(counts, now_us);
                 counts = Counts { window: spec.window_index(now_us), previous: 0, current: whole };
+                // Their windows mean nothing at the new length: they stay
+                // counted, and their reports count them again.
+                self.slots[i as usize].presumed = Presumed::default();
             }
             if counts.previous == 0 && counts.current == 0 {
                 self.remove(i);
@@ -377,8 +404,16 @@ impl FailureWindowTable {
         if self.len >= self.entries_max {
             self.evict_least_informative(now_us)?;
         }
-        let slot =
-            Slot { key, counts: Counts::default(), prev: NIL, next: NIL, class: 0, dirty: false, persisted: false };
+        let slot = Slot {
+            key,
+            counts: Counts::default(),
+            presumed: Presumed::default(),
+            prev: NIL,
+            next: NIL,
+            class: 0,
+            dirty: false,
+            persisted: false,
+        };
         let i = if self.free_head != NIL {
             let i = self.free_head;
             self.free_head = self.slots[i as usize].next;

@@ -246,7 +246,7 @@ proptest::proptest! {
                     proptest::prop_assert_eq!(standing.in_flight, held + admitted as u32);
                 }
                 AttemptOp::Report(k, failed) => {
-                    table.settle(key(k as u64), now);
+                    table.settle(key(k as u64), now, failed);
                     let places = model.entry(k).or_default();
                     places.retain(|until| *until > now);
                     if let Some(newest) = places.iter().enumerate().max_by_key(|(_, u)| **u).map(|(i, _)| i) {
@@ -264,6 +264,70 @@ proptest::proptest! {
             }
         }
     }
+}
+
+proptest::proptest! {
+    /// A map of places too small for the keys in flight (room for 2 of 6
+    /// keys): however checks, reports and abandons interleave, once every
+    /// admitted attempt is settled each key counts exactly its failed
+    /// reports. An attempt with no room is counted at its check and its
+    /// report settles that, never counting it twice nor losing it; an
+    /// abandon or a success takes it back.
+    #[test]
+    fn a_full_map_of_places_counts_each_attempt_once(ops in proptest::collection::vec(
+        ((0u8..6), proptest::prelude::any::<bool>(), (0u8..3)), 1..300)) {
+        const TIMEOUT_US: u64 = 60_000_000;
+        // The entries have room (an evicted entry loses counts by design).
+        let mut table = FailureWindowTable::new(spec(127), 100);
+        table.in_flight.set_entries_max(2);
+        let now = 900 * WINDOW;
+        let mut outstanding = [0u32; 6];
+        let mut failed = [0u32; 6];
+        for (k, check, outcome) in ops {
+            let i = k as usize;
+            if check || outstanding[i] == 0 {
+                let (admitted, _) = table.admit(key(k as u64), now, TIMEOUT_US);
+                outstanding[i] += admitted as u32;
+                continue;
+            }
+            // 0: failed, 1: succeeded (counts nothing here), 2: abandoned.
+            let fails = outcome == 0;
+            let settled = table.settle(key(k as u64), now, fails);
+            if fails && settled != Settled::Presumed {
+                table.record_failure(key(k as u64), now).unwrap();
+            }
+            failed[i] += fails as u32;
+            outstanding[i] -= 1;
+        }
+        for k in 0..6u8 {
+            let i = k as usize;
+            while outstanding[i] > 0 {
+                table.settle(key(k as u64), now, false);
+                outstanding[i] -= 1;
+            }
+            let counts = table.get(key(k as u64), now);
+            proptest::prop_assert_eq!(counts.previous + counts.current, failed[i], "key {}", k);
+            proptest::prop_assert_eq!(table.standing(key(k as u64), now).in_flight, 0);
+        }
+    }
+}
+
+/// A failure presumed in one window and abandoned in the next comes out of
+/// the window it went into.
+#[test]
+fn a_presumed_failure_is_taken_back_from_its_own_window() {
+    let mut table = FailureWindowTable::new(spec(5), 1);
+    let t = 901 * WINDOW - 1_000_000;
+    assert!(table.admit(key(1), t, 30_000_000).0, "a place");
+    assert!(table.admit(key(2), t, 30_000_000).0, "presumed: no room");
+    table.record_failure(key(2), t + 2_000_000).unwrap();
+    let counts = table.get(key(2), t + 2_000_000);
+    assert_eq!((counts.previous, counts.current), (1, 1));
+    assert_eq!(table.settle(key(2), t + 2_000_000, false), Settled::Presumed);
+    let counts = table.get(key(2), t + 2_000_000);
+    assert_eq!((counts.previous, counts.current), (0, 1), "the presumed one, not the new window's");
+    assert_eq!(table.settle(key(2), t + 3_000_000, false), Settled::Nothing, "settled once");
+    assert_eq!(table.presumed_failures(), 1);
 }
 
 /// However many places a key holds, each lapses on its own: 49 checks at

@@ -18,7 +18,7 @@ use super::{CheckPlan, Limiter, PreparedReport, RequestError, Rules};
 use crate::classes::SourceClass;
 use crate::config::DeviceScope;
 use crate::expiring::Slot;
-use crate::failure_window::{Counts, Standing};
+use crate::failure_window::{Counts, Settled, Standing};
 use crate::gcra::decide;
 use crate::keys::{Component, Key};
 use crate::protocol::{Outcome, Reason, Subject, Verdict};
@@ -442,13 +442,14 @@ impl Limiter {
                 (Full::Failures(spec), Table::Failures { cleared_by_success, shards, .. }) => {
                     // A place taken here (degraded) is settled here; the
                     // store's place, if any, is released by the op.
-                    let settled_here = shards.of(key).settle(key, now_us);
+                    // A failure presumed here is taken back: the op counts.
+                    let settled_here = shards.of(key).settle(key, now_us, false);
                     rules.push(ReportRule::Failures {
                         key: name,
                         index: self.index_key(rule, key.account_tag),
                         window_us: spec.window_us,
                         threshold: spec.threshold,
-                        release: !settled_here,
+                        release: settled_here == Settled::Nothing,
                         count: outcome == Some(Outcome::Failure) && !prepared.repeated,
                         clear: outcome == Some(Outcome::Success) && *cleared_by_success,
                         scope,

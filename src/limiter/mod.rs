@@ -28,6 +28,7 @@ use crate::classes::{ClassTable, SourceClass};
 use crate::config::Detector;
 use crate::config::{DeviceScope, ResponsePolicy, RULES_PER_ROUTE_MAX};
 use crate::expiring::Slot;
+use crate::failure_window::Settled;
 use crate::keys::{Component, Key, KeyDeriver};
 use crate::protocol::{Outcome, Subject, Verdict};
 use crate::signals::flags::{Hits, Space};
@@ -403,7 +404,7 @@ impl Limiter {
     fn give_back(&self, route: &Route, rule_keys: &RuleKeys, held: u32, now_us: u64) {
         for (i, (rule, key)) in route.rules.iter().zip(rule_keys.iter().copied()).enumerate() {
             if let (Table::Failures { shards, .. }, Some(key), true) = (&rule.table, key, held & (1 << i) != 0) {
-                shards.of(key).settle(key, now_us);
+                shards.of(key).settle(key, now_us, false);
             }
         }
     }
@@ -531,11 +532,13 @@ impl Limiter {
                     let mut table = shards.of(key);
                     // The report settles the place its check took, in the
                     // same step as it is counted: the place becomes a
-                    // failure, or is released, never both nor neither.
-                    if settle {
-                        table.settle(key, now_us);
-                    }
+                    // failure, or is released, never both nor neither. A
+                    // presumed failure (no room for a place) is the
+                    // failure already, or is taken back.
+                    let fails = outcome == Some(Outcome::Failure) && !repeated;
+                    let settled = if settle { table.settle(key, now_us, fails) } else { Settled::Nothing };
                     match outcome {
+                        _ if fails && settled == Settled::Presumed => {}
                         Some(Outcome::Failure) if !repeated => match table.record_failure(key, now_us) {
                             Ok(recorded) if recorded.now_locked && !recorded.was_locked => {
                                 // Written while the shard is locked, so it is
