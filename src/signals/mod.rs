@@ -139,6 +139,30 @@ pub struct V6Blocks {
 struct Raised {
     bits: u16,
     until_us: u64,
+    /// The end the request path was given, which it enforces by itself
+    /// (the thread may stall): within `lag_us` of `until_us` (`extend`).
+    published_us: u64,
+}
+
+/// A flag's published end may lag its own by this share of its length, so
+/// that a flag its detector keeps firing is published again once in a
+/// while (every 3.75 minutes at the default hour) rather than at every
+/// report. So a flag ends between 15/16 of its length and its length after
+/// its detector last fired.
+const PUBLISH_LAG_DIVISOR: u64 = 16;
+
+impl Raised {
+    /// Moves the flag's end to `until_us` if later; true when the request
+    /// path must be given the new end: without it, it stops enforcing the
+    /// flag at the first end it was given while the attack goes on.
+    fn extend(&mut self, until_us: u64, lag_us: u64) -> bool {
+        self.until_us = self.until_us.max(until_us);
+        if self.until_us <= self.published_us.saturating_add(lag_us) {
+            return false;
+        }
+        self.published_us = self.until_us;
+        true
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -487,7 +511,7 @@ impl Signals {
         }
         let until_us = now_us + self.config.flag_ttl_us;
         let bit = detector.bit() as u16;
-        let newly = self.set_flag(flag_key(space, digest), bit, until_us);
+        let newly = self.set_flag(flag_key(space, digest), bit, until_us, self.config.flag_ttl_us);
         if newly {
             self.counts[detector as usize].raised_total += 1;
             let subject = match space {
@@ -513,7 +537,7 @@ impl Signals {
     fn widen(&mut self, bit: u16, digest: u64, found: Option<u32>, threshold: u32, now_us: u64) {
         let Some(estimate) = found else { return };
         let until_us = now_us + self.config.ipv6_widening.hold_us;
-        if self.set_flag(flag_key(Space::Prefix, digest), bit, until_us) {
+        if self.set_flag(flag_key(Space::Prefix, digest), bit, until_us, self.config.ipv6_widening.hold_us) {
             self.counts[WIDENING].raised_total += 1;
             let subject = self.prefix_label(digest);
             tracing::warn!(
@@ -546,12 +570,12 @@ impl Signals {
     }
 
     /// True if `bit` was not already raised on `key`.
-    fn set_flag(&mut self, key: u64, bit: u16, until_us: u64) -> bool {
+    fn set_flag(&mut self, key: u64, bit: u16, until_us: u64, length_us: u64) -> bool {
         if let Some(flag) = self.raised.get_mut(&key) {
             let newly = flag.bits & bit == 0;
             flag.bits |= bit;
-            flag.until_us = flag.until_us.max(until_us);
-            self.changed |= newly;
+            let later = flag.extend(until_us, length_us / PUBLISH_LAG_DIVISOR);
+            self.changed |= newly || later;
             return newly;
         }
         if self.raised.len() >= self.config.flags_max {
@@ -566,7 +590,7 @@ impl Signals {
             self.raised.swap_remove_index(i);
             self.flags_dropped += 1;
         }
-        self.raised.insert(key, Raised { bits: bit, until_us });
+        self.raised.insert(key, Raised { bits: bit, until_us, published_us: until_us });
         self.next_expiry_us = self.next_expiry_us.min(until_us);
         self.changed = true;
         true
@@ -641,8 +665,11 @@ impl Signals {
             let keep_48 = flag.bits & WIDEN_48 != 0 && still(&self.blocks, per_48);
             let keep_56 = flag.bits & WIDEN_56 != 0 && still(&self.blocks56, per_56);
             if keep_48 || keep_56 {
-                flag.bits &= (if keep_48 { WIDEN_48 } else { 0 }) | (if keep_56 { WIDEN_56 } else { 0 });
+                let bits = (if keep_48 { WIDEN_48 } else { 0 }) | (if keep_56 { WIDEN_56 } else { 0 });
+                self.changed |= flag.bits != bits;
+                flag.bits = bits;
                 flag.until_us = now_us + self.sub_us;
+                self.changed |= flag.extend(flag.until_us, 0);
             } else {
                 expired.push(*key);
             }
@@ -674,7 +701,7 @@ impl Signals {
     pub fn snapshot(&mut self) -> FlagTable {
         self.changed = false;
         let map: HashMap<u64, Flag, DigestBuildHasher> =
-            self.raised.iter().map(|(k, r)| (*k, Flag { bits: r.bits, until_us: r.until_us })).collect();
+            self.raised.iter().map(|(k, r)| (*k, Flag { bits: r.bits, until_us: r.published_us })).collect();
         let mut enforced = Detector::ALL
             .into_iter()
             .filter(|d| self.config.mode(*d) == DetectorMode::Enforce)

@@ -558,3 +558,32 @@ fn ingesting_in_batches_with_prefetching_counts_exactly_what_one_by_one_does() {
     assert!(batched.families().iter().all(|f| f.evicted > 0), "every table was full: {evicted:?}");
     assert_eq!(batched.bytes(), single.bytes());
 }
+
+/// A flag its detector keeps firing stays published past its first hour:
+/// the request path is given each later end, not only the first.
+#[test]
+fn a_flag_kept_alive_by_its_detector_stays_enforced_while_the_attack_goes_on() {
+    let mut s = Signals::new(&config());
+    let source = v4(0xCB00_7102);
+    let narrow = keyed(prefix_of(source, 32, 64)).0;
+    let minute = 60 * SECOND;
+    let mut table = s.snapshot();
+    // Ten accounts in the first ten minutes, then one more every minute
+    // for three hours: the flag's detector fires at every one.
+    for n in 0..190u64 {
+        let now = T0 + n * minute;
+        s.tick(now);
+        s.ingest_report(&event(source, n, Outcome::Failure, now));
+        if s.changed() {
+            table = s.snapshot();
+        }
+        if n >= 10 {
+            assert_ne!(table.probe(Space::Prefix, narrow, now + SECOND), 0, "flag published at minute {n}");
+        }
+    }
+    // Once the failures stop, the flag ends an hour after the last.
+    let end = T0 + 189 * minute + 3_600 * SECOND;
+    s.tick(end + SECOND);
+    assert!(s.changed());
+    assert_eq!(s.snapshot().probe(Space::Prefix, narrow, end + SECOND), 0);
+}
