@@ -429,13 +429,25 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
                     "{total} active lockout(s){}",
                     if total as usize > lockouts.len() { " (list truncated)" } else { "" }
                 );
+                // A key listed with fewer failures than its rule's limit is
+                // refused by attempts in flight (checks not yet reported).
+                let limits = match lockouts.is_empty() {
+                    true => Vec::new(),
+                    false => client(&args.common).status().await?.routes,
+                };
+                let limit = |l: &crate::protocol::Lockout| {
+                    let route = limits.iter().find(|r| r.name == l.route)?;
+                    Some(route.rules.iter().find(|r| r.name == l.rule)?.limit)
+                };
                 for l in &lockouts {
+                    let in_flight = limit(l).is_some_and(|limit| l.count < limit);
                     outln!(
-                        "{}/{}  key {}  count {}  until {} ms  (retry after {})",
+                        "{}/{}  key {}  count {}{}  until {} ms  (retry after {})",
                         l.route,
                         l.rule,
                         l.key,
                         l.count,
+                        if in_flight { " + attempts in flight" } else { "" },
                         l.until_ms,
                         human_duration(l.retry_after_ms)
                     );

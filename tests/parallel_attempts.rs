@@ -275,3 +275,29 @@ fn monitor_mode_holds_no_place_it_would_have_refused() {
     }
     assert_eq!(verdict(rt.block_on(client.check("login", &hana))).decision, Decision::Allow);
 }
+
+#[test]
+fn keys_refused_by_attempts_in_flight_are_listed_and_unlock_clears_them() {
+    let daemon = TestDaemon::start();
+    let rt = runtime();
+    let client = daemon.client();
+    // Five checks never reported hold her five places from this address.
+    let alice = subject("198.51.100.7", "alice");
+    for n in 0..5 {
+        assert!(verdict(rt.block_on(client.check("login", &alice))).proceeds(), "check {n}");
+    }
+    let held = verdict(rt.block_on(client.check("login", &alice)));
+    assert_eq!(held.reason, tollgate::protocol::Reason::AttemptsInFlight, "{held:?}");
+    let lockouts = daemon.cli_json(&["lockouts"]);
+    assert_eq!(lockouts["total"], 1, "{lockouts}");
+    let listed = &lockouts["lockouts"][0];
+    assert_eq!((listed["rule"].as_str(), listed["count"].as_u64()), (Some("source_failures"), Some(0)), "{listed}");
+    assert!(listed["retry_after_ms"].as_u64().unwrap() <= 30_000, "{listed}");
+    let human = String::from_utf8(daemon.cli(&["lockouts"]).stdout).unwrap();
+    assert!(human.contains("login/source_failures") && human.contains("count 0 + attempts in flight"), "{human}");
+    // The operator's unlock frees them.
+    let unlocked = daemon.cli_json(&["unlock", "--route", "login", "--account", "alice"]);
+    assert_eq!(unlocked["cleared"], 2, "her key and her account's: {unlocked}");
+    assert!(verdict(rt.block_on(client.check("login", &alice))).proceeds());
+    assert_eq!(daemon.cli_json(&["lockouts"])["total"], 0);
+}

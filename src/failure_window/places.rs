@@ -268,6 +268,24 @@ impl FailureWindowTable {
         doomed.len() as u32
     }
 
+    /// Keys refused by their places in flight and not locked by failures
+    /// alone: each with its counts (and the overflow's) and the instant its
+    /// first place lapses, when it admits again. A scan of the live places,
+    /// for the operator's `lockouts` only.
+    pub fn refused_by_places(&self, now_us: u64) -> Vec<(Key, Counts, u64)> {
+        let mut out = Vec::new();
+        for (tuple, slot) in self.in_flight.live(now_us) {
+            let key = Key { account_tag: slot.value.account_tag, tuple };
+            let (standing, _) = self.standing_and_places(key, now_us);
+            if !self.spec.is_locked(standing.counts, now_us)
+                && self.spec.refuses(standing.counts, standing.in_flight, now_us)
+            {
+                out.push((key, standing.counts, standing.in_flight_until_us));
+            }
+        }
+        out
+    }
+
     /// Checks admitted when the map of places was full of live ones, each
     /// counted as a failure at once (in `status`, with `refused_full`).
     pub fn presumed_failures(&self) -> u64 {

@@ -108,23 +108,24 @@ impl Limiter {
         for (route, rule, table) in self.failure_shards() {
             found.clear();
             let spec = table.spec();
-            for (key, counts) in table.locked(now_us) {
+            let locked = table.locked(now_us).map(|(key, counts)| (key, counts, spec.unlocks_at(counts, now_us)));
+            // Keys refused by attempts in flight are listed too: an operator
+            // sees them (a count below the rule's limit), and `unlock`
+            // clears them.
+            for entry in locked.chain(table.refused_by_places(now_us)) {
                 total += 1;
                 if out.len() + found.len() < limit {
-                    found.push((key, counts));
+                    found.push(entry);
                 }
             }
             drop(table);
-            out.extend(found.iter().map(|&(key, counts)| {
-                let until_us = spec.unlocks_at(counts, now_us);
-                Lockout {
-                    route: route.name.clone(),
-                    rule: rule.name.clone(),
-                    key: key.to_string(),
-                    count: spec.estimate(counts, now_us),
-                    until_ms: ceil_ms(until_us),
-                    retry_after_ms: ceil_ms(until_us - now_us),
-                }
+            out.extend(found.iter().map(|&(key, counts, until_us)| Lockout {
+                route: route.name.clone(),
+                rule: rule.name.clone(),
+                key: key.to_string(),
+                count: spec.estimate(counts, now_us),
+                until_ms: ceil_ms(until_us),
+                retry_after_ms: ceil_ms(until_us - now_us),
             }));
         }
         (out, total)
