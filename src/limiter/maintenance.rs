@@ -108,22 +108,23 @@ impl Limiter {
         for (route, rule, table) in self.failure_shards() {
             found.clear();
             let spec = table.spec();
-            let locked = table.locked(now_us).map(|(key, counts)| (key, counts, spec.unlocks_at(counts, now_us)));
-            // Keys refused by attempts in flight are listed too: an operator
-            // sees them (a count below the rule's limit), and `unlock`
-            // clears them.
-            for entry in locked.chain(table.refused_by_places(now_us)) {
+            let locked = table.locked(now_us).map(|(key, counts)| (key, counts, spec.unlocks_at(counts, now_us), true));
+            // Keys refused by attempts in flight are listed too, so an
+            // operator sees them (and `unlock` clears them): with their
+            // failures rounded down, below the rule's limit by definition.
+            let by_places = table.refused_by_places(now_us).into_iter().map(|(k, c, u)| (k, c, u, false));
+            for entry in locked.chain(by_places) {
                 total += 1;
                 if out.len() + found.len() < limit {
                     found.push(entry);
                 }
             }
             drop(table);
-            out.extend(found.iter().map(|&(key, counts, until_us)| Lockout {
+            out.extend(found.iter().map(|&(key, counts, until_us, locked)| Lockout {
                 route: route.name.clone(),
                 rule: rule.name.clone(),
                 key: key.to_string(),
-                count: spec.estimate(counts, now_us),
+                count: if locked { spec.estimate(counts, now_us) } else { spec.whole_failures(counts, now_us) },
                 until_ms: ceil_ms(until_us),
                 retry_after_ms: ceil_ms(until_us - now_us),
             }));
