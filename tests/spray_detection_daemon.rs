@@ -234,12 +234,26 @@ fn flagged(daemon: &TestDaemon, subject: &str, detector: &str) -> bool {
 async fn one_customer_failing_many_accounts_never_flags_its_neighbours() {
     let daemon = TestDaemon::start();
     let client = daemon.client();
+    // Fifteen neighbours in each prefix mistype once: sources enough for
+    // `sources_min` (16) with the customer's.
+    for n in 0..15u32 {
+        spray_from(&client, &format!("203.0.113.{}", 100 + n), 1000 + n..1001 + n).await;
+        spray_from(&client, &format!("2001:db8:1:{:x}::1", 0x1000 + n * 0x100), 2000 + n..2001 + n).await;
+    }
     // Six addresses of one /24 and six /64s of one /56, each failing ten
-    // accounts: sixty distinct accounts from each /24 and /48, past
-    // `wide_spray`'s 50, from what is one customer in each.
+    // accounts, and one of them sixty more: 120 distinct accounts from each
+    // /24 and /48, past `wide_spray`'s 50, from what is one customer in each.
     for host in 0..6u32 {
         spray_from(&client, &format!("203.0.113.{}", host + 1), host * 10..host * 10 + 10).await;
         spray_from(&client, &format!("2001:db8:1:{host:x}::1"), 100 + host * 10..110 + host * 10).await;
+    }
+    // Past its own flag: the auth server reports what its challenge let by.
+    for n in 0..60u32 {
+        for (peer, account) in
+            [("203.0.113.6", format!("target{}", 300 + n)), ("2001:db8:1:5::1", format!("target{}", 400 + n))]
+        {
+            verdict(client.report("login", &subject(peer, &account), Outcome::Failure).await);
+        }
     }
     // Each of those sources is flagged itself (`narrow_spray`, their own
     // tenth account, the last events the thread counts).

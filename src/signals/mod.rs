@@ -417,14 +417,28 @@ impl Signals {
                     let narrow = self.narrow.fail(e.narrow.0, Label::Prefix(e.narrow.1), epoch, account, now);
                     let weight = self.config.success_sample;
                     let found = judge_source(narrow, &self.config.narrow_spray, weight);
+                    let narrow_accounts = narrow.failed.count();
                     self.raise_on(Detector::NarrowSpray, Space::Prefix, e.narrow.0, found, now);
-                    let wide = self.wide.fail(e.wide.0, Label::Prefix(e.wide.1), epoch, account, now);
-                    // A wide flag falls on every address of the /24 (/48):
-                    // it needs failures from enough of them, so one
-                    // customer's can never flag its neighbours.
-                    let spread = sources >= self.config.wide_spray.sources_min;
-                    let found = judge_source(wide, &self.config.wide_spray, weight).filter(|_| spread);
-                    self.raise_on(Detector::WideSpray, Space::Prefix, e.wide.0, found, now);
+                    // A wide flag falls on every address of the /24 (/48),
+                    // so it needs failures from enough of them, and each
+                    // source (an IPv4 address, an IPv6 /56, whose accounts
+                    // are counted beside the /64s') adds at most its share
+                    // of the accounts: one customer can never flag its
+                    // neighbours, even where they mistype now and then.
+                    let source_accounts = match e.v6 {
+                        None => narrow_accounts,
+                        Some(v6) => {
+                            let block = Label::Prefix(v6.block56.1);
+                            self.narrow.fail(v6.block56.0, block, epoch, account, now).failed.count()
+                        }
+                    };
+                    let c = &self.config.wide_spray;
+                    if source_accounts <= c.threshold.div_ceil(c.sources_min.max(1)) {
+                        let wide = self.wide.fail(e.wide.0, Label::Prefix(e.wide.1), epoch, account, now);
+                        let spread = sources >= self.config.wide_spray.sources_min;
+                        let found = judge_source(wide, &self.config.wide_spray, weight).filter(|_| spread);
+                        self.raise_on(Detector::WideSpray, Space::Prefix, e.wide.0, found, now);
+                    }
                     // A mobile source hops addresses within its carrier's
                     // pool: count its wide prefix, or one person would look
                     // like many sources.
