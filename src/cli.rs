@@ -425,29 +425,19 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
             if args.common.json {
                 outln!("{}", serde_json::json!({ "lockouts": lockouts, "total": total }));
             } else {
-                outln!(
-                    "{total} active lockout(s){}",
-                    if total as usize > lockouts.len() { " (list truncated)" } else { "" }
-                );
-                // A key listed with fewer failures than its rule's limit is
-                // refused by attempts in flight (checks not yet reported).
-                let limits = match lockouts.is_empty() {
-                    true => Vec::new(),
-                    false => client(&args.common).status().await?.routes,
-                };
-                let limit = |l: &crate::protocol::Lockout| {
-                    let route = limits.iter().find(|r| r.name == l.route)?;
-                    Some(route.rules.iter().find(|r| r.name == l.rule)?.limit)
-                };
-                for l in &lockouts {
-                    let in_flight = limit(l).is_some_and(|limit| l.count < limit);
+                // Every lockout is listed before the keys refused only by
+                // attempts in flight (checks not yet reported), which the
+                // total leaves out.
+                let locked = (total as usize).min(lockouts.len());
+                outln!("{total} active lockout(s){}", if total as usize > locked { " (list truncated)" } else { "" });
+                for (i, l) in lockouts.iter().enumerate() {
                     outln!(
                         "{}/{}  key {}  count {}{}  until {} ms  (retry after {})",
                         l.route,
                         l.rule,
                         l.key,
                         l.count,
-                        if in_flight { " + attempts in flight" } else { "" },
+                        if i >= locked { " + attempts in flight" } else { "" },
                         l.until_ms,
                         human_duration(l.retry_after_ms)
                     );

@@ -120,7 +120,12 @@ impl<V: Copy> ExpiringMap<V> {
 
     /// Every live entry (a full save).
     pub fn live(&self, now_us: u64) -> Vec<(u64, Slot<V>)> {
-        self.map.iter().filter(|(_, s)| s.expires_us > now_us).map(|(id, s)| (*id, *s)).collect()
+        self.iter_live(now_us).collect()
+    }
+
+    /// The live entries, in no order.
+    pub fn iter_live(&self, now_us: u64) -> impl Iterator<Item = (u64, Slot<V>)> + '_ {
+        self.map.iter().filter(move |(_, s)| s.expires_us > now_us).map(|(id, s)| (*id, *s))
     }
 
     /// Puts back an entry read from the state file: not a change (it is

@@ -281,6 +281,7 @@ fn keys_refused_by_attempts_in_flight_are_listed_and_unlock_clears_them() {
     let daemon = TestDaemon::start();
     let rt = runtime();
     let client = daemon.client();
+    fail_five_times(&daemon, &subject("198.51.100.9", "bob"));
     // Five checks never reported hold her five places from this address.
     let alice = subject("198.51.100.7", "alice");
     for n in 0..5 {
@@ -288,16 +289,20 @@ fn keys_refused_by_attempts_in_flight_are_listed_and_unlock_clears_them() {
     }
     let held = verdict(rt.block_on(client.check("login", &alice)));
     assert_eq!(held.reason, tollgate::protocol::Reason::AttemptsInFlight, "{held:?}");
+    // Bob's lockout first and alone in the total; then her key.
     let lockouts = daemon.cli_json(&["lockouts"]);
     assert_eq!(lockouts["total"], 1, "{lockouts}");
-    let listed = &lockouts["lockouts"][0];
+    assert_eq!(lockouts["lockouts"][0]["count"], 5, "{lockouts}");
+    let listed = &lockouts["lockouts"][1];
     assert_eq!((listed["rule"].as_str(), listed["count"].as_u64()), (Some("source_failures"), Some(0)), "{listed}");
     assert!(listed["retry_after_ms"].as_u64().unwrap() <= 30_000, "{listed}");
     let human = String::from_utf8(daemon.cli(&["lockouts"]).stdout).unwrap();
-    assert!(human.contains("login/source_failures") && human.contains("count 0 + attempts in flight"), "{human}");
+    assert!(human.contains("count 5  until") && human.contains("count 0 + attempts in flight"), "{human}");
+    // With room for one, the lockout.
+    assert_eq!(daemon.cli_json(&["lockouts", "--limit", "1"])["lockouts"][0]["count"], 5);
     // The operator's unlock frees them.
     let unlocked = daemon.cli_json(&["unlock", "--route", "login", "--account", "alice"]);
     assert_eq!(unlocked["cleared"], 2, "her key and her account's: {unlocked}");
     assert!(verdict(rt.block_on(client.check("login", &alice))).proceeds());
-    assert_eq!(daemon.cli_json(&["lockouts"])["total"], 0);
+    assert_eq!(daemon.cli_json(&["lockouts"])["lockouts"].as_array().unwrap().len(), 1, "bob's");
 }

@@ -268,13 +268,16 @@ impl FailureWindowTable {
         doomed.len() as u32
     }
 
-    /// Keys refused by their places in flight and not locked by failures
-    /// alone: each with its counts (and the overflow's) and the instant its
-    /// first place lapses, when it admits again. A scan of the live places,
-    /// for the operator's `lockouts` only.
-    pub fn refused_by_places(&self, now_us: u64) -> Vec<(Key, Counts, u64)> {
+    /// Up to `max` keys refused by their places in flight and not locked
+    /// by failures alone: each with its counts (and the overflow's) and the
+    /// instant its first place lapses, when it admits again. A scan of the
+    /// live places, for the operator's `lockouts` only; it stops at `max`.
+    pub fn refused_by_places(&self, max: usize, now_us: u64) -> Vec<(Key, Counts, u64)> {
         let mut out = Vec::new();
-        for (tuple, slot) in self.in_flight.live(now_us) {
+        for (tuple, slot) in self.in_flight.iter_live(now_us) {
+            if out.len() >= max {
+                break;
+            }
             let key = Key { account_tag: slot.value.account_tag, tuple };
             let (standing, _) = self.standing_and_places(key, now_us);
             if !self.spec.is_locked(standing.counts, now_us)

@@ -15,6 +15,13 @@ use crate::keys::{Component, Key};
 use crate::protocol::{Lockout, Subject};
 use crate::store::{DeviceChange, DeviceMap, DeviceRows, Durable, Journal, PersistedDevice, PersistedEntry};
 
+/// The two passes of `lockouts`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Listed {
+    Locked,
+    InFlight,
+}
+
 /// Whether an unlock of an account (and a source) names exactly one of the
 /// rule's entries: the rule is keyed on the account, or on the account and
 /// the source's prefix. Otherwise (no source, or another component) it
@@ -95,39 +102,55 @@ impl Limiter {
         Ok((cleared, writes))
     }
 
-    /// Keys refused by failure rules now, at most `limit`, and how many in all.
+    /// Keys refused by failure rules now, at most `limit`, and how many
+    /// are locked in all. Every locked key is listed before any key refused
+    /// only by its attempts in flight, which fill what room is left (and
+    /// are not in the total): a flood of unreported checks on made-up
+    /// accounts can neither push a real lockout out of the list nor raise
+    /// the count an operator alerts on.
     ///
-    /// A shard's lock is held only to copy its locked keys and counts (a
-    /// few bytes each) and count the rest; the strings of a 10,000-entry
-    /// reply are made after it is released, so checks on that shard do not
-    /// wait for them.
+    /// A shard's lock is held only to copy its keys and counts (a few bytes
+    /// each) and count the rest; the strings of a 10,000-entry reply are
+    /// made after it is released, so checks on that shard do not wait for
+    /// them.
     pub fn lockouts(&self, limit: usize, now_us: u64) -> (Vec<Lockout>, u64) {
         let mut out = Vec::new();
         let mut total = 0u64;
         let mut found = Vec::new();
-        for (route, rule, table) in self.failure_shards() {
-            found.clear();
-            let spec = table.spec();
-            let locked = table.locked(now_us).map(|(key, counts)| (key, counts, spec.unlocks_at(counts, now_us), true));
-            // Keys refused by attempts in flight are listed too, so an
-            // operator sees them (and `unlock` clears them): with their
-            // failures rounded down, below the rule's limit by definition.
-            let by_places = table.refused_by_places(now_us).into_iter().map(|(k, c, u)| (k, c, u, false));
-            for entry in locked.chain(by_places) {
-                total += 1;
-                if out.len() + found.len() < limit {
-                    found.push(entry);
+        for pass in [Listed::Locked, Listed::InFlight] {
+            for (route, rule, table) in self.failure_shards() {
+                let room = limit.saturating_sub(out.len());
+                if pass == Listed::InFlight && room == 0 {
+                    break;
                 }
+                let spec = table.spec();
+                found.clear();
+                match pass {
+                    Listed::Locked => {
+                        for (key, counts) in table.locked(now_us) {
+                            total += 1;
+                            if found.len() < room {
+                                found.push((key, counts, spec.unlocks_at(counts, now_us)));
+                            }
+                        }
+                    }
+                    Listed::InFlight => found.extend(table.refused_by_places(room, now_us)),
+                }
+                drop(table);
+                out.extend(found.iter().map(|&(key, counts, until_us)| Lockout {
+                    route: route.name.clone(),
+                    rule: rule.name.clone(),
+                    key: key.to_string(),
+                    // Refused for attempts in flight: the whole failures,
+                    // below the rule's limit by definition.
+                    count: match pass {
+                        Listed::Locked => spec.estimate(counts, now_us),
+                        Listed::InFlight => spec.whole_failures(counts, now_us),
+                    },
+                    until_ms: ceil_ms(until_us),
+                    retry_after_ms: ceil_ms(until_us - now_us),
+                }));
             }
-            drop(table);
-            out.extend(found.iter().map(|&(key, counts, until_us, locked)| Lockout {
-                route: route.name.clone(),
-                rule: rule.name.clone(),
-                key: key.to_string(),
-                count: if locked { spec.estimate(counts, now_us) } else { spec.whole_failures(counts, now_us) },
-                until_ms: ceil_ms(until_us),
-                retry_after_ms: ceil_ms(until_us - now_us),
-            }));
         }
         (out, total)
     }
