@@ -234,8 +234,7 @@ fn flagged(daemon: &TestDaemon, subject: &str, detector: &str) -> bool {
 async fn one_customer_failing_many_accounts_never_flags_its_neighbours() {
     let daemon = TestDaemon::start();
     let client = daemon.client();
-    // Fifteen neighbours in each prefix mistype once: sources enough for
-    // `sources_min` (16) with the customer's.
+    // Fifteen neighbours in each prefix mistype once.
     for n in 0..15u32 {
         spray_from(&client, &format!("203.0.113.{}", 100 + n), 1000 + n..1001 + n).await;
         spray_from(&client, &format!("2001:db8:1:{:x}::1", 0x1000 + n * 0x100), 2000 + n..2001 + n).await;
@@ -245,7 +244,11 @@ async fn one_customer_failing_many_accounts_never_flags_its_neighbours() {
     // /24 and /48, past `wide_spray`'s 50, from what is one customer in each.
     for host in 0..6u32 {
         spray_from(&client, &format!("203.0.113.{}", host + 1), host * 10..host * 10 + 10).await;
-        spray_from(&client, &format!("2001:db8:1:{host:x}::1"), 100 + host * 10..110 + host * 10).await;
+        // The /56 is flagged at its tenth: the rest are reported past it.
+        for n in 100 + host * 10..110 + host * 10 {
+            let (peer, account) = (format!("2001:db8:1:{host:x}::1"), format!("target{n}"));
+            verdict(client.report("login", &subject(&peer, &account), Outcome::Failure).await);
+        }
     }
     // Past its own flag: the auth server reports what its challenge let by.
     for n in 0..60u32 {
@@ -294,4 +297,23 @@ async fn a_spray_rotating_through_a_24_or_a_48_is_flagged_at_its_fiftieth_accoun
         assert_eq!((v.decision, v.rule.as_ref()), (Decision::Challenge, "spray_signals"), "{peer}");
         assert!(flagged(&daemon, wide, "wide_spray"), "{wide}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spray_from_one_56_rotating_its_64s_is_flagged_on_that_56_alone() {
+    let daemon = TestDaemon::start();
+    let client = daemon.client();
+    // A fresh /64 of one customer's /56 for each account: no /64 fails two.
+    for n in 0..10u32 {
+        let (peer, account) = (format!("2001:db8:9:{:x}::1", 0x500 + n), format!("target{n}"));
+        let s = subject(&peer, &account);
+        assert!(verdict(client.check("login", &s).await).proceeds(), "attempt {n}");
+        verdict(client.report("login", &s, Outcome::Failure).await);
+    }
+    // Its next /64 is challenged; the next customer's /56 is not.
+    let v = check_until(&client, &subject("2001:db8:9:5ff::1", "target99"), |v| v.decision != Decision::Allow).await;
+    assert_eq!((v.decision, v.reason), (Decision::Challenge, Reason::SpraySuspected));
+    assert!(flagged(&daemon, "2001:db8:9:500::/56", "narrow_spray"));
+    let v = verdict(client.check("login", &subject("2001:db8:9:600::1", "bystander")).await);
+    assert_eq!((v.decision, v.reason), (Decision::Allow, Reason::Allowed), "{v:?}");
 }

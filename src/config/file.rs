@@ -120,7 +120,7 @@ pub struct RawWideDetector {
     pub mode: Option<Word<DetectorMode>>,
     pub threshold: Option<u32>,
     pub failure_share_min: Option<f64>,
-    pub sources_min: Option<u32>,
+    pub accounts_per_source_max: Option<u32>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]

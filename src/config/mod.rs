@@ -234,10 +234,10 @@ pub struct DetectorConfig {
     /// distinct accounts at or above which the count may flag (an office's
     /// typos come with thousands of successes; a spray's do not).
     pub failure_share_min: f64,
-    /// `wide_spray` only (1 elsewhere): distinct failing sources (IPv4
-    /// addresses, IPv6 /56s) the wide prefix needs besides its accounts,
-    /// so that one customer's failures never flag its neighbours.
-    pub sources_min: u32,
+    /// `wide_spray` only (unbounded elsewhere): the accounts one source
+    /// (an IPv4 address, an IPv6 /56) adds to its wide prefix's count at
+    /// most, so that a few customers' failures never flag their neighbours.
+    pub accounts_per_source_max: u32,
 }
 
 /// The tenant (or route) failure-ratio detector.

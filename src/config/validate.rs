@@ -892,7 +892,7 @@ fn build_signals(raw: RawSignals, errors: &mut Vec<String>) -> Option<SignalsCon
         mode: mode(&raw.mode, at, DetectorMode::Enforce, errors),
         threshold: threshold(raw.threshold, at, default_threshold, errors),
         failure_share_min: share(raw.failure_share_min, at, errors),
-        sources_min: 1,
+        accounts_per_source_max: u32::MAX,
     };
     let counting = |raw: &RawCountDetector, at: &str, default_threshold: u32, errors: &mut Vec<String>| {
         let gated = RawDetector { mode: raw.mode.clone(), threshold: raw.threshold, failure_share_min: None };
@@ -904,9 +904,10 @@ fn build_signals(raw: RawSignals, errors: &mut Vec<String>) -> Option<SignalsCon
     let w = &raw.wide_spray;
     let gated = RawDetector { mode: w.mode.clone(), threshold: w.threshold, failure_share_min: w.failure_share_min };
     let mut wide_spray = detector(&gated, "wide_spray", SIGNALS_WIDE_SPRAY_THRESHOLD_DEFAULT, errors);
-    wide_spray.sources_min = w.sources_min.unwrap_or(SIGNALS_WIDE_SPRAY_SOURCES_MIN_DEFAULT);
-    if !(1..=SIGNALS_THRESHOLD_MAX).contains(&wide_spray.sources_min) {
-        errors.push(format!("signals.wide_spray.sources_min: must be 1..={SIGNALS_THRESHOLD_MAX}"));
+    wide_spray.accounts_per_source_max =
+        w.accounts_per_source_max.unwrap_or(SIGNALS_WIDE_SPRAY_ACCOUNTS_PER_SOURCE_MAX_DEFAULT);
+    if !(1..=SIGNALS_THRESHOLD_MAX).contains(&wide_spray.accounts_per_source_max) {
+        errors.push(format!("signals.wide_spray.accounts_per_source_max: must be 1..={SIGNALS_THRESHOLD_MAX}"));
     }
     let account_distributed = counting(
         &raw.account_distributed,

@@ -175,7 +175,7 @@ impl Daemon {
             ("signals.password_spray.threshold", u64::from(c.password_spray.threshold)),
             ("signals.narrow_spray.threshold", u64::from(c.narrow_spray.threshold)),
             ("signals.wide_spray.threshold", u64::from(c.wide_spray.threshold)),
-            ("signals.wide_spray.sources_min", u64::from(c.wide_spray.sources_min)),
+            ("signals.wide_spray.accounts_per_source_max", u64::from(c.wide_spray.accounts_per_source_max)),
             ("signals.account_distributed.threshold", u64::from(c.account_distributed.threshold)),
             ("signals.tenant_anomaly.failures_min", u64::from(c.tenant_anomaly.failures_min)),
             ("signals.ipv6_widening.per_56", u64::from(c.ipv6_widening.per_56)),

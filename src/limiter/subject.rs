@@ -36,6 +36,8 @@ pub(super) struct SubjectKeys<'s, 'k> {
     natural: Option<(Prefix, u64)>,
     /// The wide prefix (IPv4 /24, IPv6 /48) and its digest.
     wide: Option<(Prefix, u64)>,
+    /// An IPv6 client's /56's digest.
+    block56: Option<u64>,
     /// Whether a widened block replaces the prefix: not for a device the
     /// account knows (see `known_device_keeps_its_prefix`).
     widen: bool,
@@ -137,11 +139,10 @@ impl SubjectKeys<'_, '_> {
         if prefix.len > 48 && probe(self, digest48) & WIDEN_48 != 0 {
             return wide;
         }
-        let block56 = prefix_of(address, 32, 56);
         if prefix.len > 56 {
-            let digest56 = digest64(&self.limiter.keys.prefix(&block56.to_bytes()));
+            let digest56 = self.block56();
             if probe(self, digest56) & WIDEN_56 != 0 {
-                return block56;
+                return prefix_of(address, 32, 56);
             }
         }
         prefix
@@ -183,6 +184,18 @@ impl SubjectKeys<'_, '_> {
         wide
     }
 
+    /// The digest of the client's /56. Called only after `client`
+    /// succeeded, for an IPv6 client.
+    fn block56(&mut self) -> u64 {
+        if let Some(digest) = self.block56 {
+            return digest;
+        }
+        let (address, _) = self.client.expect("the client is looked up first");
+        let digest = digest64(&self.limiter.keys.prefix(&prefix_of(address, 32, 56).to_bytes()));
+        self.block56 = Some(digest);
+        digest
+    }
+
     fn tenant64(&mut self, route: &Route) -> u64 {
         match self.subject.tenant {
             Some(_) => self.component(Component::Tenant).map(|d| digest64(&d)).unwrap_or(route.pseudo_tenant),
@@ -196,13 +209,21 @@ impl SubjectKeys<'_, '_> {
             return Hits::default();
         }
         // Digests first (they need `self` mutably), then the flags.
-        let source = self.client().is_ok().then(|| (self.natural().expect("the client is known").1, self.wide().1));
+        let source = self.client().ok().map(|(address, class)| {
+            let natural = self.natural().expect("the client is known");
+            // Spray detection also judges an IPv6 source as its /56.
+            let v6 = address.is_ipv6() && natural.0.len > 56 && class != Some(SourceClass::Mobile);
+            (natural.1, self.wide().1, v6.then(|| self.block56()))
+        });
         let account = self.component(Component::Account).ok().map(|a| digest64(&a));
         let tenant = self.tenant64(route);
         let (Some(flags), now_us) = (&self.flags, self.now_us) else { return Hits::default() };
         let mut hits = Hits::default();
-        if let Some((narrow, wide)) = source {
+        if let Some((narrow, wide, block56)) = source {
             hits.add(flags, flags.probe(Space::Prefix, narrow, now_us), Detector::NarrowSpray.bit());
+            if let Some(block56) = block56 {
+                hits.add(flags, flags.probe(Space::Prefix, block56, now_us), Detector::NarrowSpray.bit());
+            }
             hits.add(flags, flags.probe(Space::Prefix, wide, now_us), Detector::WideSpray.bit());
         }
         if let Some(account) = account {
@@ -353,6 +374,7 @@ impl Limiter {
             now_us: 0,
             natural: None,
             wide: None,
+            block56: None,
             widen: true,
             tuples: SmallVec::new(),
         }

@@ -222,8 +222,7 @@ pub struct Signals {
     sub_us: u64,
     narrow: Family,
     wide: Family,
-    /// Wide prefix → distinct sources: /48 → /56s failed and succeeded,
-    /// /24 → addresses failed.
+    /// /48 → distinct /56s, failed and succeeded (IPv6 only).
     blocks: Family,
     /// /56 → distinct /64s.
     blocks56: Family,
@@ -255,7 +254,7 @@ impl Signals {
             sub_us: (c.window_us / SUB_WINDOWS as u64).max(1),
             narrow: Family::new("narrow_prefixes", c.prefixes_max, 1),
             wide: Family::new("wide_prefixes", c.wide_prefixes_max, 2),
-            blocks: Family::new("wide_sources", c.blocks_max, 3),
+            blocks: Family::new("blocks_48", c.blocks_max, 3),
             blocks56: Family::new("blocks_56", c.blocks_max, 4),
             accounts: Family::roaming("accounts", c.accounts_max, 5),
             passwords: Family::new("passwords", c.passwords_max, 6),
@@ -359,7 +358,6 @@ impl Signals {
                 hint(&self.narrow, e.narrow.0);
             }
             (Outcome::Failure, Some(account)) if !e.repeated && !e.known_device => {
-                hint(&self.blocks, e.wide.0);
                 hint(&self.narrow, e.narrow.0);
                 hint(&self.accounts, account);
                 if let Some(tag) = e.password {
@@ -391,6 +389,9 @@ impl Signals {
                     let roaming = self.accounts.succeed(account, Label::Digest, epoch, source.0, now);
                     if roaming.succeeded.count() <= self.config.success_sources_max {
                         self.narrow.succeed(e.narrow.0, Label::Prefix(e.narrow.1), epoch, account, now);
+                        if let Some(v6) = e.v6.filter(|_| e.class != Some(SourceClass::Mobile)) {
+                            self.narrow.succeed(v6.block56.0, Label::Prefix(v6.block56.1), epoch, account, now);
+                        }
                         self.wide.succeed(e.wide.0, Label::Prefix(e.wide.1), epoch, account, now);
                     }
                 }
@@ -409,34 +410,37 @@ impl Signals {
             // thousands of accounts cannot have their devices.
             Outcome::Failure if e.repeated || e.known_device => {}
             Outcome::Failure => {
-                // The wide prefix's distinct failing sources: IPv4
-                // addresses, IPv6 /56s (what widening counts a /48 by).
-                let source = e.v6.map_or(e.narrow.0, |v6| v6.block56.0);
-                let sources = self.blocks.fail(e.wide.0, Label::Prefix(e.wide.1), epoch, source, now).failed.count();
                 if let Some(account) = e.account {
                     let narrow = self.narrow.fail(e.narrow.0, Label::Prefix(e.narrow.1), epoch, account, now);
                     let weight = self.config.success_sample;
                     let found = judge_source(narrow, &self.config.narrow_spray, weight);
                     let narrow_accounts = narrow.failed.count();
                     self.raise_on(Detector::NarrowSpray, Space::Prefix, e.narrow.0, found, now);
-                    // A wide flag falls on every address of the /24 (/48),
-                    // so it needs failures from enough of them, and each
-                    // source (an IPv4 address, an IPv6 /56, whose accounts
-                    // are counted beside the /64s') adds at most its share
-                    // of the accounts: one customer can never flag its
-                    // neighbours, even where they mistype now and then.
+                    let mobile = e.class == Some(SourceClass::Mobile);
+                    // An IPv6 source is also judged as its /56, one
+                    // customer's block: rotating its 256 /64s buys no
+                    // fresh accounts. Not a mobile one (a carrier's /56
+                    // holds many subscribers).
                     let source_accounts = match e.v6 {
-                        None => narrow_accounts,
-                        Some(v6) => {
-                            let block = Label::Prefix(v6.block56.1);
-                            self.narrow.fail(v6.block56.0, block, epoch, account, now).failed.count()
+                        Some(v6) if !mobile => {
+                            let block =
+                                self.narrow.fail(v6.block56.0, Label::Prefix(v6.block56.1), epoch, account, now);
+                            let found = judge_source(block, &self.config.narrow_spray, weight);
+                            let count = block.failed.count();
+                            self.raise_on(Detector::NarrowSpray, Space::Prefix, v6.block56.0, found, now);
+                            count
                         }
+                        _ => narrow_accounts,
                     };
-                    let c = &self.config.wide_spray;
-                    if source_accounts <= c.threshold.div_ceil(c.sources_min.max(1)) {
+                    // A wide flag falls on every address of the /24 (/48),
+                    // so each source (an IPv4 address, an IPv6 /56) adds at
+                    // most `accounts_per_source_max` of its accounts: a few
+                    // customers can never flag their neighbours, even where
+                    // those mistype now and then. Nor can one phone, which
+                    // hops its carrier's addresses.
+                    if !mobile && source_accounts <= self.config.wide_spray.accounts_per_source_max {
                         let wide = self.wide.fail(e.wide.0, Label::Prefix(e.wide.1), epoch, account, now);
-                        let spread = sources >= self.config.wide_spray.sources_min;
-                        let found = judge_source(wide, &self.config.wide_spray, weight).filter(|_| spread);
+                        let found = judge_source(wide, &self.config.wide_spray, weight);
                         self.raise_on(Detector::WideSpray, Space::Prefix, e.wide.0, found, now);
                     }
                     // A mobile source hops addresses within its carrier's
@@ -459,12 +463,12 @@ impl Signals {
                     let may_widen = widening.mode != DetectorMode::Off
                         && e.class.is_none_or(|c| !widening.never_classes.contains(&c));
                     let (per_48, per_56, share_min) = (widening.per_48, widening.per_56, widening.failure_share_min);
-                    // A /48 counts its failing /56s (above), not /64s: one
-                    // customer's /56 (256 /64s) can widen only itself,
-                    // never the ISP's /48 around it and its other customers.
+                    // A /48 counts its failing /56s, not /64s: one customer's
+                    // /56 (256 /64s) can widen only itself, never the
+                    // ISP's /48 around it and its other customers.
+                    let block = self.blocks.fail(e.wide.0, Label::Prefix(e.wide.1), epoch, v6.block56.0, now);
                     let weight = self.config.success_sample;
-                    let block = self.blocks.get(e.wide.0);
-                    let found = block.and_then(|block| judge_widening(block, per_48, share_min, weight));
+                    let found = judge_widening(block, per_48, share_min, weight);
                     if may_widen {
                         self.widen(WIDEN_48, e.wide.0, found, per_48, now);
                     }

@@ -587,3 +587,18 @@ fn a_flag_kept_alive_by_its_detector_stays_enforced_while_the_attack_goes_on() {
     assert!(s.changed());
     assert_eq!(s.snapshot().probe(Space::Prefix, narrow, end + SECOND), 0);
 }
+
+/// One phone hopping its carrier's NAT addresses is one subscriber: its
+/// failures, however many addresses they come from, never flag the
+/// carrier's /24 (as `account_distributed` counts it by its /24 too).
+#[test]
+fn one_phone_hopping_carrier_addresses_never_flags_the_carriers_24() {
+    let mut s = Signals::new(&config());
+    for n in 0..72u32 {
+        let mut e = event(v4(0x6440_0000 + n % 18), u64::from(n), Outcome::Failure, T0 + u64::from(n) * SECOND);
+        e.class = Some(SourceClass::Mobile);
+        s.ingest_report(&e);
+    }
+    let wide = keyed(prefix_of(v4(0x6440_0000), 24, 48)).0;
+    assert_eq!(published(&mut s, Space::Prefix, wide), 0);
+}
