@@ -303,6 +303,16 @@ async fn a_spray_rotating_through_a_24_or_a_48_is_flagged_at_its_fiftieth_accoun
 async fn a_spray_from_one_56_rotating_its_64s_is_flagged_on_that_56_alone() {
     let daemon = TestDaemon::start();
     let client = daemon.client();
+    // Where an ISP gives each customer a /64, one of them failing twenty
+    // accounts flags its /64 alone, never the /56 around it.
+    spray_from(&client, "2001:db8:8:1::1", 0..10).await;
+    for n in 10..20u32 {
+        let account = format!("target{n}");
+        verdict(client.report("login", &subject("2001:db8:8:1::1", &account), Outcome::Failure).await);
+    }
+    check_until(&client, &subject("2001:db8:8:1::1", "target99"), |v| v.decision != Decision::Allow).await;
+    let v = verdict(client.check("login", &subject("2001:db8:8:2::1", "bystander")).await);
+    assert_eq!((v.decision, v.reason), (Decision::Allow, Reason::Allowed), "{v:?}");
     // A fresh /64 of one customer's /56 for each account: no /64 fails two.
     for n in 0..10u32 {
         let (peer, account) = (format!("2001:db8:9:{:x}::1", 0x500 + n), format!("target{n}"));

@@ -417,28 +417,26 @@ impl Signals {
                     let narrow_accounts = narrow.failed.count();
                     self.raise_on(Detector::NarrowSpray, Space::Prefix, e.narrow.0, found, now);
                     let mobile = e.class == Some(SourceClass::Mobile);
-                    // An IPv6 source is also judged as its /56, one
-                    // customer's block: rotating its 256 /64s buys no
-                    // fresh accounts. Not a mobile one (a carrier's /56
-                    // holds many subscribers).
-                    let source_accounts = match e.v6 {
-                        Some(v6) if !mobile => {
-                            let block =
-                                self.narrow.fail(v6.block56.0, Label::Prefix(v6.block56.1), epoch, account, now);
-                            let found = judge_source(block, &self.config.narrow_spray, weight);
-                            let count = block.failed.count();
-                            self.raise_on(Detector::NarrowSpray, Space::Prefix, v6.block56.0, found, now);
-                            count
-                        }
-                        _ => narrow_accounts,
-                    };
-                    // A wide flag falls on every address of the /24 (/48),
-                    // so each source (an IPv4 address, an IPv6 /56) adds at
-                    // most `accounts_per_source_max` of its accounts: a few
-                    // customers can never flag their neighbours, even where
-                    // those mistype now and then. Nor can one phone, which
-                    // hops its carrier's addresses.
-                    if !mobile && source_accounts <= self.config.wide_spray.accounts_per_source_max {
+                    // A flag on a block falls on every address in it, so
+                    // each part adds at most `accounts_per_source_max` of
+                    // its accounts to the block's count: a few customers
+                    // never flag their neighbours, even where those mistype
+                    // now and then, while a spray rotating through the
+                    // block counts in full. Nor does a phone, which hops
+                    // its carrier's addresses.
+                    let share_max = self.config.wide_spray.accounts_per_source_max;
+                    let mut within = !mobile && narrow_accounts <= share_max;
+                    // An IPv6 source is also judged as its /56, a customer's
+                    // block: rotating its 256 /64s buys no fresh accounts.
+                    // It is the source its /48 counts.
+                    if let (Some(v6), true) = (e.v6, within) {
+                        let label = Label::Prefix(v6.block56.1);
+                        let block = self.narrow.fail(v6.block56.0, label, epoch, account, now);
+                        let found = judge_source(block, &self.config.narrow_spray, weight);
+                        within = block.failed.count() <= share_max;
+                        self.raise_on(Detector::NarrowSpray, Space::Prefix, v6.block56.0, found, now);
+                    }
+                    if within {
                         let wide = self.wide.fail(e.wide.0, Label::Prefix(e.wide.1), epoch, account, now);
                         let found = judge_source(wide, &self.config.wide_spray, weight);
                         self.raise_on(Detector::WideSpray, Space::Prefix, e.wide.0, found, now);
