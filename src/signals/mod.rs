@@ -226,6 +226,10 @@ pub struct Signals {
     blocks: Family,
     /// /56 → distinct /64s.
     blocks56: Family,
+    /// A block (IPv4 /24, IPv6 /48 or /56) → distinct (part, account)
+    /// pairs of its parts' first failed accounts (`accounts_per_source_max`
+    /// a part): how many of its parts a count of accounts comes from.
+    shares: Family,
     accounts: Family,
     passwords: Family,
     tenants: IndexMap<u64, Tenant, DigestBuildHasher>,
@@ -256,6 +260,7 @@ impl Signals {
             wide: Family::new("wide_prefixes", c.wide_prefixes_max, 2),
             blocks: Family::new("blocks_48", c.blocks_max, 3),
             blocks56: Family::new("blocks_56", c.blocks_max, 4),
+            shares: Family::new("source_shares", c.prefixes_max, 7),
             accounts: Family::roaming("accounts", c.accounts_max, 5),
             passwords: Family::new("passwords", c.passwords_max, 6),
             tenants: IndexMap::default(),
@@ -297,6 +302,7 @@ impl Signals {
         self.wide.set_entries_max(config.wide_prefixes_max);
         self.blocks.set_entries_max(config.blocks_max);
         self.blocks56.set_entries_max(config.blocks_max);
+        self.shares.set_entries_max(config.prefixes_max);
         self.accounts.set_entries_max(config.accounts_max);
         self.passwords.set_entries_max(config.passwords_max);
         self.changed = true;
@@ -313,8 +319,8 @@ impl Signals {
         &self.config
     }
 
-    fn families(&self) -> [&Family; 6] {
-        [&self.narrow, &self.wide, &self.blocks, &self.blocks56, &self.accounts, &self.passwords]
+    fn families(&self) -> [&Family; 7] {
+        [&self.narrow, &self.wide, &self.blocks, &self.blocks56, &self.shares, &self.accounts, &self.passwords]
     }
 
     fn sketch_bytes(&self) -> usize {
@@ -368,6 +374,31 @@ impl Signals {
         }
     }
 
+    /// Counts `part`'s pair with `account` towards `block`'s (when the
+    /// part is still within its share), and whether the block's pairs
+    /// reach `threshold`.
+    fn spread(
+        &mut self,
+        block: (u64, Prefix),
+        (part, within): (u64, bool),
+        account: u64,
+        threshold: u32,
+        epoch: u64,
+        now_us: u64,
+    ) -> bool {
+        let pairs = if within {
+            let pair = family::mix64(account ^ part.rotate_left(29));
+            self.shares.fail(block.0, Label::Prefix(block.1), epoch, pair, now_us).failed.count()
+        } else {
+            self.shares.get(block.0).map_or(0, |t| {
+                let mut failed = t.failed.clone();
+                failed.roll(epoch);
+                failed.count()
+            })
+        };
+        pairs >= threshold
+    }
+
     /// Counts one report that carries its source.
     pub fn ingest_report(&mut self, e: &ReportEvent) {
         self.events += 1;
@@ -417,30 +448,40 @@ impl Signals {
                     let narrow_accounts = narrow.failed.count();
                     self.raise_on(Detector::NarrowSpray, Space::Prefix, e.narrow.0, found, now);
                     let mobile = e.class == Some(SourceClass::Mobile);
-                    // A flag on a block falls on every address in it, so
-                    // each part adds at most `accounts_per_source_max` of
-                    // its accounts to the block's count: a few customers
-                    // never flag their neighbours, even where those mistype
-                    // now and then, while a spray rotating through the
-                    // block counts in full. Nor does a phone, which hops
-                    // its carrier's addresses.
+                    // A flag on a block (an IPv6 source's /56, its /24 or
+                    // /48) falls on every address in it, so besides its
+                    // accounts it needs as many (part, account) pairs, each
+                    // part adding its first `accounts_per_source_max`: a few
+                    // customers never flag their neighbours, even where
+                    // those mistype now and then, while a spray through the
+                    // block, whatever accounts each part starts with, is
+                    // counted. Nor does a phone, which hops its carrier's
+                    // addresses.
                     let share_max = self.config.wide_spray.accounts_per_source_max;
-                    let mut within = !mobile && narrow_accounts <= share_max;
+                    let mut part = (e.narrow.0, !mobile && narrow_accounts <= share_max);
                     // An IPv6 source is also judged as its /56, a customer's
-                    // block: rotating its 256 /64s buys no fresh accounts.
-                    // It is the source its /48 counts.
-                    if let (Some(v6), true) = (e.v6, within) {
+                    // block, which is the part its /48 counts.
+                    if let (Some(v6), false) = (e.v6, mobile) {
                         let label = Label::Prefix(v6.block56.1);
                         let block = self.narrow.fail(v6.block56.0, label, epoch, account, now);
                         let found = judge_source(block, &self.config.narrow_spray, weight);
-                        within = block.failed.count() <= share_max;
-                        self.raise_on(Detector::NarrowSpray, Space::Prefix, v6.block56.0, found, now);
+                        let block_accounts = block.failed.count();
+                        let threshold = self.config.narrow_spray.threshold;
+                        let spread = self.spread(v6.block56, part, account, threshold, epoch, now);
+                        self.raise_on(
+                            Detector::NarrowSpray,
+                            Space::Prefix,
+                            v6.block56.0,
+                            found.filter(|_| spread),
+                            now,
+                        );
+                        part = (v6.block56.0, part.1 && block_accounts <= share_max);
                     }
-                    if within {
-                        let wide = self.wide.fail(e.wide.0, Label::Prefix(e.wide.1), epoch, account, now);
-                        let found = judge_source(wide, &self.config.wide_spray, weight);
-                        self.raise_on(Detector::WideSpray, Space::Prefix, e.wide.0, found, now);
-                    }
+                    let wide = self.wide.fail(e.wide.0, Label::Prefix(e.wide.1), epoch, account, now);
+                    let found = judge_source(wide, &self.config.wide_spray, weight);
+                    let threshold = self.config.wide_spray.threshold;
+                    let spread = !mobile && self.spread(e.wide, part, account, threshold, epoch, now);
+                    self.raise_on(Detector::WideSpray, Space::Prefix, e.wide.0, found.filter(|_| spread), now);
                     // A mobile source hops addresses within its carrier's
                     // pool: count its wide prefix, or one person would look
                     // like many sources.
@@ -621,12 +662,13 @@ impl Signals {
                 &mut self.wide,
                 &mut self.blocks,
                 &mut self.blocks56,
+                &mut self.shares,
                 &mut self.accounts,
                 &mut self.passwords,
             ]
             .into_iter()
             .max_by_key(|f| f.heap_bytes)
-            .expect("six families");
+            .expect("seven families");
             if fattest.len() == 0 {
                 break;
             }
@@ -651,6 +693,7 @@ impl Signals {
                 &mut self.wide,
                 &mut self.blocks,
                 &mut self.blocks56,
+                &mut self.shares,
                 &mut self.accounts,
                 &mut self.passwords,
             ] {

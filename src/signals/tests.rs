@@ -602,3 +602,24 @@ fn one_phone_hopping_carrier_addresses_never_flags_the_carriers_24() {
     let wide = keyed(prefix_of(v4(0x6440_0000), 24, 48)).0;
     assert_eq!(published(&mut s, Space::Prefix, wide), 0);
 }
+
+/// Each address of a /24 failing the same four "burner" accounts first,
+/// then five fresh ones (nine, below its own flag): the /24 counts every
+/// address's four pairs and every fresh account, so it is flagged.
+#[test]
+fn a_spray_whose_addresses_start_with_shared_accounts_still_flags_the_24() {
+    let mut s = Signals::new(&config());
+    let mut fresh = 100;
+    for host in 0..16u32 {
+        let address = v4(0xCB00_7200 + host);
+        for burner in 0..4 {
+            s.ingest_report(&event(address, burner, Outcome::Failure, T0));
+        }
+        for _ in 0..5 {
+            fresh += 1;
+            s.ingest_report(&event(address, fresh, Outcome::Failure, T0));
+        }
+    }
+    let wide = keyed(prefix_of(v4(0xCB00_7200), 24, 48)).0;
+    assert_ne!(published(&mut s, Space::Prefix, wide) & Detector::WideSpray.bit() as u16, 0);
+}
