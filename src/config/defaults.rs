@@ -437,10 +437,11 @@ pub const SIGNALS_THRESHOLD_MAX: u32 = 127;
 pub const SIGNALS_PASSWORD_SPRAY_THRESHOLD_DEFAULT: u32 = 20;
 pub const SIGNALS_NARROW_SPRAY_THRESHOLD_DEFAULT: u32 = 10;
 pub const SIGNALS_WIDE_SPRAY_THRESHOLD_DEFAULT: u32 = 50;
-/// The (source, account) pairs one source (an IPv4 address, an IPv6 /56)
-/// adds to its /24's or /48's count, which must reach `wide_spray`'s
-/// threshold as well as its accounts, so the wide flag, which falls on
-/// every address of the prefix, needs failures from 13 sources or more:
+/// The failed accounts one source (an IPv4 address, an IPv6 /56) failing
+/// in the window counts as at most in its /24's or /48's capped sum, which
+/// must reach `wide_spray`'s threshold and failure share as well as its
+/// accounts, so the wide flag, which falls on every address of the
+/// prefix, needs failures from 13 sources or more:
 /// six addresses of a /24 failing ten accounts each (one customer, whose
 /// own addresses `narrow_spray` flags) add 24, and with 15 neighbours'
 /// typos still stay below 50. The price: 12 addresses of a /24 can fail 9

@@ -48,7 +48,13 @@ impl Tracked {
     /// 10 typos from one lab are flagged 13% of the time instead of 42%.
     /// A source with no success, a spray's, keeps its share of 1.
     pub fn failure_share(&self, success_weight: u32) -> f64 {
-        let failed = self.failed.count() as f64;
+        self.failure_share_of(self.failed.count(), success_weight)
+    }
+
+    /// As `failure_share`, with `failed` standing for the failed count (a
+    /// block's capped one).
+    pub fn failure_share_of(&self, failed: u32, success_weight: u32) -> f64 {
+        let failed = f64::from(failed);
         let sampled = self.succeeded.count();
         let seen = if success_weight > 1 && sampled > 0 { sampled + 1 } else { sampled };
         let succeeded = f64::from(seen) * f64::from(success_weight);

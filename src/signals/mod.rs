@@ -374,29 +374,21 @@ impl Signals {
         }
     }
 
-    /// Counts `part`'s pair with `account` towards `block`'s (when the
-    /// part is still within its share), and whether the block's pairs
-    /// reach `threshold`.
-    fn spread(
-        &mut self,
-        block: (u64, Prefix),
-        (part, within): (u64, bool),
-        account: u64,
-        threshold: u32,
-        epoch: u64,
-        now_us: u64,
-    ) -> bool {
-        let pairs = if within {
-            let pair = family::mix64(account ^ part.rotate_left(29));
-            self.shares.fail(block.0, Label::Prefix(block.1), epoch, pair, now_us).failed.count()
-        } else {
-            self.shares.get(block.0).map_or(0, |t| {
-                let mut failed = t.failed.clone();
-                failed.roll(epoch);
-                failed.count()
-            })
-        };
-        pairs >= threshold
+    /// Counts a failure of `part` (holding `part_accounts` distinct failed
+    /// accounts in the window) towards `block`: the block's pairs are the
+    /// sum over its parts of their accounts, each part's capped at
+    /// `accounts_per_source_max`. Each failure refreshes the part's pairs
+    /// `(part, 1..=min(accounts, cap))`, so whatever the order or timing of
+    /// its failures, a part failing in the window counts its share. Returns
+    /// the block's pairs.
+    fn spread(&mut self, block: (u64, Prefix), part: u64, part_accounts: u32, epoch: u64, now_us: u64) -> u32 {
+        let shares = part_accounts.min(self.config.wide_spray.accounts_per_source_max);
+        let mut pairs = 0;
+        for j in 1..=u64::from(shares) {
+            let pair = family::mix64(part ^ j.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            pairs = self.shares.fail(block.0, Label::Prefix(block.1), epoch, pair, now_us).failed.count();
+        }
+        pairs
     }
 
     /// Counts one report that carries its source.
@@ -449,39 +441,31 @@ impl Signals {
                     self.raise_on(Detector::NarrowSpray, Space::Prefix, e.narrow.0, found, now);
                     let mobile = e.class == Some(SourceClass::Mobile);
                     // A flag on a block (an IPv6 source's /56, its /24 or
-                    // /48) falls on every address in it, so besides its
-                    // accounts it needs as many (part, account) pairs, each
-                    // part adding its first `accounts_per_source_max`: a few
-                    // customers never flag their neighbours, even where
-                    // those mistype now and then, while a spray through the
-                    // block, whatever accounts each part starts with, is
-                    // counted. Nor does a phone, which hops its carrier's
-                    // addresses.
-                    let share_max = self.config.wide_spray.accounts_per_source_max;
-                    let mut part = (e.narrow.0, !mobile && narrow_accounts <= share_max);
-                    // An IPv6 source is also judged as its /56, a customer's
-                    // block, which is the part its /48 counts.
-                    if let (Some(v6), false) = (e.v6, mobile) {
-                        let label = Label::Prefix(v6.block56.1);
-                        let block = self.narrow.fail(v6.block56.0, label, epoch, account, now);
-                        let found = judge_source(block, &self.config.narrow_spray, weight);
-                        let block_accounts = block.failed.count();
-                        let threshold = self.config.narrow_spray.threshold;
-                        let spread = self.spread(v6.block56, part, account, threshold, epoch, now);
-                        self.raise_on(
-                            Detector::NarrowSpray,
-                            Space::Prefix,
-                            v6.block56.0,
-                            found.filter(|_| spread),
-                            now,
-                        );
-                        part = (v6.block56.0, part.1 && block_accounts <= share_max);
+                    // /48) falls on every address in it, so it is judged on
+                    // its parts' failed accounts, each part's counting at
+                    // most `accounts_per_source_max` (`spread`), against its
+                    // successes, as well as on its accounts: a few customers
+                    // never flag their neighbours, even where those mistype
+                    // now and then, while a spray through the block counts
+                    // every part. A phone, which hops its carrier's
+                    // addresses, adds nothing.
+                    if !mobile {
+                        let mut part = (e.narrow.0, narrow_accounts);
+                        // An IPv6 source is also judged as its /56, a
+                        // customer's block, which is the part its /48 counts.
+                        if let Some(v6) = e.v6 {
+                            let pairs = self.spread(v6.block56, part.0, part.1, epoch, now);
+                            let label = Label::Prefix(v6.block56.1);
+                            let block = self.narrow.fail(v6.block56.0, label, epoch, account, now);
+                            let found = judge_block(block, pairs, &self.config.narrow_spray, weight);
+                            part = (v6.block56.0, block.failed.count());
+                            self.raise_on(Detector::NarrowSpray, Space::Prefix, v6.block56.0, found, now);
+                        }
+                        let pairs = self.spread(e.wide, part.0, part.1, epoch, now);
+                        let wide = self.wide.fail(e.wide.0, Label::Prefix(e.wide.1), epoch, account, now);
+                        let found = judge_block(wide, pairs, &self.config.wide_spray, weight);
+                        self.raise_on(Detector::WideSpray, Space::Prefix, e.wide.0, found, now);
                     }
-                    let wide = self.wide.fail(e.wide.0, Label::Prefix(e.wide.1), epoch, account, now);
-                    let found = judge_source(wide, &self.config.wide_spray, weight);
-                    let threshold = self.config.wide_spray.threshold;
-                    let spread = !mobile && self.spread(e.wide, part, account, threshold, epoch, now);
-                    self.raise_on(Detector::WideSpray, Space::Prefix, e.wide.0, found.filter(|_| spread), now);
                     // A mobile source hops addresses within its carrier's
                     // pool: count its wide prefix, or one person would look
                     // like many sources.
@@ -851,6 +835,21 @@ impl Signals {
 fn judge_source(entry: &Tracked, detector: &crate::config::DetectorConfig, success_weight: u32) -> Option<u32> {
     let count = entry.failed.count();
     (count >= detector.threshold && entry.failure_share(success_weight) >= detector.failure_share_min).then_some(count)
+}
+
+/// A block's judgement: its accounts at the threshold, and its parts'
+/// capped accounts (`pairs`) at the threshold with a failure share, taken
+/// over those pairs, at or above the gate: one part's failures, however
+/// many, cannot outweigh the block's successes.
+fn judge_block(
+    block: &Tracked,
+    pairs: u32,
+    detector: &crate::config::DetectorConfig,
+    success_weight: u32,
+) -> Option<u32> {
+    let count = block.failed.count();
+    let share = block.failure_share_of(pairs, success_weight);
+    (count >= detector.threshold && pairs >= detector.threshold && share >= detector.failure_share_min).then_some(count)
 }
 
 fn judge_widening(block: &Tracked, threshold: u32, share_min: f64, success_weight: u32) -> Option<u32> {

@@ -623,3 +623,63 @@ fn a_spray_whose_addresses_start_with_shared_accounts_still_flags_the_24() {
     let wide = keyed(prefix_of(v4(0xCB00_7200), 24, 48)).0;
     assert_ne!(published(&mut s, Space::Prefix, wide) & Detector::WideSpray.bit() as u16, 0);
 }
+
+/// A /24 whose addresses each keep their hour at 5 to 9 failed accounts
+/// (five in one quarter, four two quarters later, again and again), with
+/// 12 fresh addresses joining every hour: every address counts its four
+/// pairs while it fails in the window, not only in its first hour, so the
+/// /24 is flagged once 13 addresses fail together.
+#[test]
+fn a_spray_rolling_each_address_through_its_hours_is_flagged() {
+    let mut s = Signals::new(&config());
+    let quarter = 900 * SECOND;
+    let wide = keyed(prefix_of(v4(0xCB00_7400), 24, 48)).0;
+    let mut account = 0;
+    let mut flagged_at = None;
+    'spray: for half in 0..16u64 {
+        let now = T0 + half * 2 * quarter;
+        let active = 12 * (half / 2 + 1) as u32;
+        for host in 0..active {
+            // Joining addresses start with five, then alternate.
+            let joined = u64::from(host / 12) * 2;
+            let accounts = if (half - joined).is_multiple_of(2) { 5 } else { 4 };
+            for _ in 0..accounts {
+                account += 1;
+                s.ingest_report(&event(v4(0xCB00_7400 + host), account, Outcome::Failure, now));
+            }
+            if s.snapshot().probe(Space::Prefix, wide, now) & Detector::WideSpray.bit() as u16 != 0 {
+                flagged_at = Some(half);
+                break 'spray;
+            }
+        }
+    }
+    assert!(flagged_at.is_some_and(|half| half <= 2), "flagged at half-hour {flagged_at:?}");
+}
+
+/// A busy /24: 200 customers log in, 46 of them mistype once, and one
+/// address fails 400 accounts (the address is flagged on its own). The
+/// /24's pairs reach 50 and its failed accounts outnumber its successes,
+/// but that address's count only its four pairs against the successes,
+/// so the flag never falls on the neighbours.
+#[test]
+fn one_address_failing_many_accounts_among_busy_neighbours_never_flags_their_24() {
+    let mut s = Signals::new(&config());
+    for host in 0..200u32 {
+        let address = v4(0xC633_7000 + host);
+        let account = u64::from(host);
+        if host < 46 {
+            s.ingest_report(&event(address, account, Outcome::Failure, T0));
+        }
+        for _ in 0..3 {
+            s.ingest_report(&event(address, account, Outcome::Success, T0));
+        }
+    }
+    let culprit = v4(0xC633_70F0);
+    for account in 0..400 {
+        s.ingest_report(&event(culprit, 100_000 + account, Outcome::Failure, T0));
+    }
+    let wide = keyed(prefix_of(culprit, 24, 48)).0;
+    let narrow = keyed(prefix_of(culprit, 32, 64)).0;
+    assert_ne!(published(&mut s, Space::Prefix, narrow) & Detector::NarrowSpray.bit() as u16, 0);
+    assert_eq!(published(&mut s, Space::Prefix, wide) & Detector::WideSpray.bit() as u16, 0);
+}
