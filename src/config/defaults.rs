@@ -445,7 +445,9 @@ pub const SIGNALS_WIDE_SPRAY_THRESHOLD_DEFAULT: u32 = 50;
 /// six addresses of a /24 failing ten accounts each (one customer, whose
 /// own addresses `narrow_spray` flags) add 24, and with 15 neighbours'
 /// typos still stay below 50. The price: 12 addresses of a /24 can fail 9
-/// accounts each, 108 an hour, below every source flag.
+/// accounts each, 108 an hour, below every source flag; 12 /56s of a /48
+/// (two /64s failing 9 each and a third failing 1, below the /56's own
+/// flag) 229.
 pub const SIGNALS_WIDE_SPRAY_ACCOUNTS_PER_SOURCE_MAX_DEFAULT: u32 = 4;
 pub const SIGNALS_ACCOUNT_DISTRIBUTED_THRESHOLD_DEFAULT: u32 = 8;
 pub const SIGNALS_FAILURE_SHARE_MIN_DEFAULT: f64 = 0.5;

@@ -286,7 +286,7 @@ impl Signals {
             // sampled eighth weighs 1 each and its next typos flag it. They
             // start over, as at a restart (failures and successes together,
             // so no share is judged on failures alone).
-            for family in [&mut self.narrow, &mut self.wide, &mut self.blocks, &mut self.blocks56] {
+            for family in [&mut self.narrow, &mut self.wide, &mut self.blocks, &mut self.blocks56, &mut self.shares] {
                 family.clear();
             }
             tracing::warn!(
@@ -295,6 +295,11 @@ impl Signals {
                 to = config.success_sample,
                 "success_sample changed: the source tables start over"
             );
+        }
+        let caps = |c: &SignalsConfig| (c.wide_spray.accounts_per_source_max, c.narrow_spray.threshold);
+        if caps(config) != caps(&self.config) {
+            // Sums under other caps: they start over.
+            self.shares.clear();
         }
         self.config = config.clone();
         self.sub_us = (config.window_us / SUB_WINDOWS as u64).max(1);
@@ -375,20 +380,35 @@ impl Signals {
     }
 
     /// Counts a failure of `part` (holding `part_accounts` distinct failed
-    /// accounts in the window) towards `block`: the block's pairs are the
-    /// sum over its parts of their accounts, each part's capped at
-    /// `accounts_per_source_max`. Each failure refreshes the part's pairs
-    /// `(part, 1..=min(accounts, cap))`, so whatever the order or timing of
-    /// its failures, a part failing in the window counts its share. Returns
-    /// the block's pairs.
-    fn spread(&mut self, block: (u64, Prefix), part: u64, part_accounts: u32, epoch: u64, now_us: u64) -> u32 {
-        let shares = part_accounts.min(self.config.wide_spray.accounts_per_source_max);
-        let mut pairs = 0;
-        for j in 1..=u64::from(shares) {
-            let pair = family::mix64(part ^ j.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-            pairs = self.shares.fail(block.0, Label::Prefix(block.1), epoch, pair, now_us).failed.count();
+    /// accounts in the window) towards `block`, which is judged on two sums
+    /// over its parts failing in the window: `pairs`, each part's accounts
+    /// capped at `accounts_per_source_max`, so its flag needs failures from
+    /// many parts; and `hidden`, capped at what a part can fail without
+    /// its own flag, which its failure share is taken over, so neither one
+    /// part's hundreds of failures nor an attacker's own logins outweigh
+    /// what the rest fail. Each part's elements `(part, 1..=cap)` are
+    /// counted again at its first failure of each sub-window, so a part
+    /// failing in the window counts in full whatever its order or pace;
+    /// in between, only its newest.
+    fn spread(&mut self, block: (u64, Prefix), part: (u64, u32), fresh: bool, epoch: u64, now_us: u64) -> Spread {
+        let caps = [self.config.wide_spray.accounts_per_source_max, self.hidden_max()];
+        let mut sums = [0u32; 2];
+        for (sum, (cap, salt)) in sums.iter_mut().zip(caps.into_iter().zip([0, HIDDEN_SALT])) {
+            let top = part.1.clamp(1, cap);
+            let from = if fresh { 1 } else { top };
+            for j in from..=top {
+                let element = family::mix64(part.0 ^ u64::from(j).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+                let label = Label::Prefix(block.1);
+                *sum = self.shares.fail(block.0 ^ salt, label, epoch, element, now_us).failed.count();
+            }
         }
-        pairs
+        Spread { pairs: sums[0], hidden: sums[1] }
+    }
+
+    /// The accounts a part can fail without its own flag (at least the
+    /// pairs' cap).
+    fn hidden_max(&self) -> u32 {
+        self.config.narrow_spray.threshold.saturating_sub(1).max(self.config.wide_spray.accounts_per_source_max)
     }
 
     /// Counts one report that carries its source.
@@ -438,6 +458,8 @@ impl Signals {
                     let weight = self.config.success_sample;
                     let found = judge_source(narrow, &self.config.narrow_spray, weight);
                     let narrow_accounts = narrow.failed.count();
+                    // Its first account this sub-window (see `spread`).
+                    let mut fresh = narrow.failed.current_count() == 1;
                     self.raise_on(Detector::NarrowSpray, Space::Prefix, e.narrow.0, found, now);
                     let mobile = e.class == Some(SourceClass::Mobile);
                     // A flag on a block (an IPv6 source's /56, its /24 or
@@ -454,16 +476,17 @@ impl Signals {
                         // An IPv6 source is also judged as its /56, a
                         // customer's block, which is the part its /48 counts.
                         if let Some(v6) = e.v6 {
-                            let pairs = self.spread(v6.block56, part.0, part.1, epoch, now);
+                            let spread = self.spread(v6.block56, part, fresh, epoch, now);
                             let label = Label::Prefix(v6.block56.1);
                             let block = self.narrow.fail(v6.block56.0, label, epoch, account, now);
-                            let found = judge_block(block, pairs, &self.config.narrow_spray, weight);
+                            let found = judge_block(block, spread, &self.config.narrow_spray, weight);
                             part = (v6.block56.0, block.failed.count());
+                            fresh = block.failed.current_count() == 1;
                             self.raise_on(Detector::NarrowSpray, Space::Prefix, v6.block56.0, found, now);
                         }
-                        let pairs = self.spread(e.wide, part.0, part.1, epoch, now);
+                        let spread = self.spread(e.wide, part, fresh, epoch, now);
                         let wide = self.wide.fail(e.wide.0, Label::Prefix(e.wide.1), epoch, account, now);
-                        let found = judge_block(wide, pairs, &self.config.wide_spray, weight);
+                        let found = judge_block(wide, spread, &self.config.wide_spray, weight);
                         self.raise_on(Detector::WideSpray, Space::Prefix, e.wide.0, found, now);
                     }
                     // A mobile source hops addresses within its carrier's
@@ -837,19 +860,30 @@ fn judge_source(entry: &Tracked, detector: &crate::config::DetectorConfig, succe
     (count >= detector.threshold && entry.failure_share(success_weight) >= detector.failure_share_min).then_some(count)
 }
 
-/// A block's judgement: its accounts at the threshold, and its parts'
-/// capped accounts (`pairs`) at the threshold with a failure share, taken
-/// over those pairs, at or above the gate: one part's failures, however
-/// many, cannot outweigh the block's successes.
+/// What a block is judged on besides its own accounts (see `spread`).
+#[derive(Clone, Copy, Debug)]
+struct Spread {
+    pairs: u32,
+    hidden: u32,
+}
+
+/// The `shares` entry of a block's `hidden` sum is keyed by the block's
+/// digest with this flipped in.
+const HIDDEN_SALT: u64 = 0x5A5A_5A5A_5A5A_5A5A;
+
+/// A block's judgement: its accounts and its parts' capped accounts
+/// (`pairs`) at the threshold, and a failure share, taken over `hidden`,
+/// at or above the gate.
 fn judge_block(
     block: &Tracked,
-    pairs: u32,
+    spread: Spread,
     detector: &crate::config::DetectorConfig,
     success_weight: u32,
 ) -> Option<u32> {
     let count = block.failed.count();
-    let share = block.failure_share_of(pairs, success_weight);
-    (count >= detector.threshold && pairs >= detector.threshold && share >= detector.failure_share_min).then_some(count)
+    let share = block.failure_share_of(spread.hidden, success_weight);
+    let spread_enough = spread.pairs >= detector.threshold;
+    (count >= detector.threshold && spread_enough && share >= detector.failure_share_min).then_some(count)
 }
 
 fn judge_widening(block: &Tracked, threshold: u32, share_min: f64, success_weight: u32) -> Option<u32> {

@@ -70,6 +70,11 @@ impl Windowed {
         self.union.estimate().min(u32::MAX as usize) as u32
     }
 
+    /// Distinct elements in the sub-window last counted (exact below 128).
+    pub fn current_count(&self) -> u32 {
+        self.subs[(self.epoch % SUB_WINDOWS as u64) as usize].estimate().min(u32::MAX as usize) as u32
+    }
+
     pub fn heap_bytes(&self) -> usize {
         self.subs.iter().chain([&self.union]).map(|s| s.size_of() - INLINE_BYTES).sum()
     }

@@ -683,3 +683,59 @@ fn one_address_failing_many_accounts_among_busy_neighbours_never_flags_their_24(
     assert_ne!(published(&mut s, Space::Prefix, narrow) & Detector::NarrowSpray.bit() as u16, 0);
     assert_eq!(published(&mut s, Space::Prefix, wide) & Detector::WideSpray.bit() as u16, 0);
 }
+
+/// Eight /24s, each with 64 addresses failing 9 accounts apiece (none
+/// flagged alone), and 300 accounts of the attacker's own logged into
+/// from each: the /24's share is taken over what its addresses fail
+/// unflagged (9 each), not over its pairs (4 each), so the owned logins
+/// do not hide the spray. (Red team, round 5.)
+#[test]
+fn owned_accounts_logged_into_from_eight_24s_do_not_hide_a_spray_through_them() {
+    let mut s = Signals::new(&config());
+    let mut victim = 1_000_000u64;
+    let mut flagged = 0;
+    for block in 0..8u32 {
+        let base = 0x2D00_0000 + (block << 8);
+        let at = T0 + u64::from(block) * 60 * SECOND;
+        for owned in 0..300u64 {
+            s.ingest_report(&event(v4(base + (owned % 64) as u32), owned, Outcome::Success, at));
+        }
+        for host in 0..64u32 {
+            for _ in 0..9 {
+                victim += 1;
+                s.ingest_report(&event(v4(base + host), victim, Outcome::Failure, at + SECOND));
+            }
+        }
+        let wide = keyed(prefix_of(v4(base), 24, 48)).0;
+        flagged += usize::from(published(&mut s, Space::Prefix, wide) & Detector::WideSpray.bit() as u16 != 0);
+    }
+    assert_eq!(flagged, 8, "every /24 is flagged");
+}
+
+/// A reload that changes `success_sample` forgets a busy /24's successes:
+/// its sums start over with them, so the neighbours' typos from before
+/// the reload cannot be weighed against no successes. (Red team, round 5.)
+#[test]
+fn a_reload_forgets_a_blocks_sums_with_its_successes() {
+    let c = config();
+    let mut s = Signals::new(&c);
+    for host in 0..200u32 {
+        let address = v4(0xC633_7000 + host);
+        let account = u64::from(host);
+        if host < 46 {
+            s.ingest_report(&event(address, account, Outcome::Failure, T0));
+        }
+        for _ in 0..3 {
+            s.ingest_report(&event(address, account, Outcome::Success, T0));
+        }
+    }
+    let mut reloaded = c.clone();
+    reloaded.success_sample = 4;
+    s.reconfigure(&reloaded);
+    let culprit = v4(0xC633_70F0);
+    for account in 0..50 {
+        s.ingest_report(&event(culprit, 100_000 + account, Outcome::Failure, T0 + SECOND));
+    }
+    let wide = keyed(prefix_of(culprit, 24, 48)).0;
+    assert_eq!(published(&mut s, Space::Prefix, wide) & Detector::WideSpray.bit() as u16, 0);
+}
