@@ -13,7 +13,7 @@
 //! decodes them; `daemon` turns each into a `Job` and answers it
 //! (`Daemon::handle`); `limiter` plans a check (derives its keys in
 //! `limiter/subject.rs`), then runs one table step per rule (pure: time is
-//! passed in) on `gcra` and `failure_window` tables (`overflow` counts what
+//! passed in) on `gcra` and `failure_window` tables (its `overflow` sketch counts what
 //! a table full of lockouts cannot hold; `expiring` is the bounded map
 //! behind escalation, known devices and recent passwords); `store` is the
 //! redb state file and its writer thread (the only module that touches
@@ -58,7 +58,6 @@ mod keys;
 mod limiter;
 mod metrics;
 mod notify;
-mod overflow;
 mod server;
 mod shared;
 mod signals;
@@ -94,7 +93,7 @@ pub use config::{
 };
 
 // The state file.
-pub use store::{Journal, OpenOptions, PersistedEntry, Store, StoreError};
+pub use store::{Journal, OpenOptions, PersistedCells, PersistedEntry, Store, StoreError};
 
 // The load generator's random numbers (the example login server's test
 // draws its traffic from them).

@@ -174,3 +174,56 @@ fn with_every_place_held_a_real_attempt_counts_once_and_an_abandon_counts_nothin
     let v = verdict(rt.block_on(client.check("login", &bob)));
     assert_eq!((v.decision, v.remaining), (Decision::Allow, 4), "{v:?}");
 }
+
+/// The issue's scale model: each login failure table capped at 1,000.
+const SCALE_MODEL: &str = "\
+[routes.login.rules.source_failures]
+entries_max = 1000
+[routes.login.rules.account_failures]
+entries_max = 1000
+threshold = 5
+";
+
+/// Checks every (account, address) of `keys` at once; how many are refused.
+fn refused_of(daemon: &TestDaemon, keys: &[(String, String)]) -> usize {
+    let replies = runtime().block_on(pipeline(&daemon.socket, keys.len(), 64, |i, out| {
+        check_frame(i, "login", &subject(&keys[i].1, &keys[i].0), out);
+    }));
+    replies
+        .into_iter()
+        .filter(|r| matches!(r, tollgate::protocol::Response::Verdict(v) if v.decision == Decision::Deny))
+        .count()
+}
+
+#[test]
+fn every_lockout_past_the_tables_caps_survives_a_restart_and_a_kill_9() {
+    let mut daemon = TestDaemon::start_with(Some(SCALE_MODEL), true);
+    let keys: Vec<(String, String)> = (0..3000)
+        .map(|n| (format!("spilled-{n}"), format!("10.{}.{}.{}", 100 + n / 62_500, n / 250 % 250, n % 250 + 1)))
+        .collect();
+    let replies = runtime().block_on(pipeline(&daemon.socket, keys.len() * 5, 64, |i, out| {
+        let (account, address) = &keys[i / 5];
+        report_frame(i, "login", &subject(address, account), Outcome::Failure, out);
+    }));
+    let denied = replies
+        .iter()
+        .skip(4)
+        .step_by(5)
+        .filter(|r| matches!(r, tollgate::protocol::Response::Verdict(v) if v.decision == Decision::Deny))
+        .count();
+    assert_eq!(denied, 3000, "every fifth failure was answered deny");
+    assert!(rule_status(&daemon, "source_failures")["refused_full"].as_u64().unwrap() > 1000, "past the cap");
+    assert_eq!(refused_of(&daemon, &keys), 3000);
+
+    assert_eq!(daemon.terminate().code(), Some(0), "{}", daemon.log());
+    daemon.spawn();
+    assert_eq!(refused_of(&daemon, &keys), 3000, "after a clean restart");
+
+    daemon.kill9();
+    daemon.spawn();
+    assert_eq!(refused_of(&daemon, &keys), 3000, "after kill -9");
+    // A stranger is still let in: the sketch's rows over-count only where
+    // lockouts are.
+    let v = verdict(runtime().block_on(daemon.client().check("login", &subject("203.0.113.9", "stranger"))));
+    assert_eq!(v.decision, Decision::Allow, "{v:?}");
+}

@@ -155,6 +155,7 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
         restored = restored.rows.restored,
         expired = restored.rows.expired,
         redated = restored.rows.redated,
+        overflow_cells = restored.rows.cells,
         known_devices = restored.known_devices,
         damaged_rows = restored.damaged_rows,
         manual_clock = daemon.clock.is_manual(),
@@ -257,13 +258,14 @@ struct Restoration {
 
 /// Puts the state file's rows back in the tables.
 fn restore(limiter: &Limiter, loaded: Loaded, now_us: u64) -> Restoration {
-    let rows = limiter.restore(loaded.entries, now_us);
+    let mut rows = limiter.restore(loaded.entries, now_us);
+    limiter.restore_cells(loaded.cells, now_us, &mut rows);
     let known_devices = limiter.restore_known_devices(loaded.devices, now_us);
     if rows.orphaned > 0 {
         tracing::warn!(target: START_LOG_TARGET, orphaned = rows.orphaned, "persisted entries name rules not configured; deleted");
     }
-    if rows.refused > 0 {
-        tracing::warn!(target: START_LOG_TARGET, refused = rows.refused, "persisted entries not restored: their tables are full of lockouts");
+    if rows.spilled > 0 {
+        tracing::warn!(target: START_LOG_TARGET, spilled = rows.spilled, "persisted entries found their tables full of lockouts; counted in the overflow sketches");
     }
     Restoration { rows, known_devices, damaged_rows: loaded.damaged_rows }
 }

@@ -19,16 +19,22 @@
 //!   lists; expiry, eviction, the changes to persist, reconfiguration.
 //! - `places.rs`: the places attempts in flight hold (`Places`), and the
 //!   table's `admit`, `settle` and `standing`, which take and read them.
+//! - `overflow.rs`: the sketch that counts keys a table full of lockouts
+//!   cannot hold, and the cells of it the state file keeps.
 //!
 //! No locks, no clock, no I/O: callers pass `now_us` in and persist the
 //! changes the table lists.
 
+mod overflow;
 mod places;
 mod table;
 #[cfg(test)]
 mod tests;
 mod window;
 
+pub use overflow::CellChanges;
+#[cfg(test)]
+pub use overflow::CellChunk;
 pub use places::{Settled, Standing};
 pub use table::{Change, FailureWindowTable, Recorded, TableError, TOP_CLASS_EVICTION_SCAN};
 pub use window::{Counts, WindowSpec, THRESHOLD_MAX, WINDOW_US_MIN};

@@ -143,9 +143,10 @@ pub struct Standing {
 
 impl FailureWindowTable {
     /// The key's counts and attempts in flight as of `now_us`. Once the
-    /// table has overflowed, a key's failures are those of its entry plus
-    /// those spilled to the overflow sketch (each failure is in one of
-    /// them; the sketch only adds).
+    /// table has overflowed, a key's failures are the more of its entry's
+    /// and the sketch's: a key spills only while it has no entry, and an
+    /// entry starts from what the key spilled (`record_failure`), so the
+    /// entry holds every failure; the sketch only adds.
     pub fn standing(&self, key: Key, now_us: u64) -> Standing {
         self.standing_and_places(key, now_us).0
     }
@@ -154,10 +155,11 @@ impl FailureWindowTable {
     fn standing_and_places(&self, key: Key, now_us: u64) -> (Standing, Places) {
         let places = self.in_flight.get(key.tuple, now_us).map(|s| s.value).unwrap_or_default();
         let mut counts = self.get(key, now_us);
-        if let Some(sketch) = &self.overflow {
-            let spilled = sketch.counts(self.spec, key, now_us);
-            counts.previous = counts.previous.saturating_add(spilled.previous);
-            counts.current = counts.current.saturating_add(spilled.current);
+        if self.overflow.is_some() {
+            let spilled = self.spilled(key, now_us);
+            if self.spec.weighted(spilled, now_us) > self.spec.weighted(counts, now_us) {
+                counts = self.spec.rolled(spilled, now_us);
+            }
         }
         (Standing { counts, in_flight: places.live(now_us), in_flight_until_us: places.first_lapse(now_us) }, places)
     }

@@ -8,11 +8,11 @@
 
 use hashbrown::HashTable;
 
+use super::overflow::OverflowSketch;
 use super::places::{Places, Presumed};
 use super::window::{Counts, WindowSpec, THRESHOLD_MAX, WINDOW_US_MIN};
 use crate::expiring::ExpiringMap;
 use crate::keys::Key;
-use crate::overflow::OverflowSketch;
 
 const NIL: u32 = u32::MAX;
 /// Entries of the top count class examined for an unlocked one when a full
@@ -163,21 +163,12 @@ impl FailureWindowTable {
         }
     }
 
-    /// Counts a failure that `record_failure` could not (the table full of
-    /// lockouts) in the overflow sketch.
-    /// Spilled failures are in memory only, and neither a success nor an
-    /// unlock clears them: they drain with their window.
-    pub fn count_overflow(&mut self, key: Key, now_us: u64) {
-        let spec = self.spec;
-        let entries_max = self.entries_max;
-        self.overflow.get_or_insert_with(|| Box::new(OverflowSketch::new(entries_max))).record(spec, key, now_us);
-    }
-
     /// Counts one failure for `key`, in one step.
     pub fn record_failure(&mut self, key: Key, now_us: u64) -> Result<Recorded, TableError> {
         let (i, before) = match self.find(key) {
             Some(i) => (i, self.slots[i as usize].counts),
-            None => (self.insert(key, now_us)?, Counts::default()),
+            // A key that spilled starts from its spilled failures.
+            None => (self.insert(key, now_us)?, self.spilled(key, now_us)),
         };
         let was_locked = self.spec.is_locked(before, now_us);
         let mut counts = self.spec.rolled(before, now_us);

@@ -13,7 +13,9 @@ use crate::expiring::{Changes, ExpiringMap, Slot};
 use crate::failure_window::{Counts, FailureWindowTable, WindowSpec};
 use crate::keys::{Component, Key};
 use crate::protocol::{Lockout, Subject};
-use crate::store::{DeviceChange, DeviceMap, DeviceRows, Durable, Journal, PersistedDevice, PersistedEntry};
+use crate::store::{
+    CellRows, DeviceChange, DeviceMap, DeviceRows, Durable, Journal, PersistedCells, PersistedDevice, PersistedEntry,
+};
 
 /// The two passes of `lockouts`.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -32,14 +34,17 @@ pub(super) fn unlocks_one_entry(rule: &Rule, source: Option<std::net::IpAddr>) -
 
 impl Limiter {
     /// Every failure rule's shards, each locked in turn (the lock is the
-    /// item's: it is released when the loop moves on), with its route and rule.
-    fn failure_shards(&self) -> impl Iterator<Item = (&Route, &Rule, MutexGuard<'_, FailureWindowTable>)> {
+    /// item's: it is released when the loop moves on), with its route, rule
+    /// and index.
+    fn failure_shards(&self) -> impl Iterator<Item = (&Route, &Rule, u8, MutexGuard<'_, FailureWindowTable>)> {
         let rules = self.routes.iter().flat_map(|route| route.rules.iter().map(move |rule| (route, rule)));
         let failure_rules = rules.filter_map(|(route, rule)| match &rule.table {
             Table::Failures { shards, .. } => Some((route, rule, shards)),
             Table::Rate { .. } | Table::Signal { .. } => None,
         });
-        failure_rules.flat_map(|(route, rule, shards)| shards.each().map(move |table| (route, rule, table)))
+        failure_rules.flat_map(|(route, rule, shards)| {
+            shards.each().enumerate().map(move |(index, table)| (route, rule, index as u8, table))
+        })
     }
 
     /// Clears an account's entries on a route's failure rules: with a
@@ -118,7 +123,7 @@ impl Limiter {
         let mut total = 0u64;
         let mut found = Vec::new();
         for pass in [Listed::Locked, Listed::InFlight] {
-            for (route, rule, table) in self.failure_shards() {
+            for (route, rule, _, table) in self.failure_shards() {
                 let room = limit.saturating_sub(out.len());
                 if pass == Listed::InFlight && room == 0 {
                     break;
@@ -160,14 +165,18 @@ impl Limiter {
     /// returned writes complete when the changes are on disk.
     pub fn snapshot(&self, now_us: u64, durable: bool) -> Vec<Durable> {
         let mut writes = Vec::new();
-        for (_, rule, mut table) in self.failure_shards() {
+        for (_, rule, shard, mut table) in self.failure_shards() {
             table.expire(now_us);
             let changes = table.take_changes();
+            // Sent while the shard is locked: see `report`.
+            let window_us = table.spec().window_us;
+            if let Some(changes) = table.take_cell_changes(now_us) {
+                let rows = CellRows { rule: rule.id.clone(), window_us, shard, changes };
+                writes.extend(self.journal.write_cells(rows, durable));
+            }
             if changes.is_empty() {
                 continue;
             }
-            // Sent while the shard is locked: see `report`.
-            let window_us = table.spec().window_us;
             if durable {
                 writes.push(self.journal.write_durably(&rule.id, window_us, changes));
             } else {
@@ -288,11 +297,15 @@ impl Limiter {
     /// it; the returned write resolves when the fresh file is in place.
     pub fn rewrite(&self, now_us: u64) -> Durable {
         self.journal.rewrite_begin();
-        for (_, rule, mut table) in self.failure_shards() {
+        for (_, rule, shard, mut table) in self.failure_shards() {
             table.expire(now_us);
             let entries = table.full_snapshot();
+            let window_us = table.spec().window_us;
             if !entries.is_empty() {
-                self.journal.write(&rule.id, table.spec().window_us, entries);
+                self.journal.write(&rule.id, window_us, entries);
+            }
+            if let Some(changes) = table.full_cell_snapshot(now_us) {
+                self.journal.write_cells(CellRows { rule: rule.id.clone(), window_us, shard, changes }, false);
             }
         }
         self.save_known_devices(now_us, true, &mut Vec::new(), false);
@@ -369,13 +382,60 @@ impl Limiter {
                     }
                 }
                 Ok(false) => counts.expired += 1,
-                Err(_) => counts.refused += 1,
+                // No room (a smaller cap now): counted where a full
+                // table counts, so its lockout holds.
+                Err(_) => {
+                    table.restore_spilled(key, restored, now_us);
+                    counts.spilled += 1;
+                }
             }
         }
         for rule in orphans {
             self.journal.drop_rule(&rule);
         }
         counts
+    }
+}
+
+impl Limiter {
+    /// Puts the overflow sketches' persisted cells back at start, after
+    /// `restore`. A row written under another window length is re-dated as
+    /// an entry is; rows of a rule not configured are deleted with its
+    /// entries (`restore` drops them).
+    pub fn restore_cells(&self, rows: Vec<PersistedCells>, now_us: u64, restored: &mut Restored) {
+        let mut orphans = std::collections::BTreeSet::new();
+        for row in rows {
+            let rule = self.routes.iter().flat_map(|r| &r.rules).find(|r| *r.id == *row.rule);
+            let Some(Table::Failures { spec, shards, .. }) = rule.map(|r| &r.table) else {
+                orphans.insert(row.rule);
+                continue;
+            };
+            if usize::from(row.shard) >= SHARDS {
+                continue;
+            }
+            let then = WindowSpec { window_us: row.window_us, threshold: spec.threshold };
+            let mut table = shards.at(usize::from(row.shard));
+            for (offset, counts) in row.cells {
+                let counts = if row.window_us == spec.window_us {
+                    counts
+                } else {
+                    Counts {
+                        window: spec.window_index(now_us),
+                        previous: 0,
+                        current: then.whole_failures(counts, now_us),
+                    }
+                };
+                let cell = row.chunk.saturating_mul(64).saturating_add(u32::from(offset));
+                table.restore_cell(row.row_bits, cell, counts, now_us);
+                restored.cells += 1;
+            }
+            if row.window_us != spec.window_us {
+                table.rewrite_cells();
+            }
+        }
+        for rule in orphans {
+            self.journal.drop_rule(&rule);
+        }
     }
 }
 
@@ -392,8 +452,11 @@ pub struct Restored {
     /// Naming a rule that is not configured (or is no longer a failure
     /// rule); deleted.
     pub orphaned: usize,
-    /// Not placed: the table was full of lockouts.
-    pub refused: usize,
+    /// No room in the table (full of lockouts): counted in its overflow
+    /// sketch instead.
+    pub spilled: usize,
+    /// Overflow-sketch cells put back.
+    pub cells: usize,
 }
 
 /// A known-device map's changes as state-file rows.

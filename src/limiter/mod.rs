@@ -34,8 +34,9 @@ use crate::protocol::{Outcome, Subject, Verdict};
 use crate::signals::flags::{Hits, Space};
 use crate::signals::pump::SignalsLink;
 use crate::source::SourcePolicy;
-use crate::store::{Durable, Journal};
+use crate::store::{CellRows, Durable, Journal};
 use route::{RecentPasswords, Route, Table};
+use shards::shard_index;
 use subject::{check_lengths, RuleKeys, SubjectKeys};
 use verdict::{combine, failure_answer, rate_answer, rate_spec, signal_answer, Answers, RuleAnswer};
 
@@ -549,8 +550,23 @@ impl Limiter {
                                 table.mark_persisted(key);
                             }
                             Ok(_) => {}
+                            // A lockout of a key the full table could not
+                            // hold is as durable as any other: its sketch
+                            // cells are written before the refusal is given.
                             Err(_) => {
-                                table.count_overflow(key, now_us);
+                                if table.spill(key, now_us) {
+                                    if let Some(changes) = table.take_spilled_lockout(key, now_us) {
+                                        let rule_id = rule.id.clone();
+                                        let shard = shard_index(key.tuple) as u8;
+                                        let rows = CellRows {
+                                            rule: rule_id,
+                                            window_us: table.spec().window_us,
+                                            shard,
+                                            changes,
+                                        };
+                                        durable.extend(self.journal.write_cells(rows, true));
+                                    }
+                                }
                             }
                         },
                         Some(Outcome::Success) if *cleared_by_success => {

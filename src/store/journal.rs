@@ -9,7 +9,7 @@
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
 
-use super::{DeviceRows, WriteError};
+use super::{CellRows, DeviceRows, WriteError};
 use crate::failure_window::Change;
 
 /// Resolves when a write is on disk (or failed to get there). A lockout's
@@ -55,8 +55,10 @@ pub(super) enum Edit {
     /// window length their counts are in.
     Entries { rule: Arc<str>, window_us: u64, changes: Vec<Change> },
     /// Every row of a rule that is not (or no longer) a configured failure
-    /// rule.
+    /// rule, its sketch cells' too.
     DropRule(Arc<str>),
+    /// Changes to one shard's overflow-sketch cells of a rule.
+    Cells(CellRows),
     /// Changes to one shard of a route's known devices.
     Devices(DeviceRows),
     /// Every known-device row of a route that keeps none (any more).
@@ -72,6 +74,7 @@ impl Edit {
             Edit::Entries { changes, .. } => changes.len(),
             Edit::DropRule(_) | Edit::DropDevices(_) | Edit::Meta(..) => 1,
             Edit::Devices(d) => d.rows.len(),
+            Edit::Cells(c) => c.changes.chunks.len(),
         }
     }
 }
@@ -137,6 +140,24 @@ impl Journal {
         Some(match tx.send(Message::Write { edit, ack: Some(ack) }) {
             Ok(()) => Durable(rx, None),
             Err(_) => Durable::done(Err(WriteError::WriterStopped)),
+        })
+    }
+
+    /// Queues changes to a shard's overflow-sketch cells; with `durable`
+    /// (a spilled lockout), returns what resolves once they are committed,
+    /// named for the rule like a table's lockout.
+    pub fn write_cells(&self, rows: CellRows, durable: bool) -> Option<Durable> {
+        let rule = rows.rule.clone();
+        let Some(tx) = &self.tx else { return durable.then(|| Durable::done(Ok(())).of_rule(&rule)) };
+        let edit = Edit::Cells(rows);
+        if !durable {
+            let _ = tx.send(Message::Write { edit, ack: None });
+            return None;
+        }
+        let (ack, rx) = tokio::sync::oneshot::channel();
+        Some(match tx.send(Message::Write { edit, ack: Some(ack) }) {
+            Ok(()) => Durable(rx, Some(rule)),
+            Err(_) => Durable::done(Err(WriteError::WriterStopped)).of_rule(&rule),
         })
     }
 

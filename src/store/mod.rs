@@ -1,6 +1,6 @@
 //! Durable state: the only module that touches redb.
 //!
-//! Two tables. `failure_entries_v3` maps (rule id, key digest) to the
+//! Three tables. `failure_entries_v3` maps (rule id, key digest) to the
 //! entry's window length and counts. A lockout is its entry with counts at
 //! or over the threshold, so restoring entries restores lockouts exactly; no
 //! raw identifier is stored. Each row carries its window length because its
@@ -8,6 +8,9 @@
 //! the daemon was down re-dates its rows at start instead of misreading them.
 //! `known_devices_v3` holds each route's known (account, device) digests and
 //! its per-account counts of new devices, with their expiry.
+//! `overflow_cells_v1` holds the cells of each rule's overflow sketches at
+//! the rule's threshold, so a lockout of a key its full table could not
+//! hold survives too.
 //!
 //! Every row ends in a check (BLAKE2b-64 over the row), so a row a damaged
 //! disk changed is dropped and counted at start instead of silently moving
@@ -61,7 +64,7 @@ mod writer;
 
 pub use journal::{Durable, Journal};
 
-use schema::{DEVICES, ENTRIES, SCHEMA_VERSION};
+use schema::{CELLS, DEVICES, ENTRIES, SCHEMA_VERSION};
 use start_checks::{lock_for_life, read_rows};
 
 /// redb's page cache. The file holds at most the tables' caps of 12-byte
@@ -167,6 +170,30 @@ pub struct PersistedEntry {
     pub counts: Counts,
 }
 
+/// One persisted row of overflow-sketch cells (see
+/// `failure_window::overflow`): those at the threshold among 64.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PersistedCells {
+    pub rule: String,
+    pub shard: u8,
+    /// The size of the sketch that wrote it: `1 << row_bits` cells a row.
+    pub row_bits: u8,
+    /// The first cell's index over 64.
+    pub chunk: u32,
+    pub window_us: u64,
+    /// Each cell's offset from `chunk × 64`, and its counts.
+    pub cells: Vec<(u8, Counts)>,
+}
+
+/// Changes to one shard's overflow-sketch cells of a rule.
+#[derive(Clone, Debug)]
+pub struct CellRows {
+    pub rule: Arc<str>,
+    pub window_us: u64,
+    pub shard: u8,
+    pub changes: crate::failure_window::CellChanges,
+}
+
 /// Which of a route's known-device maps a row belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DeviceMap {
@@ -223,6 +250,7 @@ pub type DeviceChange = (u64, Option<(u64, u16)>);
 #[derive(Debug, Default)]
 pub struct Loaded {
     pub entries: Vec<PersistedEntry>,
+    pub cells: Vec<PersistedCells>,
     pub devices: Vec<PersistedDevice>,
     /// Rows whose check did not match (a damaged disk): dropped, and
     /// deleted from the file.
@@ -298,7 +326,12 @@ impl Store {
             Err(redb::TableError::TableDoesNotExist(_)) => None,
             Err(e) => return Err(corrupt(&e)),
         };
-        let (loaded, _) = read_rows(&entries, devices.as_ref()).map_err(|e| corrupt(&e))?;
+        let cells = match txn.open_table(CELLS) {
+            Ok(table) => Some(table),
+            Err(redb::TableError::TableDoesNotExist(_)) => None,
+            Err(e) => return Err(corrupt(&e)),
+        };
+        let (loaded, _) = read_rows(&entries, devices.as_ref(), cells.as_ref()).map_err(|e| corrupt(&e))?;
         let meta = txn.open_table(schema::META).map_err(|e| corrupt(&e))?;
         let hosts_learned = meta.get(schema::META_HOSTS_LEARNED).map_err(|e| corrupt(&e))?.map(|v| v.value());
         Ok(Loaded { hosts_learned: hosts_learned.and_then(|n| u32::try_from(n).ok()).filter(|n| *n > 0), ..loaded })

@@ -16,6 +16,18 @@ use crate::failure_window::Counts;
 pub(super) type EntryRow = (u64, u32, u32, u32, u64);
 /// (rule id, key digest) -> the entry.
 pub(super) const ENTRIES: TableDefinition<(&str, u128), EntryRow> = TableDefinition::new("failure_entries_v3");
+/// (rule id, shard, row bits, chunk) -> the cells of a shard's overflow
+/// sketch at its rule's threshold among the 64 from `chunk × 64`
+/// (`cell_chunk_bytes`). `row bits` is the size of the sketch the index is
+/// of. Added in schema 3 without a version change: a file without it has
+/// no spilled lockouts.
+pub(super) const CELLS: TableDefinition<CellKey, &[u8]> = TableDefinition::new("overflow_cells_v1");
+/// (rule id, shard, row bits, chunk).
+pub(super) type CellKey = (&'static str, u8, u8, u32);
+/// A chunk row's bytes: the window length (u64), then per cell its offset
+/// (u8), window, previous and current (u32 each), then the row's check
+/// (u64), all little-endian.
+const CELL_BYTES: usize = 13;
 /// (route, map, shard, id) -> (expires_us, value, check): a known device
 /// (`DeviceMap::Devices`, id the (account, device) digest's low half) or an
 /// account's count of new devices (`DeviceMap::PerAccount`, id the account
@@ -69,6 +81,40 @@ pub(super) fn entry_check(
         &previous.to_le_bytes(),
         &current.to_le_bytes(),
     ])
+}
+
+fn cell_check((rule, shard, row_bits, chunk): (&str, u8, u8, u32), payload: &[u8]) -> u64 {
+    row_check(&[b"cells", rule.as_bytes(), &[shard, row_bits], &chunk.to_le_bytes(), payload])
+}
+
+/// A chunk row's bytes (see `CELLS`).
+pub(super) fn cell_chunk_bytes(key: (&str, u8, u8, u32), window_us: u64, cells: &[(u8, Counts)]) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(16 + cells.len() * CELL_BYTES);
+    bytes.extend_from_slice(&window_us.to_le_bytes());
+    for (offset, c) in cells {
+        bytes.push(*offset);
+        for n in [c.window, c.previous, c.current] {
+            bytes.extend_from_slice(&n.to_le_bytes());
+        }
+    }
+    let check = cell_check(key, &bytes);
+    bytes.extend_from_slice(&check.to_le_bytes());
+    bytes
+}
+
+/// A chunk row's window length and cells, if its check matches.
+pub(super) fn read_cell_chunk(key: (&str, u8, u8, u32), bytes: &[u8]) -> Option<(u64, Vec<(u8, Counts)>)> {
+    let body = bytes.len().checked_sub(8).filter(|n| *n >= 8 && (n - 8) % CELL_BYTES == 0)?;
+    let (payload, check) = bytes.split_at(body);
+    if cell_check(key, payload) != u64::from_le_bytes(check.try_into().ok()?) {
+        return None;
+    }
+    let word = |at: &[u8]| u32::from_le_bytes(at.try_into().expect("4 bytes"));
+    let cells = payload[8..]
+        .chunks_exact(CELL_BYTES)
+        .map(|c| (c[0], Counts { window: word(&c[1..5]), previous: word(&c[5..9]), current: word(&c[9..13]) }))
+        .collect();
+    Some((u64::from_le_bytes(payload[..8].try_into().ok()?), cells))
 }
 
 pub(super) fn device_check((route, map, shard, id): (&str, u8, u8, u64), expires_us: u64, value: u16) -> u64 {

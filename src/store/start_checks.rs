@@ -16,13 +16,13 @@ use std::time::Duration;
 use redb::{Database, ReadableTable};
 
 use super::schema::{
-    device_check, entry_check, migrate_to_v3, DeviceKey, DeviceValue, EntryRow, DEVICES, ENTRIES, META,
-    META_HOSTS_LEARNED, META_KEY_FINGERPRINT, SCHEMA_VERSION,
+    device_check, entry_check, migrate_to_v3, read_cell_chunk, CellKey, DeviceKey, DeviceValue, EntryRow, CELLS,
+    DEVICES, ENTRIES, META, META_HOSTS_LEARNED, META_KEY_FINGERPRINT, SCHEMA_VERSION,
 };
 use super::writer::rewrite_path;
 use super::{
-    open_database, DeviceMap, Loaded, OpenOptions, Opened, PersistedDevice, PersistedEntry, Store, StoreError,
-    CACHE_BYTES,
+    open_database, DeviceMap, Loaded, OpenOptions, Opened, PersistedCells, PersistedDevice, PersistedEntry, Store,
+    StoreError, CACHE_BYTES,
 };
 use crate::failure_window::Counts;
 
@@ -139,16 +139,22 @@ impl Store {
 pub(super) struct DamagedRows {
     entries: Vec<(String, u128)>,
     devices: Vec<(String, u8, u8, u64)>,
+    cells: Vec<(String, u8, u8, u32)>,
 }
 
-/// Reads both tables, checking every row.
-pub(super) fn read_rows<E, D>(entries: &E, devices: Option<&D>) -> Result<(Loaded, DamagedRows), redb::StorageError>
+/// Reads every table, checking every row.
+pub(super) fn read_rows<E, D, C>(
+    entries: &E,
+    devices: Option<&D>,
+    cells: Option<&C>,
+) -> Result<(Loaded, DamagedRows), redb::StorageError>
 where
     E: ReadableTable<(&'static str, u128), EntryRow>,
     D: ReadableTable<DeviceKey, DeviceValue>,
+    C: ReadableTable<CellKey, &'static [u8]>,
 {
     let mut loaded = Loaded::default();
-    let mut damaged = DamagedRows { entries: Vec::new(), devices: Vec::new() };
+    let mut damaged = DamagedRows { entries: Vec::new(), devices: Vec::new(), cells: Vec::new() };
     for row in entries.iter()? {
         let (key, value) = row?;
         let (rule, digest) = key.value();
@@ -178,7 +184,16 @@ where
             value: count,
         });
     }
-    loaded.damaged_rows = damaged.entries.len() + damaged.devices.len();
+    for row in cells.map(|c| c.iter()).transpose()?.into_iter().flatten() {
+        let (key, value) = row?;
+        let (rule, shard, row_bits, chunk) = key.value();
+        let Some((window_us, cells)) = read_cell_chunk((rule, shard, row_bits, chunk), value.value()) else {
+            damaged.cells.push((rule.to_string(), shard, row_bits, chunk));
+            continue;
+        };
+        loaded.cells.push(PersistedCells { rule: rule.to_string(), shard, row_bits, chunk, window_us, cells });
+    }
+    loaded.damaged_rows = damaged.entries.len() + damaged.devices.len() + damaged.cells.len();
     Ok((loaded, damaged))
 }
 
@@ -206,15 +221,19 @@ fn prepare(db: &Database, path: &Path, key_fingerprint: Option<u64>, key_is_new:
         }
         let mut entries = txn.open_table(ENTRIES).map_err(|e| corrupt(&e))?;
         let mut devices = txn.open_table(DEVICES).map_err(|e| corrupt(&e))?;
-        let (loaded, damaged) = read_rows(&entries, Some(&devices)).map_err(|e| corrupt(&e))?;
+        let mut cells = txn.open_table(CELLS).map_err(|e| corrupt(&e))?;
+        let (loaded, damaged) = read_rows(&entries, Some(&devices), Some(&cells)).map_err(|e| corrupt(&e))?;
         for (rule, digest) in &damaged.entries {
             entries.remove((rule.as_str(), *digest)).map_err(|e| corrupt(&e))?;
         }
         for (route, map, shard, id) in &damaged.devices {
             devices.remove((route.as_str(), *map, *shard, *id)).map_err(|e| corrupt(&e))?;
         }
+        for (rule, shard, row_bits, cell) in &damaged.cells {
+            cells.remove((rule.as_str(), *shard, *row_bits, *cell)).map_err(|e| corrupt(&e))?;
+        }
         if let Some(expected) = key_fingerprint {
-            let rows = loaded.entries.len() + loaded.devices.len();
+            let rows = loaded.entries.len() + loaded.devices.len() + loaded.cells.len();
             let found = meta.get(META_KEY_FINGERPRINT).map_err(|e| corrupt(&e))?.map(|v| v.value());
             match found {
                 Some(found) if found == expected => {}

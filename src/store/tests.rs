@@ -305,3 +305,46 @@ fn the_learned_host_count_survives_a_restart_and_a_rewrite() {
             .unwrap();
     assert_eq!(opened.loaded.hosts_learned, Some(4), "a rewrite kept the learned count");
 }
+
+#[test]
+fn overflow_cells_survive_reopening_a_whole_replacement_drops_the_old_size_and_a_dropped_rule_takes_them() {
+    use crate::failure_window::{CellChanges, CellChunk};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let rule: Arc<str> = "login/source_failures".into();
+    let counts = Counts { window: 7, previous: 1, current: 5 };
+    let cells = |row_bits, whole, chunks| CellRows {
+        rule: rule.clone(),
+        window_us: 900_000_000,
+        shard: 3,
+        changes: CellChanges { row_bits, whole, chunks },
+    };
+    let chunk = |chunk, offsets: &[u8]| CellChunk { chunk, cells: offsets.iter().map(|o| (*o, counts)).collect() };
+    {
+        let store = Store::open(&path, false).unwrap();
+        let (journal, writer) = store.start_writer(Arc::default());
+        let chunks = vec![chunk(0, &[1, 63]), chunk(2, &[9])];
+        journal.write_cells(cells(10, false, chunks), true).unwrap().wait_blocking().unwrap();
+        journal.write_cells(cells(10, false, vec![chunk(2, &[])]), false);
+        writer.stop();
+    }
+    let loaded = Store::open(&path, false).unwrap().load_all().unwrap();
+    let found: Vec<_> = loaded.cells.iter().map(|c| (c.shard, c.row_bits, c.chunk, c.cells.clone())).collect();
+    assert_eq!(found, vec![(3, 10, 0, vec![(1, counts), (63, counts)])]);
+    assert!(loaded.cells.iter().all(|c| c.window_us == 900_000_000 && *c.rule == *rule));
+    {
+        let store = Store::open(&path, false).unwrap();
+        let (journal, writer) = store.start_writer(Arc::default());
+        journal.write_cells(cells(12, true, vec![chunk(5, &[7])]), false);
+        writer.stop();
+    }
+    let loaded = Store::open(&path, false).unwrap().load_all().unwrap();
+    assert_eq!(loaded.cells.iter().map(|c| (c.row_bits, c.chunk)).collect::<Vec<_>>(), vec![(12, 5)]);
+    {
+        let store = Store::open(&path, false).unwrap();
+        let (journal, writer) = store.start_writer(Arc::default());
+        journal.drop_rule(&rule);
+        writer.stop();
+    }
+    assert!(Store::open(&path, false).unwrap().load_all().unwrap().cells.is_empty());
+}

@@ -17,9 +17,10 @@ use redb::Database;
 
 use super::journal::{Ack, Edit, Journal, Message};
 use super::schema::{
-    device_check, entry_row, DeviceKey, DeviceValue, DEVICES, ENTRIES, META, META_KEY_FINGERPRINT, SCHEMA_VERSION,
+    cell_chunk_bytes, device_check, entry_row, CellKey, DeviceKey, DeviceValue, CELLS, DEVICES, ENTRIES, META,
+    META_KEY_FINGERPRINT, SCHEMA_VERSION,
 };
-use super::{open_database, DeviceRows, Store, StoreStats, WriteError};
+use super::{open_database, CellRows, DeviceRows, Store, StoreStats, WriteError};
 
 /// Messages drained into one transaction at most; bounds a commit's size.
 pub const GROUP_COMMIT_MESSAGES_MAX: usize = 4096;
@@ -281,6 +282,7 @@ fn commit(db: &Database, batch: &[Edit]) -> Result<(), WriteError> {
     {
         let mut table = txn.open_table(ENTRIES)?;
         let mut devices = txn.open_table(DEVICES)?;
+        let mut cells = txn.open_table(CELLS)?;
         let mut meta = txn.open_table(META)?;
         for edit in batch {
             let (rule, window_us, changes) = match edit {
@@ -288,6 +290,12 @@ fn commit(db: &Database, batch: &[Edit]) -> Result<(), WriteError> {
                 Edit::DropRule(rule) => {
                     let rows = (&**rule, 0u128)..=(&**rule, u128::MAX);
                     table.retain_in(rows, |_, _| false)?;
+                    let rows = (&**rule, 0u8, 0u8, 0u32)..=(&**rule, u8::MAX, u8::MAX, u32::MAX);
+                    cells.retain_in(rows, |_, _| false)?;
+                    continue;
+                }
+                Edit::Cells(edit) => {
+                    commit_cells(&mut cells, edit)?;
                     continue;
                 }
                 Edit::Devices(edit) => {
@@ -318,6 +326,22 @@ fn commit(db: &Database, batch: &[Edit]) -> Result<(), WriteError> {
         }
     }
     txn.commit()?;
+    Ok(())
+}
+
+fn commit_cells(table: &mut redb::Table<CellKey, &[u8]>, edit: &CellRows) -> Result<(), redb::StorageError> {
+    let (rule, shard, row_bits) = (&*edit.rule, edit.shard, edit.changes.row_bits);
+    if edit.changes.whole {
+        table.retain_in((rule, shard, 0, 0)..=(rule, shard, u8::MAX, u32::MAX), |_, _| false)?;
+    }
+    for chunk in &edit.changes.chunks {
+        let key = (rule, shard, row_bits, chunk.chunk);
+        if chunk.cells.is_empty() {
+            table.remove(key)?;
+        } else {
+            table.insert(key, cell_chunk_bytes(key, edit.window_us, &chunk.cells).as_slice())?;
+        }
+    }
     Ok(())
 }
 
