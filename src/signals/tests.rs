@@ -656,14 +656,9 @@ fn a_spray_rolling_each_address_through_its_hours_is_flagged() {
     assert!(flagged_at.is_some_and(|half| half <= 2), "flagged at half-hour {flagged_at:?}");
 }
 
-/// A busy /24: 200 customers log in, 46 of them mistype once, and one
-/// address fails 400 accounts (the address is flagged on its own). The
-/// /24's pairs reach 50 and its failed accounts outnumber its successes,
-/// but that address's count only its four pairs against the successes,
-/// so the flag never falls on the neighbours.
-#[test]
-fn one_address_failing_many_accounts_among_busy_neighbours_never_flags_their_24() {
-    let mut s = Signals::new(&config());
+/// A busy /24 (198.51.112.0/24): 200 customers log in three times each,
+/// 46 of them after one typo.
+fn busy_24(s: &mut Signals) {
     for host in 0..200u32 {
         let address = v4(0xC633_7000 + host);
         let account = u64::from(host);
@@ -674,6 +669,17 @@ fn one_address_failing_many_accounts_among_busy_neighbours_never_flags_their_24(
             s.ingest_report(&event(address, account, Outcome::Success, T0));
         }
     }
+}
+
+/// A busy /24: 200 customers log in, 46 of them mistype once, and one
+/// address fails 400 accounts (the address is flagged on its own). The
+/// /24's pairs reach 50 and its failed accounts outnumber its successes,
+/// but that address's count only its four pairs against the successes,
+/// so the flag never falls on the neighbours.
+#[test]
+fn one_address_failing_many_accounts_among_busy_neighbours_never_flags_their_24() {
+    let mut s = Signals::new(&config());
+    busy_24(&mut s);
     let culprit = v4(0xC633_70F0);
     for account in 0..400 {
         s.ingest_report(&event(culprit, 100_000 + account, Outcome::Failure, T0));
@@ -719,16 +725,7 @@ fn owned_accounts_logged_into_from_eight_24s_do_not_hide_a_spray_through_them() 
 fn a_reload_forgets_a_blocks_sums_with_its_successes() {
     let c = config();
     let mut s = Signals::new(&c);
-    for host in 0..200u32 {
-        let address = v4(0xC633_7000 + host);
-        let account = u64::from(host);
-        if host < 46 {
-            s.ingest_report(&event(address, account, Outcome::Failure, T0));
-        }
-        for _ in 0..3 {
-            s.ingest_report(&event(address, account, Outcome::Success, T0));
-        }
-    }
+    busy_24(&mut s);
     let mut reloaded = c.clone();
     reloaded.success_sample = 4;
     s.reconfigure(&reloaded);

@@ -32,8 +32,9 @@ use crate::failure_window::Counts;
 /// systemd a silent hang is worse than a refusal that says why.
 pub const OPEN_TIMEOUT_MS: u64 = 30_000;
 /// Largest state file checked at start: it is checked on an in-memory copy.
-/// The tables' caps keep a real one far below (66 MiB after a flood at the
-/// caps); anything larger is not a file tollgate wrote.
+/// The tables' caps and their overflow sketches keep a real one below it
+/// (129 MiB after ten times a table's cap of lockouts, the sketch then 82%
+/// at the threshold); anything larger is not a file tollgate wrote.
 pub const STATE_FILE_BYTES_MAX: u64 = 1 << 30;
 /// How far redb may grow the in-memory copy while checking it (a repair or
 /// a migration writes a few pages); a damaged header asking for more is
