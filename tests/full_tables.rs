@@ -227,3 +227,50 @@ fn every_lockout_past_the_tables_caps_survives_a_restart_and_a_kill_9() {
     let v = verdict(runtime().block_on(daemon.client().check("login", &subject("203.0.113.9", "stranger"))));
     assert_eq!(v.decision, Decision::Allow, "{v:?}");
 }
+
+/// One entry a shard, and no snapshot during the test (the interval is
+/// real time; the manual clock moves only when told).
+const ONE_A_SHARD_NO_SNAPSHOT: &str = "\
+snapshot_interval_ms = 60000
+[routes.login.rules.source_failures]
+entries_max = 16
+[routes.login.rules.account_failures]
+entries_max = 16
+threshold = 5
+";
+
+#[test]
+fn a_spilled_key_locked_again_just_after_the_window_turns_stays_refused_after_a_restart() {
+    let mut daemon = TestDaemon::start_with(Some(ONE_A_SHARD_NO_SNAPSHOT), true);
+    // Six failures each (reports need no check): the tables' lockouts then
+    // outlast the window's turn by 150 s, so the tables stay full.
+    let accounts: Vec<String> = (0..FILLERS).map(|n| format!("filler-{n}")).collect();
+    let addresses: Vec<String> = (0..FILLERS).map(|n| format!("10.{}.{}.1", n / 250, n % 250)).collect();
+    runtime().block_on(pipeline(&daemon.socket, FILLERS * 6, 64, |i, out| {
+        let n = i / 6;
+        report_frame(i, "login", &subject(&addresses[n], &accounts[n]), Outcome::Failure, out);
+    }));
+    let rt = runtime();
+    let victim = subject("198.51.100.203", "fourth-victim");
+    let replies: Vec<Decision> = (0..5)
+        .map(|_| verdict(rt.block_on(daemon.client().report("login", &victim, Outcome::Failure))).decision)
+        .collect();
+    assert_eq!(replies[4], Decision::Deny, "locked in the sketch: {replies:?}");
+    // The window turns (the manual clock starts on a 15-minute boundary):
+    // a 5-of-5 lockout lifts a millisecond later, and the attacker guesses.
+    daemon.advance("900001ms");
+    let v = verdict(rt.block_on(daemon.client().check("login", &victim)));
+    assert!(v.proceeds(), "lifted with the window: {v:?}");
+    let v = verdict(rt.block_on(daemon.client().report("login", &victim, Outcome::Failure)));
+    assert_eq!(v.decision, Decision::Deny, "locked again: {v:?}");
+    // Without a restart it stays refused until 20% into the window.
+    daemon.advance("89999ms");
+    let v = verdict(rt.block_on(daemon.client().check("login", &victim)));
+    assert_eq!(v.decision, Decision::Deny, "refused 90 s into the window: {v:?}");
+
+    assert_eq!(daemon.terminate().code(), Some(0), "{}", daemon.log());
+    daemon.spawn();
+    daemon.advance("990000ms"); // the same instant on the restarted manual clock
+    let v = verdict(rt.block_on(daemon.client().check("login", &victim)));
+    assert_eq!(v.decision, Decision::Deny, "after a clean restart the acknowledged lockout is gone: {v:?}");
+}

@@ -32,9 +32,8 @@ mod table;
 mod tests;
 mod window;
 
-pub use overflow::CellChanges;
-#[cfg(test)]
 pub use overflow::CellChunk;
+pub use overflow::{CellChanges, OVERFLOW_ROWS, ROW_BITS_MAX, ROW_BITS_MIN};
 pub use places::{Settled, Standing};
 pub use table::{Change, FailureWindowTable, Recorded, TableError, TOP_CLASS_EVICTION_SCAN};
 pub use window::{Counts, WindowSpec, THRESHOLD_MAX, WINDOW_US_MIN};

@@ -46,6 +46,21 @@ pub const OVERFLOW_CELLS_PER_ENTRY: usize = 4;
 /// The narrowest row, so a small table's sketch is not all collisions (a
 /// shard of a 16-entry table spills into 1,024 cells a row, 48 KiB).
 pub const OVERFLOW_ROW_CELLS_MIN: usize = 1024;
+/// The sizes a sketch can have, as bits of its row's cell count: from
+/// `OVERFLOW_ROW_CELLS_MIN` to what a shard of the largest cap needs. A
+/// state-file row of another size is damage.
+pub const ROW_BITS_MIN: u8 = 10;
+pub const ROW_BITS_MAX: u8 = 25;
+const _: () = assert!(1 << ROW_BITS_MIN == OVERFLOW_ROW_CELLS_MIN);
+const _: () = assert!(
+    (crate::config::ENTRIES_MAX_LIMIT.div_ceil(16) * OVERFLOW_CELLS_PER_ENTRY).next_power_of_two() == 1 << ROW_BITS_MAX
+);
+/// A sketch made at start for rows of a larger sketch (a cap lowered
+/// while the daemon was down) is at most this many times the configured
+/// one's size (4x, 2 bits): a lower cap's lockouts folded into a quarter
+/// of the cells would refuse 16% of fresh keys, and a file cannot make
+/// the daemon allocate much more than its cap implies.
+const RESTORED_ROW_BITS_EXTRA_MAX: u32 = 2;
 
 /// Odd multipliers, one per row, to spread a key's digest over each row.
 const ROW_MIX: [u64; OVERFLOW_ROWS] =
@@ -91,6 +106,10 @@ impl OverflowSketch {
     pub fn new(entries_max: usize) -> OverflowSketch {
         let row_cells =
             (entries_max.saturating_mul(OVERFLOW_CELLS_PER_ENTRY)).max(OVERFLOW_ROW_CELLS_MIN).next_power_of_two();
+        Self::with_row_cells(row_cells)
+    }
+
+    fn with_row_cells(row_cells: usize) -> OverflowSketch {
         let cells = OVERFLOW_ROWS * row_cells;
         OverflowSketch {
             cells: vec![Counts::default(); cells].into_boxed_slice(),
@@ -126,8 +145,15 @@ impl OverflowSketch {
         for cell in self.cells.iter_mut() {
             *cell = Counts { window, previous: 0, current: old.whole_failures(*cell, now_us) };
         }
-        // Every row was written under the old length.
+        self.forget_rows();
+    }
+
+    /// Every row is to be written again, and until then none counts as
+    /// written: the rows in the file hold counts under an old window length
+    /// or threshold.
+    fn forget_rows(&mut self) {
         self.rewrite_whole = true;
+        self.persisted.fill(0);
     }
 
     /// Counts one failure of `key`. Conservative update: only cells below
@@ -146,7 +172,10 @@ impl OverflowSketch {
                 let was_locked = spec.is_locked(cell, now_us);
                 cell.current = cell.current.saturating_add(1);
                 if !was_locked && spec.is_locked(cell, now_us) {
+                    // A row written for an earlier lockout of this cell
+                    // holds counts that lift sooner than these.
                     self.dirty[i / 64] |= 1 << (i % 64);
+                    self.persisted[i / 64] &= !(1 << (i % 64));
                 }
             }
             self.cells[i] = cell;
@@ -302,8 +331,12 @@ impl FailureWindowTable {
     pub fn spill(&mut self, key: Key, now_us: u64) -> bool {
         let spec = self.spec;
         let sketch = self.sketch();
+        let was_locked = spec.is_locked(sketch.counts(spec, key, now_us), now_us);
         sketch.record(spec, key, now_us);
-        let unwritten = spec.is_locked(sketch.counts(spec, key, now_us), now_us) && !sketch.key_persisted(key);
+        let locked = spec.is_locked(sketch.counts(spec, key, now_us), now_us);
+        // A new lockout is written whatever the bitmaps say: a row a
+        // snapshot queued may not be committed yet.
+        let unwritten = locked && (!was_locked || !sketch.key_persisted(key));
         if unwritten {
             sketch.mark_key_dirty(key);
         }
@@ -332,18 +365,32 @@ impl FailureWindowTable {
     }
 
     /// Puts back a sketch cell's row at start (`counts` already in this
-    /// table's window length).
+    /// table's window length). A sketch made for it is up to 4 times its
+    /// configured size, to hold the size that wrote it: folded into fewer
+    /// cells, a lower cap's lockouts refuse many fresh keys until they
+    /// drain.
     pub fn restore_cell(&mut self, row_bits: u8, cell: u32, counts: Counts, now_us: u64) {
         let spec = self.spec;
+        if self.overflow.is_none() {
+            let configured = OverflowSketch::new(self.entries_max()).row_bits;
+            let bits = u32::from(row_bits).clamp(configured, configured + RESTORED_ROW_BITS_EXTRA_MAX);
+            self.overflow = Some(Box::new(OverflowSketch::with_row_cells(1 << bits)));
+        }
         self.sketch().restore_cell(spec, row_bits, cell, counts, now_us);
+    }
+
+    /// Marks every row of the sketch to be written again (the rule's
+    /// window length or threshold changed).
+    pub(super) fn forget_cell_rows(&mut self) {
+        if let Some(sketch) = &mut self.overflow {
+            sketch.forget_rows();
+        }
     }
 
     /// Replaces every row of the sketch at the next snapshot (rows read at
     /// start that were written under another window length).
     pub fn rewrite_cells(&mut self) {
-        if let Some(sketch) = &mut self.overflow {
-            sketch.rewrite_whole = true;
-        }
+        self.forget_cell_rows();
     }
 
     /// Counts a persisted entry that found no room at start in the sketch,
@@ -551,5 +598,172 @@ mod tests {
         assert!(spec.is_locked(table.standing(key(1), now).counts, now));
         let rows = table.take_cell_changes(now).unwrap();
         assert_eq!(cells_in(&rows), OVERFLOW_ROWS, "written");
+    }
+
+    /// The state file's overflow_cells_v1 rows of one shard, as
+    /// `commit_cells` leaves them, and `Limiter::restore_cells` for them
+    /// (same window length).
+    #[derive(Default)]
+    struct Disk(std::collections::BTreeMap<(u8, u32), Vec<(u8, Counts)>>);
+
+    impl Disk {
+        fn apply(&mut self, changes: Option<CellChanges>) {
+            let Some(changes) = changes else { return };
+            if changes.whole {
+                self.0.clear();
+            }
+            for chunk in changes.chunks {
+                if chunk.cells.is_empty() {
+                    self.0.remove(&(changes.row_bits, chunk.chunk));
+                } else {
+                    self.0.insert((changes.row_bits, chunk.chunk), chunk.cells);
+                }
+            }
+        }
+
+        fn restore_into(&self, table: &mut FailureWindowTable, now: u64) {
+            for ((row_bits, chunk), cells) in &self.0 {
+                for (offset, counts) in cells {
+                    table.restore_cell(*row_bits, chunk * 64 + u32::from(*offset), *counts, now);
+                }
+            }
+        }
+    }
+
+    /// One reported failure of a spilled key, as `report_rules` does it:
+    /// its rows written before the reply when `spill` says so. True when
+    /// the reply would be deny.
+    fn report_failure(table: &mut FailureWindowTable, disk: &mut Disk, k: Key, now: u64) -> bool {
+        match table.record_failure(k, now) {
+            Ok(_) => panic!("the table had room: this test needs it full of lockouts"),
+            Err(_) => {
+                if table.spill(k, now) {
+                    disk.apply(table.take_spilled_lockout(k, now));
+                }
+            }
+        }
+        table.spec.is_locked(table.standing(k, now).counts, now)
+    }
+
+    /// The attacker keeps the table full: a fresh key's five failures
+    /// evict the entry whose lockout lifted with the window.
+    fn refill(table: &mut FailureWindowTable, n: u64, now: u64) {
+        for _ in 0..table.spec.threshold {
+            table.record_failure(key(1_000_000 + n), now).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_relock_just_after_the_window_turns_survives_a_clean_restart() {
+        let spec = WindowSpec { window_us: WINDOW, threshold: 5 };
+        let w0 = 1000 * WINDOW;
+        let mut disk = Disk::default();
+        let mut table = full_table(spec, w0);
+        let replies: Vec<bool> = (0..5).map(|_| report_failure(&mut table, &mut disk, key(1), w0)).collect();
+        assert_eq!(replies, [false, false, false, false, true]);
+        disk.apply(table.take_cell_changes(w0)); // a snapshot
+                                                 // The window turns: the key unlocks a microsecond later (5 x
+                                                 // (1 - 1us/W) < 5); the attacker's next guess locks it again.
+        let t1 = w0 + WINDOW + 1;
+        refill(&mut table, 1, t1);
+        assert!(!spec.is_locked(table.standing(key(1), t1).counts, t1));
+        assert!(report_failure(&mut table, &mut disk, key(1), t1), "answered deny");
+        // A clean stop: the final snapshot.
+        let stop = t1 + 1_000_000;
+        disk.apply(table.take_cell_changes(stop));
+        // Without a restart it is refused until 20% into the window
+        // (5 x 0.9 + 1 = 5.5 at 10%).
+        let later = w0 + WINDOW + WINDOW / 10;
+        assert!(spec.is_locked(table.standing(key(1), later).counts, later));
+        let mut restarted = full_table(spec, stop);
+        disk.restore_into(&mut restarted, stop);
+        assert!(
+            spec.is_locked(restarted.standing(key(1), later).counts, later),
+            "the deny of {t1} is gone after a clean restart: the file holds {:?}",
+            disk.0
+        );
+    }
+
+    #[test]
+    fn a_key_kept_at_its_lockout_through_a_window_gets_no_extra_guesses_after_a_kill_9() {
+        // The attacker guesses at the instant each lockout lifts: 5 a window,
+        // the rule's rate. Every one of those guesses is answered deny.
+        let spec = WindowSpec { window_us: WINDOW, threshold: 5 };
+        let w0 = 1000 * WINDOW;
+        let mut disk = Disk::default();
+        let mut table = full_table(spec, w0);
+        for _ in 0..5 {
+            report_failure(&mut table, &mut disk, key(1), w0);
+        }
+        disk.apply(table.take_cell_changes(w0));
+        let w1 = w0 + WINDOW;
+        refill(&mut table, 1, w1 + 1);
+        for n in 0..5u64 {
+            let t = w1 + n * WINDOW / 5 + 1;
+            assert!(!spec.is_locked(table.standing(key(1), t).counts, t), "guess {n} admitted");
+            assert!(report_failure(&mut table, &mut disk, key(1), t), "guess {n} answered deny");
+            // a snapshot a second later (the default interval)
+            disk.apply(table.take_cell_changes(t + 1_000_000));
+        }
+        // kill -9 at 85% of the window, then a restart at once.
+        let crash = w1 + WINDOW * 85 / 100;
+        assert!(spec.is_locked(table.standing(key(1), crash).counts, crash), "refused till the window ends");
+        let mut restarted = full_table(spec, crash);
+        disk.restore_into(&mut restarted, crash);
+        let mut extra = 0;
+        while !spec.is_locked(restarted.standing(key(1), crash).counts, crash) && extra < 100 {
+            restarted.spill(key(1), crash);
+            extra += 1;
+        }
+        assert_eq!(extra, 0, "guesses after the restart that the deny of each guess had refused; file {:?}", disk.0);
+    }
+
+    #[test]
+    fn cells_a_reload_to_a_lower_threshold_locks_are_written_by_the_next_snapshot() {
+        // 3 spilled failures, threshold 5: nothing to write. A reload to
+        // threshold 3 locks the key (a check is refused), but its cells are
+        // not marked, so no snapshot writes them: a kill -9 lets it in.
+        let spec = WindowSpec { window_us: WINDOW, threshold: 5 };
+        let now = 1000 * WINDOW;
+        let mut table = full_table(spec, now);
+        for _ in 0..3 {
+            table.spill(key(1), now);
+        }
+        assert_eq!(table.take_cell_changes(now), None);
+        let lower = WindowSpec { window_us: WINDOW, threshold: 3 };
+        table.reconfigure(lower, 1, now);
+        assert!(lower.is_locked(table.standing(key(1), now).counts, now), "refused after the reload");
+        let snapshot = table.take_cell_changes(now + 1_000_000);
+        assert!(snapshot.is_some_and(|c| cells_in(&c) >= OVERFLOW_ROWS), "the lockout's cells are not written");
+    }
+
+    #[test]
+    fn a_restart_with_a_quarter_of_the_cap_refuses_few_more_fresh_keys() {
+        let spec = WindowSpec { window_us: WINDOW, threshold: 5 };
+        let now = 1000 * WINDOW;
+        let mut table = full_table(spec, now);
+        table.reconfigure(spec, 1000, now); // 4,096 cells a row
+        for k in 1..=1000 {
+            for _ in 0..5 {
+                table.spill(key(k), now);
+            }
+        }
+        let rows = table.full_cell_snapshot(now).unwrap();
+        let fresh = |t: &FailureWindowTable| {
+            (1_000_000..1_010_000u64).filter(|k| spec.is_locked(t.standing(key(*k), now).counts, now)).count()
+        };
+        let before = fresh(&table);
+        let mut restarted = full_table(spec, now);
+        restarted.reconfigure(spec, 250, now); // 1,024 cells a row
+        for chunk in &rows.chunks {
+            for (offset, counts) in &chunk.cells {
+                restarted.restore_cell(rows.row_bits, chunk.chunk * 64 + u32::from(*offset), *counts, now);
+            }
+        }
+        let after = fresh(&restarted);
+        assert!(
+            after <= 4 * before.max(25),
+            "fresh keys refused of 10,000: {before} before, {after} after the restart"
+        );
     }
 }

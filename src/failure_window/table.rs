@@ -368,6 +368,9 @@ impl FailureWindowTable {
             if let Some(sketch) = &mut self.overflow {
                 sketch.redate(old, spec, now_us);
             }
+        } else if spec.threshold != old.threshold {
+            // Other cells are at the threshold now.
+            self.forget_cell_rows();
         }
         self.lists = vec![EMPTY; spec.threshold as usize + 1];
         for i in live {

@@ -10,7 +10,7 @@ use super::shards::{shard_index, Shards, SHARDS};
 use super::{Limiter, RequestError, IDENTIFIER_BYTES_MAX};
 use crate::clock::ceil_ms;
 use crate::expiring::{Changes, ExpiringMap, Slot};
-use crate::failure_window::{Counts, FailureWindowTable, WindowSpec};
+use crate::failure_window::{CellChanges, CellChunk, Counts, FailureWindowTable, WindowSpec};
 use crate::keys::{Component, Key};
 use crate::protocol::{Lockout, Subject};
 use crate::store::{
@@ -410,7 +410,13 @@ impl Limiter {
                 orphans.insert(row.rule);
                 continue;
             };
-            if usize::from(row.shard) >= SHARDS {
+            if usize::from(row.shard) >= SHARDS || row.window_us < crate::failure_window::WINDOW_US_MIN {
+                // Not a shard this daemon has, or a window no rule has (the
+                // store reads none): the row goes.
+                let gone = CellChunk { chunk: row.chunk, cells: Vec::new() };
+                let changes = CellChanges { row_bits: row.row_bits, whole: false, chunks: vec![gone] };
+                let rule: Arc<str> = row.rule.into();
+                self.journal.write_cells(CellRows { rule, window_us: 0, shard: row.shard, changes }, false);
                 continue;
             }
             let then = WindowSpec { window_us: row.window_us, threshold: spec.threshold };

@@ -203,3 +203,25 @@ fn a_refusal_by_places_in_flight_has_its_own_reason() {
     }
     assert_eq!(check(&limiter, "alice", T0).reason, Reason::TooManyFailures);
 }
+
+/// A crafted cell row (its check is an unkeyed BLAKE2b of the row, so any
+/// writer of the file can make one that passes) with a window length of 0:
+/// entries treat 0 as "the rule's length"; cells divide by it.
+#[test]
+fn a_cell_row_of_window_length_zero_is_dropped_not_a_panic() {
+    use crate::store::PersistedCells;
+    let limiter = limiter(&rule(""));
+    let row = PersistedCells {
+        rule: "t/per_account".into(),
+        shard: 0,
+        row_bits: 10,
+        chunk: 0,
+        window_us: 0,
+        cells: vec![(0, Counts { window: 100, previous: 0, current: 3 })],
+    };
+    let mut restored = super::Restored::default();
+    let started = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        limiter.restore_cells(vec![row], T0, &mut restored);
+    }));
+    assert!(started.is_ok(), "start-up panicked on a cell row with window_us = 0");
+}

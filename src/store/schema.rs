@@ -102,19 +102,31 @@ pub(super) fn cell_chunk_bytes(key: (&str, u8, u8, u32), window_us: u64, cells: 
     bytes
 }
 
-/// A chunk row's window length and cells, if its check matches.
+/// A chunk row's window length and cells, if its check matches and it is
+/// one tollgate writes: a sketch size it makes, a chunk within the
+/// sketch, a window length a rule can have, and at most 64 cells in order
+/// of offset.
 pub(super) fn read_cell_chunk(key: (&str, u8, u8, u32), bytes: &[u8]) -> Option<(u64, Vec<(u8, Counts)>)> {
-    let body = bytes.len().checked_sub(8).filter(|n| *n >= 8 && (n - 8) % CELL_BYTES == 0)?;
+    let (_, _, row_bits, chunk) = key;
+    let sizes = crate::failure_window::ROW_BITS_MIN..=crate::failure_window::ROW_BITS_MAX;
+    let chunks = (crate::failure_window::OVERFLOW_ROWS as u64) << row_bits.min(32) >> 6;
+    if !sizes.contains(&row_bits) || u64::from(chunk) >= chunks {
+        return None;
+    }
+    let body =
+        bytes.len().checked_sub(8).filter(|n| *n >= 8 && (n - 8) % CELL_BYTES == 0 && (n - 8) <= 64 * CELL_BYTES)?;
     let (payload, check) = bytes.split_at(body);
     if cell_check(key, payload) != u64::from_le_bytes(check.try_into().ok()?) {
         return None;
     }
     let word = |at: &[u8]| u32::from_le_bytes(at.try_into().expect("4 bytes"));
-    let cells = payload[8..]
+    let cells: Vec<(u8, Counts)> = payload[8..]
         .chunks_exact(CELL_BYTES)
         .map(|c| (c[0], Counts { window: word(&c[1..5]), previous: word(&c[5..9]), current: word(&c[9..13]) }))
         .collect();
-    Some((u64::from_le_bytes(payload[..8].try_into().ok()?), cells))
+    let ordered = cells.windows(2).all(|w| w[0].0 < w[1].0) && cells.iter().all(|(offset, _)| *offset < 64);
+    let window_us = u64::from_le_bytes(payload[..8].try_into().ok()?);
+    (ordered && window_us >= crate::failure_window::WINDOW_US_MIN).then_some((window_us, cells))
 }
 
 pub(super) fn device_check((route, map, shard, id): (&str, u8, u8, u64), expires_us: u64, value: u16) -> u64 {

@@ -348,3 +348,37 @@ fn overflow_cells_survive_reopening_a_whole_replacement_drops_the_old_size_and_a
     }
     assert!(Store::open(&path, false).unwrap().load_all().unwrap().cells.is_empty());
 }
+
+#[test]
+fn crafted_overflow_rows_are_dropped_as_damage_not_loaded() {
+    use redb::ReadableTableMetadata;
+    use schema::{cell_chunk_bytes, CELLS};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let counts = Counts { window: 7, previous: 0, current: 5 };
+    let rule = "login/source_failures";
+    {
+        let db = redb::Database::create(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut table = txn.open_table(CELLS).unwrap();
+            let mut put = |key: (&'static str, u8, u8, u32), window_us: u64, cells: &[(u8, Counts)]| {
+                table.insert(key, cell_chunk_bytes(key, window_us, cells).as_slice()).unwrap();
+            };
+            put((rule, 0, 10, 0), 900_000_000, &[(1, counts)]); // the one good row
+            put((rule, 0, 5, 0), 900_000_000, &[(1, counts)]); // a size no sketch has
+            put((rule, 0, 30, 0), 900_000_000, &[(1, counts)]);
+            put((rule, 1, 10, 64), 900_000_000, &[(1, counts)]); // past the sketch's 4 x 1,024 cells
+            put((rule, 2, 10, 0), 0, &[(1, counts)]); // a window no rule has
+            put((rule, 3, 10, 0), 900_000_000, &[(9, counts), (1, counts)]); // out of order
+            put((rule, 4, 10, 0), 900_000_000, &[(64, counts)]); // not in the chunk
+        }
+        txn.commit().unwrap();
+    }
+    let opened = Store::open_with(&path, OpenOptions::default()).unwrap();
+    assert_eq!(opened.loaded.cells.len(), 1);
+    assert_eq!(opened.loaded.damaged_rows, 6);
+    drop(opened);
+    let db = redb::Database::open(&path).unwrap();
+    assert_eq!(db.begin_read().unwrap().open_table(CELLS).unwrap().len().unwrap(), 1, "deleted");
+}
