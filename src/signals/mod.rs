@@ -379,30 +379,55 @@ impl Signals {
         }
     }
 
-    /// Counts a failure of `part` (holding `part_accounts` distinct failed
+    /// Counts a failure of `part` (holding `part.1` distinct failed
     /// accounts in the window) towards `block`, which is judged on two sums
     /// over its parts failing in the window: `pairs`, each part's accounts
     /// capped at `accounts_per_source_max`, so its flag needs failures from
-    /// many parts; and `hidden`, capped at what a part can fail without
-    /// its own flag, which its failure share is taken over, so neither one
-    /// part's hundreds of failures nor an attacker's own logins outweigh
-    /// what the rest fail. Each part's elements `(part, 1..=cap)` are
-    /// counted again at its first failure of each sub-window, so a part
-    /// failing in the window counts in full whatever its order or pace;
-    /// in between, only its newest.
-    fn spread(&mut self, block: (u64, Prefix), part: (u64, u32), fresh: bool, epoch: u64, now_us: u64) -> Spread {
-        let caps = [self.config.wide_spray.accounts_per_source_max, self.hidden_max()];
+    /// many parts; and `hidden`, capped at `hidden_cap`, what a part can
+    /// fail without its own flag, which its failure share is taken over, so
+    /// neither one part's hundreds of failures nor an attacker's own logins
+    /// outweigh what the rest fail. Each part's elements `(part, 1..=cap)`
+    /// are counted again at its first failure of each sub-window (`fresh`)
+    /// and whenever its newest was missing from the block's sub-window (a
+    /// new account, or sums cleared by a reload or an eviction), so a part
+    /// failing in the window counts in full whatever its order or pace; in
+    /// between, only its newest.
+    fn spread(
+        &mut self,
+        block: (u64, Prefix),
+        part: (u64, u32),
+        fresh: bool,
+        hidden_cap: u32,
+        epoch: u64,
+        now_us: u64,
+    ) -> Spread {
+        let caps = [self.config.wide_spray.accounts_per_source_max, hidden_cap];
         let mut sums = [0u32; 2];
         for (sum, (cap, salt)) in sums.iter_mut().zip(caps.into_iter().zip([0, HIDDEN_SALT])) {
+            let key = block.0 ^ salt;
+            let label = Label::Prefix(block.1);
             let top = part.1.clamp(1, cap);
-            let from = if fresh { 1 } else { top };
-            for j in from..=top {
-                let element = family::mix64(part.0 ^ u64::from(j).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-                let label = Label::Prefix(block.1);
-                *sum = self.shares.fail(block.0 ^ salt, label, epoch, element, now_us).failed.count();
+            let element = |j: u32| family::mix64(part.0 ^ u64::from(j).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let before = self.shares.get(key).map_or(0, |e| e.failed.count_in(epoch));
+            let entry = self.shares.fail(key, label, epoch, element(top), now_us);
+            *sum = entry.failed.count();
+            // Refresh when the part is fresh, or when its newest element was
+            // missing from the entry's sub-window (new top, or lost sums).
+            if fresh || entry.failed.count_in(epoch) > before {
+                for j in 1..top {
+                    *sum = self.shares.fail(key, label, epoch, element(j), now_us).failed.count();
+                }
             }
         }
         Spread { pairs: sums[0], hidden: sums[1] }
+    }
+
+    /// What a /56 can fail without its own flag: its /64s' pairs below
+    /// `narrow_spray`'s threshold (two /64s failing 9 and a third 1: 19).
+    fn hidden_max_56(&self) -> u32 {
+        let t = self.config.narrow_spray.threshold.saturating_sub(1);
+        let c = self.config.wide_spray.accounts_per_source_max.max(1);
+        ((t / c) * t + t % c).max(self.hidden_max())
     }
 
     /// The accounts a part can fail without its own flag (at least the
@@ -454,12 +479,13 @@ impl Signals {
             Outcome::Failure if e.repeated || e.known_device => {}
             Outcome::Failure => {
                 if let Some(account) = e.account {
+                    let narrow_before = self.narrow.get(e.narrow.0).map_or(0, |n| n.failed.count_in(epoch));
                     let narrow = self.narrow.fail(e.narrow.0, Label::Prefix(e.narrow.1), epoch, account, now);
                     let weight = self.config.success_sample;
                     let found = judge_source(narrow, &self.config.narrow_spray, weight);
                     let narrow_accounts = narrow.failed.count();
                     // Its first account this sub-window (see `spread`).
-                    let mut fresh = narrow.failed.current_count() == 1;
+                    let mut fresh = narrow_before == 0;
                     self.raise_on(Detector::NarrowSpray, Space::Prefix, e.narrow.0, found, now);
                     let mobile = e.class == Some(SourceClass::Mobile);
                     // A flag on a block (an IPv6 source's /56, its /24 or
@@ -476,15 +502,18 @@ impl Signals {
                         // An IPv6 source is also judged as its /56, a
                         // customer's block, which is the part its /48 counts.
                         if let Some(v6) = e.v6 {
-                            let spread = self.spread(v6.block56, part, fresh, epoch, now);
+                            let hidden = self.hidden_max();
+                            let spread = self.spread(v6.block56, part, fresh, hidden, epoch, now);
                             let label = Label::Prefix(v6.block56.1);
+                            let block_before = self.narrow.get(v6.block56.0).map_or(0, |n| n.failed.count_in(epoch));
                             let block = self.narrow.fail(v6.block56.0, label, epoch, account, now);
                             let found = judge_block(block, spread, &self.config.narrow_spray, weight);
                             part = (v6.block56.0, block.failed.count());
-                            fresh = block.failed.current_count() == 1;
+                            fresh = block_before == 0;
                             self.raise_on(Detector::NarrowSpray, Space::Prefix, v6.block56.0, found, now);
                         }
-                        let spread = self.spread(e.wide, part, fresh, epoch, now);
+                        let hidden = if e.v6.is_some() { self.hidden_max_56() } else { self.hidden_max() };
+                        let spread = self.spread(e.wide, part, fresh, hidden, epoch, now);
                         let wide = self.wide.fail(e.wide.0, Label::Prefix(e.wide.1), epoch, account, now);
                         let found = judge_block(wide, spread, &self.config.wide_spray, weight);
                         self.raise_on(Detector::WideSpray, Space::Prefix, e.wide.0, found, now);

@@ -75,6 +75,15 @@ impl Windowed {
         self.subs[(self.epoch % SUB_WINDOWS as u64) as usize].estimate().min(u32::MAX as usize) as u32
     }
 
+    /// Distinct elements an insert at `epoch` would find in its sub-window.
+    pub fn count_in(&self, epoch: u64) -> u32 {
+        if epoch > self.epoch {
+            0
+        } else {
+            self.current_count()
+        }
+    }
+
     pub fn heap_bytes(&self) -> usize {
         self.subs.iter().chain([&self.union]).map(|s| s.size_of() - INLINE_BYTES).sum()
     }

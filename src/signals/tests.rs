@@ -736,3 +736,64 @@ fn a_reload_forgets_a_blocks_sums_with_its_successes() {
     let wide = keyed(prefix_of(culprit, 24, 48)).0;
     assert_eq!(published(&mut s, Space::Prefix, wide) & Detector::WideSpray.bit() as u16, 0);
 }
+
+fn flagged(s: &mut Signals, address: IpAddr, v4_len: u8, v6_len: u8, detector: Detector) -> bool {
+    let key = keyed(prefix_of(address, v4_len, v6_len)).0;
+    published(s, Space::Prefix, key) & detector.bit() as u16 != 0
+}
+
+/// A /56 fails 19 accounts without its own flag (two /64s × 9, one × 1:
+/// pairs 9 < 10), so its /48 weighs it at 19, not at a /64's 9: 13 such
+/// /56s fail 247 accounts, and 14 sampled owned accounts (≈112) logged in
+/// from the /48 do not hide them, as they would not from a /24's 13
+/// addresses (117). (Red team, round 6.)
+#[test]
+fn owned_accounts_do_not_hide_a_48_spray_through_its_56s() {
+    let mut s = Signals::new(&config());
+    let owned: Vec<u64> = (0..).filter(|a| in_success_sample(digest(*a), 8)).take(14).collect();
+    for a in &owned {
+        s.ingest_report(&event(in_48(15 << 8, 1), *a, Outcome::Success, T0));
+    }
+    let mut victim = 1_000_000u64;
+    for n in 0..13u64 {
+        for (net, accounts) in [(0u64, 9), (1, 9), (2, 1)] {
+            for _ in 0..accounts {
+                victim += 1;
+                s.ingest_report(&event(in_48((n << 8) | net, 1), victim, Outcome::Failure, T0 + SECOND));
+            }
+        }
+    }
+    for n in 0..13u64 {
+        assert!(!flagged(&mut s, in_48(n << 8, 1), 32, 56, Detector::NarrowSpray), "no /56 flag");
+        assert!(!flagged(&mut s, in_48(n << 8, 1), 32, 64, Detector::NarrowSpray), "no /64 flag");
+    }
+    let block = keyed(prefix_of(in_48(0, 0), 24, 48)).0;
+    assert_eq!(published(&mut s, Space::Prefix, block) & WIDEN_48, 0, "13 /56s do not widen");
+    assert!(flagged(&mut s, in_48(0, 0), 24, 48, Detector::WideSpray));
+}
+
+/// A reload that changes the caps clears the sums; a part failing again
+/// in the same sub-window, whose newest element the cleared entry lacks,
+/// counts in full again at once. (Red team, round 6.)
+#[test]
+fn after_a_reload_clears_the_sums_parts_failing_again_count_in_full() {
+    let c = config();
+    let mut s = Signals::new(&c);
+    let base = 0xCB00_7600u32;
+    let mut account = 0;
+    for host in 0..20 {
+        for _ in 0..2 {
+            account += 1;
+            s.ingest_report(&event(v4(base + host), account, Outcome::Failure, T0));
+        }
+    }
+    assert!(!flagged(&mut s, v4(base), 24, 48, Detector::WideSpray), "40 accounts");
+    let mut reloaded = c.clone();
+    reloaded.wide_spray.accounts_per_source_max = 5;
+    s.reconfigure(&reloaded);
+    for host in 0..20 {
+        account += 1;
+        s.ingest_report(&event(v4(base + host), account, Outcome::Failure, T0 + 60 * SECOND));
+    }
+    assert!(flagged(&mut s, v4(base), 24, 48, Detector::WideSpray), "60 accounts, 60 pairs");
+}
