@@ -130,8 +130,22 @@ impl Journal {
     /// Queues changes to a shard of a route's known devices; with
     /// `durable`, returns what resolves once they are committed.
     pub fn write_devices(&self, rows: DeviceRows, durable: bool) -> Option<Durable> {
-        let tx = self.tx.as_ref()?;
-        let edit = Edit::Devices(rows);
+        self.tx.as_ref()?;
+        self.queue(Edit::Devices(rows), durable)
+    }
+
+    /// Queues changes to a shard's overflow-sketch cells; with `durable`
+    /// (a spilled lockout), returns what resolves once they are committed,
+    /// named for the rule like a table's lockout.
+    pub fn write_cells(&self, rows: CellRows, durable: bool) -> Option<Durable> {
+        let rule = rows.rule.clone();
+        self.queue(Edit::Cells(rows), durable).map(|d| d.of_rule(&rule))
+    }
+
+    /// Queues `edit`; with `durable`, returns what resolves once it is
+    /// committed (at once for a journal that persists nothing).
+    fn queue(&self, edit: Edit, durable: bool) -> Option<Durable> {
+        let Some(tx) = &self.tx else { return durable.then(|| Durable::done(Ok(()))) };
         if !durable {
             let _ = tx.send(Message::Write { edit, ack: None });
             return None;
@@ -140,24 +154,6 @@ impl Journal {
         Some(match tx.send(Message::Write { edit, ack: Some(ack) }) {
             Ok(()) => Durable(rx, None),
             Err(_) => Durable::done(Err(WriteError::WriterStopped)),
-        })
-    }
-
-    /// Queues changes to a shard's overflow-sketch cells; with `durable`
-    /// (a spilled lockout), returns what resolves once they are committed,
-    /// named for the rule like a table's lockout.
-    pub fn write_cells(&self, rows: CellRows, durable: bool) -> Option<Durable> {
-        let rule = rows.rule.clone();
-        let Some(tx) = &self.tx else { return durable.then(|| Durable::done(Ok(())).of_rule(&rule)) };
-        let edit = Edit::Cells(rows);
-        if !durable {
-            let _ = tx.send(Message::Write { edit, ack: None });
-            return None;
-        }
-        let (ack, rx) = tokio::sync::oneshot::channel();
-        Some(match tx.send(Message::Write { edit, ack: Some(ack) }) {
-            Ok(()) => Durable(rx, Some(rule)),
-            Err(_) => Durable::done(Err(WriteError::WriterStopped)).of_rule(&rule),
         })
     }
 
@@ -197,13 +193,8 @@ impl Journal {
 
     /// Queues changes and returns what resolves once they are committed.
     pub fn write_durably(&self, rule: &Arc<str>, window_us: u64, changes: Vec<Change>) -> Durable {
-        let Some(tx) = &self.tx else { return Durable::done(Ok(())).of_rule(rule) };
-        let (ack, rx) = tokio::sync::oneshot::channel();
         let edit = Edit::Entries { rule: rule.clone(), window_us, changes };
-        match tx.send(Message::Write { edit, ack: Some(ack) }) {
-            Ok(()) => Durable(rx, Some(rule.clone())),
-            Err(_) => Durable::done(Err(WriteError::WriterStopped)).of_rule(rule),
-        }
+        self.queue(edit, true).expect("a durable write resolves").of_rule(rule)
     }
 }
 
