@@ -379,18 +379,13 @@ impl FailureWindowTable {
         self.sketch().restore_cell(spec, row_bits, cell, counts, now_us);
     }
 
-    /// Marks every row of the sketch to be written again (the rule's
-    /// window length or threshold changed).
-    pub(super) fn forget_cell_rows(&mut self) {
+    /// Replaces every row of the sketch at the next snapshot: the rows
+    /// hold counts under another window length or threshold (a reload, or
+    /// rows read at start).
+    pub fn forget_cell_rows(&mut self) {
         if let Some(sketch) = &mut self.overflow {
             sketch.forget_rows();
         }
-    }
-
-    /// Replaces every row of the sketch at the next snapshot (rows read at
-    /// start that were written under another window length).
-    pub fn rewrite_cells(&mut self) {
-        self.forget_cell_rows();
     }
 
     /// Counts a persisted entry that found no room at start in the sketch,

@@ -436,7 +436,7 @@ impl Limiter {
                 restored.cells += 1;
             }
             if row.window_us != spec.window_us {
-                table.rewrite_cells();
+                table.forget_cell_rows();
             }
         }
         for rule in orphans {
