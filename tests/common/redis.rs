@@ -784,7 +784,11 @@ enum End {
 }
 
 /// Copies `from` to `to` chunk by chunk, applying the mode current when each
-/// chunk arrives (and again after a delay, so a switch mid-delay counts).
+/// chunk arrives (and again when it is due, so a switch mid-delay counts).
+/// A delayed chunk is due `d` after it arrived, whatever arrived before it:
+/// the delay is a slow path's latency, not a bottleneck, so two replies that
+/// reach the proxy in separate reads still arrive together, `d` late, not
+/// one `d` after the other.
 async fn pump(
     from: &tokio::net::TcpStream,
     to: &tokio::net::TcpStream,
@@ -794,12 +798,51 @@ async fn pump(
 ) -> End {
     use std::sync::atomic::Ordering::Relaxed;
     let mut buf = vec![0u8; 16 * 1024];
+    let mut held: std::collections::VecDeque<(tokio::time::Instant, Vec<u8>)> = Default::default();
+    let mut peer_closed = false;
     loop {
-        let n = tokio::select! {
-            r = read_some(from, &mut buf) => match r {
-                Ok(0) | Err(_) => return End::Closed,
-                Ok(n) => n,
-            },
+        if peer_closed && held.is_empty() {
+            return End::Closed;
+        }
+        let due = held.front().map(|(at, _)| *at);
+        tokio::select! {
+            r = read_some(from, &mut buf), if !peer_closed => {
+                let n = match r {
+                    Ok(0) | Err(_) => {
+                        // What arrived before the close is still delivered.
+                        peer_closed = true;
+                        continue;
+                    }
+                    Ok(n) => n,
+                };
+                let delay = match *mode.borrow() {
+                    ProxyMode::Drop => return End::Reset,
+                    ProxyMode::BlackHole => {
+                        holed.store(true, Relaxed);
+                        Duration::ZERO
+                    }
+                    ProxyMode::Delay(d) if is_reply => d,
+                    _ => Duration::ZERO,
+                };
+                if !holed.load(Relaxed) {
+                    held.push_back((tokio::time::Instant::now() + delay, buf[..n].to_vec()));
+                }
+            }
+            _ = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)), if due.is_some() => {
+                let (_, chunk) = held.pop_front().expect("a chunk is due");
+                match *mode.borrow() {
+                    ProxyMode::Drop => return End::Reset,
+                    ProxyMode::BlackHole => holed.store(true, Relaxed),
+                    _ => {}
+                }
+                if holed.load(Relaxed) {
+                    held.clear();
+                    continue;
+                }
+                if write_all(to, &chunk).await.is_err() {
+                    return End::Closed;
+                }
+            }
             changed = mode.changed() => {
                 if changed.is_err() {
                     return End::Closed;
@@ -810,24 +853,7 @@ async fn pump(
                     ProxyMode::BlackHole => holed.store(true, Relaxed),
                     _ => {}
                 }
-                continue;
             }
-        };
-        let mut now = *mode.borrow();
-        if let (ProxyMode::Delay(d), true) = (now, is_reply) {
-            tokio::time::sleep(d).await;
-            now = *mode.borrow();
-        }
-        match now {
-            ProxyMode::Drop => return End::Reset,
-            ProxyMode::BlackHole => holed.store(true, Relaxed),
-            ProxyMode::Pass | ProxyMode::Delay(_) => {}
-        }
-        if holed.load(Relaxed) {
-            continue;
-        }
-        if write_all(to, &buf[..n]).await.is_err() {
-            return End::Closed;
         }
     }
 }
