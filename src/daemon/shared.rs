@@ -452,6 +452,16 @@ pub(super) async fn supervise(daemon: Arc<Daemon>, fingerprint: String, host: St
                 // own: the driver sends CLUSTER SLOTS to a random node, and
                 // a frozen one must not hold up the heartbeat or a probe.
                 store.refresh_slots_in_background();
+                // A store that lost its data (FLUSHALL, a restart without
+                // persistence) gets this host's fingerprint back at once.
+                if let Err(ProbeError::Refused(why)) = store.assert_fingerprint(&fingerprint).await {
+                    store.breaker().refuse();
+                    store.publish_state();
+                    store.note_error(&why);
+                    tracing::error!(target: LOG_TARGET, error = %why,
+                        "shared store now records another secret key; this host stays degraded");
+                    continue;
+                }
                 let Ok(live) = store.heartbeat(&host, daemon.clock().now_us()).await else { continue };
                 if store.config.hosts > 0 {
                     continue;

@@ -666,6 +666,16 @@ impl SharedStore {
             Err(e) => return Err(ProbeError::Unreachable(e)),
         }
         *self.connection.lock().unwrap_or_else(|e| e.into_inner()) = Some(connection);
+        self.assert_fingerprint(fingerprint).await
+    }
+
+    /// Records this host's secret fingerprint in the store if none is
+    /// (a first join, or a store that lost its data), and refuses if
+    /// another is. At every connection and every heartbeat: after a flush
+    /// the running hosts write it back within a heartbeat, so a host keyed
+    /// otherwise cannot claim the store. Bounded by `connect_timeout_ms`.
+    pub async fn assert_fingerprint(&self, fingerprint: &str) -> Result<(), ProbeError> {
+        let connect_timeout = Duration::from_millis(self.config.connect_timeout_ms);
         let join = Op::join(format!("{}:{{meta}}", self.config.key_prefix), fingerprint);
         let reply = self.call_unchecked(join, connect_timeout).await.map_err(|e| match e {
             CallError::BadValue(_) => ProbeError::Refused(format!(
