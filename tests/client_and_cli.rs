@@ -90,6 +90,32 @@ async fn a_daemon_that_does_not_answer_times_out_in_milliseconds() {
     eprintln!("timed out after {took:?} (timeout 5 ms)");
 }
 
+/// A daemon that answered this client a moment ago and now does not is
+/// busy, not down: the attempt does not proceed (a guess let through by a
+/// slow limiter has no limit at all). One that has not answered for
+/// `busy_max` is down, and `login` fails open as before (issue 34).
+#[test]
+fn a_timeout_from_a_daemon_that_just_answered_is_busy_and_does_not_proceed() {
+    let daemon = TestDaemon::start();
+    let rt = runtime();
+    let client = Client::new(ClientConfig::new(&daemon.socket).busy_max(Duration::from_millis(300)));
+    let alice = subject("198.51.100.7", "alice");
+    assert!(rt.block_on(client.check("login", &alice)).proceeds());
+    let stop = |signal: &str| {
+        let ok = std::process::Command::new("kill").args([signal, &daemon.pid().to_string()]).status().unwrap();
+        assert!(ok.success());
+    };
+    stop("-STOP");
+    let busy = rt.block_on(client.check("login", &alice));
+    assert!(matches!(busy, Answer::Unavailable { error: ClientError::Busy(_), .. }), "{busy:?}");
+    assert!(!busy.proceeds(), "a busy daemon's attempt does not proceed");
+    std::thread::sleep(Duration::from_millis(350));
+    let down = rt.block_on(client.check("login", &alice));
+    stop("-CONT");
+    assert!(matches!(down, Answer::Unavailable { error: ClientError::Timeout(_), .. }), "{down:?}");
+    assert!(down.proceeds(), "login fails open once the daemon is down for busy_max");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_client_reuses_its_connection_and_refuses_overlong_identifiers() {
     let daemon = TestDaemon::start();

@@ -171,7 +171,11 @@ fn a_frozen_master_opens_its_own_breaker_and_its_slots_are_answered_at_once() {
         let (degraded, took) = ask(n);
         assert!(!degraded && took < timeout, "{}: on a live node, decided by the store", accounts[n]);
         let (degraded, took) = ask(dead[waited % dead.len()]);
-        assert!(degraded, "a frozen node's slot is answered on this host");
+        // Until `busy_max_ms` has passed since the node last answered, a
+        // late call is taken for a busy node and refused; then the node is
+        // away and its slots are answered on this host.
+        let busy = !degraded && frozen.elapsed() < Duration::from_millis(500 + 2 * 200);
+        assert!(degraded || busy, "a frozen node's slot is answered on this host ({:?} after)", frozen.elapsed());
         assert!(took < ANSWER_BOUND, "{took:?}");
         if took < timeout / 4 {
             break;

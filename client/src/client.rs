@@ -23,6 +23,9 @@ use crate::{forwarded_tail, FailPolicy, BUILTIN_FAIL_POLICIES};
 /// a stalled daemon costs a login no more than a few ms before the fail
 /// policy decides.
 pub const CALL_TIMEOUT_DEFAULT: Duration = Duration::from_millis(5);
+/// How long after the daemon last answered this client in time a timeout
+/// is taken for a busy daemon, not a lost one (`ClientConfig::busy_max`).
+pub const BUSY_MAX_DEFAULT: Duration = Duration::from_secs(1);
 /// Idle connections kept for reuse.
 pub const POOL_CONNECTIONS_MAX: usize = 64;
 
@@ -34,6 +37,13 @@ pub enum ClientError {
     Io(#[from] std::io::Error),
     #[error("tollgate did not answer within {0:?}")]
     Timeout(Duration),
+    /// No answer within the timeout from a daemon that answered this client
+    /// in time within `ClientConfig::busy_max`: it is busy (most likely
+    /// with a burst of attempts), not down. The attempt does not proceed,
+    /// whatever the route's fail policy: a guess let through because the
+    /// limiter was slow is a guess with no limit at all.
+    #[error("tollgate is busy: no answer within {0:?}, but it answered in time a moment ago")]
+    Busy(Duration),
     #[error("unexpected reply from tollgate: {0}")]
     Protocol(String),
     #[error("tollgate refused the request: {}", .0.message)]
@@ -60,6 +70,7 @@ impl Answer {
         match self {
             Answer::Verdict(v) => v.proceeds(),
             Answer::Rejected(_) => false,
+            Answer::Unavailable { error: ClientError::Busy(_), .. } => false,
             Answer::Unavailable { policy, within_static_budget, .. } => {
                 *policy == FailPolicy::Open || *within_static_budget
             }
@@ -125,6 +136,10 @@ pub struct ClientConfig {
     /// by default). A connection whose daemon refuses it as unsupported
     /// steps down one version at a time by itself.
     pub protocol_version: u8,
+    /// A timeout within this long of the daemon's last timely answer to
+    /// this client is `ClientError::Busy` (the attempt does not proceed),
+    /// not an outage for the fail policy. Zero: every timeout is an outage.
+    pub busy_max: Duration,
 }
 
 impl ClientConfig {
@@ -138,7 +153,13 @@ impl ClientConfig {
             default_fail_policy: FailPolicy::Open,
             static_budgets: HashMap::new(),
             protocol_version: PROTOCOL_VERSION,
+            busy_max: BUSY_MAX_DEFAULT,
         }
+    }
+
+    pub fn busy_max(mut self, busy_max: Duration) -> ClientConfig {
+        self.busy_max = busy_max;
+        self
     }
 
     /// Speaks `version` from the first request: an older one skips the
@@ -193,6 +214,9 @@ pub struct Client {
     /// Per closed route with a static budget: its GCRA TAT.
     budget_tats: Mutex<HashMap<String, u64>>,
     started: std::time::Instant,
+    /// When the daemon last answered a call in time (µs since `started`,
+    /// plus one; 0 never): tells a busy daemon from a lost one.
+    last_answered_us: AtomicU64,
 }
 
 impl Client {
@@ -203,6 +227,7 @@ impl Client {
             next_id: AtomicU64::new(1),
             budget_tats: Mutex::new(HashMap::new()),
             started: std::time::Instant::now(),
+            last_answered_us: AtomicU64::new(0),
         }
     }
 
@@ -289,7 +314,9 @@ impl Client {
     /// budget has room (spent from only when `spend`).
     pub(crate) fn unavailable(&self, route: &str, error: ClientError, spend: bool) -> Answer {
         let policy = self.config.fail_policies.get(route).copied().unwrap_or(self.config.default_fail_policy);
+        // A busy daemon is not an outage: the budget is not spent on it.
         let within_static_budget = policy == FailPolicy::Closed
+            && !matches!(error, ClientError::Busy(_))
             && self.config.static_budgets.get(route).is_some_and(|spec| {
                 let now = self.started.elapsed().as_micros() as u64 + 1;
                 let mut tats = self.budget_tats.lock().unwrap_or_else(|e| e.into_inner());
@@ -391,9 +418,23 @@ impl Client {
         extras: &RequestExtras,
     ) -> Result<(Response<'static>, DecodedExtras), ClientError> {
         let timeout = self.config.timeout;
+        let now_us = || self.started.elapsed().as_micros() as u64 + 1;
         match tokio::time::timeout(timeout, self.call_untimed(request, extras)).await {
-            Ok(result) => result,
-            Err(_) => Err(ClientError::Timeout(timeout)),
+            Ok(result) => {
+                if result.is_ok() {
+                    self.last_answered_us.store(now_us(), Ordering::Relaxed);
+                }
+                result
+            }
+            Err(_) => {
+                let last = self.last_answered_us.load(Ordering::Relaxed);
+                let busy_max_us = self.config.busy_max.as_micros() as u64;
+                if last > 0 && now_us().saturating_sub(last) < busy_max_us {
+                    Err(ClientError::Busy(timeout))
+                } else {
+                    Err(ClientError::Timeout(timeout))
+                }
+            }
         }
     }
 

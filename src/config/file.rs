@@ -157,6 +157,7 @@ pub struct RawShared {
     pub tls_key_file: Option<PathBuf>,
     pub key_prefix: Option<String>,
     pub timeout_ms: Option<u64>,
+    pub busy_max_ms: Option<u64>,
     pub connect_timeout_ms: Option<u64>,
     pub probe_interval_ms: Option<u64>,
     pub probe_max_ms: Option<u64>,

@@ -281,6 +281,7 @@ fn shared_takes_its_defaults_and_needs_only_a_url() {
             tls_key_file: None,
             key_prefix: "tg".into(),
             timeout_ms: 2,
+            busy_max_ms: 500,
             connect_timeout_ms: 200,
             probe_interval_ms: 100,
             probe_max_ms: 2000,
@@ -548,6 +549,7 @@ fn each_shared_bound_is_reported_with_its_number_and_all_at_once() {
     let cases = [
         ("timeout_ms = 0", "shared.timeout_ms: must be 1..=1000"),
         ("timeout_ms = 1001", "shared.timeout_ms: must be 1..=1000"),
+        ("busy_max_ms = 60001", "shared.busy_max_ms: must be 0..=60000"),
         ("connect_timeout_ms = 9", "shared.connect_timeout_ms: must be 10..=10000"),
         ("connect_timeout_ms = 10001", "shared.connect_timeout_ms: must be 10..=10000"),
         ("probe_interval_ms = 9", "shared.probe_interval_ms: must be 10..=10000"),
@@ -588,7 +590,8 @@ fn each_shared_bound_is_reported_with_its_number_and_all_at_once() {
         assert_eq!(shared(&format!("{url}{lines}")).unwrap_err(), [expected], "{lines}");
     }
     // Each bound's edge is accepted.
-    let edges = "timeout_ms = 1000\nconnect_timeout_ms = 10\nprobe_interval_ms = 10\nprobe_max_ms = 10\n\
+    let edges =
+        "timeout_ms = 1000\nbusy_max_ms = 60000\nconnect_timeout_ms = 10\nprobe_interval_ms = 10\nprobe_max_ms = 10\n\
                  breaker_failures = 100\nbatch_max = 1024\npending_max = 1000000\nhosts = 1000\n\
                  hosts_when_unknown = 1000\nheartbeat_ms = 100\nhost_ttl_ms = 200\n\
                  key_prefix = \"abcdefghijklmnopqrstuvwxyz012345\"\nusername = \"tollgate\"\n\

@@ -369,6 +369,7 @@ fn build_shared(raw: RawShared, errors: &mut Vec<String>) -> Option<SharedConfig
         tls_key_file: raw.tls_key_file,
         key_prefix,
         timeout_ms: raw.timeout_ms.unwrap_or(SHARED_TIMEOUT_MS_DEFAULT),
+        busy_max_ms: raw.busy_max_ms.unwrap_or(SHARED_BUSY_MAX_MS_DEFAULT),
         connect_timeout_ms: raw.connect_timeout_ms.unwrap_or(SHARED_CONNECT_TIMEOUT_MS_DEFAULT),
         probe_interval_ms: raw.probe_interval_ms.unwrap_or(SHARED_PROBE_INTERVAL_MS_DEFAULT),
         probe_max_ms: raw.probe_max_ms.unwrap_or(SHARED_PROBE_MAX_MS_DEFAULT),
@@ -386,6 +387,7 @@ fn build_shared(raw: RawShared, errors: &mut Vec<String>) -> Option<SharedConfig
         }
     };
     in_range("timeout_ms", shared.timeout_ms, 1, SHARED_TIMEOUT_MS_MAX);
+    in_range("busy_max_ms", shared.busy_max_ms, 0, SHARED_BUSY_MAX_MS_MAX);
     in_range(
         "connect_timeout_ms",
         shared.connect_timeout_ms,

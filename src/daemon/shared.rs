@@ -102,6 +102,14 @@ impl Daemon {
                     degraded(store, limiter.finish_check_locally(check, now))
                 }
             },
+            // Queued behind an attacker's burst, most likely: refused, so
+            // the burst cannot add this host's share to the store's limit.
+            // Its op still runs; the places a late admission takes are
+            // given back when its reply comes.
+            Err(CallError::Busy) => match limiter.finish_check_busy(check, now) {
+                Ok(verdict) => (verdict, false),
+                Err(check) => degraded(store, limiter.finish_check_locally(check, now)),
+            },
             Err(e) => {
                 if let CallError::BadValue(e) = &e {
                     self.bad_store_value(store, &e.to_string(), now);
@@ -180,6 +188,13 @@ impl Daemon {
                     (degraded(store, verdict).0, durable, true)
                 }
             },
+            // The op is still sent and counted by the store (a busy
+            // store's queue keeps reports): counted here too, it would be
+            // counted twice once the share is in force.
+            Err(CallError::Busy) => {
+                let (verdict, durable) = limiter.finish_report_busy(report);
+                (verdict, durable, false)
+            }
             Err(e) => {
                 if let CallError::BadValue(e) = &e {
                     self.bad_store_value(store, &e.to_string(), now);

@@ -97,6 +97,7 @@ impl Daemon {
         let Some(c) = &self.config.shared else { return Vec::new() };
         [
             ("shared.timeout_ms", c.timeout_ms),
+            ("shared.busy_max_ms", c.busy_max_ms),
             ("shared.connect_timeout_ms", c.connect_timeout_ms),
             ("shared.probe_interval_ms", c.probe_interval_ms),
             ("shared.probe_max_ms", c.probe_max_ms),

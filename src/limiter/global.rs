@@ -27,6 +27,10 @@ use crate::signals::flags::Hits;
 use crate::store::{DeviceMap, DeviceRows, Durable};
 use smallvec::SmallVec;
 
+/// The wait a check refused by a busy store is told: the attempts queued
+/// ahead of it are reported within about a password hash.
+const BUSY_RETRY_AFTER_US: u64 = 1_000_000;
+
 /// A check after this host's rules, waiting for the store.
 pub struct StoreCheck<'l> {
     route: &'l Route,
@@ -405,6 +409,54 @@ impl Limiter {
         // Signal rules deferred for the store are judged on this host's
         // knowledge of the device, as every device-scoped rule is here.
         self.admit_then_spend(route, &rule_keys, class, Rules::Global, hits, answers, held, now_us)
+    }
+
+    /// A check the store has not answered in time while it still answers
+    /// others in time (busy, not away): refused on its first enforcing
+    /// global rule, as full of attempts in flight (the calls queued ahead
+    /// of it are attempts on its keys, or on the store's other keys), with
+    /// a short wait. Never admitted on this host's share: added to what the
+    /// store admits, the shares would let a burst past the limit. The
+    /// check back if no global rule enforces (a monitored one refuses
+    /// nothing), for the share.
+    pub fn finish_check_busy<'a>(
+        &'a self,
+        check: Box<StoreCheck<'a>>,
+        now_us: u64,
+    ) -> Result<Verdict<'a>, Box<StoreCheck<'a>>> {
+        let enforcing = check
+            .route
+            .rules
+            .iter()
+            .zip(check.rule_keys.iter())
+            .find(|(rule, key)| rule.global.is_some() && key.is_some() && !rule.monitor);
+        let Some((rule, _)) = enforcing else { return Err(check) };
+        let StoreCheck { route, rule_keys, mut answers, held, .. } = *check;
+        self.give_back(route, &rule_keys, held, now_us);
+        let (reason, limit) = match rule.global {
+            Some(Full::Failures(spec)) => (Reason::AttemptsInFlight, spec.threshold),
+            _ => (Reason::RateLimited, 0),
+        };
+        answers.push(RuleAnswer {
+            refused: true,
+            monitored: false,
+            reason,
+            rung: crate::config::Rung::Deny,
+            retry_after_us: BUSY_RETRY_AFTER_US,
+            delay_us: 0,
+            limit,
+            remaining: 0,
+            reset_us: 0,
+            rule: &rule.name,
+        });
+        Ok(combine(&answers))
+    }
+
+    /// A report's second half when the store is busy: its op is still sent
+    /// and counted there; this host's rules answer.
+    pub fn finish_report_busy<'a>(&'a self, report: Box<StoreReport<'a>>) -> (Verdict<'a>, Vec<Durable>) {
+        let StoreReport { answers, durable, .. } = *report;
+        (combine(&answers), durable)
     }
 
     /// A report's first half: this host's rules are counted; a global

@@ -107,6 +107,12 @@ pub enum CallError {
     NodeAway(String),
     #[error("no reply within the timeout")]
     Timeout,
+    /// No reply within the timeout, from a store that answered a request
+    /// in time within `busy_max_ms`: queued behind others, not lost. The
+    /// caller refuses rather than answer on its share, and the breaker
+    /// does not move.
+    #[error("the store is busy: no reply within the timeout, but it answered others in time")]
+    Busy,
     #[error("the store failed: {0}")]
     Failed(String),
     /// A value at one of the op's keys that tollgate did not write: only
@@ -156,6 +162,9 @@ pub struct SharedStore {
     /// When a call was last answered (`micros`), 0 never: tells one
     /// cluster node's failure from the store's.
     last_success_us: AtomicU64,
+    /// When a request's call was last answered within its deadline
+    /// (`micros`), 0 never: tells a busy store from a lost one.
+    last_on_time_us: AtomicU64,
     state: AtomicU8,
     breaker: Mutex<Breaker>,
     /// In a cluster: which node serves each slot, and a breaker per node.
@@ -189,6 +198,11 @@ pub struct Ticket<'s> {
     store: &'s SharedStore,
     reply: oneshot::Receiver<Result<Reply, CallError>>,
     deadline: tokio::time::Instant,
+    /// A request's call (`submit`), waited for `timeout_ms`: only these
+    /// tell whether the store answers requests in time.
+    request: bool,
+    /// In a cluster, the op's slot: whether its node is busy or away.
+    slot: Option<u16>,
 }
 
 impl Ticket<'_> {
@@ -198,7 +212,11 @@ impl Ticket<'_> {
         let store = self.store;
         match tokio::time::timeout_at(self.deadline, self.reply).await {
             Ok(Ok(Ok(reply))) => {
-                store.last_success_us.store(store.micros().max(1), Ordering::Relaxed);
+                let now = store.micros().max(1);
+                store.last_success_us.store(now, Ordering::Relaxed);
+                if self.request {
+                    store.last_on_time_us.store(now, Ordering::Relaxed);
+                }
                 store.breaker.lock().unwrap_or_else(|e| e.into_inner()).succeeded();
                 Ok(reply)
             }
@@ -226,6 +244,9 @@ impl Ticket<'_> {
             }
             Err(_) => {
                 store.stats.timeouts.fetch_add(1, Ordering::Relaxed);
+                if self.request && store.is_busy(self.slot) {
+                    return Err(CallError::Busy);
+                }
                 store.failed(&CallError::Timeout);
                 Err(CallError::Timeout)
             }
@@ -248,6 +269,7 @@ impl SharedStore {
             receiver: Mutex::new(Some(receiver)),
             connection: Mutex::new(None),
             last_success_us: AtomicU64::new(0),
+            last_on_time_us: AtomicU64::new(0),
             state: AtomicU8::new(State::Open.to_u8()),
             breaker: Mutex::new(breaker),
             nodes: Mutex::new(Nodes::new(
@@ -281,6 +303,20 @@ impl SharedStore {
     /// Whether global rules are answered by the store now.
     pub fn is_up(&self) -> bool {
         self.state() == State::Closed
+    }
+
+    /// Whether a request's call that got no reply in time is queued behind
+    /// others rather than lost: the store answered a request in time within
+    /// `busy_max_ms`, and is still connected; in a cluster, the node of the
+    /// call's slot answered a call within it too (a frozen node's slots go
+    /// to the share while the other nodes answer).
+    pub fn is_busy(&self, slot: Option<u16>) -> bool {
+        let last = self.last_on_time_us.load(Ordering::Relaxed);
+        let busy_max_us = self.config.busy_max_ms.saturating_mul(1000);
+        let since = self.micros().saturating_sub(busy_max_us);
+        let node_answers =
+            || slot.is_none_or(|s| self.nodes.lock().unwrap_or_else(|e| e.into_inner()).answered_since(s, since));
+        last > 0 && last > since && self.state() == State::Closed && node_answers()
     }
 
     pub fn hosts_in_force(&self) -> u32 {
@@ -354,7 +390,19 @@ impl SharedStore {
             self.stats.not_asked.fetch_add(1, Ordering::Relaxed);
             return Err(CallError::NotAsked(state.name()));
         }
-        self.submit_unchecked(op, Duration::from_millis(self.config.timeout_ms))
+        let slot = if self.is_cluster() { op_slot(&op).ok().flatten() } else { None };
+        let mut ticket = self.submit_unchecked(op, Duration::from_millis(self.config.timeout_ms)).map_err(|e| {
+            // A queue full of calls to a store that answers is a busy
+            // store: refused, not answered on the share.
+            if e == CallError::QueueFull && self.is_busy(slot) {
+                CallError::Busy
+            } else {
+                e
+            }
+        })?;
+        ticket.request = true;
+        ticket.slot = slot;
+        Ok(ticket)
     }
 
     fn submit_unchecked(&self, op: Op, timeout: Duration) -> Result<Ticket<'_>, CallError> {
@@ -365,7 +413,7 @@ impl SharedStore {
             return Err(CallError::QueueFull);
         }
         self.stats.calls.fetch_add(1, Ordering::Relaxed);
-        Ok(Ticket { store: self, reply: rx, deadline })
+        Ok(Ticket { store: self, reply: rx, deadline, request: false, slot: None })
     }
 
     async fn call_unchecked(&self, op: Op, timeout: Duration) -> Result<Reply, CallError> {
@@ -416,9 +464,10 @@ impl SharedStore {
                 }
                 // A caller that already gave up needs nothing sent, but for
                 // a check (it may take places, given back when its reply
-                // comes late) and a release (sent though nobody waits for
-                // it: the places it gives back are the point).
-                batch.retain(|p| !(p.reply.is_closed() && p.op.kind != b'C' && p.op.kind != b'X'));
+                // comes late), a release (sent though nobody waits for it:
+                // the places it gives back are the point) and a report (a
+                // busy store's caller counted it nowhere else).
+                batch.retain(|p| !p.reply.is_closed() || matches!(p.op.kind, b'C' | b'X' | b'R'));
                 if batch.is_empty() {
                     continue;
                 }

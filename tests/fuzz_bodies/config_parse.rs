@@ -152,6 +152,7 @@ fn check_shared(shared: &SharedConfig) {
     assert!(tls || (shared.tls_ca_file.is_none() && shared.tls_cert_file.is_none()), "TLS files without TLS: {at}");
     assert_eq!(shared.tls_cert_file.is_some(), shared.tls_key_file.is_some(), "{at}");
     assert!((1..=1000).contains(&shared.timeout_ms), "{at}");
+    assert!(shared.busy_max_ms <= 60_000, "{at}");
     assert!((10..=10_000).contains(&shared.connect_timeout_ms), "{at}");
     assert!((10..=10_000).contains(&shared.probe_interval_ms), "{at}");
     assert!((shared.probe_interval_ms..=60_000).contains(&shared.probe_max_ms), "{at}");

@@ -1,0 +1,160 @@
+//! Shared mode under the attacker's own burst (issue 34): three real
+//! daemons on one real redis-server, default `[shared]` settings (a 2 ms
+//! wait for the store), and hundreds of parallel guesses. The store is
+//! never stopped, only made late by the burst itself: a late call is
+//! refused, not answered on the host's share, so the limits stay exact.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::redis::{require_redis, RedisServer};
+use common::shared::*;
+use common::*;
+use tollgate::client::{Answer, Client, ClientConfig, ClientError};
+use tollgate::protocol::{Decision, Outcome, Reason, Subject};
+
+/// Three hosts with the shipped `[shared]` defaults but for the host count
+/// (3, so a degraded share would be ceil(5 / 3) = 2 and show).
+fn default_hosts(url: &str, secret: &Path) -> Vec<TestDaemon> {
+    let config = format!("secret = \"{}\"\n\n[shared]\nurl = \"{url}\"\nhosts = 3\n", secret.display());
+    let daemons: Vec<TestDaemon> = (0..3).map(|_| TestDaemon::start_with(Some(&config), false)).collect();
+    // The store answers each host before the burst (a first call on a
+    // loaded machine may miss its 2 ms).
+    for d in &daemons {
+        wait_until(d, Duration::from_secs(10), "the store answers", || {
+            !runtime().block_on(d.client().check_answered("login", &subject("192.0.2.250", "warmup"))).degraded
+        });
+    }
+    daemons
+}
+
+/// Runs of each burst: "every run" is the promise, so more than one.
+const RUNS: usize = 3;
+
+#[test]
+fn three_hosts_admit_five_of_300_parallel_guesses_on_one_account_and_address() {
+    require_redis();
+    let redis = RedisServer::unix();
+    let dir = tempfile::tempdir().unwrap();
+    let daemons = default_hosts(&redis.url(), &shared_secret(dir.path()));
+    for run in 0..RUNS {
+        let account = leak(format!("alice-{run}"));
+        let tried = race_logins(&daemons, 300, PASSWORD_HASH, |_| subject("198.51.100.7", account));
+        assert!(tried <= 5, "run {run}: {tried} guesses of 300 tried, limit 5\n{}", daemons[0].log());
+    }
+}
+
+#[test]
+fn three_hosts_admit_fifty_of_150_parallel_guesses_from_150_addresses() {
+    require_redis();
+    let redis = RedisServer::unix();
+    let dir = tempfile::tempdir().unwrap();
+    let daemons = default_hosts(&redis.url(), &shared_secret(dir.path()));
+    for run in 0..RUNS {
+        let account = leak(format!("bob-{run}"));
+        let tried = race_logins(&daemons, 150, PASSWORD_HASH, |n| {
+            subject(leak(format!("198.{}.{}.{}", 18 + run, 100 + n / 250, 1 + n % 250)), account)
+        });
+        assert!(tried <= 50, "run {run}: {tried} guesses of 150 tried, ceiling 50\n{}", daemons[0].log());
+    }
+}
+
+/// The same burst through the Rust client as an auth server ships it: one
+/// client per host (its pool shared by every request), its default 5 ms
+/// deadline, `login` failing open. What it lets proceed is what the
+/// attacker gets, answered or not: a timeout from a daemon that answered a
+/// moment ago is a busy daemon, and the attempt does not proceed.
+#[test]
+fn the_rust_client_with_its_default_deadline_lets_at_most_five_of_300_proceed() {
+    require_redis();
+    let redis = RedisServer::unix();
+    let dir = tempfile::tempdir().unwrap();
+    let daemons = default_hosts(&redis.url(), &shared_secret(dir.path()));
+    let rt = runtime();
+    let clients: Vec<Arc<Client>> =
+        daemons.iter().map(|d| Arc::new(Client::new(ClientConfig::new(&d.socket)))).collect();
+    for run in 0..RUNS {
+        let account = leak(format!("carol-{run}"));
+        let subject = Subject { peer: Some(ip("198.51.100.9")), account: Some(account), ..Subject::default() };
+        let (proceeded, busy) = rt.block_on(async {
+            // The auth servers have been running: each client has had an
+            // answer (a login from elsewhere).
+            for client in &clients {
+                let _ = client.check("login", &subject_of("192.0.2.251", "warmup")).await;
+            }
+            let tasks: Vec<_> = (0..300)
+                .map(|i| {
+                    let (client, subject) = (clients[i % clients.len()].clone(), subject.clone());
+                    tokio::spawn(async move {
+                        let answer = client.check("login", &subject).await;
+                        let busy = matches!(answer, Answer::Unavailable { error: ClientError::Busy(_), .. });
+                        if !answer.proceeds() {
+                            return (false, busy);
+                        }
+                        tokio::time::sleep(PASSWORD_HASH).await;
+                        // Late or not, the report is the auth server's; what
+                        // counts here is the guess it let through.
+                        let _ = client.report("login", &subject, Outcome::Failure).await;
+                        (true, busy)
+                    })
+                })
+                .collect();
+            let (mut proceeded, mut busy) = (0, 0);
+            for t in tasks {
+                let (p, b) = t.await.unwrap();
+                proceeded += p as usize;
+                busy += b as usize;
+            }
+            (proceeded, busy)
+        });
+        eprintln!("run {run}: {proceeded} proceeded, {busy} refused by the client as busy");
+        assert!(proceeded <= 5, "run {run}: the client let {proceeded} of 300 proceed, limit 5");
+    }
+}
+
+fn subject_of(peer: &str, account: &'static str) -> Subject<'static> {
+    Subject { peer: Some(ip(peer)), account: Some(account), ..Subject::default() }
+}
+
+/// A frozen store (SIGSTOP) is not busy for long: late calls are refused
+/// only while it answered in time within `busy_max_ms` (500); then they are
+/// failures, the breaker opens, and the share answers at once. No answer
+/// waits on it past the timeout either way.
+#[test]
+fn a_frozen_store_is_refused_as_busy_only_until_busy_max_then_shared() {
+    require_redis();
+    let mut redis = RedisServer::unix();
+    let dir = tempfile::tempdir().unwrap();
+    let daemons = default_hosts(&redis.url(), &shared_secret(dir.path()));
+    let d = &daemons[0];
+    let rt = runtime();
+    let client = d.client();
+    redis.pause();
+    let frozen = Instant::now();
+    let mut answers = Vec::new();
+    for n in 0.. {
+        let who = leak(format!("frozen-{n}"));
+        let asked = Instant::now();
+        let answered = rt.block_on(client.check_answered("login", &subject("192.0.2.71", who)));
+        let v = verdict(answered.answer);
+        answers.push((asked.duration_since(frozen), answered.degraded, v.decision, v.reason, asked.elapsed()));
+        if frozen.elapsed() > Duration::from_millis(1500) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    redis.resume();
+    let busy_max = Duration::from_millis(500);
+    for &(at, degraded, decision, reason, took) in &answers {
+        assert!(took < Duration::from_millis(250), "an answer waited {took:?} on a frozen store");
+        if !degraded {
+            assert!(at < busy_max, "refused as busy {at:?} after the freeze: {answers:?}");
+            assert_eq!((decision, reason), (Decision::Deny, Reason::AttemptsInFlight));
+        }
+    }
+    assert!(answers.last().unwrap().1, "answered on the share in the end: {answers:?}");
+    assert!(d.log().contains("shared store unreachable"), "the breaker opened:\n{}", d.log());
+}
