@@ -242,6 +242,15 @@ impl Daemon {
                 }
             }
         }
+        // After the store lost its data the index of the account's entries
+        // is gone and nothing above named them: every host forgets the
+        // account's known lockouts by its tag, this one now, the others
+        // when they hear it (also when the store did name them: a
+        // subscriber that missed those messages).
+        if source.is_none() && done > 0 {
+            cleared += limiter.forget_account_lockouts(route, limiter.account_tag(account));
+            store.publish(limiter.shared_channel(), limiter.account_unlock_message(route, account));
+        }
         match failed {
             None => Ok(cleared),
             Some(e) if done > 0 => {
@@ -329,10 +338,13 @@ async fn listen(daemon: Arc<Daemon>, store: Arc<SharedStore>) {
         .listen(&channel, |message| {
             let limiter = daemon.limiter().load();
             let now = daemon.clock().now_us();
-            let mut words = message.split(' ');
-            let understood = match (words.next(), words.next(), words.next().map(str::parse::<u64>)) {
-                (Some("L"), Some(name), Some(Ok(remaining_us))) => limiter.learn_known_lockout(name, remaining_us, now),
-                (Some("U"), Some(name), None) => limiter.forget_known_lockout(name),
+            let words: Vec<&str> = message.split(' ').collect();
+            let understood = match words.as_slice() {
+                ["L", name, remaining] => {
+                    remaining.parse::<u64>().is_ok_and(|r| limiter.learn_known_lockout(name, r, now))
+                }
+                ["U", name] => limiter.forget_known_lockout(name),
+                ["A", route, account_tag] => limiter.forget_account_lockouts_heard(route, account_tag),
                 _ => false,
             };
             if !understood {

@@ -10,18 +10,19 @@
 //! the store's remaining duration.
 
 use super::maintenance::unlocks_one_entry;
-use super::route::{Full, Route, Rule, Table};
+use super::route::{Full, KnownLockout, Route, Rule, Table};
 use super::shards::shard_index;
 use super::subject::RuleKeys;
 use super::verdict::{combine, failure_answer, gcra_spec, rate_answer, Answers, RuleAnswer};
 use super::{CheckPlan, Limiter, PreparedReport, RequestError, Rules};
 use crate::classes::SourceClass;
+use crate::clock::ceil_ms;
 use crate::config::DeviceScope;
 use crate::expiring::Slot;
 use crate::failure_window::{Counts, Settled, Standing};
 use crate::gcra::decide;
 use crate::keys::{Component, Key};
-use crate::protocol::{Outcome, Reason, Subject, Verdict};
+use crate::protocol::{Lockout, Outcome, Reason, Subject, Verdict};
 use crate::shared::script::{CheckRule, Ints, Op, Reply, ReplyError, ReportRule, Scope, StoreEntry};
 use crate::signals::flags::Hits;
 use crate::store::{DeviceMap, DeviceRows, Durable};
@@ -159,7 +160,7 @@ impl Limiter {
                 let key = keys.key(&rule.key)?;
                 if let Some(known) = &route.known_lockouts {
                     let mut known = known.of(key);
-                    if known.get(key.tuple, now_us).is_some_and(|s| s.value == rule.tag) {
+                    if known.get(key.tuple, now_us).is_some_and(|s| s.value.rule == rule.tag) {
                         known.remove(key.tuple);
                     }
                 }
@@ -171,13 +172,89 @@ impl Limiter {
         Ok(ops)
     }
 
+    /// Forgets every known lockout of the route's rules keyed on the
+    /// account held for `account_tag` (an account-wide unlock, here or on
+    /// another host): found by the account tag kept with each, so it works
+    /// whatever the store forgot (its index of the account's entries is
+    /// gone after a flush). How many were forgotten.
+    pub fn forget_account_lockouts(&self, route: &str, account_tag: u64) -> u32 {
+        let Some(route) = self.routes.iter().find(|r| r.name == route) else { return 0 };
+        let Some(known) = &route.known_lockouts else { return 0 };
+        let rules: SmallVec<[u16; 8]> =
+            route.rules.iter().filter(|r| r.key.contains(&Component::Account)).map(|r| r.tag).collect();
+        let mut forgotten = 0;
+        for mut table in known.each() {
+            let doomed: SmallVec<[u64; 8]> = table
+                .iter_live(0)
+                .filter(|(_, slot)| slot.value.account_tag == account_tag && rules.contains(&slot.value.rule))
+                .map(|(id, _)| id)
+                .collect();
+            for id in doomed {
+                table.remove(id);
+                forgotten += 1;
+            }
+        }
+        forgotten
+    }
+
+    /// The known lockouts, listed by `lockouts` after this host's own:
+    /// at most `limit` in `out` in all, every one counted in `total`. The
+    /// count shown is the rule's threshold (the store holds the real one).
+    pub(super) fn list_known_lockouts(&self, limit: usize, now_us: u64, out: &mut Vec<Lockout>, total: &mut u64) {
+        for route in &self.routes {
+            let Some(known) = &route.known_lockouts else { continue };
+            for table in known.each() {
+                let room = limit.saturating_sub(out.len());
+                let mut found: SmallVec<[(u64, Slot<KnownLockout>); 16]> = SmallVec::new();
+                for (tuple, slot) in table.iter_live(now_us) {
+                    *total += 1;
+                    if found.len() < room {
+                        found.push((tuple, slot));
+                    }
+                }
+                drop(table);
+                for (tuple, slot) in found {
+                    let Some(rule) = route.rules.iter().find(|r| r.tag == slot.value.rule) else { continue };
+                    let count = match rule.global {
+                        Some(Full::Failures(spec)) => spec.threshold,
+                        _ => 0,
+                    };
+                    out.push(Lockout {
+                        route: route.name.clone(),
+                        rule: rule.name.clone(),
+                        key: Key { account_tag: slot.value.account_tag, tuple }.to_string(),
+                        count,
+                        until_ms: ceil_ms(slot.expires_us),
+                        retry_after_ms: ceil_ms(slot.expires_us - now_us),
+                    });
+                }
+            }
+        }
+    }
+
+    /// The message that tells the other hosts of an account-wide unlock:
+    /// `A <route> <account tag>`.
+    pub fn account_unlock_message(&self, route: &str, account: &str) -> String {
+        format!("A {route} {:016x}", self.keys.account_tag(account))
+    }
+
+    /// An account-wide unlock heard from another host.
+    pub fn forget_account_lockouts_heard(&self, route: &str, account_tag_hex: &str) -> bool {
+        let Ok(tag) = u64::from_str_radix(account_tag_hex, 16) else { return false };
+        if !self.routes.iter().any(|r| r.name == route) {
+            return false;
+        }
+        self.forget_account_lockouts(route, tag);
+        true
+    }
+
     /// Forgets a known lockout by its store key name (an unlock here or
     /// on another host). True if the name is one of this limiter's.
     pub fn forget_known_lockout(&self, name: &str) -> bool {
         let Some((route, rule, key)) = self.parse_store_key(name) else { return false };
         if let Some(known) = &route.known_lockouts {
             let mut known = known.of(key);
-            if known.get(key.tuple, 0).is_some_and(|s| s.value == route.rules[rule].tag) {
+            if known.get(key.tuple, 0).is_some_and(|s| s.value.rule == route.rules[rule].tag) {
                 known.remove(key.tuple);
             }
         }
@@ -303,7 +380,7 @@ impl Limiter {
                 continue;
             }
             let Some(slot) = known.of(key).get(key.tuple, now_us) else { continue };
-            if slot.value != rule.tag {
+            if slot.value.rule != rule.tag {
                 continue;
             }
             let standing = Standing { counts: Counts::default(), in_flight: 0, in_flight_until_us: now_us };
@@ -320,8 +397,8 @@ impl Limiter {
     fn remember_lockout(&self, route: &Route, rule_index: usize, key: Key, until_us: u64, now_us: u64) {
         if let Some(known) = &route.known_lockouts {
             if until_us > now_us {
-                let tag = route.rules[rule_index].tag;
-                known.of(key).set(key.tuple, Slot { expires_us: until_us, value: tag }, now_us);
+                let value = KnownLockout { rule: route.rules[rule_index].tag, account_tag: key.account_tag };
+                known.of(key).set(key.tuple, Slot { expires_us: until_us, value }, now_us);
             }
         }
     }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use std::sync::MutexGuard;
 
-use super::route::{Route, Rule, Table};
+use super::route::{KnownLockout, Route, Rule, Table};
 use super::shards::{shard_index, Shards, SHARDS};
 use super::{Limiter, RequestError, IDENTIFIER_BYTES_MAX};
 use crate::clock::ceil_ms;
@@ -21,6 +21,8 @@ use crate::store::{
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Listed {
     Locked,
+    /// Shared mode: lockouts the store reported, refused here from memory.
+    Known,
     InFlight,
 }
 
@@ -122,7 +124,11 @@ impl Limiter {
         let mut out = Vec::new();
         let mut total = 0u64;
         let mut found = Vec::new();
-        for pass in [Listed::Locked, Listed::InFlight] {
+        for pass in [Listed::Locked, Listed::Known, Listed::InFlight] {
+            if pass == Listed::Known {
+                self.list_known_lockouts(limit, now_us, &mut out, &mut total);
+                continue;
+            }
             for (route, rule, _, table) in self.failure_shards() {
                 let room = limit.saturating_sub(out.len());
                 if pass == Listed::InFlight && room == 0 {
@@ -140,6 +146,7 @@ impl Limiter {
                         }
                     }
                     Listed::InFlight => found.extend(table.refused_by_places(room, now_us)),
+                    Listed::Known => unreachable!("listed above"),
                 }
                 drop(table);
                 out.extend(found.iter().map(|&(key, counts, until_us)| Lockout {
@@ -151,6 +158,7 @@ impl Limiter {
                     count: match pass {
                         Listed::Locked => spec.estimate(counts, now_us),
                         Listed::InFlight => spec.whole_failures(counts, now_us),
+                        Listed::Known => unreachable!("listed above"),
                     },
                     until_ms: ceil_ms(until_us),
                     retry_after_ms: ceil_ms(until_us - now_us),
@@ -195,7 +203,7 @@ impl Limiter {
             let journal = &self.journal;
             if let Some(lockouts) = &route.known_lockouts {
                 let map = DeviceMap::KnownLockouts;
-                save_device_map(journal, &name, map, lockouts, |rule| rule, now_us, full, writes, durable);
+                save_device_map(journal, &name, map, lockouts, |k| k.rule, now_us, full, writes, durable);
             }
             let Some(known) = &route.known_devices else { continue };
             let (devices, accounts) = (&known.shards, &known.per_account);
@@ -230,7 +238,8 @@ impl Limiter {
                 }
                 if let (Some(lockouts), true) = (lockouts, live) {
                     let mut table = lockouts.at(index);
-                    table.restore(row.id, Slot { expires_us: row.expires_us, value: row.value }, now_us);
+                    let value = KnownLockout { rule: row.value, account_tag: 0 };
+                    table.restore(row.id, Slot { expires_us: row.expires_us, value }, now_us);
                     if usize::from(row.shard) != index {
                         table.mark_changed(row.id);
                     }

@@ -130,9 +130,11 @@ pub(super) struct Route {
     pub(super) known_devices: Option<KnownDevices>,
     pub(super) recent_passwords: Option<RecentPasswords>,
     /// Shared mode: keys the store said are locked, each with its rule's
-    /// index and the instant (this host's clock) the lockout ends, so a
-    /// known lockout is refused from memory without a round trip.
-    pub(super) known_lockouts: Option<SharedTable<ExpiringMap<u16>>>,
+    /// tag, its account and the instant (this host's clock) the lockout
+    /// ends, so a known lockout is refused from memory without a round
+    /// trip, listed, and cleared by an account-wide unlock without the
+    /// store's index.
+    pub(super) known_lockouts: Option<SharedTable<ExpiringMap<KnownLockout>>>,
     /// The route has a signal rule: its reports feed spray detection.
     pub(super) feeds_signals: bool,
     /// The tenant digest (64 bits) the signals use for this route's
@@ -140,4 +142,13 @@ pub(super) struct Route {
     pub(super) pseudo_tenant: u64,
     /// Verdicts given on this route, for the operator's view.
     pub(super) activity: Arc<RouteCounters>,
+}
+
+/// A known lockout's value: the rule's tag and the key's account tag (0
+/// when not known: a lockout restored from the state file, which keeps the
+/// tag only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct KnownLockout {
+    pub(super) rule: u16,
+    pub(super) account_tag: u64,
 }

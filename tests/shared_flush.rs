@@ -1,0 +1,85 @@
+//! Shared mode after the store forgets (issue 34): FLUSHALL on a real
+//! redis-server under running daemons. The hosts' own memory of the
+//! lockouts still lists and unlocks them, and the running hosts write the
+//! secret's fingerprint back so no host keyed otherwise can claim the store.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::redis::{require_redis, RedisServer};
+use common::shared::*;
+use common::*;
+use tollgate::protocol::{Decision, Outcome};
+
+fn config(url: &str, secret: &Path, extra: &str) -> String {
+    // 100 ms: the store decides every answer here, even on a loaded machine.
+    format!("secret = \"{}\"\n\n[shared]\nurl = \"{url}\"\ntimeout_ms = 100\nhosts = 3\n{extra}\n", secret.display())
+}
+
+fn host(url: &str, secret: &Path, extra: &str) -> TestDaemon {
+    TestDaemon::start_with(Some(&config(url, secret, extra)), false)
+}
+
+/// An (account, address) locked through the store is refused by every
+/// host from memory; after FLUSHALL the store's index of the account is
+/// gone, yet `lockouts` still lists it on each host and an account-wide
+/// unlock on one host clears it on all. Before, `lockouts` printed 0 on
+/// every host, and the unlock said `cleared: 0` while every host went on
+/// refusing.
+#[test]
+fn after_a_flush_the_hosts_still_list_and_unlock_an_accounts_lockouts() {
+    require_redis();
+    let redis = RedisServer::unix();
+    let dir = tempfile::tempdir().unwrap();
+    let secret = shared_secret(dir.path());
+    let (a, b) = (host(&redis.url(), &secret, ""), host(&redis.url(), &secret, ""));
+    std::thread::sleep(Duration::from_millis(300)); // both subscribed
+    let mallory = subject("192.0.2.120", "mallory");
+    for _ in 0..5 {
+        check(&a, &mallory);
+        report(&a, &mallory, Outcome::Failure);
+    }
+    wait_until(&b, Duration::from_secs(5), "B refuses the lockout", || check(&b, &mallory).decision == Decision::Deny);
+    redis.cmd(&["FLUSHALL"]);
+    for d in [&a, &b] {
+        let listed = d.cli_json(&["lockouts"]);
+        assert!(listed["total"].as_u64().unwrap() >= 1, "the host lists what it refuses: {listed}");
+        let rule = listed["lockouts"][0]["rule"].as_str().unwrap().to_string();
+        assert_eq!(rule, "source_failures", "{listed}");
+        assert_eq!(check(d, &mallory).decision, Decision::Deny, "still refused from memory");
+    }
+    let unlocked = b.cli_json(&["unlock", "--route", "login", "--account", "mallory"]);
+    assert!(unlocked["cleared"].as_u64().unwrap() >= 1, "the host's own lockouts of the account: {unlocked}");
+    assert_eq!(check(&b, &mallory).decision, Decision::Allow, "B forgot it");
+    wait_until(&a, Duration::from_secs(5), "A heard the unlock", || check(&a, &mallory).decision == Decision::Allow);
+    assert_eq!(a.cli_json(&["lockouts"])["total"], 0);
+}
+
+/// A store that lost its data (FLUSHALL) gets the running hosts'
+/// fingerprint back within a heartbeat: a host keyed otherwise that starts
+/// afterwards is refused, and a correct host still joins. Before, nobody
+/// wrote it back: the stranger claimed the store and the correct hosts were
+/// the ones refused at their next start (issue 34).
+#[test]
+fn after_a_flush_the_running_hosts_reassert_their_fingerprint() {
+    require_redis();
+    let redis = RedisServer::unix();
+    let dir = tempfile::tempdir().unwrap();
+    let running = vec![host(&redis.url(), &shared_secret(dir.path()), "heartbeat_ms = 100")];
+    redis.cmd(&["FLUSHALL"]);
+    wait_until(&running[0], Duration::from_secs(10), "the fingerprint is written back", || {
+        !redis.cmd(&["HGET", "tg:{meta}", "fingerprint"]).trim().is_empty()
+    });
+    let other = tempfile::tempdir().unwrap();
+    let mut stranger = TestDaemon::prepare(Some(&config(&redis.url(), &shared_secret(other.path()), "")), false);
+    let status = stranger.serve_command().output().expect("run serve");
+    assert!(!status.status.success(), "a host keyed with another secret must not claim a flushed store");
+    assert!(String::from_utf8_lossy(&status.stderr).contains("was joined with another secret key"));
+    let _ = &mut stranger;
+    let correct = [host(&redis.url(), &shared_secret(dir.path()), "")];
+    let answered = runtime().block_on(correct[0].client().check_answered("login", &subject("192.0.2.7", "erin")));
+    assert!(!answered.degraded, "a correct host joins:\n{}", correct[0].log());
+    assert!(!running[0].log().contains("another secret"), "{}", running[0].log());
+}
