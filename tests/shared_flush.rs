@@ -67,7 +67,7 @@ fn after_a_flush_the_running_hosts_reassert_their_fingerprint() {
     require_redis();
     let redis = RedisServer::unix();
     let dir = tempfile::tempdir().unwrap();
-    let running = vec![host(&redis.url(), &shared_secret(dir.path()), "heartbeat_ms = 100")];
+    let running = [host(&redis.url(), &shared_secret(dir.path()), "heartbeat_ms = 100")];
     redis.cmd(&["FLUSHALL"]);
     wait_until(&running[0], Duration::from_secs(10), "the fingerprint is written back", || {
         !redis.cmd(&["HGET", "tg:{meta}", "fingerprint"]).trim().is_empty()

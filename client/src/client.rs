@@ -23,7 +23,7 @@ use crate::{forwarded_tail, FailPolicy, BUILTIN_FAIL_POLICIES};
 /// a stalled daemon costs a login no more than a few ms before the fail
 /// policy decides.
 pub const CALL_TIMEOUT_DEFAULT: Duration = Duration::from_millis(5);
-/// How long after the daemon last answered this client in time a timeout
+/// How long a run of timeouts from a daemon that has answered this client
 /// is taken for a busy daemon, not a lost one (`ClientConfig::busy_max`).
 pub const BUSY_MAX_DEFAULT: Duration = Duration::from_secs(1);
 /// Idle connections kept for reuse.
@@ -37,12 +37,12 @@ pub enum ClientError {
     Io(#[from] std::io::Error),
     #[error("tollgate did not answer within {0:?}")]
     Timeout(Duration),
-    /// No answer within the timeout from a daemon that answered this client
-    /// in time within `ClientConfig::busy_max`: it is busy (most likely
-    /// with a burst of attempts), not down. The attempt does not proceed,
+    /// No answer within the timeout from a daemon that has answered this
+    /// client, in a run of timeouts younger than `ClientConfig::busy_max`:
+    /// it is busy (most likely with a burst of attempts), not down. The attempt does not proceed,
     /// whatever the route's fail policy: a guess let through because the
     /// limiter was slow is a guess with no limit at all.
-    #[error("tollgate is busy: no answer within {0:?}, but it answered in time a moment ago")]
+    #[error("tollgate is busy: no answer within {0:?}, late for less than busy_max")]
     Busy(Duration),
     #[error("unexpected reply from tollgate: {0}")]
     Protocol(String),
@@ -136,9 +136,11 @@ pub struct ClientConfig {
     /// by default). A connection whose daemon refuses it as unsupported
     /// steps down one version at a time by itself.
     pub protocol_version: u8,
-    /// A timeout within this long of the daemon's last timely answer to
-    /// this client is `ClientError::Busy` (the attempt does not proceed),
-    /// not an outage for the fail policy. Zero: every timeout is an outage.
+    /// A timeout in a run of timeouts (ended only by a timely answer this
+    /// long after its last timeout) younger than this, from a daemon that
+    /// has answered this client, is
+    /// `ClientError::Busy` (the attempt does not proceed), not an outage
+    /// for the fail policy. Zero: every timeout is an outage.
     pub busy_max: Duration,
 }
 
@@ -215,8 +217,13 @@ pub struct Client {
     budget_tats: Mutex<HashMap<String, u64>>,
     started: std::time::Instant,
     /// When the daemon last answered a call in time (µs since `started`,
-    /// plus one; 0 never): tells a busy daemon from a lost one.
+    /// plus one; 0 never): a daemon never heard from is not busy.
     last_answered_us: AtomicU64,
+    /// The current run of timeouts: (when it began, the last one; 0 none),
+    /// µs as above. A daemon late at a stretch for longer than `busy_max`
+    /// is down or overloaded, not busy with a burst: the fail policy
+    /// applies again, so a flood cannot keep every login refused.
+    late_run: Mutex<(u64, u64)>,
 }
 
 impl Client {
@@ -228,6 +235,7 @@ impl Client {
             budget_tats: Mutex::new(HashMap::new()),
             started: std::time::Instant::now(),
             last_answered_us: AtomicU64::new(0),
+            late_run: Mutex::new((0, 0)),
         }
     }
 
@@ -422,14 +430,30 @@ impl Client {
         match tokio::time::timeout(timeout, self.call_untimed(request, extras)).await {
             Ok(result) => {
                 if result.is_ok() {
-                    self.last_answered_us.store(now_us(), Ordering::Relaxed);
+                    let now = now_us();
+                    self.last_answered_us.store(now, Ordering::Relaxed);
+                    // A timely answer busy_max after the run's last timeout
+                    // ends the run (quiet gaps alone do not: a frozen
+                    // daemon's sparse calls are one run that grows old).
+                    let mut run = self.late_run.lock().unwrap_or_else(|e| e.into_inner());
+                    if run.1 != 0 && now.saturating_sub(run.1) >= self.config.busy_max.as_micros() as u64 {
+                        run.1 = 0;
+                    }
                 }
                 result
             }
             Err(_) => {
+                let (now, busy_max_us) = (now_us(), self.config.busy_max.as_micros() as u64);
                 let last = self.last_answered_us.load(Ordering::Relaxed);
-                let busy_max_us = self.config.busy_max.as_micros() as u64;
-                if last > 0 && now_us().saturating_sub(last) < busy_max_us {
+                let run_young = {
+                    let mut run = self.late_run.lock().unwrap_or_else(|e| e.into_inner());
+                    if run.1 == 0 {
+                        run.0 = now;
+                    }
+                    run.1 = now;
+                    now - run.0 < busy_max_us
+                };
+                if last > 0 && run_young {
                     Err(ClientError::Busy(timeout))
                 } else {
                     Err(ClientError::Timeout(timeout))

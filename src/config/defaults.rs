@@ -201,12 +201,13 @@ pub const SHARED_NODES_MAX: usize = 64;
 pub const SHARED_TIMEOUT_MS_DEFAULT: u64 = 2;
 /// A second per login spent waiting is an outage of its own; more is a typo.
 pub const SHARED_TIMEOUT_MS_MAX: u64 = 1_000;
-/// How long after the store last answered a call in time a late call is
-/// still taken for a busy store, not a lost one: refused (its key's places
-/// are taken by the attempts queued ahead of it), never admitted on the
-/// host's share, so an attacker's own burst cannot add the shares to the
-/// store's limit. Long enough to outlast a burst on a loaded host; short
-/// enough that a frozen store is answered on the shares within half a second.
+/// How long a run of late store calls is taken for a busy store, not a
+/// lost or overloaded one: its late calls are refused, never admitted on
+/// the host's share, so an attacker's own burst cannot add the shares to
+/// the store's limit. Long enough to outlast a burst on a loaded host;
+/// short enough that a frozen store is answered on the shares within half
+/// a second, and that a flood keeping the store late cannot keep every
+/// login refused.
 pub const SHARED_BUSY_MAX_MS_DEFAULT: u64 = 500;
 /// Past a minute of refusals a store is not busy, it is gone.
 pub const SHARED_BUSY_MAX_MS_MAX: u64 = 60_000;

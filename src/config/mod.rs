@@ -381,8 +381,8 @@ pub struct SharedConfig {
     pub tls_key_file: Option<PathBuf>,
     pub key_prefix: String,
     pub timeout_ms: u64,
-    /// A late call within this long of the store's last timely answer is
-    /// refused (a busy store), not answered on the share; 0: never.
+    /// A late call in a run of late calls younger than this is refused (a
+    /// busy store), not answered on the share; 0: never.
     pub busy_max_ms: u64,
     pub connect_timeout_ms: u64,
     pub probe_interval_ms: u64,

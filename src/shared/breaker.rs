@@ -120,9 +120,60 @@ impl Breaker {
     }
 }
 
+/// A run of late request calls. It begins at a late call and ends only
+/// when the store answers a call in time `busy_max` or more after the
+/// run's last late call: quiet gaps do not end it, so a frozen store's
+/// sparse calls make one run that grows old. A store late at a stretch
+/// for longer than `busy_max` is lost or overloaded, not busy with a burst
+/// (`SharedStore::late_is_busy`). Pure: the time is passed in.
+#[derive(Debug, Default)]
+pub struct LateRun {
+    start_us: u64,
+    /// 0: no run.
+    last_us: u64,
+}
+
+impl LateRun {
+    /// A call is late at `now_us`: whether its run is younger than
+    /// `busy_max_us`.
+    pub fn late(&mut self, now_us: u64, busy_max_us: u64) -> bool {
+        if self.last_us == 0 {
+            self.start_us = now_us;
+        }
+        self.last_us = now_us.max(1);
+        now_us.saturating_sub(self.start_us) < busy_max_us
+    }
+
+    /// A call was answered in time at `now_us`.
+    pub fn answered(&mut self, now_us: u64, busy_max_us: u64) {
+        if self.last_us != 0 && now_us.saturating_sub(self.last_us) >= busy_max_us {
+            self.last_us = 0;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A burst's late calls are young for busy_max; a store late at a
+    /// stretch for longer is not, quiet gaps or not, until it answers in
+    /// time busy_max after its last late call.
+    #[test]
+    fn a_run_of_late_calls_is_young_for_busy_max_and_ends_only_with_a_timely_answer() {
+        let mut run = LateRun::default();
+        let max = 500;
+        assert!(run.late(1_000, max));
+        run.answered(1_200, max);
+        assert!(run.late(1_499, max), "an answer amid the burst does not end its run");
+        assert!(!run.late(1_500, max), "the run has lasted busy_max");
+        assert!(!run.late(9_000, max), "a quiet gap without an answer does not end it (a frozen store)");
+        run.answered(9_499, max);
+        assert!(!run.late(9_600, max), "an answer sooner than busy_max after the last late call does not end it");
+        run.answered(10_100, max);
+        assert!(run.late(10_200, max), "an answer busy_max after the last late call ended it: a new run");
+        assert!(!LateRun::default().late(0, 0), "busy_max 0: never busy");
+    }
 
     #[test]
     fn opens_after_the_failures_in_a_row_and_only_then() {

@@ -25,8 +25,8 @@ use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-use breaker::Breaker;
 pub use breaker::State;
+use breaker::{Breaker, LateRun};
 use nodes::{Change, Nodes};
 use script::{batch_command, batch_eval_command, op_slot, split_batch, Op, Reply, ReplyError, SCRIPT};
 
@@ -107,11 +107,11 @@ pub enum CallError {
     NodeAway(String),
     #[error("no reply within the timeout")]
     Timeout,
-    /// No reply within the timeout, from a store that answered a request
-    /// in time within `busy_max_ms`: queued behind others, not lost. The
-    /// caller refuses rather than answer on its share, and the breaker
-    /// does not move.
-    #[error("the store is busy: no reply within the timeout, but it answered others in time")]
+    /// No reply within the timeout, in a run of late calls younger than
+    /// `busy_max_ms` (`SharedStore::late_is_busy`): queued behind a burst,
+    /// not lost. The caller refuses rather than answer on its share, and
+    /// the breaker does not move.
+    #[error("the store is busy: no reply within the timeout, late for less than busy_max_ms")]
     Busy,
     #[error("the store failed: {0}")]
     Failed(String),
@@ -162,9 +162,8 @@ pub struct SharedStore {
     /// When a call was last answered (`micros`), 0 never: tells one
     /// cluster node's failure from the store's.
     last_success_us: AtomicU64,
-    /// When a request's call was last answered within its deadline
-    /// (`micros`), 0 never: tells a busy store from a lost one.
-    last_on_time_us: AtomicU64,
+    /// The current run of late request calls.
+    late_run: Mutex<LateRun>,
     state: AtomicU8,
     breaker: Mutex<Breaker>,
     /// In a cluster: which node serves each slot, and a breaker per node.
@@ -198,11 +197,9 @@ pub struct Ticket<'s> {
     store: &'s SharedStore,
     reply: oneshot::Receiver<Result<Reply, CallError>>,
     deadline: tokio::time::Instant,
-    /// A request's call (`submit`), waited for `timeout_ms`: only these
-    /// tell whether the store answers requests in time.
+    /// A request's call (`submit`), waited for `timeout_ms`: only its
+    /// lateness may be a busy store's.
     request: bool,
-    /// In a cluster, the op's slot: whether its node is busy or away.
-    slot: Option<u16>,
 }
 
 impl Ticket<'_> {
@@ -214,9 +211,8 @@ impl Ticket<'_> {
             Ok(Ok(Ok(reply))) => {
                 let now = store.micros().max(1);
                 store.last_success_us.store(now, Ordering::Relaxed);
-                if self.request {
-                    store.last_on_time_us.store(now, Ordering::Relaxed);
-                }
+                let busy_max_us = store.config.busy_max_ms.saturating_mul(1000);
+                store.late_run.lock().unwrap_or_else(|e| e.into_inner()).answered(now, busy_max_us);
                 store.breaker.lock().unwrap_or_else(|e| e.into_inner()).succeeded();
                 Ok(reply)
             }
@@ -244,7 +240,7 @@ impl Ticket<'_> {
             }
             Err(_) => {
                 store.stats.timeouts.fetch_add(1, Ordering::Relaxed);
-                if self.request && store.is_busy(self.slot) {
+                if self.request && store.late_is_busy() {
                     return Err(CallError::Busy);
                 }
                 store.failed(&CallError::Timeout);
@@ -269,7 +265,7 @@ impl SharedStore {
             receiver: Mutex::new(Some(receiver)),
             connection: Mutex::new(None),
             last_success_us: AtomicU64::new(0),
-            last_on_time_us: AtomicU64::new(0),
+            late_run: Mutex::new(LateRun::default()),
             state: AtomicU8::new(State::Open.to_u8()),
             breaker: Mutex::new(breaker),
             nodes: Mutex::new(Nodes::new(
@@ -305,18 +301,20 @@ impl SharedStore {
         self.state() == State::Closed
     }
 
-    /// Whether a request's call that got no reply in time is queued behind
-    /// others rather than lost: the store answered a request in time within
-    /// `busy_max_ms`, and is still connected; in a cluster, the node of the
-    /// call's slot answered a call within it too (a frozen node's slots go
-    /// to the share while the other nodes answer).
-    pub fn is_busy(&self, slot: Option<u16>) -> bool {
-        let last = self.last_on_time_us.load(Ordering::Relaxed);
+    /// A request's call is late: whether the store is busy (the call is
+    /// refused, and the breaker does not move) rather than lost or
+    /// overloaded (a failure, and the share answers). Busy while the
+    /// breaker is closed and the run of late calls this one belongs to
+    /// (`LateRun`: it ends only with a timely answer, a heartbeat's too) is
+    /// younger than `busy_max_ms`: an attacker's burst is held exactly,
+    /// while a store late at a stretch for longer (frozen, dead, or kept
+    /// saturated by a flood) turns the hosts to their shares, so no one can
+    /// keep every login refused. In a cluster a frozen node's late calls
+    /// make such a run too, and its slots go to the shares.
+    pub fn late_is_busy(&self) -> bool {
         let busy_max_us = self.config.busy_max_ms.saturating_mul(1000);
-        let since = self.micros().saturating_sub(busy_max_us);
-        let node_answers =
-            || slot.is_none_or(|s| self.nodes.lock().unwrap_or_else(|e| e.into_inner()).answered_since(s, since));
-        last > 0 && last > since && self.state() == State::Closed && node_answers()
+        let young = self.late_run.lock().unwrap_or_else(|e| e.into_inner()).late(self.micros(), busy_max_us);
+        young && self.state() == State::Closed
     }
 
     pub fn hosts_in_force(&self) -> u32 {
@@ -390,18 +388,16 @@ impl SharedStore {
             self.stats.not_asked.fetch_add(1, Ordering::Relaxed);
             return Err(CallError::NotAsked(state.name()));
         }
-        let slot = if self.is_cluster() { op_slot(&op).ok().flatten() } else { None };
         let mut ticket = self.submit_unchecked(op, Duration::from_millis(self.config.timeout_ms)).map_err(|e| {
             // A queue full of calls to a store that answers is a busy
             // store: refused, not answered on the share.
-            if e == CallError::QueueFull && self.is_busy(slot) {
+            if e == CallError::QueueFull && self.late_is_busy() {
                 CallError::Busy
             } else {
                 e
             }
         })?;
         ticket.request = true;
-        ticket.slot = slot;
         Ok(ticket)
     }
 
@@ -413,7 +409,7 @@ impl SharedStore {
             return Err(CallError::QueueFull);
         }
         self.stats.calls.fetch_add(1, Ordering::Relaxed);
-        Ok(Ticket { store: self, reply: rx, deadline, request: false, slot: None })
+        Ok(Ticket { store: self, reply: rx, deadline, request: false })
     }
 
     async fn call_unchecked(&self, op: Op, timeout: Duration) -> Result<Reply, CallError> {

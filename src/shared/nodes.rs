@@ -28,14 +28,11 @@ pub struct NodeBreaker {
     /// 0 while closed; while open, when the next call may go (a probe).
     open_until_us: u64,
     probe_delay_us: u64,
-    /// When the node last answered a call (0 never): a node that still
-    /// answers is busy when a call is late, one that stopped is away.
-    answered_us: u64,
 }
 
 impl NodeBreaker {
     fn new(probe_delay_min_us: u64) -> NodeBreaker {
-        NodeBreaker { failures_in_a_row: 0, open_until_us: 0, probe_delay_us: probe_delay_min_us, answered_us: 0 }
+        NodeBreaker { failures_in_a_row: 0, open_until_us: 0, probe_delay_us: probe_delay_min_us }
     }
 
     pub fn is_open(&self) -> bool {
@@ -116,12 +113,6 @@ impl Nodes {
         }
     }
 
-    /// Whether the node serving `slot` answered a call at or after
-    /// `since_us` (a slot of no known node: whether it may be asked).
-    pub fn answered_since(&self, slot: u16, since_us: u64) -> bool {
-        self.node_of(slot).is_none_or(|n| self.nodes[n].1.answered_us >= since_us)
-    }
-
     /// The node serving `slot`, by its address, if known.
     pub fn name_of(&self, slot: u16) -> Option<&str> {
         self.node_of(slot).map(|n| self.nodes[n].0.as_str())
@@ -132,9 +123,7 @@ impl Nodes {
         let Some(n) = self.node_of(slot) else { return Change::None };
         let (name, breaker) = &mut self.nodes[n];
         if answered {
-            let closed = breaker.succeeded(self.probe_delay_min_us);
-            breaker.answered_us = now_us;
-            if closed {
+            if breaker.succeeded(self.probe_delay_min_us) {
                 return Change::Closed(name.clone());
             }
         } else if breaker.failed(now_us, self.failures_to_open) {
