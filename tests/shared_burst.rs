@@ -40,6 +40,26 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Three hosts on their own store, this test alone on the machine. Fields
+/// drop in order: the daemons before their store.
+struct Hosts {
+    daemons: Vec<TestDaemon>,
+    redis: RedisServer,
+    _dir: tempfile::TempDir,
+    _alone: std::sync::MutexGuard<'static, ()>,
+}
+
+impl Hosts {
+    fn start() -> Hosts {
+        require_redis();
+        let alone = one_at_a_time();
+        let redis = RedisServer::unix();
+        let dir = tempfile::tempdir().unwrap();
+        let daemons = default_hosts(&redis.url(), &shared_secret(dir.path()));
+        Hosts { daemons, redis, _dir: dir, _alone: alone }
+    }
+}
+
 /// Runs of each burst: "every run" is the promise, so more than one.
 const RUNS: usize = 3;
 
@@ -56,30 +76,24 @@ fn between_bursts(run: usize) {
 
 #[test]
 fn three_hosts_admit_five_of_300_parallel_guesses_on_one_account_and_address() {
-    require_redis();
-    let _alone = one_at_a_time();
-    let redis = RedisServer::unix();
-    let dir = tempfile::tempdir().unwrap();
-    let daemons = default_hosts(&redis.url(), &shared_secret(dir.path()));
+    let hosts = Hosts::start();
+    let daemons = &hosts.daemons;
     for run in 0..RUNS {
         between_bursts(run);
         let account = leak(format!("alice-{run}"));
-        let tried = race_logins(&daemons, 300, PASSWORD_HASH, |_| subject("198.51.100.7", account));
+        let tried = race_logins(daemons, 300, PASSWORD_HASH, |_| subject("198.51.100.7", account));
         assert!(tried <= 5, "run {run}: {tried} guesses of 300 tried, limit 5\n{}", daemons[0].log());
     }
 }
 
 #[test]
 fn three_hosts_admit_fifty_of_150_parallel_guesses_from_150_addresses() {
-    require_redis();
-    let _alone = one_at_a_time();
-    let redis = RedisServer::unix();
-    let dir = tempfile::tempdir().unwrap();
-    let daemons = default_hosts(&redis.url(), &shared_secret(dir.path()));
+    let hosts = Hosts::start();
+    let daemons = &hosts.daemons;
     for run in 0..RUNS {
         between_bursts(run);
         let account = leak(format!("bob-{run}"));
-        let tried = race_logins(&daemons, 150, PASSWORD_HASH, |n| {
+        let tried = race_logins(daemons, 150, PASSWORD_HASH, |n| {
             subject(leak(format!("198.{}.{}.{}", 18 + run, 100 + n / 250, 1 + n % 250)), account)
         });
         assert!(tried <= 50, "run {run}: {tried} guesses of 150 tried, ceiling 50\n{}", daemons[0].log());
@@ -93,11 +107,8 @@ fn three_hosts_admit_fifty_of_150_parallel_guesses_from_150_addresses() {
 /// moment ago is a busy daemon, and the attempt does not proceed.
 #[test]
 fn the_rust_client_with_its_default_deadline_lets_at_most_five_of_300_proceed() {
-    require_redis();
-    let _alone = one_at_a_time();
-    let redis = RedisServer::unix();
-    let dir = tempfile::tempdir().unwrap();
-    let daemons = default_hosts(&redis.url(), &shared_secret(dir.path()));
+    let hosts = Hosts::start();
+    let daemons = &hosts.daemons;
     let rt = runtime();
     let clients: Vec<Arc<Client>> =
         daemons.iter().map(|d| Arc::new(Client::new(ClientConfig::new(&d.socket)))).collect();
@@ -151,15 +162,11 @@ fn subject_of(peer: &str, account: &'static str) -> Subject<'static> {
 /// waits on it past the timeout either way.
 #[test]
 fn a_frozen_store_is_refused_as_busy_only_until_busy_max_then_shared() {
-    require_redis();
-    let _alone = one_at_a_time();
-    let mut redis = RedisServer::unix();
-    let dir = tempfile::tempdir().unwrap();
-    let daemons = default_hosts(&redis.url(), &shared_secret(dir.path()));
-    let d = &daemons[0];
+    let mut hosts = Hosts::start();
+    let d = &hosts.daemons[0];
     let rt = runtime();
     let client = d.client();
-    redis.pause();
+    hosts.redis.pause();
     let frozen = Instant::now();
     let mut answers = Vec::new();
     for n in 0.. {
@@ -173,7 +180,7 @@ fn a_frozen_store_is_refused_as_busy_only_until_busy_max_then_shared() {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    redis.resume();
+    hosts.redis.resume();
     // busy_max_ms (500), counted from the run's first late call, a few
     // milliseconds after the freeze on a loaded machine.
     let busy_max = Duration::from_millis(500 + 100);
