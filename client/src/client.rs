@@ -430,12 +430,12 @@ impl Client {
         match tokio::time::timeout(timeout, self.call_untimed(request, extras)).await {
             Ok(result) => {
                 if result.is_ok() {
-                    let now = now_us();
-                    self.last_answered_us.store(now, Ordering::Relaxed);
                     // A timely answer busy_max after the run's last timeout
                     // ends the run (quiet gaps alone do not: a frozen
                     // daemon's sparse calls are one run that grows old).
                     let mut run = self.late_run.lock().unwrap_or_else(|e| e.into_inner());
+                    let now = now_us();
+                    self.last_answered_us.store(now, Ordering::Relaxed);
                     if run.1 != 0 && now.saturating_sub(run.1) >= self.config.busy_max.as_micros() as u64 {
                         run.1 = 0;
                     }
@@ -443,15 +443,18 @@ impl Client {
                 result
             }
             Err(_) => {
-                let (now, busy_max_us) = (now_us(), self.config.busy_max.as_micros() as u64);
+                let busy_max_us = self.config.busy_max.as_micros() as u64;
                 let last = self.last_answered_us.load(Ordering::Relaxed);
                 let run_young = {
+                    // The time is read under the lock: read before it, a
+                    // task could start the run after this one's instant.
                     let mut run = self.late_run.lock().unwrap_or_else(|e| e.into_inner());
+                    let now = now_us();
                     if run.1 == 0 {
                         run.0 = now;
                     }
-                    run.1 = now;
-                    now - run.0 < busy_max_us
+                    run.1 = run.1.max(now);
+                    now.saturating_sub(run.0) < busy_max_us
                 };
                 if last > 0 && run_young {
                     Err(ClientError::Busy(timeout))

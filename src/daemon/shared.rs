@@ -57,7 +57,7 @@ impl Daemon {
                 store,
                 limiter,
                 PendingCheck(CheckedLocally::Store(check)),
-                Err(e),
+                (Err(e), &[]),
                 now,
             )),
         }
@@ -72,9 +72,10 @@ impl Daemon {
         check: PendingCheck<'l>,
         now: u64,
     ) -> (Verdict<'l>, bool) {
+        let keys = ticket.key_hashes();
         let reply = ticket.wait().await;
         let store = self.shared().expect("a ticket comes from the store");
-        self.check_answered(store, limiter, check, reply, now)
+        self.check_answered(store, limiter, check, (reply, &keys), now)
     }
 
     fn check_answered<'l>(
@@ -82,7 +83,7 @@ impl Daemon {
         store: &Arc<SharedStore>,
         limiter: &'l Limiter,
         check: PendingCheck<'l>,
-        reply: Result<Reply, CallError>,
+        (reply, keys): (Result<Reply, CallError>, &[u64]),
         now: u64,
     ) -> (Verdict<'l>, bool) {
         let PendingCheck(CheckedLocally::Store(check)) = check else {
@@ -90,8 +91,13 @@ impl Daemon {
         };
         match reply {
             Ok(reply) => match limiter.finish_check_stored(check, &reply, now) {
-                Ok(CheckStored { verdict, store_now, give_back }) => {
+                Ok(CheckStored { verdict, store_now, give_back, crowded }) => {
                     store.note_store_time(store_now, now);
+                    // Others' attempts in flight there: the next late check
+                    // on these keys is part of a burst, from whichever host.
+                    if crowded {
+                        store.mark_crowded(keys);
+                    }
                     if let Some(op) = give_back {
                         give_back_later(store, op);
                     }
@@ -102,10 +108,12 @@ impl Daemon {
                     degraded(store, limiter.finish_check_locally(check, now))
                 }
             },
-            // Queued behind an attacker's burst, most likely: refused, so
-            // the burst cannot add this host's share to the store's limit.
-            // Its op still runs; the places a late admission takes are
-            // given back when its reply comes.
+            // Queued behind a burst on its own keys (another check of this
+            // host waited on one, or the store showed others' attempts in
+            // flight there): refused, so the burst cannot add this host's
+            // share to the store's limit. Its op still runs; the
+            // places a late admission takes are given back when its reply
+            // comes. A lone late check (`Late`) is answered on the share.
             Err(CallError::Busy) => match limiter.finish_check_busy(check, now) {
                 Ok(verdict) => (verdict, false),
                 Err(check) => degraded(store, limiter.finish_check_locally(check, now)),
@@ -188,13 +196,6 @@ impl Daemon {
                     (degraded(store, verdict).0, durable, true)
                 }
             },
-            // The op is still sent and counted by the store (a busy
-            // store's queue keeps reports): counted here too, it would be
-            // counted twice once the share is in force.
-            Err(CallError::Busy) => {
-                let (verdict, durable) = limiter.finish_report_busy(report);
-                (verdict, durable, false)
-            }
             Err(e) => {
                 if let CallError::BadValue(e) = &e {
                     self.bad_store_value(store, &e.to_string(), now);

@@ -77,6 +77,9 @@ pub struct CheckStored<'l> {
     /// Sent when a rule on this host refused after the store admitted:
     /// gives back the places the store took.
     pub give_back: Option<Op>,
+    /// The store showed other attempts in flight on a failure rule's key,
+    /// or refused: the keys are in a burst (`SharedStore::mark_crowded`).
+    pub crowded: bool,
 }
 
 /// A report's second half from the store's reply.
@@ -423,6 +426,10 @@ impl Limiter {
         // The rules the store took a place on for this attempt, given back
         // if a rule of this host refuses it after all.
         let mut taken: SmallVec<[(usize, u64); 4]> = SmallVec::new();
+        let crowded = parsed.rules.iter().any(|(_, found)| match found {
+            Found::Failures { refuses, entry } => *refuses || entry.in_flight > 0,
+            _ => false,
+        });
         for (i, found) in parsed.rules {
             if matches!(found, Found::Skipped) {
                 continue;
@@ -458,7 +465,7 @@ impl Limiter {
         }
         if !parsed.admitted {
             self.give_back(route, &rule_keys, held, now_us);
-            return Ok(CheckStored { verdict: combine(&answers), store_now, give_back: None });
+            return Ok(CheckStored { verdict: combine(&answers), store_now, give_back: None, crowded });
         }
         let signals = if known_anywhere { Hits::default() } else { hits };
         if self.judge_signals(route, &rule_keys, signals, now_us, true, &mut answers)
@@ -473,9 +480,9 @@ impl Limiter {
                 })
                 .collect();
             let give_back = (!places.is_empty()).then(|| Op::release(&places));
-            return Ok(CheckStored { verdict: combine(&answers), store_now, give_back });
+            return Ok(CheckStored { verdict: combine(&answers), store_now, give_back, crowded });
         }
-        Ok(CheckStored { verdict: combine(&answers), store_now, give_back: None })
+        Ok(CheckStored { verdict: combine(&answers), store_now, give_back: None, crowded })
     }
 
     /// A check's second half without the store: the global rules are
@@ -527,13 +534,6 @@ impl Limiter {
             rule: &rule.name,
         });
         Ok(combine(&answers))
-    }
-
-    /// A report's second half when the store is busy: its op is still sent
-    /// and counted there; this host's rules answer.
-    pub fn finish_report_busy<'a>(&'a self, report: Box<StoreReport<'a>>) -> (Verdict<'a>, Vec<Durable>) {
-        let StoreReport { answers, durable, .. } = *report;
-        (combine(&answers), durable)
     }
 
     /// A report's first half: this host's rules are counted; a global

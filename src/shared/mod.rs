@@ -13,6 +13,7 @@
 //! and only dropping it and connecting again finds out.
 
 pub mod breaker;
+pub mod hot;
 pub mod nodes;
 pub mod script;
 
@@ -23,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;
+use smallvec::SmallVec;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 pub use breaker::State;
@@ -107,12 +109,17 @@ pub enum CallError {
     NodeAway(String),
     #[error("no reply within the timeout")]
     Timeout,
-    /// No reply within the timeout, in a run of late calls younger than
-    /// `busy_max_ms` (`SharedStore::late_is_busy`): queued behind a burst,
-    /// not lost. The caller refuses rather than answer on its share, and
-    /// the breaker does not move.
+    /// A check with no reply within the timeout, in a run of late calls
+    /// younger than `busy_max_ms` (`SharedStore::late_is_busy`), while
+    /// another check of this host waits on one of its keys: part of a
+    /// burst on them, queued, not lost. The caller refuses rather than
+    /// answer on its share, and the breaker does not move.
     #[error("the store is busy: no reply within the timeout, late for less than busy_max_ms")]
     Busy,
+    /// The same, for a check alone on its keys: answered on the share, as
+    /// for a store away, but the breaker does not move.
+    #[error("no reply within the timeout from a busy store")]
+    Late,
     #[error("the store failed: {0}")]
     Failed(String),
     /// A value at one of the op's keys that tollgate did not write: only
@@ -164,6 +171,8 @@ pub struct SharedStore {
     last_success_us: AtomicU64,
     /// The current run of late request calls.
     late_run: Mutex<LateRun>,
+    /// The keys this host's checks wait on.
+    hot: hot::HotKeys,
     state: AtomicU8,
     breaker: Mutex<Breaker>,
     /// In a cluster: which node serves each slot, and a breaker per node.
@@ -200,53 +209,69 @@ pub struct Ticket<'s> {
     /// A request's call (`submit`), waited for `timeout_ms`: only its
     /// lateness may be a busy store's.
     request: bool,
+    /// A report: a busy store's reply is waited for (up to
+    /// `LATE_REPLY_WAIT_MS`), so its failure is counted somewhere, in the
+    /// store or, if that fails, on the share.
+    patient: bool,
+    /// A check's keys, counted in flight while it waits.
+    hot: Option<hot::HotGuard<'s>>,
+    /// A report the full queue had no room for: queued by `wait`.
+    unsent: Option<Pending>,
 }
 
 impl Ticket<'_> {
+    /// A check's keys (hashed), for `SharedStore::mark_crowded`.
+    pub fn key_hashes(&self) -> SmallVec<[u64; 6]> {
+        self.hot.as_ref().map(|h| SmallVec::from_slice(h.hashes())).unwrap_or_default()
+    }
+
     /// The store's reply, or why there is none by the deadline: every
     /// counter and breaker effect of a call.
     pub async fn wait(self) -> Result<Reply, CallError> {
-        let store = self.store;
-        match tokio::time::timeout_at(self.deadline, self.reply).await {
-            Ok(Ok(Ok(reply))) => {
-                let now = store.micros().max(1);
-                store.last_success_us.store(now, Ordering::Relaxed);
-                let busy_max_us = store.config.busy_max_ms.saturating_mul(1000);
-                store.late_run.lock().unwrap_or_else(|e| e.into_inner()).answered(now, busy_max_us);
-                store.breaker.lock().unwrap_or_else(|e| e.into_inner()).succeeded();
-                Ok(reply)
-            }
-            Ok(Ok(Err(CallError::BadValue(e)))) => {
-                store.stats.bad_values.fetch_add(1, Ordering::Relaxed);
-                Err(CallError::BadValue(e))
-            }
-            Ok(Ok(Err(e @ CallError::NodeAway(_)))) => {
-                // Queued, but never sent: a call not asked, as one the
-                // store's breaker keeps back, and not a call made.
+        let Ticket { store, mut reply, deadline, request, patient, hot, unsent } = self;
+        if let Some(pending) = unsent {
+            let late = Duration::from_millis(LATE_REPLY_WAIT_MS);
+            if tokio::time::timeout(late, store.queue.send(pending)).await.is_err() {
                 store.stats.calls.fetch_sub(1, Ordering::Relaxed);
                 store.stats.not_asked.fetch_add(1, Ordering::Relaxed);
-                Err(e)
+                return Err(CallError::QueueFull);
             }
-            Ok(Ok(Err(e))) => {
-                store.stats.errors.fetch_add(1, Ordering::Relaxed);
-                store.failed(&e);
-                Err(e)
-            }
-            Ok(Err(_)) => {
-                store.stats.errors.fetch_add(1, Ordering::Relaxed);
-                let e = CallError::Failed("the dispatcher dropped the call".into());
-                store.failed(&e);
-                Err(e)
-            }
+            let received = tokio::time::timeout(late, &mut reply).await;
+            return match received {
+                Ok(received) => store.received(received, false),
+                Err(_) => {
+                    store.stats.timeouts.fetch_add(1, Ordering::Relaxed);
+                    store.failed(&CallError::Timeout);
+                    Err(CallError::Timeout)
+                }
+            };
+        }
+        let received = match tokio::time::timeout_at(deadline, &mut reply).await {
+            Ok(received) => return store.received(received, true),
             Err(_) => {
                 store.stats.timeouts.fetch_add(1, Ordering::Relaxed);
-                if self.request && store.late_is_busy() {
-                    return Err(CallError::Busy);
+                if !(request && store.late_is_busy()) {
+                    store.failed(&CallError::Timeout);
+                    return Err(CallError::Timeout);
                 }
-                store.failed(&CallError::Timeout);
-                Err(CallError::Timeout)
+                if let Some(hot) = hot {
+                    return Err(if hot.in_burst(store.micros()) { CallError::Busy } else { CallError::Late });
+                }
+                if !patient {
+                    return Err(CallError::Late);
+                }
+                // A report's caller has its answer in a moment either way;
+                // its failure must be counted in the store or on the share.
+                match tokio::time::timeout(Duration::from_millis(LATE_REPLY_WAIT_MS), &mut reply).await {
+                    Ok(received) => received,
+                    Err(_) => {
+                        store.failed(&CallError::Timeout);
+                        return Err(CallError::Timeout);
+                    }
+                }
             }
-        }
+        };
+        store.received(received, false)
     }
 }
 
@@ -266,6 +291,7 @@ impl SharedStore {
             connection: Mutex::new(None),
             last_success_us: AtomicU64::new(0),
             late_run: Mutex::new(LateRun::default()),
+            hot: hot::HotKeys::default(),
             state: AtomicU8::new(State::Open.to_u8()),
             breaker: Mutex::new(breaker),
             nodes: Mutex::new(Nodes::new(
@@ -299,6 +325,58 @@ impl SharedStore {
     /// Whether global rules are answered by the store now.
     pub fn is_up(&self) -> bool {
         self.state() == State::Closed
+    }
+
+    /// What came back for a call: every counter and breaker effect. A
+    /// reply `on_time` ends a run of late calls `busy_max_ms` after its
+    /// last one; a late one does not.
+    fn received(
+        &self,
+        received: Result<Result<Reply, CallError>, oneshot::error::RecvError>,
+        on_time: bool,
+    ) -> Result<Reply, CallError> {
+        match received {
+            Ok(Ok(reply)) => {
+                let now = self.micros().max(1);
+                self.last_success_us.store(now, Ordering::Relaxed);
+                if on_time {
+                    let busy_max_us = self.config.busy_max_ms.saturating_mul(1000);
+                    self.late_run.lock().unwrap_or_else(|e| e.into_inner()).answered(now, busy_max_us);
+                }
+                self.breaker.lock().unwrap_or_else(|e| e.into_inner()).succeeded();
+                Ok(reply)
+            }
+            Ok(Err(CallError::BadValue(e))) => {
+                self.stats.bad_values.fetch_add(1, Ordering::Relaxed);
+                Err(CallError::BadValue(e))
+            }
+            Ok(Err(e @ CallError::NodeAway(_))) => {
+                // Queued, but never sent: a call not asked, as one the
+                // store's breaker keeps back, and not a call made.
+                self.stats.calls.fetch_sub(1, Ordering::Relaxed);
+                self.stats.not_asked.fetch_add(1, Ordering::Relaxed);
+                Err(e)
+            }
+            Ok(Err(e)) => {
+                self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                self.failed(&e);
+                Err(e)
+            }
+            Err(_) => {
+                self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                let e = CallError::Failed("the dispatcher dropped the call".into());
+                self.failed(&e);
+                Err(e)
+            }
+        }
+    }
+
+    /// The store's reply to a check showed other attempts in flight on its
+    /// keys (from any host): a late check on them within `busy_max_ms` is
+    /// part of a burst.
+    pub fn mark_crowded(&self, key_hashes: &[u64]) {
+        let now = self.micros();
+        self.hot.mark_crowded(key_hashes, now + self.config.busy_max_ms.saturating_mul(1000), now);
     }
 
     /// A request's call is late: whether the store is busy (the call is
@@ -388,28 +466,48 @@ impl SharedStore {
             self.stats.not_asked.fetch_add(1, Ordering::Relaxed);
             return Err(CallError::NotAsked(state.name()));
         }
-        let mut ticket = self.submit_unchecked(op, Duration::from_millis(self.config.timeout_ms)).map_err(|e| {
-            // A queue full of calls to a store that answers is a busy
-            // store: refused, not answered on the share.
-            if e == CallError::QueueFull && self.late_is_busy() {
-                CallError::Busy
-            } else {
-                e
+        let (check, patient) = (op.kind == b'C', op.kind == b'R');
+        let hot = check.then(|| self.hot.enter(&op.keys));
+        // A report is held until the queue has room: never sent, its
+        // failure would be counted only on the share, which the store does
+        // not read while it answers.
+        let mut ticket = match self.submit_or_hold(op, Duration::from_millis(self.config.timeout_ms), patient) {
+            Ok(ticket) => ticket,
+            // A check queued behind a full queue, in a burst on its keys, is
+            // refused like a late one. A report that found no room is
+            // counted on the share: it was never sent.
+            Err(CallError::QueueFull)
+                if hot.as_ref().is_some_and(|h| h.in_burst(self.micros())) && self.late_is_busy() =>
+            {
+                return Err(CallError::Busy)
             }
-        })?;
+            Err(e) => return Err(e),
+        };
         ticket.request = true;
+        ticket.patient = patient;
+        ticket.hot = hot;
         Ok(ticket)
     }
 
     fn submit_unchecked(&self, op: Op, timeout: Duration) -> Result<Ticket<'_>, CallError> {
+        self.submit_or_hold(op, timeout, false)
+    }
+
+    /// `submit_unchecked`; with `hold`, an op the full queue has no room
+    /// for is held by the ticket, and queued by its `wait` when room comes.
+    fn submit_or_hold(&self, op: Op, timeout: Duration, hold: bool) -> Result<Ticket<'_>, CallError> {
         let deadline = tokio::time::Instant::now() + timeout;
         let (tx, rx) = oneshot::channel();
-        if self.queue.try_send(Pending { op, reply: tx }).is_err() {
-            self.stats.not_asked.fetch_add(1, Ordering::Relaxed);
-            return Err(CallError::QueueFull);
-        }
+        let unsent = match self.queue.try_send(Pending { op, reply: tx }) {
+            Ok(()) => None,
+            Err(mpsc::error::TrySendError::Full(pending)) if hold => Some(pending),
+            Err(_) => {
+                self.stats.not_asked.fetch_add(1, Ordering::Relaxed);
+                return Err(CallError::QueueFull);
+            }
+        };
         self.stats.calls.fetch_add(1, Ordering::Relaxed);
-        Ok(Ticket { store: self, reply: rx, deadline, request: false })
+        Ok(Ticket { store: self, reply: rx, deadline, request: false, patient: false, hot: None, unsent })
     }
 
     async fn call_unchecked(&self, op: Op, timeout: Duration) -> Result<Reply, CallError> {
@@ -460,10 +558,10 @@ impl SharedStore {
                 }
                 // A caller that already gave up needs nothing sent, but for
                 // a check (it may take places, given back when its reply
-                // comes late), a release (sent though nobody waits for it:
-                // the places it gives back are the point) and a report (a
-                // busy store's caller counted it nowhere else).
-                batch.retain(|p| !p.reply.is_closed() || matches!(p.op.kind, b'C' | b'X' | b'R'));
+                // comes late) and a release (sent though nobody waits for
+                // it: the places it gives back are the point). A report's
+                // caller that gave up counted it on the share.
+                batch.retain(|p| !p.reply.is_closed() || matches!(p.op.kind, b'C' | b'X'));
                 if batch.is_empty() {
                     continue;
                 }

@@ -1,0 +1,168 @@
+//! Which store keys are in a burst: a late check on such a key is refused
+//! while the store is busy, and a lone late check is answered on the share
+//! as before, so a flood on other keys cannot make the busy refusals fall
+//! on every user. A key is in a burst when another check of this host
+//! waited on it at the same time, or when the store's last word on it
+//! (within `busy_max_ms`) showed other attempts in flight there, from any
+//! host.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use smallvec::SmallVec;
+
+/// Shards of the map, so checks on different keys rarely meet on a lock.
+const SHARDS: usize = 16;
+/// Keys one shard remembers as crowded past their checks: past it, a new
+/// mark is dropped (the key is then judged by this host's checks alone).
+const MARKED_PER_SHARD_MAX: usize = 4096;
+
+#[derive(Default)]
+struct Entry {
+    /// Checks of this host waiting on the key.
+    waiting: u32,
+    /// The newest of them (`HotKeys::seq`).
+    newest: u64,
+    /// Until when the store's word marks it crowded (µs), 0 not.
+    crowded_until_us: u64,
+}
+
+/// Per store key (a 64-bit hash of its name): this host's checks waiting
+/// on it and the store's last word. Bounded: an entry lives while a check
+/// waits on it or, for at most `MARKED_PER_SHARD_MAX` a shard, while its
+/// mark lasts.
+pub struct HotKeys {
+    shards: [Mutex<HashMap<u64, Entry>>; SHARDS],
+    hasher: std::collections::hash_map::RandomState,
+    seq: AtomicU64,
+}
+
+impl Default for HotKeys {
+    fn default() -> HotKeys {
+        HotKeys {
+            shards: std::array::from_fn(|_| Mutex::new(HashMap::new())),
+            hasher: Default::default(),
+            seq: AtomicU64::new(1),
+        }
+    }
+}
+
+impl HotKeys {
+    /// Counts a check on `keys` waiting until the guard drops.
+    pub fn enter<'h>(&'h self, keys: &[String]) -> HotGuard<'h> {
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        let mut company = false;
+        let hashes: SmallVec<[u64; 6]> = keys
+            .iter()
+            .map(|k| {
+                let mut h = self.hasher.build_hasher();
+                h.write(k.as_bytes());
+                h.finish()
+            })
+            .collect();
+        for &h in &hashes {
+            let mut shard = self.shard(h);
+            let entry = shard.entry(h).or_default();
+            company |= entry.waiting > 0;
+            entry.waiting += 1;
+            entry.newest = entry.newest.max(seq);
+        }
+        HotGuard { hot: self, hashes, seq, company }
+    }
+
+    /// The store said other attempts are in flight on these keys: crowded
+    /// until `until_us`.
+    pub fn mark_crowded(&self, hashes: &[u64], until_us: u64, now_us: u64) {
+        for &h in hashes {
+            let mut shard = self.shard(h);
+            if shard.len() >= MARKED_PER_SHARD_MAX && !shard.contains_key(&h) {
+                shard.retain(|_, e| e.waiting > 0 || e.crowded_until_us > now_us);
+                if shard.len() >= MARKED_PER_SHARD_MAX {
+                    continue;
+                }
+            }
+            let entry = shard.entry(h).or_default();
+            entry.crowded_until_us = entry.crowded_until_us.max(until_us);
+        }
+    }
+
+    fn shard(&self, hash: u64) -> std::sync::MutexGuard<'_, HashMap<u64, Entry>> {
+        self.shards[(hash >> 60) as usize % SHARDS].lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A check's keys, counted waiting while it lives.
+pub struct HotGuard<'h> {
+    hot: &'h HotKeys,
+    hashes: SmallVec<[u64; 6]>,
+    seq: u64,
+    /// Another check waited on one of its keys when it came.
+    company: bool,
+}
+
+impl HotGuard<'_> {
+    /// Whether its keys are in a burst: another check of this host waited
+    /// on one of them while it did (before or after it came), or the
+    /// store's word marks one crowded at `now_us`.
+    pub fn in_burst(&self, now_us: u64) -> bool {
+        self.company
+            || self
+                .hashes
+                .iter()
+                .any(|&h| self.hot.shard(h).get(&h).is_some_and(|e| e.newest > self.seq || e.crowded_until_us > now_us))
+    }
+
+    pub fn hashes(&self) -> &[u64] {
+        &self.hashes
+    }
+}
+
+impl Drop for HotGuard<'_> {
+    fn drop(&mut self) {
+        for &h in &self.hashes {
+            let mut shard = self.hot.shard(h);
+            if let Some(entry) = shard.get_mut(&h) {
+                entry.waiting = entry.waiting.saturating_sub(1);
+                if entry.waiting == 0 && entry.crowded_until_us == 0 {
+                    shard.remove(&h);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_is_in_a_burst_when_checks_overlap_on_it_or_the_store_says_so() {
+        let hot = HotKeys::default();
+        let a = hot.enter(&["k1".into(), "account".into()]);
+        assert!(!a.in_burst(0), "alone");
+        let b = hot.enter(&["k2".into(), "account".into()]);
+        assert!(b.in_burst(0), "came while a waited on the account key");
+        drop(b);
+        assert!(a.in_burst(0), "b came while a waited, even if b is answered now");
+        drop(a);
+        let c = hot.enter(&["k3".into()]);
+        assert!(!c.in_burst(0));
+        hot.mark_crowded(c.hashes(), 100, 0);
+        assert!(c.in_burst(99) && !c.in_burst(100), "the store's word lasts until its instant");
+        drop(c);
+        let left: usize = hot.shards.iter().map(|s| s.lock().unwrap().len()).sum();
+        assert_eq!(left, 1, "only the marked key is remembered");
+    }
+
+    #[test]
+    fn marks_past_a_shards_bound_are_dropped_once_the_expired_are_swept() {
+        let hot = HotKeys::default();
+        let hashes: Vec<u64> = (0..MARKED_PER_SHARD_MAX as u64 + 10).collect(); // all in shard 0
+        hot.mark_crowded(&hashes, 100, 0);
+        assert_eq!(hot.shards[0].lock().unwrap().len(), MARKED_PER_SHARD_MAX);
+        hot.mark_crowded(&[u64::MAX >> 4], 300, 200);
+        assert_eq!(hot.shards[0].lock().unwrap().len(), 1, "the expired marks swept for the new one");
+    }
+}
