@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::redis::{require_redis, Proxy, ProxyMode, RedisServer};
 use common::shared::*;
 use common::*;
-use tollgate::protocol::{Decision, Outcome, Reason, Subject};
+use tollgate::protocol::{Decision, Outcome, Subject};
 
 /// `extra` is more `[shared]` keys; `timeout_ms` is 100 unless it sets it.
 fn shared_config(url: &str, secret: &Path, extra: &str) -> String {
@@ -539,8 +539,8 @@ fn a_slow_or_dropping_path_to_the_store_degrades_only_its_daemon() {
 // The red team's cases (issue 14 review): each failed before its fix.
 
 /// A check whose store reply arrives after the timeout took places in the
-/// store while the daemon answered without it (refused, the store being
-/// busy: it answered in time a moment ago): the places are given back.
+/// store while the daemon answered on its share (a lone late check, not in
+/// a burst): the places are given back.
 #[test]
 fn a_late_admitted_check_gives_its_store_places_back() {
     require_redis();
@@ -552,10 +552,7 @@ fn a_late_admitted_check_gives_its_store_places_back() {
     assert!(!rt.block_on(d.client().check_answered("login", &subject("192.0.2.9", "warm"))).degraded);
     let before: Vec<String> = redis.cmd(&["--scan", "--pattern", "*:f:*"]).lines().map(str::to_owned).collect();
     proxy.set_mode(ProxyMode::Delay(Duration::from_millis(300)));
-    let late = rt.block_on(d.client().check_answered("login", &subject("192.0.2.10", "late")));
-    assert!(!late.degraded, "a busy store's late call is not answered on the share");
-    let v = verdict(late.answer);
-    assert_eq!((v.decision, v.reason), (Decision::Deny, Reason::AttemptsInFlight), "refused while the store is busy");
+    assert!(rt.block_on(d.client().check_answered("login", &subject("192.0.2.10", "late"))).degraded);
     std::thread::sleep(Duration::from_millis(600));
     proxy.set_mode(ProxyMode::Pass);
     std::thread::sleep(Duration::from_millis(600));
