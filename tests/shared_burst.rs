@@ -243,6 +243,45 @@ fn a_flood_on_other_accounts_does_not_refuse_a_user_alone_on_her_keys() {
     assert_eq!(refused, 0, "erin was refused {refused} times of 50 during a flood on other accounts");
 }
 
+/// The same flood through the shipped client (one per auth server, 5 ms
+/// deadline, `login` failing open): erin's timeouts are outages for the
+/// fail policy, not refusals, since no other check on her account waits
+/// on this client. Before, the client refused her as busy 10 times of 50
+/// (red team, issue 34).
+#[test]
+fn a_flood_on_other_accounts_through_the_shipped_client_lets_a_lone_user_proceed() {
+    let hosts = Hosts::start_with(1, "", "");
+    let rt = runtime();
+    let client = Arc::new(Client::new(ClientConfig::new(&hosts.daemons[0].socket)));
+    let erin = subject_of("192.0.2.33", "erin");
+    let stopped = rt.block_on(async {
+        assert!(client.check("login", &erin).await.proceeds(), "the client has had an answer");
+        let _ = client.report("login", &erin, Outcome::Success).await;
+        let flood: Vec<_> = (0..2000)
+            .map(|i| {
+                let client = client.clone();
+                tokio::spawn(async move {
+                    let s = subject_of(leak(format!("10.7.{}.{}", i / 200, 1 + i % 200)), leak(format!("flood-{i}")));
+                    let _ = client.check("login", &s).await;
+                })
+            })
+            .collect();
+        let mut stopped = 0;
+        for _ in 0..50 {
+            if client.check("login", &erin).await.proceeds() {
+                let _ = client.report("login", &erin, Outcome::Success).await;
+            } else {
+                stopped += 1;
+            }
+        }
+        for t in flood {
+            t.await.unwrap();
+        }
+        stopped
+    });
+    assert_eq!(stopped, 0, "erin's login was stopped {stopped} times of 50 by a flood on other accounts");
+}
+
 /// A failure report that meets a full queue to a busy store was counted
 /// nowhere: not in the store (never sent) nor on the share; the store's
 /// places lapsed after the attempt timeout and the attacker guessed again.

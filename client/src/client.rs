@@ -38,8 +38,10 @@ pub enum ClientError {
     #[error("tollgate did not answer within {0:?}")]
     Timeout(Duration),
     /// No answer within the timeout from a daemon that has answered this
-    /// client, in a run of timeouts younger than `ClientConfig::busy_max`:
-    /// it is busy (most likely with a burst of attempts), not down. The attempt does not proceed,
+    /// client, in a run of timeouts younger than `ClientConfig::busy_max`,
+    /// for a check that another check on the same account (or address)
+    /// overlapped on this client: a burst, and the daemon is busy, not
+    /// down. The attempt does not proceed,
     /// whatever the route's fail policy: a guess let through because the
     /// limiter was slow is a guess with no limit at all.
     #[error("tollgate is busy: no answer within {0:?}, late for less than busy_max")]
@@ -224,6 +226,8 @@ pub struct Client {
     /// is down or overloaded, not busy with a burst: the fail policy
     /// applies again, so a flood cannot keep every login refused.
     late_run: Mutex<(u64, u64)>,
+    /// The checks waiting, per account (or address).
+    bursts: crate::burst::Bursts,
 }
 
 impl Client {
@@ -236,6 +240,7 @@ impl Client {
             started: std::time::Instant::now(),
             last_answered_us: AtomicU64::new(0),
             late_run: Mutex::new((0, 0)),
+            bursts: Default::default(),
         }
     }
 
@@ -309,7 +314,19 @@ impl Client {
         // Only a check is an attempt: a report of its outcome must not spend
         // a second unit of the static budget.
         let spend = matches!(request, Request::Check { .. });
-        let (answer, degraded) = match self.call_with_extras(request, extras).await {
+        let burst = match request {
+            Request::Check { route, subject } => Some(self.bursts.enter(route, subject)),
+            _ => None,
+        };
+        let result = match self.call_with_extras(request, extras).await {
+            // Busy stops a login only in a burst on its account: a lone
+            // user's timeout during a flood on others is an outage for the
+            // fail policy, not a refusal.
+            Err(ClientError::Busy(t)) if !burst.as_ref().is_some_and(|b| b.in_burst()) => Err(ClientError::Timeout(t)),
+            other => other,
+        };
+        drop(burst);
+        let (answer, degraded) = match result {
             Ok((Response::Verdict(v), extras)) => (Answer::Verdict(v), extras.degraded),
             Ok((Response::Error(e), _)) => (Answer::Rejected(e), false),
             Ok((other, _)) => (self.unavailable(route, ClientError::Protocol(format!("{other:?}")), spend), false),

@@ -21,6 +21,7 @@
 #![forbid(unsafe_code)]
 
 mod attempt;
+mod burst;
 mod client;
 pub mod codec;
 pub mod gcra;

@@ -15,9 +15,12 @@ use smallvec::SmallVec;
 
 /// Shards of the map, so checks on different keys rarely meet on a lock.
 const SHARDS: usize = 16;
-/// Keys one shard remembers as crowded past their checks: past it, a new
-/// mark is dropped (the key is then judged by this host's checks alone).
+/// Keys one shard holds at most for marks: past it, a new mark is dropped
+/// (the key is then judged by this host's checks alone).
 const MARKED_PER_SHARD_MAX: usize = 4096;
+/// A full shard is swept of ended marks at most this often, so a flood of
+/// marks cannot make every reply scan a full shard under its lock.
+const SWEEP_INTERVAL_US: u64 = 10_000;
 
 #[derive(Default)]
 struct Entry {
@@ -29,22 +32,30 @@ struct Entry {
     crowded_until_us: u64,
 }
 
+#[derive(Default)]
+struct Shard {
+    entries: HashMap<u64, Entry>,
+    last_sweep_us: u64,
+}
+
 /// Per store key (a 64-bit hash of its name): this host's checks waiting
 /// on it and the store's last word. Bounded: an entry lives while a check
 /// waits on it or, for at most `MARKED_PER_SHARD_MAX` a shard, while its
 /// mark lasts.
 pub struct HotKeys {
-    shards: [Mutex<HashMap<u64, Entry>>; SHARDS],
+    shards: [Mutex<Shard>; SHARDS],
     hasher: std::collections::hash_map::RandomState,
     seq: AtomicU64,
+    epoch: std::time::Instant,
 }
 
 impl Default for HotKeys {
     fn default() -> HotKeys {
         HotKeys {
-            shards: std::array::from_fn(|_| Mutex::new(HashMap::new())),
+            shards: std::array::from_fn(|_| Mutex::new(Shard::default())),
             hasher: Default::default(),
             seq: AtomicU64::new(1),
+            epoch: std::time::Instant::now(),
         }
     }
 }
@@ -64,7 +75,7 @@ impl HotKeys {
             .collect();
         for &h in &hashes {
             let mut shard = self.shard(h);
-            let entry = shard.entry(h).or_default();
+            let entry = shard.entries.entry(h).or_default();
             company |= entry.waiting > 0;
             entry.waiting += 1;
             entry.newest = entry.newest.max(seq);
@@ -73,22 +84,31 @@ impl HotKeys {
     }
 
     /// The store said other attempts are in flight on these keys: crowded
-    /// until `until_us`.
-    pub fn mark_crowded(&self, hashes: &[u64], until_us: u64, now_us: u64) {
+    /// for `for_us` from now.
+    pub fn mark_crowded(&self, hashes: &[u64], for_us: u64) {
+        let now = self.now_us();
         for &h in hashes {
             let mut shard = self.shard(h);
-            if shard.len() >= MARKED_PER_SHARD_MAX && !shard.contains_key(&h) {
-                shard.retain(|_, e| e.waiting > 0 || e.crowded_until_us > now_us);
-                if shard.len() >= MARKED_PER_SHARD_MAX {
+            if shard.entries.len() >= MARKED_PER_SHARD_MAX {
+                if now.saturating_sub(shard.last_sweep_us) < SWEEP_INTERVAL_US {
+                    continue;
+                }
+                shard.last_sweep_us = now;
+                shard.entries.retain(|_, e| e.waiting > 0 || e.crowded_until_us > now);
+                if shard.entries.len() >= MARKED_PER_SHARD_MAX {
                     continue;
                 }
             }
-            let entry = shard.entry(h).or_default();
-            entry.crowded_until_us = entry.crowded_until_us.max(until_us);
+            let entry = shard.entries.entry(h).or_default();
+            entry.crowded_until_us = entry.crowded_until_us.max(now + for_us);
         }
     }
 
-    fn shard(&self, hash: u64) -> std::sync::MutexGuard<'_, HashMap<u64, Entry>> {
+    fn now_us(&self) -> u64 {
+        self.epoch.elapsed().as_micros() as u64 + 1
+    }
+
+    fn shard(&self, hash: u64) -> std::sync::MutexGuard<'_, Shard> {
         self.shards[(hash >> 60) as usize % SHARDS].lock().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -105,13 +125,14 @@ pub struct HotGuard<'h> {
 impl HotGuard<'_> {
     /// Whether its keys are in a burst: another check of this host waited
     /// on one of them while it did (before or after it came), or the
-    /// store's word marks one crowded at `now_us`.
-    pub fn in_burst(&self, now_us: u64) -> bool {
+    /// store's word marks one crowded now.
+    pub fn in_burst(&self) -> bool {
+        let now = self.hot.now_us();
         self.company
-            || self
-                .hashes
-                .iter()
-                .any(|&h| self.hot.shard(h).get(&h).is_some_and(|e| e.newest > self.seq || e.crowded_until_us > now_us))
+            || self.hashes.iter().any(|&h| {
+                let shard = self.hot.shard(h);
+                shard.entries.get(&h).is_some_and(|e| e.newest > self.seq || e.crowded_until_us > now)
+            })
     }
 
     pub fn hashes(&self) -> &[u64] {
@@ -121,12 +142,13 @@ impl HotGuard<'_> {
 
 impl Drop for HotGuard<'_> {
     fn drop(&mut self) {
+        let now = self.hot.now_us();
         for &h in &self.hashes {
             let mut shard = self.hot.shard(h);
-            if let Some(entry) = shard.get_mut(&h) {
+            if let Some(entry) = shard.entries.get_mut(&h) {
                 entry.waiting = entry.waiting.saturating_sub(1);
-                if entry.waiting == 0 && entry.crowded_until_us == 0 {
-                    shard.remove(&h);
+                if entry.waiting == 0 && entry.crowded_until_us <= now {
+                    shard.entries.remove(&h);
                 }
             }
         }
@@ -137,32 +159,39 @@ impl Drop for HotGuard<'_> {
 mod tests {
     use super::*;
 
+    fn held(hot: &HotKeys) -> usize {
+        hot.shards.iter().map(|s| s.lock().unwrap().entries.len()).sum()
+    }
+
     #[test]
     fn a_key_is_in_a_burst_when_checks_overlap_on_it_or_the_store_says_so() {
         let hot = HotKeys::default();
         let a = hot.enter(&["k1".into(), "account".into()]);
-        assert!(!a.in_burst(0), "alone");
+        assert!(!a.in_burst(), "alone");
         let b = hot.enter(&["k2".into(), "account".into()]);
-        assert!(b.in_burst(0), "came while a waited on the account key");
+        assert!(b.in_burst(), "came while a waited on the account key");
         drop(b);
-        assert!(a.in_burst(0), "b came while a waited, even if b is answered now");
+        assert!(a.in_burst(), "b came while a waited, even if b is answered now");
         drop(a);
         let c = hot.enter(&["k3".into()]);
-        assert!(!c.in_burst(0));
-        hot.mark_crowded(c.hashes(), 100, 0);
-        assert!(c.in_burst(99) && !c.in_burst(100), "the store's word lasts until its instant");
-        drop(c);
-        let left: usize = hot.shards.iter().map(|s| s.lock().unwrap().len()).sum();
-        assert_eq!(left, 1, "only the marked key is remembered");
+        assert!(!c.in_burst());
+        hot.mark_crowded(c.hashes(), 60_000_000);
+        assert!(c.in_burst(), "the store's word");
+        let ended = hot.enter(&["k4".into()]);
+        hot.mark_crowded(ended.hashes(), 0);
+        assert!(!ended.in_burst(), "a mark that has ended");
+        drop((c, ended));
+        assert_eq!(held(&hot), 1, "only the live mark is remembered");
     }
 
     #[test]
-    fn marks_past_a_shards_bound_are_dropped_once_the_expired_are_swept() {
+    fn marks_past_a_shards_bound_are_dropped_and_ended_ones_swept() {
         let hot = HotKeys::default();
         let hashes: Vec<u64> = (0..MARKED_PER_SHARD_MAX as u64 + 10).collect(); // all in shard 0
-        hot.mark_crowded(&hashes, 100, 0);
-        assert_eq!(hot.shards[0].lock().unwrap().len(), MARKED_PER_SHARD_MAX);
-        hot.mark_crowded(&[u64::MAX >> 4], 300, 200);
-        assert_eq!(hot.shards[0].lock().unwrap().len(), 1, "the expired marks swept for the new one");
+        hot.mark_crowded(&hashes, 0);
+        assert_eq!(held(&hot), MARKED_PER_SHARD_MAX, "bounded");
+        std::thread::sleep(std::time::Duration::from_micros(2 * SWEEP_INTERVAL_US));
+        hot.mark_crowded(&[u64::MAX >> 4], 60_000_000);
+        assert_eq!(held(&hot), 1, "the ended marks swept for the new one");
     }
 }

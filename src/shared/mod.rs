@@ -255,7 +255,7 @@ impl Ticket<'_> {
                     return Err(CallError::Timeout);
                 }
                 if let Some(hot) = hot {
-                    return Err(if hot.in_burst(store.micros()) { CallError::Busy } else { CallError::Late });
+                    return Err(if hot.in_burst() { CallError::Busy } else { CallError::Late });
                 }
                 if !patient {
                     return Err(CallError::Late);
@@ -375,8 +375,7 @@ impl SharedStore {
     /// keys (from any host): a late check on them within `busy_max_ms` is
     /// part of a burst.
     pub fn mark_crowded(&self, key_hashes: &[u64]) {
-        let now = self.micros();
-        self.hot.mark_crowded(key_hashes, now + self.config.busy_max_ms.saturating_mul(1000), now);
+        self.hot.mark_crowded(key_hashes, self.config.busy_max_ms.saturating_mul(1000));
     }
 
     /// A request's call is late: whether the store is busy (the call is
@@ -476,9 +475,7 @@ impl SharedStore {
             // A check queued behind a full queue, in a burst on its keys, is
             // refused like a late one. A report that found no room is
             // counted on the share: it was never sent.
-            Err(CallError::QueueFull)
-                if hot.as_ref().is_some_and(|h| h.in_burst(self.micros())) && self.late_is_busy() =>
-            {
+            Err(CallError::QueueFull) if hot.as_ref().is_some_and(|h| h.in_burst()) && self.late_is_busy() => {
                 return Err(CallError::Busy)
             }
             Err(e) => return Err(e),
