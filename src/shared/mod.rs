@@ -16,6 +16,9 @@ pub mod breaker;
 pub mod hot;
 pub mod nodes;
 pub mod script;
+mod ticket;
+
+pub use ticket::Ticket;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering};
@@ -24,7 +27,6 @@ use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;
-use smallvec::SmallVec;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 pub use breaker::State;
@@ -197,84 +199,6 @@ pub struct SharedStore {
     epoch: Instant,
 }
 
-/// An op queued for the store (`SharedStore::submit`), its reply not yet
-/// waited for. Its deadline was fixed when it was submitted. Dropped
-/// unwaited, the op is not sent if it is still queued (but a late op's
-/// places are still given back if it was).
-#[must_use = "an op's reply is waited for, or its breaker effects are lost"]
-pub struct Ticket<'s> {
-    store: &'s SharedStore,
-    reply: oneshot::Receiver<Result<Reply, CallError>>,
-    deadline: tokio::time::Instant,
-    /// A request's call (`submit`), waited for `timeout_ms`: only its
-    /// lateness may be a busy store's.
-    request: bool,
-    /// A report: a busy store's reply is waited for (up to
-    /// `LATE_REPLY_WAIT_MS`), so its failure is counted somewhere, in the
-    /// store or, if that fails, on the share.
-    patient: bool,
-    /// A check's keys, counted in flight while it waits.
-    hot: Option<hot::HotGuard<'s>>,
-    /// A report the full queue had no room for: queued by `wait`.
-    unsent: Option<Pending>,
-}
-
-impl Ticket<'_> {
-    /// A check's keys (hashed), for `SharedStore::mark_crowded`.
-    pub fn key_hashes(&self) -> SmallVec<[u64; 6]> {
-        self.hot.as_ref().map(|h| SmallVec::from_slice(h.hashes())).unwrap_or_default()
-    }
-
-    /// The store's reply, or why there is none by the deadline: every
-    /// counter and breaker effect of a call.
-    pub async fn wait(self) -> Result<Reply, CallError> {
-        let Ticket { store, mut reply, deadline, request, patient, hot, unsent } = self;
-        if let Some(pending) = unsent {
-            let late = Duration::from_millis(LATE_REPLY_WAIT_MS);
-            if tokio::time::timeout(late, store.queue.send(pending)).await.is_err() {
-                store.stats.calls.fetch_sub(1, Ordering::Relaxed);
-                store.stats.not_asked.fetch_add(1, Ordering::Relaxed);
-                return Err(CallError::QueueFull);
-            }
-            let received = tokio::time::timeout(late, &mut reply).await;
-            return match received {
-                Ok(received) => store.received(received, false),
-                Err(_) => {
-                    store.stats.timeouts.fetch_add(1, Ordering::Relaxed);
-                    store.failed(&CallError::Timeout);
-                    Err(CallError::Timeout)
-                }
-            };
-        }
-        let received = match tokio::time::timeout_at(deadline, &mut reply).await {
-            Ok(received) => return store.received(received, true),
-            Err(_) => {
-                store.stats.timeouts.fetch_add(1, Ordering::Relaxed);
-                if !(request && store.late_is_busy()) {
-                    store.failed(&CallError::Timeout);
-                    return Err(CallError::Timeout);
-                }
-                if let Some(hot) = hot {
-                    return Err(if hot.in_burst() { CallError::Busy } else { CallError::Late });
-                }
-                if !patient {
-                    return Err(CallError::Late);
-                }
-                // A report's caller has its answer in a moment either way;
-                // its failure must be counted in the store or on the share.
-                match tokio::time::timeout(Duration::from_millis(LATE_REPLY_WAIT_MS), &mut reply).await {
-                    Ok(received) => received,
-                    Err(_) => {
-                        store.failed(&CallError::Timeout);
-                        return Err(CallError::Timeout);
-                    }
-                }
-            }
-        };
-        store.received(received, false)
-    }
-}
-
 impl SharedStore {
     pub fn new(config: SharedConfig) -> Arc<SharedStore> {
         if config.url.starts_with("rediss://") {
@@ -327,73 +251,6 @@ impl SharedStore {
         self.state() == State::Closed
     }
 
-    /// What came back for a call: every counter and breaker effect. A
-    /// reply `on_time` ends a run of late calls `busy_max_ms` after its
-    /// last one; a late one does not.
-    fn received(
-        &self,
-        received: Result<Result<Reply, CallError>, oneshot::error::RecvError>,
-        on_time: bool,
-    ) -> Result<Reply, CallError> {
-        match received {
-            Ok(Ok(reply)) => {
-                let now = self.micros().max(1);
-                self.last_success_us.store(now, Ordering::Relaxed);
-                if on_time {
-                    let busy_max_us = self.config.busy_max_ms.saturating_mul(1000);
-                    self.late_run.lock().unwrap_or_else(|e| e.into_inner()).answered(now, busy_max_us);
-                }
-                self.breaker.lock().unwrap_or_else(|e| e.into_inner()).succeeded();
-                Ok(reply)
-            }
-            Ok(Err(CallError::BadValue(e))) => {
-                self.stats.bad_values.fetch_add(1, Ordering::Relaxed);
-                Err(CallError::BadValue(e))
-            }
-            Ok(Err(e @ CallError::NodeAway(_))) => {
-                // Queued, but never sent: a call not asked, as one the
-                // store's breaker keeps back, and not a call made.
-                self.stats.calls.fetch_sub(1, Ordering::Relaxed);
-                self.stats.not_asked.fetch_add(1, Ordering::Relaxed);
-                Err(e)
-            }
-            Ok(Err(e)) => {
-                self.stats.errors.fetch_add(1, Ordering::Relaxed);
-                self.failed(&e);
-                Err(e)
-            }
-            Err(_) => {
-                self.stats.errors.fetch_add(1, Ordering::Relaxed);
-                let e = CallError::Failed("the dispatcher dropped the call".into());
-                self.failed(&e);
-                Err(e)
-            }
-        }
-    }
-
-    /// The store's reply to a check showed other attempts in flight on its
-    /// keys (from any host): a late check on them within `busy_max_ms` is
-    /// part of a burst.
-    pub fn mark_crowded(&self, key_hashes: &[u64]) {
-        self.hot.mark_crowded(key_hashes, self.config.busy_max_ms.saturating_mul(1000));
-    }
-
-    /// A request's call is late: whether the store is busy (the call is
-    /// refused, and the breaker does not move) rather than lost or
-    /// overloaded (a failure, and the share answers). Busy while the
-    /// breaker is closed and the run of late calls this one belongs to
-    /// (`LateRun`: it ends only with a timely answer, a heartbeat's too) is
-    /// younger than `busy_max_ms`: an attacker's burst is held exactly,
-    /// while a store late at a stretch for longer (frozen, dead, or kept
-    /// saturated by a flood) turns the hosts to their shares, so no one can
-    /// keep every login refused. In a cluster a frozen node's late calls
-    /// make such a run too, and its slots go to the shares.
-    pub fn late_is_busy(&self) -> bool {
-        let busy_max_us = self.config.busy_max_ms.saturating_mul(1000);
-        let young = self.late_run.lock().unwrap_or_else(|e| e.into_inner()).late(self.micros(), busy_max_us);
-        young && self.state() == State::Closed
-    }
-
     pub fn hosts_in_force(&self) -> u32 {
         self.hosts_in_force.load(Ordering::Relaxed)
     }
@@ -444,77 +301,6 @@ impl SharedStore {
         } else if before == State::Closed {
             self.degraded_since_us.store(wall, Ordering::Relaxed);
         }
-    }
-
-    /// One op, answered by the store within the timeout, or an error and
-    /// the caller answers on this host. Never waits longer than
-    /// `timeout_ms` (plus the timer's millisecond), and not at all while
-    /// the breaker is open. `submit` then `Ticket::wait`.
-    pub async fn call(&self, op: Op) -> Result<Reply, CallError> {
-        self.submit(op)?.wait().await
-    }
-
-    /// Queues one op for the store without waiting: the breaker is looked
-    /// at and the op handed to the dispatchers now, and the ticket's
-    /// deadline is `timeout_ms` from now. A caller with several ops (a
-    /// connection's pipelined run) submits them all before waiting for
-    /// any, so they share one batch and one deadline, not one each in turn.
-    pub fn submit(&self, op: Op) -> Result<Ticket<'_>, CallError> {
-        let state = self.state();
-        if state != State::Closed {
-            self.stats.not_asked.fetch_add(1, Ordering::Relaxed);
-            return Err(CallError::NotAsked(state.name()));
-        }
-        let (check, patient) = (op.kind == b'C', op.kind == b'R');
-        let hot = check.then(|| self.hot.enter(&op.keys));
-        // A report is held until the queue has room: never sent, its
-        // failure would be counted only on the share, which the store does
-        // not read while it answers.
-        let mut ticket = match self.submit_or_hold(op, Duration::from_millis(self.config.timeout_ms), patient) {
-            Ok(ticket) => ticket,
-            // A check queued behind a full queue, in a burst on its keys, is
-            // refused like a late one. A report that found no room is
-            // counted on the share: it was never sent.
-            Err(CallError::QueueFull) if hot.as_ref().is_some_and(|h| h.in_burst()) && self.late_is_busy() => {
-                return Err(CallError::Busy)
-            }
-            Err(e) => return Err(e),
-        };
-        ticket.request = true;
-        ticket.patient = patient;
-        ticket.hot = hot;
-        Ok(ticket)
-    }
-
-    fn submit_unchecked(&self, op: Op, timeout: Duration) -> Result<Ticket<'_>, CallError> {
-        self.submit_or_hold(op, timeout, false)
-    }
-
-    /// `submit_unchecked`; with `hold`, an op the full queue has no room
-    /// for is held by the ticket, and queued by its `wait` when room comes.
-    fn submit_or_hold(&self, op: Op, timeout: Duration, hold: bool) -> Result<Ticket<'_>, CallError> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        let (tx, rx) = oneshot::channel();
-        let unsent = match self.queue.try_send(Pending { op, reply: tx }) {
-            Ok(()) => None,
-            Err(mpsc::error::TrySendError::Full(pending)) if hold => Some(pending),
-            Err(_) => {
-                self.stats.not_asked.fetch_add(1, Ordering::Relaxed);
-                return Err(CallError::QueueFull);
-            }
-        };
-        self.stats.calls.fetch_add(1, Ordering::Relaxed);
-        Ok(Ticket { store: self, reply: rx, deadline, request: false, patient: false, hot: None, unsent })
-    }
-
-    async fn call_unchecked(&self, op: Op, timeout: Duration) -> Result<Reply, CallError> {
-        self.submit_unchecked(op, timeout)?.wait().await
-    }
-
-    /// An op sent while recovering (the write-back), before requests are
-    /// sent again: bounded by `connect_timeout_ms`, off the request path.
-    pub async fn call_recovering(&self, op: Op) -> Result<Reply, CallError> {
-        self.call_unchecked(op, Duration::from_millis(self.config.connect_timeout_ms)).await
     }
 
     fn failed(&self, e: &CallError) {
