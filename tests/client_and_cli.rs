@@ -94,7 +94,7 @@ async fn a_daemon_that_does_not_answer_times_out_in_milliseconds() {
 /// busy, not down, for checks in a burst on one account: they do not
 /// proceed (a guess let through by a slow limiter has no limit at all). A
 /// lone check's timeout, or any after the daemon has not answered for
-/// `busy_max`, is an outage, and `login` fails open as before (issue 34).
+/// `busy_max`, is an outage, and `login` fails open as before.
 #[test]
 fn a_timeout_from_a_daemon_that_just_answered_is_busy_and_does_not_proceed() {
     let daemon = TestDaemon::start();

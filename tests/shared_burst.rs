@@ -1,4 +1,4 @@
-//! Shared mode under the attacker's own burst (issue 34): three real
+//! Shared mode under the attacker's own burst: three real
 //! daemons on one real redis-server, default `[shared]` settings (a 2 ms
 //! wait for the store), and hundreds of parallel guesses. The store is
 //! never stopped, only made late by the burst itself: a late call is
@@ -210,7 +210,7 @@ fn a_frozen_store_is_refused_as_busy_only_until_busy_max_then_shared() {
 /// a user alone on her keys is not refused for it (her late check is
 /// answered on the share, as before), only checks in a burst on their own
 /// keys are. Else an attacker's pulsed floods would refuse every login
-/// (red team, issue 34).
+/// (a red team's finding).
 #[test]
 fn a_flood_on_other_accounts_does_not_refuse_a_user_alone_on_her_keys() {
     let hosts = Hosts::start_with(1, "", "");
@@ -252,7 +252,7 @@ fn a_flood_on_other_accounts_does_not_refuse_a_user_alone_on_her_keys() {
 /// deadline, `login` failing open): erin's timeouts are outages for the
 /// fail policy, not refusals, since no other check on her account waits
 /// on this client. Before, the client refused her as busy 10 times of 50
-/// (red team, issue 34).
+/// (a red team's finding).
 #[test]
 fn a_flood_on_other_accounts_through_the_shipped_client_lets_a_lone_user_proceed() {
     let hosts = Hosts::start_with(1, "", "");
@@ -304,7 +304,7 @@ fn a_flood_on_other_accounts_through_the_shipped_client_lets_a_lone_user_proceed
 /// nowhere: not in the store (never sent) nor on the share; the store's
 /// places lapsed after the attempt timeout and the attacker guessed again.
 /// A report that finds no room is counted on the share; a late one waits
-/// for the store's own answer (red team, issue 34).
+/// for the store's own answer (a red team's finding).
 #[test]
 fn reports_amid_a_flood_that_fills_the_queue_are_counted() {
     let hosts = Hosts::start_with(1, "attempt_timeout_ms = 1500", "pending_max = 16");

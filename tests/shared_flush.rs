@@ -1,4 +1,4 @@
-//! Shared mode after the store forgets (issue 34): FLUSHALL on a real
+//! Shared mode after the store forgets: FLUSHALL on a real
 //! redis-server under running daemons. The hosts' own memory of the
 //! lockouts still lists and unlocks them, and the running hosts write the
 //! secret's fingerprint back so no host keyed otherwise can claim the store.
@@ -61,7 +61,7 @@ fn after_a_flush_the_hosts_still_list_and_unlock_an_accounts_lockouts() {
 /// fingerprint back within a heartbeat: a host keyed otherwise that starts
 /// afterwards is refused, and a correct host still joins. Before, nobody
 /// wrote it back: the stranger claimed the store and the correct hosts were
-/// the ones refused at their next start (issue 34).
+/// the ones refused at their next start.
 #[test]
 fn after_a_flush_the_running_hosts_reassert_their_fingerprint() {
     require_redis();

@@ -10,19 +10,17 @@
 //! the store's remaining duration.
 
 use super::maintenance::unlocks_one_entry;
-use super::route::{Full, KnownLockout, Route, Rule, Table};
+use super::route::{Full, Route, Rule, Table};
 use super::shards::shard_index;
 use super::subject::RuleKeys;
 use super::verdict::{combine, failure_answer, gcra_spec, rate_answer, Answers, RuleAnswer};
 use super::{CheckPlan, Limiter, PreparedReport, RequestError, Rules};
 use crate::classes::SourceClass;
-use crate::clock::ceil_ms;
 use crate::config::DeviceScope;
-use crate::expiring::Slot;
 use crate::failure_window::{Counts, Settled, Standing};
 use crate::gcra::decide;
 use crate::keys::{Component, Key};
-use crate::protocol::{Lockout, Outcome, Reason, Subject, Verdict};
+use crate::protocol::{Outcome, Reason, Subject, Verdict};
 use crate::shared::script::{CheckRule, Ints, Op, Reply, ReplyError, ReportRule, Scope, StoreEntry};
 use crate::signals::flags::Hits;
 use crate::store::{DeviceMap, DeviceRows, Durable};
@@ -175,124 +173,6 @@ impl Limiter {
         Ok(ops)
     }
 
-    /// Forgets every known lockout of the route's rules keyed on the
-    /// account held for `account_tag` (an account-wide unlock, here or on
-    /// another host): found by the account tag kept with each, so it works
-    /// whatever the store forgot (its index of the account's entries is
-    /// gone after a flush). How many were forgotten.
-    pub fn forget_account_lockouts(&self, route: &str, account_tag: u64) -> u32 {
-        let Some(route) = self.routes.iter().find(|r| r.name == route) else { return 0 };
-        let Some(known) = &route.known_lockouts else { return 0 };
-        let rules: SmallVec<[u16; 8]> =
-            route.rules.iter().filter(|r| r.key.contains(&Component::Account)).map(|r| r.tag).collect();
-        let mut forgotten = 0;
-        for mut table in known.each() {
-            let doomed: SmallVec<[u64; 8]> = table
-                .iter_live(0)
-                .filter(|(_, slot)| slot.value.account_tag == account_tag && rules.contains(&slot.value.rule))
-                .map(|(id, _)| id)
-                .collect();
-            for id in doomed {
-                table.remove(id);
-                forgotten += 1;
-            }
-        }
-        forgotten
-    }
-
-    /// The known lockouts, listed by `lockouts` after this host's own:
-    /// at most `limit` in `out` in all, every one counted in `total`. The
-    /// count shown is the rule's threshold (the store holds the real one).
-    pub(super) fn list_known_lockouts(&self, limit: usize, now_us: u64, out: &mut Vec<Lockout>, total: &mut u64) {
-        for route in &self.routes {
-            let Some(known) = &route.known_lockouts else { continue };
-            for table in known.each() {
-                let room = limit.saturating_sub(out.len());
-                let mut found: SmallVec<[(u64, Slot<KnownLockout>); 16]> = SmallVec::new();
-                for (tuple, slot) in table.iter_live(now_us) {
-                    *total += 1;
-                    if found.len() < room {
-                        found.push((tuple, slot));
-                    }
-                }
-                drop(table);
-                for (tuple, slot) in found {
-                    let Some(rule) = route.rules.iter().find(|r| r.tag == slot.value.rule) else { continue };
-                    let count = match rule.global {
-                        Some(Full::Failures(spec)) => spec.threshold,
-                        _ => 0,
-                    };
-                    out.push(Lockout {
-                        route: route.name.clone(),
-                        rule: rule.name.clone(),
-                        key: Key { account_tag: slot.value.account_tag, tuple }.to_string(),
-                        count,
-                        until_ms: ceil_ms(slot.expires_us),
-                        retry_after_ms: ceil_ms(slot.expires_us - now_us),
-                    });
-                }
-            }
-        }
-    }
-
-    /// The message that tells the other hosts of an account-wide unlock:
-    /// `A <route> <account tag>`.
-    pub fn account_unlock_message(&self, route: &str, account: &str) -> String {
-        format!("A {route} {:016x}", self.keys.account_tag(account))
-    }
-
-    /// An account-wide unlock heard from another host.
-    pub fn forget_account_lockouts_heard(&self, route: &str, account_tag_hex: &str) -> bool {
-        let Ok(tag) = u64::from_str_radix(account_tag_hex, 16) else { return false };
-        if !self.routes.iter().any(|r| r.name == route) {
-            return false;
-        }
-        self.forget_account_lockouts(route, tag);
-        true
-    }
-
-    /// Forgets a known lockout by its store key name (an unlock here or
-    /// on another host). True if the name is one of this limiter's.
-    pub fn forget_known_lockout(&self, name: &str) -> bool {
-        let Some((route, rule, key)) = self.parse_store_key(name) else { return false };
-        if let Some(known) = &route.known_lockouts {
-            let mut known = known.of(key);
-            if known.get(key.tuple, 0).is_some_and(|s| s.value.rule == route.rules[rule].tag) {
-                known.remove(key.tuple);
-            }
-        }
-        true
-    }
-
-    /// Learns a lockout another host took (published with its remaining
-    /// time): refused here from memory until it ends.
-    pub fn learn_known_lockout(&self, name: &str, remaining_us: u64, now_us: u64) -> bool {
-        let Some((route, rule, key)) = self.parse_store_key(name) else { return false };
-        // No lockout of a sliding window outlasts its next window: a
-        // message claiming longer (garbage, or a forgery by whoever can
-        // publish on the store) is held no longer than that.
-        let longest = match route.rules[rule].global {
-            Some(Full::Failures(spec)) => spec.window_us.saturating_mul(2),
-            _ => 0,
-        };
-        let until = now_us.saturating_add(remaining_us.min(longest));
-        self.remember_lockout(route, rule, key, until, now_us);
-        true
-    }
-
-    /// (route, rule index, key) of a failure entry's store key name.
-    fn parse_store_key(&self, name: &str) -> Option<(&Route, usize, Key)> {
-        let prefix = self.shared_prefix.as_deref()?;
-        let rest = name.strip_prefix(prefix)?.strip_prefix(":{")?;
-        let (_tag, rest) = rest.split_once("}:f:")?;
-        let (rule_id, hex) = rest.rsplit_once(':')?;
-        let key = Key::from_u128(u128::from_str_radix(hex, 16).ok()?);
-        let (route_name, _) = rule_id.split_once('/')?;
-        let route = self.routes.iter().find(|r| r.name == route_name)?;
-        let index = route.rules.iter().position(|r| *r.id == *rule_id)?;
-        matches!(route.rules[index].global, Some(Full::Failures(_))).then_some((route, index, key))
-    }
-
     /// A check's first half: a known lockout refuses at once; then this
     /// host's failure rules admit; then, if the route has global rules,
     /// the op that takes their places and spends their rates, all or
@@ -361,49 +241,6 @@ impl Limiter {
             hits: deferred,
             op: Op::check(&rules),
         }))
-    }
-
-    /// Refuses from memory a key the store said is locked; true if one is.
-    fn known_lockout<'a>(
-        &'a self,
-        route: &'a Route,
-        keys: &RuleKeys,
-        store_decides_devices: bool,
-        now_us: u64,
-        answers: &mut Answers<'a>,
-    ) -> bool {
-        let Some(known) = &route.known_lockouts else { return false };
-        let mut refused = false;
-        for (rule, key) in route.rules.iter().zip(keys.iter().copied()) {
-            let (Some(Full::Failures(spec)), Some(key), false) = (rule.global, key, rule.monitor) else { continue };
-            // Whether a device-scoped rule applies is the store's to say
-            // (the account ceiling exempts a device any host has seen log
-            // in): its lockout is not refused from memory.
-            if store_decides_devices && rule.devices != DeviceScope::All {
-                continue;
-            }
-            let Some(slot) = known.of(key).get(key.tuple, now_us) else { continue };
-            if slot.value.rule != rule.tag {
-                continue;
-            }
-            let standing = Standing { counts: Counts::default(), in_flight: 0, in_flight_until_us: now_us };
-            let mut answer = failure_answer(rule, spec, standing, true, now_us);
-            answer.retry_after_us = slot.expires_us - now_us;
-            answer.remaining = 0;
-            let answer = self.escalate(rule, key, answer, now_us, true);
-            refused |= answer.refused && !answer.monitored;
-            answers.push(answer);
-        }
-        refused
-    }
-
-    fn remember_lockout(&self, route: &Route, rule_index: usize, key: Key, until_us: u64, now_us: u64) {
-        if let Some(known) = &route.known_lockouts {
-            if until_us > now_us {
-                let value = KnownLockout { rule: route.rules[rule_index].tag, account_tag: key.account_tag };
-                known.of(key).set(key.tuple, Slot { expires_us: until_us, value }, now_us);
-            }
-        }
     }
 
     /// A check's second half, from the store's reply. Returns the verdict,
