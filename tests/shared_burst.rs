@@ -1,8 +1,9 @@
 //! Shared mode under the attacker's own burst: three real
 //! daemons on one real redis-server, default `[shared]` settings (a 2 ms
 //! wait for the store), and hundreds of parallel guesses. The store is
-//! never stopped, only made late by the burst itself: a late call is
-//! refused, not answered on the host's share, so the limits stay exact.
+//! never stopped, only made late by the burst itself: a late check in a
+//! burst on its keys is refused, not answered on the host's share, and a
+//! lone late check elsewhere is answered there as before.
 
 mod common;
 
