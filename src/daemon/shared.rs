@@ -8,6 +8,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use smallvec::SmallVec;
+
 use super::Daemon;
 use crate::limiter::{CheckPlan, CheckStored, CheckedLocally, Limiter, ReportStored, ReportedLocally};
 use crate::protocol::{Outcome, Subject, Verdict};
@@ -95,8 +97,9 @@ impl Daemon {
                     store.note_store_time(store_now, now);
                     // Others' attempts in flight there: the next late check
                     // on these keys is part of a burst, from whichever host.
-                    if crowded {
-                        store.mark_crowded(keys);
+                    let crowded: SmallVec<[u64; 4]> = crowded.iter().filter_map(|&j| keys.get(j).copied()).collect();
+                    if !crowded.is_empty() {
+                        store.mark_crowded(&crowded);
                     }
                     if let Some(op) = give_back {
                         give_back_later(store, op);

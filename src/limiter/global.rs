@@ -44,6 +44,8 @@ pub struct StoreCheck<'l> {
     /// for the store to say whether the device is known (another host may
     /// have seen it log in).
     hits: Hits,
+    /// Whether the op's first key is the device's (the rules' follow).
+    device_key: bool,
     /// The op to send.
     pub op: Op,
 }
@@ -75,9 +77,13 @@ pub struct CheckStored<'l> {
     /// Sent when a rule on this host refused after the store admitted:
     /// gives back the places the store took.
     pub give_back: Option<Op>,
-    /// The store showed other attempts in flight on a failure rule's key,
-    /// or refused: the keys are in a burst (`SharedStore::mark_crowded`).
-    pub crowded: bool,
+    /// The failure rules (as places among the op's keys) whose places in flight
+    /// are at least the admits left: a late check there could carry the
+    /// key past its threshold, so it is in a burst
+    /// (`SharedStore::mark_crowded`). One place held, or a refusal on
+    /// another key of the same check, marks nothing: a stranger's single
+    /// check must not make a lone owner's late checks refused.
+    pub crowded: SmallVec<[usize; 4]>,
 }
 
 /// A report's second half from the store's reply.
@@ -239,6 +245,7 @@ impl Limiter {
             held,
             known,
             hits: deferred,
+            device_key: device.is_some(),
             op: Op::check(&rules),
         }))
     }
@@ -257,16 +264,26 @@ impl Limiter {
             Ok(p) => p,
             Err(e) => return Err((check, e)),
         };
+        let crowded: SmallVec<[usize; 4]> = parsed
+            .rules
+            .iter()
+            .enumerate()
+            .filter(|(_, (i, found))| match (found, check.route.rules[*i].global) {
+                (Found::Failures { entry, .. }, Some(Full::Failures(spec))) => {
+                    entry.in_flight > 0
+                        && entry.in_flight
+                            >= spec.admits_remaining(entry_counts(*entry), entry.in_flight, parsed.store_now)
+                }
+                _ => false,
+            })
+            .map(|(j, _)| j + usize::from(check.device_key))
+            .collect();
         let StoreCheck { route, rule_keys, class, mut answers, held, known, hits, .. } = *check;
         let store_now = parsed.store_now;
         let known_anywhere = store_knows_device(route, &parsed.rules).unwrap_or(known);
         // The rules the store took a place on for this attempt, given back
         // if a rule of this host refuses it after all.
         let mut taken: SmallVec<[(usize, u64); 4]> = SmallVec::new();
-        let crowded = parsed.rules.iter().any(|(_, found)| match found {
-            Found::Failures { refuses, entry } => *refuses || entry.in_flight > 0,
-            _ => false,
-        });
         for (i, found) in parsed.rules {
             if matches!(found, Found::Skipped) {
                 continue;
