@@ -77,8 +77,13 @@ const RUNS: usize = 3;
 /// (the documented bound, not the exact one).
 fn between_bursts(run: usize) {
     if run > 0 {
-        std::thread::sleep(Duration::from_millis(1600));
+        quiet();
     }
+}
+
+/// A quiet moment: the run of late calls before it ends.
+fn quiet() {
+    std::thread::sleep(Duration::from_millis(1600));
 }
 
 #[test]
@@ -345,4 +350,202 @@ fn reports_amid_a_flood_that_fills_the_queue_are_counted() {
         std::thread::sleep(Duration::from_millis(2000));
     }
     assert!(guesses <= 5, "{guesses} guesses admitted on one account and address, limit 5");
+}
+
+/// One unreported check by a stranger on erin's account (from his own
+/// address) holds a place on the account-wide key for the attempt
+/// timeout. Before, every reply showing a place in flight marked the key
+/// crowded, and erin's late check was refused as busy where a lone user's
+/// is answered on the share (a red team's finding). A key is crowded only
+/// when its places in flight are at least the admits left.
+#[test]
+fn one_held_place_makes_a_lone_users_late_check_refused_as_busy() {
+    let mut hosts = Hosts::start_with(1, "", "");
+    let d = &hosts.daemons[0];
+    let rt = runtime();
+    let client = d.client();
+    let mut outcome = Vec::new();
+    for (victim, stranger) in [("frank", false), ("erin", true)] {
+        quiet();
+        let own = subject_of("192.0.2.33", victim);
+        if stranger {
+            // The stranger: one check on her account, never reported.
+            let v = verdict(rt.block_on(client.check("login", &subject_of("203.0.113.9", victim))));
+            assert_eq!(v.decision, Decision::Allow);
+        }
+        // Her own timely login (or the stranger's next check): the reply
+        // shows a place in flight on her account key.
+        let v = verdict(rt.block_on(client.check("login", &own)));
+        assert_eq!(v.decision, Decision::Allow);
+        verdict(rt.block_on(client.report("login", &own, Outcome::Success)));
+        // The store is late for a moment (any flood on other accounts).
+        hosts.redis.pause();
+        let answered = rt.block_on(client.check_answered("login", &own));
+        hosts.redis.resume();
+        let v = verdict(answered.answer);
+        eprintln!(
+            "{victim} (stranger's place: {stranger}): {:?} {:?} degraded={}",
+            v.decision, v.reason, answered.degraded
+        );
+        outcome.push((victim, v.decision, v.reason));
+    }
+    assert_eq!(outcome[0].1, Decision::Allow, "control: a lone late check is answered on the share");
+    assert_eq!(
+        outcome[1].1,
+        Decision::Allow,
+        "erin, alone on her keys but for one place a stranger left 30 s ago, refused: {:?}",
+        outcome[1]
+    );
+}
+
+/// The same through pulsed floods on other accounts (each shorter than
+/// busy_max, a quiet second between), the stranger checking her account
+/// every 300 ms (refused by the store once his address holds 5 places:
+/// free, and a refusal marked every key of the check). Erin logs in
+/// (check, success) every 10 ms while a pulse runs; frank does the same
+/// without a stranger's place. Before: erin refused 6 times of 8.
+#[test]
+fn one_held_place_and_pulsed_floods_on_other_accounts_refuse_a_lone_user() {
+    let hosts = Hosts::start_with(1, "", "");
+    let d = &hosts.daemons[0];
+    let rt = runtime();
+    let client = Arc::new(Client::new(ClientConfig::new(&d.socket).timeout(Duration::from_secs(10))));
+    let mut results = Vec::new();
+    for (account, stranger) in [("frank", false), ("erin", true)] {
+        if stranger {
+            quiet();
+            let v = verdict(rt.block_on(client.check("login", &subject_of("203.0.113.9", account))));
+            assert_eq!(v.decision, Decision::Allow);
+        }
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let refresher = stranger.then(|| {
+            let (client, stop) = (client.clone(), stop.clone());
+            rt.spawn(async move {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let _ = client.check("login", &subject_of("203.0.113.9", account)).await;
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+            })
+        });
+        let (mut refused, mut late, mut tries) = (0, 0, 0);
+        for pulse in 0..5 {
+            quiet();
+            let (r, l, t) = rt.block_on(async {
+                let flood: Vec<_> = (0..400)
+                    .map(|i| {
+                        let client = client.clone();
+                        tokio::spawn(async move {
+                            let a = leak(format!("flood-{account}-{pulse}-{i}"));
+                            let peer = leak(format!("10.9.{}.{}", i / 200, 1 + i % 200));
+                            let _ = client.check("login", &subject_of(peer, a)).await;
+                        })
+                    })
+                    .collect();
+                let (mut refused, mut late, mut tries) = (0, 0, 0);
+                let me = subject_of("192.0.2.33", account);
+                while !flood.iter().all(|t| t.is_finished()) {
+                    tries += 1;
+                    let answered = client.check_answered("login", &me).await;
+                    late += answered.degraded as usize;
+                    let v = verdict(answered.answer);
+                    if v.decision != Decision::Allow {
+                        refused += 1;
+                    } else {
+                        verdict(client.report("login", &me, Outcome::Success).await);
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                for t in flood {
+                    t.await.unwrap();
+                }
+                (refused, late, tries)
+            });
+            refused += r;
+            late += l;
+            tries += t;
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(r) = refresher {
+            rt.block_on(r).unwrap();
+        }
+        eprintln!("{account} (stranger's place: {stranger}): {tries} logins during 5 pulses, {late} answered on the share, {refused} refused");
+        results.push((account, refused, late, tries));
+    }
+    assert_eq!(results[0].1, 0, "control: {results:?}");
+    assert_eq!(results[1].1, 0, "erin refused during pulsed floods on other accounts: {results:?}");
+}
+
+/// Pulsed bursts on one account and address: the failures of each burst
+/// carry into the next, so four of them stay within the bound.
+#[test]
+fn pulsed_bursts_on_one_account_carry_their_failures() {
+    let hosts = Hosts::start_with(3, "", "");
+    let daemons = &hosts.daemons;
+    let mut total = 0;
+    for run in 0..4 {
+        if run > 0 {
+            quiet();
+        }
+        let tried = race_logins(daemons, 300, PASSWORD_HASH, |_| subject("198.51.100.7", "alice"));
+        eprintln!("pulse {run}: {tried} tried");
+        total += tried;
+    }
+    assert!(total <= 5 + 3 * 2, "{total} guesses over 4 pulses on one account and address, bound 11 (limit 5)");
+}
+
+/// Checks sent to a store that stalls for longer than the late reply wait
+/// (1 s: a fork, a failover) ran there when it woke and took places whose
+/// replies came too late to be given back: a stranger's 150 abandoned
+/// attempts on the victim's account from 150 addresses refused her for
+/// the attempt timeout (30 s; a red team's finding). A batch now carries
+/// the store time after which its checks take no place.
+#[test]
+fn checks_answered_during_a_long_stall_leave_no_places_behind() {
+    const STALL_MS: u64 = 2600;
+    let mut hosts = Hosts::start_with(1, "", "");
+    let d = &hosts.daemons[0];
+    let rt = runtime();
+    let client = Arc::new(Client::new(ClientConfig::new(&d.socket).timeout(Duration::from_secs(10))));
+    hosts.redis.pause();
+    let stalled = Instant::now();
+    let proceeded = rt.block_on(async {
+        let tasks: Vec<_> = (0..150)
+            .map(|n| {
+                let client = client.clone();
+                tokio::spawn(async move {
+                    let s = subject_of(leak(format!("198.18.{}.{}", n / 250, 1 + n % 250)), "victim");
+                    let attempt = client.begin("login", &s, None).await;
+                    let proceeds = attempt.proceeds();
+                    drop(attempt); // the end user hung up: abandoned
+                    proceeds
+                })
+            })
+            .collect();
+        let mut proceeded = 0;
+        for t in tasks {
+            proceeded += t.await.unwrap() as usize;
+        }
+        proceeded
+    });
+    std::thread::sleep(Duration::from_millis(STALL_MS).saturating_sub(stalled.elapsed()));
+    hosts.redis.resume();
+    std::thread::sleep(Duration::from_millis(500));
+    let me = subject_of("192.0.2.77", "victim");
+    let mut refused = Vec::new();
+    for s in [0, 3] {
+        if s > 0 {
+            std::thread::sleep(Duration::from_secs(3));
+        }
+        let v = check(d, &me);
+        if v.decision == Decision::Allow {
+            report(d, &me, Outcome::Success);
+        }
+        eprintln!(
+            "{} s after the stall: {:?} {:?} rule {} retry {} ms",
+            s, v.decision, v.reason, v.rule, v.retry_after_ms
+        );
+        refused.push((s, v.decision, v.reason));
+    }
+    eprintln!("stranger: {proceeded} of 150 proceeded (all abandoned)");
+    assert!(refused.iter().all(|r| r.1 == Decision::Allow), "the owner refused after a stall: {refused:?}");
 }

@@ -12,7 +12,8 @@
 -- docs/performance.md, "Shared mode"). The others take and give plain
 -- values. An op that finds a value tollgate did not write answers
 -- {-code, rule} (1: not a tollgate value, 2: wrong type) and writes nothing;
--- one the script fails on answers {-3, 0}.
+-- one the script fails on answers {-3, 0}; a check past the batch's
+-- deadline (the last argument) answers {-4, 0}.
 --
 -- Time is the store's (TIME), read once per batch: with one clock per key,
 -- skew between hosts changes nothing in a decision. Every time and count
@@ -28,6 +29,11 @@
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+-- The last argument: the store's time after which a check of this batch
+-- takes no place (0: none). Its host has stopped waiting for the reply by
+-- then and could not give a place back: a store that ran a stalled
+-- queue of checks would hold places nobody uses until they lapse.
+local checks_until = tonumber(ARGV[#ARGV])
 local HDR, HLEN = '<BdI4I4I4ddH', 39
 local a, k = 2, 1
 
@@ -178,6 +184,7 @@ local function applies(scope, known)
 end
 
 local function check()
+  if checks_until > 0 and now > checks_until then return { -4, 0 } end
   local n
   n, at = struct.unpack('<B', blob, at)
   local recs, refused, out = {}, false, { 0, now }

@@ -42,6 +42,9 @@ pub const LOG_TARGET: &str = "tollgate::shared";
 /// gave up: long enough to learn which places a late check took (and give
 /// them back), short enough that a dead connection's batches do not pile up.
 pub const LATE_REPLY_WAIT_MS: u64 = 1000;
+/// How long before `LATE_REPLY_WAIT_MS` runs out a check sent to the store
+/// stops taking places there (for the reply's way back).
+const CHECK_EXPIRY_MARGIN_MS: u64 = 100;
 /// Batches one dispatcher keeps in flight on its connection: the driver
 /// pipelines them, and Redis runs each script whole.
 pub const BATCHES_IN_FLIGHT_MAX: usize = 4;
@@ -193,6 +196,10 @@ pub struct SharedStore {
     hosts_remembered: AtomicU32,
     /// The store's clock minus this host's, from the last reply (µs).
     clock_offset_us: AtomicI64,
+    /// The store's clock minus `micros()` at the last reply (µs), or
+    /// `i64::MIN` before one: the store's time now without the daemon's
+    /// clock (a test's manual clock is not the store's).
+    store_minus_mono_us: AtomicI64,
     /// When degraded began (this host's wall µs), 0 when not degraded.
     degraded_since_us: AtomicU64,
     last_error: Mutex<Option<String>>,
@@ -230,6 +237,7 @@ impl SharedStore {
             hosts_live: AtomicU32::new(0),
             hosts_remembered: AtomicU32::new(0),
             clock_offset_us: AtomicI64::new(0),
+            store_minus_mono_us: AtomicI64::new(i64::MIN),
             degraded_since_us: AtomicU64::new(crate::clock::Clock::System.now_us()),
             last_error: Mutex::new(None),
             epoch: Instant::now(),
@@ -265,6 +273,22 @@ impl SharedStore {
 
     pub fn note_store_time(&self, store_now_us: u64, local_now_us: u64) {
         self.clock_offset_us.store(store_now_us as i64 - local_now_us as i64, Ordering::Relaxed);
+        self.store_minus_mono_us.store(store_now_us as i64 - self.micros() as i64, Ordering::Relaxed);
+    }
+
+    /// The store's time after which a batch sent now takes no place for a
+    /// check: `CHECK_EXPIRY_MARGIN_MS` before this host stops waiting for
+    /// its reply, so a place the store takes is one this host can give
+    /// back. 0 (none) before the store's time is known. The estimate is
+    /// late by the last reply's transit at most, so it errs towards
+    /// keeping a check.
+    fn checks_until_us(&self) -> u64 {
+        match self.store_minus_mono_us.load(Ordering::Relaxed) {
+            i64::MIN => 0,
+            offset => {
+                (self.micros() as i64 + offset).max(0) as u64 + (LATE_REPLY_WAIT_MS - CHECK_EXPIRY_MARGIN_MS) * 1000
+            }
+        }
     }
 
     pub fn degraded_since_us(&self) -> Option<u64> {
@@ -493,7 +517,8 @@ impl SharedStore {
         let cluster = self.is_cluster();
         let started = Instant::now();
         let result = tokio::time::timeout(Duration::from_millis(LATE_REPLY_WAIT_MS), async {
-            let cmd = batch_command(&self.sha, &ops);
+            let checks_until_us = self.checks_until_us();
+            let cmd = batch_command(&self.sha, &ops, checks_until_us);
             match cmd.query_async::<redis::Value>(&mut connection).await {
                 Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
                     // A restarted or flushed store: load the script and try
@@ -501,7 +526,7 @@ impl SharedStore {
                     // known to lack it, and EVAL loads it exactly there.
                     self.stats.noscript_reloads.fetch_add(1, Ordering::Relaxed);
                     if cluster {
-                        batch_eval_command(&ops).query_async::<redis::Value>(&mut connection).await
+                        batch_eval_command(&ops, checks_until_us).query_async::<redis::Value>(&mut connection).await
                     } else {
                         redis::cmd("SCRIPT").arg("LOAD").arg(SCRIPT).query_async::<String>(&mut connection).await?;
                         cmd.query_async::<redis::Value>(&mut connection).await
@@ -522,7 +547,13 @@ impl SharedStore {
         match replies {
             Ok(replies) => {
                 for (p, reply) in batch.into_iter().zip(replies) {
-                    let reply = reply.map_err(CallError::BadValue);
+                    // A check the store ran too late took nothing: to a
+                    // caller still waiting (clocks apart), the store
+                    // did not answer in time.
+                    let reply = reply.map_err(|e| match e {
+                        ReplyError::Expired => CallError::Timeout,
+                        e => CallError::BadValue(e),
+                    });
                     if let Err(reply) = p.reply.send(reply) {
                         self.stats.late_replies.fetch_add(1, Ordering::Relaxed);
                         // A check answered on this host after all: the places

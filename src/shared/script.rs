@@ -307,19 +307,20 @@ pub enum ReportRule {
 }
 
 /// The arguments of one EVALSHA for a batch of ops: the key count, the
-/// keys, then ARGV.
-pub fn batch_command(sha: &str, ops: &[&Op]) -> redis::Cmd {
-    batch_command_of("EVALSHA", sha, ops)
+/// keys, then ARGV, whose last argument is `checks_until_us`: the store's
+/// time after which a check of the batch takes no place (0: no limit).
+pub fn batch_command(sha: &str, ops: &[&Op], checks_until_us: u64) -> redis::Cmd {
+    batch_command_of("EVALSHA", sha, ops, checks_until_us)
 }
 
 /// The same batch as EVAL with the script's text: a Cluster node that
 /// answered NOSCRIPT caches the script by running it, so the reload reaches
 /// exactly the node that lacked it (the cluster client routes EVAL by key).
-pub fn batch_eval_command(ops: &[&Op]) -> redis::Cmd {
-    batch_command_of("EVAL", SCRIPT, ops)
+pub fn batch_eval_command(ops: &[&Op], checks_until_us: u64) -> redis::Cmd {
+    batch_command_of("EVAL", SCRIPT, ops, checks_until_us)
 }
 
-fn batch_command_of(name: &str, script: &str, ops: &[&Op]) -> redis::Cmd {
+fn batch_command_of(name: &str, script: &str, ops: &[&Op], checks_until_us: u64) -> redis::Cmd {
     let mut cmd = redis::cmd(name);
     cmd.arg(script).arg(ops.iter().map(|op| op.keys.len()).sum::<usize>());
     for op in ops {
@@ -332,6 +333,7 @@ fn batch_command_of(name: &str, script: &str, ops: &[&Op]) -> redis::Cmd {
             cmd.arg(&arg[..]);
         }
     }
+    cmd.arg(checks_until_us);
     cmd
 }
 
@@ -385,6 +387,10 @@ pub enum ReplyError {
     WrongType(usize),
     #[error("the store's reply is not what the script returns: {0}")]
     Malformed(&'static str),
+    /// A check the store ran after its host stopped waiting for it: it
+    /// took no place (the host could not have given one back).
+    #[error("the store ran the check after its host stopped waiting")]
+    Expired,
 }
 
 /// An op's reply: integers, or the join's strings.
@@ -433,6 +439,7 @@ fn op_reply(value: Value) -> Result<Reply, ReplyError> {
         Some(&-1) => Err(ReplyError::NotOurs(rule_index(&reply))),
         Some(&-2) => Err(ReplyError::WrongType(rule_index(&reply))),
         Some(&-3) => Err(ReplyError::Malformed("the script failed on this op (an argument it could not read)")),
+        Some(&-4) => Err(ReplyError::Expired),
         Some(&code) if code < 0 => Err(ReplyError::Malformed("unknown error code")),
         Some(_) => Ok(reply),
         None => Err(ReplyError::Malformed("an empty op reply")),
@@ -546,7 +553,7 @@ mod tests {
     fn a_batch_lays_out_keys_then_each_ops_counts_and_arguments() {
         let a = Op::release(&[("k1".into(), 5), ("k2".into(), 6)]);
         let b = Op::unlock("k3".into(), 7, false, "ch");
-        let cmd = batch_command("sha", &[&a, &b]);
+        let cmd = batch_command("sha", &[&a, &b], 123);
         let args: Vec<Vec<u8>> = cmd
             .args_iter()
             .map(|a| match a {
@@ -563,7 +570,7 @@ mod tests {
         let mut expected: Vec<Vec<u8>> =
             ["EVALSHA", "sha", "3", "k1", "k2", "k3", "2", "X", "1", "2"].iter().map(|s| plain(s)).collect();
         expected.push(release);
-        expected.extend(["U", "3", "1", "7", "0", "ch"].iter().map(|s| plain(s)));
+        expected.extend(["U", "3", "1", "7", "0", "ch", "123"].iter().map(|s| plain(s)));
         assert_eq!(args, expected);
     }
 
