@@ -14,7 +14,7 @@ use crate::config::DeviceScope;
 use crate::expiring::Slot;
 use crate::failure_window::{Counts, Standing};
 use crate::keys::{Component, Key};
-use crate::protocol::Lockout;
+use crate::protocol::{Lockout, Reason};
 
 impl Limiter {
     /// Forgets every known lockout of the route's rules keyed on the
@@ -162,6 +162,9 @@ impl Limiter {
             let mut answer = failure_answer(rule, spec, standing, true, now_us);
             answer.retry_after_us = slot.expires_us - now_us;
             answer.remaining = 0;
+            // The store said this key is locked by its failures; with no
+            // counts here `failure_answer` would call it places in flight.
+            answer.reason = Reason::TooManyFailures;
             let answer = self.escalate(rule, key, answer, now_us, true);
             refused |= answer.refused && !answer.monitored;
             answers.push(answer);
