@@ -6,12 +6,12 @@
 mod common;
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::redis::{require_redis, RedisServer};
 use common::shared::*;
 use common::*;
-use tollgate::protocol::{Decision, Outcome};
+use tollgate::protocol::{Decision, Outcome, Reason};
 
 fn config(url: &str, secret: &Path, extra: &str) -> String {
     // 100 ms: the store decides every answer here, even on a loaded machine.
@@ -82,4 +82,68 @@ fn after_a_flush_the_running_hosts_reassert_their_fingerprint() {
     let answered = runtime().block_on(correct[0].client().check_answered("login", &subject("192.0.2.7", "erin")));
     assert!(!answered.degraded, "a correct host joins:\n{}", correct[0].log());
     assert!(!running[0].log().contains("another secret"), "{}", running[0].log());
+}
+
+/// An account-wide unlock made right after a store restart (no
+/// persistence), once its host has reconnected, is published while
+/// another host has not yet subscribed again (it does at its next
+/// heartbeat). Before, that host refused the account from memory until
+/// the lockout ended (a red team's finding); now it replays the store's
+/// log of unlocks when it subscribes.
+#[test]
+fn an_unlock_right_after_a_store_restart_reaches_a_host_not_yet_subscribed_again() {
+    require_redis();
+    let mut redis = RedisServer::unix();
+    let dir = tempfile::tempdir().unwrap();
+    let secret = shared_secret(dir.path());
+    let (a, b) = (&host(&redis.url(), &secret, ""), &host(&redis.url(), &secret, ""));
+    let mallory = subject("192.0.2.120", "mallory");
+    for _ in 0..5 {
+        check(a, &mallory);
+        report(a, &mallory, Outcome::Failure);
+    }
+    wait_until(b, Duration::from_secs(5), "B refuses the lockout", || check(b, &mallory).decision == Decision::Deny);
+    std::thread::sleep(Duration::from_millis(1100)); // past a heartbeat of both
+    redis.restart();
+    // A has traffic: its calls fail, its breaker opens and a probe
+    // reconnects it within about probe_interval_ms.
+    let t0 = Instant::now();
+    let other = subject("192.0.2.9", "someone");
+    wait_until(a, Duration::from_secs(5), "A answers from the store again", || {
+        !runtime().block_on(a.client().check_answered("login", &other)).degraded
+    });
+    let unlocked = a.cli_json(&["unlock", "--route", "login", "--account", "mallory"]);
+    eprintln!("unlock on A {:?} after the restart: {unlocked}", t0.elapsed());
+    assert_eq!(check(a, &mallory).decision, Decision::Allow, "A forgot it");
+    std::thread::sleep(Duration::from_millis(3000));
+    let b_up = !runtime().block_on(b.client().check_answered("login", &other)).degraded;
+    let v = check(b, &mallory);
+    let listed = b.cli_json(&["lockouts"]);
+    eprintln!(
+        "B 3 s later (store answers B: {b_up}): {:?} {:?} retry {} ms; lockouts {listed}",
+        v.decision, v.reason, v.retry_after_ms
+    );
+    assert_eq!(v.decision, Decision::Allow, "B still refuses mallory after an account-wide unlock on A: {listed}");
+}
+
+/// A refusal from a known lockout (from memory) named the wrong reason,
+/// `attempts_in_flight`, on the host that took it and on the others.
+#[test]
+fn a_known_lockout_refusal_says_too_many_failures() {
+    require_redis();
+    let redis = RedisServer::unix();
+    let dir = tempfile::tempdir().unwrap();
+    let secret = shared_secret(dir.path());
+    let (a, b) = (&host(&redis.url(), &secret, ""), &host(&redis.url(), &secret, ""));
+    let mallory = subject("192.0.2.121", "mallory");
+    for _ in 0..5 {
+        check(a, &mallory);
+        report(a, &mallory, Outcome::Failure);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    for d in [a, b] {
+        let v = check(d, &mallory);
+        eprintln!("{:?} {:?} retry {} ms", v.decision, v.reason, v.retry_after_ms);
+        assert_eq!((v.decision, v.reason), (Decision::Deny, Reason::TooManyFailures));
+    }
 }

@@ -230,6 +230,10 @@ impl Daemon {
         // slow store costs the unlock one `connect_timeout_ms`, not one per
         // rule.
         let (mut cleared, mut done, mut failed) = (0, 0, None);
+        // What the script published, and the account's message below, are
+        // also logged: a host not subscribed at this moment (the store just
+        // restarted) hears them when it subscribes again.
+        let mut heard_later = Vec::new();
         let total = ops.len();
         for chunk in ops.chunks(store.config.pending_max.max(1)) {
             let calls = chunk.iter().map(|op| store.call_recovering(op.clone()));
@@ -240,6 +244,7 @@ impl Daemon {
                         cleared += reply.ints.first().copied().unwrap_or(0).clamp(0, u32::MAX as i64) as u32;
                         for name in &reply.strings {
                             limiter.forget_known_lockout(name);
+                            heard_later.push(format!("U {name}"));
                         }
                     }
                     Err(e) => failed = Some(e.to_string()),
@@ -253,8 +258,11 @@ impl Daemon {
         // subscriber that missed those messages).
         if source.is_none() && done > 0 {
             cleared += limiter.forget_account_lockouts(route, limiter.account_tag(account));
-            store.publish(limiter.shared_channel(), limiter.account_unlock_message(route, account));
+            let message = limiter.account_unlock_message(route, account);
+            heard_later.push(message.clone());
+            store.publish(limiter.shared_channel(), message);
         }
+        store.log_unlocks(limiter.shared_unlock_log(), heard_later, limiter.unlock_log_keep_us());
         match failed {
             None => Ok(cleared),
             Some(e) if done > 0 => {
@@ -337,9 +345,12 @@ pub(super) async fn join_at_start(daemon: &Arc<Daemon>, fingerprint: &str) -> Re
 /// while this host is not subscribed is not heard): the store still
 /// refuses such a key on the next check, one round trip later.
 async fn listen(daemon: Arc<Daemon>, store: Arc<SharedStore>) {
-    let channel = daemon.limiter().load().shared_channel();
+    let (channel, unlock_log) = {
+        let limiter = daemon.limiter().load();
+        (limiter.shared_channel(), limiter.shared_unlock_log())
+    };
     let result = store
-        .listen(&channel, |message| {
+        .listen(&channel, &unlock_log, |message| {
             let limiter = daemon.limiter().load();
             let now = daemon.clock().now_us();
             let words: Vec<&str> = message.split(' ').collect();

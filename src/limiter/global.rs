@@ -141,6 +141,28 @@ impl Limiter {
         format!("{}:events", self.shared_prefix.as_deref().unwrap_or("tg"))
     }
 
+    /// The store key logging recent unlock messages, replayed by a host
+    /// when it subscribes (`SharedStore::log_unlocks`).
+    pub fn shared_unlock_log(&self) -> String {
+        format!("{}:{{unlocks}}", self.shared_prefix.as_deref().unwrap_or("tg"))
+    }
+
+    /// How long a logged unlock can matter: the longest a known lockout
+    /// is held (two windows of the longest global failure rule).
+    pub fn unlock_log_keep_us(&self) -> u64 {
+        let longest = self
+            .routes
+            .iter()
+            .flat_map(|r| r.rules.iter())
+            .filter_map(|rule| match rule.global {
+                Some(Full::Failures(spec)) => Some(spec.window_us),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
+        longest.saturating_mul(2).max(60_000_000)
+    }
+
     /// The store ops of an operator's unlock (what `unlock` does on this
     /// host's tables, for the global rules): one entry with a source or on
     /// an account-wide rule; every entry of the account (by its index)

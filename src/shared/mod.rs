@@ -776,10 +776,36 @@ impl SharedStore {
     }
 
     /// Listens for the lockouts and unlocks other hosts publish, calling
-    /// `heard` with each message, until the connection ends.
-    pub async fn listen(&self, channel: &str, mut heard: impl FnMut(&str)) -> Result<(), String> {
+    /// `heard` with each message, until the connection ends. Once
+    /// subscribed, first replays the unlocks logged in `unlock_log`: those
+    /// published while this host was not listening (the store restarted,
+    /// this host was down) among them. Hearing an unlock again only
+    /// forgets known lockouts, which the store still refuses if it knows.
+    pub async fn listen(&self, channel: &str, unlock_log: &str, mut heard: impl FnMut(&str)) -> Result<(), String> {
         use futures_util::StreamExt;
         let pubsub = self.subscribe(channel).await?;
+        let connection = self.connection.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(mut connection) = connection {
+            let mut cmd = redis::cmd("ZRANGEBYSCORE");
+            cmd.arg(unlock_log).arg("-inf").arg("+inf");
+            let timeout = Duration::from_millis(self.config.connect_timeout_ms);
+            match tokio::time::timeout(timeout, cmd.query_async::<Vec<String>>(&mut connection)).await {
+                Ok(Ok(logged)) => {
+                    for entry in logged {
+                        // "<wall µs> <message>": the stamp keeps equal
+                        // messages apart in the set.
+                        if let Some((_, message)) = entry.split_once(' ') {
+                            self.stats.messages_heard.fetch_add(1, Ordering::Relaxed);
+                            heard(message);
+                        }
+                    }
+                }
+                // Not fatal: the live messages still come, as before there
+                // was a log (a store user not allowed ZRANGEBYSCORE).
+                Ok(Err(e)) => tracing::warn!(target: LOG_TARGET, error = %e, "the unlock log was not read"),
+                Err(_) => tracing::warn!(target: LOG_TARGET, "reading the unlock log timed out"),
+            }
+        }
         let mut messages = pubsub.into_on_message();
         while let Some(message) = messages.next().await {
             if let Ok(text) = std::str::from_utf8(message.get_payload_bytes()) {
@@ -801,6 +827,27 @@ impl SharedStore {
             if let Ok(Ok(_)) = tokio::time::timeout(timeout, cmd.query_async::<i64>(&mut connection)).await {
                 store.stats.messages_published.fetch_add(1, Ordering::Relaxed);
             }
+        });
+    }
+
+    /// Logs unlock messages (as published) in `unlock_log`, a sorted set
+    /// by wall time holding `keep_us` of them, for the hosts that were
+    /// not listening when they were published. Not waited for.
+    pub fn log_unlocks(self: &Arc<SharedStore>, unlock_log: String, messages: Vec<String>, keep_us: u64) {
+        let Some(mut connection) = self.connection.lock().unwrap_or_else(|e| e.into_inner()).clone() else { return };
+        if messages.is_empty() {
+            return;
+        }
+        let timeout = Duration::from_millis(self.config.connect_timeout_ms);
+        let now = crate::clock::Clock::System.now_us();
+        tokio::spawn(async move {
+            let mut pipe = redis::pipe();
+            for message in &messages {
+                pipe.cmd("ZADD").arg(&unlock_log).arg(now).arg(format!("{now} {message}")).ignore();
+            }
+            pipe.cmd("ZREMRANGEBYSCORE").arg(&unlock_log).arg("-inf").arg(now.saturating_sub(keep_us)).ignore();
+            pipe.cmd("PEXPIRE").arg(&unlock_log).arg(keep_us.div_ceil(1000).max(1)).ignore();
+            let _ = tokio::time::timeout(timeout, pipe.query_async::<()>(&mut connection)).await;
         });
     }
 
