@@ -93,7 +93,7 @@ impl Ticket<'_> {
 impl SharedStore {
     /// One op, answered by the store within the timeout, or an error and
     /// the caller answers on this host. Never waits longer than
-    /// `timeout_ms` (plus the timer's millisecond), and not at all while
+    /// `timeout_ms`, and not at all while
     /// the breaker is open. `submit` then `Ticket::wait`.
     pub async fn call(&self, op: Op) -> Result<Reply, CallError> {
         self.submit(op)?.wait().await
@@ -115,7 +115,7 @@ impl SharedStore {
         // A report is held until the queue has room: never sent, its
         // failure would be counted only on the share, which the store does
         // not read while it answers.
-        let mut ticket = match self.submit_or_hold(op, Duration::from_millis(self.config.timeout_ms), patient) {
+        let mut ticket = match self.submit_or_hold(op, request_wait(self.config.timeout_ms), patient) {
             Ok(ticket) => ticket,
             // A check queued behind a full queue, in a burst on its keys, is
             // refused like a late one. A report that found no room is
@@ -229,3 +229,17 @@ impl SharedStore {
         young && self.state() == State::Closed
     }
 }
+
+/// How long a request's ticket waits for the store: `timeout_ms` less the
+/// timer's millisecond. Tokio's timer fires on the first whole
+/// millisecond at or after a deadline, so a deadline `timeout_ms` out was
+/// met up to a millisecond late, and the frozen store's p99 stood above
+/// `timeout_ms` + 1 ms once the daemon's own work was added. At least half
+/// of `timeout_ms`, so a 1 ms timeout still waits for the store.
+fn request_wait(timeout_ms: u64) -> Duration {
+    let timeout_us = timeout_ms.saturating_mul(1000);
+    Duration::from_micros(timeout_us.saturating_sub(TIMER_SLACK_US).max(timeout_us / 2))
+}
+
+/// The timer's resolution (tokio's wheel counts whole milliseconds).
+const TIMER_SLACK_US: u64 = 1000;
