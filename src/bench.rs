@@ -45,6 +45,9 @@ pub enum Mix {
     CheckReport,
     /// A `report` alone (source and account).
     Report,
+    /// A login's `check` alone (source and account): with a shared store,
+    /// every one asks it, and no report waits behind it.
+    LoginCheck,
 }
 
 #[derive(Clone, Debug, clap::Args)]
@@ -238,6 +241,11 @@ impl Worker {
         let _ = write!(self.account, "user{key}");
         let subject = Subject { peer, account: Some(&self.account), ..Subject::default() };
         let outcome = if self.rng.unit() < self.args.failure_ratio { Outcome::Failure } else { Outcome::Success };
+        if self.mix == Mix::LoginCheck {
+            codec::encode_request(*id, &Request::Check { route, subject }, out);
+            *id += 1;
+            return 1;
+        }
         let mut frames = 0;
         if self.mix == Mix::CheckReport {
             codec::encode_request(*id, &Request::Check { route, subject: subject.clone() }, out);
