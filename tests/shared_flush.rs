@@ -147,3 +147,59 @@ fn a_known_lockout_refusal_says_too_many_failures() {
         assert_eq!((v.decision, v.reason), (Decision::Deny, Reason::TooManyFailures));
     }
 }
+
+/// A replayed unlock forgets only the lockouts learned before it: after
+/// an unlock, a newer lockout the hosts hold in memory but the store lost
+/// (a snapshot restored, a failover to a lagging replica) is still refused
+/// when the hosts subscribe again and replay the log. Before, the replay
+/// forgot it and 5 more guesses went through (a reviewer's finding).
+#[test]
+fn a_replayed_unlock_does_not_forget_a_newer_lockout_the_store_lost() {
+    require_redis();
+    let redis = RedisServer::unix();
+    let dir = tempfile::tempdir().unwrap();
+    let secret = shared_secret(dir.path());
+    let (a, b) = (&host(&redis.url(), &secret, ""), &host(&redis.url(), &secret, ""));
+    let mallory = subject("192.0.2.120", "mallory");
+    for _ in 0..5 {
+        check(a, &mallory);
+        report(a, &mallory, Outcome::Failure);
+    }
+    wait_until(b, Duration::from_secs(5), "B refuses", || check(b, &mallory).decision == Decision::Deny);
+    let unlocked = a.cli_json(&["unlock", "--route", "login", "--account", "mallory"]);
+    assert!(unlocked.get("cleared").is_some(), "{unlocked}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(redis.cmd(&["ZRANGE", "tg:{unlocks}", "0", "-1"]).contains("A login "), "the unlock is logged");
+    // The attacker locks the account again, later than the unlock.
+    let mut first = 0;
+    for _ in 0..10 {
+        if check(a, &mallory).decision == Decision::Allow {
+            first += 1;
+            report(a, &mallory, Outcome::Failure);
+        }
+    }
+    wait_until(b, Duration::from_secs(5), "B refuses again", || check(b, &mallory).decision == Decision::Deny);
+    // The store loses the newer lockout but keeps the log (restored from a
+    // snapshot taken after the unlock, or a failover to a lagging replica).
+    let keys = redis.cmd(&["KEYS", "*:f:*"]);
+    for k in keys.lines().filter(|l| !l.is_empty()) {
+        redis.cmd(&["DEL", k]);
+    }
+    // Each host's subscription drops; they subscribe again at a heartbeat.
+    redis.cmd(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+    std::thread::sleep(Duration::from_millis(2500));
+    let mut guesses = 0;
+    for d in [a, b] {
+        for _ in 0..10 {
+            if check(d, &mallory).decision == Decision::Allow {
+                guesses += 1;
+                report(d, &mallory, Outcome::Failure);
+            }
+        }
+    }
+    eprintln!(
+        "first lock: {first} guesses; after the replay: {guesses} more guesses; B lockouts {}",
+        b.cli_json(&["lockouts"])
+    );
+    assert_eq!(guesses, 0, "a lockout held in memory was forgotten by an older unlock's replay");
+}

@@ -230,9 +230,10 @@ impl Daemon {
         // slow store costs the unlock one `connect_timeout_ms`, not one per
         // rule.
         let (mut cleared, mut done, mut failed) = (0, 0, None);
-        // What the script published, and the account's message below, are
-        // also logged: a host not subscribed at this moment (the store just
-        // restarted) hears them when it subscribes again.
+        // What the script published for a source's unlock, or the
+        // account's message below (which covers all its entries), is also
+        // logged: a host not subscribed at this moment (the store just
+        // restarted) hears it when it subscribes again.
         let mut heard_later = Vec::new();
         let total = ops.len();
         for chunk in ops.chunks(store.config.pending_max.max(1)) {
@@ -243,8 +244,10 @@ impl Daemon {
                         done += 1;
                         cleared += reply.ints.first().copied().unwrap_or(0).clamp(0, u32::MAX as i64) as u32;
                         for name in &reply.strings {
-                            limiter.forget_known_lockout(name);
-                            heard_later.push(format!("U {name}"));
+                            limiter.forget_known_lockout(name, u64::MAX);
+                            if source.is_some() {
+                                heard_later.push(format!("U {name}"));
+                            }
                         }
                     }
                     Err(e) => failed = Some(e.to_string()),
@@ -257,12 +260,18 @@ impl Daemon {
         // when they hear it (also when the store did name them: a
         // subscriber that missed those messages).
         if source.is_none() && done > 0 {
-            cleared += limiter.forget_account_lockouts(route, limiter.account_tag(account));
-            let message = limiter.account_unlock_message(route, account);
-            heard_later.push(message.clone());
-            store.publish(limiter.shared_channel(), message);
+            cleared += limiter.forget_account_lockouts(route, limiter.account_tag(account), u64::MAX);
+            heard_later.push(limiter.account_unlock_message(route, account));
         }
-        store.log_unlocks(limiter.shared_unlock_log(), heard_later, limiter.unlock_log_keep_us());
+        // Logged before it is published: a host subscribing in between
+        // reads it from the log.
+        store.log_and_publish(
+            (limiter.shared_unlock_log(), limiter.unlock_log_keep_us()),
+            limiter.shared_channel(),
+            heard_later,
+            source.is_none(),
+            self.clock().now_us(),
+        );
         match failed {
             None => Ok(cleared),
             Some(e) if done > 0 => {
@@ -350,16 +359,18 @@ async fn listen(daemon: Arc<Daemon>, store: Arc<SharedStore>) {
         (limiter.shared_channel(), limiter.shared_unlock_log())
     };
     let result = store
-        .listen(&channel, &unlock_log, |message| {
+        .listen(&channel, &unlock_log, |message, logged_at| {
             let limiter = daemon.limiter().load();
             let now = daemon.clock().now_us();
+            // A replayed unlock forgets only the lockouts learned before it.
+            let before = logged_at.unwrap_or(u64::MAX);
             let words: Vec<&str> = message.split(' ').collect();
             let understood = match words.as_slice() {
                 ["L", name, remaining] => {
                     remaining.parse::<u64>().is_ok_and(|r| limiter.learn_known_lockout(name, r, now))
                 }
-                ["U", name] => limiter.forget_known_lockout(name),
-                ["A", route, account_tag] => limiter.forget_account_lockouts_heard(route, account_tag),
+                ["U", name] => limiter.forget_known_lockout(name, before),
+                ["A", route, account_tag] => limiter.forget_account_lockouts_heard(route, account_tag, before),
                 _ => false,
             };
             if !understood {

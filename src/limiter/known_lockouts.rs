@@ -21,8 +21,10 @@ impl Limiter {
     /// account held for `account_tag` (an account-wide unlock, here or on
     /// another host): found by the account tag kept with each, so it works
     /// whatever the store forgot (its index of the account's entries is
-    /// gone after a flush). How many were forgotten.
-    pub fn forget_account_lockouts(&self, route: &str, account_tag: u64) -> u32 {
+    /// gone after a flush). Only those learned at or before `before_us`
+    /// (an unlock replayed from the log must not forget a newer lockout).
+    /// How many were forgotten.
+    pub fn forget_account_lockouts(&self, route: &str, account_tag: u64, before_us: u64) -> u32 {
         let Some(route) = self.routes.iter().find(|r| r.name == route) else { return 0 };
         let Some(known) = &route.known_lockouts else { return 0 };
         let rules: SmallVec<[u16; 8]> =
@@ -31,7 +33,11 @@ impl Limiter {
         for mut table in known.each() {
             let doomed: SmallVec<[u64; 8]> = table
                 .iter_live(0)
-                .filter(|(_, slot)| slot.value.account_tag == account_tag && rules.contains(&slot.value.rule))
+                .filter(|(_, slot)| {
+                    slot.value.account_tag == account_tag
+                        && rules.contains(&slot.value.rule)
+                        && slot.value.learned_us <= before_us
+                })
                 .map(|(id, _)| id)
                 .collect();
             for id in doomed {
@@ -84,22 +90,26 @@ impl Limiter {
     }
 
     /// An account-wide unlock heard from another host.
-    pub fn forget_account_lockouts_heard(&self, route: &str, account_tag_hex: &str) -> bool {
+    pub fn forget_account_lockouts_heard(&self, route: &str, account_tag_hex: &str, before_us: u64) -> bool {
         let Ok(tag) = u64::from_str_radix(account_tag_hex, 16) else { return false };
         if !self.routes.iter().any(|r| r.name == route) {
             return false;
         }
-        self.forget_account_lockouts(route, tag);
+        self.forget_account_lockouts(route, tag, before_us);
         true
     }
 
     /// Forgets a known lockout by its store key name (an unlock here or
-    /// on another host). True if the name is one of this limiter's.
-    pub fn forget_known_lockout(&self, name: &str) -> bool {
+    /// on another host), if learned at or before `before_us`. True if the
+    /// name is one of this limiter's.
+    pub fn forget_known_lockout(&self, name: &str, before_us: u64) -> bool {
         let Some((route, rule, key)) = self.parse_store_key(name) else { return false };
         if let Some(known) = &route.known_lockouts {
             let mut known = known.of(key);
-            if known.get(key.tuple, 0).is_some_and(|s| s.value.rule == route.rules[rule].tag) {
+            if known
+                .get(key.tuple, 0)
+                .is_some_and(|s| s.value.rule == route.rules[rule].tag && s.value.learned_us <= before_us)
+            {
                 known.remove(key.tuple);
             }
         }
@@ -175,7 +185,11 @@ impl Limiter {
     pub(super) fn remember_lockout(&self, route: &Route, rule_index: usize, key: Key, until_us: u64, now_us: u64) {
         if let Some(known) = &route.known_lockouts {
             if until_us > now_us {
-                let value = KnownLockout { rule: route.rules[rule_index].tag, account_tag: key.account_tag };
+                let value = KnownLockout {
+                    rule: route.rules[rule_index].tag,
+                    account_tag: key.account_tag,
+                    learned_us: now_us,
+                };
                 known.of(key).set(key.tuple, Slot { expires_us: until_us, value }, now_us);
             }
         }

@@ -238,7 +238,7 @@ impl Limiter {
                 }
                 if let (Some(lockouts), true) = (lockouts, live) {
                     let mut table = lockouts.at(index);
-                    let value = KnownLockout { rule: row.value, account_tag: 0 };
+                    let value = KnownLockout { rule: row.value, account_tag: 0, learned_us: 0 };
                     table.restore(row.id, Slot { expires_us: row.expires_us, value }, now_us);
                     if usize::from(row.shard) != index {
                         table.mark_changed(row.id);

@@ -144,11 +144,13 @@ pub(super) struct Route {
     pub(super) activity: Arc<RouteCounters>,
 }
 
-/// A known lockout's value: the rule's tag and the key's account tag (0
+/// A known lockout's value: the rule's tag, the key's account tag (0
 /// when not known: a lockout restored from the state file, which keeps the
-/// tag only).
+/// tag only), and when this host learned it (0 restored), so an unlock
+/// replayed from the store's log forgets only lockouts older than itself.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct KnownLockout {
     pub(super) rule: u16,
     pub(super) account_tag: u64,
+    pub(super) learned_us: u64,
 }

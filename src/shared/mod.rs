@@ -45,6 +45,9 @@ pub const LATE_REPLY_WAIT_MS: u64 = 1000;
 /// How long before `LATE_REPLY_WAIT_MS` runs out a check sent to the store
 /// stops taking places there (for the reply's way back).
 const CHECK_EXPIRY_MARGIN_MS: u64 = 100;
+/// Unlock messages the store's log keeps at most (a host replays them
+/// all when it subscribes).
+const UNLOCK_LOG_MAX: usize = 10_000;
 /// Batches one dispatcher keeps in flight on its connection: the driver
 /// pipelines them, and Redis runs each script whole.
 pub const BATCHES_IN_FLIGHT_MAX: usize = 4;
@@ -781,23 +784,28 @@ impl SharedStore {
     /// published while this host was not listening (the store restarted,
     /// this host was down) among them. Hearing an unlock again only
     /// forgets known lockouts, which the store still refuses if it knows.
-    pub async fn listen(&self, channel: &str, unlock_log: &str, mut heard: impl FnMut(&str)) -> Result<(), String> {
+    pub async fn listen(
+        &self,
+        channel: &str,
+        unlock_log: &str,
+        mut heard: impl FnMut(&str, Option<u64>),
+    ) -> Result<(), String> {
         use futures_util::StreamExt;
         let pubsub = self.subscribe(channel).await?;
         let connection = self.connection.lock().unwrap_or_else(|e| e.into_inner()).clone();
         if let Some(mut connection) = connection {
             let mut cmd = redis::cmd("ZRANGEBYSCORE");
-            cmd.arg(unlock_log).arg("-inf").arg("+inf");
+            cmd.arg(unlock_log).arg("-inf").arg("+inf").arg("LIMIT").arg(0).arg(UNLOCK_LOG_MAX);
             let timeout = Duration::from_millis(self.config.connect_timeout_ms);
             match tokio::time::timeout(timeout, cmd.query_async::<Vec<String>>(&mut connection)).await {
                 Ok(Ok(logged)) => {
                     for entry in logged {
                         // "<wall µs> <message>": the stamp keeps equal
                         // messages apart in the set.
-                        if let Some((_, message)) = entry.split_once(' ') {
-                            self.stats.messages_heard.fetch_add(1, Ordering::Relaxed);
-                            heard(message);
-                        }
+                        let Some((at, message)) = entry.split_once(' ') else { continue };
+                        let Ok(at) = at.parse::<u64>() else { continue };
+                        self.stats.messages_heard.fetch_add(1, Ordering::Relaxed);
+                        heard(message, Some(at));
                     }
                 }
                 // Not fatal: the live messages still come, as before there
@@ -810,7 +818,7 @@ impl SharedStore {
         while let Some(message) = messages.next().await {
             if let Ok(text) = std::str::from_utf8(message.get_payload_bytes()) {
                 self.stats.messages_heard.fetch_add(1, Ordering::Relaxed);
-                heard(text);
+                heard(text, None);
             }
         }
         Ok(())
@@ -830,24 +838,46 @@ impl SharedStore {
         });
     }
 
-    /// Logs unlock messages (as published) in `unlock_log`, a sorted set
-    /// by wall time holding `keep_us` of them, for the hosts that were
-    /// not listening when they were published. Not waited for.
-    pub fn log_unlocks(self: &Arc<SharedStore>, unlock_log: String, messages: Vec<String>, keep_us: u64) {
+    /// Logs unlock messages in `log.0`, a sorted set by `now_us` holding
+    /// `log.1` µs of them (and at most `UNLOCK_LOG_MAX`), for the hosts
+    /// not listening when they were published; then, with `publish_last`,
+    /// publishes the last one on `channel`. Not waited for.
+    pub fn log_and_publish(
+        self: &Arc<SharedStore>,
+        (unlock_log, keep_us): (String, u64),
+        channel: String,
+        messages: Vec<String>,
+        publish_last: bool,
+        now_us: u64,
+    ) {
         let Some(mut connection) = self.connection.lock().unwrap_or_else(|e| e.into_inner()).clone() else { return };
         if messages.is_empty() {
             return;
         }
         let timeout = Duration::from_millis(self.config.connect_timeout_ms);
-        let now = crate::clock::Clock::System.now_us();
+        let store = self.clone();
         tokio::spawn(async move {
             let mut pipe = redis::pipe();
             for message in &messages {
-                pipe.cmd("ZADD").arg(&unlock_log).arg(now).arg(format!("{now} {message}")).ignore();
+                pipe.cmd("ZADD").arg(&unlock_log).arg(now_us).arg(format!("{now_us} {message}")).ignore();
             }
-            pipe.cmd("ZREMRANGEBYSCORE").arg(&unlock_log).arg("-inf").arg(now.saturating_sub(keep_us)).ignore();
+            pipe.cmd("ZREMRANGEBYSCORE").arg(&unlock_log).arg("-inf").arg(now_us.saturating_sub(keep_us)).ignore();
+            pipe.cmd("ZREMRANGEBYRANK").arg(&unlock_log).arg(0).arg(-(UNLOCK_LOG_MAX as i64) - 1).ignore();
             pipe.cmd("PEXPIRE").arg(&unlock_log).arg(keep_us.div_ceil(1000).max(1)).ignore();
-            let _ = tokio::time::timeout(timeout, pipe.query_async::<()>(&mut connection)).await;
+            if let Err(e) = tokio::time::timeout(timeout, pipe.query_async::<()>(&mut connection))
+                .await
+                .map_err(|_| "timed out".to_string())
+                .and_then(|r| r.map_err(|e| e.to_string()))
+            {
+                tracing::warn!(target: LOG_TARGET, error = %e, "an unlock was not logged; hosts not listening now miss it");
+            }
+            if publish_last {
+                let mut cmd = redis::cmd("PUBLISH");
+                cmd.arg(channel).arg(messages.last().expect("not empty"));
+                if let Ok(Ok(_)) = tokio::time::timeout(timeout, cmd.query_async::<i64>(&mut connection)).await {
+                    store.stats.messages_published.fetch_add(1, Ordering::Relaxed);
+                }
+            }
         });
     }
 
