@@ -13,7 +13,7 @@
 -- values. An op that finds a value tollgate did not write answers
 -- {-code, rule} (1: not a tollgate value, 2: wrong type) and writes nothing;
 -- one the script fails on answers {-3, 0}; a check past the batch's
--- deadline (the last argument) answers {-4, 0}.
+-- deadline (the last argument) answers {-4, now}.
 --
 -- Time is the store's (TIME), read once per batch: with one clock per key,
 -- skew between hosts changes nothing in a decision. Every time and count
@@ -184,7 +184,7 @@ local function applies(scope, known)
 end
 
 local function check()
-  if checks_until > 0 and now > checks_until then return { -4, 0 } end
+  if checks_until > 0 and now > checks_until then return { -4, now } end
   local n
   n, at = struct.unpack('<B', blob, at)
   local recs, refused, out = {}, false, { 0, now }

@@ -20,6 +20,7 @@ mod ticket;
 
 pub use ticket::Ticket;
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
@@ -128,6 +129,11 @@ pub enum CallError {
     /// for a store away, but the breaker does not move.
     #[error("no reply within the timeout from a busy store")]
     Late,
+    /// A check the store ran past its batch's deadline, so it took no
+    /// place: to a caller still waiting, a late store
+    /// (`Ticket::wait` takes it as the deadline passing).
+    #[error("the store ran the check too late")]
+    Expired,
     #[error("the store failed: {0}")]
     Failed(String),
     /// A value at one of the op's keys that tollgate did not write: only
@@ -199,10 +205,11 @@ pub struct SharedStore {
     hosts_remembered: AtomicU32,
     /// The store's clock minus this host's, from the last reply (µs).
     clock_offset_us: AtomicI64,
-    /// The store's clock minus `micros()` at the last reply (µs), or
-    /// `i64::MIN` before one: the store's time now without the daemon's
-    /// clock (a test's manual clock is not the store's).
-    store_minus_mono_us: AtomicI64,
+    /// Each node's clock (by name, "" for a single store) minus
+    /// `micros()`, from its last batch's reply: the store's time now
+    /// without the daemon's clock (a test's manual clock is not the
+    /// store's), node by node (a cluster's clocks may differ).
+    node_clocks: Mutex<HashMap<String, i64>>,
     /// When degraded began (this host's wall µs), 0 when not degraded.
     degraded_since_us: AtomicU64,
     last_error: Mutex<Option<String>>,
@@ -240,7 +247,7 @@ impl SharedStore {
             hosts_live: AtomicU32::new(0),
             hosts_remembered: AtomicU32::new(0),
             clock_offset_us: AtomicI64::new(0),
-            store_minus_mono_us: AtomicI64::new(i64::MIN),
+            node_clocks: Mutex::new(HashMap::new()),
             degraded_since_us: AtomicU64::new(crate::clock::Clock::System.now_us()),
             last_error: Mutex::new(None),
             epoch: Instant::now(),
@@ -276,21 +283,36 @@ impl SharedStore {
 
     pub fn note_store_time(&self, store_now_us: u64, local_now_us: u64) {
         self.clock_offset_us.store(store_now_us as i64 - local_now_us as i64, Ordering::Relaxed);
-        self.store_minus_mono_us.store(store_now_us as i64 - self.micros() as i64, Ordering::Relaxed);
     }
 
     /// The store's time after which a batch sent now takes no place for a
     /// check: `CHECK_EXPIRY_MARGIN_MS` before this host stops waiting for
     /// its reply, so a place the store takes is one this host can give
-    /// back. 0 (none) before the store's time is known. The estimate is
+    /// back. 0 (none) before the node's time is known. The estimate is
     /// late by the last reply's transit at most, so it errs towards
-    /// keeping a check.
-    fn checks_until_us(&self) -> u64 {
-        match self.store_minus_mono_us.load(Ordering::Relaxed) {
-            i64::MIN => 0,
-            offset => {
+    /// keeping a check; a check expired by a wrong estimate answers with
+    /// the node's time, which corrects it.
+    fn checks_until_us(&self, node: &str) -> u64 {
+        match self.node_clocks.lock().unwrap_or_else(|e| e.into_inner()).get(node) {
+            None => 0,
+            Some(offset) => {
                 (self.micros() as i64 + offset).max(0) as u64 + (LATE_REPLY_WAIT_MS - CHECK_EXPIRY_MARGIN_MS) * 1000
             }
+        }
+    }
+
+    /// Learns a node's clock from a batch's replies: a check's or
+    /// report's (its second integer is the store's time), or an expired
+    /// check's.
+    fn note_node_clock(&self, node: &str, ops: &[&Op], replies: &[Result<Reply, ReplyError>]) {
+        let store_now = ops.iter().zip(replies).find_map(|(op, reply)| match reply {
+            Ok(reply) if matches!(op.kind, b'C' | b'R') => reply.ints.get(1).map(|&t| t.max(0) as u64),
+            Err(ReplyError::Expired { store_now }) => Some(*store_now),
+            _ => None,
+        });
+        if let Some(store_now) = store_now.filter(|&t| t > 0) {
+            let offset = store_now as i64 - self.micros() as i64;
+            self.node_clocks.lock().unwrap_or_else(|e| e.into_inner()).insert(node.to_string(), offset);
         }
     }
 
@@ -395,7 +417,7 @@ impl SharedStore {
             return;
         };
         if !self.is_cluster() {
-            self.send_group(connection, batch).await;
+            self.send_group(connection, batch, None).await;
             return;
         }
         // A script's keys must all hash to one slot (CROSSSLOT otherwise):
@@ -440,7 +462,7 @@ impl SharedStore {
             .map(|(slot, group)| {
                 let (store, connection) = (self.clone(), connection.clone());
                 tokio::spawn(async move {
-                    let answered = store.send_group(connection, group).await;
+                    let answered = store.send_group(connection, group, slot).await;
                     if let Some(slot) = slot {
                         store.node_outcome(slot, answered);
                     }
@@ -513,14 +535,18 @@ impl SharedStore {
 
     /// One EVALSHA for `batch` (one slot's ops in a cluster), its replies
     /// handed to the callers. True if the store answered the batch.
-    async fn send_group(&self, mut connection: Connection, batch: Vec<Pending>) -> bool {
+    async fn send_group(&self, mut connection: Connection, batch: Vec<Pending>, slot: Option<u16>) -> bool {
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
         self.stats.batched_ops.fetch_add(batch.len() as u64, Ordering::Relaxed);
         let ops: Vec<&Op> = batch.iter().map(|p| &p.op).collect();
         let cluster = self.is_cluster();
+        let node = match slot {
+            Some(slot) => self.nodes.lock().unwrap_or_else(|e| e.into_inner()).name_of(slot).unwrap_or("?").to_string(),
+            None => String::new(),
+        };
         let started = Instant::now();
         let result = tokio::time::timeout(Duration::from_millis(LATE_REPLY_WAIT_MS), async {
-            let checks_until_us = self.checks_until_us();
+            let checks_until_us = self.checks_until_us(&node);
             let cmd = batch_command(&self.sha, &ops, checks_until_us);
             match cmd.query_async::<redis::Value>(&mut connection).await {
                 Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
@@ -543,7 +569,12 @@ impl SharedStore {
         self.stats.rtt_us_sum.fetch_add(rtt, Ordering::Relaxed);
         self.stats.rtt_us_max.fetch_max(rtt, Ordering::Relaxed);
         let replies = match result {
-            Ok(Ok(value)) => split_batch(value, batch.len()).map_err(|e| CallError::Failed(e.to_string())),
+            Ok(Ok(value)) => {
+                split_batch(value, batch.len()).map_err(|e| CallError::Failed(e.to_string())).inspect(|replies| {
+                    let ops: Vec<&Op> = batch.iter().map(|p| &p.op).collect();
+                    self.note_node_clock(&node, &ops, replies);
+                })
+            }
             Ok(Err(e)) => Err(CallError::Failed(e.to_string())),
             Err(_) => Err(CallError::Timeout),
         };
@@ -551,10 +582,9 @@ impl SharedStore {
             Ok(replies) => {
                 for (p, reply) in batch.into_iter().zip(replies) {
                     // A check the store ran too late took nothing: to a
-                    // caller still waiting (clocks apart), the store
-                    // did not answer in time.
+                    // caller still waiting, the store was late.
                     let reply = reply.map_err(|e| match e {
-                        ReplyError::Expired => CallError::Timeout,
+                        ReplyError::Expired { .. } => CallError::Expired,
                         e => CallError::BadValue(e),
                     });
                     if let Err(reply) = p.reply.send(reply) {

@@ -390,7 +390,7 @@ pub enum ReplyError {
     /// A check the store ran after its host stopped waiting for it: it
     /// took no place (the host could not have given one back).
     #[error("the store ran the check after its host stopped waiting")]
-    Expired,
+    Expired { store_now: u64 },
 }
 
 /// An op's reply: integers, or the join's strings.
@@ -439,7 +439,7 @@ fn op_reply(value: Value) -> Result<Reply, ReplyError> {
         Some(&-1) => Err(ReplyError::NotOurs(rule_index(&reply))),
         Some(&-2) => Err(ReplyError::WrongType(rule_index(&reply))),
         Some(&-3) => Err(ReplyError::Malformed("the script failed on this op (an argument it could not read)")),
-        Some(&-4) => Err(ReplyError::Expired),
+        Some(&-4) => Err(ReplyError::Expired { store_now: reply.ints.get(1).map_or(0, |&t| t.max(0) as u64) }),
         Some(&code) if code < 0 => Err(ReplyError::Malformed("unknown error code")),
         Some(_) => Ok(reply),
         None => Err(ReplyError::Malformed("an empty op reply")),

@@ -62,18 +62,17 @@ impl Ticket<'_> {
             };
         }
         let received = match tokio::time::timeout_at(deadline, &mut reply).await {
+            // Reports are never expired; a check ran too late is late.
+            Ok(Ok(Err(CallError::Expired))) if !patient => return store.late_check(request, hot),
             Ok(received) => return store.received(received, true),
             Err(_) => {
+                if !patient {
+                    return store.late_check(request, hot);
+                }
                 store.stats.timeouts.fetch_add(1, Ordering::Relaxed);
                 if !(request && store.late_is_busy()) {
                     store.failed(&CallError::Timeout);
                     return Err(CallError::Timeout);
-                }
-                if let Some(hot) = hot {
-                    return Err(if hot.in_burst() { CallError::Busy } else { CallError::Late });
-                }
-                if !patient {
-                    return Err(CallError::Late);
                 }
                 // A report's caller has its answer in a moment either way;
                 // its failure must be counted in the store or on the share.
@@ -91,6 +90,22 @@ impl Ticket<'_> {
 }
 
 impl SharedStore {
+    /// A call not answered by its deadline (or run by the store too late
+    /// to take a place): a failure of the store, unless a run of late
+    /// calls is young (`late_is_busy`); then a check in a burst on its
+    /// keys is `Busy` and any other `Late`, and the breaker does not move.
+    fn late_check(&self, request: bool, hot: Option<hot::HotGuard<'_>>) -> Result<Reply, CallError> {
+        self.stats.timeouts.fetch_add(1, Ordering::Relaxed);
+        if !(request && self.late_is_busy()) {
+            self.failed(&CallError::Timeout);
+            return Err(CallError::Timeout);
+        }
+        Err(match hot {
+            Some(hot) if hot.in_burst() => CallError::Busy,
+            _ => CallError::Late,
+        })
+    }
+
     /// One op, answered by the store within the timeout, or an error and
     /// the caller answers on this host. Never waits longer than
     /// `timeout_ms`, and not at all while
