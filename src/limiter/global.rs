@@ -290,6 +290,7 @@ impl Limiter {
             .rules
             .iter()
             .enumerate()
+            .filter(|(_, (i, _))| !check.route.rules[*i].monitor)
             .filter(|(_, (i, found))| match (found, check.route.rules[*i].global) {
                 (Found::Failures { entry, .. }, Some(Full::Failures(spec))) => {
                     entry.in_flight > 0
