@@ -34,7 +34,7 @@ bench_fresh_daemon() {
     kill "$pid" && wait "$pid" 2>/dev/null || true
 }
 
-# Shared mode's scripts (shared.sh, shared-replay.sh, shared-ceiling.sh):
+# Shared mode's scripts (shared.sh, shared-replay.sh):
 # a private redis-server on DIR/r.sock, answering before this returns;
 # its pid in REDIS_PID. The servers' standard output goes nowhere here,
 # so that none holds open a pipe the script's output goes through.

@@ -18,7 +18,7 @@ way a decision would be framed:
 - one-reply: the same, and the batch's replies joined in one string.
 
 The captured batches are rewritten for the last two. Any SCRIPT given
-(for instance `shared_ceiling.py`'s skeleton, bare or null) runs on the
+(for instance a copy of decide.lua that only reads its arguments) runs on the
 batches as captured, for comparison. Nothing is decided, so the replies
 are not checked beyond not being errors.
 """
