@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use common::redis::{require_redis, RedisServer};
 use common::shared::*;
 use common::*;
-use tollgate::protocol::{Decision, Outcome, Reason};
+use tollgate::protocol::{Decision, Outcome, Reason, Subject};
 
 fn config(url: &str, secret: &Path, extra: &str) -> String {
     // 100 ms: the store decides every answer here, even on a loaded machine.
@@ -20,6 +20,32 @@ fn config(url: &str, secret: &Path, extra: &str) -> String {
 
 fn host(url: &str, secret: &Path, extra: &str) -> TestDaemon {
     TestDaemon::start_with(Some(&config(url, secret, extra)), false)
+}
+
+/// Two hosts on their own store. Fields drop in order: the hosts before
+/// their store.
+struct TwoHosts {
+    a: TestDaemon,
+    b: TestDaemon,
+    redis: RedisServer,
+    _dir: tempfile::TempDir,
+}
+
+fn two_hosts() -> TwoHosts {
+    require_redis();
+    let redis = RedisServer::unix();
+    let dir = tempfile::tempdir().unwrap();
+    let secret = shared_secret(dir.path());
+    let (a, b) = (host(&redis.url(), &secret, ""), host(&redis.url(), &secret, ""));
+    TwoHosts { a, b, redis, _dir: dir }
+}
+
+/// Five failed logins through `d`: the subject locked.
+fn lock(d: &TestDaemon, s: &Subject<'_>) {
+    for _ in 0..5 {
+        check(d, s);
+        report(d, s, Outcome::Failure);
+    }
 }
 
 /// An (account, address) locked through the store is refused by every
@@ -92,19 +118,13 @@ fn after_a_flush_the_running_hosts_reassert_their_fingerprint() {
 /// log of unlocks when it subscribes.
 #[test]
 fn an_unlock_right_after_a_store_restart_reaches_a_host_not_yet_subscribed_again() {
-    require_redis();
-    let mut redis = RedisServer::unix();
-    let dir = tempfile::tempdir().unwrap();
-    let secret = shared_secret(dir.path());
-    let (a, b) = (&host(&redis.url(), &secret, ""), &host(&redis.url(), &secret, ""));
+    let mut hosts = two_hosts();
+    let (a, b) = (&hosts.a, &hosts.b);
     let mallory = subject("192.0.2.120", "mallory");
-    for _ in 0..5 {
-        check(a, &mallory);
-        report(a, &mallory, Outcome::Failure);
-    }
+    lock(a, &mallory);
     wait_until(b, Duration::from_secs(5), "B refuses the lockout", || check(b, &mallory).decision == Decision::Deny);
     std::thread::sleep(Duration::from_millis(1100)); // past a heartbeat of both
-    redis.restart();
+    hosts.redis.restart();
     // A has traffic: its calls fail, its breaker opens and a probe
     // reconnects it within about probe_interval_ms.
     let t0 = Instant::now();
@@ -130,16 +150,10 @@ fn an_unlock_right_after_a_store_restart_reaches_a_host_not_yet_subscribed_again
 /// `attempts_in_flight`, on the host that took it and on the others.
 #[test]
 fn a_known_lockout_refusal_says_too_many_failures() {
-    require_redis();
-    let redis = RedisServer::unix();
-    let dir = tempfile::tempdir().unwrap();
-    let secret = shared_secret(dir.path());
-    let (a, b) = (&host(&redis.url(), &secret, ""), &host(&redis.url(), &secret, ""));
+    let hosts = two_hosts();
+    let (a, b) = (&hosts.a, &hosts.b);
     let mallory = subject("192.0.2.121", "mallory");
-    for _ in 0..5 {
-        check(a, &mallory);
-        report(a, &mallory, Outcome::Failure);
-    }
+    lock(a, &mallory);
     std::thread::sleep(Duration::from_millis(300));
     for d in [a, b] {
         let v = check(d, &mallory);
@@ -155,16 +169,10 @@ fn a_known_lockout_refusal_says_too_many_failures() {
 /// forgot it and 5 more guesses went through (a reviewer's finding).
 #[test]
 fn a_replayed_unlock_does_not_forget_a_newer_lockout_the_store_lost() {
-    require_redis();
-    let redis = RedisServer::unix();
-    let dir = tempfile::tempdir().unwrap();
-    let secret = shared_secret(dir.path());
-    let (a, b) = (&host(&redis.url(), &secret, ""), &host(&redis.url(), &secret, ""));
+    let hosts = two_hosts();
+    let (a, b, redis) = (&hosts.a, &hosts.b, &hosts.redis);
     let mallory = subject("192.0.2.120", "mallory");
-    for _ in 0..5 {
-        check(a, &mallory);
-        report(a, &mallory, Outcome::Failure);
-    }
+    lock(a, &mallory);
     wait_until(b, Duration::from_secs(5), "B refuses", || check(b, &mallory).decision == Decision::Deny);
     let unlocked = a.cli_json(&["unlock", "--route", "login", "--account", "mallory"]);
     assert!(unlocked.get("cleared").is_some(), "{unlocked}");
