@@ -1,4 +1,4 @@
-//! What the operator's view shows (issue 16): verdicts per route, request
+//! What the operator's view shows: verdicts per route, request
 //! latency, the top refused prefixes and failing accounts, recent refusals
 //! and lockouts, attempts and failures per account per day, and a sample
 //! of monitor mode's would-be refusals. Read by `tollgate top`, `sample`,

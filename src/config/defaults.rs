@@ -333,7 +333,7 @@ const _: () = {
     assert!(SHARED_HOST_TTL_HEARTBEATS_MIN * SHARED_HEARTBEAT_MS_MIN <= SHARED_HOST_TTL_MS_MAX);
 };
 
-// The operator's view (`[activity]`, issue 16): what `tollgate top` and
+// The operator's view (`[activity]`): what `tollgate top` and
 // `tollgate sample` read. Each structure is fixed-size; the defaults keep
 // the whole under ~4 MB.
 /// Events (refusals, failures, sampled attempts, lockouts) waiting for the
@@ -369,7 +369,7 @@ pub const ACTIVITY_SAMPLES_MAX_LIMIT: usize = 100_000;
 /// One batch of requests in this many has its latency measured (two clock
 /// reads per batch measured): the percentiles need a sample, not every request.
 pub const ACTIVITY_LATENCY_SAMPLE_EVERY: u32 = 8;
-// The decision log (`[decision_log]`, issue 16): the what-if replay's
+// The decision log (`[decision_log]`): the what-if replay's
 // input. A record is 62 bytes on disk for a check with an account and an
 // IPv4 address, 262 at most (see `decision_log/record.rs`).
 /// A file is one unit of deletion: 64 MiB holds about a million
@@ -397,7 +397,7 @@ pub const DECISION_LOG_AGE_MAX_SECS_LIMIT: u64 = 366 * 86_400;
 pub const DECISION_LOG_QUEUE_MAX_DEFAULT: usize = 16_384;
 pub const DECISION_LOG_QUEUE_MAX_LIMIT: usize = 1 << 20;
 
-// Spray detection (`[signals]`, issue 15). The arithmetic behind each
+// Spray detection (`[signals]`). The arithmetic behind each
 // threshold is in docs/design/spray-detection.md §6: an office's 605
 // distinct failed accounts an hour per address come with thousands of
 // successes (share ≈ 0.1), a spray's do not (share ≈ 1).

@@ -160,7 +160,7 @@ impl<T> IndexMut<SourceClass> for ByClass<T> {
     }
 }
 
-/// A spray detector (issue 15): a distinct count over a sliding window
+/// A spray detector: a distinct count over a sliding window
 /// that flags a subject for signal rules to act on. The file spells it as
 /// `name` does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]

@@ -1,4 +1,4 @@
-//! The decision log and its what-if replay (issue 16).
+//! The decision log and its what-if replay.
 //!
 //! With `[decision_log]` on, every check and report verdict becomes a
 //! compact record (`record.rs`: digests and addresses, never a name) that

@@ -1,4 +1,4 @@
-//! Shared mode (issue 14): a check or report whose route has global rules
+//! Shared mode: a check or report whose route has global rules
 //! is decided in two halves around one store call. The first half does
 //! this host's rules and builds the op; the second reads the store's reply
 //! (`*_stored`) or, when the store did not answer in time, counts the

@@ -1,4 +1,4 @@
-//! Red-team tests of spray detection against the limiter (issue 15): what
+//! Red-team tests of spray detection against the limiter: what
 //! an attacker can make the detectors do to other people.
 
 use std::net::{IpAddr, Ipv6Addr};

@@ -1,4 +1,4 @@
--- tollgate's one script (issue 14): a batch of operations on the security
+-- tollgate's one script: a batch of operations on the security
 -- counters shared by every host, run atomically by the store. Loaded by SHA
 -- (EVALSHA), reloaded on NOSCRIPT. No modules: managed services cannot load
 -- them.

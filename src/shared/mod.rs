@@ -1,4 +1,4 @@
-//! The shared store (issue 14): the security counters of global rules kept
+//! The shared store: the security counters of global rules kept
 //! in Redis or Valkey, so that N hosts behind a load balancer enforce one
 //! limit, not N. Every call waits at most `timeout_ms`; a breaker stops the
 //! waiting altogether when the store is away, and the limiter then counts

@@ -1,4 +1,4 @@
-//! Spray detection (issue 15): the second axis. Per-key counters cannot see
+//! Spray detection: the second axis. Per-key counters cannot see
 //! an attack built to stay under every per-key threshold, one attempt per
 //! account across thousands of accounts. These signals count *distinct*
 //! things across keys over a sliding window, off the request path:
