@@ -1,0 +1,289 @@
+//! The dispatcher: callers' ops gathered into batches, one script call
+//! a batch (a cluster's split by slot), the replies handed back.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{oneshot, Semaphore};
+
+use super::nodes::Change;
+use super::script::{batch_command, batch_eval_command, op_slot, split_batch, Op, Reply, ReplyError, SCRIPT};
+use super::{CallError, Connection, Pending, SharedStore, BATCHES_IN_FLIGHT_MAX, LATE_REPLY_WAIT_MS, LOG_TARGET};
+
+/// How long before `LATE_REPLY_WAIT_MS` runs out a check sent to the store
+/// stops taking places there (for the reply's way back).
+const CHECK_EXPIRY_MARGIN_MS: u64 = 100;
+
+impl SharedStore {
+    /// The store's time after which a batch sent now takes no place for a
+    /// check: `CHECK_EXPIRY_MARGIN_MS` before this host stops waiting for
+    /// its reply, so a place the store takes is one this host can give
+    /// back. 0 (none) before the node's time is known. The estimate is
+    /// late by the last reply's transit at most, so it errs towards
+    /// keeping a check; a check expired by a wrong estimate answers with
+    /// the node's time, which corrects it.
+    fn checks_until_us(&self, node: &str) -> u64 {
+        match self.node_clocks.lock().unwrap_or_else(|e| e.into_inner()).get(node) {
+            None => 0,
+            Some(offset) => {
+                (self.micros() as i64 + offset).max(0) as u64 + (LATE_REPLY_WAIT_MS - CHECK_EXPIRY_MARGIN_MS) * 1000
+            }
+        }
+    }
+
+    /// Learns a node's clock from a batch's replies: a check's or
+    /// report's (its second integer is the store's time), or an expired
+    /// check's.
+    fn note_node_clock(&self, node: &str, ops: &[&Op], replies: &[Result<Reply, ReplyError>]) {
+        let store_now = ops.iter().zip(replies).find_map(|(op, reply)| match reply {
+            Ok(reply) if matches!(op.kind, b'C' | b'R') => reply.ints.get(1).map(|&t| t.max(0) as u64),
+            Err(ReplyError::Expired { store_now }) => Some(*store_now),
+            _ => None,
+        });
+        if let Some(store_now) = store_now.filter(|&t| t > 0) {
+            let offset = store_now as i64 - self.micros() as i64;
+            self.node_clocks.lock().unwrap_or_else(|e| e.into_inner()).insert(node.to_string(), offset);
+        }
+    }
+
+    /// Starts the dispatchers. Call once, inside the runtime.
+    pub fn start(self: &Arc<SharedStore>) {
+        let Some(mut receiver) = self.receiver.lock().unwrap_or_else(|e| e.into_inner()).take() else { return };
+        let store = self.clone();
+        tokio::spawn(async move {
+            let in_flight = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT_MAX));
+            let mut batch: Vec<Pending> = Vec::with_capacity(store.config.batch_max);
+            while let Some(first) = receiver.recv().await {
+                batch.push(first);
+                while batch.len() < store.config.batch_max {
+                    match receiver.try_recv() {
+                        Ok(p) => batch.push(p),
+                        Err(_) => break,
+                    }
+                }
+                // A caller that already gave up needs nothing sent, but for
+                // a check (it may take places, given back when its reply
+                // comes late) and a release (sent though nobody waits for
+                // it: the places it gives back are the point). A report's
+                // caller that gave up counted it on the share.
+                batch.retain(|p| !p.reply.is_closed() || matches!(p.op.kind, b'C' | b'X'));
+                if batch.is_empty() {
+                    continue;
+                }
+                let permit = in_flight.clone().acquire_owned().await.expect("never closed");
+                let sent = std::mem::replace(&mut batch, Vec::with_capacity(store.config.batch_max));
+                let store = store.clone();
+                tokio::spawn(async move {
+                    store.send_batch(sent).await;
+                    drop(permit);
+                });
+            }
+        });
+    }
+
+    async fn send_batch(self: &Arc<SharedStore>, batch: Vec<Pending>) {
+        let connection = self.connection.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let Some(connection) = connection else {
+            for p in batch {
+                let _ = p.reply.send(Err(CallError::Failed("not connected".into())));
+            }
+            return;
+        };
+        if !self.is_cluster() {
+            self.send_group(connection, batch, None).await;
+            return;
+        }
+        // A script's keys must all hash to one slot (CROSSSLOT otherwise):
+        // one EVALSHA per slot, sent together; each group's callers are
+        // answered as soon as its node answers. The batch holds its
+        // in-flight place for at most the callers' deadline: a dead node's
+        // group (waiting out its backstop) must not stall the dispatcher
+        // and with it the live nodes' slots.
+        let mut groups: Vec<(Option<u16>, Vec<Pending>)> = Vec::new();
+        for p in batch {
+            match op_slot(&p.op) {
+                Ok(slot) => match groups.iter_mut().find(|(s, _)| *s == slot) {
+                    Some((_, group)) => group.push(p),
+                    None => groups.push((slot, vec![p])),
+                },
+                Err(()) => {
+                    let _ = p.reply.send(Err(CallError::Failed("an op's keys span cluster slots".into())));
+                }
+            }
+        }
+        // A group whose node is away is answered at once, but for one
+        // probe in each probe delay.
+        let now = self.micros();
+        let groups: Vec<_> = {
+            let mut nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
+            groups
+                .into_iter()
+                .filter_map(|(slot, group)| match slot {
+                    Some(s) if !nodes.admit(s, now) => {
+                        let name = nodes.name_of(s).unwrap_or("?").to_string();
+                        for p in group {
+                            let _ = p.reply.send(Err(CallError::NodeAway(name.clone())));
+                        }
+                        None
+                    }
+                    _ => Some((slot, group)),
+                })
+                .collect()
+        };
+        let sends: Vec<_> = groups
+            .into_iter()
+            .map(|(slot, group)| {
+                let (store, connection) = (self.clone(), connection.clone());
+                tokio::spawn(async move {
+                    let answered = store.send_group(connection, group, slot).await;
+                    if let Some(slot) = slot {
+                        store.node_outcome(slot, answered);
+                    }
+                })
+            })
+            .collect();
+        let deadline = Duration::from_millis(self.config.timeout_ms);
+        let _ = tokio::time::timeout(deadline, futures_util::future::join_all(sends)).await;
+    }
+
+    /// A cluster call's outcome, on its node's breaker; a change is logged
+    /// and shown as the last error.
+    fn node_outcome(&self, slot: u16, answered: bool) {
+        let change = self.nodes.lock().unwrap_or_else(|e| e.into_inner()).outcome(slot, answered, self.micros());
+        match change {
+            Change::None => {}
+            Change::Opened(node) => {
+                let e = CallError::NodeAway(node.clone());
+                self.set_last_error(&e);
+                tracing::warn!(target: LOG_TARGET, node = %node,
+                    "cluster node away; its slots are answered on this host (degraded) and probed, the other nodes' slots are still asked");
+            }
+            Change::Closed(node) => {
+                self.write_back_due.store(true, Ordering::Release);
+                tracing::info!(target: LOG_TARGET, node = %node, "cluster node back; its slots are asked again");
+            }
+        }
+    }
+
+    /// Whether a cluster node came back since the last call: the
+    /// supervisor then writes back the lockouts taken on this host's share
+    /// while it was away, as after the whole store comes back.
+    pub fn take_write_back_due(&self) -> bool {
+        self.write_back_due.swap(false, Ordering::AcqRel)
+    }
+
+    /// Reads the cluster's slot map for the node breakers on a task of its
+    /// own, unless a read is still running (each waits at most
+    /// `connect_timeout_ms`). Called at every heartbeat.
+    pub fn refresh_slots_in_background(self: &Arc<SharedStore>) {
+        if !self.is_cluster() || self.refreshing_slots.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let store = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = store.refresh_slots().await {
+                tracing::debug!(target: LOG_TARGET, error = %e, "cluster slot map not read; the last one stands");
+            }
+            store.refreshing_slots.store(false, Ordering::Release);
+        });
+    }
+
+    /// Reads the cluster's slot map (`CLUSTER SLOTS`) for the node
+    /// breakers. Off the request path.
+    pub async fn refresh_slots(&self) -> Result<(), String> {
+        if !self.is_cluster() {
+            return Ok(());
+        }
+        let connection = self.connection.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let Some(mut connection) = connection else { return Err("not connected".into()) };
+        let timeout = Duration::from_millis(self.config.connect_timeout_ms);
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("SLOTS");
+        let reply = tokio::time::timeout(timeout, cmd.query_async::<redis::Value>(&mut connection))
+            .await
+            .map_err(|_| "CLUSTER SLOTS timed out".to_string())?
+            .map_err(|e| e.to_string())?;
+        self.nodes.lock().unwrap_or_else(|e| e.into_inner()).remap(&reply).map_err(str::to_string)
+    }
+
+    /// One EVALSHA for `batch` (one slot's ops in a cluster), its replies
+    /// handed to the callers. True if the store answered the batch.
+    async fn send_group(&self, mut connection: Connection, batch: Vec<Pending>, slot: Option<u16>) -> bool {
+        self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        self.stats.batched_ops.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        let ops: Vec<&Op> = batch.iter().map(|p| &p.op).collect();
+        let cluster = self.is_cluster();
+        let node = match slot {
+            Some(slot) => self.nodes.lock().unwrap_or_else(|e| e.into_inner()).name_of(slot).unwrap_or("?").to_string(),
+            None => String::new(),
+        };
+        let started = Instant::now();
+        let result = tokio::time::timeout(Duration::from_millis(LATE_REPLY_WAIT_MS), async {
+            let checks_until_us = self.checks_until_us(&node);
+            let cmd = batch_command(&self.sha, &ops, checks_until_us);
+            match cmd.query_async::<redis::Value>(&mut connection).await {
+                Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                    // A restarted or flushed store: load the script and try
+                    // once more. In a cluster only the node of this slot is
+                    // known to lack it, and EVAL loads it exactly there.
+                    self.stats.noscript_reloads.fetch_add(1, Ordering::Relaxed);
+                    if cluster {
+                        batch_eval_command(&ops, checks_until_us).query_async::<redis::Value>(&mut connection).await
+                    } else {
+                        redis::cmd("SCRIPT").arg("LOAD").arg(SCRIPT).query_async::<String>(&mut connection).await?;
+                        cmd.query_async::<redis::Value>(&mut connection).await
+                    }
+                }
+                other => other,
+            }
+        })
+        .await;
+        let rtt = started.elapsed().as_micros() as u64;
+        self.stats.rtt_us_sum.fetch_add(rtt, Ordering::Relaxed);
+        self.stats.rtt_us_max.fetch_max(rtt, Ordering::Relaxed);
+        let replies = match result {
+            Ok(Ok(value)) => {
+                split_batch(value, batch.len()).map_err(|e| CallError::Failed(e.to_string())).inspect(|replies| {
+                    let ops: Vec<&Op> = batch.iter().map(|p| &p.op).collect();
+                    self.note_node_clock(&node, &ops, replies);
+                })
+            }
+            Ok(Err(e)) => Err(CallError::Failed(e.to_string())),
+            Err(_) => Err(CallError::Timeout),
+        };
+        match replies {
+            Ok(replies) => {
+                for (p, reply) in batch.into_iter().zip(replies) {
+                    // A check the store ran too late took nothing: to a
+                    // caller still waiting, the store was late.
+                    let reply = reply.map_err(|e| match e {
+                        ReplyError::Expired { .. } => CallError::Expired,
+                        e => CallError::BadValue(e),
+                    });
+                    if let Err(reply) = p.reply.send(reply) {
+                        self.stats.late_replies.fetch_add(1, Ordering::Relaxed);
+                        // A check answered on this host after all: the places
+                        // it took in the store must not also hold.
+                        let release = match &reply {
+                            Ok(reply) => p.op.release_taken(reply).ok().flatten(),
+                            Err(_) => None,
+                        };
+                        if let Some(release) = release {
+                            self.stats.releases_sent.fetch_add(1, Ordering::Relaxed);
+                            let (tx, _) = oneshot::channel();
+                            let _ = self.queue.try_send(Pending { op: release, reply: tx });
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                for p in batch {
+                    let _ = p.reply.send(Err(e.clone()));
+                }
+                return false;
+            }
+        }
+        true
+    }
+}
