@@ -11,19 +11,21 @@
 
 use super::maintenance::unlocks_one_entry;
 use super::route::{Full, Route, Rule, Table};
-use super::shards::shard_index;
+use super::store_reply::{
+    entry_counts, full_rate_spec, is_locked, parse_check, parse_report, scope, store_failure_answer,
+    store_knows_device, Found,
+};
 use super::subject::RuleKeys;
-use super::verdict::{combine, failure_answer, gcra_spec, rate_answer, Answers, RuleAnswer};
+use super::verdict::{combine, rate_answer, Answers, RuleAnswer};
 use super::{CheckPlan, Limiter, PreparedReport, RequestError, Rules};
 use crate::classes::SourceClass;
-use crate::config::DeviceScope;
-use crate::failure_window::{Counts, Settled, Standing};
+use crate::failure_window::Settled;
 use crate::gcra::decide;
 use crate::keys::{Component, Key};
 use crate::protocol::{Outcome, Reason, Subject, Verdict};
-use crate::shared::script::{CheckRule, Ints, Op, Reply, ReplyError, ReportRule, Scope, StoreEntry};
+use crate::shared::script::{CheckRule, Op, Reply, ReplyError, ReportRule};
 use crate::signals::flags::Hits;
-use crate::store::{DeviceMap, DeviceRows, Durable};
+use crate::store::Durable;
 use smallvec::SmallVec;
 
 /// The wait a check refused by a busy store is told: the attempts queued
@@ -32,8 +34,8 @@ const BUSY_RETRY_AFTER_US: u64 = 1_000_000;
 
 /// A check after this host's rules, waiting for the store.
 pub struct StoreCheck<'l> {
-    route: &'l Route,
-    rule_keys: RuleKeys,
+    pub(super) route: &'l Route,
+    pub(super) rule_keys: RuleKeys,
     class: Option<SourceClass>,
     answers: Answers<'l>,
     /// Bit i: host rule i holds a place for this attempt.
@@ -64,7 +66,7 @@ pub enum CheckedLocally<'l> {
 
 /// A report after this host's rules, waiting for the store.
 pub struct StoreReport<'l> {
-    prepared: PreparedReport<'l>,
+    pub(super) prepared: PreparedReport<'l>,
     answers: Answers<'l>,
     durable: Vec<Durable>,
     pub op: Op,
@@ -111,7 +113,7 @@ impl Limiter {
     /// The store's name for a rule's entry: every key of one decision
     /// shares the hash tag (the account's tag when the rule's key has the
     /// account, so a login's rules live on one Cluster node).
-    fn store_key(&self, rule: &Rule, key: Key) -> String {
+    pub(super) fn store_key(&self, rule: &Rule, key: Key) -> String {
         let tag = if rule.key.contains(&Component::Account) { key.account_tag } else { key.tuple };
         let kind = if matches!(rule.global, Some(Full::Rate { .. })) { "r" } else { "f" };
         store_name(self.prefix(), tag, kind, &rule.id, Some(key.to_u128()))
@@ -541,84 +543,6 @@ impl Limiter {
     }
 }
 
-/// A lockout taken on a degraded table, to write back to the store.
-pub struct WriteBack {
-    pub op: Op,
-    route: usize,
-    rule: usize,
-    key: Key,
-    lock_remaining_us: u64,
-}
-
-impl Limiter {
-    /// Every key locked on a global rule's degraded table: lockouts taken
-    /// while the store was away (or before shared mode), each as a merge.
-    /// A merge carries durations, not instants, so skew between this host
-    /// and the store does not move it; its age is counted from the start
-    /// of the window the lockout was taken in (the earliest it can be), so
-    /// an operator's unlock made in the store after that window wins.
-    pub fn degraded_lockouts(&self, now_us: u64) -> Vec<WriteBack> {
-        let mut out = Vec::new();
-        for (r, route) in self.routes.iter().enumerate() {
-            for (i, rule) in route.rules.iter().enumerate() {
-                let (Some(Full::Failures(full)), Table::Failures { shards, .. }) = (rule.global, &rule.table) else {
-                    continue;
-                };
-                for table in shards.each() {
-                    let spec = table.spec();
-                    for (key, counts) in table.locked(now_us) {
-                        let lock_remaining_us = spec.unlocks_at(counts, now_us) - now_us;
-                        let age_us = now_us.saturating_sub(counts.window as u64 * spec.window_us);
-                        let op = Op::merge(
-                            self.store_key(rule, key),
-                            full.window_us,
-                            full.threshold,
-                            lock_remaining_us,
-                            age_us,
-                        );
-                        out.push(WriteBack { op, route: r, rule: i, key, lock_remaining_us });
-                    }
-                }
-            }
-        }
-        out
-    }
-
-    /// The store has a lockout written back: it leaves the degraded table
-    /// and, if the store took it (`applied`: no unlock made since), it is
-    /// known here (refused from memory until it ends).
-    pub fn written_back(&self, lockout: &WriteBack, applied: bool, now_us: u64) {
-        let route = &self.routes[lockout.route];
-        let rule = &route.rules[lockout.rule];
-        let Table::Failures { shards, .. } = &rule.table else { return };
-        let key = lockout.key;
-        let mut table = shards.of(key);
-        if table.clear(key).is_some() {
-            self.journal.write(&rule.id, table.spec().window_us, vec![(key, None)]);
-        }
-        drop(table);
-        if !applied {
-            return;
-        }
-        let until = now_us + lockout.lock_remaining_us;
-        self.remember_lockout(route, lockout.rule, key, until, now_us);
-        let _ = self.persist_known_lockout(route, lockout.rule, key, until);
-    }
-
-    /// Writes a lockout the store reported to the state file; the reply
-    /// waits for it, as for a lockout taken on this host.
-    fn persist_known_lockout(&self, route: &Route, rule_index: usize, key: Key, until_us: u64) -> Option<Durable> {
-        let rows = DeviceRows {
-            route: route.name.as_str().into(),
-            map: DeviceMap::KnownLockouts,
-            shard: shard_index(key.tuple) as u8,
-            whole: false,
-            rows: vec![(key.tuple, Some((until_us, route.rules[rule_index].tag)))],
-        };
-        self.journal.write_devices(rows, true)
-    }
-}
-
 /// A store key: `{prefix}:{{tag:016x}}:{kind}:{name}` and, for an entry,
 /// `:{digest:032x}`. Every request names two to five of them; `format!`'s
 /// padded hex was a tenth of the daemon's time in shared mode.
@@ -641,152 +565,6 @@ fn store_name(prefix: &str, tag: u64, kind: &str, name: &str, digest: Option<u12
         hex(&mut out, digest, 32);
     }
     out
-}
-
-/// Whether the store knows the check's device, read from how it scoped the
-/// global rules (a rule for unknown devices skipped, or one for known
-/// devices applied); `None` when no global rule is scoped by device.
-fn store_knows_device(route: &Route, found: &[(usize, Found)]) -> Option<bool> {
-    let mut knows = None;
-    for (i, found) in found {
-        let skipped = matches!(found, Found::Skipped);
-        match route.rules[*i].devices {
-            DeviceScope::UnknownDevices => knows = Some(knows.unwrap_or(false) || skipped),
-            DeviceScope::KnownDevices => knows = Some(knows.unwrap_or(false) || !skipped),
-            DeviceScope::All => {}
-        }
-    }
-    knows
-}
-
-/// A rule's device scope for the store's script: decided there when the
-/// request has a device it can look up; otherwise already decided here
-/// (the rule has a key only if it applies).
-fn scope(rule: &Rule, store_decides_devices: bool) -> Scope {
-    match (store_decides_devices, rule.devices) {
-        (false, _) | (true, DeviceScope::All) => 0,
-        (true, DeviceScope::UnknownDevices) => 1,
-        (true, DeviceScope::KnownDevices) => 2,
-    }
-}
-
-fn full_rate_spec(full: Full, class: Option<SourceClass>) -> crate::gcra::GcraSpec {
-    match full {
-        Full::Rate { rate, by_class } => gcra_spec(class.and_then(|c| by_class[c]).unwrap_or(rate)),
-        Full::Failures(_) => unreachable!("a failure rule has no rate"),
-    }
-}
-
-fn entry_counts(entry: StoreEntry) -> Counts {
-    Counts { window: entry.window, previous: entry.previous, current: entry.current }
-}
-
-fn is_locked(spec: crate::failure_window::WindowSpec, entry: StoreEntry, store_now: u64) -> bool {
-    entry.lock_remaining_us > 0 || spec.is_locked(entry_counts(entry), store_now)
-}
-
-/// A global failure rule's answer, from the store's entry at its `now`.
-fn store_failure_answer<'r>(
-    rule: &'r Rule,
-    spec: crate::failure_window::WindowSpec,
-    refused: bool,
-    entry: StoreEntry,
-    store_now: u64,
-) -> RuleAnswer<'r> {
-    let standing = Standing {
-        counts: entry_counts(entry),
-        in_flight: entry.in_flight,
-        in_flight_until_us: store_now + if entry.in_flight > 0 { entry.first_lapse_in_us } else { 0 },
-    };
-    let mut answer = failure_answer(rule, spec, standing, refused, store_now);
-    if refused {
-        // A lockout written back by a host that counted it while the
-        // store was away lasts its own time, and no lockout of a sliding
-        // window outlasts its next window: a planted lock-until is held
-        // no longer than that.
-        let lock_remaining_us = entry.lock_remaining_us.min(spec.window_us.saturating_mul(2));
-        answer.retry_after_us = answer.retry_after_us.max(lock_remaining_us);
-        // Places alone refuse only when nothing else does: a written-back
-        // lockout, or a store whose counts refuse, is a failures' refusal.
-        if lock_remaining_us > 0 || standing.in_flight == 0 || spec.is_locked(standing.counts, store_now) {
-            answer.reason = Reason::TooManyFailures;
-        }
-    }
-    answer
-}
-
-enum Found {
-    /// A device-scoped rule the store found does not apply.
-    Skipped,
-    Failures {
-        refuses: bool,
-        entry: StoreEntry,
-    },
-    Reported {
-        was_locked: bool,
-        now_locked: bool,
-        entry: StoreEntry,
-    },
-    Rate {
-        tat: u64,
-    },
-}
-
-struct Parsed {
-    admitted: bool,
-    store_now: u64,
-    /// (rule index in the route, what the store said), in op order.
-    rules: Vec<(usize, Found)>,
-}
-
-fn global_rules<'r>(route: &'r Route, keys: &'r RuleKeys) -> impl Iterator<Item = (usize, &'r Rule)> + 'r {
-    route.rules.iter().zip(keys.iter()).enumerate().filter_map(|(i, (rule, key))| match (rule.global, key) {
-        (Some(_), Some(_)) => Some((i, rule)),
-        _ => None,
-    })
-}
-
-fn parse_check(check: &StoreCheck<'_>, reply: &Reply) -> Result<Parsed, ReplyError> {
-    let mut ints = Ints::new(reply);
-    let admitted = ints.flag()?;
-    let store_now = ints.unsigned()?;
-    let mut rules = Vec::new();
-    for (i, rule) in global_rules(check.route, &check.rule_keys) {
-        if ints.peek()? == 2 {
-            ints.next()?;
-            rules.push((i, Found::Skipped));
-            continue;
-        }
-        let refuses = ints.flag()?;
-        let found = match rule.global {
-            Some(Full::Failures(_)) => Found::Failures { refuses, entry: StoreEntry::read(&mut ints)? },
-            _ => Found::Rate { tat: ints.unsigned()? },
-        };
-        rules.push((i, found));
-    }
-    Ok(Parsed { admitted, store_now, rules })
-}
-
-fn parse_report(report: &StoreReport<'_>, reply: &Reply) -> Result<Parsed, ReplyError> {
-    let mut ints = Ints::new(reply);
-    let _locks = ints.unsigned()?;
-    let store_now = ints.unsigned()?;
-    let mut rules = Vec::new();
-    for (i, rule) in global_rules(report.prepared.route, &report.prepared.rule_keys) {
-        if ints.peek()? == 2 {
-            ints.next()?;
-            rules.push((i, Found::Skipped));
-            continue;
-        }
-        let was_locked = ints.flag()?;
-        let now_locked = ints.flag()?;
-        let found = match rule.global {
-            Some(Full::Failures(_)) => Found::Reported { was_locked, now_locked, entry: StoreEntry::read(&mut ints)? },
-            _ => Found::Rate { tat: ints.unsigned()? },
-        };
-        rules.push((i, found));
-    }
-    Ok(Parsed { admitted: true, store_now, rules })
 }
 
 #[cfg(test)]

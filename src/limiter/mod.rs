@@ -17,8 +17,10 @@ mod observe;
 mod route;
 mod shards;
 mod status;
+mod store_reply;
 mod subject;
 mod verdict;
+mod write_back;
 
 pub use global::{CheckStored, CheckedLocally, ReportStored, ReportedLocally};
 pub use maintenance::Restored;

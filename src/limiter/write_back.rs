@@ -1,0 +1,94 @@
+//! Lockouts taken while the store was away, written back to it when it
+//! returns (a merge: the later lockout wins, an unlock made since wins),
+//! and the lockouts the store reports kept in the state file.
+
+use super::route::{Full, Route, Table};
+use super::shards::shard_index;
+use super::Limiter;
+use crate::keys::Key;
+use crate::shared::script::Op;
+use crate::store::{DeviceMap, DeviceRows, Durable};
+
+/// A lockout taken on a degraded table, to write back to the store.
+pub struct WriteBack {
+    pub op: Op,
+    route: usize,
+    rule: usize,
+    key: Key,
+    lock_remaining_us: u64,
+}
+
+impl Limiter {
+    /// Every key locked on a global rule's degraded table: lockouts taken
+    /// while the store was away (or before shared mode), each as a merge.
+    /// A merge carries durations, not instants, so skew between this host
+    /// and the store does not move it; its age is counted from the start
+    /// of the window the lockout was taken in (the earliest it can be), so
+    /// an operator's unlock made in the store after that window wins.
+    pub fn degraded_lockouts(&self, now_us: u64) -> Vec<WriteBack> {
+        let mut out = Vec::new();
+        for (r, route) in self.routes.iter().enumerate() {
+            for (i, rule) in route.rules.iter().enumerate() {
+                let (Some(Full::Failures(full)), Table::Failures { shards, .. }) = (rule.global, &rule.table) else {
+                    continue;
+                };
+                for table in shards.each() {
+                    let spec = table.spec();
+                    for (key, counts) in table.locked(now_us) {
+                        let lock_remaining_us = spec.unlocks_at(counts, now_us) - now_us;
+                        let age_us = now_us.saturating_sub(counts.window as u64 * spec.window_us);
+                        let op = Op::merge(
+                            self.store_key(rule, key),
+                            full.window_us,
+                            full.threshold,
+                            lock_remaining_us,
+                            age_us,
+                        );
+                        out.push(WriteBack { op, route: r, rule: i, key, lock_remaining_us });
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The store has a lockout written back: it leaves the degraded table
+    /// and, if the store took it (`applied`: no unlock made since), it is
+    /// known here (refused from memory until it ends).
+    pub fn written_back(&self, lockout: &WriteBack, applied: bool, now_us: u64) {
+        let route = &self.routes[lockout.route];
+        let rule = &route.rules[lockout.rule];
+        let Table::Failures { shards, .. } = &rule.table else { return };
+        let key = lockout.key;
+        let mut table = shards.of(key);
+        if table.clear(key).is_some() {
+            self.journal.write(&rule.id, table.spec().window_us, vec![(key, None)]);
+        }
+        drop(table);
+        if !applied {
+            return;
+        }
+        let until = now_us + lockout.lock_remaining_us;
+        self.remember_lockout(route, lockout.rule, key, until, now_us);
+        let _ = self.persist_known_lockout(route, lockout.rule, key, until);
+    }
+
+    /// Writes a lockout the store reported to the state file; the reply
+    /// waits for it, as for a lockout taken on this host.
+    pub(super) fn persist_known_lockout(
+        &self,
+        route: &Route,
+        rule_index: usize,
+        key: Key,
+        until_us: u64,
+    ) -> Option<Durable> {
+        let rows = DeviceRows {
+            route: route.name.as_str().into(),
+            map: DeviceMap::KnownLockouts,
+            shard: shard_index(key.tuple) as u8,
+            whole: false,
+            rows: vec![(key.tuple, Some((until_us, route.rules[rule_index].tag)))],
+        };
+        self.journal.write_devices(rows, true)
+    }
+}
