@@ -1,4 +1,4 @@
-//! What an operator sees of the shared store (issue 14): `tollgate metrics`
+//! What an operator sees of the shared store: `tollgate metrics`
 //! against a real daemon and a real `redis-server`, before and after the
 //! store dies. The README and docs/operations.md tell operators to alert on
 //! these series, so their names and values are tested here.

@@ -1,4 +1,4 @@
-//! Shared mode (issue 14): the promise that no request waits longer than
+//! Shared mode: the promise that no request waits longer than
 //! `[shared] timeout_ms` for the store holds for a pipelining client too.
 //! A run of pipelined checks queues all its store ops before waiting for
 //! any, so they share one deadline (and one batch), not one each in turn.

@@ -1,4 +1,4 @@
-//! Shared mode (issue 14) against real `redis-server` processes and several
+//! Shared mode against real `redis-server` processes and several
 //! real daemons: the single-host guarantees hold across hosts, including
 //! under concurrency, and a store that dies, freezes or is cut off leaves
 //! every answer bounded and the control in place (degraded shares).
@@ -421,7 +421,7 @@ fn an_unlock_through_a_slow_store_waits_one_round_trip_not_one_per_rule() {
 /// A write-back larger than the queue to the store (`pending_max`) is
 /// sent in chunks the queue holds: every lockout taken while the store was
 /// away reaches it. Sent all at once, the merges past the queue's room
-/// were refused (QueueFull) and never written (red team, issue 14).
+/// were refused (QueueFull) and never written (a red team's finding).
 #[test]
 fn a_write_back_larger_than_the_queue_reaches_the_store_whole() {
     require_redis();
@@ -452,7 +452,7 @@ fn a_write_back_larger_than_the_queue_reaches_the_store_whole() {
 
 /// An op the script cannot read (a short packed argument) fails on its
 /// own: the batch's other ops still run. Unguarded, the script's error
-/// aborted the whole batch (red team, issue 14).
+/// aborted the whole batch (a red team's finding).
 #[test]
 fn an_op_the_script_cannot_read_fails_alone_and_the_rest_of_its_batch_runs() {
     require_redis();
@@ -536,7 +536,7 @@ fn a_slow_or_dropping_path_to_the_store_degrades_only_its_daemon() {
     }
 }
 
-// The red team's cases (issue 14 review): each failed before its fix.
+// The red team's cases: each failed before its fix.
 
 /// A check whose store reply arrives after the timeout took places in the
 /// store while the daemon answered on its share (a lone late check, not in
@@ -622,7 +622,7 @@ fn alice_on_her_known_device_logs_in_on_another_host_while_a_spray_holds_her_cei
     }
 }
 
-/// Red team (issue 16): a lockout a global rule takes in the store is a
+/// Red team: a lockout a global rule takes in the store is a
 /// lockout like any other, so the operator's view lists it in its recent
 /// lockouts, as it does on a host without `[shared]`.
 #[test]

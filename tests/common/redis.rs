@@ -1,5 +1,5 @@
-//! Real `redis-server` processes for the shared-store tests (issue 14,
-//! docs/design/shared-store.md §7.1): started in temp dirs, killed with
+//! Real `redis-server` processes for the shared-store tests
+//! (docs/design/shared-store.md §7.1): started in temp dirs, killed with
 //! SIGKILL, frozen with SIGSTOP, and a proxy that can delay, drop or
 //! black-hole the path to one of them. No mocks: the store's failure modes
 //! are what the daemon has to survive, so the tests cause them for real.

@@ -1,4 +1,4 @@
-//! Helpers of the shared-store tests (issue 14): several daemons that
+//! Helpers of the shared-store tests: several daemons that
 //! share one secret, and attempts raced from many connections the way an
 //! auth server makes them.
 #![allow(dead_code)]
