@@ -270,7 +270,9 @@ impl Daemon {
             limiter.shared_channel(),
             heard_later,
             source.is_none(),
-            self.clock().now_us(),
+            // The store's time (this host's clock and its offset): hosts'
+            // clocks differ, the store's is one.
+            (self.clock().now_us() as i64 + store.clock_offset_us()).max(0) as u64,
         );
         match failed {
             None => Ok(cleared),
@@ -363,7 +365,8 @@ async fn listen(daemon: Arc<Daemon>, store: Arc<SharedStore>) {
             let limiter = daemon.limiter().load();
             let now = daemon.clock().now_us();
             // A replayed unlock forgets only the lockouts learned before it.
-            let before = logged_at.unwrap_or(u64::MAX);
+            // Its stamp is the store's time, made this host's.
+            let before = logged_at.map_or(u64::MAX, |at| (at as i64 - store.clock_offset_us()).max(0) as u64);
             let words: Vec<&str> = message.split(' ').collect();
             let understood = match words.as_slice() {
                 ["L", name, remaining] => {
