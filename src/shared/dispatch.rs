@@ -19,11 +19,16 @@ impl SharedStore {
     /// The store's time after which a batch sent now takes no place for a
     /// check: `CHECK_EXPIRY_MARGIN_MS` before this host stops waiting for
     /// its reply, so a place the store takes is one this host can give
-    /// back. 0 (none) before the node's time is known. The estimate is
-    /// late by the last reply's transit at most, so it errs towards
-    /// keeping a check; a check expired by a wrong estimate answers with
-    /// the node's time, which corrects it.
+    /// back. 0 (none) before the node's time is known, or for a slot whose
+    /// node is not yet mapped ("?": several nodes' clocks would mix). The
+    /// estimate lags the node by the last reply's script time and way
+    /// back, so it errs towards expiring a check (taking no place), never
+    /// towards a place nobody gives back; an expired check answers with the
+    /// node's time, which corrects it.
     fn checks_until_us(&self, node: &str) -> u64 {
+        if node == "?" {
+            return 0;
+        }
         match self.node_clocks.lock().unwrap_or_else(|e| e.into_inner()).get(node) {
             None => 0,
             Some(offset) => {

@@ -62,8 +62,8 @@ impl Ticket<'_> {
             };
         }
         let received = match tokio::time::timeout_at(deadline, &mut reply).await {
-            // Reports are never expired; a check ran too late is late.
-            Ok(Ok(Err(CallError::Expired))) if !patient => return store.late_check(request, hot),
+            // A check the store ran too late (only checks expire) is late.
+            Ok(Ok(Err(CallError::Expired))) => return store.late_check(request, hot),
             Ok(received) => return store.received(received, true),
             Err(_) => {
                 if !patient {
@@ -116,7 +116,8 @@ impl SharedStore {
 
     /// Queues one op for the store without waiting: the breaker is looked
     /// at and the op handed to the dispatchers now, and the ticket's
-    /// deadline is `timeout_ms` from now. A caller with several ops (a
+    /// deadline is `timeout_ms` from now (less the timer's slack,
+    /// `request_wait`). A caller with several ops (a
     /// connection's pipelined run) submits them all before waiting for
     /// any, so they share one batch and one deadline, not one each in turn.
     pub fn submit(&self, op: Op) -> Result<Ticket<'_>, CallError> {
@@ -249,8 +250,10 @@ impl SharedStore {
 /// timer's millisecond. Tokio's timer fires on the first whole
 /// millisecond at or after a deadline, so a deadline `timeout_ms` out was
 /// met up to a millisecond late, and the frozen store's p99 stood above
-/// `timeout_ms` + 1 ms once the daemon's own work was added. At least half
-/// of `timeout_ms`, so a 1 ms timeout still waits for the store.
+/// `timeout_ms` + 1 ms once the daemon's own work was added (3.6 ms with
+/// the default 2; half a millisecond off still left 3.1 to 3.2). The cost:
+/// with the default the store has 1 to 2 ms to answer, so a store further
+/// away needs a larger `timeout_ms`. At least half of `timeout_ms`.
 fn request_wait(timeout_ms: u64) -> Duration {
     let timeout_us = timeout_ms.saturating_mul(1000);
     Duration::from_micros(timeout_us.saturating_sub(TIMER_SLACK_US).max(timeout_us / 2))
