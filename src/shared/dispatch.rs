@@ -48,7 +48,15 @@ impl SharedStore {
         });
         if let Some(store_now) = store_now.filter(|&t| t > 0) {
             let offset = store_now as i64 - self.micros() as i64;
-            self.node_clocks.lock().unwrap_or_else(|e| e.into_inner()).insert(node.to_string(), offset);
+            // Updated in place: a node's name is allocated once, not once
+            // a batch.
+            let mut clocks = self.node_clocks.lock().unwrap_or_else(|e| e.into_inner());
+            match clocks.get_mut(node) {
+                Some(known) => *known = offset,
+                None => {
+                    clocks.insert(node.to_string(), offset);
+                }
+            }
         }
     }
 
@@ -250,7 +258,6 @@ impl SharedStore {
         let replies = match result {
             Ok(Ok(value)) => {
                 split_batch(value, batch.len()).map_err(|e| CallError::Failed(e.to_string())).inspect(|replies| {
-                    let ops: Vec<&Op> = batch.iter().map(|p| &p.op).collect();
                     self.note_node_clock(&node, &ops, replies);
                 })
             }
