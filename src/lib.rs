@@ -66,6 +66,7 @@ mod stdout;
 mod store;
 mod tat_table;
 mod top;
+mod unpoisoned;
 
 // The counters and the tables behind them, usable alone.
 pub use expiring::{ExpiringMap, Slot};

@@ -6,6 +6,7 @@
 //! accounts is an outage for the fail policy, not a refusal: the daemon
 //! makes the same distinction for its store.
 
+use crate::unpoisoned::Unpoisoned;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -70,7 +71,7 @@ impl Bursts {
         }
         let key = h.finish();
         let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
-        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let mut entries = self.entries.locked();
         let now = self.epoch.elapsed().as_micros() as u64 + BURST_GAP_US;
         if entries.len() >= SWEEP_AT && !entries.contains_key(&key) {
             entries.retain(|_, e| e.waiting > 0 || now - e.started_us < BURST_GAP_US);
@@ -95,14 +96,14 @@ impl BurstGuard<'_> {
     /// Whether another check on its key waited while it did (before or
     /// after it came), or started within `BURST_GAP_US` before it.
     pub(crate) fn in_burst(&self) -> bool {
-        let entries = self.bursts.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let entries = self.bursts.entries.locked();
         self.company || entries.get(&self.key).is_some_and(|e| e.newest > self.seq)
     }
 }
 
 impl Drop for BurstGuard<'_> {
     fn drop(&mut self) {
-        let mut entries = self.bursts.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let mut entries = self.bursts.entries.locked();
         if let Some(entry) = entries.get_mut(&self.key) {
             entry.waiting -= 1;
         }

@@ -2,6 +2,7 @@
 //! timeout, and each route's fail policy applied when the daemon cannot
 //! answer in time, surfaced to the caller as such (never as a fake verdict).
 
+use crate::unpoisoned::Unpoisoned;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -344,7 +345,7 @@ impl Client {
             && !matches!(error, ClientError::Busy(_))
             && self.config.static_budgets.get(route).is_some_and(|spec| {
                 let now = self.started.elapsed().as_micros() as u64 + 1;
-                let mut tats = self.budget_tats.lock().unwrap_or_else(|e| e.into_inner());
+                let mut tats = self.budget_tats.locked();
                 let tat = tats.get(route).copied();
                 let (decision, after) = decide(*spec, tat, now, spend);
                 tats.insert(route.to_string(), after);
@@ -450,7 +451,7 @@ impl Client {
                     // A timely answer busy_max after the run's last timeout
                     // ends the run (quiet gaps alone do not: a frozen
                     // daemon's sparse calls are one run that grows old).
-                    let mut run = self.late_run.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut run = self.late_run.locked();
                     let now = now_us();
                     self.last_answered_us.store(now, Ordering::Relaxed);
                     if run.1 != 0 && now.saturating_sub(run.1) >= self.config.busy_max.as_micros() as u64 {
@@ -465,7 +466,7 @@ impl Client {
                 let run_young = {
                     // The time is read under the lock: read before it, a
                     // task could start the run after this one's instant.
-                    let mut run = self.late_run.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut run = self.late_run.locked();
                     let now = now_us();
                     if run.1 == 0 {
                         run.0 = now;
@@ -487,7 +488,7 @@ impl Client {
         request: &Request<'_>,
         extras: &RequestExtras,
     ) -> Result<(Response<'static>, DecodedExtras), ClientError> {
-        let pooled = self.pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let pooled = self.pool.locked().pop();
         let Some(conn) = pooled else {
             return self.call_on(self.connect().await?, request, extras).await;
         };
@@ -523,7 +524,7 @@ impl Client {
             conn.version -= 1;
             reply = self.exchange(&mut conn, request, extras).await?;
         }
-        let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        let mut pool = self.pool.locked();
         if pool.len() < POOL_CONNECTIONS_MAX {
             pool.push(conn);
         }

@@ -26,6 +26,7 @@ mod client;
 pub mod codec;
 pub mod gcra;
 pub mod protocol;
+mod unpoisoned;
 
 pub use attempt::Attempt;
 pub use client::{

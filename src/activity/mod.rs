@@ -20,6 +20,7 @@ mod per_day;
 mod reservoir;
 mod top_k;
 
+use crate::unpoisoned::Unpoisoned;
 use std::collections::VecDeque;
 use std::hash::Hasher;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -167,7 +168,7 @@ pub fn run(rx: Receiver<Event>, observer: Arc<Mutex<Observer>>, link: Arc<Activi
         while more {
             // The lock is taken per slice, so `status` is not kept waiting
             // behind a flood.
-            let mut observer = observer.lock().unwrap_or_else(|e| e.into_inner());
+            let mut observer = observer.locked();
             observer.roll(now_us());
             more = false;
             for _ in 0..DRAIN_SLICE {

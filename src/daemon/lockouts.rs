@@ -2,6 +2,7 @@
 //! made off the request path and within one memory budget, since anyone
 //! who can connect may ask for them.
 
+use crate::unpoisoned::Unpoisoned;
 use std::sync::Arc;
 
 use tokio::sync::SemaphorePermit;
@@ -91,7 +92,7 @@ impl Listing {
         let bytes = match self {
             Listing::Lockouts(limit) => lockouts_listed(limit) * LOCKOUT_REPLY_BYTES_ESTIMATE,
             Listing::Activity(limit) => {
-                let observer = daemon.activity.observer.lock().unwrap_or_else(|e| e.into_inner());
+                let observer = daemon.activity.observer.locked();
                 let c = observer.config();
                 let listed = activity_listed(limit);
                 let entries = 2 * listed.min(c.recent_max) + 2 * listed.min(2 * c.top_entries_max);
@@ -100,7 +101,7 @@ impl Listing {
                     + ACTIVITY_FIXED_BYTES_ESTIMATE
             }
             Listing::Samples(limit) => {
-                let observer = daemon.activity.observer.lock().unwrap_or_else(|e| e.into_inner());
+                let observer = daemon.activity.observer.locked();
                 activity_listed(limit).min(observer.config().samples_max) * SAMPLE_REPLY_BYTES_ESTIMATE
             }
         };

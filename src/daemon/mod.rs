@@ -12,6 +12,7 @@ mod status;
 
 pub use start::serve;
 
+use crate::unpoisoned::Unpoisoned;
 use lockouts::{lockouts_listed, lockouts_reply, LOCKOUTS_MADE_CONCURRENTLY_MAX, LOCKOUTS_REPLY_BYTES_MAX};
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -233,10 +234,10 @@ impl Daemon {
         });
         match loaded {
             Ok((config, classes)) => {
-                let mut in_force = self.config_in_force.lock().unwrap_or_else(|e| e.into_inner());
+                let mut in_force = self.config_in_force.locked();
                 let next = self.limiter.load().reconfigured(&config, classes, self.clock.now_us());
                 if let Some(spray) = &self.spray {
-                    let mut engine = spray.engine.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut engine = spray.engine.locked();
                     match &config.signals {
                         Some(signals) => engine.reconfigure(signals),
                         None => {
@@ -249,13 +250,13 @@ impl Daemon {
                 *in_force = config;
                 drop(in_force);
                 self.reloads.fetch_add(1, Ordering::Relaxed);
-                *self.last_reload_error.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                *self.last_reload_error.locked() = None;
                 tracing::info!(target: LOG_TARGET, "configuration reloaded");
             }
             Err(why) => {
                 self.reload_failures.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(target: LOG_TARGET, error = %why, "reload failed; keeping the running configuration");
-                *self.last_reload_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+                *self.last_reload_error.locked() = Some(why);
             }
         }
     }

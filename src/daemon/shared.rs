@@ -4,6 +4,7 @@
 //! the lockouts taken meanwhile, keeps this host's heartbeat, and learns
 //! how many hosts share the limits.
 
+use crate::unpoisoned::Unpoisoned;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -391,7 +392,7 @@ async fn recover(daemon: &Arc<Daemon>, store: &Arc<SharedStore>) {
     // A new subscription on a new connection: the old one may be a
     // black-holed socket that never ends by itself.
     {
-        let mut listener = daemon.listener.lock().unwrap_or_else(|e| e.into_inner());
+        let mut listener = daemon.listener.locked();
         if let Some(old) = listener.take() {
             old.abort();
         }
@@ -498,7 +499,7 @@ pub(super) async fn supervise(daemon: Arc<Daemon>, fingerprint: String, host: St
                 // A subscription that ended (or never began) is made again,
                 // at most once a heartbeat.
                 {
-                    let mut listener = daemon.listener.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut listener = daemon.listener.locked();
                     if listener.as_ref().is_none_or(|l| l.is_finished()) {
                         *listener = Some(tokio::spawn(listen(daemon.clone(), store.clone())));
                     }
@@ -549,7 +550,7 @@ impl Daemon {
     pub(super) fn set_hosts(&self, hosts: u32) {
         // Under the reload lock: a reload and this rebuild each start from
         // the limiter in force, and neither may undo the other.
-        let config = self.config_in_force.lock().unwrap_or_else(|e| e.into_inner());
+        let config = self.config_in_force.locked();
         let limiter = self.limiter.load();
         let next = limiter.with_hosts(&config, hosts, self.clock.now_us());
         self.limiter.store(Arc::new(next));

@@ -1,5 +1,6 @@
 //! `status`: the daemon's counters and every named limit in force.
 
+use crate::unpoisoned::Unpoisoned;
 use std::sync::atomic::Ordering;
 
 use super::lockouts::{LOCKOUTS_LISTED_MAX, LOCKOUTS_MADE_CONCURRENTLY_MAX, LOCKOUTS_REPLY_BYTES_MAX};
@@ -27,7 +28,7 @@ pub(crate) fn activity_listed(limit: u32) -> usize {
 /// observes: at most `limit` entries in each list.
 pub(crate) fn activity_view(observing: &Observing, limiter: &Limiter, limit: u32, now: u64) -> Activity {
     let mut view = {
-        let observer = observing.observer.lock().unwrap_or_else(|e| e.into_inner());
+        let observer = observing.observer.locked();
         observer.view(activity_listed(limit), now)
     };
     let link = &observing.link;
@@ -39,7 +40,7 @@ pub(crate) fn activity_view(observing: &Observing, limiter: &Limiter, limit: u32
 
 /// A version-4 `Samples` reply: at most `limit` would-be refusals.
 pub(crate) fn samples_reply(observing: &Observing, limit: u32) -> Response<'static> {
-    let observer = observing.observer.lock().unwrap_or_else(|e| e.into_inner());
+    let observer = observing.observer.locked();
     let (samples, seen, since_ms) = observer.samples(activity_listed(limit));
     Response::Samples { samples, seen, since_ms }
 }
@@ -121,8 +122,8 @@ impl Daemon {
     /// status reply's trailing value).
     pub(crate) fn signals_status(&self) -> Option<SignalsStatus> {
         let spray = self.spray.as_ref()?;
-        self.config_in_force.lock().unwrap_or_else(|e| e.into_inner()).signals.as_ref()?;
-        let engine = spray.engine.lock().unwrap_or_else(|e| e.into_inner());
+        self.config_in_force.locked().signals.as_ref()?;
+        let engine = spray.engine.locked();
         Some(engine.status(spray.link.dropped(), self.clock.now_us()))
     }
 
@@ -136,7 +137,7 @@ impl Daemon {
 
     /// `[activity]`'s limits: those of the structures in force (read at start).
     fn activity_limits(&self) -> Vec<NamedLimit> {
-        let observer = self.activity.observer.lock().unwrap_or_else(|e| e.into_inner());
+        let observer = self.activity.observer.locked();
         let c = observer.config();
         [
             ("activity.queue_max", c.queue_max as u64),
@@ -261,14 +262,14 @@ impl Daemon {
                 snapshot_interval_ms: self.config.snapshot_interval_ms,
                 commits: stats.commits.load(Ordering::Relaxed),
                 write_failures: stats.write_failures.load(Ordering::Relaxed),
-                last_error: stats.last_error.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+                last_error: stats.last_error.locked().clone(),
                 changes_unwritten: stats.changes_unwritten.load(Ordering::Relaxed),
                 changes_dropped: stats.changes_dropped.load(Ordering::Relaxed),
             },
             class_prefixes: limiter.class_prefixes() as u64,
             reloads: self.reloads.load(Ordering::Relaxed),
             reload_failures: self.reload_failures.load(Ordering::Relaxed),
-            last_reload_error: self.last_reload_error.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+            last_reload_error: self.last_reload_error.locked().clone(),
             log_lines_suppressed: self.audit.suppressed_total()
                 + self.refusals.suppressed_total()
                 + self.accept_errors.suppressed_total(),

@@ -12,6 +12,7 @@
 //! file is never appended to after it is closed or after a restart: a
 //! crash leaves at most a torn tail, which replay reports and reads past.
 
+use crate::unpoisoned::Unpoisoned;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -97,7 +98,7 @@ impl DecisionLog {
         let (log, rx) = DecisionLog::unstarted(config);
         let writer = Writer::new(config.clone(), clock, fingerprint, rx, log.shared.clone());
         let thread = std::thread::Builder::new().name("tollgate-decisions".into()).spawn(move || writer.run())?;
-        *log.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(thread);
+        *log.thread.locked() = Some(thread);
         Ok(log)
     }
 
@@ -124,14 +125,14 @@ impl DecisionLog {
             bytes_written: get(&s.bytes_written),
             files: get(&s.files),
             write_errors: get(&s.write_errors),
-            last_error: s.last_error.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+            last_error: s.last_error.locked().clone(),
         }
     }
 
     /// Writes what is queued, flushes, and stops the thread (at shutdown).
     pub fn stop(&self) {
         self.shared.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        if let Some(thread) = self.thread.locked().take() {
             let _ = thread.join();
         }
     }
@@ -324,7 +325,7 @@ impl Writer {
         if let Some(suppressed) = self.errors.admit(crate::clock::Clock::System.now_us()) {
             tracing::error!(target: crate::daemon::LOG_TARGET, error = %message, path = %self.config.path.display(), suppressed, "decision log write failed");
         }
-        *self.shared.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(message);
+        *self.shared.last_error.locked() = Some(message);
     }
 
     /// Deletes the oldest files past `files_max`, and every file whose

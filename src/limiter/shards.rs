@@ -1,6 +1,7 @@
 //! Sharded tables: each shard behind its own mutex on its own cache lines,
 //! and the builders that keep a running table across a reload.
 
+use crate::unpoisoned::Unpoisoned;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::expiring::ExpiringMap;
@@ -72,7 +73,7 @@ impl Shards<GcraTable> {
 /// A poisoned shard means a panic mid-step, a bug; the table itself is still
 /// consistent at every await-free step boundary, so keep serving.
 pub(super) fn lock<T>(shard: &Shard<T>) -> MutexGuard<'_, T> {
-    shard.0.lock().unwrap_or_else(|e| e.into_inner())
+    shard.0.locked()
 }
 
 /// Which shard holds `bits`: the middle bits, since the tables hash with

@@ -1,6 +1,7 @@
 //! Connecting to the store: the client (TLS, ACL user, password file),
 //! the script loaded and the secret's fingerprint checked.
 
+use crate::unpoisoned::Unpoisoned;
 use std::path::Path;
 use std::time::Duration;
 
@@ -15,7 +16,7 @@ impl SharedStore {
     /// checks the secret's fingerprint. Bounded by `connect_timeout_ms`
     /// per step. Off the request path (the supervisor).
     pub async fn connect(&self, fingerprint: &str) -> Result<(), ProbeError> {
-        *self.connection.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.connection.locked() = None;
         let connect_timeout = Duration::from_millis(self.config.connect_timeout_ms);
         let mut connection = if self.is_cluster() {
             let client = self.cluster_client().map_err(ProbeError::Unreachable)?;
@@ -53,7 +54,7 @@ impl SharedStore {
             }
             Err(e) => return Err(ProbeError::Unreachable(e)),
         }
-        *self.connection.lock().unwrap_or_else(|e| e.into_inner()) = Some(connection);
+        *self.connection.locked() = Some(connection);
         self.assert_fingerprint(fingerprint).await
     }
 

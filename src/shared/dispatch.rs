@@ -1,6 +1,7 @@
 //! The dispatcher: callers' ops gathered into batches, one script call
 //! a batch (a cluster's split by slot), the replies handed back.
 
+use crate::unpoisoned::Unpoisoned;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,7 +30,7 @@ impl SharedStore {
         if node == "?" {
             return 0;
         }
-        match self.node_clocks.lock().unwrap_or_else(|e| e.into_inner()).get(node) {
+        match self.node_clocks.locked().get(node) {
             None => 0,
             Some(offset) => {
                 (self.micros() as i64 + offset).max(0) as u64 + (LATE_REPLY_WAIT_MS - CHECK_EXPIRY_MARGIN_MS) * 1000
@@ -50,7 +51,7 @@ impl SharedStore {
             let offset = store_now as i64 - self.micros() as i64;
             // Updated in place: a node's name is allocated once, not once
             // a batch.
-            let mut clocks = self.node_clocks.lock().unwrap_or_else(|e| e.into_inner());
+            let mut clocks = self.node_clocks.locked();
             match clocks.get_mut(node) {
                 Some(known) => *known = offset,
                 None => {
@@ -62,7 +63,7 @@ impl SharedStore {
 
     /// Starts the dispatchers. Call once, inside the runtime.
     pub fn start(self: &Arc<SharedStore>) {
-        let Some(mut receiver) = self.receiver.lock().unwrap_or_else(|e| e.into_inner()).take() else { return };
+        let Some(mut receiver) = self.receiver.locked().take() else { return };
         let store = self.clone();
         tokio::spawn(async move {
             let in_flight = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT_MAX));
@@ -96,7 +97,7 @@ impl SharedStore {
     }
 
     async fn send_batch(self: &Arc<SharedStore>, batch: Vec<Pending>) {
-        let connection = self.connection.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let connection = self.connection.locked().clone();
         let Some(connection) = connection else {
             for p in batch {
                 let _ = p.reply.send(Err(CallError::Failed("not connected".into())));
@@ -129,7 +130,7 @@ impl SharedStore {
         // probe in each probe delay.
         let now = self.micros();
         let groups: Vec<_> = {
-            let mut nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
+            let mut nodes = self.nodes.locked();
             groups
                 .into_iter()
                 .filter_map(|(slot, group)| match slot {
@@ -163,7 +164,7 @@ impl SharedStore {
     /// A cluster call's outcome, on its node's breaker; a change is logged
     /// and shown as the last error.
     fn node_outcome(&self, slot: u16, answered: bool) {
-        let change = self.nodes.lock().unwrap_or_else(|e| e.into_inner()).outcome(slot, answered, self.micros());
+        let change = self.nodes.locked().outcome(slot, answered, self.micros());
         match change {
             Change::None => {}
             Change::Opened(node) => {
@@ -208,7 +209,7 @@ impl SharedStore {
         if !self.is_cluster() {
             return Ok(());
         }
-        let connection = self.connection.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let connection = self.connection.locked().clone();
         let Some(mut connection) = connection else { return Err("not connected".into()) };
         let timeout = Duration::from_millis(self.config.connect_timeout_ms);
         let mut cmd = redis::cmd("CLUSTER");
@@ -217,7 +218,7 @@ impl SharedStore {
             .await
             .map_err(|_| "CLUSTER SLOTS timed out".to_string())?
             .map_err(|e| e.to_string())?;
-        self.nodes.lock().unwrap_or_else(|e| e.into_inner()).remap(&reply).map_err(str::to_string)
+        self.nodes.locked().remap(&reply).map_err(str::to_string)
     }
 
     /// One EVALSHA for `batch` (one slot's ops in a cluster), its replies
@@ -228,7 +229,7 @@ impl SharedStore {
         let ops: Vec<&Op> = batch.iter().map(|p| &p.op).collect();
         let cluster = self.is_cluster();
         let node = match slot {
-            Some(slot) => self.nodes.lock().unwrap_or_else(|e| e.into_inner()).name_of(slot).unwrap_or("?").to_string(),
+            Some(slot) => self.nodes.locked().name_of(slot).unwrap_or("?").to_string(),
             None => String::new(),
         };
         let started = Instant::now();

@@ -6,6 +6,7 @@
 //! (within `busy_max_ms`) showed other attempts in flight there, from any
 //! host.
 
+use crate::unpoisoned::Unpoisoned;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -109,7 +110,7 @@ impl HotKeys {
     }
 
     fn shard(&self, hash: u64) -> std::sync::MutexGuard<'_, Shard> {
-        self.shards[(hash >> 60) as usize % SHARDS].lock().unwrap_or_else(|e| e.into_inner())
+        self.shards[(hash >> 60) as usize % SHARDS].locked()
     }
 }
 

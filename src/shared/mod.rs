@@ -24,6 +24,7 @@ mod ticket;
 pub use connect::install_tls_provider;
 pub use ticket::Ticket;
 
+use crate::unpoisoned::Unpoisoned;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
@@ -290,11 +291,11 @@ impl SharedStore {
     }
 
     pub fn last_error(&self) -> Option<String> {
-        self.last_error.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.last_error.locked().clone()
     }
 
     fn set_last_error(&self, e: impl ToString) {
-        *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
+        *self.last_error.locked() = Some(e.to_string());
     }
 
     fn micros(&self) -> u64 {
@@ -327,7 +328,7 @@ impl SharedStore {
         {
             return;
         }
-        let opened = self.breaker.lock().unwrap_or_else(|e| e.into_inner()).failed(self.micros());
+        let opened = self.breaker.locked().failed(self.micros());
         if opened {
             self.set_state(State::Open);
             tracing::warn!(
@@ -378,7 +379,7 @@ impl SharedStore {
 
     /// Breaker steps for the supervisor.
     pub fn breaker(&self) -> std::sync::MutexGuard<'_, Breaker> {
-        self.breaker.lock().unwrap_or_else(|e| e.into_inner())
+        self.breaker.locked()
     }
 
     pub fn now_us(&self) -> u64 {

@@ -1,6 +1,7 @@
 //! The other hosts' lockouts and unlocks: the subscription, publishing,
 //! and the log of unlocks a host replays when it subscribes.
 
+use crate::unpoisoned::Unpoisoned;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,7 +59,7 @@ impl SharedStore {
     ) -> Result<(), String> {
         use futures_util::StreamExt;
         let pubsub = self.subscribe(channel).await?;
-        let connection = self.connection.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let connection = self.connection.locked().clone();
         if let Some(mut connection) = connection {
             let mut cmd = redis::cmd("ZRANGEBYSCORE");
             cmd.arg(unlock_log).arg("-inf").arg("+inf").arg("LIMIT").arg(0).arg(UNLOCK_LOG_MAX);
@@ -92,7 +93,7 @@ impl SharedStore {
 
     /// Publishes a message for the other hosts, not waited for.
     pub fn publish(self: &Arc<SharedStore>, channel: String, message: String) {
-        let Some(mut connection) = self.connection.lock().unwrap_or_else(|e| e.into_inner()).clone() else { return };
+        let Some(mut connection) = self.connection.locked().clone() else { return };
         let timeout = Duration::from_millis(self.config.connect_timeout_ms);
         let store = self.clone();
         tokio::spawn(async move {
@@ -116,7 +117,7 @@ impl SharedStore {
         publish_last: bool,
         now_us: u64,
     ) {
-        let Some(mut connection) = self.connection.lock().unwrap_or_else(|e| e.into_inner()).clone() else { return };
+        let Some(mut connection) = self.connection.locked().clone() else { return };
         if messages.is_empty() {
             return;
         }

@@ -3,6 +3,7 @@
 //! the deadline, and tells a busy store (an attacker's burst made it late)
 //! from a lost one (`late_is_busy`, `HotKeys`).
 
+use crate::unpoisoned::Unpoisoned;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -192,9 +193,9 @@ impl SharedStore {
                 self.last_success_us.store(now, Ordering::Relaxed);
                 if on_time {
                     let busy_max_us = self.config.busy_max_ms.saturating_mul(1000);
-                    self.late_run.lock().unwrap_or_else(|e| e.into_inner()).answered(now, busy_max_us);
+                    self.late_run.locked().answered(now, busy_max_us);
                 }
-                self.breaker.lock().unwrap_or_else(|e| e.into_inner()).succeeded();
+                self.breaker.locked().succeeded();
                 Ok(reply)
             }
             Ok(Err(CallError::BadValue(e))) => {
@@ -241,7 +242,7 @@ impl SharedStore {
     /// make such a run too, and its slots go to the shares.
     pub fn late_is_busy(&self) -> bool {
         let busy_max_us = self.config.busy_max_ms.saturating_mul(1000);
-        let young = self.late_run.lock().unwrap_or_else(|e| e.into_inner()).late(self.micros(), busy_max_us);
+        let young = self.late_run.locked().late(self.micros(), busy_max_us);
         young && self.state() == State::Closed
     }
 }

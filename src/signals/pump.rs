@@ -7,6 +7,7 @@
 //! channel does exactly that. The drop is counted and alerted on: under-
 //! counting is what an attacker wants, so it must be visible.
 
+use crate::unpoisoned::Unpoisoned;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Mutex};
@@ -101,7 +102,7 @@ impl Pump {
     /// Ingests every queued event, ticks at `now_us` and publishes if a
     /// flag changed. The simulator calls this itself, on its own clock.
     pub fn drain(&self, now_us: u64) {
-        let mut engine = self.engine.lock().unwrap_or_else(|e| e.into_inner());
+        let mut engine = self.engine.locked();
         let mut batch = Vec::with_capacity(BATCH_MAX);
         loop {
             batch.clear();
@@ -132,7 +133,7 @@ impl Pump {
         let mut batch = Vec::with_capacity(BATCH_MAX);
         loop {
             let interval = {
-                let engine = self.engine.lock().unwrap_or_else(|e| e.into_inner());
+                let engine = self.engine.locked();
                 Duration::from_millis(engine.config().publish_interval_ms)
             };
             std::thread::sleep(interval);
@@ -153,7 +154,7 @@ impl Pump {
                         }
                     }
                 }
-                self.engine.lock().unwrap_or_else(|e| e.into_inner()).ingest_all(&batch);
+                self.engine.locked().ingest_all(&batch);
                 taken += batch.len();
                 if gone {
                     return;
@@ -162,7 +163,7 @@ impl Pump {
                     break;
                 }
             }
-            let mut engine = self.engine.lock().unwrap_or_else(|e| e.into_inner());
+            let mut engine = self.engine.locked();
             self.finish(&mut engine, now_us());
         }
     }

@@ -12,6 +12,7 @@
 
 mod traffic;
 
+use crate::unpoisoned::Unpoisoned;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
@@ -355,7 +356,7 @@ impl Sim {
     /// After the flags are published: was a block just widened?
     fn after_drain(&mut self, pump: &Pump) {
         let engine = pump.engine();
-        let engine = engine.lock().unwrap_or_else(|e| e.into_inner());
+        let engine = engine.locked();
         let widenings = engine.widenings_total();
         if widenings > self.widenings_seen {
             self.widenings_seen = widenings;
@@ -384,7 +385,7 @@ impl Sim {
             }
         }
         let engine = pump.engine();
-        let engine = engine.lock().unwrap_or_else(|e| e.into_inner());
+        let engine = engine.locked();
         let status = engine.status(dropped, u64::MAX / 2);
         let (tracked, tracked_bytes) = engine.bytes().max(self.peak);
         self.legit.humans = self.humans.len() as u64;

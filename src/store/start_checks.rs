@@ -8,6 +8,7 @@
 //! Writes nothing after start (that is `writer.rs`), and never takes a
 //! failure to open the real file, once its copy passed, for damage.
 
+use crate::unpoisoned::UnpoisonedRw;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::RwLock;
@@ -397,11 +398,11 @@ impl MemoryCopy {
 
 impl redb::StorageBackend for MemoryCopy {
     fn len(&self) -> std::io::Result<u64> {
-        Ok(self.bytes.read().unwrap_or_else(|e| e.into_inner()).len() as u64)
+        Ok(self.bytes.read_locked().len() as u64)
     }
 
     fn read(&self, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
-        let bytes = self.bytes.read().unwrap_or_else(|e| e.into_inner());
+        let bytes = self.bytes.read_locked();
         Ok(bytes[self.range(offset, len, bytes.len())?].to_vec())
     }
 
@@ -409,7 +410,7 @@ impl redb::StorageBackend for MemoryCopy {
         if len > self.len_max {
             return Err(std::io::Error::other("the file would grow past any size a state file has"));
         }
-        self.bytes.write().unwrap_or_else(|e| e.into_inner()).resize(len as usize, 0);
+        self.bytes.write_locked().resize(len as usize, 0);
         Ok(())
     }
 
@@ -418,7 +419,7 @@ impl redb::StorageBackend for MemoryCopy {
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
-        let mut bytes = self.bytes.write().unwrap_or_else(|e| e.into_inner());
+        let mut bytes = self.bytes.write_locked();
         let end = offset.saturating_add(data.len() as u64);
         if end > bytes.len() as u64 {
             if end > self.len_max {

@@ -7,6 +7,7 @@
 //! Does not decide what is written (the limiter queues it on the
 //! `Journal`), and never reads rows back.
 
+use crate::unpoisoned::Unpoisoned;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, Receiver, Sender};
@@ -144,7 +145,7 @@ fn run_writer(store: Store, rx: Receiver<Message>, stats: Arc<StoreStats>) {
                     // that wait for the rewrite after it would flood both.
                     if attempted {
                         tracing::error!(target: super::LOG_TARGET, state = %path.display(), error = %message, changes, "state write failed; answering from memory, will rewrite the file from memory");
-                        *stats.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(message.to_string());
+                        *stats.last_error.locked() = Some(message.to_string());
                     }
                     for ack in acks {
                         let _ = ack.send(Err(message.clone()));
@@ -184,7 +185,7 @@ fn run_writer(store: Store, rx: Receiver<Message>, stats: Arc<StoreStats>) {
                         held = 0;
                         stats.changes_unwritten.store(0, Ordering::Relaxed);
                         stats.needs_rewrite.store(false, Ordering::Release);
-                        *stats.last_error.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                        *stats.last_error.locked() = None;
                         tracing::warn!(target: super::LOG_TARGET, state = %path.display(), "state file rewritten from memory; everything is on disk again");
                     }
                     Err(e) => {
