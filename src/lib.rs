@@ -51,6 +51,7 @@ mod classes;
 mod clock;
 mod config;
 mod decision_log;
+mod drop_queue;
 mod expiring;
 mod failure_window;
 mod gcra;

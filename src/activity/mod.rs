@@ -20,11 +20,10 @@ mod per_day;
 mod reservoir;
 mod top_k;
 
-use crate::unpoisoned::Unpoisoned;
 use std::collections::VecDeque;
 use std::hash::Hasher;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
+use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -32,10 +31,12 @@ use siphasher::sip::SipHasher13;
 
 use crate::classes::SourceClass;
 use crate::config::{ActivityConfig, ACTIVITY_LATENCY_SAMPLE_EVERY};
+use crate::drop_queue::{drop_queue, DropQueue};
 use crate::protocol::{
     AccountCount, Activity, Decision, Distribution, PrefixCount, Reason, RecentLockout, RecentRefusal, WouldBeRefusal,
 };
 use crate::source::Prefix;
+use crate::unpoisoned::Unpoisoned;
 use latency::Latency;
 use per_day::{sampled, DaySample, DAY_US};
 use reservoir::Reservoir;
@@ -82,9 +83,8 @@ pub enum Event {
 
 /// What the request path holds.
 pub struct ActivityLink {
-    tx: SyncSender<Event>,
+    queue: DropQueue<Event>,
     events: AtomicU64,
-    dropped: AtomicU64,
     /// Today's sample: an account is in it when its hash has this many
     /// leading zeros. Published by the thread, read by every check, so an
     /// unsampled account costs one hash and no event. The day it is of
@@ -122,20 +122,18 @@ impl ActivityLink {
     /// Queues an event; never blocks (a full queue drops and counts it).
     pub fn send(&self, event: Event) {
         self.events.fetch_add(1, Ordering::Relaxed);
-        if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = self.tx.try_send(event) {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
-        }
+        self.queue.send(event);
     }
 
     pub fn events(&self) -> (u64, u64) {
-        (self.events.load(Ordering::Relaxed), self.dropped.load(Ordering::Relaxed))
+        (self.events.load(Ordering::Relaxed), self.queue.dropped())
     }
 }
 
 /// The link, the observer (shared with `status`), and the queue's far end
 /// for the thread.
 pub fn channel(config: &ActivityConfig, now_us: u64) -> (Arc<ActivityLink>, Arc<Mutex<Observer>>, Receiver<Event>) {
-    let (tx, rx) = sync_channel(config.queue_max);
+    let (queue, rx) = drop_queue(config.queue_max);
     let mut key = [0u8; 24];
     // Without the OS's randomness the sample is still uniform over
     // accounts; only its choice becomes predictable.
@@ -149,9 +147,8 @@ pub fn channel(config: &ActivityConfig, now_us: u64) -> (Arc<ActivityLink>, Arc<
     // be half of the sample's key.
     let reservoir_seed = u64::from_le_bytes(key[16..].try_into().expect("8 bytes"));
     let link = Arc::new(ActivityLink {
-        tx,
+        queue,
         events: AtomicU64::new(0),
-        dropped: AtomicU64::new(0),
         sample_of: AtomicU64::new((now_us / DAY_US) << 6),
         sample_key,
         latency: Latency::new(ACTIVITY_LATENCY_SAMPLE_EVERY),

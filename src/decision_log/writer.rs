@@ -1,9 +1,7 @@
 //! The decision log's writer: a bounded queue from the request path, one
 //! thread (`tollgate-decisions`) that writes, flushes, rotates and deletes.
 //!
-//! `std::sync::mpsc::sync_channel` + `try_send`, as spray detection's pump
-//! (`signals/pump.rs`): one producer call per verdict, no allocation for
-//! the usual names, a full queue drops and counts. The thread sleeps
+//! The queue drops and counts when full (`DropQueue`). The thread sleeps
 //! between rounds rather than blocking on the queue, for the pump's
 //! reason: a blocked receiver costs every sender a wake-up call.
 //!
@@ -12,13 +10,12 @@
 //! file is never appended to after it is closed or after a restart: a
 //! crash leaves at most a torn tail, which replay reports and reads past.
 
-use crate::unpoisoned::Unpoisoned;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
+use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -28,6 +25,8 @@ use super::DecisionLogStats;
 use crate::audit::LogCap;
 use crate::clock::Clock;
 use crate::config::DecisionLogConfig;
+use crate::drop_queue::{drop_queue, DropQueue};
+use crate::unpoisoned::Unpoisoned;
 
 /// How long the thread sleeps between draining rounds; the queue
 /// (`queue_max`) must hold this long's decisions at peak.
@@ -72,7 +71,7 @@ fn start_of(name: &str) -> Option<(u64, u32)> {
 
 /// The log as the daemon holds it: the queue's sending end and the counters.
 pub struct DecisionLog {
-    tx: SyncSender<Record>,
+    queue: DropQueue<Record>,
     shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -81,6 +80,8 @@ pub struct DecisionLog {
 struct Shared {
     path: PathBuf,
     records_written: AtomicU64,
+    /// Records lost after the queue (no file could be opened, a write or
+    /// flush failed); the queue counts its own drops.
     records_dropped: AtomicU64,
     bytes_written: AtomicU64,
     files: AtomicU64,
@@ -103,16 +104,14 @@ impl DecisionLog {
     }
 
     fn unstarted(config: &DecisionLogConfig) -> (DecisionLog, Receiver<Record>) {
-        let (tx, rx) = sync_channel(config.queue_max);
+        let (queue, rx) = drop_queue(config.queue_max);
         let shared = Arc::new(Shared { path: config.path.clone(), ..Shared::default() });
-        (DecisionLog { tx, shared, thread: Mutex::new(None) }, rx)
+        (DecisionLog { queue, shared, thread: Mutex::new(None) }, rx)
     }
 
     /// Queues a record; never blocks (a full queue drops and counts it).
     pub fn send(&self, record: Record) {
-        if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = self.tx.try_send(record) {
-            self.shared.records_dropped.fetch_add(1, Ordering::Relaxed);
-        }
+        self.queue.send(record);
     }
 
     pub fn stats(&self) -> DecisionLogStats {
@@ -121,7 +120,7 @@ impl DecisionLog {
         DecisionLogStats {
             path: s.path.display().to_string(),
             records_written: get(&s.records_written),
-            records_dropped: get(&s.records_dropped),
+            records_dropped: get(&s.records_dropped) + self.queue.dropped(),
             bytes_written: get(&s.bytes_written),
             files: get(&s.files),
             write_errors: get(&s.write_errors),

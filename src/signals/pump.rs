@@ -1,15 +1,10 @@
 //! Between the request path and the engine: a bounded queue of events one
 //! way, a published flag table the other.
 //!
-//! `std::sync::mpsc::sync_channel` rather than a crate's queue: one
-//! producer call per report (`try_send`, no allocation), one consumer
-//! thread, and a full queue must drop, never block; the standard library's
-//! channel does exactly that. The drop is counted and alerted on: under-
-//! counting is what an attacker wants, so it must be visible.
+//! The queue drops and counts when full (`DropQueue`); the drop is
+//! alerted on.
 
-use crate::unpoisoned::Unpoisoned;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
+use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,7 +14,9 @@ use super::flags::FlagTable;
 use super::queued::QueuedEvent;
 use super::Signals;
 use crate::config::SignalsConfig;
+use crate::drop_queue::{drop_queue, DropQueue};
 use crate::keys::KeyDeriver;
+use crate::unpoisoned::Unpoisoned;
 
 /// Events taken from the queue before ingesting them together, so the
 /// engine can prefetch ahead within the batch (`Signals::ingest_all`).
@@ -31,9 +28,8 @@ pub type FlagsGuard = arc_swap::Guard<Arc<FlagTable>>;
 
 /// What the limiter holds: the sending end and the published flags.
 pub struct SignalsLink {
-    tx: SyncSender<QueuedEvent>,
+    queue: DropQueue<QueuedEvent>,
     flags: ArcSwap<FlagTable>,
-    dropped: AtomicU64,
     /// `KeyDeriver::prefix_check` of the pump's keys.
     keys_check: [u8; 16],
 }
@@ -41,9 +37,7 @@ pub struct SignalsLink {
 impl SignalsLink {
     /// Queues an event; never blocks (a full queue drops and counts it).
     pub fn send(&self, event: QueuedEvent) {
-        if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = self.tx.try_send(event) {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
-        }
+        self.queue.send(event);
     }
 
     /// The flags as last published.
@@ -63,7 +57,7 @@ impl SignalsLink {
     }
 
     pub fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Relaxed)
+        self.queue.dropped()
     }
 }
 
@@ -83,11 +77,10 @@ pub struct Pump {
 /// A link and its pump, with the engine shared for `status`; `keys` are
 /// the limiter's.
 pub fn channel(config: &SignalsConfig, keys: &KeyDeriver) -> (Arc<SignalsLink>, Pump) {
-    let (tx, rx) = sync_channel(config.queue_max);
+    let (queue, rx) = drop_queue(config.queue_max);
     let link = Arc::new(SignalsLink {
-        tx,
+        queue,
         flags: ArcSwap::from_pointee(FlagTable::default()),
-        dropped: AtomicU64::new(0),
         keys_check: keys.prefix_check(),
     });
     let engine = Arc::new(Mutex::new(Signals::new(config)));
