@@ -1,6 +1,6 @@
-//! A realistic pair of snapshots for the view's tests (and the README's
-//! capture): the built-in routes, a minute of login traffic with one
-//! source prefix guessing passwords, spray detection on.
+//! A realistic pair of snapshots for the view's tests: the built-in
+//! routes, a minute of login traffic with one source prefix guessing
+//! passwords, spray detection on.
 
 use std::time::Duration;
 
