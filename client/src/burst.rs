@@ -6,13 +6,13 @@
 //! accounts is an outage for the fail policy, not a refusal: the daemon
 //! makes the same distinction for its store.
 
-use crate::unpoisoned::Unpoisoned;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::protocol::Subject;
+use crate::unpoisoned::Unpoisoned;
 
 /// Checks on one key that start this close together are one burst, even if
 /// they do not overlap: far shorter than a person's next try (a password

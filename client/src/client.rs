@@ -2,7 +2,6 @@
 //! timeout, and each route's fail policy applied when the daemon cannot
 //! answer in time, surfaced to the caller as such (never as a fake verdict).
 
-use crate::unpoisoned::Unpoisoned;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,6 +17,7 @@ use crate::protocol::{
     Activity, ErrorCode, ErrorReply, Lockout, Outcome, Request, Response, SharedStatus, SignalsStatus, Status, Subject,
     Verdict, WouldBeRefusal, ACTIVITY_VERSION, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
 };
+use crate::unpoisoned::Unpoisoned;
 use crate::{forwarded_tail, FailPolicy, BUILTIN_FAIL_POLICIES};
 
 /// Per-call timeout for the request path: low single-digit milliseconds, so

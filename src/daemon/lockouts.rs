@@ -2,7 +2,6 @@
 //! made off the request path and within one memory budget, since anyone
 //! who can connect may ask for them.
 
-use crate::unpoisoned::Unpoisoned;
 use std::sync::Arc;
 
 use tokio::sync::SemaphorePermit;
@@ -12,6 +11,7 @@ use super::Daemon;
 use crate::codec;
 use crate::limiter::Limiter;
 use crate::protocol::{Request, Response};
+use crate::unpoisoned::Unpoisoned;
 
 /// Lockouts returned by one `lockouts` request when the client names no limit.
 pub const LOCKOUTS_LISTED_DEFAULT: u32 = 100;

@@ -12,7 +12,6 @@ mod status;
 
 pub use start::serve;
 
-use crate::unpoisoned::Unpoisoned;
 use lockouts::{lockouts_listed, lockouts_reply, LOCKOUTS_MADE_CONCURRENTLY_MAX, LOCKOUTS_REPLY_BYTES_MAX};
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,6 +33,7 @@ use crate::protocol::{Decision, ErrorCode, Outcome, Request, Response, Subject, 
 use crate::server::ACCEPT_ERROR_LINES_PER_SEC_MAX;
 use crate::shared::{SharedStore, Ticket};
 use crate::store::{Durable, StoreStats};
+use crate::unpoisoned::Unpoisoned;
 use shared::{PendingCheck, PendingReport, Reported, SharedStart};
 
 /// Everything a connection needs, shared.

@@ -4,7 +4,6 @@
 //! the lockouts taken meanwhile, keeps this host's heartbeat, and learns
 //! how many hosts share the limits.
 
-use crate::unpoisoned::Unpoisoned;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,6 +16,7 @@ use crate::protocol::{Outcome, Subject, Verdict};
 use crate::shared::script::{Op, Reply};
 use crate::shared::{CallError, ProbeError, SharedStore, State, Ticket, HOSTS_LEARNED_MEMORY_MS, LOG_TARGET};
 use crate::store::Durable;
+use crate::unpoisoned::Unpoisoned;
 
 /// How often the supervisor looks at the breaker: the granularity of a
 /// probe's back-off and of the heartbeat.

@@ -1,6 +1,5 @@
 //! `status`: the daemon's counters and every named limit in force.
 
-use crate::unpoisoned::Unpoisoned;
 use std::sync::atomic::Ordering;
 
 use super::lockouts::{LOCKOUTS_LISTED_MAX, LOCKOUTS_MADE_CONCURRENTLY_MAX, LOCKOUTS_REPLY_BYTES_MAX};
@@ -14,6 +13,7 @@ use crate::server::{
     ACCEPT_ERROR_LINES_PER_SEC_MAX, ACCEPT_RETRY_DELAY_MS_MAX, FILES_RESERVED_COUNT, READ_BUFFER_BYTES,
     REPLY_BUFFER_RESTING_BYTES, REPLY_BYTES_BUFFERED_MAX,
 };
+use crate::unpoisoned::Unpoisoned;
 
 /// Entries in each list of an `Activity` or `Samples` reply, at most:
 /// 10,000 would-be refusals are ~1.5 MB, well inside a reply's 8 MiB.

@@ -1,13 +1,13 @@
 //! Sharded tables: each shard behind its own mutex on its own cache lines,
 //! and the builders that keep a running table across a reload.
 
-use crate::unpoisoned::Unpoisoned;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::expiring::ExpiringMap;
 use crate::gcra::{GcraDecision, GcraSpec, GcraTable};
 use crate::keys::Key;
 use crate::tat_table::SlotHint;
+use crate::unpoisoned::Unpoisoned;
 
 /// Shards per table: a power of two a little above the core count times a
 /// few, so that concurrent requests rarely meet on one lock.

@@ -1,7 +1,6 @@
 //! Connecting to the store: the client (TLS, ACL user, password file),
 //! the script loaded and the secret's fingerprint checked.
 
-use crate::unpoisoned::Unpoisoned;
 use std::path::Path;
 use std::time::Duration;
 
@@ -10,6 +9,7 @@ use super::{
     CallError, Connection, ProbeError, SharedStore, CLUSTER_RETRY_WAIT_MAX_MS, CLUSTER_RETRY_WAIT_MIN_MS,
     LATE_REPLY_WAIT_MS, LOG_TARGET,
 };
+use crate::unpoisoned::Unpoisoned;
 
 impl SharedStore {
     /// Drops the connection and makes a new one, loads the script and

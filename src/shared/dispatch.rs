@@ -1,7 +1,6 @@
 //! The dispatcher: callers' ops gathered into batches, one script call
 //! a batch (a cluster's split by slot), the replies handed back.
 
-use crate::unpoisoned::Unpoisoned;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,6 +10,7 @@ use tokio::sync::{oneshot, Semaphore};
 use super::nodes::Change;
 use super::script::{batch_command, batch_eval_command, op_slot, split_batch, Op, Reply, ReplyError, SCRIPT};
 use super::{CallError, Connection, Pending, SharedStore, BATCHES_IN_FLIGHT_MAX, LATE_REPLY_WAIT_MS, LOG_TARGET};
+use crate::unpoisoned::Unpoisoned;
 
 /// How long before `LATE_REPLY_WAIT_MS` runs out a check sent to the store
 /// stops taking places there (for the reply's way back).

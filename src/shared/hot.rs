@@ -6,13 +6,14 @@
 //! (within `busy_max_ms`) showed other attempts in flight there, from any
 //! host.
 
-use crate::unpoisoned::Unpoisoned;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use smallvec::SmallVec;
+
+use crate::unpoisoned::Unpoisoned;
 
 /// Shards of the map, so checks on different keys rarely meet on a lock.
 const SHARDS: usize = 16;

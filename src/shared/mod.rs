@@ -24,7 +24,6 @@ mod ticket;
 pub use connect::install_tls_provider;
 pub use ticket::Ticket;
 
-use crate::unpoisoned::Unpoisoned;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
@@ -40,6 +39,7 @@ use nodes::Nodes;
 use script::{Op, Reply, ReplyError, SCRIPT};
 
 use crate::config::SharedConfig;
+use crate::unpoisoned::Unpoisoned;
 
 /// The target of the shared store's log lines.
 pub const LOG_TARGET: &str = "tollgate::shared";

@@ -1,12 +1,12 @@
 //! The other hosts' lockouts and unlocks: the subscription, publishing,
 //! and the log of unlocks a host replays when it subscribes.
 
-use crate::unpoisoned::Unpoisoned;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::{SharedStore, LOG_TARGET};
+use crate::unpoisoned::Unpoisoned;
 
 /// Unlock messages the store's log keeps at most (a host replays them
 /// all when it subscribes).

@@ -3,7 +3,6 @@
 //! the deadline, and tells a busy store (an attacker's burst made it late)
 //! from a lost one (`late_is_busy`, `HotKeys`).
 
-use crate::unpoisoned::Unpoisoned;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -12,6 +11,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::script::{Op, Reply};
 use super::{hot, CallError, Pending, SharedStore, State, LATE_REPLY_WAIT_MS};
+use crate::unpoisoned::Unpoisoned;
 
 /// An op queued for the store (`SharedStore::submit`), its reply not yet
 /// waited for. Its deadline was fixed when it was submitted. Dropped

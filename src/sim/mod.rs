@@ -12,7 +12,6 @@
 
 mod traffic;
 
-use crate::unpoisoned::Unpoisoned;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
@@ -27,6 +26,7 @@ use crate::protocol::{Decision, Outcome, Reason, Subject};
 use crate::signals::pump::{channel, Pump};
 use crate::stdout::outln;
 use crate::store::Journal;
+use crate::unpoisoned::Unpoisoned;
 pub use traffic::Mix;
 use traffic::{Actor, Attempt, HOUR};
 

@@ -8,7 +8,6 @@
 //! Writes nothing after start (that is `writer.rs`), and never takes a
 //! failure to open the real file, once its copy passed, for damage.
 
-use crate::unpoisoned::UnpoisonedRw;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::RwLock;
@@ -26,6 +25,7 @@ use super::{
     StoreError, CACHE_BYTES,
 };
 use crate::failure_window::Counts;
+use crate::unpoisoned::UnpoisonedRw;
 
 /// Longest a start spends checking and reading the state file before it
 /// takes the file as damaged. A healthy file at the tables' caps takes

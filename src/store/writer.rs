@@ -7,7 +7,6 @@
 //! Does not decide what is written (the limiter queues it on the
 //! `Journal`), and never reads rows back.
 
-use crate::unpoisoned::Unpoisoned;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, Receiver, Sender};
@@ -22,6 +21,7 @@ use super::schema::{
     META_KEY_FINGERPRINT, SCHEMA_VERSION,
 };
 use super::{open_database, CellRows, DeviceRows, Store, StoreStats, WriteError};
+use crate::unpoisoned::Unpoisoned;
 
 /// Messages drained into one transaction at most; bounds a commit's size.
 pub const GROUP_COMMIT_MESSAGES_MAX: usize = 4096;
