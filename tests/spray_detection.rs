@@ -75,8 +75,8 @@ fn with_flags_published_every_64_reports_the_targets_still_hold() {
 fn ipv6_rotation_inside_a_48_is_widened_within_100_attempts_and_held_to_one_budget() {
     let report = simulate(&[Mix::Office, Mix::V6Rotation]);
     let rotation = attack(&report, Mix::V6Rotation);
-    // 16 distinct failing /64s widen the /48 (fresh /64 every attempt, over
-    // 256 /56s, so the /56 threshold of 8 is not reached first).
+    // 16 failing /56s widen the /48 (a fresh /64 every attempt, spread
+    // over 256 /56s, so no /56's threshold of 8 is reached first).
     assert_eq!(rotation.detected_at, Some(16), "{rotation:?}");
     assert_eq!(rotation.detector.as_deref(), Some("ipv6_widening"));
     // After widening the block is one source: the login rate's budget for

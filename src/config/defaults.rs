@@ -408,7 +408,7 @@ pub const SIGNALS_WINDOW_SECS_MAX: u64 = 86_400;
 /// Report events waiting for the signals thread; a full queue drops (and
 /// counts) an event rather than block a report.
 pub const SIGNALS_QUEUE_MAX_DEFAULT: usize = 65_536;
-/// The queue's slots are allocated at start (~150 bytes each).
+/// The queue's slots are allocated at start (64 bytes each).
 pub const SIGNALS_QUEUE_MAX_LIMIT: usize = 1 << 20;
 /// How often the signals thread publishes new flags, at most.
 pub const SIGNALS_PUBLISH_INTERVAL_MS_DEFAULT: u64 = 5;
