@@ -54,6 +54,7 @@ mod decision_log;
 mod drop_queue;
 mod expiring;
 mod failure_window;
+mod format;
 mod gcra;
 mod keys;
 mod limiter;

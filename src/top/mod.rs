@@ -11,8 +11,6 @@ mod model;
 mod view;
 
 /// The log-scaled bar `status` draws its histograms with too.
-pub(crate) use view::bar;
-
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -64,12 +62,12 @@ pub struct TopArgs {
     #[arg(long, default_value_t = LIMIT_DEFAULT)]
     pub limit: u32,
     /// How long to wait for each answer.
-    #[arg(long, default_value = "2s", value_parser = crate::cli::parse_duration)]
+    #[arg(long, default_value = "2s", value_parser = crate::format::parse_duration)]
     pub timeout: Duration,
 }
 
 fn parse_interval(text: &str) -> Result<Duration, String> {
-    let d = crate::cli::parse_duration(text)?;
+    let d = crate::format::parse_duration(text)?;
     if d < INTERVAL_MIN {
         return Err(format!("`{text}` is shorter than {}", humantime::format_duration(INTERVAL_MIN)));
     }
@@ -120,7 +118,7 @@ fn once(args: &TopArgs, snapshot: Result<Snapshot, ClientError>) -> Result<(), C
     let snapshot = snapshot?;
     if args.json {
         let value = serde_json::json!({
-            "status": crate::cli::status_json(&snapshot.full),
+            "status": crate::format::status_json(&snapshot.full),
             "activity": snapshot.activity,
         });
         outln!("{value}");

@@ -13,7 +13,7 @@ use ratatui::widgets::Paragraph;
 use ratatui::Frame;
 
 use super::model::{Percentiles, Rates, Snapshot};
-use crate::cli::human_duration;
+use crate::format::{bar, human_duration};
 use crate::protocol::Distribution;
 
 /// The pages, in `Tab` order; `1`..`3` jump to one.
@@ -133,17 +133,6 @@ fn clock(ms: u64) -> String {
 fn time_of_day(ms: u64) -> String {
     let s = clock(ms);
     s.get(11..19).unwrap_or(&s).to_string()
-}
-
-/// A log-scaled bar: `accounts` of `max` as up to `width` `#`s. Any
-/// nonzero count gets at least one, the largest gets all of them; a
-/// count ten times another's gets a visibly longer bar, not ten times one.
-pub fn bar(accounts: u64, max: u64, width: usize) -> String {
-    if accounts == 0 || max == 0 || width == 0 {
-        return String::new();
-    }
-    let len = ((accounts.min(max) as f64 + 1.0).ln() / (max as f64 + 1.0).ln() * width as f64).ceil() as usize;
-    "#".repeat(len.clamp(1, width))
 }
 
 /// Every row of a page, `height` rows at most and each cut to `width`.
@@ -526,7 +515,7 @@ fn accounts(s: &Snapshot, width: usize, room: usize) -> Vec<Row> {
             "{}  {:<24} {:<9} {:<20} {}",
             time_of_day(x.at_ms),
             fit(&format!("{}/{}", x.route, x.rule), 24),
-            crate::cli::json_word(&x.decision),
+            crate::format::json_word(&x.decision),
             fit(&x.prefix, 20),
             if x.class.is_empty() { "-" } else { &x.class }
         )));
@@ -654,21 +643,6 @@ mod tests {
         assert!(rows[9].starts_with("spray flags 1/65536"), "{all}");
         assert!(rows[10].starts_with("flagged 203.0.113.0/24"), "{all}");
         assert_eq!(rows[11], "activity events 4100 (dropped 0)");
-    }
-
-    #[test]
-    fn bars_are_log_scaled_never_empty_for_a_count_and_never_over_the_width() {
-        assert_eq!(bar(0, 100, 40), "");
-        assert_eq!(bar(100, 100, 40).len(), 40);
-        assert_eq!(bar(1, 1_000_000, 40).len(), 3, "ln 2 / ln 1e6 of 40, rounded up");
-        assert!(!bar(1, u64::MAX, 40).is_empty(), "a nonzero count always shows");
-        let lens: Vec<usize> = [1u64, 10, 100, 1000, 10_000].iter().map(|&n| bar(n, 10_000, 40).len()).collect();
-        assert!(lens.windows(2).all(|w| w[0] < w[1]), "{lens:?}");
-        // Each tenfold adds about the same length: a log scale.
-        // (The first step is shorter: the scale is of count + 1, so that 1 shows.)
-        let steps: Vec<usize> = lens.windows(2).map(|w| w[1] - w[0]).collect();
-        assert!(steps[1..].iter().all(|&d| (8..=11).contains(&d)), "{steps:?}");
-        assert_eq!(bar(500, 100, 40).len(), 40, "never over the width");
     }
 
     #[test]
