@@ -240,3 +240,59 @@ fn a_tls_store_is_joined_with_its_ca_file_and_refused_without_it() {
     assert!(answered.degraded, "no CA, no store");
     assert!(d.log().contains(&format!("cannot read tls_ca_file {}", missing.display())), "{}", d.log());
 }
+
+/// The least-privilege Redis user docs/shared-mode.md gives, applied as
+/// written: every command the daemon and its script send is granted, so
+/// checks with devices, remembering a device, a lockout, an unlock (its
+/// log trimmed) and heartbeats all run with an empty `ACL LOG`.
+#[test]
+fn the_documented_acl_user_runs_every_operation_with_nothing_denied() {
+    require_redis();
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/shared-mode.md")).unwrap();
+    let line = doc.lines().find(|l| l.starts_with("ACL SETUSER tollgate ")).expect("the ACL line in shared-mode.md");
+    let password = "acl-test-password";
+    let redis = RedisServer::unix();
+    let args: Vec<String> = line
+        .split_whitespace()
+        .map(|w| if w == ">CHANGE-ME" { format!(">{password}") } else { w.to_string() })
+        .collect();
+    assert_eq!(redis.cmd(&args.iter().map(String::as_str).collect::<Vec<_>>()), "OK", "{line}");
+    let dir = tempfile::tempdir().unwrap();
+    let secret = shared_secret(dir.path());
+    let password_file = dir.path().join("redis-password");
+    std::fs::write(&password_file, format!("{password}\n")).unwrap();
+    let shared = format!(
+        "url = \"{}\"\nusername = \"tollgate\"\ntimeout_ms = 1000\nheartbeat_ms = 100\nhosts = 2\npassword_file = \"{}\"",
+        redis.url(),
+        password_file.display()
+    );
+    let daemons: Vec<TestDaemon> =
+        (0..2).map(|_| TestDaemon::start_with(Some(&config(&secret, &shared, "")), false)).collect();
+    let (a, b) = (&daemons[0], &daemons[1]);
+    let decided = |d: &TestDaemon, s: &tollgate::protocol::Subject<'_>| {
+        let answered = runtime().block_on(d.client().check_answered("login", s));
+        assert!(!answered.degraded, "decided by the store:\n{}\n{}", d.log(), redis.cmd(&["ACL", "LOG"]));
+        answered.answer.verdict().expect("a verdict").decision
+    };
+    // A device remembered on A is known on B.
+    let home = tollgate::protocol::Subject { device: Some("cookie-acl"), ..subject("203.0.113.40", "victor") };
+    assert_eq!(decided(a, &home), Decision::Allow);
+    report(a, &home, Outcome::Success);
+    assert_eq!(decided(b, &home), Decision::Allow);
+    // A lockout through the store, then an unlock on the other host.
+    let mallory = subject("192.0.2.160", "mallory");
+    for _ in 0..5 {
+        assert_eq!(decided(a, &mallory), Decision::Allow);
+        report(a, &mallory, Outcome::Failure);
+    }
+    assert_eq!(decided(b, &mallory), Decision::Deny, "locked across hosts");
+    let unlocked = b.cli_json(&["unlock", "--route", "login", "--account", "mallory"]);
+    assert!(unlocked.get("cleared").is_some(), "{unlocked}");
+    wait_until(a, Duration::from_secs(5), "A heard the unlock", || check(a, &mallory).decision == Decision::Allow);
+    std::thread::sleep(Duration::from_millis(300)); // heartbeats
+    for d in [a, b] {
+        let log = d.log();
+        assert!(!log.contains("not logged") && !log.contains("NOPERM"), "{log}");
+    }
+    assert_eq!(redis.cmd(&["ACL", "LOG"]), "", "nothing denied");
+}
