@@ -29,7 +29,10 @@ pub mod flags;
 mod index;
 pub mod pump;
 pub mod queued;
+mod raised;
 pub mod sketch;
+mod status;
+mod tenants;
 
 use std::collections::HashMap;
 use std::collections::VecDeque;
@@ -44,16 +47,15 @@ use crate::source::Prefix;
 use blocks::judge_block;
 use family::{Family, Label, Tracked};
 use flags::{flag_key, Flag, FlagTable, Space, WIDEN_48, WIDEN_56};
+use raised::{Raised, Shown};
 use sketch::SUB_WINDOWS;
+pub use tenants::tenant_draw;
+use tenants::{Tenant, TENANT_IDLE_US};
 
 /// Flags listed in `status`, newest first.
 pub const RECENT_FLAGS_SHOWN: usize = 32;
 /// Entries sampled when the tenant or flag table is full.
 const EVICTION_SAMPLES: usize = 5;
-/// A tenant unseen this long is forgotten, baseline and all.
-const TENANT_IDLE_US: u64 = 24 * 3_600_000_000;
-/// Outcomes a sub-window needs before it moves a tenant's baseline.
-const TENANT_OUTCOMES_MIN: u32 = 20;
 /// How many events ahead `ingest_all` prefetches index words, and then
 /// entries: far enough for a miss (about 100 ns) to land before the event
 /// is counted, at about 100 ns an event.
@@ -90,18 +92,6 @@ pub fn in_success_sample(element: u64, every: u32) -> bool {
     every <= 1 || family::mix64(element).is_multiple_of(u64::from(every))
 }
 
-/// Whether a success counts in its tenant's ratio, as `every` successes:
-/// one in `every`, drawn from the report's keyed digests (`keyed`: its
-/// source's and account's) and its time. A tenant's ratio counts outcomes,
-/// not distinct accounts, so its sample is of events, not of accounts (an
-/// account-keyed sample would weigh one busy mail client's retries at 0 or
-/// at `every` times over). Without the secret no sender can predict the
-/// draw, so none can time its successes in or out of the count; with it
-/// the simulator's runs stay exact.
-pub fn tenant_draw(keyed: u64, now_us: u64, every: u32) -> bool {
-    every <= 1 || family::mix64(family::mix64(keyed) ^ now_us).is_multiple_of(u64::from(every))
-}
-
 #[derive(Clone, Copy, Debug)]
 pub struct ReportEvent {
     pub now_us: u64,
@@ -134,84 +124,6 @@ pub struct ReportEvent {
 pub struct V6Blocks {
     pub block56: (u64, Prefix),
     pub net64: u64,
-}
-
-/// A raised flag, with what `status` shows of it.
-#[derive(Clone, Debug)]
-struct Raised {
-    bits: u16,
-    until_us: u64,
-    /// The end the request path was given, which it enforces by itself
-    /// (the thread may stall): within `lag_us` of `until_us` (`extend`).
-    published_us: u64,
-}
-
-/// A flag's published end may lag its own by this share of its length, so
-/// that a flag its detector keeps firing is published again once in a
-/// while (every 3.75 minutes at the default hour) rather than at every
-/// report. So a flag ends between 15/16 of its length and its length after
-/// its detector last fired.
-const PUBLISH_LAG_DIVISOR: u64 = 16;
-
-impl Raised {
-    /// Moves the flag's end to `until_us` if later; true when the request
-    /// path must be given the new end: without it, it stops enforcing the
-    /// flag at the first end it was given while the attack goes on.
-    fn extend(&mut self, until_us: u64, lag_us: u64) -> bool {
-        self.until_us = self.until_us.max(until_us);
-        if self.until_us <= self.published_us.saturating_add(lag_us) {
-            return false;
-        }
-        self.published_us = self.until_us;
-        true
-    }
-}
-
-#[derive(Clone, Debug)]
-struct Shown {
-    detector: &'static str,
-    subject: String,
-    estimate: u32,
-    threshold: u32,
-    since_us: u64,
-    until_us: u64,
-}
-
-/// A tenant's exact outcome counts per sub-window and its baseline ratio.
-#[derive(Clone, Debug, Default)]
-struct Tenant {
-    failed: [u32; SUB_WINDOWS],
-    succeeded: [u32; SUB_WINDOWS],
-    epoch: u64,
-    baseline: f64,
-    /// Sub-windows folded into the baseline.
-    baseline_subs: u32,
-    touched_us: u64,
-}
-
-impl Tenant {
-    fn roll(&mut self, epoch: u64, alpha: f64) {
-        while self.epoch < epoch {
-            let slot = (self.epoch % SUB_WINDOWS as u64) as usize;
-            let (f, s) = (self.failed[slot], self.succeeded[slot]);
-            if f + s >= TENANT_OUTCOMES_MIN {
-                let ratio = f as f64 / (f + s) as f64;
-                self.baseline =
-                    if self.baseline_subs == 0 { ratio } else { self.baseline + alpha * (ratio - self.baseline) };
-                self.baseline_subs += 1;
-            }
-            self.epoch += 1;
-            let next = (self.epoch % SUB_WINDOWS as u64) as usize;
-            self.failed[next] = 0;
-            self.succeeded[next] = 0;
-            if epoch - self.epoch > SUB_WINDOWS as u64 {
-                // A long silence: nothing left to fold.
-                self.failed = [0; SUB_WINDOWS];
-                self.succeeded = [0; SUB_WINDOWS];
-                self.epoch = epoch;
-            }
-        }
-    }
 }
 
 #[derive(Default, Clone, Copy)]
@@ -328,10 +240,6 @@ impl Signals {
 
     fn families(&self) -> [&Family; 7] {
         [&self.narrow, &self.wide, &self.blocks, &self.blocks56, &self.shares, &self.accounts, &self.passwords]
-    }
-
-    fn sketch_bytes(&self) -> usize {
-        self.families().iter().map(|f| f.heap_bytes).sum()
     }
 
     /// Counts one report.
@@ -503,137 +411,6 @@ impl Signals {
         self.hold_sketch_budget();
     }
 
-    fn count_tenant(&mut self, digest: u64, outcome: Outcome, weight: u32, now_us: u64, epoch: u64) {
-        let alpha = (self.sub_us as f64 / (self.config.tenant_anomaly.baseline_hours as f64 * 3.6e9)).min(1.0);
-        if !self.tenants.contains_key(&digest) && self.tenants.len() >= self.config.tenants_max {
-            // The tenant seen longest ago of a few sampled goes: a scan of
-            // the whole table per new tenant would let a flood of invented
-            // tenants (where the auth server takes them from user input)
-            // slow the thread until it drops events.
-            let len = self.tenants.len() as u64;
-            let samples: [usize; EVICTION_SAMPLES] = std::array::from_fn(|_| (self.next_random() % len) as usize);
-            let i = samples.into_iter().min_by_key(|&i| self.tenants[i].touched_us).expect("samples");
-            self.tenants.swap_remove_index(i);
-            self.tenants_evicted += 1;
-        }
-        let tenant = self.tenants.entry(digest).or_insert_with(|| Tenant { epoch, ..Tenant::default() });
-        tenant.roll(epoch, alpha);
-        tenant.touched_us = now_us;
-        let slot = (epoch % SUB_WINDOWS as u64) as usize;
-        match outcome {
-            Outcome::Failure => tenant.failed[slot] = tenant.failed[slot].saturating_add(weight),
-            Outcome::Success => tenant.succeeded[slot] = tenant.succeeded[slot].saturating_add(weight),
-        }
-        let t = &self.config.tenant_anomaly;
-        if t.mode == DetectorMode::Off {
-            return;
-        }
-        let failed: u32 = tenant.failed.iter().sum();
-        let succeeded: u32 = tenant.succeeded.iter().sum();
-        let ratio = failed as f64 / (failed + succeeded).max(1) as f64;
-        let warm = tenant.baseline_subs as u64 * self.sub_us >= t.warmup_hours as u64 * 3_600_000_000;
-        let anomalous = warm
-            && failed >= t.failures_min
-            && ratio >= tenant.baseline * t.ratio_factor
-            && ratio >= tenant.baseline + t.ratio_margin;
-        let found = anomalous.then_some(failed);
-        self.raise_on(Detector::TenantAnomaly, Space::Tenant, digest, found, now_us);
-    }
-
-    /// Raises (or extends) `detector`'s flag on `digest` when `found`
-    /// carries the estimate that crossed its threshold.
-    fn raise_on(&mut self, detector: Detector, space: Space, digest: u64, found: Option<u32>, now_us: u64) {
-        let Some(estimate) = found else { return };
-        if self.config.mode(detector) == DetectorMode::Off {
-            return;
-        }
-        let until_us = now_us + self.config.flag_ttl_us;
-        let bit = detector.bit() as u16;
-        let newly = self.set_flag(flag_key(space, digest), bit, until_us, self.config.flag_ttl_us);
-        if newly {
-            self.counts[detector as usize].raised_total += 1;
-            let subject = match space {
-                Space::Prefix => self.prefix_label(digest),
-                Space::Account => format!("acct:{digest:016x}"),
-                Space::Password => format!("pw:{digest:016x}"),
-                Space::Tenant => format!("tenant:{digest:016x}"),
-            };
-            let threshold = self.config.threshold(detector);
-            tracing::warn!(
-                target: "tollgate::signals",
-                detector = detector.name(),
-                subject = %subject,
-                estimate,
-                threshold,
-                mode = self.config.mode(detector).name(),
-                "flag raised"
-            );
-            self.show(Shown { detector: detector.name(), subject, estimate, threshold, since_us: now_us, until_us });
-        }
-    }
-
-    fn widen(&mut self, bit: u16, digest: u64, found: Option<u32>, threshold: u32, now_us: u64) {
-        let Some(estimate) = found else { return };
-        let until_us = now_us + self.config.ipv6_widening.hold_us;
-        if self.set_flag(flag_key(Space::Prefix, digest), bit, until_us, self.config.ipv6_widening.hold_us) {
-            self.counts[WIDENING].raised_total += 1;
-            let subject = self.prefix_label(digest);
-            tracing::warn!(
-                target: "tollgate::signals",
-                prefix = %subject,
-                distinct_64s = estimate,
-                threshold,
-                mode = self.config.ipv6_widening.mode.name(),
-                "widened"
-            );
-            self.show(Shown { detector: "ipv6_widening", subject, estimate, threshold, since_us: now_us, until_us });
-        }
-    }
-
-    fn prefix_label(&self, digest: u64) -> String {
-        [&self.narrow, &self.wide, &self.blocks56]
-            .iter()
-            .find_map(|f| match f.label(digest) {
-                Some(Label::Prefix(p)) => Some(p.to_string()),
-                _ => None,
-            })
-            .unwrap_or_else(|| format!("prefix:{digest:016x}"))
-    }
-
-    fn show(&mut self, shown: Shown) {
-        if self.recent.len() == RECENT_FLAGS_SHOWN {
-            self.recent.pop_back();
-        }
-        self.recent.push_front(shown);
-    }
-
-    /// True if `bit` was not already raised on `key`.
-    fn set_flag(&mut self, key: u64, bit: u16, until_us: u64, length_us: u64) -> bool {
-        if let Some(flag) = self.raised.get_mut(&key) {
-            let newly = flag.bits & bit == 0;
-            flag.bits |= bit;
-            let later = flag.extend(until_us, length_us / PUBLISH_LAG_DIVISOR);
-            self.changed |= newly || later;
-            return newly;
-        }
-        if self.raised.len() >= self.config.flags_max {
-            // Of a few sampled, a detector's flag ending soonest makes room
-            // before any widening (a flood of fresh flags must not un-widen
-            // the block it comes from); sampled, since a scan of the table
-            // per new flag would slow the thread under exactly that flood.
-            let len = self.raised.len() as u64;
-            let samples: [usize; EVICTION_SAMPLES] = std::array::from_fn(|_| (self.next_random() % len) as usize);
-            let widened = |i: usize| self.raised[i].bits & (WIDEN_48 | WIDEN_56) != 0;
-            let i = samples.into_iter().min_by_key(|&i| (widened(i), self.raised[i].until_us)).expect("samples");
-            self.raised.swap_remove_index(i);
-            self.flags_dropped += 1;
-        }
-        self.raised.insert(key, Raised { bits: bit, until_us, published_us: until_us });
-        self.next_expiry_us = self.next_expiry_us.min(until_us);
-        self.changed = true;
-        true
-    }
-
     /// Keeps the sketches' heap under `sketch_bytes_max` by evicting from
     /// the family holding the most.
     fn hold_sketch_budget(&mut self) {
@@ -685,44 +462,6 @@ impl Signals {
         }
     }
 
-    fn expire_flags(&mut self, now_us: u64, epoch: u64, per_48: u32, per_56: u32) {
-        let mut expired = Vec::new();
-        for (key, flag) in self.raised.iter_mut() {
-            if flag.until_us > now_us {
-                continue;
-            }
-            // A widened block stays widened while half its threshold of
-            // /64s still fail (hysteresis: no flapping at the threshold).
-            // The key is the digest salted: salting again unsalts it.
-            let digest = flag_key(Space::Prefix, *key);
-            let still = |family: &Family, threshold: u32| {
-                family.get(digest).is_some_and(|e| {
-                    let mut failed = e.failed.clone();
-                    failed.roll(epoch);
-                    failed.count() * 2 >= threshold
-                })
-            };
-            let keep_48 = flag.bits & WIDEN_48 != 0 && still(&self.blocks, per_48);
-            let keep_56 = flag.bits & WIDEN_56 != 0 && still(&self.blocks56, per_56);
-            if keep_48 || keep_56 {
-                let bits = (if keep_48 { WIDEN_48 } else { 0 }) | (if keep_56 { WIDEN_56 } else { 0 });
-                self.changed |= flag.bits != bits;
-                flag.bits = bits;
-                flag.until_us = now_us + self.sub_us;
-                self.changed |= flag.extend(flag.until_us, 0);
-            } else {
-                expired.push(*key);
-            }
-        }
-        for key in expired {
-            if let Some(flag) = self.raised.swap_remove(&key) {
-                tracing::info!(target: "tollgate::signals", bits = flag.bits, "flag cleared");
-            }
-            self.changed = true;
-        }
-        self.next_expiry_us = self.raised.values().map(|r| r.until_us).min().unwrap_or(u64::MAX);
-    }
-
     fn next_random(&mut self) -> u64 {
         family::splitmix64(&mut self.rng)
     }
@@ -750,80 +489,6 @@ impl Signals {
             enforced |= WIDEN_48 | WIDEN_56;
         }
         FlagTable::new(map, enforced, &self.config.ipv6_widening.never_classes)
-    }
-
-    pub fn status(&self, events_dropped: u64, now_us: u64) -> SignalsStatus {
-        let c = &self.config;
-        let mut families: Vec<SignalFamilyStatus> = self
-            .families()
-            .iter()
-            .map(|f| SignalFamilyStatus {
-                name: f.name.into(),
-                entries: f.len() as u64,
-                entries_max: f.entries_max as u64,
-                heap_bytes: f.heap_bytes as u64,
-                evicted: f.evicted,
-            })
-            .collect();
-        families.push(SignalFamilyStatus {
-            name: "tenants".into(),
-            entries: self.tenants.len() as u64,
-            entries_max: c.tenants_max as u64,
-            heap_bytes: 0,
-            evicted: self.tenants_evicted,
-        });
-        let active =
-            |bit: u16| self.raised.values().filter(|r| r.bits & bit != 0 && r.until_us > now_us).count() as u32;
-        let mut detectors: Vec<DetectorStatus> = Detector::ALL
-            .into_iter()
-            .map(|d| DetectorStatus {
-                name: d.name().into(),
-                mode: c.mode(d).name().into(),
-                threshold: c.threshold(d),
-                raised_total: self.counts[d as usize].raised_total,
-                active: active(d.bit() as u16),
-            })
-            .collect();
-        detectors.push(DetectorStatus {
-            name: "ipv6_widening".into(),
-            mode: c.ipv6_widening.mode.name().into(),
-            threshold: c.ipv6_widening.per_48,
-            raised_total: self.counts[WIDENING].raised_total,
-            active: active(WIDEN_48 | WIDEN_56),
-        });
-        SignalsStatus {
-            window_ms: c.window_us / 1000,
-            sub_windows: SUB_WINDOWS as u32,
-            queue_max: c.queue_max as u32,
-            events_total: self.events,
-            events_dropped,
-            sketch_bytes: self.sketch_bytes() as u64,
-            sketch_bytes_max: c.sketch_bytes_max as u64,
-            flags: self.raised.len() as u32,
-            flags_max: c.flags_max as u32,
-            flags_dropped: self.flags_dropped,
-            families,
-            detectors,
-            flagged: self
-                .recent
-                .iter()
-                .map(|s| FlaggedSubject {
-                    detector: s.detector.into(),
-                    subject: s.subject.clone(),
-                    estimate: s.estimate,
-                    threshold: s.threshold,
-                    since_ms: s.since_us / 1000,
-                    until_ms: s.until_us / 1000,
-                })
-                .collect(),
-        }
-    }
-
-    /// Bytes the tables hold (inline and heap), for the memory report.
-    pub fn bytes(&self) -> (u64, u64) {
-        let entries: usize = self.families().iter().map(|f| f.len()).sum();
-        let inline: usize = self.families().iter().map(|f| f.table_bytes()).sum();
-        (entries as u64, (inline + self.sketch_bytes()) as u64)
     }
 }
 
