@@ -1,7 +1,8 @@
 //! Who may ask what, by the peer's credentials (SO_PEERCRED), not by who
 //! can reach the socket: `check`/`report` for the configured clients, admin
 //! operations for root, the daemon's own user, or the configured admins.
-//! Names are resolved once, at start and reload.
+//! Names are resolved once, at start (a reload keeps them: `[server]`
+//! changes need a restart).
 
 use crate::config::ServerConfig;
 
