@@ -151,3 +151,31 @@ async fn the_decision_log_lists_its_bounds_after_the_operator_s_view_while_on() 
         ]
     );
 }
+
+/// `status` shows the limits in force: after a reload, what the reload
+/// applied (the attempt timeout, spray detection's thresholds) with its new
+/// value, and what needs a restart (the snapshot interval, the server's
+/// limits) with the value still running, as the reload's warning says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_shows_the_limits_a_reload_applied_and_keeps_those_it_did_not() {
+    let before = "attempt_timeout_ms = 30000\nsnapshot_interval_ms = 1000\n\
+                  [server]\nconnections_max = 500\n[signals]\nnarrow_spray.threshold = 21\n";
+    let daemon = TestDaemon::start_with(Some(before), true);
+    let value = |all: &[(String, u64)], name: &str| all.iter().find(|(n, _)| n == name).map(|(_, v)| *v);
+    let all = limits(&daemon).await;
+    assert_eq!(value(&all, "attempt_timeout_ms"), Some(30_000));
+    assert_eq!(value(&all, "signals.narrow_spray.threshold"), Some(21));
+
+    daemon.reload_with(
+        "attempt_timeout_ms = 20000\nsnapshot_interval_ms = 5000\n\
+         [server]\nconnections_max = 100\n[signals]\nnarrow_spray.threshold = 30\n",
+    );
+    let status = daemon.cli_json(&["status"]);
+    assert_eq!(status["reload_failures"], 0, "{status}");
+    let all = limits(&daemon).await;
+    assert_eq!(value(&all, "attempt_timeout_ms"), Some(20_000), "applied by the reload");
+    assert_eq!(value(&all, "signals.narrow_spray.threshold"), Some(30), "applied by the reload");
+    assert_eq!(value(&all, "snapshot_interval_ms"), Some(1000), "needs a restart: the running value");
+    assert_eq!(value(&all, "connections_max"), Some(500), "needs a restart: the running value");
+    assert!(daemon.log().contains("need a restart"), "{}", daemon.log());
+}

@@ -42,7 +42,8 @@ pub struct Daemon {
     /// batch of frames.
     limiter: ArcSwap<Limiter>,
     clock: Clock,
-    config: Config,
+    /// `[server]`, fixed for the process's life (a reload keeps it).
+    server: ServerConfig,
     store_stats: Arc<StoreStats>,
     started_us: u64,
     access: Access,
@@ -65,10 +66,11 @@ pub struct Daemon {
     reloads: AtomicU64,
     reload_failures: AtomicU64,
     last_reload_error: std::sync::Mutex<Option<String>>,
-    /// The configuration the limiter in force was built from; held while
-    /// the limiter is rebuilt (a reload, a new host count), so two
-    /// rebuilds cannot undo each other.
-    config_in_force: std::sync::Mutex<Config>,
+    /// The configuration in force: what the limiter was built from, and
+    /// what a reload does not apply kept at its running value, so that
+    /// `status` shows what runs. Held while the limiter is rebuilt (a
+    /// reload, a new host count), so two rebuilds cannot undo each other.
+    config: std::sync::Mutex<Config>,
     /// Shared mode: the store global rules are decided in.
     shared: Option<Arc<SharedStore>>,
     /// The task hearing the other hosts' lockouts (shared mode).
@@ -136,8 +138,8 @@ impl Daemon {
             listener: std::sync::Mutex::new(None),
             spray: None,
             decision_log: None,
-            config_in_force: std::sync::Mutex::new(config.clone()),
-            config,
+            server: config.server.clone(),
+            config: std::sync::Mutex::new(config),
         }
     }
 
@@ -179,7 +181,7 @@ impl Daemon {
     }
 
     pub fn server_config(&self) -> &ServerConfig {
-        &self.config.server
+        &self.server
     }
 
     /// What a peer with these credentials may ask.
@@ -219,13 +221,14 @@ impl Daemon {
     /// failed, keeps the running configuration and records why.
     pub fn reload(&self, loaded: Result<(Config, Arc<ClassTable>), String>) {
         // The store's connection and its limits are set up once, at start.
+        let mut in_force = self.config.locked();
         let loaded = loaded.and_then(|(config, classes)| {
-            if config.shared != self.config.shared {
+            if config.shared != in_force.shared {
                 return Err(
                     "[shared] differs from the running configuration's; changing it needs a restart".to_string()
                 );
             }
-            if config.decision_log != self.config.decision_log {
+            if config.decision_log != in_force.decision_log {
                 return Err(
                     "[decision_log] differs from the running configuration's; changing it needs a restart".to_string()
                 );
@@ -233,8 +236,12 @@ impl Daemon {
             Ok((config, classes))
         });
         match loaded {
-            Ok((config, classes)) => {
-                let mut in_force = self.config_in_force.locked();
+            Ok((mut config, classes)) => {
+                let unapplied = config.keep_what_needs_a_restart(&in_force);
+                if !unapplied.is_empty() {
+                    tracing::warn!(target: LOG_TARGET, keys = %unapplied.join(", "),
+                        "changed in the file, but these need a restart; their running values stay in force");
+                }
                 let next = self.limiter.load().reconfigured(&config, classes, self.clock.now_us());
                 if let Some(spray) = &self.spray {
                     let mut engine = spray.engine.locked();

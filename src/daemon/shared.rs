@@ -550,7 +550,7 @@ impl Daemon {
     pub(super) fn set_hosts(&self, hosts: u32) {
         // Under the reload lock: a reload and this rebuild each start from
         // the limiter in force, and neither may undo the other.
-        let config = self.config_in_force.locked();
+        let config = self.config.locked();
         let limiter = self.limiter.load();
         let next = limiter.with_hosts(&config, hosts, self.clock.now_us());
         self.limiter.store(Arc::new(next));

@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 use super::lockouts::{LOCKOUTS_LISTED_MAX, LOCKOUTS_MADE_CONCURRENTLY_MAX, LOCKOUTS_REPLY_BYTES_MAX};
 use super::{Daemon, Observing, ERRORS};
 use crate::codec::REQUEST_PAYLOAD_BYTES_MAX;
+use crate::config::Config;
 use crate::limiter::Limiter;
 use crate::protocol::{
     Activity, Decision, NamedLimit, PersistenceStatus, Response, SharedStatus, SignalsStatus, Status, VerdictCounts,
@@ -94,8 +95,8 @@ impl Daemon {
     }
 
     /// `[shared]`'s limits and the store client's own, when shared.
-    fn shared_limits(&self) -> Vec<NamedLimit> {
-        let Some(c) = &self.config.shared else { return Vec::new() };
+    fn shared_limits(config: &Config) -> Vec<NamedLimit> {
+        let Some(c) = &config.shared else { return Vec::new() };
         [
             ("shared.timeout_ms", c.timeout_ms),
             ("shared.busy_max_ms", c.busy_max_ms),
@@ -122,7 +123,7 @@ impl Daemon {
     /// status reply's trailing value).
     pub(crate) fn signals_status(&self) -> Option<SignalsStatus> {
         let spray = self.spray.as_ref()?;
-        self.config_in_force.locked().signals.as_ref()?;
+        self.config.locked().signals.as_ref()?;
         let engine = spray.engine.locked();
         Some(engine.status(spray.link.dropped(), self.clock.now_us()))
     }
@@ -155,8 +156,8 @@ impl Daemon {
     }
 
     /// `[signals]`' limits, when on.
-    fn signals_limits(&self) -> Vec<NamedLimit> {
-        let Some(c) = &self.config.signals else { return Vec::new() };
+    fn signals_limits(config: &Config) -> Vec<NamedLimit> {
+        let Some(c) = &config.signals else { return Vec::new() };
         [
             ("signals.window_secs", c.window_us / 1_000_000),
             ("signals.sub_windows", crate::signals::sketch::SUB_WINDOWS as u64),
@@ -190,8 +191,8 @@ impl Daemon {
     }
 
     /// `[decision_log]`'s limits, when on.
-    fn decision_log_limits(&self) -> Vec<NamedLimit> {
-        let Some(c) = &self.config.decision_log else { return Vec::new() };
+    fn decision_log_limits(config: &Config) -> Vec<NamedLimit> {
+        let Some(c) = &config.decision_log else { return Vec::new() };
         [
             ("decision_log.file_bytes_max", c.file_bytes_max),
             ("decision_log.files_max", u64::from(c.files_max)),
@@ -208,7 +209,8 @@ impl Daemon {
     pub(crate) fn status(&self, limiter: &Limiter) -> Status {
         let now = self.clock.now_us();
         let count = |i: usize| self.verdicts[i].load(Ordering::Relaxed);
-        let server = &self.config.server;
+        let config = self.config.locked().clone();
+        let server = &config.server;
         let limit = |name: &str, value: u64| NamedLimit { name: name.into(), value };
         let stats = &self.store_stats;
         Status {
@@ -247,19 +249,19 @@ impl Daemon {
                 limit("files_reserved_count", FILES_RESERVED_COUNT),
                 limit("accept_retry_delay_ms_max", ACCEPT_RETRY_DELAY_MS_MAX),
                 limit("accept_error_lines_per_sec_max", ACCEPT_ERROR_LINES_PER_SEC_MAX),
-                limit("snapshot_interval_ms", self.config.snapshot_interval_ms),
-                limit("attempt_timeout_ms", self.config.attempt_timeout_ms),
+                limit("snapshot_interval_ms", config.snapshot_interval_ms),
+                limit("attempt_timeout_ms", config.attempt_timeout_ms),
             ]
             .into_iter()
-            .chain(self.shared_limits())
-            .chain(self.signals_limits())
+            .chain(Self::shared_limits(&config))
+            .chain(Self::signals_limits(&config))
             .chain(self.activity_limits())
-            .chain(self.decision_log_limits())
+            .chain(Self::decision_log_limits(&config))
             .chain(limiter.route_limits().into_iter().map(|(name, value)| NamedLimit { name, value }))
             .collect(),
             persistence: PersistenceStatus {
-                state_path: self.config.state.display().to_string(),
-                snapshot_interval_ms: self.config.snapshot_interval_ms,
+                state_path: config.state.display().to_string(),
+                snapshot_interval_ms: config.snapshot_interval_ms,
                 commits: stats.commits.load(Ordering::Relaxed),
                 write_failures: stats.write_failures.load(Ordering::Relaxed),
                 last_error: stats.last_error.locked().clone(),
