@@ -27,7 +27,7 @@
 //! `decision_log` (every verdict as a digest-only record, written off the
 //! request path, and `tollgate replay` of it through a candidate config),
 //! `audit` (rate-capped log lines), `notify` (systemd), `metrics`
-//! (Prometheus text), `config`, `clock` (the only place time is read) and
+//! (Prometheus text), `config`, `clock` (where the limiter's time is read) and
 //! `bench` (the load generator and the echo server). `top` is the
 //! operator's live view, a client like `cli` that only reads.
 // No unsafe code, with two audited exceptions in `tat_table`, both hints
