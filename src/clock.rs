@@ -1,10 +1,11 @@
 //! Where the limiter's time comes from. Decisions, tables, spray detection
 //! and the activity view receive `now_us` as an argument, read here once per
 //! batch of frames, so tests can drive them with any time (`--manual-clock`).
-//! Elsewhere `Instant` only times things that are not decisions: deadlines
-//! on sockets and on the shared store, latency, flush and retry intervals
-//! (ARCHITECTURE.md lists them). Global rules are decided on the store's
-//! clock.
+//! Elsewhere `Instant` times what is about real waiting, not about the
+//! limiter's windows: deadlines on sockets and on the shared store (and its
+//! burst marks, which judge those waits), latency, flush and retry
+//! intervals (ARCHITECTURE.md lists them). Global rules are decided on the
+//! store's clock.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
