@@ -1,8 +1,10 @@
-//! Replays the checked-in corpora of the `source_parse`, `class_file`,
-//! `config_parse`, `tables_model`, `tat_table` and `decision_log` fuzz targets through the
-//! very bodies the targets run (`tests/fuzz_bodies/`), on stable, so every
-//! seed and every input the fuzzer kept stays a regression test.
-//! (`tests/fuzz_corpus.rs` does the same for `frame_decode`.)
+//! Replays the checked-in corpus of every fuzz target through the very body
+//! the target runs, on stable, so every seed and every input the fuzzer
+//! kept stays a regression test. The bodies live in `tests/fuzz_bodies/`,
+//! but for two that read private decoders and so live beside them:
+//! `frame_decode`'s (`tollgate::codec::fuzz_request_frames`) and
+//! `decision_log`'s (`tollgate::fuzz_decision_log`). Crash files under
+//! `fuzz/artifacts/` are gitignored and not replayed.
 //!
 //! Inputs that crashed a target because of a bug in `src/` live under
 //! `fuzz/regressions/<target>/` (with a README each), outside the corpora so
@@ -87,9 +89,12 @@ fn tat_table_corpus() {
 
 #[test]
 fn decision_log_corpus() {
-    // The body is the library's own (`tollgate::fuzz_decision_log`), as
-    // `frame_decode`'s is.
     replay_corpus("decision_log", tollgate::fuzz_decision_log);
+}
+
+#[test]
+fn frame_decode_corpus() {
+    replay_corpus("frame_decode", tollgate::codec::fuzz_request_frames);
 }
 
 #[test]
@@ -101,6 +106,8 @@ fn regressions_stay_fixed() {
         ("config_parse", config_parse::run),
         ("tables_model", tables_model::run),
         ("tat_table", tat_table::run),
+        ("decision_log", tollgate::fuzz_decision_log),
+        ("frame_decode", tollgate::codec::fuzz_request_frames),
     ] {
         let dir = format!("fuzz/regressions/{target}");
         if Path::new(env!("CARGO_MANIFEST_DIR")).join(&dir).is_dir() {

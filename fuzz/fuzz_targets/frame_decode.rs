@@ -1,6 +1,6 @@
 //! Decodes a stream of request frames as the server does and checks that
 //! whatever decodes re-encodes to the same bytes. The body lives in
-//! `tollgate::codec::fuzz_request_frames` so `tests/fuzz_corpus.rs` can replay
+//! `tollgate::codec::fuzz_request_frames` so `tests/fuzz_replay.rs` can replay
 //! the corpus on stable.
 #![no_main]
 
