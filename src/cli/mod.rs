@@ -71,7 +71,7 @@ pub enum Command {
     /// Run a decision log through a candidate configuration on the log's
     /// own clock: per rule, what it would have refused, and the people it
     /// would have bothered (no daemon needed).
-    Replay(crate::decision_log::replay::ReplayArgs),
+    Replay(crate::sim::replay::ReplayArgs),
     /// A bare length-prefixed echo server: the transport floor for `bench --raw`.
     EchoServer {
         #[arg(long)]
@@ -272,8 +272,8 @@ pub fn top(args: &crate::top::TopArgs) -> std::process::ExitCode {
 }
 
 /// `tollgate replay`: no daemon, so not a client command.
-pub fn replay(args: &crate::decision_log::replay::ReplayArgs) -> std::process::ExitCode {
-    match crate::decision_log::replay::replay(args) {
+pub fn replay(args: &crate::sim::replay::ReplayArgs) -> std::process::ExitCode {
+    match crate::sim::replay::replay(args) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             print_error(&format_args!("{e:#}"));

@@ -4,7 +4,7 @@
 //! compact record (`record.rs`: digests and addresses, never a name) that
 //! the request thread hands to a bounded queue; one thread writes them to
 //! size-rotated, age- and count-bounded files (`writer.rs`). `tollgate
-//! replay` (`replay.rs`) runs those records through a limiter built from a
+//! replay` (`sim/replay.rs`, beside the simulator) runs those records through a limiter built from a
 //! candidate configuration, on the log's own clock, and counts per rule
 //! what the candidate would have refused.
 //!
@@ -12,13 +12,13 @@
 //! counts it, a failed write is counted and logged, rate-capped.
 
 mod record;
-pub mod replay;
 mod writer;
 
 pub use record::{
     decode_header, decode_record, fuzz_decision_log, mask_64, read_file_bytes, FileContents, Header, HeaderError, Name,
     Op, Problem, Record, RecordError, HEADER_BYTES, RECORD_BYTES_MAX,
 };
+pub(crate) use writer::log_files;
 pub use writer::{DecisionLog, FLUSH_INTERVAL_MS};
 
 use crate::protocol::Outcome;

@@ -10,6 +10,7 @@
 //! every `publish_lag` reports, as the daemon's thread does every few
 //! milliseconds.
 
+pub mod replay;
 mod traffic;
 
 use std::collections::{BTreeSet, HashMap};

@@ -21,10 +21,9 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::record::{read_file_bytes, Name, Op, Problem, Record};
-use super::writer::log_files;
 use crate::classes::ClassTable;
 use crate::config::Config;
+use crate::decision_log::{decode_header, log_files, read_file_bytes, Name, Op, Problem, Record, HEADER_BYTES};
 use crate::keys::{KeyDeriver, Secret, SECRET_BYTES};
 use crate::limiter::Limiter;
 use crate::protocol::{Decision, Outcome, Reason, Subject};
@@ -442,9 +441,9 @@ pub fn replay_files(config: &Config, classes: Arc<ClassTable>, files: &[PathBuf]
         .iter()
         .map(|p| {
             let start = std::fs::File::open(p).ok().and_then(|mut f| {
-                let mut header = [0u8; super::HEADER_BYTES];
+                let mut header = [0u8; HEADER_BYTES];
                 std::io::Read::read_exact(&mut f, &mut header).ok()?;
-                super::decode_header(&header).ok().map(|h| h.start_us)
+                decode_header(&header).ok().map(|h| h.start_us)
             });
             (start.unwrap_or(0), p.as_path())
         })
