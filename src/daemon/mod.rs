@@ -28,7 +28,7 @@ use crate::clock::{ceil_ms, Clock};
 use crate::codec::RequestExtras;
 use crate::config::{Config, ServerConfig};
 use crate::decision_log::{Attempt, DecisionLog, DecisionLogStats};
-use crate::limiter::{CheckPlan, Limiter, RequestError};
+use crate::limiter::{CheckPlan, Limiter, Report, RequestError};
 use crate::protocol::{Decision, ErrorCode, Outcome, Request, Response, Subject, Verdict};
 use crate::server::ACCEPT_ERROR_LINES_PER_SEC_MAX;
 use crate::shared::{SharedStore, Ticket};
@@ -303,21 +303,13 @@ impl Daemon {
                 };
                 return Started::Ready(self.checked(limiter, route, &subject, &attempt, verdict, now));
             }
-            Job::Report { route, subject, outcome, password_digest, password_tag } => {
+            Job::Report { route, subject, report } => {
                 // An abandoned attempt (no outcome) has nothing to log.
-                let attempt = outcome.map(|outcome| Attempt::report(outcome, password_digest, password_tag));
+                let attempt =
+                    report.outcome.map(|outcome| Attempt::report(outcome, report.password_digest, report.password_tag));
                 let reported = match &self.shared {
                     Some(store) if limiter.is_shared() => {
-                        let started = self.start_report_shared(
-                            store,
-                            limiter,
-                            route,
-                            &subject,
-                            outcome,
-                            password_digest,
-                            password_tag,
-                            now,
-                        );
+                        let started = self.start_report_shared(store, limiter, route, &subject, &report, now);
                         match started {
                             Ok(SharedStart::Done(reported)) => Ok(reported),
                             Ok(SharedStart::Waiting(ticket, report)) => {
@@ -326,12 +318,7 @@ impl Daemon {
                             Err(e) => Err(e),
                         }
                     }
-                    _ => match outcome {
-                        Some(outcome) => limiter
-                            .report_tagged(route, &subject, outcome, password_digest, password_tag, now)
-                            .map(|(v, d)| (v, d, false)),
-                        None => limiter.abandon(route, &subject, now).map(|v| (v, Vec::new(), false)),
-                    },
+                    _ => limiter.report_with(route, &subject, &report, now).map(|(v, d)| (v, d, false)),
                 };
                 return Started::Ready(self.reported(limiter, route, &subject, attempt.as_ref(), reported, now));
             }
@@ -556,9 +543,7 @@ pub(crate) enum Job<'b, 'l> {
     Report {
         route: &'b str,
         subject: Subject<'b>,
-        outcome: Option<Outcome>,
-        password_digest: Option<[u8; 16]>,
-        password_tag: Option<[u8; 16]>,
+        report: Report,
     },
     /// The peer may not ask this (the operation, for the reply and the log).
     Denied(&'static str),
@@ -587,11 +572,10 @@ impl<'b, 'l> Job<'b, 'l> {
                 Job::Check { route, subject, plan }
             }
             Request::Report { route, subject, outcome, password_digest } => {
-                Job::Report { route, subject, outcome: Some(outcome), password_digest, password_tag }
+                let report = Report { outcome: Some(outcome), password_digest, password_tag };
+                Job::Report { route, subject, report }
             }
-            Request::Abandon { route, subject } => {
-                Job::Report { route, subject, outcome: None, password_digest: None, password_tag: None }
-            }
+            Request::Abandon { route, subject } => Job::Report { route, subject, report: Report::default() },
             other => Job::Other(other),
         }
     }

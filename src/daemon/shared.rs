@@ -11,8 +11,8 @@ use std::time::Duration;
 use smallvec::SmallVec;
 
 use super::Daemon;
-use crate::limiter::{CheckPlan, CheckStored, CheckedLocally, Limiter, ReportStored, ReportedLocally};
-use crate::protocol::{Outcome, Subject, Verdict};
+use crate::limiter::{CheckPlan, CheckStored, CheckedLocally, Limiter, Report, ReportStored, ReportedLocally};
+use crate::protocol::{Subject, Verdict};
 use crate::shared::script::{Op, Reply};
 use crate::shared::{CallError, ProbeError, SharedStore, State, Ticket, HOSTS_LEARNED_MEMORY_MS, LOG_TARGET};
 use crate::store::Durable;
@@ -132,19 +132,16 @@ impl Daemon {
     }
 
     /// A report's first half in shared mode, as `start_check_shared`.
-    #[allow(clippy::too_many_arguments, clippy::type_complexity)] // a report's five fields, as `Limiter::begin_report` takes them
     pub(super) fn start_report_shared<'s, 'l>(
         &self,
         store: &'s Arc<SharedStore>,
         limiter: &'l Limiter,
         route: &str,
         subject: &Subject<'_>,
-        outcome: Option<Outcome>,
-        password_digest: Option<[u8; 16]>,
-        password_tag: Option<[u8; 16]>,
+        report: &Report,
         now: u64,
     ) -> Result<SharedStart<Reported<'l>, Ticket<'s>, PendingReport<'l>>, crate::limiter::RequestError> {
-        let mut report = match limiter.begin_report(route, subject, outcome, password_digest, password_tag, now)? {
+        let mut report = match limiter.begin_report(route, subject, report, now)? {
             ReportedLocally::Done(verdict, durable) => return Ok(SharedStart::Done((verdict, durable, false))),
             ReportedLocally::Store(report) => report,
         };

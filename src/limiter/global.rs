@@ -17,7 +17,7 @@ use super::store_reply::{
 };
 use super::subject::RuleKeys;
 use super::verdict::{combine, rate_answer, Answers, RuleAnswer};
-use super::{CheckPlan, Limiter, PreparedReport, RequestError, Rules};
+use super::{CheckPlan, Limiter, PreparedReport, Report, RequestError, Rules};
 use crate::classes::SourceClass;
 use crate::failure_window::Settled;
 use crate::gcra::decide;
@@ -423,12 +423,11 @@ impl Limiter {
         &'a self,
         route: &str,
         subject: &Subject<'_>,
-        outcome: Option<Outcome>,
-        password_digest: Option<[u8; 16]>,
-        password_tag: Option<[u8; 16]>,
+        report: &Report,
         now_us: u64,
     ) -> Result<ReportedLocally<'a>, RequestError> {
-        let prepared = self.prepare_report(route, subject, outcome, password_digest, password_tag, now_us)?;
+        let outcome = report.outcome;
+        let prepared = self.prepare_report(route, subject, report, now_us)?;
         let mut answers = Answers::new();
         let mut durable = Vec::new();
         let route = prepared.route;

@@ -98,6 +98,16 @@ struct PreparedReport<'l> {
     hits: Hits,
 }
 
+/// What a report says beyond its route and subject: the outcome (None: the
+/// attempt ended without one and gives its place back) and the client's
+/// keyed password digest and tag, when it sent them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    pub outcome: Option<Outcome>,
+    pub password_digest: Option<[u8; 16]>,
+    pub password_tag: Option<[u8; 16]>,
+}
+
 /// A check with its keys derived, not yet decided (see `plan_check`).
 pub struct CheckPlan<'l> {
     route: &'l Route,
@@ -426,38 +436,28 @@ impl Limiter {
         password_digest: Option<[u8; 16]>,
         now_us: u64,
     ) -> Result<(Verdict<'a>, Vec<Durable>), RequestError> {
-        self.report_tagged(route, subject, outcome, password_digest, None, now_us)
+        let report = Report { outcome: Some(outcome), password_digest, password_tag: None };
+        self.report_with(route, subject, &report, now_us)
     }
 
-    /// `report` with the attempt's password tag (protocol v3), which a
-    /// failure feeds to the password axis of spray detection.
-    pub fn report_tagged<'a>(
+    /// `report` with all a client may send: the attempt's password tag
+    /// (protocol v3), which a failure feeds to the password axis of spray
+    /// detection, or no outcome (an abandoned attempt: each failure rule
+    /// gives back the newest place held on its key, and nothing is
+    /// counted, remembered or sent to spray detection).
+    pub fn report_with<'a>(
         &'a self,
         route: &str,
         subject: &Subject<'_>,
-        outcome: Outcome,
-        password_digest: Option<[u8; 16]>,
-        password_tag: Option<[u8; 16]>,
+        report: &Report,
         now_us: u64,
     ) -> Result<(Verdict<'a>, Vec<Durable>), RequestError> {
-        let prepared = self.prepare_report(route, subject, Some(outcome), password_digest, password_tag, now_us)?;
+        let prepared = self.prepare_report(route, subject, report, now_us)?;
         let mut answers = Answers::new();
         let mut durable = Vec::new();
         self.report_rules(&prepared, Rules::All, true, now_us, &mut answers, &mut durable);
+        debug_assert!(report.outcome.is_some() || durable.is_empty(), "an abandoned attempt locks nothing");
         Ok((combine(&answers), durable))
-    }
-
-    /// `abandon`: the attempt a check admitted ended without an outcome.
-    /// Each failure rule gives back the newest place held on its key, as a
-    /// report would, and nothing is counted, remembered or sent to spray
-    /// detection. Returns the verdict a check would now give.
-    pub fn abandon<'a>(&'a self, route: &str, subject: &Subject<'_>, now_us: u64) -> Result<Verdict<'a>, RequestError> {
-        let prepared = self.prepare_report(route, subject, None, None, None, now_us)?;
-        let mut answers = Answers::new();
-        let mut durable = Vec::new();
-        self.report_rules(&prepared, Rules::All, true, now_us, &mut answers, &mut durable);
-        debug_assert!(durable.is_empty(), "an abandoned attempt locks nothing");
-        Ok(combine(&answers))
     }
 
     /// A report's first half, the same for every rule: its keys, whether
@@ -466,11 +466,10 @@ impl Limiter {
         &'a self,
         route: &str,
         subject: &Subject<'_>,
-        outcome: Option<Outcome>,
-        password_digest: Option<[u8; 16]>,
-        password_tag: Option<[u8; 16]>,
+        report: &Report,
         now_us: u64,
     ) -> Result<PreparedReport<'a>, RequestError> {
+        let Report { outcome, password_digest, password_tag } = *report;
         let route = self.route(route)?;
         check_lengths(subject)?;
         let mut keys = self.subject_keys_at(&route.name, subject, now_us);

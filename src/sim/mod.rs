@@ -22,7 +22,7 @@ use crate::classes::ClassTable;
 use crate::clock::MANUAL_CLOCK_START_US;
 use crate::config::Config;
 use crate::keys::{KeyDeriver, Secret, SECRET_BYTES};
-use crate::limiter::Limiter;
+use crate::limiter::{Limiter, Report};
 use crate::protocol::{Decision, Outcome, Reason, Subject};
 use crate::signals::pump::{channel, Pump};
 use crate::stdout::outln;
@@ -201,7 +201,8 @@ pub fn run(config: &Config, scenario: &Scenario) -> SimReport {
         if proceeds {
             let outcome = if a.correct { Outcome::Success } else { Outcome::Failure };
             let digest = tollgate_client::password_digest(&client_key, &account, &password);
-            let _ = limiter.report_tagged("login", &subject, outcome, Some(digest), Some(tag), a.t_us);
+            let report = Report { outcome: Some(outcome), password_digest: Some(digest), password_tag: Some(tag) };
+            let _ = limiter.report_with("login", &subject, &report, a.t_us);
             since_drain += 1;
             if since_drain >= publish_lag {
                 since_drain = 0;

@@ -25,7 +25,7 @@ use crate::classes::ClassTable;
 use crate::config::Config;
 use crate::decision_log::{decode_header, log_files, read_file_bytes, Name, Op, Problem, Record, HEADER_BYTES};
 use crate::keys::{KeyDeriver, Secret, SECRET_BYTES};
-use crate::limiter::Limiter;
+use crate::limiter::{Limiter, Report};
 use crate::protocol::{Decision, Outcome, Reason, Subject};
 use crate::signals::pump::{channel, Pump};
 use crate::store::Journal;
@@ -353,8 +353,9 @@ impl Replayer {
                     Some(true) => {}
                     None => self.report.reports_without_check += 1,
                 }
-                let reported =
-                    self.limiter.report_tagged(route, &subject, outcome, r.password_digest, r.password_tag, t);
+                let sent =
+                    Report { outcome: Some(outcome), password_digest: r.password_digest, password_tag: r.password_tag };
+                let reported = self.limiter.report_with(route, &subject, &sent, t);
                 match reported {
                     Ok(_) => self.report.reports_replayed += 1,
                     Err(_) => self.report.not_replayed += 1,
