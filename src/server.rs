@@ -25,45 +25,13 @@ use crate::access::Permissions;
 use crate::clock::{Clock, Stopwatch};
 use crate::codec::ReplyExtras;
 use crate::codec::{self, FrameError, PayloadError, FRAME_HEADER_BYTES, REQUEST_PAYLOAD_BYTES_MAX};
-use crate::daemon::lockouts::{make_listing_reply, Listing};
-use crate::daemon::{Daemon, Job, Peer, Started, VerdictCounters, ERRORS};
+use crate::config::{
+    ACCEPT_RETRY_DELAY_MS_MAX, ACCEPT_RETRY_DELAY_MS_MIN, READ_BUFFER_BYTES, REPLY_BUFFER_RESTING_BYTES,
+    REPLY_BYTES_BUFFERED_MAX,
+};
+use crate::daemon::{Daemon, Job, Listing, Peer, Started, VerdictCounters, ERRORS};
 use crate::limiter::Limiter;
 use crate::protocol::{ErrorCode, Request, Response, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN, SIGNALS_VERSION};
-
-/// Bytes read per connection buffer: a whole maximal frame fits, and a
-/// client pipelining small checks gets hundreds read in one syscall.
-pub const READ_BUFFER_BYTES: usize = 64 * 1024;
-const _: () = assert!(READ_BUFFER_BYTES >= FRAME_HEADER_BYTES + REQUEST_PAYLOAD_BYTES_MAX);
-/// Reply bytes a connection holds before it writes them, even mid-batch: a
-/// client pipelining hundreds of `lockouts` or `status` requests and not
-/// reading would otherwise make one batch's replies hundreds of megabytes.
-/// A pipelined check batch's replies (about 80 bytes each) stay far below.
-pub const REPLY_BYTES_BUFFERED_MAX: usize = 256 * 1024;
-/// A connection's reply buffer at rest, and what it returns to once its
-/// replies are written: a batch of a couple of hundred pipelined checks
-/// (about 80 bytes a reply) fits without growing it. A batch that grows it
-/// past this gives the memory back when written, so connections that once
-/// took a large reply and then idle hold no more than any other.
-pub const REPLY_BUFFER_RESTING_BYTES: usize = 16 * 1024;
-/// Open files the daemon needs besides its connections: standard streams,
-/// the listener, the state file, the runtime's epoll and wakers, the signal
-/// pipe, the notify socket, and a config or class file read by a reload,
-/// with room to spare. The start-up check warns when `connections_max` plus
-/// these does not fit under the open-file limit.
-pub const FILES_RESERVED_COUNT: u64 = 64;
-/// After a failed `accept` (EMFILE: the open-file limit is reached), the
-/// listener waits this long before trying again, doubling on each failure
-/// in a row up to `ACCEPT_RETRY_DELAY_MS_MAX`. 1 ms: a descriptor freed by a
-/// closing connection is used almost at once.
-pub const ACCEPT_RETRY_DELAY_MS_MIN: u64 = 1;
-/// The longest wait between failed `accept`s: at most ten futile calls a
-/// second while the table stays full, and a new connection waits at most
-/// this long once a descriptor is free.
-pub const ACCEPT_RETRY_DELAY_MS_MAX: u64 = 100;
-/// "accept failed" lines a second (wall clock); the rest are counted, the
-/// count is logged with the next line and added to `log_lines_suppressed`.
-/// One line a second says the condition persists; more says nothing new.
-pub const ACCEPT_ERROR_LINES_PER_SEC_MAX: u64 = 1;
 
 fn payload_error(e: &PayloadError) -> Response<'static> {
     let code = match e {
@@ -247,7 +215,7 @@ impl Step<'_, '_> {
     /// A request that must see the effects of every earlier request of the
     /// run, and whose effects every later one must see: nothing after it is
     /// begun before it is answered. `lockouts` (answered by
-    /// `make_listing_reply`) and `unlock` (admin; waits for the store
+    /// `Daemon::listing_reply`) and `unlock` (admin; waits for the store
     /// inline).
     fn is_barrier(&self) -> bool {
         matches!(self, Step::Job(Job::Other(Request::Lockouts { .. } | Request::Unlock { .. })))
@@ -425,7 +393,7 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
                         if !send_replies(&mut writer, &mut out, write_timeout).await {
                             return;
                         }
-                        let made = make_listing_reply(daemon, limiter, planned.version, planned.id, listing, now).await;
+                        let made = daemon.listing_reply(limiter, planned.version, planned.id, listing, now).await;
                         let Some((mut reply, share)) = made else {
                             return;
                         };

@@ -181,6 +181,42 @@ pub const SHUTDOWN_GRACE_MS_DEFAULT: u64 = 5_000;
 /// snapshot past what a service manager waits before killing it.
 pub const SHUTDOWN_GRACE_MS_MAX: u64 = 600_000;
 
+// The server's fixed limits, listed in `status` with the configurable ones.
+/// Bytes read per connection buffer: a whole maximal frame fits, and a
+/// client pipelining small checks gets hundreds read in one syscall.
+pub const READ_BUFFER_BYTES: usize = 64 * 1024;
+const _: () = assert!(READ_BUFFER_BYTES >= crate::codec::FRAME_HEADER_BYTES + crate::codec::REQUEST_PAYLOAD_BYTES_MAX);
+/// Reply bytes a connection holds before it writes them, even mid-batch: a
+/// client pipelining hundreds of `lockouts` or `status` requests and not
+/// reading would otherwise make one batch's replies hundreds of megabytes.
+/// A pipelined check batch's replies (about 80 bytes each) stay far below.
+pub const REPLY_BYTES_BUFFERED_MAX: usize = 256 * 1024;
+/// A connection's reply buffer at rest, and what it returns to once its
+/// replies are written: a batch of a couple of hundred pipelined checks
+/// (about 80 bytes a reply) fits without growing it. A batch that grows it
+/// past this gives the memory back when written, so connections that once
+/// took a large reply and then idle hold no more than any other.
+pub const REPLY_BUFFER_RESTING_BYTES: usize = 16 * 1024;
+/// Open files the daemon needs besides its connections: standard streams,
+/// the listener, the state file, the runtime's epoll and wakers, the signal
+/// pipe, the notify socket, and a config or class file read by a reload,
+/// with room to spare. The start-up check warns when `connections_max` plus
+/// these does not fit under the open-file limit.
+pub const FILES_RESERVED_COUNT: u64 = 64;
+/// After a failed `accept` (EMFILE: the open-file limit is reached), the
+/// listener waits this long before trying again, doubling on each failure
+/// in a row up to `ACCEPT_RETRY_DELAY_MS_MAX`. 1 ms: a descriptor freed by a
+/// closing connection is used almost at once.
+pub const ACCEPT_RETRY_DELAY_MS_MIN: u64 = 1;
+/// The longest wait between failed `accept`s: at most ten futile calls a
+/// second while the table stays full, and a new connection waits at most
+/// this long once a descriptor is free.
+pub const ACCEPT_RETRY_DELAY_MS_MAX: u64 = 100;
+/// "accept failed" lines a second (wall clock); the rest are counted, the
+/// count is logged with the next line and added to `log_lines_suppressed`.
+/// One line a second says the condition persists; more says nothing new.
+pub const ACCEPT_ERROR_LINES_PER_SEC_MAX: u64 = 1;
+
 /// Namespace of every key tollgate writes in the shared store, so two
 /// deployments (or a test one) can share one server. Short, because it is
 /// in every key.

@@ -5,14 +5,17 @@
 //! `start` brings the daemon up and down (state file, listener, signals,
 //! snapshots, systemd); `server` owns the socket and the connections.
 
-pub(crate) mod lockouts;
+mod listings;
 mod shared;
 mod start;
 mod status;
 
 pub use start::serve;
 
-use lockouts::{lockouts_listed, lockouts_reply, LOCKOUTS_MADE_CONCURRENTLY_MAX, LOCKOUTS_REPLY_BYTES_MAX};
+pub(crate) use listings::Listing;
+use listings::{
+    lockouts_listed, lockouts_reply, samples_reply, LOCKOUTS_MADE_CONCURRENTLY_MAX, LOCKOUTS_REPLY_BYTES_MAX,
+};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -26,11 +29,10 @@ use crate::audit::LogCap;
 use crate::classes::ClassTable;
 use crate::clock::{ceil_ms, Clock};
 use crate::codec::RequestExtras;
-use crate::config::{Config, ServerConfig};
+use crate::config::{Config, ServerConfig, ACCEPT_ERROR_LINES_PER_SEC_MAX};
 use crate::decision_log::{Attempt, DecisionLog, DecisionLogStats};
 use crate::limiter::{CheckPlan, Limiter, Report, RequestError};
 use crate::protocol::{Decision, ErrorCode, Outcome, Request, Response, Subject, Verdict};
-use crate::server::ACCEPT_ERROR_LINES_PER_SEC_MAX;
 use crate::shared::{SharedStore, Ticket};
 use crate::store::{Durable, StoreStats};
 use crate::unpoisoned::Unpoisoned;
@@ -329,14 +331,14 @@ impl Daemon {
                 unreachable!("Job::new makes every check, report and abandon a job of its own")
             }
             Request::Status => (Response::Status(Box::new(self.status(limiter))), Vec::new(), false),
-            // `serve_connection` answers these three itself (`make_listing_reply`:
+            // `serve_connection` answers these three itself (`Daemon::listing_reply`:
             // off the runtime threads, within the reply budget); this is the
             // same answer.
             Request::Lockouts { limit } => (lockouts_reply(limiter, lockouts_listed(limit), now), Vec::new(), false),
             Request::Activity { limit } => {
                 (Response::Activity(Box::new(self.activity(limiter, limit, now))), Vec::new(), false)
             }
-            Request::Samples { limit } => (status::samples_reply(&self.activity, limit), Vec::new(), false),
+            Request::Samples { limit } => (samples_reply(&self.activity, limit), Vec::new(), false),
             request @ Request::Unlock { .. } => return Started::Unlock(request),
             Request::ClockAdvance { by_ms } => match self.clock.advance(by_ms.saturating_mul(1000)) {
                 Some(now) => (Response::ClockAdvanced { now_ms: ceil_ms(now) }, Vec::new(), false),

@@ -276,7 +276,7 @@ fn restore(limiter: &Limiter, loaded: Loaded, now_us: u64) -> Restoration {
 fn raise_open_file_limit(config: &Config) -> u64 {
     match server::raise_open_file_limit() {
         Ok(files) => {
-            let needed = config.server.connections_max as u64 + server::FILES_RESERVED_COUNT;
+            let needed = config.server.connections_max as u64 + crate::config::FILES_RESERVED_COUNT;
             if files.soft < needed {
                 tracing::warn!(target: START_LOG_TARGET,
                     "open-file limit {} (hard {}) is below connections_max {} + {} reserved = {needed}: \
@@ -284,7 +284,7 @@ fn raise_open_file_limit(config: &Config) -> u64 {
                     files.soft,
                     files.hard,
                     config.server.connections_max,
-                    server::FILES_RESERVED_COUNT,
+                    crate::config::FILES_RESERVED_COUNT,
                 );
             } else if files.soft != files.soft_before {
                 tracing::info!(target: START_LOG_TARGET, from = files.soft_before, to = files.soft, "open-file limit raised");

@@ -2,49 +2,18 @@
 
 use std::sync::atomic::Ordering;
 
-use super::lockouts::{LOCKOUTS_LISTED_MAX, LOCKOUTS_MADE_CONCURRENTLY_MAX, LOCKOUTS_REPLY_BYTES_MAX};
-use super::{Daemon, Observing, ERRORS};
-use crate::codec::REQUEST_PAYLOAD_BYTES_MAX;
-use crate::config::Config;
-use crate::limiter::Limiter;
-use crate::protocol::{
-    Activity, Decision, NamedLimit, PersistenceStatus, Response, SharedStatus, SignalsStatus, Status, VerdictCounts,
+use super::listings::{
+    ACTIVITY_LISTED_MAX, LOCKOUTS_LISTED_MAX, LOCKOUTS_MADE_CONCURRENTLY_MAX, LOCKOUTS_REPLY_BYTES_MAX,
 };
-use crate::server::{
-    ACCEPT_ERROR_LINES_PER_SEC_MAX, ACCEPT_RETRY_DELAY_MS_MAX, FILES_RESERVED_COUNT, READ_BUFFER_BYTES,
+use super::{Daemon, ERRORS};
+use crate::codec::REQUEST_PAYLOAD_BYTES_MAX;
+use crate::config::{
+    Config, ACCEPT_ERROR_LINES_PER_SEC_MAX, ACCEPT_RETRY_DELAY_MS_MAX, FILES_RESERVED_COUNT, READ_BUFFER_BYTES,
     REPLY_BUFFER_RESTING_BYTES, REPLY_BYTES_BUFFERED_MAX,
 };
+use crate::limiter::Limiter;
+use crate::protocol::{Decision, NamedLimit, PersistenceStatus, SharedStatus, SignalsStatus, Status, VerdictCounts};
 use crate::unpoisoned::Unpoisoned;
-
-/// Entries in each list of an `Activity` or `Samples` reply, at most:
-/// 10,000 would-be refusals are ~1.5 MB, well inside a reply's 8 MiB.
-pub(crate) const ACTIVITY_LISTED_MAX: usize = 10_000;
-
-/// A request's `limit`, within `ACTIVITY_LISTED_MAX`.
-pub(crate) fn activity_listed(limit: u32) -> usize {
-    (limit as usize).min(ACTIVITY_LISTED_MAX)
-}
-
-/// The operator's view (a version-4 `Activity` reply) from what the daemon
-/// observes: at most `limit` entries in each list.
-pub(crate) fn activity_view(observing: &Observing, limiter: &Limiter, limit: u32, now: u64) -> Activity {
-    let mut view = {
-        let observer = observing.observer.locked();
-        observer.view(activity_listed(limit), now)
-    };
-    let link = &observing.link;
-    view.routes = limiter.route_activity();
-    view.latency = link.latency.snapshot();
-    (view.events, view.events_dropped) = link.events();
-    view
-}
-
-/// A version-4 `Samples` reply: at most `limit` would-be refusals.
-pub(crate) fn samples_reply(observing: &Observing, limit: u32) -> Response<'static> {
-    let observer = observing.observer.locked();
-    let (samples, seen, since_ms) = observer.samples(activity_listed(limit));
-    Response::Samples { samples, seen, since_ms }
-}
 
 impl Daemon {
     /// The shared store's state for a version-2 status (None without
@@ -126,14 +95,6 @@ impl Daemon {
         self.config.locked().signals.as_ref()?;
         let engine = spray.engine.locked();
         Some(engine.status(spray.link.dropped(), self.clock.now_us()))
-    }
-
-    /// The operator's view (a version-4 `Activity` reply): at most `limit`
-    /// entries in each list.
-    pub(crate) fn activity(&self, limiter: &Limiter, limit: u32, now: u64) -> Activity {
-        let mut view = activity_view(&self.activity, limiter, limit, now);
-        view.decision_log = self.decision_log_stats();
-        view
     }
 
     /// `[activity]`'s limits: those of the structures in force (read at start).

@@ -6,11 +6,10 @@ use std::sync::Arc;
 
 use tokio::sync::SemaphorePermit;
 
-use super::status::{activity_listed, activity_view, samples_reply};
-use super::Daemon;
+use super::{Daemon, Observing};
 use crate::codec;
 use crate::limiter::Limiter;
-use crate::protocol::{Request, Response};
+use crate::protocol::{Activity, Request, Response};
 use crate::unpoisoned::Unpoisoned;
 
 /// Lockouts returned by one `lockouts` request when the client names no limit.
@@ -68,7 +67,47 @@ pub const SAMPLE_REPLY_BYTES_ESTIMATE: usize = 640;
 pub const ACTIVITY_ROUTE_BYTES_ESTIMATE: usize = 512;
 pub const ACTIVITY_FIXED_BYTES_ESTIMATE: usize = 16 * 1024;
 
-/// A request `serve_connection` answers with `make_listing_reply`.
+/// Entries in each list of an `Activity` or `Samples` reply, at most:
+/// 10,000 would-be refusals are ~1.5 MB, well inside a reply's 8 MiB.
+pub(crate) const ACTIVITY_LISTED_MAX: usize = 10_000;
+
+/// A request's `limit`, within `ACTIVITY_LISTED_MAX`.
+pub(crate) fn activity_listed(limit: u32) -> usize {
+    (limit as usize).min(ACTIVITY_LISTED_MAX)
+}
+
+/// The operator's view (a version-4 `Activity` reply) from what the daemon
+/// observes: at most `limit` entries in each list.
+pub(crate) fn activity_view(observing: &Observing, limiter: &Limiter, limit: u32, now: u64) -> Activity {
+    let mut view = {
+        let observer = observing.observer.locked();
+        observer.view(activity_listed(limit), now)
+    };
+    let link = &observing.link;
+    view.routes = limiter.route_activity();
+    view.latency = link.latency.snapshot();
+    (view.events, view.events_dropped) = link.events();
+    view
+}
+
+/// A version-4 `Samples` reply: at most `limit` would-be refusals.
+pub(crate) fn samples_reply(observing: &Observing, limit: u32) -> Response<'static> {
+    let observer = observing.observer.locked();
+    let (samples, seen, since_ms) = observer.samples(activity_listed(limit));
+    Response::Samples { samples, seen, since_ms }
+}
+
+impl Daemon {
+    /// The operator's view (a version-4 `Activity` reply): at most `limit`
+    /// entries in each list.
+    pub(crate) fn activity(&self, limiter: &Limiter, limit: u32, now: u64) -> Activity {
+        let mut view = activity_view(&self.activity, limiter, limit, now);
+        view.decision_log = self.decision_log_stats();
+        view
+    }
+}
+
+/// A request `serve_connection` answers with `Daemon::listing_reply`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Listing {
     Lockouts(u32),
@@ -116,42 +155,45 @@ impl Listing {
 /// milliseconds; on a runtime thread it would hold up every check waiting
 /// for that thread). Returns the encoded reply and the share, both to be
 /// dropped once written; `None`: close the connection.
-pub(crate) async fn make_listing_reply<'d>(
-    daemon: &'d Daemon,
-    limiter: &Arc<Limiter>,
-    version: u8,
-    id: u64,
-    listing: Listing,
-    now: u64,
-) -> Option<(Vec<u8>, SemaphorePermit<'d>)> {
-    let share = listing.share(daemon, limiter) as u32;
-    let share = daemon.lockouts_reply_bytes.acquire_many(share).await.expect("the budget is never closed");
-    let maker = daemon.lockouts_makers.acquire().await.expect("the makers' semaphore is never closed");
-    let limiter = limiter.clone();
-    let observing = daemon.activity.clone();
-    let decision_log = daemon.decision_log_stats();
-    let made = tokio::task::spawn_blocking(move || {
-        let reply = match listing {
-            Listing::Lockouts(limit) => lockouts_reply(&limiter, lockouts_listed(limit), now),
-            Listing::Activity(limit) => {
-                let mut view = activity_view(&observing, &limiter, limit, now);
-                view.decision_log = decision_log;
-                Response::Activity(Box::new(view))
+impl Daemon {
+    pub(crate) async fn listing_reply(
+        &self,
+        limiter: &Arc<Limiter>,
+        version: u8,
+        id: u64,
+        listing: Listing,
+        now: u64,
+    ) -> Option<(Vec<u8>, SemaphorePermit<'_>)> {
+        let daemon = self;
+        let share = listing.share(daemon, limiter) as u32;
+        let share = daemon.lockouts_reply_bytes.acquire_many(share).await.expect("the budget is never closed");
+        let maker = daemon.lockouts_makers.acquire().await.expect("the makers' semaphore is never closed");
+        let limiter = limiter.clone();
+        let observing = daemon.activity.clone();
+        let decision_log = daemon.decision_log_stats();
+        let made = tokio::task::spawn_blocking(move || {
+            let reply = match listing {
+                Listing::Lockouts(limit) => lockouts_reply(&limiter, lockouts_listed(limit), now),
+                Listing::Activity(limit) => {
+                    let mut view = activity_view(&observing, &limiter, limit, now);
+                    view.decision_log = decision_log;
+                    Response::Activity(Box::new(view))
+                }
+                Listing::Samples(limit) => samples_reply(&observing, limit),
+            };
+            let mut bytes = Vec::new();
+            let extras = codec::ReplyExtras::default();
+            codec::encode_response_versioned(version, id, &reply, &extras, &mut bytes);
+            bytes
+        })
+        .await;
+        drop(maker);
+        match made {
+            Ok(bytes) => Some((bytes, share)),
+            Err(e) => {
+                tracing::error!(target: super::LOG_TARGET, error = %e, "making a listing reply failed; closing the connection");
+                None
             }
-            Listing::Samples(limit) => samples_reply(&observing, limit),
-        };
-        let mut bytes = Vec::new();
-        let extras = codec::ReplyExtras::default();
-        codec::encode_response_versioned(version, id, &reply, &extras, &mut bytes);
-        bytes
-    })
-    .await;
-    drop(maker);
-    match made {
-        Ok(bytes) => Some((bytes, share)),
-        Err(e) => {
-            tracing::error!(target: super::LOG_TARGET, error = %e, "making a listing reply failed; closing the connection");
-            None
         }
     }
 }
