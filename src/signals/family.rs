@@ -9,9 +9,10 @@
 //! sampled eviction does. The array is found by key through our own index
 //! (`index`), which the thread can prefetch.
 
+use super::index::advise_huge_pages_over;
 use super::index::PositionIndex;
 use super::sketch::Windowed;
-use crate::tat_table::{advise_huge_pages_under, prefetch_read};
+use crate::tat_table::prefetch_read;
 
 /// Entries sampled per eviction.
 const EVICTION_SAMPLES: usize = 5;
@@ -96,19 +97,6 @@ struct Entry {
 }
 
 const _: () = assert!(std::mem::size_of::<Entry>() == 128, "an entry is two cache lines");
-
-/// Bytes from which a table's array asks for huge pages.
-pub(super) const HUGE_PAGES_FROM_BYTES: usize = 4 << 20;
-
-/// Asks for huge pages under a large array (whole, with its spare
-/// capacity): at 100,000 entries a table spans thousands of small pages,
-/// and each event's probes missed the TLB as well as the cache.
-pub(super) fn advise_huge_pages_over<T>(array: &Vec<T>) {
-    let bytes = array.capacity() * std::mem::size_of::<T>();
-    if bytes >= HUGE_PAGES_FROM_BYTES {
-        advise_huge_pages_under(array.as_ptr() as usize, bytes);
-    }
-}
 
 pub struct Family {
     pub name: &'static str,

@@ -15,6 +15,8 @@
 //! without them too. Load at most 1/2: a lookup reads one or two words,
 //! almost always on one cache line.
 
+use crate::tat_table::advise_huge_pages_under;
+
 /// An empty word (positions are stored + 1, so no full word is 0).
 const EMPTY: u64 = 0;
 /// Smallest index: 128 bytes.
@@ -57,7 +59,7 @@ impl PositionIndex {
     fn with_slots(slots: usize) -> PositionIndex {
         debug_assert!(slots.is_power_of_two());
         let words = vec![EMPTY; slots];
-        super::family::advise_huge_pages_over(&words);
+        advise_huge_pages_over(&words);
         PositionIndex { words, shift: 64 - slots.trailing_zeros(), len: 0 }
     }
 
@@ -190,6 +192,20 @@ impl PositionIndex {
             self.place(word(tag(key), position));
             self.len += 1;
         }
+    }
+}
+
+/// Bytes from which a spray detection table's array (an index's words, a
+/// family's entries) asks for huge pages.
+pub(super) const HUGE_PAGES_FROM_BYTES: usize = 4 << 20;
+
+/// Asks for huge pages under a large array (whole, with its spare
+/// capacity): at 100,000 entries a table spans thousands of small pages,
+/// and each event's probes missed the TLB as well as the cache.
+pub(super) fn advise_huge_pages_over<T>(array: &Vec<T>) {
+    let bytes = array.capacity() * std::mem::size_of::<T>();
+    if bytes >= HUGE_PAGES_FROM_BYTES {
+        advise_huge_pages_under(array.as_ptr() as usize, bytes);
     }
 }
 
