@@ -284,7 +284,7 @@ impl Limiter {
         reply: &Reply,
         now_us: u64,
     ) -> Result<CheckStored<'a>, (Box<StoreCheck<'a>>, ReplyError)> {
-        let parsed = match parse_check(&check, reply) {
+        let parsed = match parse_check(check.route, &check.rule_keys, reply) {
             Ok(p) => p,
             Err(e) => return Err((check, e)),
         };
@@ -486,7 +486,7 @@ impl Limiter {
         reply: &Reply,
         now_us: u64,
     ) -> Result<ReportStored<'a>, (Box<StoreReport<'a>>, ReplyError)> {
-        let parsed = match parse_report(&report, reply) {
+        let parsed = match parse_report(report.prepared.route, &report.prepared.rule_keys, reply) {
             Ok(p) => p,
             Err(e) => return Err((report, e)),
         };

@@ -1,7 +1,6 @@
 //! The store's reply to a check or report, read rule by rule, and a
 //! global rule's answer from the entry the store found.
 
-use super::global::{StoreCheck, StoreReport};
 use super::route::{Full, Route, Rule};
 use super::subject::RuleKeys;
 use super::verdict::{failure_answer, gcra_spec, RuleAnswer};
@@ -114,12 +113,13 @@ pub(super) fn global_rules<'r>(route: &'r Route, keys: &'r RuleKeys) -> impl Ite
     })
 }
 
-pub(super) fn parse_check(check: &StoreCheck<'_>, reply: &Reply) -> Result<Parsed, ReplyError> {
+/// A check's reply, for the global rules of `route` with `keys`.
+pub(super) fn parse_check(route: &Route, keys: &RuleKeys, reply: &Reply) -> Result<Parsed, ReplyError> {
     let mut ints = Ints::new(reply);
     let admitted = ints.flag()?;
     let store_now = ints.unsigned()?;
     let mut rules = Vec::new();
-    for (i, rule) in global_rules(check.route, &check.rule_keys) {
+    for (i, rule) in global_rules(route, keys) {
         if ints.peek()? == 2 {
             ints.next()?;
             rules.push((i, Found::Skipped));
@@ -135,12 +135,13 @@ pub(super) fn parse_check(check: &StoreCheck<'_>, reply: &Reply) -> Result<Parse
     Ok(Parsed { admitted, store_now, rules })
 }
 
-pub(super) fn parse_report(report: &StoreReport<'_>, reply: &Reply) -> Result<Parsed, ReplyError> {
+/// A report's reply, for the global rules of `route` with `keys`.
+pub(super) fn parse_report(route: &Route, keys: &RuleKeys, reply: &Reply) -> Result<Parsed, ReplyError> {
     let mut ints = Ints::new(reply);
     let _locks = ints.unsigned()?;
     let store_now = ints.unsigned()?;
     let mut rules = Vec::new();
-    for (i, rule) in global_rules(report.prepared.route, &report.prepared.rule_keys) {
+    for (i, rule) in global_rules(route, keys) {
         if ints.peek()? == 2 {
             ints.next()?;
             rules.push((i, Found::Skipped));
