@@ -21,6 +21,7 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use prefix_trie::PrefixMap;
 
 use crate::source::canonical;
+pub use crate::source::SourceClass;
 
 /// Prefixes one file may list. A class for every routed prefix on the
 /// Internet is about 1.2 million (IPv4 passed one million in 2024, IPv6 is
@@ -39,43 +40,6 @@ pub const CLASS_FILE_BYTES_MAX: usize = CLASS_FILE_ENTRIES_MAX * 128;
 /// Problems reported in detail; the rest are only counted. A file in the
 /// wrong format fails on every line, and a million messages help nobody.
 pub const CLASS_FILE_ERRORS_MAX: usize = 100;
-
-/// Kinds of networks clients come from; rules may set per-class limits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum SourceClass {
-    /// Data centres and cloud providers: where automated guessing runs.
-    Hosting,
-    /// Carrier networks, often behind carrier-grade NAT (many users per address).
-    Mobile,
-    /// Offices and institutions, often many users behind a few addresses.
-    Business,
-    /// Home lines: one household per address or prefix.
-    Residential,
-}
-
-impl SourceClass {
-    pub const ALL: [SourceClass; 4] =
-        [SourceClass::Hosting, SourceClass::Mobile, SourceClass::Business, SourceClass::Residential];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            SourceClass::Hosting => "hosting",
-            SourceClass::Mobile => "mobile",
-            SourceClass::Business => "business",
-            SourceClass::Residential => "residential",
-        }
-    }
-
-    pub fn parse(name: &str) -> Option<SourceClass> {
-        SourceClass::ALL.into_iter().find(|c| c.name() == name)
-    }
-}
-
-impl fmt::Display for SourceClass {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClassFileError {

@@ -3,11 +3,10 @@
 //!
 //! Pure functions of their inputs: no I/O, no clock, no panics on any header.
 
+use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use ipnet::IpNet;
-
-use crate::classes::SourceClass;
 
 /// Hops of X-Forwarded-For examined from the right before giving up. A real
 /// chain through a CDN, a load balancer and an ingress is a handful of hops;
@@ -213,6 +212,43 @@ fn parse_hop(entry: &str) -> Option<IpAddr> {
     }
     let unbracketed = entry.strip_prefix('[')?.strip_suffix(']')?;
     unbracketed.parse::<Ipv6Addr>().ok().map(|v6| canonical(IpAddr::V6(v6)))
+}
+
+/// Kinds of networks clients come from; rules may set per-class limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SourceClass {
+    /// Data centres and cloud providers: where automated guessing runs.
+    Hosting,
+    /// Carrier networks, often behind carrier-grade NAT (many users per address).
+    Mobile,
+    /// Offices and institutions, often many users behind a few addresses.
+    Business,
+    /// Home lines: one household per address or prefix.
+    Residential,
+}
+
+impl SourceClass {
+    pub const ALL: [SourceClass; 4] =
+        [SourceClass::Hosting, SourceClass::Mobile, SourceClass::Business, SourceClass::Residential];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SourceClass::Hosting => "hosting",
+            SourceClass::Mobile => "mobile",
+            SourceClass::Business => "business",
+            SourceClass::Residential => "residential",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<SourceClass> {
+        SourceClass::ALL.into_iter().find(|c| c.name() == name)
+    }
+}
+
+impl fmt::Display for SourceClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 #[cfg(test)]
