@@ -228,11 +228,11 @@ impl Daemon {
         // slow store costs the unlock one `connect_timeout_ms`, not one per
         // rule.
         let (mut cleared, mut done, mut failed) = (0, 0, None);
-        // What the script published for a source's unlock, or the
-        // account's message below (which covers all its entries), is also
-        // logged: a host not subscribed at this moment (the store just
-        // restarted) hears it when it subscribes again.
-        let mut heard_later = Vec::new();
+        // What the other hosts must forget: a source's unlocked keys, or
+        // the account's message below (which covers all its entries).
+        // Logged, then published: a host not subscribed at this moment
+        // (the store just restarted) hears it when it subscribes again.
+        let mut messages = Vec::new();
         let total = ops.len();
         for chunk in ops.chunks(store.config.pending_max.max(1)) {
             let calls = chunk.iter().map(|op| store.call_recovering(op.clone()));
@@ -244,7 +244,7 @@ impl Daemon {
                         for name in &reply.strings {
                             limiter.forget_known_lockout(name, u64::MAX);
                             if source.is_some() {
-                                heard_later.push(format!("U {name}"));
+                                messages.push(format!("U {name}"));
                             }
                         }
                     }
@@ -259,15 +259,14 @@ impl Daemon {
         // subscriber that missed those messages).
         if source.is_none() && done > 0 {
             cleared += limiter.forget_account_lockouts(route, limiter.account_tag(account), u64::MAX);
-            heard_later.push(limiter.account_unlock_message(route, account));
+            messages.push(limiter.account_unlock_message(route, account));
         }
         // Logged before it is published: a host subscribing in between
         // reads it from the log.
         store.log_and_publish(
             (limiter.shared_unlock_log(), limiter.unlock_log_keep_us()),
             limiter.shared_channel(),
-            heard_later,
-            source.is_none(),
+            messages,
             // The store's time (this host's clock and its offset): hosts'
             // clocks differ, the store's is one.
             (self.clock().now_us() as i64 + store.clock_offset_us()).max(0) as u64,

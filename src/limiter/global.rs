@@ -180,7 +180,6 @@ impl Limiter {
         let subject = Subject { peer: source, account: Some(account), ..Subject::default() };
         let mut keys = self.subject_keys(&route.name, &subject);
         let tag = self.keys.account_tag(account);
-        let channel = self.shared_channel();
         let mut ops = Vec::new();
         for rule in &route.rules {
             let Some(Full::Failures(spec)) = rule.global else { continue };
@@ -195,9 +194,9 @@ impl Limiter {
                         known.remove(key.tuple);
                     }
                 }
-                ops.push(Op::unlock(self.store_key(rule, key), spec.window_us, false, &channel));
+                ops.push(Op::unlock(self.store_key(rule, key), spec.window_us, false));
             } else if let (None, Some(index)) = (source, self.index_key(rule, tag)) {
-                ops.push(Op::unlock(index, spec.window_us, true, &channel));
+                ops.push(Op::unlock(index, spec.window_us, true));
             }
         }
         Ok(ops)

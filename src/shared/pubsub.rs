@@ -107,14 +107,14 @@ impl SharedStore {
 
     /// Logs unlock messages in `log.0`, a sorted set by `now_us` holding
     /// `log.1` µs of them (and at most `UNLOCK_LOG_MAX`), for the hosts
-    /// not listening when they were published; then, with `publish_last`,
-    /// publishes the last one on `channel`. Not waited for.
+    /// not listening when they were published; then publishes each on
+    /// `channel`. Logged first: a host that subscribes in between reads it
+    /// from the log. Not waited for.
     pub fn log_and_publish(
         self: &Arc<SharedStore>,
         (unlock_log, keep_us): (String, u64),
         channel: String,
         messages: Vec<String>,
-        publish_last: bool,
         now_us: u64,
     ) {
         let Some(mut connection) = self.connection.locked().clone() else { return };
@@ -138,12 +138,12 @@ impl SharedStore {
             {
                 tracing::warn!(target: LOG_TARGET, error = %e, "an unlock was not logged; hosts not listening now miss it");
             }
-            if publish_last {
-                let mut cmd = redis::cmd("PUBLISH");
-                cmd.arg(channel).arg(messages.last().expect("not empty"));
-                if let Ok(Ok(_)) = tokio::time::timeout(timeout, cmd.query_async::<i64>(&mut connection)).await {
-                    store.stats.messages_published.fetch_add(1, Ordering::Relaxed);
-                }
+            let mut pipe = redis::pipe();
+            for message in &messages {
+                pipe.cmd("PUBLISH").arg(&channel).arg(message).ignore();
+            }
+            if let Ok(Ok(())) = tokio::time::timeout(timeout, pipe.query_async::<()>(&mut connection)).await {
+                store.stats.messages_published.fetch_add(messages.len() as u64, Ordering::Relaxed);
             }
         });
     }
