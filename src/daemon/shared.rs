@@ -411,7 +411,7 @@ async fn write_back(daemon: &Arc<Daemon>, store: &Arc<SharedStore>) -> usize {
     let limiter = daemon.limiter().load_full();
     let now = daemon.clock().now_us();
     let lockouts = limiter.degraded_lockouts(now);
-    let mut written = 0;
+    let (mut written, mut failed, mut last_error) = (0, 0, None);
     // A chunk's merges are queued together: no more than the queue holds,
     // or the ones past it would be refused (QueueFull) and not written.
     for batch in lockouts.chunks(WRITE_BACK_BATCH.min(store.config.pending_max).max(1)) {
@@ -423,11 +423,13 @@ async fn write_back(daemon: &Arc<Daemon>, store: &Arc<SharedStore>) -> usize {
                 // an unlock made since the lockout won.
                 Ok(reply) => done.push((lockout, reply.ints.first() == Some(&1))),
                 Err(e) => {
-                    // Not in the store: this host keeps refusing it from
-                    // memory (the degraded table is not read while the
-                    // store answers).
-                    limiter.written_back(lockout, true, now);
-                    tracing::warn!(target: LOG_TARGET, error = %e, "a lockout was not written back; this host refuses it until it ends");
+                    // Not in the store: this host refuses it from memory
+                    // (the degraded table is not read while the store
+                    // answers) and sends it again at the next heartbeat,
+                    // so the other hosts refuse it too.
+                    limiter.not_written_back(lockout, now);
+                    failed += 1;
+                    last_error = Some(e);
                 }
             }
         }
@@ -437,6 +439,11 @@ async fn write_back(daemon: &Arc<Daemon>, store: &Arc<SharedStore>) -> usize {
         }
     }
     store.stats.written_back.fetch_add(written as u64, Ordering::Relaxed);
+    if let Some(e) = last_error {
+        store.retry_write_back();
+        tracing::warn!(target: LOG_TARGET, error = %e, failed,
+            "lockouts not written back; this host refuses them, and sends them again at the next heartbeat");
+    }
     written
 }
 
@@ -492,6 +499,12 @@ pub(super) async fn supervise(daemon: Arc<Daemon>, fingerprint: String, host: St
                     continue;
                 }
                 last_beat = tokio::time::Instant::now();
+                if store.take_write_back_retry() {
+                    let written = write_back(&daemon, &store).await;
+                    if written > 0 {
+                        tracing::info!(target: LOG_TARGET, written_back = written, "lockouts written back after a failed try");
+                    }
+                }
                 // A subscription that ended (or never began) is made again,
                 // at most once a heartbeat.
                 {

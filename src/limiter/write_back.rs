@@ -73,6 +73,14 @@ impl Limiter {
         let _ = self.persist_known_lockout(route, lockout.rule, key, until);
     }
 
+    /// The store did not take a lockout written back (the merge failed):
+    /// this host refuses it from memory meanwhile, and it stays on the
+    /// degraded table, so the next write-back sends it again.
+    pub fn not_written_back(&self, lockout: &WriteBack, now_us: u64) {
+        let route = &self.routes[lockout.route];
+        self.remember_lockout(route, lockout.rule, lockout.key, now_us + lockout.lock_remaining_us, now_us);
+    }
+
     /// Writes a lockout the store reported to the state file; the reply
     /// waits for it, as for a lockout taken on this host.
     pub(super) fn persist_known_lockout(

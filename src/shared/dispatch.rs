@@ -187,6 +187,16 @@ impl SharedStore {
         self.write_back_due.swap(false, Ordering::AcqRel)
     }
 
+    /// A lockout's merge failed: write back again at the next heartbeat.
+    pub fn retry_write_back(&self) {
+        self.write_back_retry.store(true, Ordering::Release);
+    }
+
+    /// Whether a failed merge is to be tried again (once a heartbeat).
+    pub fn take_write_back_retry(&self) -> bool {
+        self.write_back_retry.swap(false, Ordering::AcqRel)
+    }
+
     /// Reads the cluster's slot map for the node breakers on a task of its
     /// own, unless a read is still running (each waits at most
     /// `connect_timeout_ms`). Called at every heartbeat.

@@ -194,6 +194,9 @@ pub struct SharedStore {
     /// A cluster node came back: the lockouts this host took on its share
     /// meanwhile are to be written back (`take_write_back_due`).
     write_back_due: AtomicBool,
+    /// A merge failed (timed out, say): the write-back is tried again at
+    /// the next heartbeat (`take_write_back_retry`).
+    write_back_retry: AtomicBool,
     pub stats: SharedStats,
     /// Hosts counted for degraded limits (ceil(limit / N)).
     hosts_in_force: AtomicU32,
@@ -240,6 +243,7 @@ impl SharedStore {
             )),
             refreshing_slots: AtomicBool::new(false),
             write_back_due: AtomicBool::new(false),
+            write_back_retry: AtomicBool::new(false),
             stats: SharedStats::default(),
             hosts_in_force: AtomicU32::new(hosts),
             hosts_live: AtomicU32::new(0),
