@@ -33,7 +33,7 @@ fn main() -> ExitCode {
     }
     .expect("tokio runtime");
     match runtime.block_on(cli::run(command)) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             cli::print_error(&e);
             ExitCode::FAILURE

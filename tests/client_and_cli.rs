@@ -711,3 +711,26 @@ fn a_reader_that_stops_early_ends_the_output_quietly() {
         );
     }
 }
+
+/// `tollgate check` exits with its verdict, as documented in its help and
+/// the man page: 0 allow, 3 delay, 4 challenge, 5 deny, 1 an error, 2 a
+/// usage error; `report` exits 0 whatever its verdict.
+#[test]
+fn check_exits_with_its_verdict_for_shell_scripts() {
+    let config = "[routes.login.rules.source_failures]\nresponses = [\"delay\", \"challenge\", \"deny\"]\n";
+    let daemon = TestDaemon::start_with(Some(config), true);
+    let check = ["check", "--route", "login", "--ip", "198.51.100.7", "--account", "alice"];
+    let code = |args: &[&str]| daemon.cli(args).status.code();
+    assert_eq!(code(&check), Some(0), "allow");
+    let report = ["report", "--route", "login", "--ip", "198.51.100.7", "--account", "alice", "--outcome", "failure"];
+    for _ in 0..5 {
+        assert_eq!(code(&report), Some(0), "a report exits 0");
+    }
+    assert_eq!(code(&check), Some(3), "delay");
+    assert_eq!(code(&check), Some(4), "challenge");
+    assert_eq!(code(&check), Some(5), "deny");
+    assert_eq!(code(&["check", "--route", "nope", "--ip", "198.51.100.7"]), Some(1), "an error");
+    assert_eq!(code(&["check", "--bogus"]), Some(2), "a usage error");
+    let help = String::from_utf8_lossy(&daemon.cli(&["check", "--help"]).stdout).to_string();
+    assert!(help.contains("5 deny"), "{help}");
+}

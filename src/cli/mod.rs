@@ -4,6 +4,7 @@
 
 use std::net::IpAddr;
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
@@ -11,7 +12,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::client::{Client, ClientConfig, ClientError};
 use crate::config::SOCKET_PATH_DEFAULT;
 use crate::format::{human_duration, json, parse_duration, status_json};
-use crate::protocol::{Outcome, Request, Subject};
+use crate::protocol::{Decision, Outcome, Request, Subject};
 use crate::stdout::{out, outln};
 
 mod print;
@@ -32,6 +33,9 @@ pub enum Command {
     /// Run the daemon.
     Serve(ServeArgs),
     /// Ask whether an attempt may proceed (spends from rate budgets).
+    ///
+    /// Exit status: 0 allow, 3 delay (proceed after the delay), 4 challenge,
+    /// 5 deny, 1 an error (no daemon, a refused request), 2 a usage error.
     Check(AttemptArgs),
     /// Report an attempt's outcome (moves failure counters).
     Report(ReportArgs),
@@ -307,13 +311,29 @@ fn client(common: &CommonArgs) -> Client {
     Client::new(ClientConfig::new(&common.socket).timeout(common.timeout))
 }
 
+/// `tollgate check`'s exit status when the daemon answers: 0 for `allow`,
+/// and one status per other verdict, so a shell script or `pam_exec` can
+/// act on it (1 is any error, 2 a usage error).
+pub const EXIT_DELAY: u8 = 3;
+pub const EXIT_CHALLENGE: u8 = 4;
+pub const EXIT_DENY: u8 = 5;
+
+fn check_exit_code(decision: Decision) -> u8 {
+    match decision {
+        Decision::Allow => 0,
+        Decision::Delay => EXIT_DELAY,
+        Decision::Challenge => EXIT_CHALLENGE,
+        Decision::Deny => EXIT_DENY,
+    }
+}
+
 /// Runs a client command; `Err` is one line for stderr.
-pub async fn run(command: Command) -> Result<(), ClientError> {
+pub async fn run(command: Command) -> Result<ExitCode, ClientError> {
     match command {
         Command::Serve(_) => unreachable!("main handles serve"),
         Command::Man => {
             crate::stdout::write_bytes(&man_page()?);
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
         Command::Simulate(_) => unreachable!("main handles simulate"),
         Command::Top(_) => unreachable!("main handles top"),
@@ -355,24 +375,26 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
                     r.errors
                 );
             }
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
         Command::EchoServer { socket, verdict } => {
             let _ = std::fs::remove_file(&socket);
             let listener = tokio::net::UnixListener::bind(&socket)?;
             let reply = if verdict { crate::bench::EchoReply::FixedVerdict } else { crate::bench::EchoReply::Echo };
             crate::bench::echo_server(listener, reply).await?;
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
         Command::Check(args) => {
             let request = Request::Check { route: &args.route, subject: args.subject() };
-            print_verdict(&args.common, client(&args.common).call_versioned(&request).await?)
+            let decision = print_verdict(&args.common, client(&args.common).call_versioned(&request).await?)?;
+            Ok(ExitCode::from(check_exit_code(decision)))
         }
         Command::Report(args) => {
             let a = &args.attempt;
             let request =
                 Request::Report { route: &a.route, subject: a.subject(), outcome: args.outcome, password_digest: None };
-            print_verdict(&a.common, client(&a.common).call_versioned(&request).await?)
+            print_verdict(&a.common, client(&a.common).call_versioned(&request).await?)?;
+            Ok(ExitCode::SUCCESS)
         }
         Command::Status(common) => {
             let client = client(&common);
@@ -396,7 +418,7 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
                     print_distributions(activity);
                 }
             }
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
         Command::Metrics(args) => {
             let common = CommonArgs { socket: args.socket, json: false, timeout: args.timeout };
@@ -412,7 +434,7 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
                     activity.as_ref()
                 )
             );
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
         Command::Sample(args) => {
             let (samples, seen, since_ms) = client(&args.common).samples(args.limit).await?;
@@ -421,7 +443,7 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
             } else {
                 print_samples(&samples, seen, since_ms);
             }
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
         Command::Lockouts(args) => {
             let (lockouts, total) = client(&args.common).lockouts(args.limit).await?;
@@ -446,7 +468,7 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
                     );
                 }
             }
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
         Command::Unlock(args) => {
             let cleared = client(&args.common).unlock(&args.route, &args.account, args.source).await?;
@@ -455,7 +477,7 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
             } else {
                 outln!("cleared {cleared} entr{}", if cleared == 1 { "y" } else { "ies" });
             }
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
         Command::Clock { command: ClockCommand::Advance { by, common } } => {
             let now_ms = client(&common).advance_clock(by).await?;
@@ -464,7 +486,7 @@ pub async fn run(command: Command) -> Result<(), ClientError> {
             } else {
                 outln!("clock now {now_ms} ms since the epoch");
             }
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
     }
 }

@@ -11,7 +11,7 @@ use crate::stdout::outln;
 pub(super) fn print_verdict(
     common: &CommonArgs,
     (response, extras): (Response<'static>, crate::codec::DecodedExtras),
-) -> Result<(), ClientError> {
+) -> Result<Decision, ClientError> {
     let verdict = match response {
         Response::Verdict(v) => v,
         Response::Error(e) => return Err(ClientError::Daemon(e)),
@@ -26,7 +26,7 @@ pub(super) fn print_verdict(
     } else {
         outln!("{}", describe(&verdict));
     }
-    Ok(())
+    Ok(verdict.decision)
 }
 
 /// A named limit's value in its unit: durations as people read them, the
