@@ -734,3 +734,49 @@ fn check_exits_with_its_verdict_for_shell_scripts() {
     let help = String::from_utf8_lossy(&daemon.cli(&["check", "--help"]).stdout).to_string();
     assert!(help.contains("5 deny"), "{help}");
 }
+
+/// A CLI that cannot reach the daemon says what to do: no socket names
+/// `--socket`, `TOLLGATE_SOCKET` and `systemctl status tollgate`; a socket
+/// left by a daemon that stopped says no daemon runs. `serve` takes its
+/// socket from `TOLLGATE_SOCKET` as every other command does.
+#[test]
+fn an_unreachable_daemon_is_explained_and_serve_honours_tollgate_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.sock");
+    let run = |args: &[&str], socket: &std::path::Path| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(args)
+            .env("TOLLGATE_SOCKET", socket)
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).to_string())
+    };
+    let (code, err) = run(&["status"], &missing);
+    assert_eq!(code, Some(1));
+    for hint in ["no tollgate socket at", "--socket", "TOLLGATE_SOCKET", "systemctl status tollgate"] {
+        assert!(err.contains(hint), "{hint}: {err}");
+    }
+    let stale = dir.path().join("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    let (code, err) = run(&["check", "--route", "login", "--ip", "192.0.2.1"], &stale);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("the daemon is not running"), "{err}");
+
+    // serve with no --socket: TOLLGATE_SOCKET names it.
+    let socket = dir.path().join("from-env.sock");
+    let mut serve = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["serve", "--state"])
+        .arg(dir.path().join("state.redb"))
+        .env("TOLLGATE_SOCKET", &socket)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !socket.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let (code, err) = run(&["status"], &socket);
+    let _ = serve.kill();
+    let _ = serve.wait();
+    assert_eq!(code, Some(0), "{err}");
+}

@@ -97,7 +97,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Socket path [default: /run/tollgate/tollgate.sock, or the config's].
-    #[arg(long)]
+    #[arg(long, env = "TOLLGATE_SOCKET")]
     pub socket: Option<PathBuf>,
     /// State file [default: /var/lib/tollgate/state.redb, or the config's].
     #[arg(long)]
@@ -327,8 +327,68 @@ fn check_exit_code(decision: Decision) -> u8 {
     }
 }
 
+/// A client command's failure, with what to do about it when the daemon's
+/// socket could not be reached (`socket`: the one the command used).
+#[derive(Debug)]
+pub struct CliError {
+    error: ClientError,
+    socket: Option<PathBuf>,
+}
+
+impl std::fmt::Display for CliError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use std::io::ErrorKind::{ConnectionRefused, NotFound, PermissionDenied};
+        let io = match &self.error {
+            ClientError::Connect { source, .. } | ClientError::Io(source) => Some(source.kind()),
+            _ => None,
+        };
+        let Some(path) = &self.socket else { return self.error.fmt(f) };
+        let path = path.display();
+        match io {
+            Some(NotFound) => write!(
+                f,
+                "no tollgate socket at {path}: is the daemon running (systemctl status tollgate)? \
+                 Name another socket with --socket or TOLLGATE_SOCKET"
+            ),
+            Some(ConnectionRefused) => write!(
+                f,
+                "nothing listens on {path}: the daemon is not running (the socket was left by one that stopped; \
+                 systemctl status tollgate)"
+            ),
+            Some(PermissionDenied) => write!(
+                f,
+                "not allowed to connect to {path}: the socket's mode and group ([server] socket_mode, \
+                 socket_group) decide who may"
+            ),
+            _ => self.error.fmt(f),
+        }
+    }
+}
+
+impl Command {
+    /// The socket a client command talks to.
+    fn socket(&self) -> Option<&std::path::Path> {
+        match self {
+            Command::Check(a) => Some(&a.common.socket),
+            Command::Report(a) => Some(&a.attempt.common.socket),
+            Command::Status(c) => Some(&c.socket),
+            Command::Metrics(a) => Some(&a.socket),
+            Command::Lockouts(a) => Some(&a.common.socket),
+            Command::Sample(a) => Some(&a.common.socket),
+            Command::Unlock(a) => Some(&a.common.socket),
+            Command::Clock { command: ClockCommand::Advance { common, .. } } => Some(&common.socket),
+            _ => None,
+        }
+    }
+}
+
 /// Runs a client command; `Err` is one line for stderr.
-pub async fn run(command: Command) -> Result<ExitCode, ClientError> {
+pub async fn run(command: Command) -> Result<ExitCode, CliError> {
+    let socket = command.socket().map(std::path::Path::to_path_buf);
+    run_command(command).await.map_err(|error| CliError { error, socket })
+}
+
+async fn run_command(command: Command) -> Result<ExitCode, ClientError> {
     match command {
         Command::Serve(_) => unreachable!("main handles serve"),
         Command::Man => {
