@@ -192,6 +192,7 @@ fn cli_prints_verdicts_as_json_and_one_line_errors() {
     let stderr = String::from_utf8_lossy(&bad_route.stderr);
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains("unknown route `nope`"), "{stderr}");
+    assert!(stderr.contains("the routes are login, "), "the routes are listed: {stderr}");
 
     let bad_flag = daemon.cli(&["report", "--route", "login", "--ip", "1.2.3.4", "--outcome", "maybe"]);
     assert!(!bad_flag.status.success());
@@ -208,7 +209,7 @@ fn cli_without_a_daemon_says_so_in_one_line() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
-    assert!(stderr.contains("cannot reach tollgate at"), "{stderr}");
+    assert!(stderr.contains("no tollgate socket at"), "{stderr}");
 }
 
 #[test]

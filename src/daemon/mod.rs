@@ -628,7 +628,7 @@ pub(crate) struct Peer {
 
 fn request_error(e: RequestError) -> Response<'static> {
     let code = match e {
-        RequestError::UnknownRoute(_) => ErrorCode::UnknownRoute,
+        RequestError::UnknownRoute { .. } => ErrorCode::UnknownRoute,
         RequestError::MissingField { .. } => ErrorCode::MissingField,
         RequestError::FieldTooLong { .. } => ErrorCode::FieldTooLong,
     };

@@ -50,8 +50,9 @@ pub use crate::source::FORWARDED_FOR_BYTES_MAX;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum RequestError {
-    #[error("unknown route `{0}`")]
-    UnknownRoute(String),
+    /// The name asked (its first 64 characters) and the routes there are.
+    #[error("unknown route `{name}`; the routes are {known}")]
+    UnknownRoute { name: String, known: String },
     #[error("route `{route}` needs `{field}` in the subject")]
     MissingField { route: String, field: &'static str },
     #[error("`{field}` is {len} bytes; the maximum is {max}")]
@@ -170,10 +171,10 @@ pub struct Limiter {
 
 impl Limiter {
     fn route(&self, name: &str) -> Result<&Route, RequestError> {
-        self.routes
-            .iter()
-            .find(|r| r.name == name)
-            .ok_or_else(|| RequestError::UnknownRoute(name.chars().take(64).collect()))
+        self.routes.iter().find(|r| r.name == name).ok_or_else(|| RequestError::UnknownRoute {
+            name: name.chars().take(64).collect(),
+            known: self.routes.iter().map(|r| r.name.as_str()).collect::<Vec<_>>().join(", "),
+        })
     }
 
     /// Shared mode, a route that keeps known devices, and a request with an
