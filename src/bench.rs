@@ -55,6 +55,7 @@ pub struct BenchArgs {
     /// The daemon's socket (or an echo server's, with --raw).
     #[arg(long, env = "TOLLGATE_SOCKET", default_value = crate::config::SOCKET_PATH_DEFAULT)]
     pub socket: PathBuf,
+    /// Connections to the daemon, each its own task.
     #[arg(long, default_value_t = 50)]
     pub connections: usize,
     /// Requests in flight per connection (sent in one batch).
@@ -66,6 +67,7 @@ pub struct BenchArgs {
     /// Distinct keys (sources, and accounts when the mix reports).
     #[arg(long, default_value_t = 1_000_000)]
     pub keys: u64,
+    /// How keys are drawn: every key alike, or a few keys most often.
     #[arg(long, value_enum, default_value_t = Distribution::Uniform)]
     pub distribution: Distribution,
     /// The route every request names.

@@ -35,6 +35,38 @@ fn the_man_page_names_every_subcommand() {
         let listed = format!("tollgate\\-{}", c.replace('-', "\\-"));
         assert!(page.contains(&listed), "the command list lacks `{c}`; page:\n{page}");
     }
-    // `man` itself is hidden: it prints the page, it is not a command to document.
-    assert!(!page.contains("TOLLGATE MAN"), "the hidden `man` command is documented:\n{page}");
+    // `man` is listed like any command, so `--help` shows where the page is.
+    assert!(page.contains("TOLLGATE MAN"), "the page documents `man`:\n{page}");
+}
+
+/// Every flag and argument of every command has help text, a closed set
+/// lists its values, and `man` is listed in `--help`: what `--help` and
+/// the man page show is all an operator has at the terminal.
+#[test]
+fn every_flag_has_help_and_closed_sets_list_their_values() {
+    fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+        for arg in cmd.get_arguments() {
+            let id = arg.get_id().as_str();
+            if matches!(id, "help" | "version") {
+                continue;
+            }
+            if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                missing.push(format!("{path} --{id}"));
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            walk(sub, &format!("{path} {}", sub.get_name()), missing);
+        }
+    }
+    let mut missing = Vec::new();
+    walk(&Cli::command(), "tollgate", &mut missing);
+    assert!(missing.is_empty(), "flags without help: {missing:#?}");
+
+    let report = Cli::command().find_subcommand("report").expect("report").clone();
+    let outcome = report.get_arguments().find(|a| a.get_id() == "outcome").expect("--outcome");
+    let values: Vec<String> = outcome.get_possible_values().iter().map(|v| v.get_name().to_string()).collect();
+    assert_eq!(values, ["success", "failure"]);
+
+    let help = Command::new(env!("CARGO_BIN_EXE_tollgate")).arg("--help").output().expect("run tollgate --help");
+    assert!(String::from_utf8_lossy(&help.stdout).contains("  man "), "man is listed in --help");
 }

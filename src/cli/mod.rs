@@ -78,6 +78,7 @@ pub enum Command {
     Replay(crate::sim::replay::ReplayArgs),
     /// A bare length-prefixed echo server: the transport floor for `bench --raw`.
     EchoServer {
+        /// The socket to listen on.
         #[arg(long)]
         socket: PathBuf,
         /// Decode each request and answer it with one fixed `allow` verdict
@@ -87,7 +88,6 @@ pub enum Command {
         verdict: bool,
     },
     /// Print the man page (roff): `tollgate man > /usr/local/share/man/man1/tollgate.1`.
-    #[command(hide = true)]
     Man,
 }
 
@@ -150,12 +150,16 @@ pub struct AttemptArgs {
     /// The raw X-Forwarded-For header.
     #[arg(long)]
     pub xff: Option<String>,
+    /// The account (user name) the attempt is for.
     #[arg(long)]
     pub account: Option<String>,
+    /// The device's identifier (a long-lived cookie or device id).
     #[arg(long)]
     pub device: Option<String>,
+    /// The tenant, on a multi-tenant auth server.
     #[arg(long)]
     pub tenant: Option<String>,
+    /// The OAuth client id (the `token` route).
     #[arg(long)]
     pub client_id: Option<String>,
 }
@@ -164,7 +168,8 @@ pub struct AttemptArgs {
 pub struct ReportArgs {
     #[command(flatten)]
     pub attempt: AttemptArgs,
-    #[arg(long, value_parser = parse_outcome)]
+    /// Whether the credential was right.
+    #[arg(long, value_parser = outcome_parser())]
     pub outcome: Outcome,
 }
 
@@ -190,8 +195,10 @@ pub struct SampleArgs {
 pub struct UnlockArgs {
     #[command(flatten)]
     pub common: CommonArgs,
+    /// The route whose rules are cleared, e.g. login.
     #[arg(long)]
     pub route: String,
+    /// The account whose lockouts and counters are cleared.
     #[arg(long)]
     pub account: String,
     /// Clear only this source's entries (and the account-wide ones).
@@ -203,6 +210,7 @@ pub struct UnlockArgs {
 pub enum ClockCommand {
     /// Move the clock forward, e.g. `15m`, `90s`, `1h`.
     Advance {
+        /// How far, e.g. 15m.
         #[arg(value_parser = parse_duration)]
         by: Duration,
         #[command(flatten)]
@@ -286,12 +294,16 @@ pub fn replay(args: &crate::sim::replay::ReplayArgs) -> std::process::ExitCode {
     }
 }
 
-fn parse_outcome(text: &str) -> Result<Outcome, String> {
-    match text {
-        "success" => Ok(Outcome::Success),
-        "failure" => Ok(Outcome::Failure),
-        _ => Err(format!("`{text}` is not `success` or `failure`")),
-    }
+/// `--outcome`: one of two words, listed in `--help` and in an error.
+fn outcome_parser() -> impl clap::builder::TypedValueParser<Value = Outcome> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(["success", "failure"]).map(|word| {
+        if word == "success" {
+            Outcome::Success
+        } else {
+            Outcome::Failure
+        }
+    })
 }
 
 impl AttemptArgs {

@@ -41,6 +41,7 @@ pub struct SimulateArgs {
     /// flood (attacks, from 9:05).
     #[arg(long, value_delimiter = ',', default_value = "office,spray24")]
     pub mix: Vec<String>,
+    /// The random generator's seed: the same seed, the same run.
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
     /// Hours simulated from 6:00.
@@ -55,6 +56,7 @@ pub struct SimulateArgs {
     /// A configuration file to run instead of the built-in defaults.
     #[arg(long)]
     pub config: Option<std::path::PathBuf>,
+    /// Print one JSON object instead of the tables.
     #[arg(long)]
     pub json: bool,
 }

@@ -45,6 +45,7 @@ pub struct ReplayArgs {
     /// The candidate configuration to replay the log through.
     #[arg(long)]
     pub config: PathBuf,
+    /// Print one JSON object instead of the tables.
     #[arg(long)]
     pub json: bool,
 }
