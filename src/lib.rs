@@ -77,7 +77,7 @@ pub use failure_window::{
     WINDOW_US_MIN,
 };
 pub use gcra::{decide, GcraDecision, GcraSpec, GcraTable};
-pub use limiter::Limiter;
+pub use limiter::{Limiter, Report};
 pub use tat_table::TatTable;
 
 // Who a request is from, and the digests every identifier becomes.

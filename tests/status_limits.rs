@@ -159,7 +159,7 @@ async fn the_decision_log_lists_its_bounds_after_the_operator_s_view_while_on() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_shows_the_limits_a_reload_applied_and_keeps_those_it_did_not() {
     let before = "attempt_timeout_ms = 30000\nsnapshot_interval_ms = 1000\n\
-                  [server]\nconnections_max = 500\n[signals]\nnarrow_spray.threshold = 21\n";
+                  [server]\nconnections_max = 500\n[signals]\nqueue_max = 1000\nnarrow_spray.threshold = 21\n";
     let daemon = TestDaemon::start_with(Some(before), true);
     let value = |all: &[(String, u64)], name: &str| all.iter().find(|(n, _)| n == name).map(|(_, v)| *v);
     let all = limits(&daemon).await;
@@ -168,7 +168,7 @@ async fn status_shows_the_limits_a_reload_applied_and_keeps_those_it_did_not() {
 
     daemon.reload_with(
         "attempt_timeout_ms = 20000\nsnapshot_interval_ms = 5000\n\
-         [server]\nconnections_max = 100\n[signals]\nnarrow_spray.threshold = 30\n",
+         [server]\nconnections_max = 100\n[signals]\nqueue_max = 2000\nnarrow_spray.threshold = 30\n",
     );
     let status = daemon.cli_json(&["status"]);
     assert_eq!(status["reload_failures"], 0, "{status}");
@@ -177,5 +177,6 @@ async fn status_shows_the_limits_a_reload_applied_and_keeps_those_it_did_not() {
     assert_eq!(value(&all, "signals.narrow_spray.threshold"), Some(30), "applied by the reload");
     assert_eq!(value(&all, "snapshot_interval_ms"), Some(1000), "needs a restart: the running value");
     assert_eq!(value(&all, "connections_max"), Some(500), "needs a restart: the running value");
+    assert_eq!(value(&all, "signals.queue_max"), Some(1000), "the queue is made at start: the running value");
     assert!(daemon.log().contains("need a restart"), "{}", daemon.log());
 }

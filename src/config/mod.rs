@@ -473,8 +473,8 @@ pub struct Config {
 
 impl Config {
     /// Carries over from `running` what a reload does not apply: the
-    /// socket, state and secret paths, `snapshot_interval_ms`, `[server]`
-    /// and `[activity]` (each set up once, at start). Returns the names of
+    /// socket, state and secret paths, `snapshot_interval_ms`, `[server]`,
+    /// `[activity]` and `signals.queue_max` (each set up once, at start). Returns the names of
     /// those this file changes, for the reload's warning. (`[shared]` and
     /// `[decision_log]` are not carried over: a reload changing them is
     /// refused.)
@@ -491,6 +491,11 @@ impl Config {
         keep("snapshot_interval_ms", self.snapshot_interval_ms != running.snapshot_interval_ms);
         keep("[server]", self.server != running.server);
         keep("[activity]", self.activity != running.activity);
+        // Spray detection's queue is made at start; its other limits apply.
+        if let (Some(new), Some(old)) = (&mut self.signals, &running.signals) {
+            keep("signals.queue_max", new.queue_max != old.queue_max);
+            new.queue_max = old.queue_max;
+        }
         self.socket.clone_from(&running.socket);
         self.state.clone_from(&running.state);
         self.secret.clone_from(&running.secret);

@@ -10,7 +10,6 @@ mod fixture;
 mod model;
 mod view;
 
-/// The log-scaled bar `status` draws its histograms with too.
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
