@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::client::{Client, ClientConfig, ClientError};
 use crate::config::SOCKET_PATH_DEFAULT;
-use crate::format::{human_duration, json, parse_duration, status_json};
+use crate::format::{at_time, human_duration, json, parse_duration, status_json};
 use crate::protocol::{Decision, Outcome, Request, Subject};
 use crate::stdout::{out, outln};
 
@@ -529,13 +529,13 @@ async fn run_command(command: Command) -> Result<ExitCode, ClientError> {
                 outln!("{total} active lockout(s){}", if total as usize > locked { " (list truncated)" } else { "" });
                 for (i, l) in lockouts.iter().enumerate() {
                     outln!(
-                        "{}/{}  key {}  count {}{}  until {} ms  (retry after {})",
+                        "{}/{}  key {}  count {}{}  until {}  (retry after {})",
                         l.route,
                         l.rule,
                         l.key,
                         l.count,
                         if i >= locked { " + attempts in flight" } else { "" },
-                        l.until_ms,
+                        at_time(l.until_ms),
                         human_duration(l.retry_after_ms)
                     );
                 }
