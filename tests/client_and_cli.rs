@@ -781,3 +781,24 @@ fn an_unreachable_daemon_is_explained_and_serve_honours_tollgate_socket() {
     let _ = serve.wait();
     assert_eq!(code, Some(0), "{err}");
 }
+
+/// `status` prints its limits as a table, a heading per group and two
+/// `name value` pairs a line, not as one line of hundreds of columns; and
+/// `lockouts` says when a lockout ends as a date.
+#[test]
+fn status_and_lockouts_read_as_tables_and_dates() {
+    let daemon = TestDaemon::start();
+    let status = String::from_utf8(daemon.cli(&["status"]).stdout).unwrap();
+    let limits: Vec<&str> =
+        status.lines().skip_while(|l| *l != "limits:").take_while(|l| !l.starts_with("state:")).collect();
+    assert!(limits.len() > 20, "{status}");
+    let widest = limits.iter().map(|l| l.len()).max().unwrap_or(0);
+    assert!(widest <= 100, "a limits line of {widest} columns:\n{status}");
+    assert!(status.contains("\n  signals\n"), "{status}");
+    assert!(status.lines().any(|l| l.contains("attempt_timeout_ms") && l.contains("30s")), "{status}");
+    for _ in 0..5 {
+        daemon.cli(&["report", "--route", "login", "--ip", "192.0.2.9", "--account", "bob", "--outcome", "failure"]);
+    }
+    let lockouts = String::from_utf8(daemon.cli(&["lockouts"]).stdout).unwrap();
+    assert!(lockouts.contains("until 20") && lockouts.contains("Z  (retry after "), "{lockouts}");
+}

@@ -29,6 +29,40 @@ pub(super) fn print_verdict(
     Ok(verdict.decision)
 }
 
+/// The named limits as a table: a heading per group (the daemon's own,
+/// then each section's and each route's, by the name's prefix), then
+/// `name value` pairs two to a line, each group's columns as wide as its
+/// longest name and value.
+fn print_limits(limits: &[crate::protocol::NamedLimit]) {
+    const COLUMNS: usize = 2;
+    let group = |name: &str| name.split_once('.').map_or("", |(group, _)| group).to_string();
+    let cells: Vec<(String, String, String)> = limits
+        .iter()
+        .map(|l| {
+            let short = l.name.split_once('.').map_or(l.name.as_str(), |(_, rest)| rest);
+            (group(&l.name), short.to_string(), human_limit(&l.name, l.value))
+        })
+        .collect();
+    let mut groups: Vec<&str> = Vec::new();
+    for (g, _, _) in &cells {
+        if !groups.contains(&g.as_str()) {
+            groups.push(g);
+        }
+    }
+    outln!("limits:");
+    for g in groups {
+        let row: Vec<&(String, String, String)> = cells.iter().filter(|c| c.0 == g).collect();
+        let name_width = row.iter().map(|c| c.1.len()).max().unwrap_or(0);
+        let value_width = row.iter().map(|c| c.2.len()).max().unwrap_or(0);
+        outln!("  {}", if g.is_empty() { "daemon" } else { g });
+        for line in row.chunks(COLUMNS) {
+            let text: Vec<String> =
+                line.iter().map(|(_, n, v)| format!("{n:<name_width$} {v:>value_width$}")).collect();
+            outln!("    {}", text.join("   ").trim_end());
+        }
+    }
+}
+
 /// A named limit's value in its unit: durations as people read them, the
 /// socket mode in octal.
 fn human_limit(name: &str, value: u64) -> String {
@@ -127,9 +161,7 @@ pub(super) fn print_status(s: &crate::protocol::Status) {
         s.reload_failures,
         s.last_reload_error.as_ref().map(|e| format!("  LAST RELOAD ERROR: {e}")).unwrap_or_default()
     );
-    let limits: Vec<String> =
-        s.limits.iter().map(|l| format!("{}={}", l.name, human_limit(&l.name, l.value))).collect();
-    outln!("limits: {}", limits.join("  "));
+    print_limits(&s.limits);
     let p = &s.persistence;
     outln!(
         "state: {}  commits {}  write failures {}  unwritten {}  dropped {}{}",
