@@ -35,6 +35,18 @@ fn the_man_page_names_every_subcommand() {
         let listed = format!("tollgate\\-{}", c.replace('-', "\\-"));
         assert!(page.contains(&listed), "the command list lacks `{c}`; page:\n{page}");
     }
+    // The sections an operator looks for, with what they must say.
+    for (section, says) in [
+        (".SH \"EXIT STATUS\"", "78"),
+        (".SH ENVIRONMENT", "TOLLGATE_LOG"),
+        (".SH FILES", "/var/lib/tollgate/state.redb"),
+        (".SH SIGNALS", "SIGHUP"),
+        (".SH \"SEE ALSO\"", "systemctl(1)"),
+    ] {
+        let at = page.find(section).unwrap_or_else(|| panic!("no {section} in the page:\n{page}"));
+        assert!(page[at..].contains(says), "{section} does not say {says}");
+        assert!(page[..at].ends_with('\n'), "{section} starts a line");
+    }
     // `man` is listed like any command, so `--help` shows where the page is.
     assert!(page.contains("TOLLGATE MAN"), "the page documents `man`:\n{page}");
 }
