@@ -14,6 +14,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let command = match cli.command {
         Command::Serve(args) => return daemon::serve(args),
+        Command::CheckConfig(args) => return daemon::check_config(&args),
         // Not a client of the daemon: its errors are the output's, not a connection's.
         Command::Man => return cli::print_man_page(),
         // The limiter on a simulated clock, in-process: no daemon to ask.

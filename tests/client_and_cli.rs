@@ -802,3 +802,53 @@ fn status_and_lockouts_read_as_tables_and_dates() {
     let lockouts = String::from_utf8(daemon.cli(&["lockouts"]).stdout).unwrap();
     assert!(lockouts.contains("until 20") && lockouts.contains("Z  (retry after "), "{lockouts}");
 }
+
+/// `check-config` reads a file as `serve` would, reports every problem at
+/// once and exits 78, or says it is valid and exits 0; it creates nothing
+/// (no state file, no secret), unlike a `serve` that would refuse.
+#[test]
+fn check_config_reports_every_problem_and_creates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |config: &std::path::Path| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["check-config", "--config"])
+            .arg(config)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let state = dir.path().join("state.redb");
+    let good = dir.path().join("good.toml");
+    std::fs::write(&good, format!("state = \"{}\"\nattempt_timeout_ms = 20000\n", state.display())).unwrap();
+    let (code, out, err) = run(&good);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("valid"), "{out}");
+
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        format!("state = \"{}\"\nsnapshot_interval_ms = 0\nattempt_timeout_ms = 0\n", state.display()),
+    )
+    .unwrap();
+    let (code, _, err) = run(&bad);
+    assert_eq!(code, Some(78), "{err}");
+    assert!(err.contains("snapshot_interval_ms") && err.contains("attempt_timeout_ms"), "both problems: {err}");
+
+    let classes = dir.path().join("classes.txt");
+    std::fs::write(&classes, "not a cidr hosting\n").unwrap();
+    let with_classes = dir.path().join("classes.toml");
+    std::fs::write(
+        &with_classes,
+        format!("state = \"{}\"\n[source]\nclass_file = \"{}\"\n", state.display(), classes.display()),
+    )
+    .unwrap();
+    let (code, _, err) = run(&with_classes);
+    assert_eq!(code, Some(78), "a bad class file: {err}");
+
+    assert!(!state.exists(), "no state file made");
+    assert!(!dir.path().join("secret").exists(), "no secret made");
+}

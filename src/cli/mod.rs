@@ -32,6 +32,10 @@ pub struct Cli {
 pub enum Command {
     /// Run the daemon.
     Serve(ServeArgs),
+    /// Check a configuration as `serve` would read it, and its class file,
+    /// without starting or creating anything: every problem at once; exit 0
+    /// when valid, 78 when not (like `nginx -t`).
+    CheckConfig(CheckConfigArgs),
     /// Ask whether an attempt may proceed (spends from rate budgets).
     ///
     /// Exit status: 0 allow, 3 delay (proceed after the delay), 4 challenge,
@@ -92,6 +96,13 @@ pub enum Command {
 }
 
 #[derive(Debug, Args)]
+pub struct CheckConfigArgs {
+    /// Config file; without it, /etc/tollgate/tollgate.toml if present, else built-in defaults.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Args)]
 pub struct ServeArgs {
     /// Config file; without it, /etc/tollgate/tollgate.toml if present, else built-in defaults.
     #[arg(long)]
@@ -458,7 +469,7 @@ pub async fn run(command: Command) -> Result<ExitCode, CliError> {
 
 async fn run_command(command: Command) -> Result<ExitCode, ClientError> {
     match command {
-        Command::Serve(_) => unreachable!("main handles serve"),
+        Command::Serve(_) | Command::CheckConfig(_) => unreachable!("main handles serve and check-config"),
         Command::Man => {
             crate::stdout::write_bytes(&man_page()?);
             Ok(ExitCode::SUCCESS)

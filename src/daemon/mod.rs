@@ -10,7 +10,7 @@ mod shared;
 mod start;
 mod status;
 
-pub use start::serve;
+pub use start::{check_config, serve};
 
 pub(crate) use listings::Listing;
 use listings::{

@@ -16,7 +16,7 @@ use tokio::net::UnixListener;
 use super::Daemon;
 use crate::access::Access;
 use crate::classes::{ClassFileError, ClassTable};
-use crate::cli::ServeArgs;
+use crate::cli::{CheckConfigArgs, ServeArgs};
 use crate::clock::Clock;
 use crate::config::{Config, ConfigError, CONFIG_PATH_DEFAULT};
 use crate::keys::{KeyDeriver, Secret};
@@ -49,6 +49,33 @@ pub fn serve(args: ServeArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Runs `tollgate check-config`: the file read and validated as `serve`
+/// would, and its class file loaded, every problem printed at once; nothing
+/// is started, created or written.
+pub fn check_config(args: &CheckConfigArgs) -> ExitCode {
+    let serve = ServeArgs { config: args.config.clone(), ..ServeArgs::default() };
+    let path = args.config.clone().unwrap_or_else(|| CONFIG_PATH_DEFAULT.into());
+    let config = match load_config(&serve) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("tollgate: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    if let Err(e) = load_classes(&config) {
+        eprintln!("tollgate: {e}");
+        return ExitCode::from(EXIT_CONFIG);
+    }
+    let source = if path.exists() { path.display().to_string() } else { "the built-in defaults".into() };
+    crate::stdout::outln!(
+        "{source}: valid ({} routes; socket {}, state {})",
+        config.routes.len(),
+        config.socket.display(),
+        config.state.display()
+    );
+    ExitCode::SUCCESS
 }
 
 fn init_logging() {
