@@ -96,8 +96,6 @@ const REQUIRED: &[(&str, &str)] = &[
     ("RuntimeDirectoryPreserve", "yes"),
     ("CapabilityBoundingSet", ""),
     ("AmbientCapabilities", ""),
-    // SIGHUP reloads the config and class file without losing counters.
-    ("ExecReload", "/bin/kill -HUP $MAINPID"),
     // sd_notify readiness and a watchdog fed from the event loop.
     ("Type", "notify"),
     ("NotifyAccess", "main"),
@@ -130,6 +128,13 @@ fn unit_keeps_its_hardening() {
     if filters != ["@system-service", "~@privileged @resources"] {
         problems
             .push(format!("SystemCallFilter= is {filters:?}, want [\"@system-service\", \"~@privileged @resources\"]"));
+    }
+    // A reload checks the files first, so `systemctl reload` fails on an
+    // invalid one (and the daemon is not signalled); then SIGHUP reloads
+    // the config and class file without losing counters.
+    let reload = service_values(&entries, "ExecReload");
+    if reload != ["/usr/bin/tollgate check-config", "/bin/kill -HUP $MAINPID"] {
+        problems.push(format!("ExecReload= is {reload:?}, want check-config, then kill -HUP"));
     }
     assert!(problems.is_empty(), "{UNIT_PATH}:\n  {}", problems.join("\n  "));
 }
@@ -203,14 +208,19 @@ fn systemd_analyze_verify(unit: &Path) -> Run {
     }
 }
 
-/// The unit's text with ExecStart pointing at the binary cargo built, so
-/// `verify` can check that the command exists and is executable.
+/// The unit's text with ExecStart and ExecReload pointing at the binary
+/// cargo built, so `verify` can check that the commands exist and are
+/// executable.
 fn with_built_binary(text: &str, binary: &Path) -> String {
     let binary = binary.to_str().expect("binary path is UTF-8");
     assert!(!binary.contains(char::is_whitespace), "binary path {binary:?} has whitespace");
-    let from = format!("ExecStart={EXEC_PATH} ");
-    assert!(text.contains(&from), "{UNIT_PATH}: no `{from}` line to rewrite");
-    text.replace(&from, &format!("ExecStart={binary} "))
+    let mut text = text.to_string();
+    for key in ["ExecStart", "ExecReload"] {
+        let from = format!("{key}={EXEC_PATH} ");
+        assert!(text.contains(&from), "{UNIT_PATH}: no `{from}` line to rewrite");
+        text = text.replace(&from, &format!("{key}={binary} "));
+    }
+    text
 }
 
 /// First a trivial unit: if even that does not verify, the environment
