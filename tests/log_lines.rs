@@ -36,3 +36,29 @@ fn log_lines_keep_their_targets() {
     }
     assert!(missing.is_empty(), "lines not logged under their targets: {missing:?}\n{log}");
 }
+
+/// `TOLLGATE_LOG_FORMAT=json`: every line the daemon logs is one JSON
+/// object a log shipper can read, with its level, target and fields (no
+/// name in them: the lockout line carries digests only).
+#[test]
+fn json_logs_are_one_object_a_line() {
+    let mut daemon = TestDaemon::prepare(Some(""), true);
+    daemon.env.push(("TOLLGATE_LOG_FORMAT".into(), "json".into()));
+    daemon.spawn();
+    let ip = "198.51.100.7";
+    for _ in 0..6 {
+        daemon.cli(&["report", "--route", "login", "--ip", ip, "--account", "alice", "--outcome", "failure"]);
+    }
+    assert_eq!(daemon.terminate().code(), Some(0));
+    let log = daemon.log();
+    let lines: Vec<&str> = log.lines().filter(|l| !l.starts_with("--- start ")).collect();
+    assert!(lines.len() >= 3, "{log}");
+    let mut targets = Vec::new();
+    for line in &lines {
+        let value: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(value["level"].is_string() && value["fields"].is_object(), "{line}");
+        targets.push(value["target"].as_str().unwrap_or_default().to_string());
+    }
+    assert!(targets.iter().any(|t| t == "tollgate::server"), "the lockout line: {log}");
+    assert!(!log.contains("alice"), "no account name in the log: {log}");
+}

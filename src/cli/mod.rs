@@ -286,6 +286,9 @@ The daemon's socket, for every command (\fB\-\-socket\fR wins); default /run/tol
 TOLLGATE_LOG
 \fBserve\fR's log filter, e.g. \fBinfo\fR (the default), \fBwarn\fR or \fBtollgate::shared=debug\fR.
 .TP
+TOLLGATE_LOG_FORMAT
+\fBserve\fR's log lines: \fBjson\fR (one object a line, for log shippers) or \fBtext\fR (the default).
+.TP
 NOTIFY_SOCKET, WATCHDOG_USEC, LISTEN_FDS
 Set by systemd: readiness and watchdog notifications, and socket activation.
 .SH FILES

@@ -78,17 +78,28 @@ pub fn check_config(args: &CheckConfigArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// `TOLLGATE_LOG_FORMAT=json`: one JSON object a line, for log shippers;
+/// anything else (or unset) is the text format.
+const LOG_FORMAT_ENV: &str = "TOLLGATE_LOG_FORMAT";
+
 fn init_logging() {
-    tracing_subscriber::fmt()
+    let format = std::env::var(LOG_FORMAT_ENV).unwrap_or_default();
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("TOLLGATE_LOG").unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         // By default a failed log write is reported with `eprintln!`, which
         // panics when stderr cannot be written (a full disk under the log):
         // that killed the state writer and snapshot threads while the
         // daemon kept answering. A lost log line must cost only itself.
-        .log_internal_errors(false)
-        .init();
+        .log_internal_errors(false);
+    if format == "json" {
+        builder.json().init();
+        return;
+    }
+    builder.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init();
+    if !format.is_empty() && format != "text" {
+        tracing::warn!(target: START_LOG_TARGET, value = %format, "{LOG_FORMAT_ENV} is json or text; logging as text");
+    }
 }
 
 /// The configuration file (when there is one) over the built-in defaults,
