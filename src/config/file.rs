@@ -38,6 +38,16 @@ pub struct RawConfig {
     pub activity: RawActivity,
     /// Absent: no decision log (the default).
     pub decision_log: Option<RawDecisionLog>,
+    /// Absent: no metrics listener (the default; `tollgate metrics` still
+    /// prints them).
+    pub metrics: Option<RawMetrics>,
+}
+
+/// `[metrics]`: an HTTP listener serving `/metrics` to Prometheus.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMetrics {
+    pub listen: Option<String>,
 }
 
 /// `[activity]`: the bounded structures behind `tollgate top`, `tollgate

@@ -21,8 +21,8 @@ mod validate;
 
 pub use defaults::*;
 pub use file::{
-    RawActivity, RawClassLimit, RawConfig, RawCountDetector, RawDecisionLog, RawDetector, RawResponses, RawRoute,
-    RawRule, RawRuleKind, RawServer, RawShared, RawSignals, RawSource, Word,
+    RawActivity, RawClassLimit, RawConfig, RawCountDetector, RawDecisionLog, RawDetector, RawMetrics, RawResponses,
+    RawRoute, RawRule, RawRuleKind, RawServer, RawShared, RawSignals, RawSource, Word,
 };
 
 /// What a client does for a route when the daemon cannot answer in time:
@@ -469,12 +469,23 @@ pub struct Config {
     pub activity: ActivityConfig,
     /// None: no `[decision_log]` (the default).
     pub decision_log: Option<DecisionLogConfig>,
+    /// None: no metrics listener (the default).
+    pub metrics: Option<MetricsListen>,
+}
+
+/// Where `[metrics] listen` serves `/metrics`: a loopback address (a
+/// scraper on this host, or a proxy in front) or a Unix socket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MetricsListen {
+    Tcp(std::net::SocketAddr),
+    Unix(PathBuf),
 }
 
 impl Config {
     /// Carries over from `running` what a reload does not apply: the
     /// socket, state and secret paths, `snapshot_interval_ms`, `[server]`,
-    /// `[activity]` and `signals.queue_max` (each set up once, at start). Returns the names of
+    /// `[activity]`, `[metrics]` and `signals.queue_max` (each set up once,
+    /// at start). Returns the names of
     /// those this file changes, for the reload's warning. (`[shared]` and
     /// `[decision_log]` are not carried over: a reload changing them is
     /// refused.)
@@ -491,6 +502,8 @@ impl Config {
         keep("snapshot_interval_ms", self.snapshot_interval_ms != running.snapshot_interval_ms);
         keep("[server]", self.server != running.server);
         keep("[activity]", self.activity != running.activity);
+        keep("[metrics]", self.metrics != running.metrics);
+        self.metrics.clone_from(&running.metrics);
         // Spray detection's queue is made at start; its other limits apply.
         if let (Some(new), Some(old)) = (&mut self.signals, &running.signals) {
             keep("signals.queue_max", new.queue_max != old.queue_max);

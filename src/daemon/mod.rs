@@ -6,6 +6,7 @@
 //! snapshots, systemd); `server` owns the socket and the connections.
 
 mod listings;
+mod scrape;
 mod shared;
 mod start;
 mod status;

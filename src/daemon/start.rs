@@ -185,6 +185,17 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     join_shared_store(&runtime, &daemon, &config, &secret)?;
     let (listener, our_socket) = listen(&runtime, &config)?;
+    // The metrics listener: bound now, so a port in use stops the start.
+    let metrics = match &config.metrics {
+        Some(at) => {
+            let bound = runtime
+                .block_on(async { super::scrape::bind(at) })
+                .map_err(|e| anyhow::anyhow!("metrics listener {at:?}: {e}"))?;
+            runtime.spawn(super::scrape::serve(bound, daemon.clone()));
+            Some(at.clone())
+        }
+        None => None,
+    };
     let (stopped, signals) = handle_signals(daemon.clone(), args, signals)?;
     let maintenance = Maintenance::spawn(daemon.clone(), Duration::from_millis(config.snapshot_interval_ms))?;
     tracing::info!(target: START_LOG_TARGET,
@@ -204,6 +215,9 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
     send_notification(&notifier, "READY=1\nSTATUS=serving\n");
     if let (Some(period), Some(notifier)) = (notify::watchdog_period(), notifier.clone()) {
         runtime.spawn(feed_watchdog(notifier, period));
+    }
+    if let Some(at) = &metrics {
+        tracing::info!(target: START_LOG_TARGET, listen = ?at, "metrics listener on");
     }
     runtime.block_on(server::run(listener, daemon.clone(), async {
         let _ = stopped.await;

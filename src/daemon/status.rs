@@ -151,6 +151,21 @@ impl Daemon {
         .collect()
     }
 
+    /// The metrics listener's limits, when `[metrics]` is on.
+    fn metrics_limits(config: &Config) -> Vec<NamedLimit> {
+        if config.metrics.is_none() {
+            return Vec::new();
+        }
+        [
+            ("metrics.scrapes_concurrently_max", super::scrape::SCRAPES_CONCURRENTLY_MAX as u64),
+            ("metrics.request_bytes_max", super::scrape::SCRAPE_REQUEST_BYTES_MAX as u64),
+            ("metrics.read_timeout_ms", super::scrape::SCRAPE_READ_TIMEOUT_MS),
+        ]
+        .into_iter()
+        .map(|(name, value)| NamedLimit { name: name.into(), value })
+        .collect()
+    }
+
     /// `[decision_log]`'s limits, when on.
     fn decision_log_limits(config: &Config) -> Vec<NamedLimit> {
         let Some(c) = &config.decision_log else { return Vec::new() };
@@ -218,6 +233,7 @@ impl Daemon {
             .chain(Self::signals_limits(&config))
             .chain(self.activity_limits())
             .chain(Self::decision_log_limits(&config))
+            .chain(Self::metrics_limits(&config))
             .chain(limiter.route_limits().into_iter().map(|(name, value)| NamedLimit { name, value }))
             .collect(),
             persistence: PersistenceStatus {

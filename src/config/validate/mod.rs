@@ -11,7 +11,7 @@ mod shared;
 use super::*;
 use crate::failure_window::{THRESHOLD_MAX, WINDOW_US_MIN};
 use sections::build_responses;
-use sections::{build_activity, build_decision_log, build_server, build_signals, build_source};
+use sections::{build_activity, build_decision_log, build_metrics, build_server, build_signals, build_source};
 use shared::build_shared;
 
 impl Config {
@@ -37,6 +37,7 @@ impl Config {
         let signals = build_signals(raw.signals, &mut errors);
         let activity = build_activity(raw.activity, &mut errors);
         let decision_log = raw.decision_log.and_then(|log| build_decision_log(log, &mut errors));
+        let metrics = raw.metrics.and_then(|metrics| build_metrics(metrics, &mut errors));
 
         let mut merged = builtin_routes();
         for (name, user) in raw.routes {
@@ -72,6 +73,7 @@ impl Config {
                 signals,
                 activity,
                 decision_log,
+                metrics,
             })
         } else {
             Err(ConfigErrors(errors))

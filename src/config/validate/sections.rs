@@ -1,5 +1,5 @@
 //! The sections besides routes and `[shared]`: `[source]`, `[server]`,
-//! `[responses]`, `[activity]`, `[decision_log]` and `[signals]`, each laid
+//! `[responses]`, `[activity]`, `[decision_log]`, `[metrics]` and `[signals]`, each laid
 //! over its defaults and checked, every problem collected.
 
 use super::*;
@@ -156,6 +156,28 @@ pub(super) fn build_responses(raw: RawResponses, errors: &mut Vec<String>) -> Re
         errors.push(format!("responses.delay_max_ms: must be at most {DELAY_MAX_MS_LIMIT} and at least delay_base_ms"));
     }
     policy
+}
+
+pub(super) fn build_metrics(raw: RawMetrics, errors: &mut Vec<String>) -> Option<MetricsListen> {
+    let Some(listen) = raw.listen else {
+        errors.push("metrics.listen: required: a loopback address and port, or a socket path".into());
+        return None;
+    };
+    if listen.starts_with('/') {
+        return Some(MetricsListen::Unix(listen.into()));
+    }
+    match listen.parse::<std::net::SocketAddr>() {
+        // Loopback only: metrics name rules, routes and the load, which
+        // are for this host's scraper (or a proxy that authenticates).
+        Ok(addr) if addr.ip().is_loopback() && addr.port() != 0 => Some(MetricsListen::Tcp(addr)),
+        _ => {
+            errors.push(format!(
+                "metrics.listen: `{listen}` is not a loopback address with a port (127.0.0.1:9464, [::1]:9464) or an \
+                 absolute socket path"
+            ));
+            None
+        }
+    }
 }
 
 pub(super) fn build_decision_log(raw: RawDecisionLog, errors: &mut Vec<String>) -> Option<DecisionLogConfig> {
