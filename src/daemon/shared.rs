@@ -224,15 +224,28 @@ impl Daemon {
         if !store.is_up() {
             return Err(format!("the store is {}", store.state().name()));
         }
+        // What the other hosts must forget is logged first (a host not
+        // subscribed now, after a store restart say, reads it when it
+        // subscribes again), stamped in the store's time (hosts' clocks
+        // differ, the store's is one): a source's keys, or the account's
+        // message (every host forgets its known lockouts by its tag, which
+        // works after the store lost its index). Then the script unlocks
+        // and publishes each key it unlocked in the same step, to the
+        // hosts listening, even if this host dies right after.
+        let log = (limiter.shared_unlock_log(), limiter.unlock_log_keep_us());
+        let stamp = || (self.clock().now_us() as i64 + store.clock_offset_us()).max(0) as u64;
+        let first: Vec<String> = match source {
+            Some(_) => ops.iter().filter_map(|op| op.keys.first()).map(|name| format!("U {name}")).collect(),
+            None => vec![limiter.account_unlock_message(route, account)],
+        };
+        store.log_unlocks(log.clone(), &first, stamp()).await;
         // Every rule's op in flight at once (as many as the queue takes): a
         // slow store costs the unlock one `connect_timeout_ms`, not one per
         // rule.
         let (mut cleared, mut done, mut failed) = (0, 0, None);
-        // What the other hosts must forget: a source's unlocked keys, or
-        // the account's message below (which covers all its entries).
-        // Logged, then published: a host not subscribed at this moment
-        // (the store just restarted) hears it when it subscribes again.
-        let mut messages = Vec::new();
+        // An account's entries the script named, logged too: a host that
+        // restored a lockout from its state file knows it by name only.
+        let mut named = Vec::new();
         let total = ops.len();
         for chunk in ops.chunks(store.config.pending_max.max(1)) {
             let calls = chunk.iter().map(|op| store.call_recovering(op.clone()));
@@ -243,8 +256,8 @@ impl Daemon {
                         cleared += reply.ints.first().copied().unwrap_or(0).clamp(0, u32::MAX as i64) as u32;
                         for name in &reply.strings {
                             limiter.forget_known_lockout(name, u64::MAX);
-                            if source.is_some() {
-                                messages.push(format!("U {name}"));
+                            if source.is_none() {
+                                named.push(format!("U {name}"));
                             }
                         }
                     }
@@ -255,22 +268,12 @@ impl Daemon {
         // After the store lost its data the index of the account's entries
         // is gone and nothing above named them: every host forgets the
         // account's known lockouts by its tag, this one now, the others
-        // when they hear it (also when the store did name them: a
-        // subscriber that missed those messages).
+        // when they hear the message (logged above).
         if source.is_none() && done > 0 {
             cleared += limiter.forget_account_lockouts(route, limiter.account_tag(account), u64::MAX);
-            messages.push(limiter.account_unlock_message(route, account));
+            store.log_unlocks(log, &named, stamp()).await;
+            store.publish(limiter.shared_channel(), first[0].clone());
         }
-        // Logged before it is published: a host subscribing in between
-        // reads it from the log.
-        store.log_and_publish(
-            (limiter.shared_unlock_log(), limiter.unlock_log_keep_us()),
-            limiter.shared_channel(),
-            messages,
-            // The store's time (this host's clock and its offset): hosts'
-            // clocks differ, the store's is one.
-            (self.clock().now_us() as i64 + store.clock_offset_us()).max(0) as u64,
-        );
         match failed {
             None => Ok(cleared),
             Some(e) if done > 0 => {
@@ -396,7 +399,7 @@ async fn recover(daemon: &Arc<Daemon>, store: &Arc<SharedStore>) {
     }
     store.publish_state();
     let since = store.degraded_since_us();
-    let written = write_back(daemon, store).await;
+    let written = write_back(daemon, store, false).await;
     store.breaker().recovered();
     store.publish_state();
     let degraded_ms = since.map(|s| crate::clock::Clock::System.now_us().saturating_sub(s) / 1000);
@@ -407,7 +410,9 @@ async fn recover(daemon: &Arc<Daemon>, store: &Arc<SharedStore>) {
 /// Sends every lockout this host holds on a global rule's degraded table
 /// to the store (a merge: the later lockout wins, an unlock made since
 /// wins), and clears it here once the store has it.
-async fn write_back(daemon: &Arc<Daemon>, store: &Arc<SharedStore>) -> usize {
+/// `retrying`: the heartbeat's try after a failed one, whose failure is
+/// logged at debug level only (the first was warned of).
+async fn write_back(daemon: &Arc<Daemon>, store: &Arc<SharedStore>, retrying: bool) -> usize {
     let limiter = daemon.limiter().load_full();
     let now = daemon.clock().now_us();
     let lockouts = limiter.degraded_lockouts(now);
@@ -441,8 +446,12 @@ async fn write_back(daemon: &Arc<Daemon>, store: &Arc<SharedStore>) -> usize {
     store.stats.written_back.fetch_add(written as u64, Ordering::Relaxed);
     if let Some(e) = last_error {
         store.retry_write_back();
-        tracing::warn!(target: LOG_TARGET, error = %e, failed,
-            "lockouts not written back; this host refuses them, and sends them again at the next heartbeat");
+        if retrying {
+            tracing::debug!(target: LOG_TARGET, error = %e, failed, "lockouts still not written back");
+        } else {
+            tracing::warn!(target: LOG_TARGET, error = %e, failed,
+                "lockouts not written back; this host refuses them, and sends them again at each heartbeat");
+        }
     }
     written
 }
@@ -491,7 +500,7 @@ pub(super) async fn supervise(daemon: Arc<Daemon>, fingerprint: String, host: St
             }
             State::Closed => {
                 if store.take_write_back_due() {
-                    let written = write_back(&daemon, &store).await;
+                    let written = write_back(&daemon, &store, false).await;
                     tracing::info!(target: LOG_TARGET, written_back = written,
                         "lockouts taken while a cluster node was away written back");
                 }
@@ -500,7 +509,7 @@ pub(super) async fn supervise(daemon: Arc<Daemon>, fingerprint: String, host: St
                 }
                 last_beat = tokio::time::Instant::now();
                 if store.take_write_back_retry() {
-                    let written = write_back(&daemon, &store).await;
+                    let written = write_back(&daemon, &store, true).await;
                     if written > 0 {
                         tracing::info!(target: LOG_TARGET, written_back = written, "lockouts written back after a failed try");
                     }

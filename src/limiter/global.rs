@@ -180,6 +180,7 @@ impl Limiter {
         let subject = Subject { peer: source, account: Some(account), ..Subject::default() };
         let mut keys = self.subject_keys(&route.name, &subject);
         let tag = self.keys.account_tag(account);
+        let channel = self.shared_channel();
         let mut ops = Vec::new();
         for rule in &route.rules {
             let Some(Full::Failures(spec)) = rule.global else { continue };
@@ -194,9 +195,9 @@ impl Limiter {
                         known.remove(key.tuple);
                     }
                 }
-                ops.push(Op::unlock(self.store_key(rule, key), spec.window_us, false));
+                ops.push(Op::unlock(self.store_key(rule, key), spec.window_us, false, &channel));
             } else if let (None, Some(index)) = (source, self.index_key(rule, tag)) {
-                ops.push(Op::unlock(index, spec.window_us, true));
+                ops.push(Op::unlock(index, spec.window_us, true, &channel));
             }
         }
         Ok(ops)

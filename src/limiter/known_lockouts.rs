@@ -45,6 +45,13 @@ impl Limiter {
                 forgotten += 1;
             }
         }
+        if before_us == u64::MAX {
+            for (i, rule) in route.rules.iter().enumerate() {
+                if rule.key.contains(&Component::Account) {
+                    self.clear_degraded(route, i, &mut |k| k.account_tag == account_tag);
+                }
+            }
+        }
         forgotten
     }
 
@@ -113,7 +120,20 @@ impl Limiter {
                 known.remove(key.tuple);
             }
         }
+        if before_us == u64::MAX {
+            self.clear_degraded_key(route, rule, key);
+        }
         true
+    }
+
+    /// Forgets one known lockout of `rule` (an unlock won over it).
+    pub(super) fn forget_known(&self, route: &Route, rule: usize, key: Key) {
+        if let Some(known) = &route.known_lockouts {
+            let mut known = known.of(key);
+            if known.get(key.tuple, 0).is_some_and(|s| s.value.rule == route.rules[rule].tag) {
+                known.remove(key.tuple);
+            }
+        }
     }
 
     /// Learns a lockout another host took (published with its remaining

@@ -57,15 +57,12 @@ impl Limiter {
     /// known here (refused from memory until it ends).
     pub fn written_back(&self, lockout: &WriteBack, applied: bool, now_us: u64) {
         let route = &self.routes[lockout.route];
-        let rule = &route.rules[lockout.rule];
-        let Table::Failures { shards, .. } = &rule.table else { return };
         let key = lockout.key;
-        let mut table = shards.of(key);
-        if table.clear(key).is_some() {
-            self.journal.write(&rule.id, table.spec().window_us, vec![(key, None)]);
-        }
-        drop(table);
+        self.clear_degraded_key(route, lockout.rule, key);
         if !applied {
+            // An unlock made since won: a lockout refused here from memory
+            // meanwhile (`not_written_back`) goes too.
+            self.forget_known(route, lockout.rule, key);
             return;
         }
         let until = now_us + lockout.lock_remaining_us;
@@ -79,6 +76,36 @@ impl Limiter {
     pub fn not_written_back(&self, lockout: &WriteBack, now_us: u64) {
         let route = &self.routes[lockout.route];
         self.remember_lockout(route, lockout.rule, lockout.key, now_us + lockout.lock_remaining_us, now_us);
+    }
+
+    /// An unlock heard live (made now, on any host): the key's entry on
+    /// the rule's degraded table goes, so a write-back still due (one
+    /// whose merge failed) does not lock it again. A replayed unlock does
+    /// not clear it: the entry may be a lockout taken after that unlock.
+    pub(super) fn clear_degraded(&self, route: &Route, rule_index: usize, keys: &mut dyn FnMut(Key) -> bool) {
+        let rule = &route.rules[rule_index];
+        let (Some(Full::Failures(_)), Table::Failures { shards, .. }) = (rule.global, &rule.table) else { return };
+        for mut table in shards.each() {
+            let doomed: Vec<Key> = table.entries().map(|(key, _)| key).filter(|&key| keys(key)).collect();
+            if doomed.is_empty() {
+                continue;
+            }
+            for &key in &doomed {
+                table.clear(key);
+            }
+            let window_us = table.spec().window_us;
+            self.journal.write(&rule.id, window_us, doomed.into_iter().map(|key| (key, None)).collect());
+        }
+    }
+
+    /// `clear_degraded` for one key.
+    pub(super) fn clear_degraded_key(&self, route: &Route, rule_index: usize, key: Key) {
+        let rule = &route.rules[rule_index];
+        let (Some(Full::Failures(_)), Table::Failures { shards, .. }) = (rule.global, &rule.table) else { return };
+        let mut table = shards.of(key);
+        if table.clear(key).is_some() {
+            self.journal.write(&rule.id, table.spec().window_us, vec![(key, None)]);
+        }
     }
 
     /// Writes a lockout the store reported to the state file; the reply

@@ -387,11 +387,10 @@ end
 -- entry of an account on one rule. The counts, the lock and the places in
 -- flight go (a refusal made of places nobody will report is undone like
 -- one made of failures; a later report finds no place, which is fine);
--- the tombstone makes an older lockout written back later lose. The
--- unlocked keys are returned: the host logs, then publishes, what the
--- other hosts must forget (a host subscribing in between reads the log).
+-- the tombstone makes an older lockout written back later lose. Each unlocked key is published,
+-- so the other hosts forget it as a known lockout.
 local function unlock()
-  local kn, W, indexed = key(), num(), num()
+  local kn, W, indexed, channel = key(), num(), num(), str()
   local names = { kn }
   if indexed == 1 then
     local t = redis.pcall('SMEMBERS', kn)
@@ -406,6 +405,7 @@ local function unlock()
       if r.p + r.c > 0 or r.lu > now or #r.q > 0 then had = had + 1 end
       r.p, r.c, r.lu, r.ua, r.q = 0, 0, 0, now, {}
       save(name, r)
+      redis.call('PUBLISH', channel, 'U ' .. name)
     end
   end
   if indexed == 1 then redis.call('DEL', kn) end

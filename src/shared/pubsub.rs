@@ -107,25 +107,18 @@ impl SharedStore {
 
     /// Logs unlock messages in `log.0`, a sorted set by `now_us` holding
     /// `log.1` µs of them (and at most `UNLOCK_LOG_MAX`), for the hosts
-    /// not listening when they were published; then publishes each on
-    /// `channel`. Logged first: a host that subscribes in between reads it
-    /// from the log. Not waited for.
-    pub fn log_and_publish(
-        self: &Arc<SharedStore>,
-        (unlock_log, keep_us): (String, u64),
-        channel: String,
-        messages: Vec<String>,
-        now_us: u64,
-    ) {
+    /// not listening when they are published: a host replays the log when
+    /// it subscribes. Waited for (at most `connect_timeout_ms`): an unlock
+    /// logs before it unlocks.
+    pub async fn log_unlocks(&self, (unlock_log, keep_us): (String, u64), messages: &[String], now_us: u64) {
         let Some(mut connection) = self.connection.locked().clone() else { return };
         if messages.is_empty() {
             return;
         }
         let timeout = Duration::from_millis(self.config.connect_timeout_ms);
-        let store = self.clone();
-        tokio::spawn(async move {
+        {
             let mut pipe = redis::pipe();
-            for message in &messages {
+            for message in messages {
                 pipe.cmd("ZADD").arg(&unlock_log).arg(now_us).arg(format!("{now_us} {message}")).ignore();
             }
             pipe.cmd("ZREMRANGEBYSCORE").arg(&unlock_log).arg("-inf").arg(now_us.saturating_sub(keep_us)).ignore();
@@ -138,13 +131,6 @@ impl SharedStore {
             {
                 tracing::warn!(target: LOG_TARGET, error = %e, "an unlock was not logged; hosts not listening now miss it");
             }
-            let mut pipe = redis::pipe();
-            for message in &messages {
-                pipe.cmd("PUBLISH").arg(&channel).arg(message).ignore();
-            }
-            if let Ok(Ok(())) = tokio::time::timeout(timeout, pipe.query_async::<()>(&mut connection)).await {
-                store.stats.messages_published.fetch_add(messages.len() as u64, Ordering::Relaxed);
-            }
-        });
+        }
     }
 }

@@ -224,9 +224,9 @@ impl Op {
 
     /// Unlocks one entry, or with `indexed` every entry an account's index
     /// lists; each unlocked key is published on `channel`.
-    pub fn unlock(key: String, window_us: u64, indexed: bool) -> Op {
+    pub fn unlock(key: String, window_us: u64, indexed: bool, channel: &str) -> Op {
         let mut op = Op::new(b'U');
-        op.arg(window_us).arg(indexed as u8);
+        op.arg(window_us).arg(indexed as u8).arg(channel);
         op.keys.push(key);
         op
     }
@@ -552,7 +552,7 @@ mod tests {
     #[test]
     fn a_batch_lays_out_keys_then_each_ops_counts_and_arguments() {
         let a = Op::release(&[("k1".into(), 5), ("k2".into(), 6)]);
-        let b = Op::unlock("k3".into(), 7, false);
+        let b = Op::unlock("k3".into(), 7, false, "ch");
         let cmd = batch_command("sha", &[&a, &b], 123);
         let args: Vec<Vec<u8>> = cmd
             .args_iter()
@@ -570,7 +570,7 @@ mod tests {
         let mut expected: Vec<Vec<u8>> =
             ["EVALSHA", "sha", "3", "k1", "k2", "k3", "2", "X", "1", "2"].iter().map(|s| plain(s)).collect();
         expected.push(release);
-        expected.extend(["U", "2", "1", "7", "0", "123"].iter().map(|s| plain(s)));
+        expected.extend(["U", "3", "1", "7", "0", "ch", "123"].iter().map(|s| plain(s)));
         assert_eq!(args, expected);
     }
 
