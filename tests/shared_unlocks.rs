@@ -270,3 +270,49 @@ fn a_host_dying_mid_unlock_leaves_every_host_agreeing_with_the_store() {
     // it in the same step), one it never made is not assumed.
     assert_eq!((dh, dh2), (df, df), "H disagrees with the store");
 }
+
+/// A lockout written back after an outage is in the account's index, as a
+/// report's entry is: an account-wide unlock clears it in the store, and
+/// every host lets the account in. (The merge left it out, so only an
+/// unlock by source cleared it.)
+#[test]
+fn an_account_wide_unlock_clears_a_lockout_written_back_after_an_outage() {
+    require_redis();
+    let redis = RedisServer::tcp();
+    let proxy = Proxy::new(redis.addr());
+    let dir = tempfile::tempdir().unwrap();
+    let secret = shared_secret(dir.path());
+    let fast = "heartbeat_ms = 200\nprobe_interval_ms = 50\nprobe_max_ms = 200";
+    let (a, b) = (host(&proxy.url(), &secret, fast), host(&redis.url(), &secret, fast));
+    let alice = subject("192.0.2.140", "alice");
+    proxy.set_mode(ProxyMode::Drop);
+    wait_until(&a, Duration::from_secs(10), "A degraded", || {
+        check(&a, &subject("192.0.2.171", "ursula"));
+        a.log().contains("shared store unreachable")
+    });
+    // alice mistypes twice from her office while A is cut off.
+    for _ in 0..2 {
+        check(&a, &alice);
+        report(&a, &alice, Outcome::Failure);
+    }
+    assert_eq!(check(&a, &alice).decision, Decision::Deny);
+    let before = count(&a, "global rules answered by the store");
+    proxy.set_mode(ProxyMode::Pass);
+    wait_until(&a, Duration::from_secs(10), "A recovered", || count(&a, "global rules answered by the store") > before);
+    eprintln!("written back; store keys: {}", redis.cmd(&["KEYS", "tg:*"]).replace('\n', " "));
+    show(&b, "B before unlock", &alice);
+    let unlocked = b.cli_json(&["unlock", "--route", "login", "--account", "alice"]);
+    eprintln!("account-wide unlock on B: {unlocked}");
+    std::thread::sleep(Duration::from_millis(500));
+    let db = show(&b, "B after", &alice);
+    let da = show(&a, "A after", &alice);
+    let again = b.cli_json(&["unlock", "--route", "login", "--account", "alice"]);
+    eprintln!("second account-wide unlock on B: {again}");
+    std::thread::sleep(Duration::from_millis(300));
+    let db2 = show(&b, "B after a second unlock", &alice);
+    let with_source = b.cli_json(&["unlock", "--route", "login", "--account", "alice", "--source", "192.0.2.140"]);
+    eprintln!("unlock with --source on B: {with_source}");
+    std::thread::sleep(Duration::from_millis(300));
+    show(&b, "B after a source unlock", &alice);
+    assert_eq!((db, da, db2), (Decision::Allow, Decision::Allow, Decision::Allow), "account-wide unlock did not take");
+}

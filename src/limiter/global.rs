@@ -131,7 +131,7 @@ impl Limiter {
 
     /// An account's index of a rule's entries, for a rule keyed on the
     /// account and something else: what an unlock of the account reads.
-    fn index_key(&self, rule: &Rule, account_tag: u64) -> Option<String> {
+    pub(super) fn index_key(&self, rule: &Rule, account_tag: u64) -> Option<String> {
         if !rule.key.contains(&Component::Account) || rule.key.len() < 2 {
             return None;
         }

@@ -39,6 +39,7 @@ impl Limiter {
                         let age_us = now_us.saturating_sub(counts.window as u64 * spec.window_us);
                         let op = Op::merge(
                             self.store_key(rule, key),
+                            self.index_key(rule, key.account_tag),
                             full.window_us,
                             full.threshold,
                             lock_remaining_us,

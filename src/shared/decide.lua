@@ -365,8 +365,10 @@ end
 -- an unlock newer than the lockout wins.
 local function merge()
   local kn = key()
-  local W, T, lock_rem, age
-  W, T, lock_rem, age, at = struct.unpack('<i8I4i8i8', blob, at)
+  local W, T, lock_rem, age, indexed
+  W, T, lock_rem, age, indexed, at = struct.unpack('<i8I4i8i8B', blob, at)
+  local ix = nil
+  if indexed == 1 then ix = key() end
   -- No lockout of a sliding window outlasts its next window.
   lock_rem = math.min(lock_rem, 2 * W)
   local r, err = load(kn, W)
@@ -377,6 +379,12 @@ local function merge()
     r.lu = math.max(r.lu, now + lock_rem)
     save(kn, r)
     applied = 1
+    -- In the account's index, as a report's entry is: an account-wide
+    -- unlock finds it.
+    if ix then
+      redis.call('SADD', ix, kn)
+      redis.call('PEXPIRE', ix, math.ceil(2 * r.W / 1000))
+    end
   end
   local out = { applied, now }
   standing(r, out)

@@ -216,10 +216,20 @@ impl Op {
         Op::packed(b'X', p, places.iter().map(|(key, _)| key.clone()).collect())
     }
 
-    pub fn merge(key: String, window_us: u64, threshold: u32, lock_remaining_us: u64, age_us: u64) -> Op {
+    /// A lockout taken while degraded, written back; `index`: the
+    /// account's index of the rule's entries, which an account-wide unlock
+    /// reads, for a rule keyed on the account and more.
+    pub fn merge(
+        key: String,
+        index: Option<String>,
+        window_us: u64,
+        threshold: u32,
+        lock_remaining_us: u64,
+        age_us: u64,
+    ) -> Op {
         let mut p = Packed::default();
-        p.u64(window_us).u32(threshold).u64(lock_remaining_us).u64(age_us);
-        Op::packed(b'M', p, vec![key])
+        p.u64(window_us).u32(threshold).u64(lock_remaining_us).u64(age_us).u8(index.is_some() as u8);
+        Op::packed(b'M', p, std::iter::once(key).chain(index).collect())
     }
 
     /// Unlocks one entry, or with `indexed` every entry an account's index
