@@ -233,7 +233,7 @@ impl Op {
     }
 
     /// Unlocks one entry, or with `indexed` every entry an account's index
-    /// lists; each unlocked key is published on `channel`.
+    /// lists; the script publishes each unlocked key on `channel`.
     pub fn unlock(key: String, window_us: u64, indexed: bool, channel: &str) -> Op {
         let mut op = Op::new(b'U');
         op.arg(window_us).arg(indexed as u8).arg(channel);
