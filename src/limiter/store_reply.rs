@@ -113,25 +113,39 @@ pub(super) fn global_rules<'r>(route: &'r Route, keys: &'r RuleKeys) -> impl Ite
     })
 }
 
+/// Each global rule's part of a reply, in op order: skipped (the store's
+/// 2), or what `read` makes of it.
+fn read_rules(
+    route: &Route,
+    keys: &RuleKeys,
+    ints: &mut Ints<'_>,
+    mut read: impl FnMut(&Rule, &mut Ints<'_>) -> Result<Found, ReplyError>,
+) -> Result<Vec<(usize, Found)>, ReplyError> {
+    let mut rules = Vec::new();
+    for (i, rule) in global_rules(route, keys) {
+        let found = if ints.peek()? == 2 {
+            ints.next()?;
+            Found::Skipped
+        } else {
+            read(rule, ints)?
+        };
+        rules.push((i, found));
+    }
+    Ok(rules)
+}
+
 /// A check's reply, for the global rules of `route` with `keys`.
 pub(super) fn parse_check(route: &Route, keys: &RuleKeys, reply: &Reply) -> Result<Parsed, ReplyError> {
     let mut ints = Ints::new(reply);
     let admitted = ints.flag()?;
     let store_now = ints.unsigned()?;
-    let mut rules = Vec::new();
-    for (i, rule) in global_rules(route, keys) {
-        if ints.peek()? == 2 {
-            ints.next()?;
-            rules.push((i, Found::Skipped));
-            continue;
-        }
+    let rules = read_rules(route, keys, &mut ints, |rule, ints| {
         let refuses = ints.flag()?;
-        let found = match rule.global {
-            Some(Full::Failures(_)) => Found::Failures { refuses, entry: StoreEntry::read(&mut ints)? },
+        Ok(match rule.global {
+            Some(Full::Failures(_)) => Found::Failures { refuses, entry: StoreEntry::read(ints)? },
             _ => Found::Rate { tat: ints.unsigned()? },
-        };
-        rules.push((i, found));
-    }
+        })
+    })?;
     Ok(Parsed { admitted, store_now, rules })
 }
 
@@ -140,20 +154,13 @@ pub(super) fn parse_report(route: &Route, keys: &RuleKeys, reply: &Reply) -> Res
     let mut ints = Ints::new(reply);
     let _locks = ints.unsigned()?;
     let store_now = ints.unsigned()?;
-    let mut rules = Vec::new();
-    for (i, rule) in global_rules(route, keys) {
-        if ints.peek()? == 2 {
-            ints.next()?;
-            rules.push((i, Found::Skipped));
-            continue;
-        }
+    let rules = read_rules(route, keys, &mut ints, |rule, ints| {
         let was_locked = ints.flag()?;
         let now_locked = ints.flag()?;
-        let found = match rule.global {
-            Some(Full::Failures(_)) => Found::Reported { was_locked, now_locked, entry: StoreEntry::read(&mut ints)? },
+        Ok(match rule.global {
+            Some(Full::Failures(_)) => Found::Reported { was_locked, now_locked, entry: StoreEntry::read(ints)? },
             _ => Found::Rate { tat: ints.unsigned()? },
-        };
-        rules.push((i, found));
-    }
+        })
+    })?;
     Ok(Parsed { admitted: true, store_now, rules })
 }
