@@ -224,7 +224,7 @@ impl Daemon {
         if !store.is_up() {
             return Err(format!("the store is {}", store.state().name()));
         }
-        // What the other hosts must forget is logged first (a host not
+        // What the other hosts must forget is logged (a host not
         // subscribed now, after a store restart say, reads it when it
         // subscribes again), stamped in the store's time (hosts' clocks
         // differ, the store's is one): a source's keys, or the account's
@@ -238,40 +238,47 @@ impl Daemon {
             Some(_) => ops.iter().filter_map(|op| op.keys.first()).map(|name| format!("U {name}")).collect(),
             None => vec![limiter.account_unlock_message(route, account)],
         };
-        store.log_unlocks(log.clone(), &first, stamp()).await;
-        // Every rule's op in flight at once (as many as the queue takes): a
-        // slow store costs the unlock one `connect_timeout_ms`, not one per
-        // rule.
-        let (mut cleared, mut done, mut failed) = (0, 0, None);
-        // An account's entries the script named, logged too: a host that
-        // restored a lockout from its state file knows it by name only.
-        let mut named = Vec::new();
+        // Every rule's op in flight at once (as many as the queue takes),
+        // beside the log write, which is sent first on the same
+        // connection: a slow store costs the unlock one round trip, not
+        // one per rule or one more for the log.
         let total = ops.len();
-        for chunk in ops.chunks(store.config.pending_max.max(1)) {
-            let calls = chunk.iter().map(|op| store.call_recovering(op.clone()));
-            for reply in futures_util::future::join_all(calls).await {
-                match reply {
-                    Ok(reply) => {
-                        done += 1;
-                        cleared += reply.ints.first().copied().unwrap_or(0).clamp(0, u32::MAX as i64) as u32;
-                        for name in &reply.strings {
-                            limiter.forget_known_lockout(name, u64::MAX);
-                            if source.is_none() {
-                                named.push(format!("U {name}"));
+        let unlocking = async {
+            let (mut cleared, mut done, mut failed) = (0, 0, None);
+            // An account's entries the script named, logged too: a host
+            // that restored a lockout from its state file knows it by name
+            // only.
+            let mut named = Vec::new();
+            for chunk in ops.chunks(store.config.pending_max.max(1)) {
+                let calls = chunk.iter().map(|op| store.call_recovering(op.clone()));
+                for reply in futures_util::future::join_all(calls).await {
+                    match reply {
+                        Ok(reply) => {
+                            done += 1;
+                            cleared += reply.ints.first().copied().unwrap_or(0).clamp(0, u32::MAX as i64) as u32;
+                            for name in &reply.strings {
+                                limiter.forget_known_lockout(name, u64::MAX);
+                                if source.is_none() {
+                                    named.push(format!("U {name}"));
+                                }
                             }
                         }
+                        Err(e) => failed = Some(e.to_string()),
                     }
-                    Err(e) => failed = Some(e.to_string()),
                 }
             }
-        }
+            (cleared, done, failed, named)
+        };
+        let ((), (mut cleared, done, failed, named)) =
+            tokio::join!(store.log_unlocks(log.clone(), &first, stamp()), unlocking);
         // After the store lost its data the index of the account's entries
         // is gone and nothing above named them: every host forgets the
         // account's known lockouts by its tag, this one now, the others
         // when they hear the message (logged above).
         if source.is_none() && done > 0 {
             cleared += limiter.forget_account_lockouts(route, limiter.account_tag(account), u64::MAX);
-            store.log_unlocks(log, &named, stamp()).await;
+            let (logging, at) = (store.clone(), stamp());
+            tokio::spawn(async move { logging.log_unlocks(log, &named, at).await });
             store.publish(limiter.shared_channel(), first[0].clone());
         }
         match failed {
