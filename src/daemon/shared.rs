@@ -269,8 +269,14 @@ impl Daemon {
             }
             (cleared, done, failed, named)
         };
+        let logged_at = stamp();
         let ((), (mut cleared, done, failed, named)) =
-            tokio::join!(store.log_unlocks(log.clone(), &first, stamp()), unlocking);
+            tokio::join!(store.log_unlocks(log.clone(), &first, logged_at), unlocking);
+        if done == 0 {
+            // Nothing was unlocked in the store: a host replaying the log
+            // must not forget lockouts the store still holds.
+            store.unlog_unlocks(log.0.clone(), first.clone(), logged_at);
+        }
         // After the store lost its data the index of the account's entries
         // is gone and nothing above named them: every host forgets the
         // account's known lockouts by its tag, this one now, the others

@@ -45,13 +45,6 @@ impl Limiter {
                 forgotten += 1;
             }
         }
-        if before_us == u64::MAX {
-            for (i, rule) in route.rules.iter().enumerate() {
-                if rule.key.contains(&Component::Account) {
-                    self.clear_degraded(route, i, &mut |k| k.account_tag == account_tag);
-                }
-            }
-        }
         forgotten
     }
 
@@ -119,9 +112,6 @@ impl Limiter {
             {
                 known.remove(key.tuple);
             }
-        }
-        if before_us == u64::MAX {
-            self.clear_degraded_key(route, rule, key);
         }
         true
     }

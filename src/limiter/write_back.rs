@@ -76,31 +76,18 @@ impl Limiter {
     /// degraded table, so the next write-back sends it again.
     pub fn not_written_back(&self, lockout: &WriteBack, now_us: u64) {
         let route = &self.routes[lockout.route];
+        let Table::Failures { shards, .. } = &route.rules[lockout.rule].table else { return };
+        // Only while it is still due: an unlock on this host meanwhile
+        // cleared it, and must not be undone here.
+        let counts = shards.of(lockout.key).get(lockout.key, now_us);
+        if counts.previous == 0 && counts.current == 0 {
+            return;
+        }
         self.remember_lockout(route, lockout.rule, lockout.key, now_us + lockout.lock_remaining_us, now_us);
     }
 
-    /// An unlock heard live (made now, on any host): the key's entry on
-    /// the rule's degraded table goes, so a write-back still due (one
-    /// whose merge failed) does not lock it again. A replayed unlock does
-    /// not clear it: the entry may be a lockout taken after that unlock.
-    pub(super) fn clear_degraded(&self, route: &Route, rule_index: usize, keys: &mut dyn FnMut(Key) -> bool) {
-        let rule = &route.rules[rule_index];
-        let (Some(Full::Failures(_)), Table::Failures { shards, .. }) = (rule.global, &rule.table) else { return };
-        for mut table in shards.each() {
-            let doomed: Vec<Key> = table.entries().map(|(key, _)| key).filter(|&key| keys(key)).collect();
-            if doomed.is_empty() {
-                continue;
-            }
-            for &key in &doomed {
-                table.clear(key);
-            }
-            let window_us = table.spec().window_us;
-            self.journal.write(&rule.id, window_us, doomed.into_iter().map(|key| (key, None)).collect());
-        }
-    }
-
-    /// `clear_degraded` for one key.
-    pub(super) fn clear_degraded_key(&self, route: &Route, rule_index: usize, key: Key) {
+    /// Clears a key's entry on a global rule's degraded table (journaled).
+    fn clear_degraded_key(&self, route: &Route, rule_index: usize, key: Key) {
         let rule = &route.rules[rule_index];
         let (Some(Full::Failures(_)), Table::Failures { shards, .. }) = (rule.global, &rule.table) else { return };
         let mut table = shards.of(key);

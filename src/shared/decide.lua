@@ -375,7 +375,14 @@ local function merge()
   if not r then return { -err, 1 } end
   roll(r)
   local applied = 0
-  if r.ua < now - age and lock_rem > 0 then
+  -- An unlock of this key, or of the whole account on this rule, made
+  -- after the lockout began wins.
+  local unlocked_at = r.ua
+  if ix then
+    local au = redis.pcall('GET', ix .. ':u')
+    if type(au) == 'string' then unlocked_at = math.max(unlocked_at, tonumber(au) or 0) end
+  end
+  if unlocked_at < now - age and lock_rem > 0 then
     r.lu = math.max(r.lu, now + lock_rem)
     save(kn, r)
     applied = 1
@@ -416,7 +423,13 @@ local function unlock()
       redis.call('PUBLISH', channel, 'U ' .. name)
     end
   end
-  if indexed == 1 then redis.call('DEL', kn) end
+  if indexed == 1 then
+    redis.call('DEL', kn)
+    -- The account's tombstone on this rule: a lockout written back later
+    -- that is older loses, also one whose key was in no index (its first
+    -- merge failed, or it was taken on a host's share alone).
+    redis.call('SET', kn .. ':u', now, 'PX', math.ceil(2 * W / 1000))
+  end
   local out = { had, now }
   for _, name in ipairs(names) do out[#out + 1] = name end
   return out

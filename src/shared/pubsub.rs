@@ -105,6 +105,22 @@ impl SharedStore {
         });
     }
 
+    /// Takes back `messages` logged at `now_us` (`log_unlocks`): an unlock
+    /// that did not reach the store must not be replayed as made. Not
+    /// waited for.
+    pub fn unlog_unlocks(self: &Arc<SharedStore>, unlock_log: String, messages: Vec<String>, now_us: u64) {
+        let Some(mut connection) = self.connection.locked().clone() else { return };
+        let timeout = Duration::from_millis(self.config.connect_timeout_ms);
+        tokio::spawn(async move {
+            let mut cmd = redis::cmd("ZREM");
+            cmd.arg(&unlock_log);
+            for message in &messages {
+                cmd.arg(format!("{now_us} {message}"));
+            }
+            let _ = tokio::time::timeout(timeout, cmd.query_async::<i64>(&mut connection)).await;
+        });
+    }
+
     /// Logs unlock messages in `log.0`, a sorted set by `now_us` holding
     /// `log.1` µs of them (and at most `UNLOCK_LOG_MAX`), for the hosts
     /// not listening when they are published: a host replays the log when
