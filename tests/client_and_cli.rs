@@ -852,3 +852,19 @@ fn check_config_reports_every_problem_and_creates_nothing() {
     assert!(!state.exists(), "no state file made");
     assert!(!dir.path().join("secret").exists(), "no secret made");
 }
+
+/// `unlock` says when it cleared nothing and exits 6, so a script can tell
+/// a typo in the account from an unlock that took.
+#[test]
+fn an_unlock_that_clears_nothing_says_so_and_exits_6() {
+    let daemon = TestDaemon::start();
+    let unlock = ["unlock", "--route", "login", "--account", "nobody"];
+    let out = daemon.cli(&unlock);
+    assert_eq!(out.status.code(), Some(6));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("cleared nothing"), "{out:?}");
+    for _ in 0..5 {
+        daemon.cli(&["report", "--route", "login", "--ip", "192.0.2.5", "--account", "bob", "--outcome", "failure"]);
+    }
+    let out = daemon.cli(&["unlock", "--route", "login", "--account", "bob"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+}

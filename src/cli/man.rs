@@ -50,6 +50,9 @@ A usage error (an unknown flag or a bad value).
 3, 4, 5
 \fBcheck\fR only: the verdict is delay, challenge or deny.
 .TP
+6
+\fBunlock\fR only: nothing was cleared (the account had no lockout or count on the route).
+.TP
 78
 \fBserve\fR: the configuration or class file is invalid (every problem is printed).
 .SH ENVIRONMENT

@@ -66,6 +66,9 @@ pub enum Command {
     /// and whether the device was known (never a name).
     Sample(SampleArgs),
     /// Clear an account's lockouts and counters on a route (admin).
+    ///
+    /// Exit status: 0 when something was cleared, 6 when nothing was (no
+    /// lockout or count of the account on the route), 1 an error.
     Unlock(UnlockArgs),
     /// Move a --manual-clock daemon's clock (admin; for tests).
     Clock {
@@ -301,6 +304,9 @@ fn client(common: &CommonArgs) -> Client {
 pub const EXIT_DELAY: u8 = 3;
 pub const EXIT_CHALLENGE: u8 = 4;
 pub const EXIT_DENY: u8 = 5;
+/// `tollgate unlock`'s exit status when it cleared nothing: the account had
+/// no lockout or count on the route (a typo in it, or already lifted).
+pub const EXIT_NOTHING_CLEARED: u8 = 6;
 
 fn check_exit_code(decision: Decision) -> u8 {
     match decision {
@@ -518,10 +524,12 @@ async fn run_command(command: Command) -> Result<ExitCode, ClientError> {
             let cleared = client(&args.common).unlock(&args.route, &args.account, args.source).await?;
             if args.common.json {
                 outln!("{}", serde_json::json!({ "cleared": cleared }));
+            } else if cleared == 0 {
+                outln!("cleared nothing: {} has no lockout or count on route {}", args.account, args.route);
             } else {
                 outln!("cleared {cleared} entr{}", if cleared == 1 { "y" } else { "ies" });
             }
-            Ok(ExitCode::SUCCESS)
+            Ok(ExitCode::from(if cleared == 0 { EXIT_NOTHING_CLEARED } else { 0 }))
         }
         Command::Clock { command: ClockCommand::Advance { by, common } } => {
             let now_ms = client(&common).advance_clock(by).await?;
