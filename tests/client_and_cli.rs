@@ -252,19 +252,25 @@ fn invalid_config_and_corrupt_state_stop_the_start_with_a_clear_message() {
     assert!(stderr.contains("corrupt or unreadable") && stderr.contains("--discard-corrupt-state"), "{stderr}");
 }
 
+/// A second `serve` on a socket a daemon answers on is refused, and
+/// before it creates anything: no secret and no state file of its own are
+/// left beside the running daemon's.
 #[test]
 fn a_live_daemons_socket_is_not_stolen() {
     let daemon = TestDaemon::start();
+    let other = tempfile::tempdir().unwrap();
+    let state = other.path().join("state.redb");
     let out = std::process::Command::new(BIN)
         .arg("serve")
         .arg("--socket")
         .arg(&daemon.socket)
         .arg("--state")
-        .arg(daemon.dir.path().join("other.redb"))
+        .arg(&state)
         .output()
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("in use by a running daemon"));
+    assert!(!state.exists() && !other.path().join("secret").exists(), "nothing created");
     assert_eq!(daemon.cli_json(&["status"])["manual_clock"], true, "the first daemon still serves");
 }
 

@@ -135,6 +135,12 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
     // start-up) instead of killing it by the default action.
     let signals = Signals::new([SIGTERM, SIGINT, SIGHUP])?;
     let clock = if args.manual_clock { Clock::manual() } else { Clock::System };
+    // A daemon already answering on the socket: refused before anything is
+    // created (a secret and a state file of its own, beside another's).
+    // Under socket activation systemd holds the socket, which is ours.
+    if std::env::var_os("LISTEN_FDS").is_none() && std::os::unix::net::UnixStream::connect(&config.socket).is_ok() {
+        anyhow::bail!("cannot listen on {}: it is in use by a running daemon", config.socket.display());
+    }
     let (secret, store, loaded) = open_state(&config, args.discard_corrupt_state)?;
     let stats = Arc::new(StoreStats::default());
     let (journal, writer) = store.start_writer(stats.clone());
