@@ -124,6 +124,22 @@ fn a_timeout_from_a_daemon_that_just_answered_is_busy_and_does_not_proceed() {
     assert!(down.0.proceeds() && down.1.proceeds(), "login fails open once the daemon is late for busy_max");
 }
 
+/// Waits until the daemon counts exactly one connection, the client's own.
+/// The start-up probe's connection is counted until the daemon reads its
+/// end, which under load can come after the first request; a client that
+/// holds two connections still fails here after 5 s.
+async fn settle_at_one_connection(client: &Client) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let connections = client.status().await.unwrap().connections;
+        if connections == 1 {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{connections} connections, expected the client's one");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_client_reuses_its_connection_and_refuses_overlong_identifiers() {
     let daemon = TestDaemon::start();
@@ -131,7 +147,7 @@ async fn the_client_reuses_its_connection_and_refuses_overlong_identifiers() {
     for _ in 0..20 {
         verdict(client.check("login", &subject("198.51.100.7", "alice")).await);
     }
-    assert_eq!(client.status().await.unwrap().connections, 1);
+    settle_at_one_connection(&client).await;
     let long = "a".repeat(513);
     let answer = client.check("login", &subject("198.51.100.7", &long)).await;
     assert!(matches!(&answer, Answer::Rejected(e) if e.code == ErrorCode::FieldTooLong), "{answer:?}");
@@ -579,12 +595,12 @@ async fn idle_connections_are_closed_and_the_client_reconnects_transparently() {
     let daemon = TestDaemon::start_with(Some("[server]\nidle_timeout_ms = 1000\n"), true);
     let client = daemon.client();
     verdict(client.check("login", &subject("198.51.100.7", "alice")).await);
-    assert_eq!(client.status().await.unwrap().connections, 1);
+    settle_at_one_connection(&client).await;
     tokio::time::sleep(Duration::from_millis(1600)).await;
     // The pooled connection was closed by the daemon; the next call works.
     let v = verdict(client.check("login", &subject("198.51.100.7", "alice")).await);
     assert_eq!(v.decision, Decision::Allow);
-    assert_eq!(client.status().await.unwrap().connections, 1);
+    settle_at_one_connection(&client).await;
 }
 
 /// Parses Prometheus text: checks every family has one HELP and one TYPE
