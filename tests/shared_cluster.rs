@@ -20,7 +20,8 @@ const ANSWER_BOUND: Duration = Duration::from_millis(500);
 /// `extra` is more `[shared]` keys; `timeout_ms` is 20 and the probes
 /// 50 to 200 ms unless it sets them.
 fn cluster_config(cluster: &Cluster, secret: &Path, extra: &str) -> String {
-    let timeout = if extra.contains("timeout_ms") { "" } else { "timeout_ms = 20\n" };
+    let sets_timeout = extra.lines().any(|line| line.trim_start().starts_with("timeout_ms"));
+    let timeout = if sets_timeout { "" } else { "timeout_ms = 20\n" };
     let probes = if extra.contains("probe_") { "" } else { "probe_interval_ms = 50\nprobe_max_ms = 200\n" };
     let nodes: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
     format!(

@@ -20,7 +20,9 @@ fn shared_config(url: &str, secret: &Path, extra: &str) -> String {
     // a healthy store's reply in 2 ms, and a test that expects the store
     // to decide must not see a timeout. The waits tests bound (250 ms)
     // stay well above it.
-    let timeout = if extra.contains("timeout_ms") { "" } else { "timeout_ms = 100\n" };
+    // (`connect_timeout_ms` is another key: only a line naming `timeout_ms` itself counts.)
+    let sets_timeout = extra.lines().any(|line| line.trim_start().starts_with("timeout_ms"));
+    let timeout = if sets_timeout { "" } else { "timeout_ms = 100\n" };
     format!(
         "secret = \"{}\"\n\n[shared]\nurl = \"{url}\"\n{timeout}hosts = 3\nprobe_interval_ms = 50\nprobe_max_ms = 200\n{extra}\n",
         secret.display()
