@@ -351,11 +351,14 @@ fn connections_idle_after_a_large_reply_hold_no_more_than_resting_buffers() {
 
 const BIG_PIPELINERS: usize = 3;
 const TIMED_CHECKS: usize = 3000;
-/// An auth server's client timeout: a check slower than this is a failed login path.
-const CHECK_TIMEOUT: Duration = Duration::from_millis(5);
 
 /// While three connections pipeline 10,000-entry `lockouts` requests,
-/// another connection's checks stay well inside a client's 5 ms timeout.
+/// another connection's checks do not wait behind them: their p99 stays
+/// under a quarter of the time one connection's reply takes. Measured
+/// against the same run, not a fixed figure, so a loaded machine slows both
+/// sides alike; a reply made on the runtime's worker instead of beside it
+/// holds checks for a whole reply. (The absolute figures are printed; the
+/// benchmark table has the unloaded ones.)
 #[test]
 fn pipelined_large_lockouts_do_not_hold_up_another_clients_checks() {
     let rt = runtime();
@@ -420,7 +423,8 @@ fn pipelined_large_lockouts_do_not_hold_up_another_clients_checks() {
          {MANY_LOCKOUTS}-entry lockouts replies: p50 {p50:?} p99 {p99:?} max {max:?}"
     );
     assert!(big_replies >= BIG_PIPELINERS as u64, "the pipeliners were served meanwhile: {big_replies} replies");
-    assert!(p99 < CHECK_TIMEOUT, "check p99 {p99:?} with large lockouts replies in flight");
+    let one_reply = elapsed * BIG_PIPELINERS as u32 / big_replies as u32;
+    assert!(p99 < one_reply / 4, "check p99 {p99:?} against {one_reply:?} for one lockouts reply");
 }
 
 #[test]
