@@ -1,0 +1,250 @@
+"""The asyncio client: the same policies as `Client` (shared code), on
+asyncio's Unix streams, for one event loop.
+
+    client = AsyncClient(ClientConfig(path, password_key=key))
+    async with client.attempt("login", subject, password=pw) as attempt:
+        if attempt.proceeds:
+            await attempt.report(await verify(pw))
+
+A handler can be cancelled at any await, even with its check on the wire:
+the check then runs on, and if it was allowed it is abandoned when its
+answer comes, so no place is left held by a request nobody reports."""
+
+import asyncio
+from types import TracebackType
+from typing import List, Optional, Set, Tuple, Type, Union
+
+from .answers import Answer
+from .attempt import _holds_places
+from .client import (
+    POOL_CONNECTIONS_MAX,
+    ClientConfig,
+    _answer_of,
+    _bounded,
+    _check_reply,
+    _ClientCore,
+    _outcome,
+    _refuses_version,
+)
+from .errors import ClientError, ConnectError, ConnectionClosed, ConnectionFailed, ProtocolError
+from .passwords import password_digest, password_tag
+from .protocol import PROTOCOL_VERSION_MIN, RESPONSE_PAYLOAD_BYTES_MAX, Abandon, Check, Outcome, Report, Request, Response, Subject
+
+
+class _AsyncConnection:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, version: int) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.version = version
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class AsyncClient(_ClientCore):
+    def __init__(self, config: Union[ClientConfig, str]) -> None:
+        super().__init__(config)
+        # One event loop: list operations between awaits need no lock.
+        self._pool: List[_AsyncConnection] = []
+        # Abandons sent for cancelled checks, kept until they finish.
+        self._background: Set["asyncio.Future[Answer]"] = set()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        idle, self._pool = self._pool, []
+        for conn in idle:
+            conn.close()
+
+    async def check(self, route: str, subject: Subject, password_tag: Optional[bytes] = None) -> Answer:
+        return await self._decide(route, Check(route, _bounded(subject), password_tag))
+
+    async def report(
+        self,
+        route: str,
+        subject: Subject,
+        outcome: Union[Outcome, bool, str],
+        password_digest: Optional[bytes] = None,
+        password_tag: Optional[bytes] = None,
+    ) -> Answer:
+        request = Report(route, _bounded(subject), _outcome(outcome), password_digest, password_tag)
+        return await self._decide(route, request)
+
+    async def abandon(self, route: str, subject: Subject) -> Answer:
+        return await self._decide(route, Abandon(route, _bounded(subject)))
+
+    def attempt(
+        self, route: str, subject: Subject, password: Optional[str] = None, password_tag: Optional[bytes] = None
+    ) -> "AsyncAttempt":
+        """The guard; `async with` sends its check."""
+        return AsyncAttempt(self, route, subject, password, password_tag)
+
+    def _in_background(self, future: "asyncio.Future[Answer]") -> None:
+        self._background.add(future)
+        future.add_done_callback(self._background.discard)
+
+    async def _decide(self, route: str, request: Request) -> Answer:
+        burst = self._enter(route, request)
+        try:
+            try:
+                version, response = await self._call(request)
+            except ClientError as error:
+                return self._failed(route, request, error, burst)
+            return _answer_of(version, response)
+        finally:
+            if burst is not None:
+                burst.leave()
+
+    async def _call(self, request: Request) -> Tuple[int, Response]:
+        try:
+            result = await asyncio.wait_for(self._call_untimed(request), self.config.timeout)
+        except asyncio.TimeoutError:
+            raise self._timed_out() from None
+        self._answered_in_time()
+        return result
+
+    async def _call_untimed(self, request: Request) -> Tuple[int, Response]:
+        if not self._pool:
+            return await self._call_on(await self._connect(), request)
+        try:
+            return await self._call_on(self._pool.pop(), request)
+        except ConnectionClosed:
+            # Closed by the daemon while idle: once more on a fresh one.
+            return await self._call_on(await self._connect(), request)
+
+    async def _connect(self) -> _AsyncConnection:
+        try:
+            reader, writer = await asyncio.open_unix_connection(self.config.socket)
+        except OSError as e:
+            raise ConnectError("cannot reach tollgate at {}: {}".format(self.config.socket, e)) from None
+        return _AsyncConnection(reader, writer, self.config.protocol_version)
+
+    async def _call_on(self, conn: _AsyncConnection, request: Request) -> Tuple[int, Response]:
+        """As `Client._call_on`; a cancelled or timed-out exchange closes it."""
+        try:
+            version, reply_id, request_id, response = await self._exchange(conn, request)
+            while conn.version > PROTOCOL_VERSION_MIN and _refuses_version(version, reply_id, request_id, response):
+                conn.version -= 1
+                version, reply_id, request_id, response = await self._exchange(conn, request)
+        except BaseException:
+            conn.close()
+            raise
+        if len(self._pool) < POOL_CONNECTIONS_MAX:
+            self._pool.append(conn)
+        else:
+            conn.close()
+        return version, response
+
+    async def _exchange(self, conn: _AsyncConnection, request: Request) -> Tuple[int, int, int, Response]:
+        request_id, frame = self._frame(conn.version, request)
+        try:
+            conn.writer.write(frame)
+            await conn.writer.drain()
+            length = int.from_bytes(await conn.reader.readexactly(4), "little")
+            if length > RESPONSE_PAYLOAD_BYTES_MAX:
+                raise ProtocolError("reply of {} bytes is over the maximum".format(length))
+            payload = await conn.reader.readexactly(length)
+        except (asyncio.IncompleteReadError, BrokenPipeError, ConnectionResetError) as e:
+            raise ConnectionClosed("connection to tollgate closed: {}".format(e)) from None
+        except OSError as e:
+            raise ConnectionFailed("connection to tollgate failed: {}".format(e)) from None
+        version, reply_id, response = _check_reply(request_id, payload)
+        return version, reply_id, request_id, response
+
+
+class AsyncAttempt:
+    """`client.attempt(...)` under `async with`: as `Attempt`, awaited."""
+
+    def __init__(
+        self, client: AsyncClient, route: str, subject: Subject, password: Optional[str], tag: Optional[bytes]
+    ) -> None:
+        self._client = client
+        self.route = route
+        self.subject = subject
+        self._password = password
+        self._tag = tag
+        self.answer: Optional[Answer] = None
+        self._holds_places = False
+        self._reported = False
+        self.abandoned = False
+
+    def _key(self) -> bytes:
+        key = self._client.config.password_key
+        if key is None:
+            raise ValueError("a password needs ClientConfig.password_key to compute its tag and digest")
+        return key
+
+    async def __aenter__(self) -> "AsyncAttempt":
+        if self._tag is None and self._password is not None:
+            self._tag = password_tag(self._key(), self._password)
+        checking = asyncio.ensure_future(self._client.check(self.route, self.subject, password_tag=self._tag))
+        try:
+            self.answer = await asyncio.shield(checking)
+        except asyncio.CancelledError:
+            # The check runs on; an allowed one is abandoned once answered.
+            checking.add_done_callback(self._abandon_when_answered)
+            raise
+        self._holds_places = _holds_places(self.answer)
+        return self
+
+    def _abandon_when_answered(self, checking: "asyncio.Future[Answer]") -> None:
+        if not checking.cancelled() and checking.exception() is None and _holds_places(checking.result()):
+            self._client._in_background(asyncio.ensure_future(self._client.abandon(self.route, self.subject)))
+
+    async def __aexit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        traceback: Optional[TracebackType],
+    ) -> None:
+        await self.abandon()
+
+    @property
+    def proceeds(self) -> bool:
+        return self.answer is not None and self.answer.proceeds
+
+    @property
+    def delay(self) -> Optional[float]:
+        return None if self.answer is None else self.answer.delay
+
+    @property
+    def retry_after_secs(self) -> int:
+        return 1 if self.answer is None else self.answer.retry_after_secs
+
+    async def report(
+        self,
+        outcome: Union[Outcome, bool, str],
+        subject: Optional[Subject] = None,
+        password: Optional[str] = None,
+        digest: Optional[bytes] = None,
+        tag: Optional[bytes] = None,
+    ) -> Answer:
+        """As `Attempt.report`; the report goes out even if this is cancelled
+        (the verify happened: the outcome counts)."""
+        if self._reported:
+            raise RuntimeError("this attempt's outcome was already reported")
+        self._reported = True
+        self._holds_places = False
+        subject = self.subject if subject is None else subject
+        password = self._password if password is None else password
+        if password is not None:
+            key = self._key()
+            digest = password_digest(key, subject.account or "", password) if digest is None else digest
+            tag = password_tag(key, password) if tag is None else tag
+        reporting = asyncio.ensure_future(self._client.report(self.route, subject, outcome, digest, tag))
+        self._client._in_background(reporting)
+        return await asyncio.shield(reporting)
+
+    async def abandon(self) -> Optional[Answer]:
+        """As `Attempt.abandon`; sent even if this is cancelled."""
+        if not self._holds_places:
+            return None
+        self._holds_places = False
+        self.abandoned = True
+        abandoning = asyncio.ensure_future(self._client.abandon(self.route, self.subject))
+        self._client._in_background(abandoning)
+        return await asyncio.shield(abandoning)

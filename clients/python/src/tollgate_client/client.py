@@ -1,0 +1,438 @@
+"""The client an auth server shares per process: pooled Unix-socket
+connections, a per-call deadline, version fallback, and each route's fail
+policy applied when the daemon cannot answer in time (`client/src/client.rs`)."""
+
+import dataclasses
+import itertools
+import socket
+import threading
+import time
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple, Union
+
+from . import gcra
+from .answers import Answer, FailPolicy, Rejected, Unavailable, VerdictAnswer
+from .burst import BurstGuard, Bursts
+from .errors import Busy, CallTimeout, ClientError, ConnectError, ConnectionClosed, ConnectionFailed, ProtocolError
+from .forwarded import forwarded_tail
+from .passwords import PASSWORD_KEY_BYTES
+from .protocol import (
+    PROTOCOL_VERSION,
+    PROTOCOL_VERSION_MIN,
+    RESPONSE_PAYLOAD_BYTES_MAX,
+    Abandon,
+    Check,
+    ErrorCode,
+    ErrorReply,
+    Outcome,
+    Report,
+    Request,
+    Response,
+    Subject,
+    decode_response,
+    encode_request,
+)
+
+if TYPE_CHECKING:
+    from .attempt import Attempt
+
+# Low single-digit milliseconds: a stalled daemon costs a login no more than
+# a few ms before the fail policy decides.
+CALL_TIMEOUT_DEFAULT = 0.005
+BUSY_MAX_DEFAULT = 1.0
+POOL_CONNECTIONS_MAX = 64
+
+# login and reauth protect users (open); the rest protect the system
+# (closed). The daemon's built-in routes carry the same policies.
+BUILTIN_FAIL_POLICIES: Tuple[Tuple[str, FailPolicy], ...] = (
+    ("login", FailPolicy.OPEN),
+    ("reauth", FailPolicy.OPEN),
+    ("request", FailPolicy.CLOSED),
+    ("mfa_verify", FailPolicy.CLOSED),
+    ("mfa_resend", FailPolicy.CLOSED),
+    ("password_reset", FailPolicy.CLOSED),
+    ("registration", FailPolicy.CLOSED),
+    ("token", FailPolicy.CLOSED),
+)
+
+
+def _builtin_policies() -> Dict[str, FailPolicy]:
+    return dict(BUILTIN_FAIL_POLICIES)
+
+
+@dataclasses.dataclass
+class ClientConfig:
+    """Times are in seconds. `password_key` (32 bytes, the auth server's
+    secret) lets `Client.attempt` compute password tags and digests itself."""
+
+    socket: str
+    timeout: float = CALL_TIMEOUT_DEFAULT
+    fail_policies: Dict[str, FailPolicy] = dataclasses.field(default_factory=_builtin_policies)
+    # Routes not in fail_policies.
+    default_fail_policy: FailPolicy = FailPolicy.OPEN
+    # Closed routes: attempts this process lets through per route while the
+    # daemon is unreachable. None by default: closed means refuse.
+    static_budgets: Dict[str, gcra.GcraSpec] = dataclasses.field(default_factory=dict)
+    # Sent on a new connection; a daemon refusing it steps the connection down.
+    protocol_version: int = PROTOCOL_VERSION
+    # A timeout in a run of timeouts younger than this, from a daemon that
+    # has answered this client, is Busy; 0: every timeout is an outage.
+    busy_max: float = BUSY_MAX_DEFAULT
+    password_key: Optional[bytes] = None
+
+    def __post_init__(self) -> None:
+        if not PROTOCOL_VERSION_MIN <= self.protocol_version <= PROTOCOL_VERSION:
+            raise ValueError(
+                "protocol version {} is not one this client speaks ({} to {})".format(
+                    self.protocol_version, PROTOCOL_VERSION_MIN, PROTOCOL_VERSION
+                )
+            )
+        if self.password_key is not None and len(self.password_key) != PASSWORD_KEY_BYTES:
+            raise ValueError("password_key must be {} bytes".format(PASSWORD_KEY_BYTES))
+
+    def fail_policy(self, route: str, policy: Union[FailPolicy, str]) -> "ClientConfig":
+        self.fail_policies[route] = FailPolicy(policy)
+        return self
+
+    def static_budget(self, route: str, limit: int, period: float, burst: int) -> "ClientConfig":
+        """Lets a closed route through at `limit` per `period` seconds (burst
+        `burst`) in this process while the daemon is unreachable."""
+        period_us = max(int(period * 1_000_000), 1)
+        self.static_budgets[route] = gcra.GcraSpec.new(max(limit, 1), period_us, max(burst, 1))
+        return self
+
+
+class _Connection:
+    __slots__ = ("sock", "version")
+
+    def __init__(self, sock: socket.socket, version: int) -> None:
+        self.sock = sock
+        # Lowered once for each newer version its daemon refused, for as
+        # long as the connection lives.
+        self.version = version
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def _set_remaining(sock: socket.socket, deadline: float) -> None:
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise CallTimeout("no answer within the deadline")
+    sock.settimeout(remaining)
+
+
+def _send(sock: socket.socket, frame: bytes, deadline: float) -> None:
+    view = memoryview(frame)
+    while view:
+        _set_remaining(sock, deadline)
+        sent = sock.send(view)
+        view = view[sent:]
+
+
+def _recv_some(sock: socket.socket, deadline: float, most: int) -> bytes:
+    _set_remaining(sock, deadline)
+    chunk = sock.recv(most)
+    if not chunk:
+        raise ConnectionClosed("the daemon closed the connection")
+    return chunk
+
+
+def _read_reply(sock: socket.socket, deadline: float) -> bytes:
+    """One reply frame's payload. A single request is in flight per
+    connection, so a byte past its reply is a broken connection."""
+    data = _recv_some(sock, deadline, 4096)
+    while len(data) < 4:
+        data += _recv_some(sock, deadline, 4 - len(data))
+    length = int.from_bytes(data[:4], "little")
+    if length > RESPONSE_PAYLOAD_BYTES_MAX:
+        raise ProtocolError("reply of {} bytes is over the maximum".format(length))
+    total = 4 + length
+    while len(data) < total:
+        data += _recv_some(sock, deadline, total - len(data))
+    if len(data) > total:
+        raise ProtocolError("{} bytes after the reply".format(len(data) - total))
+    return data[4:]
+
+
+def _bounded(subject: Subject) -> Subject:
+    if subject.forwarded_for is None:
+        return subject
+    tail = forwarded_tail(subject.forwarded_for)
+    if tail is subject.forwarded_for:
+        return subject
+    return dataclasses.replace(subject, forwarded_for=tail)
+
+
+def _outcome(outcome: Union[Outcome, bool, str]) -> Outcome:
+    if isinstance(outcome, bool):
+        return Outcome.SUCCESS if outcome else Outcome.FAILURE
+    if isinstance(outcome, str):
+        return Outcome[outcome.upper()]
+    return Outcome(outcome)
+
+
+class _ClientCore:
+    """What the synchronous and asyncio clients share: the fail policies,
+    static budgets, the busy rule's history and request ids."""
+
+    def __init__(self, config: Union[ClientConfig, str]) -> None:
+        self.config = config if isinstance(config, ClientConfig) else ClientConfig(config)
+        self._ids = itertools.count(1)
+        self._ids_lock = threading.Lock()
+        self._budget_tats: Dict[str, int] = {}
+        self._budget_lock = threading.Lock()
+        self._started = time.monotonic_ns()
+        # When the daemon last answered in time (µs since start, plus one;
+        # 0: never). A daemon never heard from is not busy.
+        self._last_answered_us = 0
+        # The current run of timeouts: when it began and its last one (0:
+        # none). A daemon late at a stretch for longer than busy_max is down,
+        # not busy: the fail policy applies again, so a flood cannot keep
+        # every login refused.
+        self._late_run = [0, 0]
+        self._late_lock = threading.Lock()
+        self._bursts = Bursts()
+
+    def _next_id(self) -> int:
+        with self._ids_lock:
+            return next(self._ids)
+
+    def _now_us(self) -> int:
+        return (time.monotonic_ns() - self._started) // 1000 + 1
+
+    def _enter(self, route: str, request: Request) -> Optional[BurstGuard]:
+        # Only a check can be busy: the burst it is in decides.
+        return self._bursts.enter(route, request.subject) if isinstance(request, Check) else None
+
+    def _failed(self, route: str, request: Request, error: ClientError, burst: Optional[BurstGuard]) -> Unavailable:
+        if isinstance(error, Busy) and (burst is None or not burst.in_burst()):
+            # Busy stops a login only in a burst on its account: a lone
+            # user's timeout during a flood on others is an outage.
+            error = CallTimeout(str(error))
+        # Only a check is an attempt: a report must not spend a second unit
+        # of the static budget.
+        return self._unavailable(route, error, spend=isinstance(request, Check))
+
+    def _unavailable(self, route: str, error: ClientError, spend: bool) -> Unavailable:
+        """The route's fail policy; for a closed route, whether the static
+        budget has room (spent from only when `spend`)."""
+        policy = self.config.fail_policies.get(route, self.config.default_fail_policy)
+        within = False
+        spec = self.config.static_budgets.get(route)
+        # A busy daemon is not an outage: the budget is not spent on it.
+        if policy == FailPolicy.CLOSED and not isinstance(error, Busy) and spec is not None:
+            with self._budget_lock:
+                decision, after = gcra.decide(spec, self._budget_tats.get(route), self._now_us(), spend)
+                self._budget_tats[route] = after
+            within = decision.allowed
+        return Unavailable(policy, error, within)
+
+    def _timed_out(self) -> ClientError:
+        """Records a timeout in the current run: Busy while the run is
+        younger than busy_max at a daemon that has answered this client."""
+        with self._late_lock:
+            # Read under the lock: read before it, another thread could
+            # start the run after this one's instant.
+            now = self._now_us()
+            run = self._late_run
+            if run[1] == 0:
+                run[0] = now
+            run[1] = max(run[1], now)
+            run_young = now - run[0] < int(self.config.busy_max * 1_000_000)
+            answered_before = self._last_answered_us > 0
+        if answered_before and run_young:
+            return Busy("no answer within {} s, late for less than busy_max".format(self.config.timeout))
+        return CallTimeout("no answer within {} s".format(self.config.timeout))
+
+    def _answered_in_time(self) -> None:
+        with self._late_lock:
+            # A timely answer busy_max after the run's last timeout ends the
+            # run (quiet gaps alone do not: a frozen daemon's sparse calls
+            # are one run that grows old).
+            now = self._now_us()
+            self._last_answered_us = now
+            if self._late_run[1] != 0 and now - self._late_run[1] >= int(self.config.busy_max * 1_000_000):
+                self._late_run[1] = 0
+
+    def _frame(self, version: int, request: Request) -> Tuple[int, bytes]:
+        request_id = self._next_id()
+        return request_id, encode_request(version, request_id, request)
+
+
+def _check_reply(request_id: int, payload: bytes) -> Tuple[int, int, Response]:
+    version, reply_id, response = decode_response(payload)
+    # Id 0 is the daemon's reply to a frame it could not read at all.
+    if reply_id != request_id and not (reply_id == 0 and isinstance(response, ErrorReply)):
+        raise ProtocolError("reply id {} for request {}".format(reply_id, request_id))
+    return version, reply_id, response
+
+
+def _answer_of(version: int, response: Response) -> Answer:
+    if isinstance(response, ErrorReply):
+        return Rejected(response)
+    return VerdictAnswer(response, version)
+
+
+class Client(_ClientCore):
+    """A client for one daemon, safe to share between threads: each call
+    takes an idle pooled connection or opens one, and gives it back only
+    after a clean exchange."""
+
+    def __init__(self, config: Union[ClientConfig, str]) -> None:
+        super().__init__(config)
+        self._pool: List[_Connection] = []
+        self._pool_lock = threading.Lock()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Closes the idle connections; the client stays usable."""
+        with self._pool_lock:
+            idle, self._pool = self._pool, []
+        for conn in idle:
+            conn.close()
+
+    def check(self, route: str, subject: Subject, password_tag: Optional[bytes] = None) -> Answer:
+        """May this attempt proceed? Ask before verifying the credential. A
+        daemon older than version 3 never sees the tag."""
+        return self._decide(route, Check(route, _bounded(subject), password_tag))
+
+    def report(
+        self,
+        route: str,
+        subject: Subject,
+        outcome: Union[Outcome, bool, str],
+        password_digest: Optional[bytes] = None,
+        password_tag: Optional[bytes] = None,
+    ) -> Answer:
+        """How the credential check ended (True or Outcome.SUCCESS: it
+        succeeded), with the same subject as the check."""
+        request = Report(route, _bounded(subject), _outcome(outcome), password_digest, password_tag)
+        return self._decide(route, request)
+
+    def abandon(self, route: str, subject: Subject) -> Answer:
+        """The attempt an allowed check admitted ended without an outcome.
+        Prefer `attempt`, whose guard sends this by itself. A daemon older
+        than version 5 answers it `malformed` (a Rejected answer), and the
+        place lapses."""
+        return self._decide(route, Abandon(route, _bounded(subject)))
+
+    def attempt(
+        self,
+        route: str,
+        subject: Subject,
+        password: Optional[str] = None,
+        password_tag: Optional[bytes] = None,
+    ) -> "Attempt":
+        """Checks an attempt and returns its guard, a context manager: report
+        the outcome with `attempt.report(ok)`; leaving the block without a
+        report abandons an allowed attempt. With `password` (and the
+        config's password_key) the tag and digest are computed here."""
+        from .attempt import Attempt
+
+        return Attempt.begin(self, route, subject, password, password_tag)
+
+    def _decide(self, route: str, request: Request) -> Answer:
+        burst = self._enter(route, request)
+        try:
+            try:
+                version, response = self._call(request)
+            except ClientError as error:
+                return self._failed(route, request, error, burst)
+            return _answer_of(version, response)
+        finally:
+            if burst is not None:
+                burst.leave()
+
+    def _call(self, request: Request) -> Tuple[int, Response]:
+        """One request and its reply within the deadline."""
+        deadline = time.monotonic() + self.config.timeout
+        try:
+            result = self._call_untimed(request, deadline)
+        except CallTimeout:
+            raise self._timed_out() from None
+        self._answered_in_time()
+        return result
+
+    def _call_untimed(self, request: Request, deadline: float) -> Tuple[int, Response]:
+        with self._pool_lock:
+            pooled = self._pool.pop() if self._pool else None
+        if pooled is None:
+            return self._call_on(self._connect(deadline), request, deadline)
+        try:
+            return self._call_on(pooled, request, deadline)
+        except ConnectionClosed:
+            # A pooled connection the daemon closed while it sat idle (or a
+            # restarted daemon): ask once more on a fresh connection.
+            return self._call_on(self._connect(deadline), request, deadline)
+
+    def _connect(self, deadline: float) -> _Connection:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            _set_remaining(sock, deadline)
+            sock.connect(self.config.socket)
+        except socket.timeout:
+            sock.close()
+            raise CallTimeout("no connection within the deadline") from None
+        except CallTimeout:
+            sock.close()
+            raise
+        except OSError as e:
+            sock.close()
+            raise ConnectError("cannot reach tollgate at {}: {}".format(self.config.socket, e)) from None
+        return _Connection(sock, self.config.protocol_version)
+
+    def _call_on(self, conn: _Connection, request: Request, deadline: float) -> Tuple[int, Response]:
+        """One exchange (with its version steps); the connection goes back to
+        the pool only if it ended cleanly: after an error or a timeout its
+        state is unknown."""
+        try:
+            version, reply_id, request_id, response = self._exchange(conn, request, deadline)
+            # A daemon older than the connection's version refuses it in
+            # version 1's bytes: ask again one version lower, each step once
+            # per connection.
+            while conn.version > PROTOCOL_VERSION_MIN and _refuses_version(version, reply_id, request_id, response):
+                conn.version -= 1
+                version, reply_id, request_id, response = self._exchange(conn, request, deadline)
+        except BaseException:
+            conn.close()
+            raise
+        with self._pool_lock:
+            kept = len(self._pool) < POOL_CONNECTIONS_MAX
+            if kept:
+                self._pool.append(conn)
+        if not kept:
+            conn.close()
+        return version, response
+
+    def _exchange(self, conn: _Connection, request: Request, deadline: float) -> Tuple[int, int, int, Response]:
+        request_id, frame = self._frame(conn.version, request)
+        try:
+            _send(conn.sock, frame, deadline)
+            payload = _read_reply(conn.sock, deadline)
+        except socket.timeout:
+            raise CallTimeout("no answer within the deadline") from None
+        except (BrokenPipeError, ConnectionResetError) as e:
+            raise ConnectionClosed("connection to tollgate closed: {}".format(e)) from None
+        except OSError as e:
+            raise ConnectionFailed("connection to tollgate failed: {}".format(e)) from None
+        version, reply_id, response = _check_reply(request_id, payload)
+        return version, reply_id, request_id, response
+
+
+def _refuses_version(version: int, reply_id: int, request_id: int, response: Response) -> bool:
+    """A version-1 `unsupported_version` for this request: an old daemon's
+    answer to a newer version (a daemon never refuses one it speaks)."""
+    return (
+        version == 1
+        and reply_id == request_id
+        and isinstance(response, ErrorReply)
+        and response.code == ErrorCode.UNSUPPORTED_VERSION
+    )

@@ -1,0 +1,141 @@
+"""The asyncio client against the stand-in daemon."""
+
+import asyncio
+import threading
+import time
+import unittest
+
+from fake_daemon import FakeDaemon, allow_all, silent, verdict_payload, version_1_only
+from tollgate_client import AsyncClient, ClientConfig, Rejected, Subject, VerdictAnswer
+
+SUBJECT = Subject(peer="198.51.100.7", account="alice")
+KEY = bytes([7] * 32)
+
+
+def client_for(daemon, **settings):
+    settings.setdefault("timeout", 0.5)
+    return AsyncClient(ClientConfig(daemon.path, password_key=KEY, **settings))
+
+
+def slow(delay):
+    def handler(daemon, version, request_id, variant, body):
+        if variant == 0:
+            time.sleep(delay)
+        return verdict_payload(version, request_id)
+
+    return handler
+
+
+async def until(condition, seconds=2.0):
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+
+
+class AsyncCalls(unittest.IsolatedAsyncioTestCase):
+    async def test_check_report_and_one_pooled_connection(self):
+        with FakeDaemon(allow_all) as daemon:
+            client = client_for(daemon)
+            self.assertIsInstance(await client.check("login", SUBJECT), VerdictAnswer)
+            self.assertEqual((await client.report("login", SUBJECT, False)).version, 5)
+            self.assertEqual((daemon.connections, daemon.variants()), (1, [0, 1]))
+            client.close()
+
+    async def test_an_old_daemon_steps_down(self):
+        with FakeDaemon(version_1_only) as daemon:
+            client = client_for(daemon)
+            self.assertEqual((await client.check("login", SUBJECT)).version, 1)
+            self.assertIsInstance(await client.abandon("login", SUBJECT), Rejected)
+            self.assertEqual(daemon.versions(), [5, 4, 3, 2, 1, 1])
+            client.close()
+
+    async def test_a_silent_daemon_times_out_and_a_burst_is_busy(self):
+        answered = threading.Event()
+
+        def first_only(daemon, version, request_id, variant, body):
+            if answered.is_set():
+                return None
+            answered.set()
+            return verdict_payload(version, request_id)
+
+        with FakeDaemon(first_only) as daemon:
+            client = client_for(daemon, timeout=0.05)
+            await client.check("login", SUBJECT)
+            burst = await asyncio.gather(*[client.check("login", SUBJECT) for _ in range(3)])
+            self.assertEqual({a.error.kind for a in burst}, {"busy"})
+            await asyncio.sleep(0.06)
+            lone = await client.check("login", Subject(peer="198.51.100.7", account="erin"))
+            self.assertEqual((lone.error.kind, lone.proceeds), ("timeout", True))
+            client.close()
+
+    async def test_a_dead_socket_gets_the_fail_policy(self):
+        client = AsyncClient("/nonexistent/t.sock")
+        self.assertTrue((await client.check("login", SUBJECT)).proceeds)
+        self.assertFalse((await client.check("token", SUBJECT)).proceeds)
+
+
+class AsyncGuard(unittest.IsolatedAsyncioTestCase):
+    async def test_leaving_without_a_report_abandons(self):
+        with FakeDaemon(allow_all) as daemon:
+            client = client_for(daemon)
+            with self.assertRaises(KeyError):
+                async with client.attempt("login", SUBJECT, password="hunter2") as attempt:
+                    self.assertTrue(attempt.proceeds)
+                    raise KeyError("verify failed")
+            self.assertTrue(attempt.abandoned)
+            self.assertEqual(daemon.variants(), [0, 8])
+            async with client.attempt("login", SUBJECT, password="hunter2") as attempt:
+                await attempt.report(True)
+            self.assertEqual(daemon.variants(), [0, 8, 0, 1])
+            client.close()
+
+    async def test_an_unanswered_check_is_not_abandoned(self):
+        with FakeDaemon(silent) as daemon:
+            client = client_for(daemon, timeout=0.03)
+            async with client.attempt("login", SUBJECT) as attempt:
+                self.assertTrue(attempt.proceeds)
+            self.assertFalse(attempt.abandoned)
+            self.assertEqual(daemon.variants(), [0])
+
+    async def test_a_handler_cancelled_during_its_check_abandons_once_allowed(self):
+        with FakeDaemon(slow(0.1)) as daemon:
+            client = client_for(daemon)
+
+            async def handler():
+                async with client.attempt("login", SUBJECT):
+                    raise AssertionError("never reached")
+
+            task = asyncio.ensure_future(handler())
+            await asyncio.sleep(0.03)
+            task.cancel()
+            with self.assertRaises(asyncio.CancelledError):
+                await task
+            await until(lambda: daemon.variants() == [0, 8])
+            self.assertEqual(daemon.variants(), [0, 8])
+            client.close()
+
+    async def test_a_handler_cancelled_during_its_report_still_reports(self):
+        def slow_report(daemon, version, request_id, variant, body):
+            if variant == 1:
+                time.sleep(0.1)
+            return verdict_payload(version, request_id)
+
+        with FakeDaemon(slow_report) as daemon:
+            client = client_for(daemon)
+
+            async def handler():
+                async with client.attempt("login", SUBJECT) as attempt:
+                    await attempt.report(False)
+
+            task = asyncio.ensure_future(handler())
+            await asyncio.sleep(0.03)
+            task.cancel()
+            with self.assertRaises(asyncio.CancelledError):
+                await task
+            await until(lambda: len(client._background) == 0)
+            self.assertEqual(daemon.variants(), [0, 1], "reported, never abandoned")
+            client.close()
+
+
+if __name__ == "__main__":
+    unittest.main()

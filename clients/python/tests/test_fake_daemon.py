@@ -1,0 +1,245 @@
+"""The call path against a stand-in daemon: pooling, version fallback,
+timeouts, the busy rule, broken replies and the attempt guard."""
+
+import struct
+import threading
+import time
+import unittest
+
+from fake_daemon import FakeDaemon, allow_all, error_payload, silent, verdict_payload, version_1_only
+from tollgate_client import Client, ClientConfig, Rejected, Subject, Unavailable, VerdictAnswer
+
+SUBJECT = Subject(peer="198.51.100.7", account="alice")
+KEY = bytes([7] * 32)
+
+
+def client_for(daemon, **settings):
+    settings.setdefault("timeout", 0.5)
+    return Client(ClientConfig(daemon.path, password_key=KEY, **settings))
+
+
+class CallPath(unittest.TestCase):
+    def test_a_connection_is_reused_and_ids_count_up(self):
+        with FakeDaemon() as daemon, client_for(daemon) as client:
+            for _ in range(3):
+                answer = client.check("login", SUBJECT)
+                self.assertIsInstance(answer, VerdictAnswer)
+                self.assertEqual(answer.version, 5)
+            self.assertEqual(daemon.connections, 1)
+            self.assertEqual([r[2] for r in daemon.requests], [1, 2, 3])
+
+    def test_a_pooled_connection_the_daemon_closed_is_replaced(self):
+        with FakeDaemon() as daemon, client_for(daemon) as client:
+            client.check("login", SUBJECT)
+            daemon.drop_connections()
+            time.sleep(0.05)
+            self.assertIsInstance(client.check("login", SUBJECT), VerdictAnswer)
+            self.assertEqual(daemon.connections, 2)
+
+    def test_an_old_daemon_steps_the_connection_down_and_it_stays_down(self):
+        with FakeDaemon(version_1_only) as daemon, client_for(daemon) as client:
+            answer = client.check("login", SUBJECT, password_tag=bytes(16))
+            self.assertEqual((type(answer), answer.version), (VerdictAnswer, 1))
+            self.assertEqual(daemon.versions(), [5, 4, 3, 2, 1])
+            check_v1 = daemon.requests[-1][4]
+            self.assertEqual(len(check_v1), 53, "as check-login-v4: no tag in version 1")
+            client.report("login", SUBJECT, False)
+            self.assertEqual(daemon.versions()[-1], 1, "the connection keeps its version")
+            # An abandon on a connection below version 5 goes out in its
+            # version and is refused (malformed), as the Rust client's is.
+            abandon = client.abandon("login", SUBJECT)
+            self.assertIsInstance(abandon, Rejected)
+            self.assertEqual(abandon.error.code.label, "malformed")
+            self.assertEqual(daemon.connections, 1)
+
+    def test_the_first_version_is_configurable(self):
+        with FakeDaemon() as daemon, client_for(daemon, protocol_version=3) as client:
+            self.assertEqual(client.check("login", SUBJECT).version, 3)
+
+    def test_a_daemon_error_is_a_rejection(self):
+        def too_long(daemon, version, request_id, variant, body):
+            return error_payload(version, request_id, 4, "field `subject.account` is too long")
+
+        with FakeDaemon(too_long) as daemon, client_for(daemon) as client:
+            answer = client.check("login", Subject(account="a" * 513))
+            self.assertEqual((answer.error.code.label, answer.proceeds), ("field_too_long", False))
+
+    def broken(self, reply):
+        def handler(daemon, version, request_id, variant, body):
+            return reply(version, request_id)
+
+        with FakeDaemon(handler) as daemon, client_for(daemon) as client:
+            answers = [client.check("login", SUBJECT) for _ in range(2)]
+            self.assertEqual(daemon.connections, 2, "a broken connection is never reused")
+            return answers[0]
+
+    def test_broken_replies_are_protocol_errors_and_close_the_connection(self):
+        cases = {
+            "wrong id": lambda v, i: verdict_payload(v, i + 1),
+            "trailing byte": lambda v, i: verdict_payload(v, i) + b"\x00",
+            "a status reply": lambda v, i: struct.pack("<BQI", v, i, 3) + b"\x02\x00\x00\x00",
+        }
+        for name, reply in cases.items():
+            with self.subTest(name):
+                answer = self.broken(reply)
+                self.assertEqual((type(answer), answer.error.kind, answer.proceeds), (Unavailable, "protocol", True))
+
+    def test_a_reply_over_8_mib_is_refused_from_its_length(self):
+        def liar(daemon, version, request_id, variant, body):
+            daemon.open[-1].sendall(struct.pack("<I", 8 * 1024 * 1024 + 1))
+            return None
+
+        with FakeDaemon(liar) as daemon, client_for(daemon) as client:
+            answer = client.check("login", SUBJECT)
+            self.assertEqual(answer.error.kind, "protocol")
+
+    def test_an_id_0_error_answers_the_request(self):
+        with FakeDaemon(lambda d, v, i, k, b: error_payload(1, 0, 0, "short")) as daemon, client_for(daemon) as client:
+            self.assertEqual(client.check("login", SUBJECT).error.code.label, "malformed")
+
+
+class Timeouts(unittest.TestCase):
+    def test_a_silent_daemon_times_out_and_the_connection_is_closed(self):
+        with FakeDaemon(silent) as daemon, client_for(daemon, timeout=0.03) as client:
+            started = time.monotonic()
+            answer = client.check("login", SUBJECT)
+            self.assertLess(time.monotonic() - started, 2.0)  # the deadline ends the wait
+            self.assertEqual((answer.error.kind, answer.proceeds), ("timeout", True))
+            self.assertFalse(client.check("password_reset", SUBJECT).proceeds)
+            self.assertEqual(daemon.connections, 2)
+
+    def answered_then_silent(self):
+        state = {"answered": 0}
+
+        def handler(daemon, version, request_id, variant, body):
+            if state["answered"] >= 1:
+                return None
+            state["answered"] += 1
+            return verdict_payload(version, request_id)
+
+        return FakeDaemon(handler)
+
+    def overlapping_checks(self, client, subjects):
+        answers = [None] * len(subjects)
+        start = threading.Barrier(len(subjects))
+
+        def one(i):
+            start.wait()
+            answers[i] = client.check("login", subjects[i])
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(subjects))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return answers
+
+    def test_a_burst_on_one_account_at_a_daemon_that_answered_is_busy(self):
+        with self.answered_then_silent() as daemon, client_for(daemon, timeout=0.05) as client:
+            self.assertIsInstance(client.check("login", SUBJECT), VerdictAnswer)
+            answers = self.overlapping_checks(client, [SUBJECT] * 4)
+            self.assertEqual({a.error.kind for a in answers}, {"busy"})
+            self.assertFalse(any(a.proceeds for a in answers), "busy never proceeds, even on an open route")
+
+    def test_a_lone_timeout_is_an_outage(self):
+        with self.answered_then_silent() as daemon, client_for(daemon, timeout=0.05) as client:
+            client.check("login", SUBJECT)
+            time.sleep(0.06)
+            answer = client.check("login", Subject(peer="198.51.100.7", account="erin"))
+            self.assertEqual((answer.error.kind, answer.proceeds), ("timeout", True))
+
+    def test_a_daemon_never_heard_from_is_not_busy(self):
+        with FakeDaemon(silent) as daemon, client_for(daemon, timeout=0.05) as client:
+            answers = self.overlapping_checks(client, [SUBJECT] * 3)
+            self.assertEqual({a.error.kind for a in answers}, {"timeout"})
+
+    def test_busy_max_zero_makes_every_timeout_an_outage(self):
+        with self.answered_then_silent() as daemon, client_for(daemon, timeout=0.05, busy_max=0.0) as client:
+            client.check("login", SUBJECT)
+            answers = self.overlapping_checks(client, [SUBJECT] * 3)
+            self.assertEqual({a.error.kind for a in answers}, {"timeout"})
+
+    def test_a_run_of_timeouts_older_than_busy_max_is_an_outage(self):
+        with self.answered_then_silent() as daemon, client_for(daemon, timeout=0.03, busy_max=0.1) as client:
+            client.check("login", SUBJECT)
+            first = self.overlapping_checks(client, [SUBJECT] * 2)
+            self.assertEqual({a.error.kind for a in first}, {"busy"})
+            time.sleep(0.12)
+            later = self.overlapping_checks(client, [SUBJECT] * 2)
+            self.assertEqual({a.error.kind for a in later}, {"timeout"})
+
+
+def decision_daemon(decision, delay_ms=0):
+    def handler(daemon, version, request_id, variant, body):
+        if variant == 0:
+            return verdict_payload(version, request_id, decision=decision, delay_ms=delay_ms, retry_after_ms=1500)
+        return verdict_payload(version, request_id)
+
+    return FakeDaemon(handler)
+
+
+class Guard(unittest.TestCase):
+    def test_leaving_an_allowed_attempt_without_a_report_abandons_it_once(self):
+        with FakeDaemon(allow_all) as daemon, client_for(daemon) as client:
+            with client.attempt("login", SUBJECT, password="hunter2") as attempt:
+                self.assertTrue(attempt.proceeds)
+            self.assertTrue(attempt.abandoned)
+            self.assertEqual(daemon.variants(), [0, 8])
+            self.assertIsNone(attempt.abandon(), "at most once")
+            self.assertEqual(daemon.variants(), [0, 8])
+            tag = daemon.requests[0][4][-16:]
+            self.assertEqual(tag.hex(), "7a7bd4a52a5835dc81e0f6c0e797d285")
+
+    def test_an_exception_abandons_and_goes_on(self):
+        with FakeDaemon(allow_all) as daemon, client_for(daemon) as client:
+            with self.assertRaises(KeyError):
+                with client.attempt("login", SUBJECT):
+                    raise KeyError("verify blew up")
+            self.assertEqual(daemon.variants(), [0, 8])
+
+    def test_a_reported_attempt_sends_nothing_more(self):
+        with FakeDaemon(allow_all) as daemon, client_for(daemon) as client:
+            with client.attempt("login", SUBJECT, password="hunter2") as attempt:
+                self.assertIsInstance(attempt.report(False), VerdictAnswer)
+                self.assertRaises(RuntimeError, attempt.report, True)
+            self.assertFalse(attempt.abandoned)
+            self.assertEqual(daemon.variants(), [0, 1])
+            report = daemon.requests[1][4]
+            self.assertEqual(report[-34:].hex(), "01a781c11aa90192e358dee98ccfef7ac0017a7bd4a52a5835dc81e0f6c0e797d285")
+
+    def test_the_report_may_carry_the_subject_after_the_verify(self):
+        with FakeDaemon(allow_all) as daemon, client_for(daemon) as client:
+            with client.attempt("login", SUBJECT) as attempt:
+                attempt.report(True, subject=Subject(peer="198.51.100.7", account="alice", device="d1"))
+            self.assertIn(b"d1", daemon.requests[1][4])
+
+    def test_refused_and_delayed_checks_are_never_abandoned(self):
+        for decision in (1, 2, 3):
+            with self.subTest(decision=decision):
+                with decision_daemon(decision, delay_ms=10) as daemon, client_for(daemon) as client:
+                    with client.attempt("login", SUBJECT) as attempt:
+                        self.assertEqual(attempt.proceeds, decision == 1)
+                        self.assertEqual(attempt.retry_after_secs, 2)
+                    self.assertFalse(attempt.abandoned)
+                    self.assertEqual(daemon.variants(), [0])
+
+    def test_an_unanswered_check_is_never_abandoned(self):
+        with FakeDaemon(silent) as daemon, client_for(daemon, timeout=0.03) as client:
+            with client.attempt("login", SUBJECT) as attempt:
+                self.assertTrue(attempt.proceeds, "login fails open")
+            self.assertFalse(attempt.abandoned)
+            self.assertEqual(daemon.variants(), [0])
+
+    def test_a_rejected_check_is_never_abandoned(self):
+        with FakeDaemon(lambda d, v, i, k, b: error_payload(v, i, 4)) as daemon, client_for(daemon) as client:
+            with client.attempt("login", SUBJECT) as attempt:
+                self.assertFalse(attempt.proceeds)
+            self.assertEqual(daemon.variants(), [0])
+
+    def test_a_password_needs_the_key(self):
+        with FakeDaemon() as daemon, Client(daemon.path) as client:
+            self.assertRaises(ValueError, client.attempt, "login", SUBJECT, password="x")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,219 @@
+"""Daemon-free logic: X-Forwarded-For, the static budget's GCRA, bursts,
+answers and fail policies."""
+
+import os
+import tempfile
+import threading
+import time
+import unittest
+
+from tollgate_client import (
+    BUILTIN_FAIL_POLICIES,
+    Busy,
+    CallTimeout,
+    Client,
+    ClientConfig,
+    Decision,
+    ErrorCode,
+    ErrorReply,
+    FailPolicy,
+    GcraSpec,
+    Reason,
+    Rejected,
+    Subject,
+    Unavailable,
+    Verdict,
+    VerdictAnswer,
+    forwarded_tail,
+)
+from tollgate_client.burst import BURST_GAP_US, SWEEP_AT, Bursts
+from tollgate_client.gcra import decide
+
+SECOND = 1_000_000
+SUBJECT = Subject(peer="198.51.100.7", account="alice")
+
+
+def dead_socket_path():
+    return os.path.join(tempfile.mkdtemp(), "nobody-here.sock")
+
+
+class ForwardedTail(unittest.TestCase):
+    def test_a_short_header_is_sent_whole(self):
+        for header in ("", "203.0.113.9", "203.0.113.9, 10.0.0.1", "x" * 4096):
+            self.assertEqual(forwarded_tail(header), header)
+
+    def test_a_long_header_keeps_the_whole_entries_of_its_last_4096_bytes(self):
+        tail = ", ".join(["10.0.0.{}".format(i % 250) for i in range(300)])
+        header = "1.2.3.4, " * 1000 + tail
+        kept = forwarded_tail(header)
+        self.assertLessEqual(len(kept.encode()), 4096)
+        self.assertTrue(header.endswith(kept))
+        self.assertEqual(header[len(header) - len(kept) - 1], ",")
+
+    def test_a_comma_just_before_the_window_keeps_the_whole_window(self):
+        entry = "a" * 4096
+        self.assertEqual(forwarded_tail("b," + entry), entry)
+        self.assertEqual(forwarded_tail("b" + "," + entry[1:] + "c"), entry[1:] + "c")
+
+    def test_one_entry_longer_than_the_window_sends_nothing(self):
+        self.assertEqual(forwarded_tail("x" * 4097), "")
+        self.assertEqual(forwarded_tail("1.2.3.4," + "x" * 5000), "")
+
+    def test_lengths_are_in_bytes(self):
+        header = "é" * 2047 + ",1.2.3.4"  # 4094 + 8 bytes
+        self.assertEqual(forwarded_tail(header), "1.2.3.4")
+
+    def test_the_client_sends_the_tail(self):
+        from tollgate_client.client import _bounded
+
+        subject = Subject(forwarded_for="9.9.9.9," * 1000 + "1.1.1.1")
+        self.assertEqual(_bounded(subject).forwarded_for, forwarded_tail(subject.forwarded_for))
+        self.assertIs(_bounded(SUBJECT), SUBJECT)
+
+
+class Gcra(unittest.TestCase):
+    def test_a_burst_then_one_per_interval(self):
+        spec = GcraSpec.new(60, 60 * SECOND, 3)
+        tat, now = None, 1000 * SECOND
+        for remaining in (2, 1, 0):
+            d, tat = decide(spec, tat, now, True)
+            self.assertEqual((d.allowed, d.remaining), (True, remaining))
+        refused, after = decide(spec, tat, now, True)
+        self.assertEqual((refused.allowed, refused.retry_after_us), (False, SECOND))
+        self.assertEqual(after, tat, "a refusal spends nothing")
+        self.assertTrue(decide(spec, tat, now + SECOND, True)[0].allowed)
+
+    def test_not_spending_reads_only(self):
+        spec = GcraSpec.new(1, 60 * SECOND, 1)
+        d, tat = decide(spec, None, 5, False)
+        self.assertTrue(d.allowed)
+        self.assertTrue(decide(spec, tat, 5, True)[0].allowed)
+
+    def test_the_interval_rounds_up(self):
+        self.assertEqual(GcraSpec.new(3, 10, 1).interval_us, 4)
+        self.assertEqual(GcraSpec.new(10, 1, 1).interval_us, 1)
+
+
+class BurstDetection(unittest.TestCase):
+    def test_checks_on_one_account_close_together_are_a_burst_and_others_are_not(self):
+        bursts = Bursts()
+        alice, erin = Subject(account="alice"), Subject(account="erin")
+        first = bursts.enter("login", alice)
+        self.assertFalse(first.in_burst())
+        lone = bursts.enter("login", erin)
+        second = bursts.enter("login", alice)
+        self.assertTrue(first.in_burst() and second.in_burst())
+        self.assertFalse(lone.in_burst())
+        for guard in (first, second, lone):
+            guard.leave()
+        straggler = bursts.enter("login", alice)
+        self.assertTrue(straggler.in_burst(), "started just after the burst")
+        straggler.leave()
+        time.sleep((BURST_GAP_US + 10_000) / 1e6)
+        later = bursts.enter("login", erin)
+        self.assertFalse(later.in_burst())
+
+    def test_the_address_keys_a_check_without_account(self):
+        bursts = Bursts()
+        a = bursts.enter("login", Subject(peer="10.0.0.1"))
+        b = bursts.enter("login", Subject(peer="10.0.0.1", device="d"))
+        c = bursts.enter("login", Subject(peer="10.0.0.2"))
+        self.assertTrue(a.in_burst() and b.in_burst())
+        self.assertFalse(c.in_burst())
+
+    def test_ended_entries_are_swept_past_the_bound(self):
+        bursts = Bursts()
+        for n in range(SWEEP_AT):
+            bursts.enter("login", Subject(account=str(n))).leave()
+        time.sleep((BURST_GAP_US + 10_000) / 1e6)
+        bursts.enter("login", Subject(account="new")).leave()
+        self.assertEqual(len(bursts), 1)
+
+
+def verdict(decision, retry_after_ms=0, delay_ms=0):
+    return VerdictAnswer(Verdict(Decision(decision), retry_after_ms, delay_ms, 5, 0, 0, Reason.ALLOWED, "r", 0), 5)
+
+
+class Answers(unittest.TestCase):
+    def test_allow_and_delay_proceed_challenge_and_deny_do_not(self):
+        self.assertEqual([verdict(d).proceeds for d in range(4)], [True, True, False, False])
+        self.assertEqual(verdict(1, delay_ms=250).delay, 0.25)
+        self.assertIsNone(verdict(0).delay)
+        self.assertIsNone(verdict(1, delay_ms=0).delay)
+
+    def test_retry_after_rounds_up_to_whole_seconds(self):
+        self.assertEqual(verdict(3, retry_after_ms=899250).retry_after_secs, 900)
+        self.assertEqual(verdict(3, retry_after_ms=1000).retry_after_secs, 1)
+        self.assertEqual(verdict(3, retry_after_ms=0).retry_after_secs, 1)
+        self.assertEqual(Rejected(ErrorReply(ErrorCode.FIELD_TOO_LONG, "x")).retry_after_secs, 1)
+
+    def test_rejected_and_busy_never_proceed(self):
+        self.assertFalse(Rejected(ErrorReply(ErrorCode.FIELD_TOO_LONG, "x")).proceeds)
+        self.assertFalse(Unavailable(FailPolicy.OPEN, Busy("b"), False).proceeds)
+        self.assertTrue(Unavailable(FailPolicy.OPEN, CallTimeout("t"), False).proceeds)
+        self.assertFalse(Unavailable(FailPolicy.CLOSED, CallTimeout("t"), False).proceeds)
+        self.assertTrue(Unavailable(FailPolicy.CLOSED, CallTimeout("t"), True).proceeds)
+
+
+class FailPolicies(unittest.TestCase):
+    def test_the_builtin_table(self):
+        self.assertEqual(
+            dict(BUILTIN_FAIL_POLICIES),
+            {
+                "login": FailPolicy.OPEN,
+                "reauth": FailPolicy.OPEN,
+                "request": FailPolicy.CLOSED,
+                "mfa_verify": FailPolicy.CLOSED,
+                "mfa_resend": FailPolicy.CLOSED,
+                "password_reset": FailPolicy.CLOSED,
+                "registration": FailPolicy.CLOSED,
+                "token": FailPolicy.CLOSED,
+            },
+        )
+        config = ClientConfig("/x")
+        self.assertEqual((config.timeout, config.busy_max, config.protocol_version), (0.005, 1.0, 5))
+
+    def test_a_dead_socket_lets_login_through_and_not_password_reset(self):
+        client = Client(dead_socket_path())
+        login = client.check("login", SUBJECT)
+        self.assertIsInstance(login, Unavailable)
+        self.assertEqual((login.policy, login.error.kind, login.proceeds), (FailPolicy.OPEN, "connect", True))
+        reset = client.check("password_reset", SUBJECT)
+        self.assertEqual((reset.policy, reset.proceeds, reset.within_static_budget), (FailPolicy.CLOSED, False, False))
+        self.assertTrue(client.check("some_route_of_ours", SUBJECT).proceeds, "unknown routes fail open")
+
+    def test_policies_are_overridable_per_route(self):
+        client = Client(ClientConfig(dead_socket_path()).fail_policy("login", "closed").fail_policy("token", "open"))
+        self.assertFalse(client.check("login", SUBJECT).proceeds)
+        self.assertTrue(client.check("token", SUBJECT).proceeds)
+
+    def test_a_static_budget_lets_a_closed_route_through_and_only_checks_spend(self):
+        config = ClientConfig(dead_socket_path()).static_budget("password_reset", 1, 3600.0, 2)
+        client = Client(config)
+        for _ in range(3):
+            report = client.report("password_reset", SUBJECT, False)
+            self.assertTrue(report.within_static_budget, "a report reads the budget without spending")
+        self.assertEqual([client.check("password_reset", SUBJECT).proceeds for _ in range(3)], [True, True, False])
+        self.assertFalse(client.report("password_reset", SUBJECT, True).within_static_budget)
+        self.assertFalse(client.check("request", SUBJECT).within_static_budget, "per route")
+
+    def test_config_checks_its_values(self):
+        self.assertRaises(ValueError, ClientConfig, "/x", protocol_version=6)
+        self.assertRaises(ValueError, ClientConfig, "/x", protocol_version=0)
+        self.assertRaises(ValueError, ClientConfig, "/x", password_key=b"short")
+        self.assertRaises(ValueError, Subject, peer="not an address")
+
+    def test_concurrent_calls_on_a_dead_socket(self):
+        client = Client(dead_socket_path())
+        results = []
+        threads = [threading.Thread(target=lambda: results.append(client.check("login", SUBJECT))) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(len(results), 8)
+        self.assertTrue(all(r.proceeds and r.error.kind == "connect" for r in results))
+
+
+if __name__ == "__main__":
+    unittest.main()
