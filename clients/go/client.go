@@ -1,0 +1,580 @@
+package tollgate
+
+// The client an auth server links: pooled connections, a per-call
+// deadline, version step-down, and each route's fail policy applied when
+// the daemon cannot answer in time, surfaced as such (never as a made-up
+// verdict). Mirrors client/src/client.rs.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+const (
+	// CallTimeoutDefault: a stalled daemon costs a login no more than a few
+	// ms before the fail policy decides.
+	CallTimeoutDefault = 5 * time.Millisecond
+	// BusyMaxDefault: how long a run of timeouts from a daemon that has
+	// answered this client is taken for a busy daemon, not a lost one.
+	BusyMaxDefault = time.Second
+	// PoolConnectionsMax idle connections are kept for reuse.
+	PoolConnectionsMax = 64
+	// SocketPathDefault is the daemon's default socket.
+	SocketPathDefault = "/run/tollgate/tollgate.sock"
+)
+
+// FailPolicy is what to do with an attempt when the daemon cannot answer.
+type FailPolicy int
+
+const (
+	// Open lets the attempt proceed: the rule protects users, and refusing
+	// every login while the limiter is down would be the bigger harm.
+	Open FailPolicy = iota
+	// Closed refuses the attempt: the rule protects the system.
+	Closed
+)
+
+func (p FailPolicy) String() string {
+	if p == Closed {
+		return "closed"
+	}
+	return "open"
+}
+
+// BuiltinFailPolicies are the built-in routes' policies (the daemon's
+// built-in routes carry the same); routes not listed are open.
+var BuiltinFailPolicies = map[string]FailPolicy{
+	"login":          Open,
+	"reauth":         Open,
+	"request":        Closed,
+	"mfa_verify":     Closed,
+	"mfa_resend":     Closed,
+	"password_reset": Closed,
+	"registration":   Closed,
+	"token":          Closed,
+}
+
+// StaticBudget lets a closed route through at Limit per Period (Burst at
+// once) in this process while the daemon cannot answer. Size it for one
+// process of many.
+type StaticBudget struct {
+	Limit  uint32
+	Period time.Duration
+	Burst  uint32
+}
+
+// Config is a client's settings; NewConfig has the defaults.
+type Config struct {
+	Socket string
+	// Timeout bounds each call (a sooner context deadline wins).
+	Timeout time.Duration
+	// BusyMax: a timeout in a run of timeouts younger than this, from a
+	// daemon that has answered this client, for a check overlapped by
+	// another on the same account (or address), is ErrBusy and never
+	// proceeds. Zero: every timeout is an outage.
+	BusyMax time.Duration
+	// FailPolicies per route; others get DefaultFailPolicy.
+	FailPolicies      map[string]FailPolicy
+	DefaultFailPolicy FailPolicy
+	// StaticBudgets per closed route (only checks spend from them).
+	StaticBudgets map[string]StaticBudget
+	// ProtocolVersion each new connection starts at (1 to 5).
+	ProtocolVersion uint8
+	// PasswordKey, when set, is the auth server's 32-byte secret from which
+	// Begin and Attempt.Report make the password tag and digest.
+	PasswordKey *[32]byte
+}
+
+// NewConfig returns the defaults: the built-in fail policies, a 5 ms
+// timeout, busy_max 1 s, protocol version 5.
+func NewConfig(socket string) Config {
+	policies := make(map[string]FailPolicy, len(BuiltinFailPolicies))
+	for route, policy := range BuiltinFailPolicies {
+		policies[route] = policy
+	}
+	return Config{
+		Socket:            socket,
+		Timeout:           CallTimeoutDefault,
+		BusyMax:           BusyMaxDefault,
+		FailPolicies:      policies,
+		DefaultFailPolicy: Open,
+		StaticBudgets:     map[string]StaticBudget{},
+		ProtocolVersion:   ProtocolVersion,
+	}
+}
+
+// ErrorKind says why a call got no answer.
+type ErrorKind int
+
+const (
+	ErrConnect  ErrorKind = iota // the socket cannot be reached
+	ErrTimeout                   // no reply within the deadline
+	ErrBusy                      // a timeout taken for a busy daemon: never proceeds
+	ErrIO                        // the connection failed
+	ErrProtocol                  // a reply that does not decode, or answers another request
+	ErrCanceled                  // the caller's context was cancelled
+)
+
+var errorKindNames = []string{"connect", "timeout", "busy", "io", "protocol", "canceled"}
+
+func (k ErrorKind) String() string { return nameOf(errorKindNames, uint32(k)) }
+
+// CallError is a call that got no answer.
+type CallError struct {
+	Kind ErrorKind
+	Err  error
+}
+
+func (e *CallError) Error() string { return fmt.Sprintf("tollgate %s: %v", e.Kind, e.Err) }
+func (e *CallError) Unwrap() error { return e.Err }
+
+// AnswerKind tells which of Answer's shapes it is.
+type AnswerKind int
+
+const (
+	// AnswerVerdict: the daemon's verdict.
+	AnswerVerdict AnswerKind = iota
+	// AnswerRejected: the daemon refused the request itself (an identifier
+	// too long, an unknown route): the attempt is refused; fix the caller.
+	AnswerRejected
+	// AnswerUnavailable: no answer in time; the route's fail policy decides.
+	AnswerUnavailable
+)
+
+var answerKindNames = []string{"verdict", "rejected", "unavailable"}
+
+func (k AnswerKind) String() string { return nameOf(answerKindNames, uint32(k)) }
+
+// Answer is what the auth server should do with an attempt.
+type Answer struct {
+	Kind     AnswerKind
+	Verdict  *Verdict    // AnswerVerdict
+	Rejected *ErrorReply // AnswerRejected
+	// AnswerUnavailable: the route's policy, why, and for a closed route
+	// whether its static budget had room.
+	Policy             FailPolicy
+	Err                *CallError
+	WithinStaticBudget bool
+}
+
+// Proceeds tells whether the attempt may go ahead (after Delay for a delay).
+func (a Answer) Proceeds() bool {
+	switch a.Kind {
+	case AnswerVerdict:
+		return a.Verdict.Proceeds()
+	case AnswerUnavailable:
+		if a.Err != nil && a.Err.Kind == ErrBusy {
+			return false
+		}
+		return a.Policy == Open || a.WithinStaticBudget
+	default:
+		return false
+	}
+}
+
+// Delay is how long to hold the attempt before it proceeds (a delay
+// verdict); 0 otherwise.
+func (a Answer) Delay() time.Duration {
+	if a.Kind == AnswerVerdict && a.Verdict.Decision == Delay {
+		return time.Duration(a.Verdict.DelayMs) * time.Millisecond
+	}
+	return 0
+}
+
+// RetryAfterSecs is the Retry-After to send with a refusal: whole seconds,
+// rounded up, at least 1; 1 when the refusal did not come from a verdict.
+func (a Answer) RetryAfterSecs() uint64 {
+	if a.Kind != AnswerVerdict {
+		return 1
+	}
+	secs := a.Verdict.RetryAfterMs / 1000
+	if a.Verdict.RetryAfterMs%1000 != 0 {
+		secs++
+	}
+	if secs < 1 {
+		secs = 1
+	}
+	return secs
+}
+
+type conn struct {
+	c    *net.UnixConn
+	buf  []byte
+	read []byte
+	// version its requests go out in: lowered once for each newer version
+	// its daemon refused, for as long as the connection lives.
+	version uint8
+}
+
+// Client talks to one daemon. Safe for concurrent use; share one per
+// process (the busy rule reads the client's own history).
+type Client struct {
+	cfg     Config
+	started time.Time
+	nextID  atomic.Uint64
+
+	poolMu sync.Mutex
+	idle   []*conn
+	closed bool
+
+	budgetMu   sync.Mutex
+	budgetTats map[string]uint64
+	budgets    map[string]gcraSpec
+
+	// lastAnswered: when the daemon last answered in time (µs since
+	// started, plus one; 0 never): a daemon never heard from is not busy.
+	lastAnswered atomic.Uint64
+	// lateRun: the current run of timeouts (when it began, the last one;
+	// 0 none). A daemon late for longer than BusyMax is down or overloaded:
+	// the fail policy applies again, so a flood cannot keep logins refused.
+	lateMu  sync.Mutex
+	lateRun [2]uint64
+	bursts  *bursts
+}
+
+// NewClient makes a client; it connects on first use.
+func NewClient(cfg Config) (*Client, error) {
+	if cfg.ProtocolVersion < ProtocolVersionMin || cfg.ProtocolVersion > ProtocolVersion {
+		return nil, fmt.Errorf("protocol version %d is not one this client speaks (%d to %d)",
+			cfg.ProtocolVersion, ProtocolVersionMin, ProtocolVersion)
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = CallTimeoutDefault
+	}
+	c := &Client{cfg: cfg, started: time.Now(), budgetTats: map[string]uint64{}, budgets: map[string]gcraSpec{}, bursts: newBursts()}
+	c.cfg.FailPolicies = make(map[string]FailPolicy, len(cfg.FailPolicies))
+	for route, policy := range cfg.FailPolicies {
+		c.cfg.FailPolicies[route] = policy
+	}
+	for route, b := range cfg.StaticBudgets {
+		c.budgets[route] = newGcraSpec(b.Limit, b.Period, b.Burst)
+	}
+	return c, nil
+}
+
+// Close closes the idle connections; calls in flight close theirs.
+func (c *Client) Close() {
+	c.poolMu.Lock()
+	idle := c.idle
+	c.idle, c.closed = nil, true
+	c.poolMu.Unlock()
+	for _, cn := range idle {
+		cn.c.Close()
+	}
+}
+
+// Check asks before the expensive work: may this attempt proceed?
+func (c *Client) Check(ctx context.Context, route string, subject Subject) Answer {
+	return c.CheckTagged(ctx, route, subject, nil)
+}
+
+// CheckTagged is Check with the attempted password's tag (PasswordTag),
+// so that a password failing across many accounts can be refused. A
+// daemon older than version 3 never sees it.
+func (c *Client) CheckTagged(ctx context.Context, route string, subject Subject, passwordTag *[16]byte) Answer {
+	req := &request{kind: requestCheck, route: route, subject: bounded(subject), passwordTag: passwordTag}
+	return c.decide(ctx, true, req)
+}
+
+// Report tells the outcome after verifying the credential.
+func (c *Client) Report(ctx context.Context, route string, subject Subject, outcome Outcome) Answer {
+	return c.ReportTagged(ctx, route, subject, outcome, nil, nil)
+}
+
+// ReportTagged is Report with the password's digest (PasswordDigest: a
+// repeated wrong password is not counted again) and tag (PasswordTag).
+func (c *Client) ReportTagged(ctx context.Context, route string, subject Subject, outcome Outcome, digest, passwordTag *[16]byte) Answer {
+	req := &request{kind: requestReport, route: route, subject: bounded(subject), outcome: outcome, digest: digest, passwordTag: passwordTag}
+	return c.decide(ctx, true, req)
+}
+
+// Abandon gives back the places of an allowed check whose attempt ended
+// without an outcome. Prefer Begin, whose guard sends it by itself. On a
+// connection below version 5 the daemon answers malformed (rejected) and
+// the places lapse.
+func (c *Client) Abandon(ctx context.Context, route string, subject Subject) Answer {
+	req := &request{kind: requestAbandon, route: route, subject: bounded(subject)}
+	return c.decide(ctx, true, req)
+}
+
+// bounded is the subject as sent: of X-Forwarded-For, only ForwardedTail.
+func bounded(s Subject) Subject {
+	if s.ForwardedFor != nil {
+		s.ForwardedFor = Some(ForwardedTail(*s.ForwardedFor))
+	}
+	return s
+}
+
+func (c *Client) decide(ctx context.Context, cancellable bool, req *request) Answer {
+	// Only a check is an attempt: a report of its outcome must not spend a
+	// second unit of the static budget.
+	spend := req.kind == requestCheck
+	var burst *burstGuard
+	if spend {
+		burst = c.bursts.enter(req.route, &req.subject)
+	}
+	resp, err := c.call(ctx, cancellable, req)
+	// Busy stops a login only in a burst on its account: a lone user's
+	// timeout during a flood on others is an outage for the fail policy.
+	if err != nil && err.Kind == ErrBusy && (burst == nil || !burst.inBurst()) {
+		err.Kind = ErrTimeout
+	}
+	if burst != nil {
+		burst.leave()
+	}
+	switch {
+	case err != nil:
+		return c.unavailable(req.route, err, spend)
+	case resp.verdict != nil:
+		return Answer{Kind: AnswerVerdict, Verdict: resp.verdict}
+	default:
+		return Answer{Kind: AnswerRejected, Rejected: resp.errorReply}
+	}
+}
+
+// unavailable applies the route's fail policy; for a closed route, whether
+// the static budget has room (spent from only when spend).
+func (c *Client) unavailable(route string, err *CallError, spend bool) Answer {
+	policy, ok := c.cfg.FailPolicies[route]
+	if !ok {
+		policy = c.cfg.DefaultFailPolicy
+	}
+	within := false
+	// A busy daemon is not an outage: the budget is not spent on it.
+	if spec, ok := c.budgets[route]; ok && policy == Closed && err.Kind != ErrBusy {
+		c.budgetMu.Lock()
+		decision, after := gcraDecide(spec, c.budgetTats[route], c.nowUs(), spend)
+		c.budgetTats[route] = after
+		c.budgetMu.Unlock()
+		within = decision.allowed
+	}
+	return Answer{Kind: AnswerUnavailable, Policy: policy, Err: err, WithinStaticBudget: within}
+}
+
+func (c *Client) nowUs() uint64 { return uint64(time.Since(c.started)/time.Microsecond) + 1 }
+
+// deadline is the context's if sooner, else now + the client's timeout.
+func (c *Client) deadline(ctx context.Context) time.Time {
+	d := time.Now().Add(c.cfg.Timeout)
+	if cd, ok := ctx.Deadline(); ok && cd.Before(d) {
+		return cd
+	}
+	return d
+}
+
+// call is one request and its reply, with the busy rule's bookkeeping.
+func (c *Client) call(ctx context.Context, cancellable bool, req *request) (*response, *CallError) {
+	resp, err := c.callUntimed(ctx, cancellable, req)
+	busyMaxUs := uint64(c.cfg.BusyMax / time.Microsecond)
+	if err == nil {
+		c.lateMu.Lock()
+		now := c.nowUs()
+		c.lastAnswered.Store(now)
+		// A timely answer busy_max after the run's last timeout ends the
+		// run (quiet gaps alone do not: a frozen daemon's sparse calls are
+		// one run that grows old).
+		if c.lateRun[1] != 0 && now-c.lateRun[1] >= busyMaxUs {
+			c.lateRun[1] = 0
+		}
+		c.lateMu.Unlock()
+	} else if err.Kind == ErrTimeout {
+		last := c.lastAnswered.Load()
+		// The time is read under the lock: read before it, another call
+		// could start the run after this one's instant.
+		c.lateMu.Lock()
+		now := c.nowUs()
+		if c.lateRun[1] == 0 {
+			c.lateRun[0] = now
+		}
+		if now > c.lateRun[1] {
+			c.lateRun[1] = now
+		}
+		young := now-c.lateRun[0] < busyMaxUs
+		c.lateMu.Unlock()
+		if last > 0 && young {
+			err.Kind = ErrBusy
+		}
+	}
+	return resp, err
+}
+
+// cancelWatch makes a cancelled context abort the connection in use.
+type cancelWatch struct {
+	mu       sync.Mutex
+	current  *conn
+	canceled bool
+}
+
+func (w *cancelWatch) use(cn *conn) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.current = cn
+	if w.canceled {
+		cn.c.SetDeadline(time.Unix(1, 0))
+	}
+}
+
+func (w *cancelWatch) cancel() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.canceled = true
+	if w.current != nil {
+		w.current.c.SetDeadline(time.Unix(1, 0))
+	}
+}
+
+func (w *cancelWatch) wasCanceled() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.canceled
+}
+
+func (c *Client) callUntimed(ctx context.Context, cancellable bool, req *request) (*response, *CallError) {
+	deadline := c.deadline(ctx)
+	watch := &cancelWatch{}
+	if cancellable && ctx.Done() != nil {
+		if ctx.Err() == context.Canceled {
+			return nil, &CallError{Kind: ErrCanceled, Err: ctx.Err()}
+		}
+		stop := make(chan struct{})
+		defer close(stop)
+		go func() {
+			select {
+			case <-ctx.Done():
+				// A context deadline is already the connection's deadline.
+				if ctx.Err() == context.Canceled {
+					watch.cancel()
+				}
+			case <-stop:
+			}
+		}()
+	}
+	c.poolMu.Lock()
+	var pooled *conn
+	if n := len(c.idle); n > 0 {
+		pooled, c.idle = c.idle[n-1], c.idle[:n-1]
+	}
+	c.poolMu.Unlock()
+	if pooled != nil {
+		resp, err := c.callOn(pooled, deadline, watch, req)
+		// A pooled connection the daemon closed while it sat idle (or a
+		// restarted daemon): nothing was read, so ask once more on a fresh one.
+		if err == nil || err.Kind != ErrIO || !isClosed(err.Err) {
+			return resp, err
+		}
+	}
+	cn, err := c.connect(deadline, watch)
+	if err != nil {
+		return nil, err
+	}
+	return c.callOn(cn, deadline, watch, req)
+}
+
+func (c *Client) connect(deadline time.Time, watch *cancelWatch) (*conn, *CallError) {
+	dialer := net.Dialer{Deadline: deadline}
+	nc, err := dialer.Dial("unix", c.cfg.Socket)
+	if err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return nil, &CallError{Kind: ErrTimeout, Err: err}
+		}
+		return nil, &CallError{Kind: ErrConnect, Err: fmt.Errorf("cannot reach tollgate at %s: %w", c.cfg.Socket, err)}
+	}
+	if watch.wasCanceled() {
+		nc.Close()
+		return nil, &CallError{Kind: ErrCanceled, Err: context.Canceled}
+	}
+	return &conn{c: nc.(*net.UnixConn), buf: make([]byte, 0, 256), version: c.cfg.ProtocolVersion}, nil
+}
+
+// callOn is one exchange; the connection goes back to the pool only if it
+// ended cleanly (after any error or timeout its state is unknown: closed).
+func (c *Client) callOn(cn *conn, deadline time.Time, watch *cancelWatch, req *request) (*response, *CallError) {
+	watch.use(cn)
+	resp, err := c.exchange(cn, deadline, req)
+	// A daemon older than the connection's version refuses it in version
+	// 1's bytes: ask again one version lower, each step once per connection.
+	for err == nil && cn.version > ProtocolVersionMin && refusesVersion(resp) {
+		cn.version--
+		resp, err = c.exchange(cn, deadline, req)
+	}
+	if err != nil {
+		cn.c.Close()
+		if err.Kind == ErrTimeout && watch.wasCanceled() {
+			err.Kind = ErrCanceled
+		}
+		return nil, err
+	}
+	c.poolMu.Lock()
+	keep := !c.closed && len(c.idle) < PoolConnectionsMax
+	if keep {
+		c.idle = append(c.idle, cn)
+	}
+	c.poolMu.Unlock()
+	if !keep {
+		cn.c.Close()
+	}
+	return resp, nil
+}
+
+func refusesVersion(r *response) bool {
+	return r.version == 1 && r.errorReply != nil && r.errorReply.Code == CodeUnsupportedVersion
+}
+
+// exchange writes the request in the connection's version and reads its reply.
+func (c *Client) exchange(cn *conn, deadline time.Time, req *request) (*response, *CallError) {
+	id := c.nextID.Add(1)
+	cn.buf = encodeRequest(cn.buf[:0], cn.version, id, req)
+	if err := cn.c.SetDeadline(deadline); err != nil {
+		return nil, ioError(err)
+	}
+	if _, err := cn.c.Write(cn.buf); err != nil {
+		return nil, ioError(err)
+	}
+	var header [frameHeaderBytes]byte
+	if _, err := io.ReadFull(cn.c, header[:]); err != nil {
+		return nil, ioError(err)
+	}
+	n := uint32(header[0]) | uint32(header[1])<<8 | uint32(header[2])<<16 | uint32(header[3])<<24
+	if n > ResponsePayloadBytesMax {
+		return nil, &CallError{Kind: ErrProtocol, Err: fmt.Errorf("reply of %d bytes is over the maximum", n)}
+	}
+	if cap(cn.read) < int(n) {
+		cn.read = make([]byte, n)
+	}
+	payload := cn.read[:n]
+	if _, err := io.ReadFull(cn.c, payload); err != nil {
+		return nil, ioError(err)
+	}
+	resp, err := decodeResponse(payload)
+	if err != nil {
+		return nil, &CallError{Kind: ErrProtocol, Err: err}
+	}
+	// Id 0 is the daemon's reply to a frame it could not read at all.
+	if resp.id != id && !(resp.id == 0 && resp.errorReply != nil) {
+		return nil, &CallError{Kind: ErrProtocol, Err: fmt.Errorf("reply id %d for request %d", resp.id, id)}
+	}
+	return resp, nil
+}
+
+func ioError(err error) *CallError {
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return &CallError{Kind: ErrTimeout, Err: err}
+	}
+	return &CallError{Kind: ErrIO, Err: err}
+}
+
+func isClosed(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET)
+}
+
+// Socket is the daemon's socket path this client connects to.
+func (c *Client) Socket() string { return c.cfg.Socket }

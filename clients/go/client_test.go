@@ -1,0 +1,432 @@
+package tollgate
+
+import (
+	"context"
+	"encoding/binary"
+	"io"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestForwardedTail(t *testing.T) {
+	short := "203.0.113.9, 10.0.0.1"
+	if ForwardedTail(short) != short {
+		t.Error("a short header is sent whole")
+	}
+	exact := strings.Repeat("a", ForwardedForBytesMax)
+	if ForwardedTail(exact) != exact {
+		t.Error("a header of exactly the maximum is sent whole")
+	}
+	long := strings.Repeat("a", 5000) + ", 198.51.100.7"
+	if got := ForwardedTail(long); got != " 198.51.100.7" {
+		t.Errorf("got %q", got)
+	}
+	entries := strings.Repeat("10.0.0.1, ", 1000) + "192.0.2.1"
+	got := ForwardedTail(entries)
+	if len(got) > ForwardedForBytesMax || !strings.HasSuffix(entries, got) || !strings.HasPrefix(got, " 10.0.0.1,") {
+		t.Errorf("got %d bytes starting %q", len(got), got[:12])
+	}
+	// A comma right before the window: the window starts with a whole entry.
+	edge := strings.Repeat("b", 10) + "," + strings.Repeat("c", ForwardedForBytesMax)
+	if got := ForwardedTail(edge); got != strings.Repeat("c", ForwardedForBytesMax) {
+		t.Errorf("edge: got %d bytes", len(got))
+	}
+	if ForwardedTail(strings.Repeat("x", ForwardedForBytesMax+1)) != "" {
+		t.Error("one overlong entry is malformed: nothing sent")
+	}
+}
+
+func TestGcraBurstThenOnePerInterval(t *testing.T) {
+	const second = uint64(1_000_000)
+	spec := newGcraSpec(60, 60*time.Second, 3)
+	tat, now := uint64(0), 1000*second
+	for _, remaining := range []uint32{2, 1, 0} {
+		d, after := gcraDecide(spec, tat, now, true)
+		if !d.allowed || d.remaining != remaining {
+			t.Fatalf("%+v, want remaining %d", d, remaining)
+		}
+		tat = after
+	}
+	refused, after := gcraDecide(spec, tat, now, true)
+	if refused.allowed || refused.retryAfterUs != second || after != tat {
+		t.Fatalf("%+v", refused)
+	}
+	if d, _ := gcraDecide(spec, tat, now+second, true); !d.allowed {
+		t.Fatal("one more after an interval")
+	}
+	if d, after := gcraDecide(spec, 0, now, false); !d.allowed || after != now {
+		t.Fatal("a look without spending keeps the TAT")
+	}
+}
+
+func deadClient(t *testing.T, edit func(*Config)) *Client {
+	cfg := NewConfig(filepath.Join(t.TempDir(), "nobody-listens.sock"))
+	if edit != nil {
+		edit(&cfg)
+	}
+	c, err := NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+var alice = Subject{Peer: netip.MustParseAddr("198.51.100.7"), Account: Some("alice")}
+
+func TestFailPoliciesWhenTheDaemonCannotBeReached(t *testing.T) {
+	c := deadClient(t, nil)
+	ctx := context.Background()
+	cases := []struct {
+		route    string
+		policy   FailPolicy
+		proceeds bool
+	}{
+		{"login", Open, true}, {"reauth", Open, true}, {"password_reset", Closed, false},
+		{"request", Closed, false}, {"token", Closed, false}, {"no_such_route", Open, true},
+	}
+	for _, tc := range cases {
+		a := c.Check(ctx, tc.route, alice)
+		if a.Kind != AnswerUnavailable || a.Policy != tc.policy || a.Proceeds() != tc.proceeds || a.Err.Kind != ErrConnect {
+			t.Errorf("%s: %+v", tc.route, a)
+		}
+		if a.RetryAfterSecs() != 1 || a.Delay() != 0 {
+			t.Errorf("%s: retry after %d", tc.route, a.RetryAfterSecs())
+		}
+	}
+	overridden := deadClient(t, func(cfg *Config) { cfg.FailPolicies["login"] = Closed })
+	if overridden.Check(ctx, "login", alice).Proceeds() {
+		t.Error("login overridden closed still proceeds")
+	}
+}
+
+func TestStaticBudgetIsSpentByChecksOnly(t *testing.T) {
+	c := deadClient(t, func(cfg *Config) {
+		cfg.StaticBudgets["password_reset"] = StaticBudget{Limit: 2, Period: time.Hour, Burst: 2}
+	})
+	ctx := context.Background()
+	for i := 0; i < 5; i++ {
+		if r := c.Report(ctx, "password_reset", alice, Failure); !r.WithinStaticBudget {
+			t.Fatal("a report reads the budget without spending it")
+		}
+	}
+	for i, want := range []bool{true, true, false, false} {
+		a := c.Check(ctx, "password_reset", alice)
+		if a.WithinStaticBudget != want || a.Proceeds() != want {
+			t.Errorf("check %d: %+v", i, a)
+		}
+	}
+	if r := c.Report(ctx, "password_reset", alice, Failure); r.WithinStaticBudget || r.Proceeds() {
+		t.Error("the budget is spent")
+	}
+}
+
+func TestAnswerProceedsDelayAndRetryAfter(t *testing.T) {
+	verdict := func(d Decision, retry, delay uint64) Answer {
+		return Answer{Kind: AnswerVerdict, Verdict: &Verdict{Decision: d, RetryAfterMs: retry, DelayMs: delay}}
+	}
+	if a := verdict(Allow, 0, 0); !a.Proceeds() || a.Delay() != 0 || a.RetryAfterSecs() != 1 {
+		t.Error("allow")
+	}
+	if a := verdict(Delay, 2000, 1500); !a.Proceeds() || a.Delay() != 1500*time.Millisecond || a.RetryAfterSecs() != 2 {
+		t.Error("delay")
+	}
+	if a := verdict(Challenge, 1, 0); a.Proceeds() || a.RetryAfterSecs() != 1 {
+		t.Error("challenge")
+	}
+	if a := verdict(Deny, 899251, 0); a.Proceeds() || a.RetryAfterSecs() != 900 {
+		t.Error("deny")
+	}
+	rejected := Answer{Kind: AnswerRejected, Rejected: &ErrorReply{Code: CodeFieldTooLong}}
+	if rejected.Proceeds() {
+		t.Error("rejected")
+	}
+	busy := Answer{Kind: AnswerUnavailable, Policy: Open, Err: &CallError{Kind: ErrBusy}}
+	if busy.Proceeds() {
+		t.Error("busy never proceeds")
+	}
+}
+
+func TestBadProtocolVersionIsRefused(t *testing.T) {
+	for _, v := range []uint8{0, 6} {
+		cfg := NewConfig("/nonexistent")
+		cfg.ProtocolVersion = v
+		if _, err := NewClient(cfg); err == nil {
+			t.Errorf("version %d accepted", v)
+		}
+	}
+}
+
+func TestBursts(t *testing.T) {
+	b := newBursts()
+	erin := Subject{Account: Some("erin")}
+	first := b.enter("login", &alice)
+	if first.inBurst() {
+		t.Fatal("alone")
+	}
+	lone := b.enter("login", &erin)
+	second := b.enter("login", &alice)
+	if !first.inBurst() || !second.inBurst() || lone.inBurst() {
+		t.Fatal("overlapping on alice only")
+	}
+	first.leave()
+	second.leave()
+	lone.leave()
+	straggler := b.enter("login", &alice)
+	if !straggler.inBurst() {
+		t.Fatal("started just after the burst")
+	}
+	straggler.leave()
+	time.Sleep(burstGap + 10*time.Millisecond)
+	if later := b.enter("login", &erin); later.inBurst() {
+		t.Fatal("a moment later, alone")
+	}
+}
+
+// fakeDaemon answers each request frame with reply(version, id, kind);
+// a nil reply is silence. It records each request's version and kind.
+type fakeDaemon struct {
+	path  string
+	mu    sync.Mutex
+	seen  [][2]uint32
+	conns int
+}
+
+func startFake(t *testing.T, reply func(version uint8, id uint64, kind uint32) []byte) *fakeDaemon {
+	f := &fakeDaemon{path: filepath.Join(t.TempDir(), "fake.sock")}
+	ln, err := net.Listen("unix", f.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			f.mu.Lock()
+			f.conns++
+			f.mu.Unlock()
+			go func() {
+				defer c.Close()
+				for {
+					var header [4]byte
+					if _, err := io.ReadFull(c, header[:]); err != nil {
+						return
+					}
+					payload := make([]byte, binary.LittleEndian.Uint32(header[:]))
+					if _, err := io.ReadFull(c, payload); err != nil {
+						return
+					}
+					version, id, kind := payload[0], binary.LittleEndian.Uint64(payload[1:9]), binary.LittleEndian.Uint32(payload[9:13])
+					f.mu.Lock()
+					f.seen = append(f.seen, [2]uint32{uint32(version), kind})
+					f.mu.Unlock()
+					if out := reply(version, id, kind); out != nil {
+						c.Write(out)
+					}
+				}
+			}()
+		}
+	}()
+	return f
+}
+
+func (f *fakeDaemon) requests() [][2]uint32 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([][2]uint32{}, f.seen...)
+}
+
+func frameOf(version uint8, id uint64, body []byte) []byte {
+	out := binary.LittleEndian.AppendUint32(nil, uint32(9+len(body)))
+	out = append(out, version)
+	out = binary.LittleEndian.AppendUint64(out, id)
+	return append(out, body...)
+}
+
+func verdictBody(version uint8, d Decision) []byte {
+	b := binary.LittleEndian.AppendUint32(nil, responseVerdict)
+	b = binary.LittleEndian.AppendUint32(b, uint32(d))
+	b = append(b, make([]byte, 8+8+4+4+8+4)...)
+	b = appendString(b, "rule")
+	if version >= 2 {
+		b = append(b, 0)
+	}
+	return b
+}
+
+func errorBody(code ErrorCode) []byte {
+	b := binary.LittleEndian.AppendUint32(nil, responseError)
+	b = binary.LittleEndian.AppendUint32(b, uint32(code))
+	return appendString(b, "no")
+}
+
+func fakeClient(t *testing.T, f *fakeDaemon, edit func(*Config)) *Client {
+	cfg := NewConfig(f.path)
+	cfg.Timeout = 200 * time.Millisecond
+	if edit != nil {
+		edit(&cfg)
+	}
+	c, err := NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+func TestStepsDownOneVersionAtATimeAndKeepsIt(t *testing.T) {
+	f := startFake(t, func(version uint8, id uint64, kind uint32) []byte {
+		if version > 2 {
+			return frameOf(1, id, errorBody(CodeUnsupportedVersion))
+		}
+		return frameOf(version, id, verdictBody(version, Allow))
+	})
+	c := fakeClient(t, f, nil)
+	tag := [16]byte{1}
+	for i := 0; i < 2; i++ {
+		a := c.CheckTagged(context.Background(), "login", alice, &tag)
+		if a.Kind != AnswerVerdict || a.Verdict.Version != 2 {
+			t.Fatalf("%+v", a)
+		}
+	}
+	want := [][2]uint32{{5, 0}, {4, 0}, {3, 0}, {2, 0}, {2, 0}}
+	if got := f.requests(); len(got) != len(want) || got[4] != want[4] || got[0] != want[0] || got[3] != want[3] {
+		t.Fatalf("requests %v, want %v", got, want)
+	}
+	if f.conns != 1 {
+		t.Fatalf("%d connections: the connection is reused", f.conns)
+	}
+}
+
+func TestMalformedRepliesBreakTheConnection(t *testing.T) {
+	replies := map[string]func(uint64) []byte{
+		"trailing byte": func(id uint64) []byte { return frameOf(5, id, append(verdictBody(5, Allow), 0)) },
+		"wrong id":      func(id uint64) []byte { return frameOf(5, id+7, verdictBody(5, Allow)) },
+		"over 8 MiB":    func(id uint64) []byte { return binary.LittleEndian.AppendUint32(nil, ResponsePayloadBytesMax+1) },
+	}
+	for name, reply := range replies {
+		f := startFake(t, func(_ uint8, id uint64, _ uint32) []byte { return reply(id) })
+		c := fakeClient(t, f, nil)
+		for i := 0; i < 2; i++ {
+			a := c.Check(context.Background(), "login", alice)
+			if a.Kind != AnswerUnavailable || a.Err.Kind != ErrProtocol || !a.Proceeds() {
+				t.Fatalf("%s: %+v", name, a)
+			}
+		}
+		if f.conns != 2 {
+			t.Errorf("%s: %d connections, want a fresh one per call", name, f.conns)
+		}
+	}
+}
+
+func TestABusyDaemonRefusesBurstsButNotALoneUser(t *testing.T) {
+	var mu sync.Mutex
+	silent := false
+	f := startFake(t, func(version uint8, id uint64, _ uint32) []byte {
+		mu.Lock()
+		defer mu.Unlock()
+		if silent {
+			return nil
+		}
+		return frameOf(version, id, verdictBody(version, Allow))
+	})
+	c := fakeClient(t, f, func(cfg *Config) { cfg.Timeout = 30 * time.Millisecond })
+	ctx := context.Background()
+	if a := c.Check(ctx, "login", alice); a.Kind != AnswerVerdict {
+		t.Fatalf("%+v", a)
+	}
+	mu.Lock()
+	silent = true
+	mu.Unlock()
+	time.Sleep(burstGap + 10*time.Millisecond)
+	if a := c.Check(ctx, "login", Subject{Account: Some("lone")}); a.Err == nil || a.Err.Kind != ErrTimeout || !a.Proceeds() {
+		t.Fatalf("a lone user's timeout is an outage: %+v", a)
+	}
+	answers := make([]Answer, 3)
+	var wg sync.WaitGroup
+	for i := range answers {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			answers[i] = c.Check(ctx, "login", alice)
+		}(i)
+	}
+	wg.Wait()
+	for _, a := range answers {
+		if a.Err == nil || a.Err.Kind != ErrBusy || a.Proceeds() {
+			t.Fatalf("a burst on one account is busy: %+v", a.Err)
+		}
+	}
+}
+
+func TestTheGuardAbandonsOnlyAnAllowedUnreportedCheck(t *testing.T) {
+	var mu sync.Mutex
+	decision := Allow
+	f := startFake(t, func(version uint8, id uint64, _ uint32) []byte {
+		mu.Lock()
+		defer mu.Unlock()
+		return frameOf(version, id, verdictBody(version, decision))
+	})
+	c := fakeClient(t, f, nil)
+	ctx := context.Background()
+	kinds := func() []uint32 {
+		var out []uint32
+		for _, r := range f.requests() {
+			out = append(out, r[1])
+		}
+		return out
+	}
+
+	attempt := c.Begin(ctx, "login", alice, nil)
+	if !attempt.Proceeds() || !attempt.End() || attempt.End() {
+		t.Fatal("an allowed attempt ended without an outcome abandons, once")
+	}
+	reported := c.Begin(ctx, "login", alice, nil)
+	reported.Report(ctx, Failure, nil)
+	if reported.End() {
+		t.Fatal("never after a report")
+	}
+	for _, d := range []Decision{Delay, Deny, Challenge} {
+		mu.Lock()
+		decision = d
+		mu.Unlock()
+		if c.Begin(ctx, "login", alice, nil).End() {
+			t.Fatalf("%s: nothing to abandon", d)
+		}
+	}
+	want := []uint32{0, 8, 0, 1, 0, 0, 0}
+	got := kinds()
+	if len(got) != len(want) {
+		t.Fatalf("requests %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("requests %v, want %v", got, want)
+		}
+	}
+}
+
+func TestACancelledContextIsNotATimeout(t *testing.T) {
+	f := startFake(t, func(uint8, uint64, uint32) []byte { return nil })
+	c := fakeClient(t, f, func(cfg *Config) { cfg.Timeout = time.Second })
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(20*time.Millisecond, cancel)
+	started := time.Now()
+	a := c.Check(ctx, "login", alice)
+	if a.Err == nil || a.Err.Kind != ErrCanceled || time.Since(started) > 2*time.Second {
+		t.Fatalf("%+v", a.Err)
+	}
+	short, cancelShort := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancelShort()
+	if a := c.Check(short, "login", alice); a.Err == nil || a.Err.Kind != ErrTimeout {
+		t.Fatalf("the context's sooner deadline: %+v", a.Err)
+	}
+}

@@ -1,0 +1,3 @@
+module github.com/tollgate/tollgate/clients/go
+
+go 1.19
