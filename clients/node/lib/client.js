@@ -1,0 +1,308 @@
+// The client an auth server shares (one per process): pooled connections,
+// a per-call deadline, version step-down, and each route's fail policy when
+// the daemon cannot answer in time, reported as such, never as a made-up
+// verdict. Mirrors client/src/client.rs.
+
+import { Attempt } from "./attempt.js";
+import { Bursts } from "./bursts.js";
+import { encodeRequest, decodeResponse, DecodeError, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN } from "./codec.js";
+import { Connection, ClientError } from "./connection.js";
+import { gcraSpec, gcraDecide } from "./gcra.js";
+import { passwordDigest, passwordTag } from "./passwords.js";
+import { BUILTIN_FAIL_POLICIES, forwardedTail } from "./policies.js";
+
+/** Per call: a stalled daemon costs a login a few ms before the fail policy decides. */
+export const CALL_TIMEOUT_DEFAULT_MS = 5;
+/** A run of timeouts from a daemon that has answered, younger than this, is a busy daemon. */
+export const BUSY_MAX_DEFAULT_MS = 1000;
+/** Idle connections kept for reuse. */
+export const POOL_CONNECTIONS_MAX = 64;
+
+const TIMED_OUT = Symbol("timed out");
+
+/** What the auth server should do with an attempt. */
+export class Answer {
+  constructor(fields) {
+    /** "verdict", "rejected" (the daemon refused the request) or "unavailable". */
+    this.kind = fields.kind;
+    /** The daemon's verdict, for "verdict". */
+    this.verdict = fields.verdict ?? null;
+    /** A version-2+ verdict's degraded flag. */
+    this.degraded = fields.degraded ?? false;
+    /** The protocol version the reply came in (null when none came). */
+    this.version = fields.version ?? null;
+    /** For "rejected": the daemon's error `{ code, message }`. */
+    this.error = fields.error ?? null;
+    /** For "unavailable": the route's fail policy, "open" or "closed". */
+    this.policy = fields.policy ?? null;
+    /** For "unavailable": whether the closed route's static budget let it through. */
+    this.withinStaticBudget = fields.withinStaticBudget ?? false;
+  }
+
+  /** Whether the attempt may go ahead (after `delay()` ms for a delay). */
+  proceeds() {
+    switch (this.kind) {
+      case "verdict":
+        return this.verdict.decision === "allow" || this.verdict.decision === "delay";
+      case "rejected":
+        return false;
+      default:
+        // A busy daemon is never a pass, whatever the policy.
+        if (this.error.kind === "busy") return false;
+        return this.policy === "open" || this.withinStaticBudget;
+    }
+  }
+
+  /** How long to hold the attempt before it proceeds (a `delay` verdict), in ms; null otherwise. */
+  delay() {
+    const v = this.verdict;
+    return v && v.decision === "delay" && v.delayMs > 0 ? v.delayMs : null;
+  }
+
+  /** The `Retry-After` for a refusal, whole seconds rounded up, at least 1; 1 without a verdict. */
+  retryAfterSecs() {
+    if (!this.verdict) return 1;
+    return Math.max(1, Math.ceil(Number(this.verdict.retryAfterMs) / 1000));
+  }
+}
+
+function parseKey(key) {
+  if (key === undefined || key === null) return null;
+  const bytes = typeof key === "string" ? Buffer.from(key, "hex") : Buffer.from(key);
+  if (bytes.length !== 32) throw new RangeError("passwordKey is 32 bytes (64 hex digits)");
+  return bytes;
+}
+
+/** The subject as sent: of an X-Forwarded-For header, only the part the daemon reads. */
+function bounded(subject = {}) {
+  if (subject.forwardedFor == null) return subject;
+  return { ...subject, forwardedFor: forwardedTail(subject.forwardedFor) };
+}
+
+export class Client {
+  #config;
+  #pool = [];
+  #nextId = 1;
+  #budgetTats = new Map();
+  #started = performance.now();
+  /** When the daemon last answered a call in time (µs + 1; 0 never). */
+  #lastAnsweredUs = 0;
+  /** The current run of timeouts: when it began and its last one (0: none). */
+  #lateRun = { startUs: 0, lastUs: 0 };
+  #bursts = new Bursts();
+  #closed = false;
+
+  /**
+   * `socket` is required; the rest default as in the Rust client:
+   * `timeoutMs` 5, `busyMaxMs` 1000, `protocolVersion` 5, `failPolicies`
+   * (merged over the built-in table), `defaultFailPolicy` "open",
+   * `staticBudgets` `{ route: { limit, periodMs, burst } }`, `passwordKey`
+   * (32 bytes or 64 hex digits) for the `password` option of calls.
+   */
+  constructor(config) {
+    if (!config || typeof config.socket !== "string") throw new TypeError("Client needs { socket: path }");
+    const version = config.protocolVersion ?? PROTOCOL_VERSION;
+    if (!Number.isInteger(version) || version < PROTOCOL_VERSION_MIN || version > PROTOCOL_VERSION) {
+      throw new RangeError(`protocol version ${version} is not one this client speaks (1 to 5)`);
+    }
+    const staticBudgets = new Map();
+    for (const [route, b] of Object.entries(config.staticBudgets ?? {})) {
+      const periodUs = Math.max(1, Math.round((b.periodMs ?? 0) * 1000));
+      staticBudgets.set(route, gcraSpec(Math.max(1, b.limit ?? 1), periodUs, Math.max(1, b.burst ?? 1)));
+    }
+    this.#config = {
+      socket: config.socket,
+      timeoutMs: config.timeoutMs ?? CALL_TIMEOUT_DEFAULT_MS,
+      busyMaxMs: config.busyMaxMs ?? BUSY_MAX_DEFAULT_MS,
+      protocolVersion: version,
+      failPolicies: { ...BUILTIN_FAIL_POLICIES, ...(config.failPolicies ?? {}) },
+      defaultFailPolicy: config.defaultFailPolicy ?? "open",
+      staticBudgets,
+      passwordKey: parseKey(config.passwordKey),
+    };
+    for (const policy of [...Object.values(this.#config.failPolicies), this.#config.defaultFailPolicy]) {
+      if (policy !== "open" && policy !== "closed") throw new RangeError(`fail policy is "open" or "closed", not ${policy}`);
+    }
+  }
+
+  get config() {
+    return this.#config;
+  }
+
+  /** The fail policy of `route`. */
+  failPolicy(route) {
+    return this.#config.failPolicies[route] ?? this.#config.defaultFailPolicy;
+  }
+
+  /**
+   * May this attempt proceed? Ask before the expensive work. Options:
+   * `passwordTag` (16 bytes), or `password` to compute it with `passwordKey`.
+   */
+  async check(route, subject, options = {}) {
+    const tag = options.passwordTag ?? this.#derived(options.password, (key, p) => passwordTag(key, p));
+    return this.#decide(route, { type: "check", route, subject: bounded(subject), passwordTag: tag });
+  }
+
+  /**
+   * Checks an attempt and returns it as a guard (options as `check`):
+   * `await attempt.report(...)` inside `try`, `await attempt.end()` in `finally`.
+   */
+  async begin(route, subject, options = {}) {
+    return new Attempt(this, route, subject, await this.check(route, subject, options));
+  }
+
+  /**
+   * Tells the outcome ("success" or "failure") after verifying. Options:
+   * `passwordDigest` and `passwordTag` (16 bytes each), or `password` to
+   * compute both with `passwordKey` and the subject's account.
+   */
+  async report(route, subject, outcome, options = {}) {
+    const account = subject?.account ?? "";
+    const digest = options.passwordDigest ?? this.#derived(options.password, (key, p) => passwordDigest(key, account, p));
+    const tag = options.passwordTag ?? this.#derived(options.password, (key, p) => passwordTag(key, p));
+    const request = { type: "report", route, subject: bounded(subject), outcome, passwordDigest: digest, passwordTag: tag };
+    return this.#decide(route, request);
+  }
+
+  /**
+   * The attempt an allowed check admitted ended without an outcome: its
+   * places are given back. Prefer `begin`, whose guard sends this itself.
+   * A daemon older than version 5 rejects it (`malformed`); the places lapse.
+   */
+  async abandon(route, subject) {
+    return this.#decide(route, { type: "abandon", route, subject: bounded(subject) });
+  }
+
+  #derived(password, compute) {
+    if (password === undefined || password === null) return null;
+    if (!this.#config.passwordKey) throw new TypeError("a password option needs the client's passwordKey");
+    return compute(this.#config.passwordKey, password);
+  }
+
+  async #decide(route, request) {
+    // A bad subject or outcome is the caller's mistake, thrown here, not an outage.
+    encodeRequest(this.#config.protocolVersion, 0, request);
+    // Only a check is an attempt: its report must not spend the static budget twice.
+    const spend = request.type === "check";
+    const burst = spend ? this.#bursts.enter(route, request.subject) : null;
+    let result;
+    try {
+      result = await this.#call(request);
+      // Busy stops a login only in a burst on its account: a lone user's
+      // timeout during a flood on others is an outage for the fail policy.
+      if (result.error?.kind === "busy" && !burst?.inBurst()) {
+        result = { error: new ClientError("timeout", result.error.message) };
+      }
+    } finally {
+      burst?.leave();
+    }
+    if (result.error) return this.unavailable(route, result.error, spend);
+    const reply = result.reply;
+    if (reply.kind === "verdict") {
+      return new Answer({ kind: "verdict", verdict: reply.verdict, degraded: reply.degraded, version: reply.version });
+    }
+    return new Answer({ kind: "rejected", error: { code: reply.code, message: reply.message }, version: reply.version });
+  }
+
+  /** The route's fail policy; for a closed route, whether its static budget has room (spent only when `spend`). */
+  unavailable(route, error, spend) {
+    const policy = this.failPolicy(route);
+    let withinStaticBudget = false;
+    const spec = this.#config.staticBudgets.get(route);
+    if (policy === "closed" && error.kind !== "busy" && spec) {
+      const [decision, after] = gcraDecide(spec, this.#budgetTats.get(route) ?? null, this.#nowUs(), spend);
+      this.#budgetTats.set(route, after);
+      withinStaticBudget = decision.allowed;
+    }
+    return new Answer({ kind: "unavailable", policy, error, withinStaticBudget });
+  }
+
+  #nowUs() {
+    return Math.floor((performance.now() - this.#started) * 1000) + 1;
+  }
+
+  /** One request and its reply within the deadline: `{ reply }` or `{ error }`, never a rejection. */
+  async #call(request) {
+    const call = { conn: null, expired: false };
+    let timer;
+    const deadline = new Promise((resolve) => {
+      timer = setTimeout(() => {
+        call.expired = true;
+        // Its state is unknown: it never goes back to the pool.
+        call.conn?.destroy(new ClientError("timeout", "the deadline passed"));
+        resolve(TIMED_OUT);
+      }, this.#config.timeoutMs);
+    });
+    const result = await Promise.race([this.#callUntimed(request, call), deadline]);
+    clearTimeout(timer);
+    const busyMaxUs = this.#config.busyMaxMs * 1000;
+    const run = this.#lateRun;
+    if (result !== TIMED_OUT) {
+      if (result.reply) {
+        // A timely answer busy_max after the run's last timeout ends the run.
+        const now = this.#nowUs();
+        this.#lastAnsweredUs = now;
+        if (run.lastUs !== 0 && now - run.lastUs >= busyMaxUs) run.lastUs = 0;
+      }
+      return result;
+    }
+    const now = this.#nowUs();
+    if (run.lastUs === 0) run.startUs = now;
+    run.lastUs = Math.max(run.lastUs, now);
+    const runYoung = now - run.startUs < busyMaxUs;
+    const message = `tollgate did not answer within ${this.#config.timeoutMs} ms`;
+    const kind = this.#lastAnsweredUs > 0 && runYoung ? "busy" : "timeout";
+    return { error: new ClientError(kind, kind === "busy" ? `tollgate is busy: ${message}` : message) };
+  }
+
+  async #callUntimed(request, call) {
+    let pooled;
+    while ((pooled = this.#pool.pop()) && pooled.dead);
+    if (pooled) {
+      const result = await this.#callOn(pooled, request, call);
+      // A pooled connection the daemon closed while idle: nothing was read, so once more on a fresh one.
+      if (!(result.error?.closed && !call.expired)) return result;
+    }
+    if (call.expired) return { error: new ClientError("timeout", "the deadline passed") };
+    return this.#callOn(new Connection(this.#config.socket, this.#config.protocolVersion), request, call);
+  }
+
+  /** One exchange, stepping the connection's version down as its daemon asks; pooled again only if clean. */
+  async #callOn(conn, request, call) {
+    call.conn = conn;
+    if (call.expired) conn.destroy();
+    try {
+      let reply = await this.#exchange(conn, request);
+      // An older daemon refuses a newer version in version 1's bytes: one version lower, once per step.
+      while (conn.version > PROTOCOL_VERSION_MIN && reply.version === 1 && reply.kind === "error" && reply.code === "unsupported_version") {
+        conn.version -= 1;
+        reply = await this.#exchange(conn, request);
+      }
+      if (!call.expired && !this.#closed && this.#pool.length < POOL_CONNECTIONS_MAX) this.#pool.push(conn);
+      else conn.destroy();
+      return { reply };
+    } catch (error) {
+      conn.destroy();
+      if (error instanceof ClientError) return { error };
+      if (error instanceof DecodeError) return { error: new ClientError("protocol", `unexpected reply from tollgate: ${error.message}`) };
+      return { error: new ClientError("io", String(error?.message ?? error)) };
+    }
+  }
+
+  async #exchange(conn, request) {
+    const id = this.#nextId++;
+    const payload = await conn.exchange(encodeRequest(conn.version, id, request));
+    const reply = decodeResponse(payload);
+    // Id 0 is the daemon's reply to a frame it could not read at all.
+    if (reply.id !== id && !(reply.id === 0 && reply.kind === "error")) {
+      throw new ClientError("protocol", `reply id ${reply.id} for request ${id}`);
+    }
+    return reply;
+  }
+
+  /** Closes the idle connections; calls in flight finish on theirs, which then close. */
+  close() {
+    this.#closed = true;
+    for (const conn of this.#pool.splice(0)) conn.destroy();
+  }
+}

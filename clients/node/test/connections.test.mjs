@@ -1,0 +1,191 @@
+// The call path against stand-in daemons: version step-down, deadlines,
+// the busy rule, bad replies, the pool, and the guard.
+
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { Client } from "../index.js";
+import { allowAll, errorMessage, fakeDaemon, frame, sleep, verdictMessage, versionOneOnly } from "./fake_daemon.mjs";
+
+const alice = { peer: "198.51.100.7", account: "alice" };
+const key = Buffer.alloc(32, 7);
+
+test("a version-1 daemon: one step down at a time, kept per connection, tag dropped", async (t) => {
+  const daemon = await fakeDaemon(versionOneOnly);
+  t.after(() => daemon.close());
+  const client = new Client({ socket: daemon.path, timeoutMs: 1000, passwordKey: key });
+  const answer = await client.check("login", alice, { password: "hunter2" });
+  assert.deepEqual([answer.kind, answer.version, answer.degraded], ["verdict", 1, false]);
+  assert.deepEqual(daemon.requests.map((r) => r.version), [5, 4, 3, 2, 1]);
+  assert.deepEqual(daemon.requests.map((r) => r.id), [1, 2, 3, 4, 5], "ids from 1 up, one per frame");
+  const [v3, v2] = [daemon.requests[2], daemon.requests[3]];
+  assert.equal(v3.payload.length - v2.payload.length, 17, "the tag goes out in version 3 only");
+  await client.check("login", alice, { password: "hunter2" });
+  assert.equal(daemon.requests.at(-1).version, 1);
+  assert.equal(daemon.requests.length, 6, "the connection kept version 1");
+  assert.equal(daemon.accepted, 1);
+});
+
+test("an abandon below version 5 goes out as the Rust client sends it and is rejected", async (t) => {
+  const daemon = await fakeDaemon(versionOneOnly);
+  t.after(() => daemon.close());
+  const client = new Client({ socket: daemon.path, timeoutMs: 1000 });
+  const attempt = await client.begin("login", alice);
+  assert.equal(attempt.holdsPlaces, true);
+  const abandoned = await attempt.end();
+  assert.deepEqual([abandoned.kind, abandoned.error.code, abandoned.proceeds()], ["rejected", "malformed", false]);
+  assert.deepEqual([daemon.requests.at(-1).version, daemon.requests.at(-1).tag], [1, 8]);
+  assert.equal(await attempt.end(), null, "at most once");
+});
+
+test("a configured older version is sent from the first request", async (t) => {
+  const daemon = await fakeDaemon(versionOneOnly);
+  t.after(() => daemon.close());
+  const client = new Client({ socket: daemon.path, timeoutMs: 1000, protocolVersion: 2 });
+  await client.check("login", alice);
+  assert.deepEqual(daemon.requests.map((r) => r.version), [2, 1]);
+});
+
+test("a silent daemon: the deadline closes the connection; never answered is an outage", async (t) => {
+  const daemon = await fakeDaemon(() => null);
+  t.after(() => daemon.close());
+  const client = new Client({ socket: daemon.path });
+  const started = performance.now();
+  const answers = await Promise.all([client.check("login", alice), client.check("login", alice)]);
+  assert.ok(performance.now() - started < 2000, "the deadline ends the wait");
+  for (const a of answers) assert.deepEqual([a.kind, a.error.kind, a.proceeds()], ["unavailable", "timeout", true]);
+  await sleep(30);
+  assert.equal(daemon.connections, 0, "timed-out connections are closed, not pooled");
+  const reset = await client.check("password_reset", alice);
+  assert.equal(reset.proceeds(), false);
+});
+
+test("the busy rule: a burst on one account after the daemon answered never proceeds", async (t) => {
+  let silent = false;
+  const daemon = await fakeDaemon((r) => (silent ? null : allowAll(r)));
+  t.after(() => daemon.close());
+  const staticBudgets = { password_reset: { limit: 100, periodMs: 1000, burst: 100 } };
+  const client = new Client({ socket: daemon.path, timeoutMs: 20, busyMaxMs: 150, staticBudgets });
+  assert.equal((await client.check("login", alice)).kind, "verdict");
+  silent = true;
+  const erin = { peer: "203.0.113.5", account: "erin" };
+  const [a, b] = await Promise.all([client.check("login", alice), client.check("login", alice)]);
+  for (const x of [a, b]) assert.deepEqual([x.error.kind, x.proceeds()], ["busy", false]);
+  const [busyReset] = await Promise.all([client.check("password_reset", alice), client.check("password_reset", alice)]);
+  assert.deepEqual([busyReset.error.kind, busyReset.withinStaticBudget], ["busy", false], "busy spends no budget");
+  await sleep(60); // past the burst gap
+  const lone = await client.check("login", erin);
+  assert.deepEqual([lone.error.kind, lone.proceeds()], ["timeout", true], "a lone user's timeout is an outage");
+  const report = await client.report("login", alice, "failure");
+  assert.equal(report.error.kind, "timeout", "only checks are in bursts");
+  await sleep(200); // the run is now older than busy_max
+  const [c, d] = await Promise.all([client.check("login", alice), client.check("login", alice)]);
+  for (const x of [c, d]) assert.deepEqual([x.error.kind, x.proceeds()], ["timeout", true]);
+});
+
+test("the busy rule: a timely answer busy_max after the run's last timeout ends it", async (t) => {
+  let silent = false;
+  const daemon = await fakeDaemon((r) => (silent ? null : allowAll(r)));
+  t.after(() => daemon.close());
+  const client = new Client({ socket: daemon.path, timeoutMs: 20, busyMaxMs: 80 });
+  await client.check("login", alice);
+  silent = true;
+  await Promise.all([client.check("login", alice), client.check("login", alice)]);
+  silent = false;
+  await sleep(100);
+  await client.check("login", { account: "bob" });
+  silent = true;
+  const [a, b] = await Promise.all([client.check("login", alice), client.check("login", alice)]);
+  assert.deepEqual([a.error.kind, b.error.kind], ["busy", "busy"], "a new run");
+  const zero = new Client({ socket: daemon.path, timeoutMs: 20, busyMaxMs: 0 });
+  silent = false;
+  await zero.check("login", alice);
+  silent = true;
+  const [e] = await Promise.all([zero.check("login", alice), zero.check("login", alice)]);
+  assert.equal(e.error.kind, "timeout", "busy_max 0: every timeout is an outage");
+});
+
+test("bad replies break the connection: over 8 MiB, trailing bytes, another id", async (t) => {
+  let mode = "big";
+  const daemon = await fakeDaemon(({ version, id }) => {
+    if (mode === "big") {
+      const header = Buffer.alloc(4);
+      header.writeUInt32LE(8 * 1024 * 1024 + 1);
+      return header;
+    }
+    if (mode === "trailing") return frame(version, id, Buffer.concat([verdictMessage(version), Buffer.from([0])]));
+    if (mode === "other-id") return frame(version, id + 1, verdictMessage(version));
+    if (mode === "id-0") return frame(1, 0, errorMessage(7, "frame too large"));
+    return allowAll({ version, id });
+  });
+  t.after(() => daemon.close());
+  const client = new Client({ socket: daemon.path, timeoutMs: 1000 });
+  for (const m of ["big", "trailing", "other-id"]) {
+    mode = m;
+    const answer = await client.check("login", alice);
+    assert.deepEqual([answer.kind, answer.error.kind], ["unavailable", "protocol"], m);
+  }
+  mode = "id-0";
+  const rejected = await client.check("login", alice);
+  assert.deepEqual([rejected.kind, rejected.error.code], ["rejected", "frame_too_large"]);
+  await sleep(20);
+  assert.equal(daemon.connections, 1, "only the last, clean connection stays");
+});
+
+test("the pool: connections reused, at most 64 kept, daemon-closed ones replaced", async (t) => {
+  let closeAfterReply = false;
+  const daemon = await fakeDaemon((r) => {
+    const reply = allowAll(r);
+    if (closeAfterReply) {
+      r.socket.end(reply);
+      return null;
+    }
+    return reply;
+  });
+  t.after(() => daemon.close());
+  const client = new Client({ socket: daemon.path, timeoutMs: 2000 });
+  for (let i = 0; i < 5; i++) await client.check("login", alice);
+  assert.equal(daemon.accepted, 1);
+  await Promise.all(Array.from({ length: 100 }, () => client.check("login", { account: `u${Math.random()}` })));
+  await sleep(50);
+  assert.ok(daemon.connections <= 64, `${daemon.connections} connections kept`);
+  closeAfterReply = true;
+  for (let i = 0; i < 3; i++) {
+    await sleep(10);
+    assert.equal((await client.check("login", alice)).kind, "verdict");
+  }
+  client.close();
+});
+
+test("the guard: abandons an allowed check once, never after a report or a refusal", async (t) => {
+  let decision = 0;
+  const daemon = await fakeDaemon(({ version, id }) => frame(version, id, verdictMessage(version, { decision, retryAfterMs: 1500, delayMs: decision === 1 ? 20 : 0 })));
+  t.after(() => daemon.close());
+  const client = new Client({ socket: daemon.path, timeoutMs: 1000, passwordKey: key });
+  const tags = () => daemon.requests.map((r) => r.tag);
+
+  const thrown = async () => {
+    const attempt = await client.begin("login", alice, { password: "hunter2" });
+    try {
+      throw new Error("the handler failed");
+    } finally {
+      await attempt.end();
+    }
+  };
+  await assert.rejects(thrown, /handler failed/);
+  assert.deepEqual(tags(), [0, 8]);
+
+  const attempt = await client.begin("login", alice);
+  const report = await attempt.report("failure", { password: "nope" });
+  assert.equal(report.kind, "verdict");
+  assert.equal(await attempt.end(), null);
+  await assert.rejects(attempt.report("success"), /already/);
+  assert.deepEqual(tags(), [0, 8, 0, 1]);
+  assert.equal(daemon.requests.at(-1).payload.length, 9 + 4 + 13 + 1 + 4 + 1 + 4 + 1 + 8 + 5 + 3 + 4 + 17 + 17);
+
+  for (decision of [1, 2, 3]) {
+    const refused = await client.begin("login", alice);
+    assert.equal(refused.proceeds(), decision === 1);
+    assert.equal(await refused.end(), null);
+  }
+  assert.deepEqual(tags(), [0, 8, 0, 1, 0, 0, 0]);
+});

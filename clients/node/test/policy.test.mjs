@@ -1,0 +1,115 @@
+// The logic that needs no daemon: forwarded_tail, the static budget's GCRA,
+// fail policies against a socket nobody listens on, Answer, the guard.
+
+import assert from "node:assert/strict";
+import { mkdtempSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { test } from "node:test";
+import { Answer, BUILTIN_FAIL_POLICIES, Client, ClientError, forwardedTail, gcraDecide, gcraSpec } from "../index.js";
+
+const deadSocket = join(mkdtempSync(join(tmpdir(), "tollgate-node-")), "nobody.sock");
+const subject = { peer: "198.51.100.7", account: "alice" };
+
+test("forwarded_tail keeps whole entries of the last 4096 bytes", () => {
+  assert.equal(forwardedTail("203.0.113.9, 10.0.0.1"), "203.0.113.9, 10.0.0.1");
+  const exact = "a".repeat(4096);
+  assert.equal(forwardedTail(exact), exact, "4096 bytes is read whole");
+  assert.equal(forwardedTail("b".repeat(5000)), "", "one entry longer than the window");
+  const tail = ", 10.0.0.1";
+  const padded = "1.2.3.4, ".repeat(1000) + "203.0.113.9" + tail;
+  const kept = forwardedTail(padded);
+  assert.ok(Buffer.byteLength(kept) <= 4096 && kept.endsWith("203.0.113.9" + tail));
+  assert.ok(padded.endsWith(kept) && padded[padded.length - kept.length - 1] === ",");
+  // A comma just before the window: the window starts with a whole entry.
+  const edge = "x".repeat(10) + "," + "y".repeat(4096);
+  assert.equal(forwardedTail(edge), "y".repeat(4096));
+  // Multi-byte characters are counted in bytes.
+  const wide = "é".repeat(3000) + ",1.2.3.4";
+  assert.equal(forwardedTail(wide), "1.2.3.4");
+});
+
+test("GCRA: a burst, then one per interval, and a read spends nothing", () => {
+  const second = 1_000_000;
+  const spec = gcraSpec(60, 60 * second, 3);
+  let tat = null;
+  const now = 1000 * second;
+  for (const remaining of [2, 1, 0]) {
+    const [d, after] = gcraDecide(spec, tat, now, true);
+    assert.deepEqual([d.allowed, d.remaining], [true, remaining]);
+    tat = after;
+  }
+  const [refused, after] = gcraDecide(spec, tat, now, true);
+  assert.deepEqual([refused.allowed, refused.retryAfterUs], [false, second]);
+  assert.equal(after, tat, "a refusal spends nothing");
+  assert.equal(gcraDecide(spec, tat, now + second, true)[0].allowed, true);
+  const [read, unchanged] = gcraDecide(gcraSpec(1, second, 1), null, now, false);
+  assert.deepEqual([read.allowed, unchanged], [true, now]);
+});
+
+test("the built-in fail policies are the Rust client's", () => {
+  assert.deepEqual(BUILTIN_FAIL_POLICIES, {
+    login: "open", reauth: "open", request: "closed", mfa_verify: "closed",
+    mfa_resend: "closed", password_reset: "closed", registration: "closed", token: "closed",
+  });
+});
+
+test("a dead socket: login proceeds open, password_reset does not, unknown routes open", async () => {
+  const client = new Client({ socket: deadSocket });
+  const login = await client.check("login", subject);
+  assert.deepEqual([login.kind, login.policy, login.error.kind, login.proceeds()], ["unavailable", "open", "connect", true]);
+  const reset = await client.check("password_reset", subject);
+  assert.deepEqual([reset.policy, reset.proceeds(), reset.withinStaticBudget], ["closed", false, false]);
+  assert.equal((await client.check("somewhere_else", subject)).proceeds(), true);
+  assert.equal(reset.retryAfterSecs(), 1);
+  const overridden = new Client({ socket: deadSocket, failPolicies: { login: "closed", request: "open" } });
+  assert.equal((await overridden.check("login", subject)).proceeds(), false);
+  assert.equal((await overridden.check("request", subject)).proceeds(), true);
+});
+
+test("a static budget: checks spend it, reports and abandons only read it", async () => {
+  const client = new Client({ socket: deadSocket, staticBudgets: { password_reset: { limit: 1, periodMs: 60_000, burst: 2 } } });
+  const first = await client.check("password_reset", subject);
+  assert.deepEqual([first.withinStaticBudget, first.proceeds()], [true, true]);
+  for (let i = 0; i < 3; i++) assert.equal((await client.report("password_reset", subject, "failure")).withinStaticBudget, true);
+  assert.equal((await client.check("password_reset", subject)).proceeds(), true);
+  const spent = await client.check("password_reset", subject);
+  assert.deepEqual([spent.withinStaticBudget, spent.proceeds()], [false, false]);
+  // Open routes never consult a budget.
+  const open = new Client({ socket: deadSocket, staticBudgets: { login: { limit: 1, periodMs: 60_000, burst: 1 } } });
+  assert.equal((await open.check("login", subject)).withinStaticBudget, false);
+});
+
+test("Answer: proceeds, delay and Retry-After", () => {
+  const verdict = (decision, retryAfterMs = 0, delayMs = 0) =>
+    new Answer({ kind: "verdict", verdict: { decision, retryAfterMs, delayMs }, version: 5 });
+  assert.equal(verdict("allow").proceeds(), true);
+  assert.equal(verdict("allow").delay(), null);
+  assert.deepEqual([verdict("delay", 500, 250).proceeds(), verdict("delay", 500, 250).delay()], [true, 250]);
+  assert.equal(verdict("challenge", 1).proceeds(), false);
+  assert.deepEqual([verdict("deny", 899251).proceeds(), verdict("deny", 899251).retryAfterSecs()], [false, 900]);
+  assert.equal(verdict("deny", 0).retryAfterSecs(), 1);
+  const rejected = new Answer({ kind: "rejected", error: { code: "field_too_long", message: "" } });
+  assert.deepEqual([rejected.proceeds(), rejected.retryAfterSecs()], [false, 1]);
+  const busy = new Answer({ kind: "unavailable", policy: "open", error: new ClientError("busy", "") });
+  assert.equal(busy.proceeds(), false, "busy never proceeds, even open");
+  const within = new Answer({ kind: "unavailable", policy: "closed", withinStaticBudget: true, error: new ClientError("timeout", "") });
+  assert.equal(within.proceeds(), true);
+});
+
+test("the guard sends nothing for a check that was not answered", async () => {
+  const client = new Client({ socket: deadSocket });
+  const attempt = await client.begin("login", subject);
+  assert.equal(attempt.proceeds(), true, "login fails open");
+  assert.equal(attempt.holdsPlaces, false);
+  assert.equal(await attempt.end(), null);
+});
+
+test("bad input is the caller's error, not an outage", async () => {
+  const client = new Client({ socket: deadSocket });
+  await assert.rejects(client.check("login", { peer: "not-an-ip" }), TypeError);
+  await assert.rejects(client.report("login", subject, "maybe"), TypeError);
+  await assert.rejects(client.check("login", subject, { password: "x" }), /passwordKey/);
+  assert.throws(() => new Client({ socket: deadSocket, protocolVersion: 6 }), RangeError);
+  assert.throws(() => new Client({ socket: deadSocket, failPolicies: { login: "shut" } }), RangeError);
+});
