@@ -1,0 +1,301 @@
+package dev.tollgate.client;
+
+import java.io.IOException;
+import java.util.ArrayDeque;
+import java.util.HashMap;
+import java.util.Map;
+import java.util.concurrent.atomic.AtomicLong;
+
+/**
+ * A client for one tollgate daemon: pooled connections, a per-call deadline
+ * (5 ms by default), and each route's fail policy applied when the daemon
+ * cannot answer in time, surfaced as such (never as a made-up verdict).
+ * Thread-safe: share one per process (the busy rule reads its history).
+ * No call throws: every outcome is an {@link Answer}.
+ */
+public final class Client implements AutoCloseable {
+    /** Idle connections kept for reuse. */
+    public static final int POOL_CONNECTIONS_MAX = 64;
+
+    private final ClientConfig config;
+    private final ArrayDeque<Connection> pool = new ArrayDeque<>();
+    private boolean closed;
+    private final AtomicLong nextId = new AtomicLong(1);
+    private final long startedNanos = System.nanoTime();
+    /** Per closed route with a static budget: its GCRA TAT. */
+    private final Map<String, Long> budgetTats = new HashMap<>();
+    /** When the daemon last answered a call in time (µs since start, plus one; 0 never): a daemon never heard from is not busy. */
+    private volatile long lastAnsweredUs;
+    /**
+     * The current run of timeouts, when it began and its last one (0: none).
+     * A daemon late at a stretch for longer than busy_max is down or
+     * overloaded, not busy with a burst: the fail policy applies again, so a
+     * flood cannot keep every login refused.
+     */
+    private long runStartUs;
+    private long runLastUs;
+    private final Object runLock = new Object();
+    private final Bursts bursts = new Bursts();
+
+    public Client(ClientConfig config) {
+        this.config = config.copy();
+        Warmup.once();
+    }
+
+    public ClientConfig config() {
+        return config.copy();
+    }
+
+    /** Asks before the expensive work: may this attempt proceed? */
+    public Answer check(String route, Subject subject) {
+        return check(route, subject, null);
+    }
+
+    /**
+     * A check with the attempted password's tag ({@link Passwords#passwordTag}),
+     * so that a password failing across many accounts can be refused. A
+     * daemon older than version 3 never sees the tag.
+     */
+    public Answer check(String route, Subject subject, byte[] passwordTag) {
+        return decide(route, Request.check(route, subject.bounded(), passwordTag));
+    }
+
+    /** Tells the outcome after verifying the credential. */
+    public Answer report(String route, Subject subject, Outcome outcome) {
+        return report(route, subject, outcome, null, null);
+    }
+
+    /**
+     * A report with the password's digest ({@link Passwords#passwordDigest}:
+     * a failure repeating a recent wrong password is not counted again) and
+     * tag (a failure's tag counts the password across accounts); either may be null.
+     */
+    public Answer report(String route, Subject subject, Outcome outcome, byte[] passwordDigest, byte[] passwordTag) {
+        return decide(route, Request.report(route, subject.bounded(), outcome, passwordDigest, passwordTag));
+    }
+
+    /**
+     * The attempt an allowed check admitted ended without an outcome: its
+     * places are given back and nothing is counted. Prefer {@link #begin},
+     * whose guard sends this by itself. A daemon older than version 5
+     * answers it with a malformed error (rejected), and the places lapse.
+     */
+    public Answer abandon(String route, Subject subject) {
+        return decide(route, Request.abandon(route, subject.bounded()));
+    }
+
+    /** Checks an attempt and returns it as a guard: report through it, or close it to abandon. */
+    public Attempt begin(String route, Subject subject) {
+        return begin(route, subject, null);
+    }
+
+    public Attempt begin(String route, Subject subject, byte[] passwordTag) {
+        return new Attempt(this, route, subject, passwordTag, check(route, subject, passwordTag));
+    }
+
+    /** Closes the idle connections; calls still work but keep no connection afterwards. */
+    @Override
+    public void close() {
+        synchronized (pool) {
+            closed = true;
+            for (Connection c : pool) c.close();
+            pool.clear();
+        }
+    }
+
+    private Answer decide(String route, Request request) {
+        // An interrupted thread would close the channel on its first I/O
+        // (NIO channels are interruptible): the call would fail before it
+        // is sent, and a report or abandon of a cancelled handler is exactly
+        // what must still go out. The flag is put back afterwards.
+        boolean interrupted = Thread.interrupted();
+        try {
+            return decideUninterrupted(route, request);
+        } finally {
+            if (interrupted) Thread.currentThread().interrupt();
+        }
+    }
+
+    private Answer decideUninterrupted(String route, Request request) {
+        // Only a check is an attempt: a report of its outcome must not spend
+        // a second unit of the static budget.
+        boolean spend = request.kind() == Request.Kind.CHECK;
+        Bursts.Guard burst = spend ? bursts.enter(route, request.subject()) : null;
+        Codec.Reply reply = null;
+        ClientError error = null;
+        try {
+            reply = call(request);
+        } catch (CallFailed failed) {
+            error = failed.error;
+            // Busy stops a login only in a burst on its account: a lone
+            // user's timeout during a flood on others is an outage.
+            if (error.kind() == ClientError.Kind.BUSY && !(burst != null && burst.inBurst())) {
+                error = new ClientError(ClientError.Kind.TIMEOUT, error.message());
+            }
+        } finally {
+            if (burst != null) burst.close();
+        }
+        if (error != null) return unavailable(route, error, spend);
+        if (reply.verdict() != null) return new Answer.Decided(reply.verdict());
+        if (reply.error() != null) return new Answer.Rejected(reply.error());
+        return unavailable(route, new ClientError(ClientError.Kind.PROTOCOL,
+                "response variant " + reply.variant() + " to a " + request.kind()), spend);
+    }
+
+    /** The route's fail policy; for a closed route, whether its static budget has room (spent from only when {@code spend}). */
+    Answer unavailable(String route, ClientError error, boolean spend) {
+        FailPolicy policy = config.failPolicy(route);
+        boolean within = false;
+        Gcra.Spec spec = config.staticBudgets.get(route);
+        // A busy daemon is not an outage: the budget is not spent on it.
+        if (policy == FailPolicy.CLOSED && error.kind() != ClientError.Kind.BUSY && spec != null) {
+            synchronized (budgetTats) {
+                long tat = budgetTats.getOrDefault(route, -1L);
+                Gcra.Decision d = Gcra.decide(spec, tat, nowUs(), spend);
+                budgetTats.put(route, d.tatAfterUs());
+                within = d.allowed();
+            }
+        }
+        return new Answer.Unavailable(policy, error, within);
+    }
+
+    private long nowUs() {
+        return (System.nanoTime() - startedNanos) / 1000 + 1;
+    }
+
+    private static class CallFailed extends Exception {
+        final ClientError error;
+
+        CallFailed(ClientError.Kind kind, String message) {
+            super(message, null, false, false);
+            this.error = new ClientError(kind, message);
+        }
+    }
+
+    /** One request and its reply within the deadline, with the busy rule's bookkeeping. */
+    private Codec.Reply call(Request request) throws CallFailed {
+        long deadline = System.nanoTime() + config.timeout.toNanos();
+        long busyMaxUs = config.busyMax.toNanos() / 1000;
+        try {
+            Codec.Reply reply = callUntimed(request, deadline);
+            synchronized (runLock) {
+                // A timely answer busy_max after the run's last timeout ends
+                // the run (quiet gaps alone do not: a frozen daemon's sparse
+                // calls are one run that grows old).
+                long now = nowUs();
+                lastAnsweredUs = now;
+                if (runLastUs != 0 && now - runLastUs >= busyMaxUs) runLastUs = 0;
+            }
+            return reply;
+        } catch (Connection.TimedOut e) {
+            long last = lastAnsweredUs;
+            boolean runYoung;
+            synchronized (runLock) {
+                // The time is read under the lock: read before it, another
+                // thread could start the run after this one's instant.
+                long now = nowUs();
+                if (runLastUs == 0) runStartUs = now;
+                runLastUs = Math.max(runLastUs, now);
+                runYoung = now - runStartUs < busyMaxUs;
+            }
+            String message = "tollgate did not answer within " + config.timeout.toMillis() + " ms";
+            if (last > 0 && runYoung) throw new CallFailed(ClientError.Kind.BUSY, message + " (busy)");
+            throw new CallFailed(ClientError.Kind.TIMEOUT, message);
+        }
+    }
+
+    private Codec.Reply callUntimed(Request request, long deadline) throws CallFailed, Connection.TimedOut {
+        Connection pooled;
+        synchronized (pool) {
+            pooled = pool.pollLast();
+        }
+        if (pooled == null) return callOn(connect(deadline), request, deadline);
+        try {
+            return callOn(pooled, request, deadline);
+        } catch (ClosedWhileIdle e) {
+            // A pooled connection the daemon closed while it sat idle (or a
+            // restarted daemon): ask once more on a fresh connection.
+            return callOn(connect(deadline), request, deadline);
+        }
+    }
+
+    private Connection connect(long deadline) throws CallFailed, Connection.TimedOut {
+        try {
+            return Connection.open(config.socket, config.protocolVersion, deadline);
+        } catch (Connection.ConnectFailed e) {
+            throw new CallFailed(ClientError.Kind.CONNECT, e.getMessage());
+        } catch (IOException e) {
+            throw new CallFailed(ClientError.Kind.IO, "connecting: " + e);
+        }
+    }
+
+    /** The connection failed with an I/O error: on a pooled one, the daemon may have closed it while idle. */
+    private static final class ClosedWhileIdle extends CallFailed {
+        ClosedWhileIdle(String message) {
+            super(ClientError.Kind.IO, message);
+        }
+    }
+
+    /**
+     * One exchange, with the version step-down; the connection goes back to
+     * the pool only if it ended cleanly (after an error or a timeout its
+     * state is unknown: closed).
+     */
+    private Codec.Reply callOn(Connection conn, Request request, long deadline) throws CallFailed, Connection.TimedOut {
+        boolean pooled = false;
+        try {
+            Codec.Reply reply = exchange(conn, request, deadline);
+            // A daemon older than the connection's version refuses it in
+            // version 1's bytes: ask again one version lower, each step once
+            // per connection, and keep the version on it.
+            while (conn.version > Codec.PROTOCOL_VERSION_MIN && refusesVersion(reply)) {
+                conn.version--;
+                reply = exchange(conn, request, deadline);
+            }
+            synchronized (pool) {
+                if (!closed && pool.size() < POOL_CONNECTIONS_MAX) {
+                    pool.addLast(conn);
+                    pooled = true;
+                }
+            }
+            return reply;
+        } finally {
+            if (!pooled) conn.close();
+        }
+    }
+
+    private static boolean refusesVersion(Codec.Reply reply) {
+        return reply.version() == 1 && reply.error() != null && reply.error().code() == ErrorCode.UNSUPPORTED_VERSION;
+    }
+
+    private Codec.Reply exchange(Connection conn, Request request, long deadline) throws CallFailed, Connection.TimedOut {
+        long id = nextId.getAndIncrement();
+        byte[] frame = Codec.encode(conn.version, id, request);
+        byte[] payload;
+        try {
+            payload = conn.roundTrip(frame, deadline);
+        } catch (Connection.TooLarge e) {
+            throw new CallFailed(ClientError.Kind.PROTOCOL, e.getMessage());
+        } catch (IOException e) {
+            throw new ClosedWhileIdle("connection to tollgate failed: " + e);
+        }
+        Codec.Reply reply;
+        try {
+            reply = Codec.decode(payload);
+        } catch (Codec.MalformedReplyException e) {
+            throw new CallFailed(ClientError.Kind.PROTOCOL, e.getMessage());
+        }
+        // Id 0 is the daemon's reply to a frame it could not read at all.
+        if (reply.id() != id && !(reply.id() == 0 && reply.error() != null)) {
+            throw new CallFailed(ClientError.Kind.PROTOCOL, "reply id " + Long.toUnsignedString(reply.id()) + " for request " + id);
+        }
+        return reply;
+    }
+
+    /** Idle connections now (for tests). */
+    int pooled() {
+        synchronized (pool) {
+            return pool.size();
+        }
+    }
+}

@@ -1,0 +1,274 @@
+package dev.tollgate.client;
+
+import java.net.InetAddress;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.CyclicBarrier;
+
+/** The call path against a scripted daemon: versions, deadlines, the busy rule, bad replies, the pool, the guard. */
+final class FakeDaemonTests {
+    private FakeDaemonTests() {
+    }
+
+    static Subject subject(String account) throws Exception {
+        return Subject.of(InetAddress.getByName("198.51.100.7"), account);
+    }
+
+    static void run() throws Exception {
+        stepDown();
+        timeouts();
+        busy();
+        badReplies();
+        pool();
+        guard();
+    }
+
+    private static void stepDown() throws Exception {
+        Expect.group("version step-down");
+        try (FakeDaemon daemon = new FakeDaemon(FakeDaemon.speaking(1));
+                Client client = new Client(ClientConfig.of(daemon.socket).timeout(Duration.ofSeconds(2)))) {
+            byte[] tag = new byte[16];
+            Answer first = client.check("login", subject("alice"), tag);
+            Expect.equal(1, first.verdict().map(Verdict::version).orElse(-1), "answered in version 1: " + first);
+            List<Integer> versions = daemon.frames.stream().map(FakeDaemon.Frame::version).toList();
+            Expect.equal(List.of(5, 4, 3, 2, 1), versions, "one step at a time");
+            byte[] v1 = Codec.encode(1, daemon.frames.get(4).id(), Request.check("login", subject("alice"), null));
+            Expect.equal(v1, daemon.frames.get(4).whole(), "the tag is dropped below version 3");
+            daemon.frames.clear();
+            client.check("login", subject("alice"), tag);
+            Expect.equal(List.of(1), daemon.frames.stream().map(FakeDaemon.Frame::version).toList(), "the connection keeps version 1");
+            Answer abandon = client.abandon("login", subject("alice"));
+            Expect.that(abandon instanceof Answer.Rejected r && r.error().code() == ErrorCode.MALFORMED,
+                    "an abandon below version 5 goes out and is refused malformed: " + abandon);
+            Expect.equal(1, daemon.connections.get(), "all on one connection");
+        }
+        try (FakeDaemon daemon = new FakeDaemon(FakeDaemon.speaking(4));
+                Client client = new Client(ClientConfig.of(daemon.socket).timeout(Duration.ofSeconds(2)).protocolVersion(3))) {
+            Answer a = client.check("login", subject("alice"), new byte[16]);
+            Expect.equal(3, a.verdict().map(Verdict::version).orElse(-1), "a configured version is the first sent");
+            Expect.equal(List.of(3), daemon.frames.stream().map(FakeDaemon.Frame::version).toList(), "no step needed");
+            Answer abandon = client.abandon("login", subject("alice"));
+            Expect.that(abandon instanceof Answer.Rejected r && r.error().code() == ErrorCode.MALFORMED, "version 3 abandon: malformed");
+        }
+        try {
+            ClientConfig.of("/x").protocolVersion(6);
+            Expect.that(false, "version 6 is refused");
+        } catch (IllegalArgumentException e) {
+            Expect.that(true, "version 6 is refused");
+        }
+    }
+
+    private static void timeouts() throws Exception {
+        Expect.group("deadline");
+        try (FakeDaemon daemon = new FakeDaemon(f -> null);
+                Client client = new Client(ClientConfig.of(daemon.socket).timeout(Duration.ofMillis(30)))) {
+            long started = System.nanoTime();
+            Answer login = client.check("login", subject("alice"));
+            long tookMs = (System.nanoTime() - started) / 1_000_000;
+            Expect.that(login instanceof Answer.Unavailable u && u.error().kind() == ClientError.Kind.TIMEOUT, "a silent daemon: timeout " + login);
+            Expect.that(tookMs >= 29 && tookMs < 2000, "within the deadline (" + tookMs + " ms)");
+            Expect.that(login.proceeds(), "login fails open");
+            Expect.that(!client.check("password_reset", subject("alice")).proceeds(), "password_reset fails closed");
+            Expect.equal(0, client.pooled(), "a timed-out connection is closed, not pooled");
+            Expect.equal(2, daemon.connections.get(), "each call opened its own");
+        }
+        try (Client client = new Client(ClientConfig.of("/nonexistent/t.sock"))) {
+            Answer a = client.check("login", subject("alice"));
+            Expect.that(a instanceof Answer.Unavailable u && u.error().kind() == ClientError.Kind.CONNECT, "no socket: connect");
+        }
+    }
+
+    private static List<Answer> together(Client client, List<Subject> subjects) throws Exception {
+        Answer[] answers = new Answer[subjects.size()];
+        CyclicBarrier start = new CyclicBarrier(subjects.size());
+        List<Thread> threads = new ArrayList<>();
+        for (int i = 0; i < subjects.size(); i++) {
+            int at = i;
+            Thread t = new Thread(() -> {
+                try {
+                    start.await();
+                } catch (Exception e) {
+                    throw new RuntimeException(e);
+                }
+                answers[at] = client.check("login", subjects.get(at));
+            });
+            t.start();
+            threads.add(t);
+        }
+        for (Thread t : threads) t.join();
+        return List.of(answers);
+    }
+
+    private static ClientError.Kind kind(Answer a) {
+        return a instanceof Answer.Unavailable u ? u.error().kind() : null;
+    }
+
+    private static void busy() throws Exception {
+        Expect.group("the busy rule");
+        FakeDaemon.Handler answering = FakeDaemon.speaking(5);
+        try (FakeDaemon daemon = new FakeDaemon(f -> null);
+                Client client = new Client(ClientConfig.of(daemon.socket).timeout(Duration.ofMillis(60)))) {
+            List<Answer> never = together(client, List.of(subject("alice"), subject("alice")));
+            Expect.that(never.stream().allMatch(a -> kind(a) == ClientError.Kind.TIMEOUT && a.proceeds()),
+                    "a daemon never heard from is not busy: " + never);
+        }
+        try (FakeDaemon daemon = new FakeDaemon(answering);
+                Client client = new Client(ClientConfig.of(daemon.socket).timeout(Duration.ofMillis(60)).busyMax(Duration.ofMillis(400)))) {
+            Expect.that(client.check("login", subject("warm")).verdict().isPresent(), "answered once");
+            daemon.handler = f -> null;
+            List<Answer> burst = together(client, List.of(subject("alice"), subject("alice")));
+            Expect.that(burst.stream().allMatch(a -> kind(a) == ClientError.Kind.BUSY && !a.proceeds()),
+                    "overlapping checks on one account, late: busy, refused even open: " + burst);
+            Thread.sleep(Bursts.BURST_GAP_US / 1000 + 10);
+            Answer lone = client.check("login", subject("erin"));
+            Expect.that(kind(lone) == ClientError.Kind.TIMEOUT && lone.proceeds(), "a lone user's timeout is an outage: " + lone);
+            Thread.sleep(400);
+            List<Answer> old = together(client, List.of(subject("bob"), subject("bob")));
+            Expect.that(old.stream().allMatch(a -> kind(a) == ClientError.Kind.TIMEOUT && a.proceeds()),
+                    "late for longer than busy_max: the policy applies again: " + old);
+        }
+        try (FakeDaemon daemon = new FakeDaemon(answering);
+                Client client = new Client(ClientConfig.of(daemon.socket).timeout(Duration.ofMillis(60)).busyMax(Duration.ZERO)
+                        .staticBudget("registration", 10, Duration.ofHours(1), 10)
+                        .failPolicy("registration", FailPolicy.CLOSED))) {
+            client.check("login", subject("warm"));
+            daemon.handler = f -> null;
+            List<Answer> burst = together(client, List.of(subject("alice"), subject("alice")));
+            Expect.that(burst.stream().allMatch(a -> kind(a) == ClientError.Kind.TIMEOUT), "busy_max 0: every timeout is an outage");
+        }
+    }
+
+    private static void badReplies() throws Exception {
+        Expect.group("bad replies");
+        record Case(String what, FakeDaemon.Handler handler) {
+        }
+        List<Case> cases = List.of(
+                new Case("a trailing byte", f -> {
+                    byte[] v = FakeDaemon.verdict(f.version(), f.id(), Decision.ALLOW, 0, 0, 0);
+                    byte[] longer = java.util.Arrays.copyOf(v, v.length + 1);
+                    longer[0]++;
+                    return longer;
+                }),
+                new Case("a reply over 8 MiB", f -> new byte[] {1, 0, (byte) 0x80, 0}),
+                new Case("another request's id", f -> FakeDaemon.verdict(f.version(), f.id() + 1, Decision.ALLOW, 0, 0, 0)),
+                new Case("an unknown decision", f -> {
+                    byte[] v = FakeDaemon.verdict(f.version(), f.id(), Decision.ALLOW, 0, 0, 0);
+                    v[17] = 4;
+                    return v;
+                }),
+                new Case("a version-6 reply", f -> FakeDaemon.verdict(6, f.id(), Decision.ALLOW, 0, 0, 0)));
+        for (Case c : cases) {
+            try (FakeDaemon daemon = new FakeDaemon(c.handler());
+                    Client client = new Client(ClientConfig.of(daemon.socket).timeout(Duration.ofSeconds(2)))) {
+                Answer a = client.check("password_reset", subject("alice"));
+                Expect.that(kind(a) == ClientError.Kind.PROTOCOL && !a.proceeds(), c.what() + ": protocol, closed refuses: " + a);
+                Expect.equal(0, client.pooled(), c.what() + ": the connection is closed");
+            }
+        }
+        try (FakeDaemon daemon = new FakeDaemon(f -> FakeDaemon.error(1, 0, ErrorCode.MALFORMED, "short"));
+                Client client = new Client(ClientConfig.of(daemon.socket).timeout(Duration.ofSeconds(2)))) {
+            Answer a = client.check("login", subject("alice"));
+            Expect.that(a instanceof Answer.Rejected r && r.error().code() == ErrorCode.MALFORMED, "an id-0 error answers the request");
+        }
+        try (FakeDaemon daemon = new FakeDaemon(f -> FakeDaemon.verdict(f.version(), f.id(), Decision.ALLOW, 0, 0, 0xff));
+                Client client = new Client(ClientConfig.of(daemon.socket).timeout(Duration.ofSeconds(2)))) {
+            Answer a = client.check("login", subject("alice"));
+            Expect.that(a.verdict().map(Verdict::degraded).orElse(false), "flags bit 0: degraded, other bits ignored");
+        }
+    }
+
+    private static void pool() throws Exception {
+        Expect.group("connection pool");
+        try (FakeDaemon daemon = new FakeDaemon(FakeDaemon.speaking(5));
+                Client client = new Client(ClientConfig.of(daemon.socket).timeout(Duration.ofSeconds(2)))) {
+            for (int i = 0; i < 5; i++) client.check("login", subject("alice"));
+            Expect.equal(1, daemon.connections.get(), "calls in turn share one connection");
+            Expect.equal(1, client.pooled(), "kept idle");
+            List<Long> ids = daemon.frames.stream().map(FakeDaemon.Frame::id).toList();
+            Expect.equal(List.of(1L, 2L, 3L, 4L, 5L), ids, "ids from 1 up");
+            List<Subject> many = new ArrayList<>();
+            for (int i = 0; i < 16; i++) many.add(subject("user" + i));
+            List<Answer> answers = together(client, many);
+            Expect.that(answers.stream().allMatch(a -> a.verdict().isPresent()), "concurrent calls all answered");
+            Expect.that(client.pooled() <= 16 && daemon.connections.get() <= 17, "at most one connection per concurrent call");
+        }
+        try (FakeDaemon daemon = new FakeDaemon(FakeDaemon.speaking(5));
+                Client client = new Client(ClientConfig.of(daemon.socket).timeout(Duration.ofSeconds(2)))) {
+            daemon.closeAfterReply = true;
+            Answer first = client.check("login", subject("alice"));
+            Thread.sleep(50);
+            Answer second = client.check("login", subject("alice"));
+            Expect.that(first.verdict().isPresent() && second.verdict().isPresent(),
+                    "a pooled connection closed while idle: asked again on a fresh one: " + second);
+            Expect.equal(2, daemon.connections.get(), "two connections");
+        }
+    }
+
+    private static void guard() throws Exception {
+        Expect.group("the attempt guard");
+        try (FakeDaemon daemon = new FakeDaemon(FakeDaemon.speaking(5));
+                Client client = new Client(ClientConfig.of(daemon.socket).timeout(Duration.ofSeconds(2)))) {
+            try (Attempt attempt = client.begin("login", subject("alice"))) {
+                Expect.that(attempt.proceeds(), "allowed");
+            }
+            Expect.equal(1L, daemon.count(8), "closed without a report: abandoned");
+            try (Attempt attempt = client.begin("login", subject("alice"))) {
+                Expect.that(attempt.report(Outcome.FAILURE).verdict().isPresent(), "reported");
+            }
+            Expect.equal(1L, daemon.count(8), "reported: not abandoned");
+            Expect.equal(1L, daemon.count(1), "one report");
+            for (String refusal : new String[] {"deny", "delay", "challenge"}) {
+                try (Attempt attempt = client.begin("login", subject(refusal))) {
+                    Expect.equal(!refusal.equals("delay") ? false : true, attempt.proceeds(), refusal + " proceeds only if delay");
+                    if (refusal.equals("delay")) {
+                        Expect.equal(Duration.ofMillis(20), attempt.answer().delay().orElse(null), "delay's delay");
+                    }
+                }
+                Expect.equal(1L, daemon.count(8), refusal + ": nothing abandoned");
+            }
+            Attempt twice = client.begin("login", subject("alice"));
+            Expect.that(twice.abandon().isPresent(), "abandon() sends");
+            Expect.that(twice.abandon().isEmpty(), "at most once");
+            twice.close();
+            Expect.equal(2L, daemon.count(8), "one abandon for it");
+            try {
+                twice.report(Outcome.FAILURE);
+                Expect.that(false, "a report after the abandon is refused");
+            } catch (IllegalStateException e) {
+                Expect.that(true, "a report after the abandon is refused");
+            }
+            try (Attempt attempt = client.begin("login", subject("alice"))) {
+                Expect.that(attempt.proceeds(), "allowed");
+                throw new IllegalStateException("the verify failed");
+            } catch (IllegalStateException e) {
+                Expect.equal(3L, daemon.count(8), "an exception leaving the block abandons");
+            }
+            Attempt interrupted = client.begin("login", subject("alice"));
+            Thread.currentThread().interrupt();
+            interrupted.close();
+            Expect.that(Thread.interrupted(), "the interrupt flag is kept");
+            Expect.equal(4L, daemon.count(8), "an interrupted thread still abandons");
+            Answer reported = null;
+            try (Attempt attempt = client.begin("login", subject("alice"))) {
+                reported = attempt.reportAs(subject("alice").withDevice("d1"), Outcome.SUCCESS, null, null);
+            }
+            Expect.that(reported != null && reported.verdict().isPresent(), "reportAs answers");
+            Expect.equal(4L, daemon.count(8), "reportAs spends the guard");
+            daemon.handler = f -> null;
+            Client quick = new Client(ClientConfig.of(daemon.socket).timeout(Duration.ofMillis(30)));
+            try (Attempt attempt = quick.begin("login", subject("alice"))) {
+                Expect.that(attempt.proceeds(), "unanswered: open");
+            }
+            Expect.equal(4L, daemon.count(8), "an unanswered check is never abandoned");
+            quick.close();
+        }
+        try (FakeDaemon daemon = new FakeDaemon(f -> FakeDaemon.error(f.version(), f.id(), ErrorCode.FIELD_TOO_LONG, "long"));
+                Client client = new Client(ClientConfig.of(daemon.socket).timeout(Duration.ofSeconds(2)))) {
+            try (Attempt attempt = client.begin("login", subject("a".repeat(600)))) {
+                Expect.that(!attempt.proceeds(), "rejected: does not proceed");
+            }
+            Expect.equal(0L, daemon.count(8), "a rejected check is never abandoned");
+        }
+    }
+}

@@ -1,0 +1,175 @@
+package dev.tollgate.client;
+
+import java.net.InetAddress;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.time.Duration;
+
+/** What needs no daemon: X-Forwarded-For, the GCRA, bursts, answers, fail policies against a dead socket. */
+final class LogicTests {
+    private LogicTests() {
+    }
+
+    static void run() throws Exception {
+        forwardedTail();
+        gcra();
+        bursts();
+        answers();
+        deadSocket();
+    }
+
+    private static void forwardedTail() {
+        Expect.group("forwarded_tail");
+        Expect.equal("203.0.113.9, 10.0.0.1", ForwardedFor.tail("203.0.113.9, 10.0.0.1"), "a short header is whole");
+        String exact = "1".repeat(4096);
+        Expect.equal(exact, ForwardedFor.tail(exact), "4096 bytes is whole");
+        // 5000 bytes: the window starts at byte 904; a comma at 903 (just before it) keeps the window whole.
+        String entries = "x".repeat(903) + "," + "y".repeat(4096);
+        Expect.equal("y".repeat(4096), ForwardedFor.tail(entries), "a comma right before the window");
+        String later = "x".repeat(1000) + ",10.0.0.1, " + "z".repeat(4000);
+        Expect.equal("10.0.0.1, " + "z".repeat(4000), ForwardedFor.tail(later), "the first comma inside the window");
+        Expect.equal("", ForwardedFor.tail("w".repeat(5000)), "one entry longer than the window");
+        // Counted in UTF-8 bytes, not characters: 2100 two-byte characters are 4200 bytes.
+        String wide = "é".repeat(2100) + ",1.2.3.4";
+        Expect.equal("1.2.3.4", ForwardedFor.tail(wide), "the window counts bytes");
+        Expect.equal("é".repeat(2000) + ",1.2.3.4", ForwardedFor.tail("é".repeat(2000) + ",1.2.3.4"), "4008 bytes are whole");
+        int tailBytes = ForwardedFor.tail(later + "," + "q".repeat(100)).getBytes(StandardCharsets.UTF_8).length;
+        Expect.that(tailBytes <= ForwardedFor.BYTES_MAX, "the tail fits the window");
+        Subject s = Subject.EMPTY.withForwardedFor("w".repeat(5000));
+        Expect.equal("", s.bounded().forwardedFor(), "a subject sends only the tail");
+    }
+
+    private static void gcra() {
+        Expect.group("GCRA static budget");
+        long second = 1_000_000;
+        Gcra.Spec spec = Gcra.Spec.of(60, 60 * second, 3);
+        long tat = -1;
+        long now = 1_000 * second;
+        for (long remaining : new long[] {2, 1, 0}) {
+            Gcra.Decision d = Gcra.decide(spec, tat, now, true);
+            Expect.that(d.allowed(), "burst allowed");
+            Expect.equal(remaining, d.remaining(), "remaining");
+            tat = d.tatAfterUs();
+        }
+        Gcra.Decision refused = Gcra.decide(spec, tat, now, true);
+        Expect.that(!refused.allowed(), "past the burst: refused");
+        Expect.equal(second, refused.retryAfterUs(), "retry after one interval");
+        Expect.equal(tat, refused.tatAfterUs(), "a refusal spends nothing");
+        Expect.that(Gcra.decide(spec, tat, now + second, true).allowed(), "one interval later: allowed");
+        Gcra.Decision peek = Gcra.decide(spec, -1, now, false);
+        Expect.that(peek.allowed() && peek.tatAfterUs() == now, "not spending leaves the TAT");
+        Gcra.Spec huge = Gcra.Spec.of(1, Long.MAX_VALUE / 2, Integer.MAX_VALUE);
+        Expect.that(Gcra.decide(huge, -1, 1, true).allowed(), "a saturating tolerance still allows");
+    }
+
+    private static void bursts() throws Exception {
+        Expect.group("bursts");
+        Bursts bursts = new Bursts();
+        Subject alice = Subject.EMPTY.withAccount("alice");
+        Subject erin = Subject.EMPTY.withAccount("erin");
+        Bursts.Guard first = bursts.enter("login", alice);
+        Expect.that(!first.inBurst(), "alone at first");
+        Bursts.Guard lone = bursts.enter("login", erin);
+        Bursts.Guard second = bursts.enter("login", alice);
+        Expect.that(first.inBurst() && second.inBurst(), "overlapping on alice");
+        Expect.that(!lone.inBurst(), "erin is alone on hers");
+        first.close();
+        second.close();
+        lone.close();
+        Bursts.Guard straggler = bursts.enter("login", alice);
+        Expect.that(straggler.inBurst(), "started just after the burst");
+        straggler.close();
+        Thread.sleep(Bursts.BURST_GAP_US / 1000 + 10);
+        Bursts.Guard later = bursts.enter("login", erin);
+        Expect.that(!later.inBurst(), "erin's next try, a moment later, is alone");
+        later.close();
+        Subject byPeer = Subject.of(InetAddress.getByName("192.0.2.1"), null);
+        Bursts.Guard p1 = bursts.enter("login", byPeer);
+        Bursts.Guard p2 = bursts.enter("login", byPeer);
+        Expect.that(p1.inBurst(), "without an account, the address is the key");
+        p1.close();
+        p2.close();
+        Bursts.Guard other = bursts.enter("reauth", alice);
+        Expect.that(!other.inBurst(), "another route is another key");
+        other.close();
+        Bursts many = new Bursts();
+        for (int n = 0; n < Bursts.SWEEP_AT; n++) many.enter("login", Subject.EMPTY.withAccount("a" + n)).close();
+        Thread.sleep(Bursts.BURST_GAP_US / 1000 + 10);
+        many.enter("login", Subject.EMPTY.withAccount("new")).close();
+        Expect.equal(1, many.size(), "ended entries are swept past the bound");
+    }
+
+    private static Verdict verdict(Decision decision, long retryAfterMs, long delayMs) {
+        return new Verdict(decision, retryAfterMs, delayMs, 5, 0, 0, Reason.ALLOWED, "r", false, 5);
+    }
+
+    private static void answers() {
+        Expect.group("answers");
+        Answer allow = new Answer.Decided(verdict(Decision.ALLOW, 0, 0));
+        Answer delay = new Answer.Decided(verdict(Decision.DELAY, 2000, 1500));
+        Answer challenge = new Answer.Decided(verdict(Decision.CHALLENGE, 1, 0));
+        Answer deny = new Answer.Decided(verdict(Decision.DENY, 899251, 0));
+        Expect.that(allow.proceeds() && delay.proceeds(), "allow and delay proceed");
+        Expect.that(!challenge.proceeds() && !deny.proceeds(), "challenge and deny do not");
+        Expect.equal(Duration.ofMillis(1500), delay.delay().orElse(null), "delay() of a delay");
+        Expect.that(allow.delay().isEmpty(), "no delay for an allow");
+        Expect.equal(900L, deny.retryAfterSecs(), "retry_after rounded up");
+        Expect.equal(1L, challenge.retryAfterSecs(), "at least 1");
+        Expect.equal(1L, allow.retryAfterSecs(), "1 for 0 ms");
+        Expect.equal(2L, delay.retryAfterSecs(), "2000 ms is 2 s");
+        Answer rejected = new Answer.Rejected(new ErrorReply(ErrorCode.FIELD_TOO_LONG, "too long"));
+        Expect.that(!rejected.proceeds(), "a rejected request never proceeds");
+        Expect.equal(1L, rejected.retryAfterSecs(), "1 without a verdict");
+        ClientError busy = new ClientError(ClientError.Kind.BUSY, "");
+        Expect.that(!new Answer.Unavailable(FailPolicy.OPEN, busy, false).proceeds(), "busy never proceeds, even open");
+        ClientError timeout = new ClientError(ClientError.Kind.TIMEOUT, "");
+        Expect.that(new Answer.Unavailable(FailPolicy.OPEN, timeout, false).proceeds(), "open proceeds");
+        Expect.that(!new Answer.Unavailable(FailPolicy.CLOSED, timeout, false).proceeds(), "closed refuses");
+        Expect.that(new Answer.Unavailable(FailPolicy.CLOSED, timeout, true).proceeds(), "closed within budget proceeds");
+    }
+
+    private static void deadSocket() throws Exception {
+        Expect.group("fail policies against a dead socket");
+        Path dir = Files.createTempDirectory("tollgate-dead");
+        try {
+            Subject subject = Subject.of(InetAddress.getByName("198.51.100.7"), "alice");
+            ClientConfig config = ClientConfig.of(dir.resolve("none.sock"))
+                    .failPolicy("reauth", FailPolicy.CLOSED)
+                    .failPolicy("token", FailPolicy.OPEN)
+                    .staticBudget("registration", 2, Duration.ofHours(1), 2);
+            try (Client client = new Client(config)) {
+                Answer login = client.check("login", subject);
+                Expect.that(login instanceof Answer.Unavailable u && u.policy() == FailPolicy.OPEN
+                        && u.error().kind() == ClientError.Kind.CONNECT && !u.withinStaticBudget(), "login: open, connect: " + login);
+                Expect.that(login.proceeds(), "login proceeds");
+                Expect.that(!client.check("password_reset", subject).proceeds(), "password_reset does not");
+                for (String route : new String[] {"request", "mfa_verify", "mfa_resend", "registration"}) {
+                    Expect.equal(FailPolicy.OPEN, ((Answer.Unavailable) client.check(route + "x", subject)).policy(),
+                            "an unknown route is open");
+                    Expect.equal(FailPolicy.CLOSED, client.config().failPolicy(route), route + " is closed");
+                }
+                Expect.that(!client.check("reauth", subject).proceeds(), "reauth overridden closed");
+                Expect.that(client.check("token", subject).proceeds(), "token overridden open");
+                // The static budget: reports read it, only checks spend it.
+                Expect.that(client.report("registration", subject, Outcome.FAILURE).proceeds(), "a report reads the budget");
+                Expect.that(client.check("registration", subject).proceeds(), "first check within the budget");
+                Expect.that(client.report("registration", subject, Outcome.SUCCESS).proceeds(), "a report does not spend");
+                Expect.that(client.check("registration", subject).proceeds(), "second check within the budget");
+                Answer third = client.check("registration", subject);
+                Expect.that(!third.proceeds() && !((Answer.Unavailable) third).withinStaticBudget(), "the budget is spent");
+                // The guard: nothing to abandon without an answer.
+                try (Attempt attempt = client.begin("login", subject)) {
+                    Expect.that(attempt.proceeds(), "the guard proceeds open");
+                    Expect.that(attempt.abandon().isEmpty(), "an unanswered check is never abandoned");
+                }
+                Attempt closed = client.begin("password_reset", subject);
+                Expect.that(!closed.proceeds(), "the guard refuses closed");
+                closed.close();
+                Expect.equal(0, client.pooled(), "no connection kept");
+            }
+        } finally {
+            Files.deleteIfExists(dir);
+        }
+    }
+}
