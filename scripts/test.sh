@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The README's test command. The shared-store tests (issue 14) start real
-# redis-server processes, so a fresh Debian machine gets the packages first;
-# the tests themselves refuse to skip when Redis is missing.
+# The README's test command. The shared-store tests start real
+# redis-server processes and the conformance kit runs the Python, Go,
+# Node.js and Java clients, so a fresh Debian machine gets the packages
+# first; the tests themselves refuse to skip when one is missing.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -13,6 +14,12 @@ command -v openssl >/dev/null || missing+=(openssl)
 command -v promtool >/dev/null || missing+=(prometheus)
 # tmux is the terminal `tollgate top` is driven in (tests/top.rs).
 command -v tmux >/dev/null || missing+=(tmux)
+# The clients in other languages and their conformance kit
+# (tests/client_conformance.rs): each client's own tests and runner.
+command -v python3 >/dev/null || missing+=(python3)
+command -v go >/dev/null || missing+=(golang-go)
+command -v node >/dev/null || missing+=(nodejs)
+command -v javac >/dev/null || missing+=(default-jdk-headless)
 if [ "${#missing[@]}" -gt 0 ]; then
     # Root in containers and CI; sudo on a developer's machine.
     as_root=()
