@@ -12,12 +12,14 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/hex"
 	"encoding/json"
 	"flag"
 	"log"
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -137,8 +139,18 @@ func main() {
 		log.Fatalf("-listen %s: this example binds loopback only", *listen)
 	}
 	cfg := tollgate.NewConfig(*socket)
-	var key [32]byte // keep this secret stable across restarts in production
-	rand.Read(key[:])
+	// Keep this secret stable (restarts, every process sharing the daemon): load it.
+	var key [32]byte
+	if hexKey, ok := os.LookupEnv("TOLLGATE_PASSWORD_KEY"); ok { // 64 hex digits
+		raw, err := hex.DecodeString(hexKey)
+		if err != nil || len(raw) != 32 {
+			log.Fatal("TOLLGATE_PASSWORD_KEY: 64 hex digits")
+		}
+		copy(key[:], raw)
+	} else {
+		log.Print("TOLLGATE_PASSWORD_KEY unset: a throwaway key, for this demo only")
+		rand.Read(key[:])
+	}
 	cfg.PasswordKey = &key
 	limiter, err := tollgate.NewClient(cfg)
 	if err != nil {

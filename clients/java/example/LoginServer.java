@@ -14,6 +14,7 @@ import java.nio.charset.StandardCharsets;
 import java.security.MessageDigest;
 import java.security.SecureRandom;
 import java.util.HashMap;
+import java.util.HexFormat;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.Executors;
@@ -39,14 +40,22 @@ public final class LoginServer {
     private final Client limiter;
     private final Map<String, byte[]> users = new HashMap<>();
     private final byte[] salt = new byte[16];
-    /** This server's own secret for password digests (keep it stable in production). */
-    private final byte[] serverKey = new byte[32];
+    /** This server's own secret for password digests: stable across restarts and processes, so loaded. */
+    private final byte[] serverKey;
 
     LoginServer(Client limiter, Map<String, String> accounts) throws Exception {
         this.limiter = limiter;
         SecureRandom random = new SecureRandom();
         random.nextBytes(salt);
-        random.nextBytes(serverKey);
+        String keyHex = System.getenv("TOLLGATE_PASSWORD_KEY"); // 64 hex digits
+        if (keyHex != null) {
+            serverKey = HexFormat.of().parseHex(keyHex);
+            if (serverKey.length != 32) throw new IllegalArgumentException("TOLLGATE_PASSWORD_KEY: 64 hex digits");
+        } else {
+            System.err.println("TOLLGATE_PASSWORD_KEY unset: a throwaway key, for this demo only");
+            serverKey = new byte[32];
+            random.nextBytes(serverKey);
+        }
         for (Map.Entry<String, String> e : accounts.entrySet()) users.put(e.getKey(), hash(e.getValue()));
     }
 

@@ -13,7 +13,10 @@ import { promisify } from "node:util";
 import { Client } from "../index.js";
 
 const [socket = "/run/tollgate/tollgate.sock", port = "8080"] = process.argv.slice(2);
-const limiter = new Client({ socket, passwordKey: randomBytes(32) }); // keep the key stable in production
+// Keep the key stable (restarts, every process sharing the daemon): load it.
+const passwordKey = process.env.TOLLGATE_PASSWORD_KEY ?? randomBytes(32); // 64 hex digits
+if (!process.env.TOLLGATE_PASSWORD_KEY) console.error("TOLLGATE_PASSWORD_KEY unset: a throwaway key, for this demo only");
+const limiter = new Client({ socket, passwordKey });
 const hash = promisify(pbkdf2);
 const FLOOR_MS = 150;
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));

@@ -190,8 +190,11 @@ export class Client {
       result = await this.#call(request);
       // Busy stops a login only in a burst on its account: a lone user's
       // timeout during a flood on others is an outage for the fail policy.
-      if (result.error?.kind === "busy" && !burst?.inBurst()) {
-        result = { error: new ClientError("timeout", result.error.message) };
+      // #call gives a busy timeout the plain message: only one that stays busy says so.
+      if (result.error?.kind === "busy") {
+        result = burst?.inBurst()
+          ? { error: new ClientError("busy", `tollgate is busy: ${result.error.message}`) }
+          : { error: new ClientError("timeout", result.error.message) };
       }
     } finally {
       burst?.leave();
@@ -252,7 +255,7 @@ export class Client {
     const runYoung = now - run.startUs < busyMaxUs;
     const message = `tollgate did not answer within ${this.#config.timeoutMs} ms`;
     const kind = this.#lastAnsweredUs > 0 && runYoung ? "busy" : "timeout";
-    return { error: new ClientError(kind, kind === "busy" ? `tollgate is busy: ${message}` : message) };
+    return { error: new ClientError(kind, message) };
   }
 
   async #callUntimed(request, call) {

@@ -75,8 +75,13 @@ test("the busy rule: a burst on one account after the daemon answered never proc
   await sleep(60); // past the burst gap
   const lone = await client.check("login", erin);
   assert.deepEqual([lone.error.kind, lone.proceeds()], ["timeout", true], "a lone user's timeout is an outage");
+  for (const x of [a, b]) assert.match(x.error.message, /busy/, "a busy error says so");
   const report = await client.report("login", alice, "failure");
   assert.equal(report.error.kind, "timeout", "only checks are in bursts");
+  for (const x of [lone, report]) {
+    // Taken for busy first, then downgraded: the message is a plain timeout's.
+    assert.equal(x.error.message, "tollgate did not answer within 20 ms");
+  }
   await sleep(200); // the run is now older than busy_max
   const [c, d] = await Promise.all([client.check("login", alice), client.check("login", alice)]);
   for (const x of [c, d]) assert.deepEqual([x.error.kind, x.proceeds()], ["timeout", true]);

@@ -91,7 +91,12 @@ def main() -> None:
     LoginHandler.dummy = (salt, hash_password(os.urandom(16).hex(), salt))
     LoginHandler.users = users
     # The key only this server holds: the daemon sees digests, never passwords.
-    LoginHandler.limiter = Client(ClientConfig(args.socket, password_key=os.urandom(32)))
+    # Keep it stable (restarts, every process sharing the daemon): load it.
+    key_hex = os.environ.get("TOLLGATE_PASSWORD_KEY")  # 64 hex digits
+    if key_hex is None:
+        print("TOLLGATE_PASSWORD_KEY unset: a throwaway key, for this demo only", file=sys.stderr)
+    key = bytes.fromhex(key_hex) if key_hex is not None else os.urandom(32)
+    LoginHandler.limiter = Client(ClientConfig(args.socket, password_key=key))
     server = ThreadingHTTPServer(("127.0.0.1", args.port), LoginHandler)
     print("listening on http://127.0.0.1:{}/login".format(args.port), file=sys.stderr)
     server.serve_forever()

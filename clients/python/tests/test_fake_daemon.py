@@ -140,6 +140,7 @@ class Timeouts(unittest.TestCase):
             answers = self.overlapping_checks(client, [SUBJECT] * 4)
             self.assertEqual({a.error.kind for a in answers}, {"busy"})
             self.assertFalse(any(a.proceeds for a in answers), "busy never proceeds, even on an open route")
+            self.assertTrue(all("busy" in str(a.error) for a in answers), "a busy error says so")
 
     def test_a_lone_timeout_is_an_outage(self):
         with self.answered_then_silent() as daemon, client_for(daemon, timeout=0.05) as client:
@@ -147,6 +148,9 @@ class Timeouts(unittest.TestCase):
             time.sleep(0.06)
             answer = client.check("login", Subject(peer="198.51.100.7", account="erin"))
             self.assertEqual((answer.error.kind, answer.proceeds), ("timeout", True))
+            # Taken for busy first, then downgraded: the message is a plain timeout's.
+            self.assertEqual(str(answer.error), "no answer within 0.05 s")
+            self.assertNotIn("busy", str(answer.error))
 
     def test_a_daemon_never_heard_from_is_not_busy(self):
         with FakeDaemon(silent) as daemon, client_for(daemon, timeout=0.05) as client:

@@ -208,10 +208,14 @@ class _ClientCore:
         return self._bursts.enter(route, request.subject) if isinstance(request, Check) else None
 
     def _failed(self, route: str, request: Request, error: ClientError, burst: Optional[BurstGuard]) -> Unavailable:
-        if isinstance(error, Busy) and (burst is None or not burst.in_burst()):
+        if isinstance(error, Busy):
             # Busy stops a login only in a burst on its account: a lone
-            # user's timeout during a flood on others is an outage.
-            error = CallTimeout(str(error))
+            # user's timeout during a flood on others is an outage. The
+            # message says busy only when the error stays busy.
+            if burst is None or not burst.in_burst():
+                error = CallTimeout(str(error))
+            else:
+                error = Busy("{}, late for less than busy_max".format(error))
         # Only a check is an attempt: a report must not spend a second unit
         # of the static budget.
         return self._unavailable(route, error, spend=isinstance(request, Check))
@@ -244,7 +248,8 @@ class _ClientCore:
             run_young = now - run[0] < int(self.config.busy_max * 1_000_000)
             answered_before = self._last_answered_us > 0
         if answered_before and run_young:
-            return Busy("no answer within {} s, late for less than busy_max".format(self.config.timeout))
+            # The plain timeout message: _failed adds the busy part if it stays busy.
+            return Busy("no answer within {} s".format(self.config.timeout))
         return CallTimeout("no answer within {} s".format(self.config.timeout))
 
     def _answered_in_time(self) -> None:

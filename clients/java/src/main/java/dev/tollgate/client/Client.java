@@ -129,8 +129,12 @@ public final class Client implements AutoCloseable {
             error = failed.error;
             // Busy stops a login only in a burst on its account: a lone
             // user's timeout during a flood on others is an outage.
-            if (error.kind() == ClientError.Kind.BUSY && !(burst != null && burst.inBurst())) {
-                error = new ClientError(ClientError.Kind.TIMEOUT, error.message());
+            // The call gives a busy timeout the plain timeout message: only
+            // one that stays busy says so, a downgraded one is a timeout.
+            if (error.kind() == ClientError.Kind.BUSY) {
+                error = burst != null && burst.inBurst()
+                        ? new ClientError(ClientError.Kind.BUSY, error.message() + " (busy)")
+                        : new ClientError(ClientError.Kind.TIMEOUT, error.message());
             }
         } finally {
             if (burst != null) burst.close();
@@ -199,7 +203,8 @@ public final class Client implements AutoCloseable {
                 runYoung = now - runStartUs < busyMaxUs;
             }
             String message = "tollgate did not answer within " + config.timeout.toMillis() + " ms";
-            if (last > 0 && runYoung) throw new CallFailed(ClientError.Kind.BUSY, message + " (busy)");
+            // Busy only if decide() finds the check in a burst; it adds " (busy)" then.
+            if (last > 0 && runYoung) throw new CallFailed(ClientError.Kind.BUSY, message);
             throw new CallFailed(ClientError.Kind.TIMEOUT, message);
         }
     }

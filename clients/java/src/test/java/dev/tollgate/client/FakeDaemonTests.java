@@ -123,6 +123,11 @@ final class FakeDaemonTests {
             Thread.sleep(Bursts.BURST_GAP_US / 1000 + 10);
             Answer lone = client.check("login", subject("erin"));
             Expect.that(kind(lone) == ClientError.Kind.TIMEOUT && lone.proceeds(), "a lone user's timeout is an outage: " + lone);
+            Expect.that(burst.stream().allMatch(a -> ((Answer.Unavailable) a).error().message().endsWith(" (busy)")),
+                    "a busy timeout says so: " + burst);
+            Expect.that(lone instanceof Answer.Unavailable u && !u.error().message().contains("busy")
+                            && u.error().message().equals("tollgate did not answer within 60 ms"),
+                    "a timeout downgraded from busy has the plain timeout message: " + lone);
             Thread.sleep(400);
             List<Answer> old = together(client, List.of(subject("bob"), subject("bob")));
             Expect.that(old.stream().allMatch(a -> kind(a) == ClientError.Kind.TIMEOUT && a.proceeds()),
