@@ -82,3 +82,29 @@ fn every_flag_has_help_and_closed_sets_list_their_values() {
     let help = Command::new(env!("CARGO_BIN_EXE_tollgate")).arg("--help").output().expect("run tollgate --help");
     assert!(String::from_utf8_lossy(&help.stdout).contains("  man "), "man is listed in --help");
 }
+
+/// `tollgate completions <shell>` completes every first-level command in
+/// bash, zsh and fish (what the Debian package installs), and the bash
+/// script parses.
+#[test]
+fn completions_name_every_command_and_the_bash_script_parses() {
+    let mut commands = Vec::new();
+    command_paths(&Cli::command(), "", &mut commands);
+    for shell in ["bash", "zsh", "fish"] {
+        let output = Command::new(env!("CARGO_BIN_EXE_tollgate")).args(["completions", shell]).output().unwrap();
+        assert!(output.status.success(), "{shell}: {}", String::from_utf8_lossy(&output.stderr));
+        let script = String::from_utf8(output.stdout).unwrap();
+        for c in commands.iter().filter(|c| !c.contains(' ')) {
+            assert!(script.contains(c.as_str()), "{shell} completions lack `{c}`");
+        }
+        if shell == "bash" {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("tollgate.bash");
+            std::fs::write(&path, &script).unwrap();
+            let parsed = Command::new("bash").arg("-n").arg(&path).status().unwrap();
+            assert!(parsed.success(), "bash -n refuses the completion script");
+        }
+    }
+    let refused = Command::new(env!("CARGO_BIN_EXE_tollgate")).args(["completions", "tcsh"]).output().unwrap();
+    assert_eq!(refused.status.code(), Some(2), "an unknown shell is a usage error");
+}

@@ -98,6 +98,12 @@ pub enum Command {
     },
     /// Print the man page (roff): `tollgate man > /usr/local/share/man/man1/tollgate.1`.
     Man,
+    /// Print shell completions: `tollgate completions bash > /etc/bash_completion.d/tollgate`.
+    Completions {
+        /// The shell to complete in.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -383,6 +389,12 @@ async fn run_command(command: Command) -> Result<ExitCode, ClientError> {
         Command::Serve(_) | Command::CheckConfig(_) => unreachable!("main handles serve and check-config"),
         Command::Man => {
             crate::stdout::write_bytes(&man_page()?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Completions { shell } => {
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut <Cli as clap::CommandFactory>::command(), "tollgate", &mut script);
+            crate::stdout::write_bytes(&script);
             Ok(ExitCode::SUCCESS)
         }
         Command::Simulate(_) => unreachable!("main handles simulate"),
