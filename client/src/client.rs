@@ -11,11 +11,13 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
-use crate::codec::{self, DecodedExtras, RequestExtras, FRAME_HEADER_BYTES, RESPONSE_PAYLOAD_BYTES_MAX};
+use crate::codec::{
+    self, DecodedExtras, RequestExtras, FRAME_HEADER_BYTES, REQUEST_PAYLOAD_BYTES_MAX, RESPONSE_PAYLOAD_BYTES_MAX,
+};
 use crate::gcra::{decide, GcraSpec};
 use crate::protocol::{
     Activity, ErrorCode, ErrorReply, Lockout, Outcome, Request, Response, SharedStatus, SignalsStatus, Status, Subject,
-    Verdict, WouldBeRefusal, ACTIVITY_VERSION, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
+    Verdict, WouldBeRefusal, ACTIVITY_VERSION, IDENTIFIER_BYTES_MAX, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
 };
 use crate::unpoisoned::Unpoisoned;
 use crate::{forwarded_tail, FailPolicy, BUILTIN_FAIL_POLICIES};
@@ -312,6 +314,9 @@ impl Client {
     }
 
     pub(crate) async fn decide(&self, route: &str, request: &Request<'_>, extras: &RequestExtras) -> Answered {
+        if let Some(refusal) = refused_before_sending(request) {
+            return Answered { answer: Answer::Rejected(refusal), degraded: false };
+        }
         // Only a check is an attempt: a report of its outcome must not spend
         // a second unit of the static budget.
         let spend = matches!(request, Request::Check { .. });
@@ -559,6 +564,43 @@ impl Client {
 /// malformed.
 pub(crate) fn bounded<'a>(subject: &Subject<'a>) -> Subject<'a> {
     Subject { forwarded_for: subject.forwarded_for.map(forwarded_tail), ..subject.clone() }
+}
+
+/// A request the daemon would refuse for its size, refused here without
+/// a byte sent: an identifier over `IDENTIFIER_BYTES_MAX`, or a payload
+/// over `REQUEST_PAYLOAD_BYTES_MAX`. Sent, a frame larger than the socket's
+/// buffer is refused and the connection closed while the client still
+/// writes it: the write fails, and the route's fail policy would let a
+/// padded `client_id` through a lockout on an open route.
+fn refused_before_sending(request: &Request<'_>) -> Option<ErrorReply> {
+    let (route, subject) = match request {
+        Request::Check { route, subject } | Request::Report { route, subject, .. } => (*route, subject),
+        Request::Abandon { route, subject } => (*route, subject),
+        _ => return None,
+    };
+    let identifiers = [
+        ("account", subject.account),
+        ("device", subject.device),
+        ("tenant", subject.tenant),
+        ("client_id", subject.client_id),
+    ];
+    for (field, value) in identifiers {
+        if let Some(len) = value.map(str::len).filter(|&len| len > IDENTIFIER_BYTES_MAX) {
+            let message =
+                format!("`{field}` is {len} bytes; the maximum is {IDENTIFIER_BYTES_MAX} (refused before sending)");
+            return Some(ErrorReply { code: ErrorCode::FieldTooLong, message });
+        }
+    }
+    // The largest a payload with these strings can be: the envelope, the
+    // variant, each string with its length and option tag, the peer, the
+    // outcome, the digest and the tag.
+    let strings =
+        [Some(route), subject.forwarded_for, subject.account, subject.device, subject.tenant, subject.client_id];
+    let bound = 9 + 4 + 21 + 4 + 17 + 17 + strings.iter().map(|s| 9 + s.map_or(0, str::len)).sum::<usize>();
+    (bound > REQUEST_PAYLOAD_BYTES_MAX).then(|| ErrorReply {
+        code: ErrorCode::FrameTooLarge,
+        message: format!("the request would be up to {bound} bytes; the maximum is {REQUEST_PAYLOAD_BYTES_MAX} (refused before sending)"),
+    })
 }
 
 /// A reply to `activity` or `samples` that is not one: from a daemon that

@@ -17,6 +17,9 @@ pub const PROTOCOL_VERSION: u8 = 5;
 /// The oldest version the daemon still answers, in that version's bytes:
 /// auth servers linking an older client keep working across an upgrade.
 pub const PROTOCOL_VERSION_MIN: u8 = 1;
+/// Longest account, device, tenant or client id accepted. Longer input is
+/// refused rather than truncated, so two long names cannot share a key.
+pub const IDENTIFIER_BYTES_MAX: usize = 512;
 /// The first version whose `Check` and `Report` carry a password tag and
 /// whose replies may carry the spray-detection reasons and status.
 pub const SIGNALS_VERSION: u8 = 3;

@@ -43,9 +43,7 @@ use shards::shard_index;
 use subject::{check_lengths, RuleKeys, SubjectKeys};
 use verdict::{combine, failure_answer, rate_answer, rate_spec, signal_answer, Answers, RuleAnswer};
 
-/// Longest account, device, tenant or client id accepted. Longer input is
-/// refused rather than truncated, so two long names cannot share a key.
-pub const IDENTIFIER_BYTES_MAX: usize = 512;
+pub use crate::protocol::IDENTIFIER_BYTES_MAX;
 pub use crate::source::FORWARDED_FOR_BYTES_MAX;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
