@@ -88,7 +88,11 @@ export class Answer {
   readonly degraded: boolean;
   /** The protocol version of the reply; null without one. */
   readonly version: number | null;
-  /** For "rejected": the daemon's error. */
+  /**
+   * For "rejected": the daemon's error, or the same refusal made before
+   * sending (`field_too_long`, `frame_too_large`, `malformed` for an
+   * unpaired surrogate); `version` is then null.
+   */
   readonly error: { code: ErrorCode; message: string } | ClientError | null;
   readonly policy: FailPolicy | null;
   readonly withinStaticBudget: boolean;
@@ -140,6 +144,10 @@ export const PASSWORD_TAG_PERSONAL: Buffer;
 export const PROTOCOL_VERSION: number;
 export const PROTOCOL_VERSION_MIN: number;
 export const RESPONSE_PAYLOAD_BYTES_MAX: number;
+/** 16384: a larger request payload is refused before sending (`frame_too_large`). */
+export const REQUEST_PAYLOAD_BYTES_MAX: number;
+/** 512: a longer account, device, tenant or client id is refused before sending (`field_too_long`). */
+export const IDENTIFIER_BYTES_MAX: number;
 export const DECISIONS: readonly Decision[];
 export const REASONS: readonly Reason[];
 export const ERROR_CODES: readonly ErrorCode[];

@@ -10,5 +10,5 @@ export { gcraSpec, gcraDecide } from "./lib/gcra.js";
 export { blake2b } from "./lib/blake2b.js";
 export {
   encodeRequest, decodeResponse, DecodeError, DECISIONS, REASONS, ERROR_CODES,
-  PROTOCOL_VERSION, PROTOCOL_VERSION_MIN, RESPONSE_PAYLOAD_BYTES_MAX,
+  PROTOCOL_VERSION, PROTOCOL_VERSION_MIN, RESPONSE_PAYLOAD_BYTES_MAX, REQUEST_PAYLOAD_BYTES_MAX, IDENTIFIER_BYTES_MAX,
 } from "./lib/codec.js";

@@ -5,7 +5,9 @@
 
 import { Attempt } from "./attempt.js";
 import { Bursts } from "./bursts.js";
-import { encodeRequest, decodeResponse, DecodeError, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN } from "./codec.js";
+import {
+  encodeRequest, decodeResponse, refusalBeforeSending, DecodeError, FRAME_HEADER_BYTES, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
+} from "./codec.js";
 import { Connection, ClientError } from "./connection.js";
 import { gcraSpec, gcraDecide } from "./gcra.js";
 import { passwordDigest, passwordTag } from "./passwords.js";
@@ -140,7 +142,7 @@ export class Client {
    */
   async check(route, subject, options = {}) {
     const tag = options.passwordTag ?? this.#derived(options.password, (key, p) => passwordTag(key, p));
-    return this.#decide(route, { type: "check", route, subject: bounded(subject), passwordTag: tag });
+    return this.#decide(route, { type: "check", route, subject, passwordTag: tag });
   }
 
   /**
@@ -160,7 +162,7 @@ export class Client {
     const account = subject?.account ?? "";
     const digest = options.passwordDigest ?? this.#derived(options.password, (key, p) => passwordDigest(key, account, p));
     const tag = options.passwordTag ?? this.#derived(options.password, (key, p) => passwordTag(key, p));
-    const request = { type: "report", route, subject: bounded(subject), outcome, passwordDigest: digest, passwordTag: tag };
+    const request = { type: "report", route, subject, outcome, passwordDigest: digest, passwordTag: tag };
     return this.#decide(route, request);
   }
 
@@ -170,7 +172,7 @@ export class Client {
    * A daemon older than version 5 rejects it (`malformed`); the places lapse.
    */
   async abandon(route, subject) {
-    return this.#decide(route, { type: "abandon", route, subject: bounded(subject) });
+    return this.#decide(route, { type: "abandon", route, subject });
   }
 
   #derived(password, compute) {
@@ -179,9 +181,16 @@ export class Client {
     return compute(this.#config.passwordKey, password);
   }
 
-  async #decide(route, request) {
+  /** `given` is the request with the caller's subject; what goes out has the X-Forwarded-For bounded. */
+  async #decide(route, given) {
+    const request = { ...given, subject: bounded(given.subject) };
     // A bad subject or outcome is the caller's mistake, thrown here, not an outage.
-    encodeRequest(this.#config.protocolVersion, 0, request);
+    const frame = encodeRequest(this.#config.protocolVersion, 0, request);
+    // What the daemon would refuse is refused here, before any I/O: sent, an
+    // oversized frame breaks the connection mid-write, which would pass for
+    // an outage (and fail open). Nothing proceeds, is spent or is held.
+    const refusal = refusalBeforeSending(given, frame.length - FRAME_HEADER_BYTES);
+    if (refusal) return new Answer({ kind: "rejected", error: refusal });
     // Only a check is an attempt: its report must not spend the static budget twice.
     const spend = request.type === "check";
     const burst = spend ? this.#bursts.enter(route, request.subject) : null;
@@ -226,18 +235,31 @@ export class Client {
 
   /** One request and its reply within the deadline: `{ reply }` or `{ error }`, never a rejection. */
   async #call(request) {
-    const call = { conn: null, expired: false };
+    const call = { conn: null, expired: false, done: false };
     let timer;
+    let decide;
     const deadline = new Promise((resolve) => {
       timer = setTimeout(() => {
-        call.expired = true;
-        // Its state is unknown: it never goes back to the pool.
-        call.conn?.destroy(new ClientError("timeout", "the deadline passed"));
-        resolve(TIMED_OUT);
+        // A loop held past the deadline (synchronous work) runs this timer
+        // before it reads the socket: a reply that came in time would lose.
+        // As tokio polls the call before its timer, decide after this turn's
+        // reads (setImmediate runs after the poll phase), and only if no reply is complete.
+        decide = setImmediate(() => {
+          if (call.done) return;
+          call.expired = true;
+          // Its state is unknown: it never goes back to the pool.
+          call.conn?.destroy(new ClientError("timeout", "the deadline passed"));
+          resolve(TIMED_OUT);
+        });
       }, this.#config.timeoutMs);
     });
-    const result = await Promise.race([this.#callUntimed(request, call), deadline]);
+    const untimed = this.#callUntimed(request, call).then((result) => {
+      call.done = true;
+      return result;
+    });
+    const result = await Promise.race([untimed, deadline]);
     clearTimeout(timer);
+    clearImmediate(decide);
     const busyMaxUs = this.#config.busyMaxMs * 1000;
     const run = this.#lateRun;
     if (result !== TIMED_OUT) {

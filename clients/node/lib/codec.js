@@ -11,6 +11,10 @@ export const TAG_VERSION = 3;
 export const FRAME_HEADER_BYTES = 4;
 export const ENVELOPE_BYTES = 9;
 export const RESPONSE_PAYLOAD_BYTES_MAX = 8 * 1024 * 1024;
+/** The daemon refuses a larger request payload (`frame_too_large`) and closes the connection. */
+export const REQUEST_PAYLOAD_BYTES_MAX = 16 * 1024;
+/** The longest account, device, tenant or client id (UTF-8 bytes) the daemon accepts. */
+export const IDENTIFIER_BYTES_MAX = 512;
 
 export const DECISIONS = ["allow", "delay", "challenge", "deny"];
 export const REASONS = [
@@ -157,6 +161,51 @@ export function encodeRequest(version, id, request) {
   }
   w.buf.writeUInt32LE(w.at - FRAME_HEADER_BYTES, 0);
   return Buffer.from(w.buf.subarray(0, w.at));
+}
+
+/** The subject's strings, by the names PROTOCOL.md gives them; the last four are identifiers. */
+const SUBJECT_STRINGS = [
+  ["forwardedFor", "forwarded_for"], ["account", "account"], ["device", "device"],
+  ["tenant", "tenant"], ["clientId", "client_id"],
+];
+const IDENTIFIERS = SUBJECT_STRINGS.slice(1);
+/** With the u flag a pair is one code point: this matches only an unpaired surrogate. */
+const LONE_SURROGATE = /\p{Cs}/u;
+
+/**
+ * Why a request (as for `encodeRequest`) must not be sent, as the daemon's
+ * error `{ code, message }` would say it, or null. `payloadBytes` is its
+ * encoded payload's size. A string that is not well-formed UTF-16 would go
+ * out as U+FFFD, sharing its counters with other strings (`malformed`); an
+ * identifier over 512 bytes (`field_too_long`) or a payload over 16 KiB
+ * (`frame_too_large`) the daemon refuses, the latter closing the connection
+ * while the client still writes, which would look like an outage.
+ */
+export function refusalBeforeSending(request, payloadBytes) {
+  const subject = request.subject ?? {};
+  const strings = [["route", request.route], ...SUBJECT_STRINGS.map(([key, name]) => [`subject.${name}`, subject[key]])];
+  for (const [name, value] of strings) {
+    if (typeof value === "string" && LONE_SURROGATE.test(value)) {
+      return { code: "malformed", message: `field \`${name}\` has an unpaired surrogate: not valid UTF-16 text (refused before sending)` };
+    }
+  }
+  for (const [key, name] of IDENTIFIERS) {
+    const value = subject[key];
+    const bytes = typeof value === "string" ? Buffer.byteLength(value, "utf8") : 0;
+    if (bytes > IDENTIFIER_BYTES_MAX) {
+      return {
+        code: "field_too_long",
+        message: `field \`subject.${name}\` is ${bytes} bytes; the maximum is ${IDENTIFIER_BYTES_MAX} (refused before sending)`,
+      };
+    }
+  }
+  if (payloadBytes > REQUEST_PAYLOAD_BYTES_MAX) {
+    return {
+      code: "frame_too_large",
+      message: `the request is ${payloadBytes} bytes; the maximum is ${REQUEST_PAYLOAD_BYTES_MAX} (refused before sending)`,
+    };
+  }
+  return null;
 }
 
 const utf8 = new TextDecoder("utf-8", { fatal: true });

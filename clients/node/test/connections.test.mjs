@@ -2,9 +2,12 @@
 // the busy rule, bad replies, the pool, and the guard.
 
 import assert from "node:assert/strict";
+import net from "node:net";
 import { test } from "node:test";
 import { Client } from "../index.js";
-import { allowAll, errorMessage, fakeDaemon, frame, sleep, verdictMessage, versionOneOnly } from "./fake_daemon.mjs";
+import {
+  allowAll, errorMessage, fakeDaemon, fakeDaemonThread, frame, sleep, verdictMessage, versionOneOnly,
+} from "./fake_daemon.mjs";
 
 const alice = { peer: "198.51.100.7", account: "alice" };
 const key = Buffer.alloc(32, 7);
@@ -57,6 +60,35 @@ test("a silent daemon: the deadline closes the connection; never answered is an 
   assert.equal(daemon.connections, 0, "timed-out connections are closed, not pooled");
   const reset = await client.check("password_reset", alice);
   assert.equal(reset.proceeds(), false);
+});
+
+test("a reply that came by the deadline wins over the timer when the event loop was held past it", async (t) => {
+  const daemon = await fakeDaemonThread(); // answers while this thread is held
+  t.after(() => daemon.close());
+  const client = new Client({ socket: daemon.path, timeoutMs: 5 });
+  t.after(() => client.close());
+  for (let i = 0; i < 50 && (await client.check("login", alice)).kind !== "verdict"; i++) await sleep(10);
+  const write = net.Socket.prototype.write;
+  let held = 0;
+  // Synchronous work right after the request is written: the loop comes back
+  // 30 ms later, past the deadline, with the reply waiting on the socket.
+  net.Socket.prototype.write = function heldWrite(...args) {
+    const wrote = write.apply(this, args);
+    held++;
+    for (const until = performance.now() + 30; performance.now() < until;);
+    return wrote;
+  };
+  try {
+    for (let i = 0; i < 5; i++) {
+      // From the check phase: the loop's next turn runs its expired timers before its reads.
+      await new Promise((resolve) => setImmediate(resolve));
+      const answer = await client.check("login", alice);
+      assert.equal(answer.kind, "verdict", `call ${i}: ${answer.error?.kind ?? answer.kind}`);
+    }
+  } finally {
+    net.Socket.prototype.write = write;
+  }
+  assert.ok(held >= 5, "every call was held past its deadline");
 });
 
 test("the busy rule: a burst on one account after the daemon answered never proceeds", async (t) => {

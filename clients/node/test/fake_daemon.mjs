@@ -98,3 +98,11 @@ export function allowAll({ version, id }) {
 }
 
 export const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/** `allowAll` on a worker thread (test/fake_daemon_thread.mjs): `{ path, close }`. */
+export async function fakeDaemonThread() {
+  const { Worker } = await import("node:worker_threads");
+  const worker = new Worker(new URL("./fake_daemon_thread.mjs", import.meta.url));
+  const path = await new Promise((resolve, reject) => worker.once("message", resolve).once("error", reject));
+  return { path, close: () => worker.terminate() };
+}
