@@ -77,7 +77,9 @@ public final class LoginServer {
             List<String> forwarded = exchange.getRequestHeaders().get("X-Forwarded-For");
             Subject subject = new Subject(exchange.getRemoteAddress().getAddress(),
                     forwarded == null ? null : String.join(", ", forwarded), account, null, null, null);
-            try (Attempt attempt = limiter.begin("login", subject)) {
+            // The tag lets the daemon see one password tried across many accounts (a spray).
+            byte[] tag = Passwords.passwordTag(serverKey, password);
+            try (Attempt attempt = limiter.begin("login", subject, tag)) {
                 Answer answer = attempt.answer();
                 if (!attempt.proceeds()) {
                     // One answer for every refusal; the reason is for the logs only.
@@ -91,7 +93,7 @@ public final class LoginServer {
                     byte[] tried = hash(password);
                     boolean ok = stored != null && MessageDigest.isEqual(stored, tried);
                     byte[] digest = ok ? null : Passwords.passwordDigest(serverKey, account, password);
-                    attempt.report(ok ? Outcome.SUCCESS : Outcome.FAILURE, digest, null);
+                    attempt.report(ok ? Outcome.SUCCESS : Outcome.FAILURE, digest, tag);
                     status = ok ? 200 : 401;
                     body = ok ? "{\"status\":\"ok\"}" : FAILED;
                 }

@@ -18,8 +18,10 @@ public sealed interface Answer {
     }
 
     /**
-     * The daemon refused the request itself (an identifier over 512 bytes,
-     * an unknown route): treat the attempt as refused, and fix the caller.
+     * The request itself was refused (an unknown route by the daemon; an
+     * identifier over 512 bytes, a request over 16384 bytes or an unpaired
+     * surrogate by this client, before sending): treat the attempt as
+     * refused, and fix the caller.
      */
     record Rejected(ErrorReply error) implements Answer {
         @Override

@@ -56,10 +56,13 @@ public final class Attempt implements AutoCloseable {
 
     /** Reports the verified outcome, with the check's subject and password tag; the guard is spent. */
     public Answer report(Outcome outcome) {
-        return reportAs(subject, outcome, null, passwordTag);
+        return reportAs(subject, outcome, null, null);
     }
 
-    /** {@link #report(Outcome)} with the password's digest and tag (either may be null). */
+    /**
+     * {@link #report(Outcome)} with the password's digest (may be null) and
+     * tag; a null tag is the tag the check was begun with.
+     */
     public Answer report(Outcome outcome, byte[] passwordDigest, byte[] passwordTag) {
         return reportAs(subject, outcome, passwordDigest, passwordTag);
     }
@@ -67,6 +70,9 @@ public final class Attempt implements AutoCloseable {
     /**
      * The report with the subject as it stands after the verify, such as
      * the device id issued at a successful sign-in. The route is the check's.
+     * A null {@code passwordTag} is the check's tag: a failure reported
+     * without one is never counted by spray detection, and passing null
+     * was the easy mistake.
      *
      * @throws IllegalStateException if the attempt was already reported or abandoned
      */
@@ -76,7 +82,8 @@ public final class Attempt implements AutoCloseable {
             ended = true;
             holdsPlaces = false;
         }
-        return client.report(route, after, outcome, passwordDigest, passwordTag);
+        byte[] tag = passwordTag != null ? passwordTag : this.passwordTag;
+        return client.report(route, after, outcome, passwordDigest, tag);
     }
 
     /**

@@ -57,7 +57,7 @@ public final class Client implements AutoCloseable {
      * daemon older than version 3 never sees the tag.
      */
     public Answer check(String route, Subject subject, byte[] passwordTag) {
-        return decide(route, Request.check(route, subject.bounded(), passwordTag));
+        return decide(subject, Request.check(route, subject.bounded(), passwordTag));
     }
 
     /** Tells the outcome after verifying the credential. */
@@ -71,7 +71,7 @@ public final class Client implements AutoCloseable {
      * tag (a failure's tag counts the password across accounts); either may be null.
      */
     public Answer report(String route, Subject subject, Outcome outcome, byte[] passwordDigest, byte[] passwordTag) {
-        return decide(route, Request.report(route, subject.bounded(), outcome, passwordDigest, passwordTag));
+        return decide(subject, Request.report(route, subject.bounded(), outcome, passwordDigest, passwordTag));
     }
 
     /**
@@ -81,7 +81,7 @@ public final class Client implements AutoCloseable {
      * answers it with a malformed error (rejected), and the places lapse.
      */
     public Answer abandon(String route, Subject subject) {
-        return decide(route, Request.abandon(route, subject.bounded()));
+        return decide(subject, Request.abandon(route, subject.bounded()));
     }
 
     /** Checks an attempt and returns it as a guard: report through it, or close it to abandon. */
@@ -103,7 +103,13 @@ public final class Client implements AutoCloseable {
         }
     }
 
-    private Answer decide(String route, Request request) {
+    /** {@code given}: the subject as the caller gave it, for the checks made before sending. */
+    private Answer decide(Subject given, Request request) {
+        // Refused here, it spends no budget, joins no burst and touches no
+        // connection: see Preflight for why it must never reach the socket.
+        Answer.Rejected refused = Preflight.refusal(given, request, config.protocolVersion);
+        if (refused != null) return refused;
+        String route = request.route();
         // An interrupted thread would close the channel on its first I/O
         // (NIO channels are interruptible): the call would fail before it
         // is sent, and a report or abandon of a cancelled handler is exactly
@@ -295,6 +301,11 @@ public final class Client implements AutoCloseable {
             throw new CallFailed(ClientError.Kind.PROTOCOL, "reply id " + Long.toUnsignedString(reply.id()) + " for request " + id);
         }
         return reply;
+    }
+
+    /** Keys in the burst table now (for tests). */
+    int burstEntries() {
+        return bursts.size();
     }
 
     /** Idle connections now (for tests). */

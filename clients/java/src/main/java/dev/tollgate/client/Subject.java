@@ -5,8 +5,9 @@ import java.net.InetAddress;
 /**
  * Who is attempting a login; every field may be null (absent). Pass the raw
  * X-Forwarded-For header and the TCP peer: the daemon picks the source
- * itself. Identifiers over 512 bytes are refused by the daemon
- * (field_too_long), never truncated here.
+ * itself. Identifiers over 512 UTF-8 bytes are refused (field_too_long)
+ * before anything is sent, never truncated; so is (malformed) a string
+ * with an unpaired surrogate, which has no UTF-8 form.
  */
 public record Subject(
         InetAddress peer,

@@ -12,6 +12,7 @@ public final class AllTests {
         try {
             VectorTests.run(root);
             LogicTests.run();
+            PreflightTests.run();
             FakeDaemonTests.run();
             LiveDaemonTests.run();
         } catch (Throwable t) {

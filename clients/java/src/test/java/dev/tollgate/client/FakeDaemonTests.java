@@ -22,6 +22,8 @@ final class FakeDaemonTests {
         badReplies();
         pool();
         guard();
+        guardKeepsTheTag();
+        replyPastTheDeadline();
     }
 
     private static void stepDown() throws Exception {
@@ -274,6 +276,89 @@ final class FakeDaemonTests {
                 Expect.that(!attempt.proceeds(), "rejected: does not proceed");
             }
             Expect.equal(0L, daemon.count(8), "a rejected check is never abandoned");
+        }
+    }
+
+    /** A version-5 Report frame's last 17 bytes: its tag option (1 and the tag), or, untagged, the digest's 16 bytes and 0. */
+    private static byte[] reportEnd(FakeDaemon.Frame frame) {
+        byte[] whole = frame.whole();
+        return java.util.Arrays.copyOfRange(whole, whole.length - 17, whole.length);
+    }
+
+    private static byte[] concat(byte[] a, byte[] b) {
+        byte[] out = java.util.Arrays.copyOf(a, a.length + b.length);
+        System.arraycopy(b, 0, out, a.length, b.length);
+        return out;
+    }
+
+    private static void guardKeepsTheTag() throws Exception {
+        Expect.group("the guard's report keeps the spray tag");
+        byte[] tag = Passwords.passwordTag(new byte[32], "hunter2");
+        byte[] other = Passwords.passwordTag(new byte[32], "other");
+        byte[] digest = Passwords.passwordDigest(new byte[32], "alice", "hunter2");
+        try (FakeDaemon daemon = new FakeDaemon(FakeDaemon.speaking(5));
+                Client client = new Client(ClientConfig.of(daemon.socket).timeout(Duration.ofSeconds(2)))) {
+            try (Attempt attempt = client.begin("login", subject("alice"), tag)) {
+                attempt.report(Outcome.FAILURE, digest, null);
+            }
+            try (Attempt attempt = client.begin("login", subject("alice"), tag)) {
+                attempt.report(Outcome.FAILURE);
+            }
+            try (Attempt attempt = client.begin("login", subject("alice"), tag)) {
+                attempt.reportAs(subject("alice").withDevice("d1"), Outcome.FAILURE, digest, null);
+            }
+            try (Attempt attempt = client.begin("login", subject("alice"), tag)) {
+                attempt.report(Outcome.FAILURE, digest, other);
+            }
+            try (Attempt attempt = client.begin("login", subject("alice"))) {
+                attempt.report(Outcome.FAILURE, digest, null);
+            }
+            List<byte[]> tags = daemon.frames.stream().filter(f -> f.variant() == 1).map(FakeDaemonTests::reportEnd).toList();
+            Expect.equal(5, tags.size(), "five reports");
+            Expect.equal(concat(new byte[] {1}, tag), tags.get(0), "report(outcome, digest, null) sends the check's tag");
+            Expect.equal(concat(new byte[] {1}, tag), tags.get(1), "report(outcome) sends the check's tag");
+            Expect.equal(concat(new byte[] {1}, tag), tags.get(2), "reportAs(.., null) sends the check's tag");
+            Expect.equal(concat(new byte[] {1}, other), tags.get(3), "a tag given is the one sent");
+            Expect.equal(concat(digest, new byte[] {0}), tags.get(4), "a check begun without a tag reports none");
+        }
+    }
+
+    /**
+     * A reply already there when the deadline has passed wins over the
+     * timer (as tokio polls the call before its timer): the Connection reads
+     * before it looks at the clock. The client is held past its deadline by
+     * holding its pool's lock, taken after the deadline is set; the daemon
+     * sent the reply to request 2 with its reply to request 1.
+     */
+    private static void replyPastTheDeadline() throws Exception {
+        Expect.group("a reply there by the deadline wins over the timer");
+        FakeDaemon.Handler ahead = f -> {
+            if (f.id() != 1) return null;
+            byte[] first = FakeDaemon.verdict(f.version(), 1, Decision.ALLOW, 0, 0, 0);
+            byte[] second = FakeDaemon.verdict(f.version(), 2, Decision.DENY, 1500, 0, 0);
+            return concat(first, second);
+        };
+        try (FakeDaemon daemon = new FakeDaemon(ahead);
+                Client client = new Client(ClientConfig.of(daemon.socket).timeout(Duration.ofMillis(40)))) {
+            Expect.that(client.check("login", subject("alice")).verdict().isPresent(), "the first call is answered");
+            Thread.sleep(50);
+            java.lang.reflect.Field poolField = Client.class.getDeclaredField("pool");
+            poolField.setAccessible(true);
+            Object pool = poolField.get(client);
+            Answer[] late = new Answer[1];
+            Subject alice = subject("alice");
+            Thread caller;
+            synchronized (pool) {
+                caller = new Thread(() -> late[0] = client.check("login", alice));
+                caller.start();
+                Thread.sleep(150);
+            }
+            caller.join();
+            Expect.that(late[0] != null && late[0].verdict().map(v -> v.decision() == Decision.DENY).orElse(false) && !late[0].proceeds(),
+                    "held 150 ms past a 40 ms deadline, the buffered deny is the answer, not a timeout: " + late[0]);
+            Answer silent = client.check("login", subject("alice"));
+            Expect.that(silent instanceof Answer.Unavailable u && u.error().kind() == ClientError.Kind.TIMEOUT,
+                    "a silent daemon still times out: " + silent);
         }
     }
 }
