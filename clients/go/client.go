@@ -120,7 +120,11 @@ const (
 	ErrBusy                      // a timeout taken for a busy daemon: never proceeds
 	ErrIO                        // the connection failed
 	ErrProtocol                  // a reply that does not decode, or answers another request
-	ErrCanceled                  // the caller's context was cancelled
+	// ErrCanceled: the check's context was cancelled (or already past its
+	// deadline when the check began). Never proceeds, whatever the policy:
+	// net/http cancels a request's context when the end user hangs up, and
+	// a hang-up must not buy an unchecked guess.
+	ErrCanceled
 )
 
 var errorKindNames = []string{"connect", "timeout", "busy", "io", "protocol", "canceled"}
@@ -171,7 +175,7 @@ func (a Answer) Proceeds() bool {
 	case AnswerVerdict:
 		return a.Verdict.Proceeds()
 	case AnswerUnavailable:
-		if a.Err != nil && a.Err.Kind == ErrBusy {
+		if a.Err != nil && (a.Err.Kind == ErrBusy || a.Err.Kind == ErrCanceled) {
 			return false
 		}
 		return a.Policy == Open || a.WithinStaticBudget
@@ -238,6 +242,8 @@ type Client struct {
 	lateMu  sync.Mutex
 	lateRun [2]uint64
 	bursts  *bursts
+	// afterWrite, in tests, holds a call between its write and its read.
+	afterWrite func()
 }
 
 // NewClient makes a client; it connects on first use.
@@ -284,7 +290,9 @@ func (c *Client) CheckTagged(ctx context.Context, route string, subject Subject,
 	return c.decide(ctx, true, req)
 }
 
-// Report tells the outcome after verifying the credential.
+// Report tells the outcome after verifying the credential. It is not
+// cancelled by ctx (nor cut short by its deadline): the verify happened,
+// so the outcome must count; the client's Timeout bounds it.
 func (c *Client) Report(ctx context.Context, route string, subject Subject, outcome Outcome) Answer {
 	return c.ReportTagged(ctx, route, subject, outcome, nil, nil)
 }
@@ -293,16 +301,16 @@ func (c *Client) Report(ctx context.Context, route string, subject Subject, outc
 // repeated wrong password is not counted again) and tag (PasswordTag).
 func (c *Client) ReportTagged(ctx context.Context, route string, subject Subject, outcome Outcome, digest, passwordTag *[16]byte) Answer {
 	req := &request{kind: requestReport, route: route, subject: bounded(subject), outcome: outcome, digest: digest, passwordTag: passwordTag}
-	return c.decide(ctx, true, req)
+	return c.decide(ctx, false, req)
 }
 
 // Abandon gives back the places of an allowed check whose attempt ended
 // without an outcome. Prefer Begin, whose guard sends it by itself. On a
 // connection below version 5 the daemon answers malformed (rejected) and
-// the places lapse.
+// the places lapse. Like Report, ctx neither cancels nor shortens it.
 func (c *Client) Abandon(ctx context.Context, route string, subject Subject) Answer {
 	req := &request{kind: requestAbandon, route: route, subject: bounded(subject)}
-	return c.decide(ctx, true, req)
+	return c.decide(ctx, false, req)
 }
 
 // bounded is the subject as sent: of X-Forwarded-For, only ForwardedTail.
@@ -313,15 +321,34 @@ func bounded(s Subject) Subject {
 	return s
 }
 
+// decide sends req and applies the fail policy when no answer comes;
+// cancellable: a cancelled ctx aborts a check on the wire (not Begin's).
 func (c *Client) decide(ctx context.Context, cancellable bool, req *request) Answer {
+	// Refused here before it costs anything: sent, it would break the
+	// connection mid-write and read as an outage (fail open).
+	if refused := refuseLocally(c.cfg.ProtocolVersion, req); refused != nil {
+		return Answer{Kind: AnswerRejected, Rejected: refused}
+	}
 	// Only a check is an attempt: a report of its outcome must not spend a
 	// second unit of the static budget.
 	spend := req.kind == requestCheck
+	if !spend {
+		// A report or abandon is owed whatever became of the caller's
+		// request: only the client's timeout bounds it.
+		ctx, cancellable = context.Background(), false
+	} else if err := ctx.Err(); err != nil {
+		// A request already given up: never proceeds, spends nothing.
+		return c.unavailable(req.route, &CallError{Kind: ErrCanceled, Err: err}, false)
+	}
 	var burst *burstGuard
 	if spend {
 		burst = c.bursts.enter(req.route, &req.subject)
 	}
 	resp, err := c.call(ctx, cancellable, req)
+	if err != nil && spend && errors.Is(ctx.Err(), context.Canceled) {
+		// Cancelled on the way (also Begin's, which is not aborted by it).
+		err.Kind = ErrCanceled
+	}
 	// Busy stops a login only in a burst on its account: a lone user's
 	// timeout during a flood on others is an outage for the fail policy.
 	if err != nil && err.Kind == ErrBusy && (burst == nil || !burst.inBurst()) {
@@ -348,8 +375,9 @@ func (c *Client) unavailable(route string, err *CallError, spend bool) Answer {
 		policy = c.cfg.DefaultFailPolicy
 	}
 	within := false
-	// A busy daemon is not an outage: the budget is not spent on it.
-	if spec, ok := c.budgets[route]; ok && policy == Closed && err.Kind != ErrBusy {
+	// A busy daemon is not an outage, nor is a cancelled check an attempt:
+	// the budget is not spent on them.
+	if spec, ok := c.budgets[route]; ok && policy == Closed && err.Kind != ErrBusy && err.Kind != ErrCanceled {
 		c.budgetMu.Lock()
 		decision, after := gcraDecide(spec, c.budgetTats[route], c.nowUs(), spend)
 		c.budgetTats[route] = after
@@ -538,20 +566,12 @@ func (c *Client) exchange(cn *conn, deadline time.Time, req *request) (*response
 	if _, err := cn.c.Write(cn.buf); err != nil {
 		return nil, ioError(err)
 	}
-	var header [frameHeaderBytes]byte
-	if _, err := io.ReadFull(cn.c, header[:]); err != nil {
-		return nil, ioError(err)
+	if c.afterWrite != nil {
+		c.afterWrite()
 	}
-	n := uint32(header[0]) | uint32(header[1])<<8 | uint32(header[2])<<16 | uint32(header[3])<<24
-	if n > ResponsePayloadBytesMax {
-		return nil, &CallError{Kind: ErrProtocol, Err: fmt.Errorf("reply of %d bytes is over the maximum", n)}
-	}
-	if cap(cn.read) < int(n) {
-		cn.read = make([]byte, n)
-	}
-	payload := cn.read[:n]
-	if _, err := io.ReadFull(cn.c, payload); err != nil {
-		return nil, ioError(err)
+	payload, rerr := cn.readReply()
+	if rerr != nil {
+		return nil, rerr
 	}
 	resp, err := decodeResponse(payload)
 	if err != nil {

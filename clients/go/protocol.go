@@ -24,6 +24,12 @@ const (
 
 	frameHeaderBytes = 4
 	envelopeBytes    = 9
+	// RequestPayloadBytesMax: the daemon refuses a longer request (and
+	// closes the connection), so the client refuses it before sending.
+	RequestPayloadBytesMax = 16 * 1024
+	// IdentifierBytesMax: the longest account, device, tenant or client id
+	// the daemon takes; the client refuses a longer one before sending.
+	IdentifierBytesMax = 512
 	// ResponsePayloadBytesMax: a longer reply means a broken connection.
 	ResponsePayloadBytesMax = 8 * 1024 * 1024
 	// ForwardedForBytesMax is how much of an X-Forwarded-For header, from
@@ -223,6 +229,66 @@ func appendSubject(out []byte, s *Subject) []byte {
 		out = appendOptionalString(out, field)
 	}
 	return out
+}
+
+// refuseLocally is the refusal the daemon would give a request too big
+// for it (nil for one it takes), decided before any I/O: sent, such a
+// request makes the daemon close the connection mid-write, and the client
+// would see an outage (fail open) instead of a refusal. version: the
+// newest the request could go out in (its largest encoding).
+func refuseLocally(version uint8, req *request) *ErrorReply {
+	s := &req.subject
+	fields := []struct {
+		name  string
+		value *string
+	}{{"account", s.Account}, {"device", s.Device}, {"tenant", s.Tenant}, {"client_id", s.ClientID}}
+	for _, f := range fields {
+		if f.value != nil && len(*f.value) > IdentifierBytesMax {
+			return &ErrorReply{Code: CodeFieldTooLong, Message: fmt.Sprintf(
+				"field `subject.%s` is %d bytes; the maximum is %d (refused before sending)",
+				f.name, len(*f.value), IdentifierBytesMax)}
+		}
+	}
+	if n := requestPayloadBytes(version, req); n > RequestPayloadBytesMax {
+		return &ErrorReply{Code: CodeFrameTooLarge, Message: fmt.Sprintf(
+			"the request is %d bytes; the maximum is %d (refused before sending)", n, RequestPayloadBytesMax)}
+	}
+	return nil
+}
+
+// requestPayloadBytes is the length of encodeRequest's payload (its frame
+// without the length prefix), counted without encoding it.
+func requestPayloadBytes(version uint8, req *request) int {
+	optional := func(present bool, n int) int {
+		if present {
+			return 1 + n
+		}
+		return 1
+	}
+	n := envelopeBytes + 4 + 8 + len(req.route)
+	s := &req.subject
+	switch {
+	case !s.Peer.IsValid():
+		n++
+	case s.Peer.Is4():
+		n += 1 + 4 + 4
+	default:
+		n += 1 + 4 + 16
+	}
+	for _, field := range []*string{s.ForwardedFor, s.Account, s.Device, s.Tenant, s.ClientID} {
+		if field != nil {
+			n += 1 + 8 + len(*field)
+		} else {
+			n++
+		}
+	}
+	if req.kind == requestReport {
+		n += 4 + optional(req.digest != nil, 16)
+	}
+	if version >= signalsVersion && (req.kind == requestCheck || req.kind == requestReport) {
+		n += optional(req.passwordTag != nil, 16)
+	}
+	return n
 }
 
 // response is a decoded reply: exactly one of verdict and errorReply is set.

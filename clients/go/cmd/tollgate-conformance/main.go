@@ -286,10 +286,16 @@ func (r *runner) handle(req *requestJSON) (interface{}, error) {
 		if err != nil {
 			return nil, err
 		}
+		var answer tollgate.Answer
 		if req.Subject != nil {
-			return answerJSON(attempt.ReportAs(ctx, subject, outcome, req.Password)), nil
+			answer, err = attempt.ReportAs(ctx, subject, outcome, req.Password)
+		} else {
+			answer, err = attempt.Report(ctx, outcome, req.Password)
 		}
-		return answerJSON(attempt.Report(ctx, outcome, req.Password)), nil
+		if err != nil {
+			return nil, err
+		}
+		return answerJSON(answer), nil
 	case "end":
 		attempt := r.attempts[req.Attempt]
 		if attempt == nil {
