@@ -96,6 +96,16 @@ class RealDaemon(unittest.TestCase):
         self.assertFalse(answer.proceeds)
         self.assertTrue(self.client.check("login", self.subject("b" * 512)).proceeds)
 
+    def test_a_padded_client_id_is_refused_and_a_long_forwarded_for_is_cut(self):
+        # Sent, the daemon would close mid-write and login would fail open.
+        padded = Subject(peer="198.51.100.7", account="padded", client_id="p" * 250_000)
+        answer = self.client.check("login", padded)
+        self.assertEqual((type(answer), answer.error.code.label), (Rejected, "field_too_long"))
+        forwarded = Subject(peer="198.51.100.7", account="padded", forwarded_for=", ".join(["203.0.113.9"] * 30_000))
+        answer = self.client.check("login", forwarded)
+        self.assertIsInstance(answer, VerdictAnswer)
+        self.client.abandon("login", forwarded)
+
     def test_missing_field_and_unknown_route(self):
         self.assertEqual(self.client.check("login", Subject(account="x")).error.code.label, "missing_field")
         self.assertEqual(self.client.check("no_such_route", self.subject("x")).error.code.label, "unknown_route")

@@ -204,7 +204,8 @@ class FailPolicies(unittest.TestCase):
         self.assertRaises(ValueError, Subject, peer="not an address")
 
     def test_concurrent_calls_on_a_dead_socket(self):
-        client = Client(dead_socket_path())
+        # A timeout long enough that a loaded machine still reaches connect().
+        client = Client(ClientConfig(dead_socket_path(), timeout=2.0))
         results = []
         threads = [threading.Thread(target=lambda: results.append(client.check("login", SUBJECT))) for _ in range(8)]
         for t in threads:

@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import List, Optional, Set, Tuple, Type, Union
 
 from .answers import Answer
-from .attempt import _holds_places
+from .attempt import ENDED_MESSAGE, _holds_places
 from .client import (
     POOL_CONNECTIONS_MAX,
     ClientConfig,
@@ -88,6 +88,9 @@ class AsyncClient(_ClientCore):
         future.add_done_callback(self._background.discard)
 
     async def _decide(self, route: str, request: Request) -> Answer:
+        refused = self._refused_before_sending(request)
+        if refused is not None:
+            return refused
         burst = self._enter(route, request)
         try:
             try:
@@ -169,7 +172,8 @@ class AsyncAttempt:
         self._tag = tag
         self.answer: Optional[Answer] = None
         self._holds_places = False
-        self._reported = False
+        # As Attempt._ended: after a report, an abandon or the block's end.
+        self._ended = False
         self.abandoned = False
 
     def _key(self) -> bytes:
@@ -225,9 +229,9 @@ class AsyncAttempt:
     ) -> Answer:
         """As `Attempt.report`; the report goes out even if this is cancelled
         (the verify happened: the outcome counts)."""
-        if self._reported:
-            raise RuntimeError("this attempt's outcome was already reported")
-        self._reported = True
+        if self._ended:
+            raise RuntimeError(ENDED_MESSAGE)
+        self._ended = True
         self._holds_places = False
         subject = self.subject if subject is None else subject
         password = self._password if password is None else password
@@ -241,6 +245,7 @@ class AsyncAttempt:
 
     async def abandon(self) -> Optional[Answer]:
         """As `Attempt.abandon`; sent even if this is cancelled."""
+        self._ended = True
         if not self._holds_places:
             return None
         self._holds_places = False

@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     from .client import Client
 
 
+ENDED_MESSAGE = "this attempt has ended (reported, abandoned or left): nothing more is sent"
+
+
 def _holds_places(answer: Answer) -> bool:
     # Only an allowed check holds places: a delayed one gave them back,
     # though it proceeds; a refused, rejected or unanswered one holds none
@@ -47,7 +50,9 @@ class Attempt:
         self.answer = answer
         self._lock = threading.Lock()
         self._holds_places = _holds_places(answer)
-        self._reported = False
+        # Reported, abandoned or left: the guard sends nothing more. A stray
+        # report would count a failure and settle another attempt's place.
+        self._ended = False
         # Whether the guard sent an abandon (and the daemon's answer to it).
         self.abandoned = False
         self.abandon_answer: Optional[Answer] = None
@@ -105,14 +110,15 @@ class Attempt:
         tag: Optional[bytes] = None,
     ) -> Answer:
         """Reports the verified outcome (True: success); the guard is spent.
-        `subject`: the subject as it stands after the verify (such as a device
+        RuntimeError once the guard has ended (reported, abandoned, or its
+        `with` block left): nothing is sent. `subject`: the subject as it stands after the verify (such as a device
         id issued at a successful sign-in); the route is the check's. The
         password (this one, else the attempt's) gives the digest and tag
         unless they are passed."""
         with self._lock:
-            if self._reported:
-                raise RuntimeError("this attempt's outcome was already reported")
-            self._reported = True
+            if self._ended:
+                raise RuntimeError(ENDED_MESSAGE)
+            self._ended = True
             self._holds_places = False
         subject = self.subject if subject is None else subject
         password = self._password if password is None else password
@@ -125,10 +131,11 @@ class Attempt:
         return self._client.report(self.route, subject, outcome, digest, tag)
 
     def abandon(self) -> Optional[Answer]:
-        """Gives the attempt up now, waiting for the daemon's answer. None
-        when it held no place (refused, unanswered, reported, or abandoned
-        already): nothing is sent."""
+        """Gives the attempt up now, waiting for the daemon's answer; the
+        guard has ended. None when it held no place (refused, unanswered,
+        reported, or abandoned already): nothing is sent."""
         with self._lock:
+            self._ended = True
             if not self._holds_places:
                 return None
             self._holds_places = False

@@ -30,6 +30,7 @@ from .protocol import (
     Subject,
     decode_response,
     encode_request,
+    refusal_before_sending,
 )
 
 if TYPE_CHECKING:
@@ -133,11 +134,30 @@ def _send(sock: socket.socket, frame: bytes, deadline: float) -> None:
 
 
 def _recv_some(sock: socket.socket, deadline: float, most: int) -> bytes:
-    _set_remaining(sock, deadline)
-    chunk = sock.recv(most)
+    remaining = deadline - time.monotonic()
+    if remaining > 0:
+        sock.settimeout(remaining)
+        try:
+            chunk = sock.recv(most)
+        except socket.timeout:
+            chunk = _recv_now(sock, most)
+    else:
+        chunk = _recv_now(sock, most)
     if not chunk:
         raise ConnectionClosed("the daemon closed the connection")
     return chunk
+
+
+def _recv_now(sock: socket.socket, most: int) -> bytes:
+    """One read that does not wait, once the deadline has passed. A reply
+    already here wins over the timer (as tokio polls a call before its
+    timer): a thread held past its deadline (the GIL, a busy CPU) must not
+    turn a refusal that arrived in time into a timeout that lets it in."""
+    sock.settimeout(0.0)
+    try:
+        return sock.recv(most)
+    except (BlockingIOError, InterruptedError):
+        raise CallTimeout("no answer within the deadline") from None
 
 
 def _read_reply(sock: socket.socket, deadline: float) -> bytes:
@@ -195,6 +215,12 @@ class _ClientCore:
         self._late_run = [0, 0]
         self._late_lock = threading.Lock()
         self._bursts = Bursts()
+
+    def _refused_before_sending(self, request: Request) -> Optional[Rejected]:
+        """A request the daemon would refuse for its size, refused here: it
+        touches no connection, burst or static budget."""
+        error = refusal_before_sending(self.config.protocol_version, request)
+        return None if error is None else Rejected(error)
 
     def _next_id(self) -> int:
         with self._ids_lock:
@@ -345,6 +371,9 @@ class Client(_ClientCore):
         return Attempt.begin(self, route, subject, password, password_tag)
 
     def _decide(self, route: str, request: Request) -> Answer:
+        refused = self._refused_before_sending(request)
+        if refused is not None:
+            return refused
         burst = self._enter(route, request)
         try:
             try:

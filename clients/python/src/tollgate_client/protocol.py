@@ -16,6 +16,13 @@ PROTOCOL_VERSION_MIN = 1
 SIGNALS_VERSION = 3
 ABANDON_VERSION = 5
 RESPONSE_PAYLOAD_BYTES_MAX = 8 * 1024 * 1024
+# The daemon's limits (PROTOCOL.md sections 1 and 3). The client refuses a
+# request over them itself: the daemon would answer `frame_too_large` and
+# close while a big frame is still being written, the write would fail, and
+# a login would fail open on the broken pipe.
+REQUEST_PAYLOAD_BYTES_MAX = 16 * 1024
+IDENTIFIER_BYTES_MAX = 512
+IDENTIFIER_FIELDS = ("account", "device", "tenant", "client_id")
 ENVELOPE_BYTES = 9
 PASSWORD_DIGEST_BYTES = 16
 
@@ -223,6 +230,36 @@ def encode_request(version: int, request_id: int, request: Request) -> bytes:
         raise TypeError("not a request this client sends: {!r}".format(request))
     payload = struct.pack("<BQ", version, request_id) + body
     return struct.pack("<I", len(payload)) + payload
+
+
+def refusal_before_sending(version: int, request: Request) -> Optional[ErrorReply]:
+    """The daemon's refusal of `request`, made here without sending it: an
+    identifier over 512 bytes (`field_too_long`) or a payload over 16384
+    bytes in `version` (`frame_too_large`); None when it may be sent."""
+    subject = request.subject
+    for name in IDENTIFIER_FIELDS:
+        value = getattr(subject, name)
+        # Four bytes a character at most: short text needs no encoding.
+        if value is None or len(value) * 4 <= IDENTIFIER_BYTES_MAX:
+            continue
+        size = len(_utf8(value))
+        if size > IDENTIFIER_BYTES_MAX:
+            message = "field `subject.{}` is {} bytes; the maximum is {} (refused before sending)".format(
+                name, size, IDENTIFIER_BYTES_MAX
+            )
+            return ErrorReply(ErrorCode.FIELD_TOO_LONG, message)
+    texts = (request.route, subject.forwarded_for, subject.account, subject.device, subject.tenant, subject.client_id)
+    # Every fixed part of a request (envelope, tags, lengths, the address)
+    # fits in 160 bytes: only a request that might be too large is encoded.
+    if sum(len(text) for text in texts if text is not None) * 4 + 160 <= REQUEST_PAYLOAD_BYTES_MAX:
+        return None
+    size = len(encode_request(version, 0, request)) - 4
+    if size > REQUEST_PAYLOAD_BYTES_MAX:
+        message = "request of {} bytes; the maximum is {} (refused before sending)".format(
+            size, REQUEST_PAYLOAD_BYTES_MAX
+        )
+        return ErrorReply(ErrorCode.FRAME_TOO_LARGE, message)
+    return None
 
 
 class _Reader:
