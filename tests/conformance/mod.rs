@@ -179,10 +179,13 @@ fn substitute(value: &Value, socket: &Path) -> Value {
         Value::String(s) if s == "$socket" => json!(socket.display().to_string()),
         Value::String(s) if s == "$key" => json!(hex(&KEY)),
         Value::String(s) if s.starts_with("$repeat:") => {
-            // `$repeat:<n>:<text>`: the text n times (long identifiers).
+            // `$repeat:<n>:<text>[|<tail>]`: the text n times, then the
+            // tail (long identifiers and headers).
             let mut parts = s.splitn(3, ':').skip(1);
             let n: usize = parts.next().and_then(|n| n.parse().ok()).expect("$repeat:<n>:<text>");
-            json!(parts.next().unwrap_or("").repeat(n))
+            let rest = parts.next().unwrap_or("");
+            let (text, tail) = rest.split_once('|').unwrap_or((rest, ""));
+            json!(text.repeat(n) + tail)
         }
         Value::Array(items) => Value::Array(items.iter().map(|v| substitute(v, socket)).collect()),
         Value::Object(map) => Value::Object(map.iter().map(|(k, v)| (k.clone(), substitute(v, socket))).collect()),
