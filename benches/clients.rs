@@ -2,7 +2,7 @@
 //! loop and from 16, beside the same language's raw socket (one
 //! pre-encoded frame written, one reply frame read, nothing decoded): what
 //! each client costs over the socket. `cargo bench --bench clients` (all)
-//! or `-- python go` (some), in about four minutes; docs/clients.md has
+//! or `-- python go` (some), in about four minutes; docs/performance.md has
 //! the table.
 //!
 //! The daemon is the release build, on a route with one rate rule far
