@@ -71,6 +71,15 @@ final class VectorTests {
                 if (request == null) continue; // Status, Lockouts, admin: the tollgate CLI's.
                 requests++;
                 Expect.equal(Expect.hex(frame), Expect.hex(Codec.encode(version, id, request)), name + " encodes to its frame");
+            } else if (version > Codec.PROTOCOL_VERSION) {
+                // A newer version's reply (the daemon's admin requests): this
+                // client never asks in it, and refuses such a frame.
+                try {
+                    Codec.decode(Arrays.copyOfRange(frame, 4, frame.length));
+                    Expect.that(false, name + ": a version " + version + " reply is refused");
+                } catch (Codec.MalformedReplyException expected) {
+                    Expect.that(expected.getMessage().contains("version " + version), name + " is refused for its version: " + expected.getMessage());
+                }
             } else {
                 responses++;
                 response(name, frame, version, id, fields);
