@@ -28,10 +28,10 @@ use tollgate::codec::{
 };
 use tollgate::protocol::{
     AccountCount, Activity, ClassLimit, Decision, DecisionCounts, DetectorStatus, Distribution, ErrorCode, ErrorReply,
-    FlaggedSubject, HistogramBucket, LatencyHistogram, Lockout, NamedLimit, Outcome, PersistenceStatus, PrefixCount,
-    Reason, RecentLockout, RecentRefusal, Request, Response, RouteActivity, RouteStatus, RuleStatus, SharedStatus,
-    SignalFamilyStatus, SignalsStatus, Status, Subject, Verdict, VerdictCounts, WouldBeRefusal, ABANDON_VERSION,
-    ACTIVITY_VERSION, PROTOCOL_VERSION,
+    FlaggedSubject, HistogramBucket, InspectedRule, Inspection, LatencyHistogram, Lockout, NamedLimit, Outcome,
+    PersistenceStatus, PrefixCount, Reason, RecentLockout, RecentRefusal, Request, Response, RouteActivity,
+    RouteStatus, RuleStatus, SharedStatus, SignalFamilyStatus, SignalsStatus, Status, Subject, Verdict, VerdictCounts,
+    WouldBeRefusal, ABANDON_VERSION, ACTIVITY_VERSION, INSPECT_VERSION, PROTOCOL_VERSION,
 };
 
 const DOC: &str = "PROTOCOL.md";
@@ -102,6 +102,11 @@ fn v4(name: &'static str, case: Case) -> Case {
 /// A case's message in version 5.
 fn v5(name: &'static str, case: Case) -> Case {
     Case { name, version: 5, ..case }
+}
+
+/// A case's message in version 6.
+fn v6(name: &'static str, case: Case) -> Case {
+    Case { name, version: 6, ..case }
 }
 
 /// The message as a reply of the case's version carries it: versions 1 and
@@ -224,7 +229,7 @@ fn shared_unreachable() -> SharedStatus {
 }
 
 /// Every vector in the file, by name: version 1's, then those of versions
-/// 2, 3 and 4.
+/// 2 to 6.
 fn cases() -> Vec<Case> {
     let mut cases = v1_cases();
     let v2_cases = vec![
@@ -291,7 +296,60 @@ fn cases() -> Vec<Case> {
         v4("verdict-attempts-in-flight-v4", places_verdict("verdict-attempts-in-flight-v4")),
     ];
     cases.extend(v5_cases);
+    // No version-6 check: version 6 adds `Inspect` alone, and the other
+    // clients' vector tests send every check vector in versions they speak.
+    let v6_cases = vec![
+        v6("inspect-login-v6", request("inspect-login-v6", 14, inspect_login())),
+        v6("inspection-v6", response("inspection-v6", 14, Response::Inspection(Box::new(inspection_locked())))),
+        v5("error-inspect-needs-v6-v5", response("error-inspect-needs-v6-v5", 14, inspect_refused_in_v5())),
+    ];
+    cases.extend(v6_cases);
     cases
+}
+
+/// `inspect-login-v6`: the subject of `check-login-v4`, looked up.
+fn inspect_login() -> Request<'static> {
+    Request::Inspect { route: "login", subject: alice_from_v4() }
+}
+
+/// `inspection-v6`: a lockout on `source_failures`, and a rule that does
+/// not apply (its key and figures empty).
+fn inspection_locked() -> Inspection {
+    Inspection {
+        now_ms: 1_700_000_010_000,
+        route: "login".into(),
+        device: String::new(),
+        shared: false,
+        rules: vec![
+            InspectedRule {
+                name: "source_failures".into(),
+                kind: "failures".into(),
+                key: "0123456789abcdef0123456789abcdef".into(),
+                limit: 5,
+                failures: 5,
+                locked: true,
+                refuses: true,
+                until_ms: 1_700_000_900_001,
+                retry_after_ms: 890_001,
+                reset_ms: 1_790_000,
+                ..InspectedRule::default()
+            },
+            InspectedRule {
+                name: "known_device_failures".into(),
+                kind: "failures".into(),
+                skipped: "known devices only".into(),
+                ..InspectedRule::default()
+            },
+        ],
+    }
+}
+
+/// `error-inspect-needs-v6-v5`: an `inspect` in a version-5 frame.
+fn inspect_refused_in_v5() -> Response<'static> {
+    Response::Error(ErrorReply {
+        code: ErrorCode::Malformed,
+        message: "request `inspect` needs protocol version 6; this frame is version 5".into(),
+    })
 }
 
 /// A deny by places in flight (reason added in version 5): 5 attempts
@@ -1118,10 +1176,27 @@ fn an_older_frame_of_an_abandon_gets_the_error_in_the_file() {
     assert_eq!(decode_request_versioned(&frame[FRAME_HEADER_BYTES..]).map(|(_, r, _)| r), Ok(abandon_login()));
 }
 
+/// `error-inspect-needs-v6-v5` is what the codec says of request 9 in a
+/// version-1 to 5 frame (naming the frame's version); in version 6 it decodes.
+#[test]
+fn an_older_frame_of_an_inspect_gets_the_error_in_the_file() {
+    let Response::Error(in_file) = inspect_refused_in_v5() else { unreachable!() };
+    for version in 1..INSPECT_VERSION {
+        let mut frame = Vec::new();
+        encode_request_with_extras(version, 14, &inspect_login(), &RequestExtras::default(), &mut frame);
+        let failure = decode_request_versioned(&frame[FRAME_HEADER_BYTES..]).expect_err("refused");
+        let expected = in_file.message.replace("is version 5", &format!("is version {version}"));
+        assert_eq!((failure.id, failure.error.to_string()), (Some(14), expected), "version {version}");
+    }
+    let mut frame = Vec::new();
+    encode_request_with_extras(INSPECT_VERSION, 14, &inspect_login(), &RequestExtras::default(), &mut frame);
+    assert_eq!(decode_request_versioned(&frame[FRAME_HEADER_BYTES..]).map(|(_, r, _)| r), Ok(inspect_login()));
+}
+
 /// Every variant of both message enums. `variant` below is exhaustive, so
 /// a new variant does not compile until it is named there; add it here too,
 /// and the test below fails until the vector file has a vector for it.
-const VARIANTS: [&str; 17] = [
+const VARIANTS: [&str; 19] = [
     "Request::Check",
     "Request::Report",
     "Request::Status",
@@ -1139,6 +1214,8 @@ const VARIANTS: [&str; 17] = [
     "Response::Activity",
     "Response::Samples",
     "Request::Abandon",
+    "Request::Inspect",
+    "Response::Inspection",
 ];
 
 fn variant(message: &Message) -> &'static str {
@@ -1153,6 +1230,7 @@ fn variant(message: &Message) -> &'static str {
             Request::Activity { .. } => "Request::Activity",
             Request::Samples { .. } => "Request::Samples",
             Request::Abandon { .. } => "Request::Abandon",
+            Request::Inspect { .. } => "Request::Inspect",
         },
         Message::Response(r) => match r {
             Response::Verdict(_) => "Response::Verdict",
@@ -1163,6 +1241,7 @@ fn variant(message: &Message) -> &'static str {
             Response::Error(_) => "Response::Error",
             Response::Activity(_) => "Response::Activity",
             Response::Samples { .. } => "Response::Samples",
+            Response::Inspection(_) => "Response::Inspection",
         },
     }
 }

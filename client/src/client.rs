@@ -16,8 +16,9 @@ use crate::codec::{
 };
 use crate::gcra::{decide, GcraSpec};
 use crate::protocol::{
-    Activity, ErrorCode, ErrorReply, Lockout, Outcome, Request, Response, SharedStatus, SignalsStatus, Status, Subject,
-    Verdict, WouldBeRefusal, ACTIVITY_VERSION, IDENTIFIER_BYTES_MAX, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
+    Activity, ErrorCode, ErrorReply, Inspection, Lockout, Outcome, Request, Response, SharedStatus, SignalsStatus,
+    Status, Subject, Verdict, WouldBeRefusal, ACTIVITY_VERSION, IDENTIFIER_BYTES_MAX, INSPECT_VERSION,
+    PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
 };
 use crate::unpoisoned::Unpoisoned;
 use crate::{forwarded_tail, FailPolicy, BUILTIN_FAIL_POLICIES};
@@ -385,7 +386,7 @@ impl Client {
     pub async fn activity(&self, limit: u32) -> Result<Activity, ClientError> {
         match self.call_versioned(&Request::Activity { limit }).await? {
             (Response::Activity(a), _) => Ok(*a),
-            (other, extras) => Err(needs_activity_version(other, extras.version)),
+            (other, extras) => Err(needs_version(other, extras.version, ACTIVITY_VERSION)),
         }
     }
 
@@ -395,7 +396,7 @@ impl Client {
     pub async fn samples(&self, limit: u32) -> Result<(Vec<WouldBeRefusal>, u64, u64), ClientError> {
         match self.call_versioned(&Request::Samples { limit }).await? {
             (Response::Samples { samples, seen, since_ms }, _) => Ok((samples, seen, since_ms)),
-            (other, extras) => Err(needs_activity_version(other, extras.version)),
+            (other, extras) => Err(needs_version(other, extras.version, ACTIVITY_VERSION)),
         }
     }
 
@@ -415,6 +416,15 @@ impl Client {
         match self.call(&Request::Unlock { route, account, source }).await? {
             Response::Unlocked { cleared } => Ok(cleared),
             other => Err(unexpected(other)),
+        }
+    }
+
+    /// The subject's standing on each rule of `route`, read without
+    /// changing anything (admin). Needs a daemon that speaks version 6.
+    pub async fn inspect(&self, route: &str, subject: &Subject<'_>) -> Result<Inspection, ClientError> {
+        match self.call_versioned(&Request::Inspect { route, subject: bounded(subject) }).await? {
+            (Response::Inspection(i), _) => Ok(*i),
+            (other, extras) => Err(needs_version(other, extras.version, INSPECT_VERSION)),
         }
     }
 
@@ -575,7 +585,7 @@ pub(crate) fn bounded<'a>(subject: &Subject<'a>) -> Subject<'a> {
 fn refused_before_sending(request: &Request<'_>) -> Option<ErrorReply> {
     let (route, subject) = match request {
         Request::Check { route, subject } | Request::Report { route, subject, .. } => (*route, subject),
-        Request::Abandon { route, subject } => (*route, subject),
+        Request::Abandon { route, subject } | Request::Inspect { route, subject } => (*route, subject),
         _ => return None,
     };
     let identifiers = [
@@ -603,12 +613,13 @@ fn refused_before_sending(request: &Request<'_>) -> Option<ErrorReply> {
     })
 }
 
-/// A reply to `activity` or `samples` that is not one: from a daemon that
-/// speaks an older version, a plain sentence saying so.
-fn needs_activity_version(reply: Response<'static>, version: u8) -> ClientError {
-    if version < ACTIVITY_VERSION {
+/// A reply to `activity`, `samples` or `inspect` that is not one: from a
+/// daemon that speaks an older version than `first`, a plain sentence
+/// saying so.
+fn needs_version(reply: Response<'static>, version: u8, first: u8) -> ClientError {
+    if version < first {
         return ClientError::Protocol(format!(
-            "the daemon speaks protocol version {version}; this needs version {ACTIVITY_VERSION} (upgrade the daemon)"
+            "the daemon speaks protocol version {version}; this needs version {first} (upgrade the daemon)"
         ));
     }
     unexpected(reply)

@@ -8,7 +8,9 @@
 //! Version 3 adds a trailing password tag to `Check` and `Report`
 //! (`RequestExtras`), spray detection's status after version 2's status
 //! extras, and four reasons that older versions receive as the nearest
-//! reason they know (`Reason::for_version`).
+//! reason they know (`Reason::for_version`). Versions 4 to 6 each add
+//! requests (and their replies) and nothing else: an older frame of a
+//! newer request is malformed, naming the version it needs.
 //!
 //! Pure: no tokio, no I/O. "Need more bytes" (`Ok(None)`) and "malformed"
 //! (`Err`) are different results, and a length over the maximum is refused
@@ -20,7 +22,7 @@ use bincode::config::{self, Configuration, Fixint, LittleEndian, NoLimit};
 
 use crate::protocol::{
     Request, Response, SharedStatus, SignalsStatus, Subject, Verdict, ABANDON_VERSION, ACTIVITY_VERSION,
-    PROTOCOL_VERSION, PROTOCOL_VERSION_MIN, SIGNALS_VERSION,
+    INSPECT_VERSION, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN, SIGNALS_VERSION,
 };
 
 /// Bytes of the length prefix.
@@ -187,12 +189,13 @@ fn decode_request_general(
         failure(Some(id), PayloadError::Malformed(why))
     };
     let (request, mut used) = bincode::borrow_decode_from_slice::<Request<'_>, _>(body, WIRE).map_err(malformed)?;
-    // Versions 1 to 3 have six requests and version 4 eight; a later one
-    // is as unknown to them as any other discriminant.
+    // Versions 1 to 3 have six requests, version 4 eight and version 5
+    // nine; a later one is as unknown to them as any other discriminant.
     let needs = match request {
         Request::Activity { .. } => Some(("activity", ACTIVITY_VERSION)),
         Request::Samples { .. } => Some(("samples", ACTIVITY_VERSION)),
         Request::Abandon { .. } => Some(("abandon", ABANDON_VERSION)),
+        Request::Inspect { .. } => Some(("inspect", INSPECT_VERSION)),
         _ => None,
     };
     if let Some((name, first)) = needs.filter(|&(_, first)| version < first) {
@@ -342,8 +345,13 @@ fn describe_bad_request(version: u8, body: &[u8]) -> Result<(), String> {
             body.str("route")?;
             body.subject()
         }
+        9 if version >= INSPECT_VERSION => {
+            body.str("route")?;
+            body.subject()
+        }
         other => {
             let last = match version {
+                v if v >= INSPECT_VERSION => 9,
                 v if v >= ABANDON_VERSION => 8,
                 v if v >= ACTIVITY_VERSION => 7,
                 _ => 5,
@@ -858,7 +866,7 @@ mod tests {
         let v4 = [&[1u8][..], &0u32.to_le_bytes(), &[198, 51, 100, 7]].concat();
         let cases: Vec<(Vec<u8>, &str)> = vec![
             (vec![], "message ends inside the request tag: 4 bytes needed, 0 left"),
-            (42u32.to_le_bytes().to_vec(), "unknown request tag 42 (the known tags are 0 to 8)"),
+            (42u32.to_le_bytes().to_vec(), "unknown request tag 42 (the known tags are 0 to 9)"),
             (body(&[&6u32.to_le_bytes(), &[1, 0]]), "message ends inside field `limit`: 4 bytes needed, 2 left"),
             (
                 body(&[&0u32.to_le_bytes(), &2u64.to_le_bytes(), &[0xff, 0xfe]]),
@@ -1304,6 +1312,47 @@ mod tests {
                 assert_eq!(decoded.recent_refusals[0].reason, sent, "version {version}");
             }
         }
+    }
+
+    /// `inspect` (version 6): an older frame of it is malformed, naming
+    /// version 6, in words by field when its body is bad as well; in
+    /// version 6 it and its reply round-trip.
+    #[test]
+    fn an_inspect_needs_version_6_and_round_trips_in_it() {
+        let inspect =
+            Request::Inspect { route: "login", subject: Subject { account: Some("alice"), ..Subject::default() } };
+        for version in PROTOCOL_VERSION_MIN..INSPECT_VERSION {
+            let mut frame = Vec::new();
+            encode_request_versioned(version, 4, &inspect, &mut frame);
+            let failure = decode_request_versioned(payload(&frame)).unwrap_err();
+            let expected = format!("request `inspect` needs protocol version 6; this frame is version {version}");
+            assert_eq!((failure.id, failure.error), (Some(4), PayloadError::Malformed(expected)));
+            let body = &payload(&frame)[ENVELOPE_BYTES..];
+            assert!(describe_bad_request(version, body).unwrap_err().contains("unknown request tag 9"));
+        }
+        let mut frame = Vec::new();
+        encode_request_versioned(INSPECT_VERSION, 4, &inspect, &mut frame);
+        assert_eq!(decode_request_versioned(payload(&frame)), Ok((4, inspect, RequestExtras::default())));
+        let body = &payload(&frame)[ENVELOPE_BYTES..];
+        assert_eq!(
+            why(&body[..body.len() - 2]),
+            "message ends inside the option tag of field `subject.tenant`: 1 bytes needed, 0 left"
+        );
+        let reply = Response::Inspection(Box::new(crate::protocol::Inspection {
+            now_ms: 7,
+            route: "login".into(),
+            rules: vec![crate::protocol::InspectedRule {
+                name: "source_failures".into(),
+                locked: true,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }));
+        let mut frame = Vec::new();
+        encode_response_versioned(INSPECT_VERSION, 4, &reply, &ReplyExtras::default(), &mut frame);
+        let extras = DecodedExtras { version: INSPECT_VERSION, ..DecodedExtras::default() };
+        assert_eq!(decode_response_versioned(payload(&frame)), Ok((4, reply, extras)));
+        fuzz_request_frames(&frame);
     }
 
     #[test]

@@ -13,7 +13,7 @@ use bincode::{BorrowDecode, Decode, Encode};
 /// Version byte at the start of every payload; a frame with a version
 /// outside `PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION` gets an
 /// `unsupported_version` error and the connection survives.
-pub const PROTOCOL_VERSION: u8 = 5;
+pub const PROTOCOL_VERSION: u8 = 6;
 /// The oldest version the daemon still answers, in that version's bytes:
 /// auth servers linking an older client keep working across an upgrade.
 pub const PROTOCOL_VERSION_MIN: u8 = 1;
@@ -36,6 +36,11 @@ const _: () = assert!(SIGNALS_VERSION < ACTIVITY_VERSION && ACTIVITY_VERSION <= 
 pub const ABANDON_VERSION: u8 = 5;
 
 const _: () = assert!(ACTIVITY_VERSION < ABANDON_VERSION && ABANDON_VERSION <= PROTOCOL_VERSION);
+/// The first version with `Inspect` (an account's standing on each rule of
+/// a route, read without changing anything; admin).
+pub const INSPECT_VERSION: u8 = 6;
+
+const _: () = assert!(ABANDON_VERSION < INSPECT_VERSION && INSPECT_VERSION <= PROTOCOL_VERSION);
 
 /// Who is attempting what. The daemon derives every key from these fields.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Encode, BorrowDecode)]
@@ -110,6 +115,13 @@ pub enum Request<'a> {
     /// nothing: an attempt whose result never reached its sender taught
     /// nobody anything, so it is not a guess. Same subject as the check.
     Abandon {
+        route: &'a str,
+        subject: Subject<'a>,
+    },
+    /// The subject's standing on each rule of the route (version 6,
+    /// admin): what a check would find, read without spending, taking a
+    /// place, climbing a ladder or being logged as an attempt.
+    Inspect {
         route: &'a str,
         subject: Subject<'a>,
     },
@@ -662,6 +674,68 @@ pub struct Lockout {
     pub retry_after_ms: u64,
 }
 
+/// An `Inspect` reply (version 6): the subject's standing on each rule of
+/// the route, as of `now_ms`. Keys are keyed digests, as `lockouts` shows
+/// them; the request's identifiers are not echoed.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Inspection {
+    pub now_ms: u64,
+    pub route: String,
+    /// `known` or `unknown` when the route keeps known devices and the
+    /// request names an account and a device; empty otherwise.
+    pub device: String,
+    /// The daemon runs with a shared store: global rules are decided
+    /// there, and their figures here are this host's view only (its
+    /// degraded share and the store's lockouts it has learned).
+    pub shared: bool,
+    /// Every rule of the route, in order.
+    pub rules: Vec<InspectedRule>,
+}
+
+/// One rule's standing for the inspected subject.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct InspectedRule {
+    pub name: String,
+    /// `rate`, `failures` or `signal`.
+    pub kind: String,
+    /// Why the rule does not apply to this subject (`needs peer`,
+    /// `unknown devices only`, ...); empty when it applies. A rule that
+    /// does not apply has no key and every figure 0.
+    pub skipped: String,
+    /// The key's keyed digest, 32 hex digits (as `lockouts` lists it).
+    pub key: String,
+    /// Evaluated and counted, never enforced.
+    pub monitor: bool,
+    /// Shared mode: decided in the store (see `Inspection::shared`).
+    pub global: bool,
+    /// Failure rules: the threshold; rate rules: the burst.
+    pub limit: u32,
+    /// Failure rules: failures in the sliding window, rounded up as a
+    /// check counts them.
+    pub failures: u32,
+    /// Failure rules: attempts checked and not yet reported (places).
+    pub in_flight: u32,
+    /// Checks the rule would still admit now (failure rules: the threshold
+    /// less failures and places; rate rules: the budget left).
+    pub remaining: u32,
+    /// Failure rules: the failures reach the threshold (a lockout).
+    pub locked: bool,
+    /// Signal rules: the detector whose flag covers the subject, or empty.
+    pub flagged_by: String,
+    /// A check now would be refused by this rule (or, in monitor mode,
+    /// would have been).
+    pub refuses: bool,
+    /// When the refusal ends on the daemon's clock, and how long from now;
+    /// 0 when it does not refuse (a signal rule's flag promises no end: 0).
+    pub until_ms: u64,
+    pub retry_after_ms: u64,
+    /// Rate rules: until the budget is full again; failure rules: until
+    /// the counts expire.
+    pub reset_ms: u64,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[cfg_attr(feature = "serde", serde(tag = "type", rename_all = "snake_case"))]
@@ -687,6 +761,8 @@ pub enum Response<'a> {
         seen: u64,
         since_ms: u64,
     },
+    /// The reply to `Inspect` (version 6).
+    Inspection(Box<Inspection>),
 }
 
 impl Response<'_> {
@@ -704,6 +780,7 @@ impl Response<'_> {
             Response::Error(e) => Response::Error(e),
             Response::Activity(a) => Response::Activity(a),
             Response::Samples { samples, seen, since_ms } => Response::Samples { samples, seen, since_ms },
+            Response::Inspection(i) => Response::Inspection(i),
         }
     }
 }

@@ -47,8 +47,11 @@ An error: the daemon could not be reached or refused the request; \fBserve\fR co
 2
 A usage error (an unknown flag or a bad value).
 .TP
-3, 4, 5
-\fBcheck\fR only: the verdict is delay, challenge or deny.
+3, 4
+\fBcheck\fR only: the verdict is delay or challenge.
+.TP
+5
+\fBcheck\fR: the verdict is deny; \fBinspect\fR: an enforcing rule would refuse a check now (0 when none would).
 .TP
 6
 \fBunlock\fR only: nothing was cleared (the account had no lockout or count on the route).

@@ -15,6 +15,7 @@ use crate::format::{at_time, human_duration, json, parse_duration, status_json};
 use crate::protocol::{Decision, Outcome, Request, Subject};
 use crate::stdout::{out, outln};
 
+mod inspect;
 mod man;
 mod print;
 pub use man::{man_page, print_man_page};
@@ -65,6 +66,14 @@ pub enum Command {
     /// rule, the client's network and class, account and device digests,
     /// and whether the device was known (never a name).
     Sample(SampleArgs),
+    /// An account's standing on each rule of a route, read without
+    /// changing anything (admin): failures, attempts in flight, lockouts
+    /// and until when, rate budgets left, spray flags.
+    ///
+    /// Exit status: 0 when no enforcing rule would refuse a check now, 5
+    /// when one would (a lockout, attempts in flight, a spent budget, a
+    /// flag), 1 an error (permission denied: not an admin).
+    Inspect(inspect::InspectArgs),
     /// Clear an account's lockouts and counters on a route (admin).
     ///
     /// Exit status: 0 when something was cleared, 6 when nothing was (no
@@ -372,6 +381,7 @@ impl Command {
             Command::Lockouts(a) => Some(&a.common.socket),
             Command::Sample(a) => Some(&a.common.socket),
             Command::Unlock(a) => Some(&a.common.socket),
+            Command::Inspect(a) => Some(&a.common.socket),
             Command::Clock { command: ClockCommand::Advance { common, .. } } => Some(&common.socket),
             _ => None,
         }
@@ -532,6 +542,7 @@ async fn run_command(command: Command) -> Result<ExitCode, ClientError> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Inspect(args) => Ok(ExitCode::from(inspect::inspect(&client(&args.common), &args).await?)),
         Command::Unlock(args) => {
             let cleared = client(&args.common).unlock(&args.route, &args.account, args.source).await?;
             if args.common.json {

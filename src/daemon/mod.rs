@@ -5,6 +5,7 @@
 //! `start` brings the daemon up and down (state file, listener, signals,
 //! snapshots, systemd); `server` owns the socket and the connections.
 
+mod inspect;
 mod listings;
 mod scrape;
 mod shared;
@@ -341,6 +342,9 @@ impl Daemon {
             }
             Request::Samples { limit } => (samples_reply(&self.activity, limit), Vec::new(), false),
             request @ Request::Unlock { .. } => return Started::Unlock(request),
+            Request::Inspect { route, subject } => {
+                (self.inspect(limiter, route, &subject, peer, now), Vec::new(), false)
+            }
             Request::ClockAdvance { by_ms } => match self.clock.advance(by_ms.saturating_mul(1000)) {
                 Some(now) => (Response::ClockAdvanced { now_ms: ceil_ms(now) }, Vec::new(), false),
                 None => (
@@ -570,6 +574,8 @@ impl<'b, 'l> Job<'b, 'l> {
             Request::Abandon { .. } if !permissions.attempts => Job::Denied("abandon"),
             Request::Unlock { .. } if !permissions.admin => Job::Denied("unlock"),
             Request::ClockAdvance { .. } if !permissions.admin => Job::Denied("clock advance"),
+            // It reveals an account's standing: as private as an unlock.
+            Request::Inspect { .. } if !permissions.admin => Job::Denied("inspect"),
             Request::Check { route, subject } => {
                 let plan = limiter.plan_check(route, &subject, now).map(|plan| plan.with_password_tag(password_tag));
                 Job::Check { route, subject, plan }

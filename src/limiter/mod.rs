@@ -10,6 +10,7 @@
 
 mod build;
 mod global;
+mod inspect;
 mod known_lockouts;
 mod logged;
 mod maintenance;

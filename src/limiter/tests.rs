@@ -225,3 +225,46 @@ fn a_cell_row_of_window_length_zero_is_dropped_not_a_panic() {
     }));
     assert!(started.is_ok(), "start-up panicked on a cell row with window_us = 0");
 }
+
+/// `inspect` reads and never writes: a limiter inspected before every
+/// step gives the very verdicts of its twin never inspected (a ladder
+/// climbed, places taken and settled, a lockout and its lifting), and each
+/// inspection shows the standing the verdicts imply.
+#[test]
+fn inspecting_between_every_step_changes_no_verdict() {
+    let config = rule("responses = [\"delay\", \"challenge\", \"deny\"]\n");
+    let (inspected, plain) = (limiter(&config), limiter(&config));
+    let standing = |at: u64| {
+        let inspection = inspected.inspect("t", &account("alice"), at).expect("a known route");
+        let r = &inspection.rules[0];
+        (r.failures, r.in_flight, r.remaining, r.locked, r.refuses, r.retry_after_ms)
+    };
+    let mut steps = Vec::new();
+    for (i, at) in
+        [T0, T0, T0 + SECOND, T0 + 2 * SECOND, T0 + 3 * SECOND, T0 + WINDOW, T0 + WINDOW + 1].iter().enumerate()
+    {
+        let shown = standing(*at);
+        assert_eq!(standing(*at), shown, "an inspection changes the next one");
+        let (a, b) = (check(&inspected, "alice", *at), check(&plain, "alice", *at));
+        assert_eq!(a, b, "step {i}");
+        if a.proceeds() {
+            let reported =
+                |l: &Limiter| l.report("t", &account("alice"), Outcome::Failure, None, *at).unwrap().0.into_owned();
+            assert_eq!(reported(&inspected), reported(&plain), "step {i}");
+        }
+        steps.push(shown);
+    }
+    // (failures, in flight, remaining, locked, refuses, retry after ms):
+    // a delay proceeds, so its report makes a fourth failure; in the next
+    // window the four weigh less until they fall below three, 15 s in.
+    let expected = [
+        (0, 0, 3, false, false, 0),
+        (1, 0, 2, false, false, 0),
+        (2, 0, 1, false, false, 0),
+        (3, 0, 0, true, true, 58_001),
+        (4, 0, 0, true, true, 72_001),
+        (4, 0, 0, true, true, 15_001),
+        (4, 0, 0, true, true, 15_000),
+    ];
+    assert_eq!(steps, expected);
+}
