@@ -77,6 +77,9 @@ pub struct Attempt {
     route: String,
     subject: OwnedSubject,
     answered: Answered,
+    /// The check's password tag: a report given none carries it, so a
+    /// failure is never invisible to spray detection by omission.
+    password_tag: Option<[u8; 16]>,
     /// The daemon admitted the check and no outcome was sent yet.
     holds_places: bool,
 }
@@ -101,14 +104,21 @@ impl Client {
             let holds_places = holds_places(&answered.answer);
             // Sent or not, the guard lives on: in the caller's hands, in the
             // channel until the receiver goes, or dropped right here.
-            let _ = handed.send(Attempt { client, route, subject, answered, holds_places });
+            let _ = handed.send(Attempt { client, route, subject, answered, password_tag, holds_places });
         });
         match taken.await {
             Ok(attempt) => attempt,
             Err(_) => {
                 let answered = ended_without_answer(self, &route_name, true, checking.await.err());
                 let subject = OwnedSubject::default();
-                Attempt { client: Arc::clone(self), route: route_name, subject, answered, holds_places: false }
+                Attempt {
+                    client: Arc::clone(self),
+                    route: route_name,
+                    subject,
+                    answered,
+                    password_tag,
+                    holds_places: false,
+                }
             }
         }
     }
@@ -140,7 +150,8 @@ impl Attempt {
 
     /// Reports the verified outcome; the guard is spent. The report goes
     /// out even if this future is cancelled (the verify happened, so the
-    /// outcome counts), on a task of its own.
+    /// outcome counts), on a task of its own. Without a `password_tag` it
+    /// carries the check's.
     pub async fn report(
         mut self,
         outcome: Outcome,
@@ -175,6 +186,7 @@ impl Attempt {
         password_tag: Option<[u8; 16]>,
     ) -> Answered {
         self.holds_places = false;
+        let password_tag = password_tag.or(self.password_tag);
         let client = Arc::clone(&self.client);
         let route = self.route.clone();
         let reporting = tokio::spawn(async move {

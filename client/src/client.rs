@@ -461,6 +461,13 @@ impl Client {
         let timeout = self.config.timeout;
         let now_us = || self.started.elapsed().as_micros() as u64 + 1;
         match tokio::time::timeout(timeout, self.call_untimed(request, extras)).await {
+            // A full accept queue: the daemon is late to accept, not gone
+            // (each timed-out client's connection waits in its queue). Taken
+            // for a connect error, a stalled daemon's queue would let login
+            // fail open past the busy rule.
+            Ok(Err(ClientError::Connect { source, .. })) if source.kind() == std::io::ErrorKind::WouldBlock => {
+                Err(self.late(timeout))
+            }
             Ok(result) => {
                 if result.is_ok() {
                     // A timely answer busy_max after the run's last timeout
@@ -475,26 +482,31 @@ impl Client {
                 }
                 result
             }
-            Err(_) => {
-                let busy_max_us = self.config.busy_max.as_micros() as u64;
-                let last = self.last_answered_us.load(Ordering::Relaxed);
-                let run_young = {
-                    // The time is read under the lock: read before it, a
-                    // task could start the run after this one's instant.
-                    let mut run = self.late_run.locked();
-                    let now = now_us();
-                    if run.1 == 0 {
-                        run.0 = now;
-                    }
-                    run.1 = run.1.max(now);
-                    now.saturating_sub(run.0) < busy_max_us
-                };
-                if last > 0 && run_young {
-                    Err(ClientError::Busy(timeout))
-                } else {
-                    Err(ClientError::Timeout(timeout))
-                }
+            Err(_) => Err(self.late(timeout)),
+        }
+    }
+
+    /// A call the daemon was late for: it joins the run of late calls, and
+    /// is `Busy` while the run is younger than `busy_max` from a daemon
+    /// that has answered this client, else `Timeout`.
+    fn late(&self, timeout: Duration) -> ClientError {
+        let busy_max_us = self.config.busy_max.as_micros() as u64;
+        let last = self.last_answered_us.load(Ordering::Relaxed);
+        let run_young = {
+            // The time is read under the lock: read before it, a task could
+            // start the run after this one's instant.
+            let mut run = self.late_run.locked();
+            let now = self.started.elapsed().as_micros() as u64 + 1;
+            if run.1 == 0 {
+                run.0 = now;
             }
+            run.1 = run.1.max(now);
+            now.saturating_sub(run.0) < busy_max_us
+        };
+        if last > 0 && run_young {
+            ClientError::Busy(timeout)
+        } else {
+            ClientError::Timeout(timeout)
         }
     }
 

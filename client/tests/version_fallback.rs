@@ -274,6 +274,22 @@ async fn a_version_3_daemon_gets_the_tag_and_shows_the_signals() {
     assert_eq!(counts(&fake), (0, 0, 4, 1, 1, 1));
 }
 
+/// The guard's report carries the check's tag unless given another: a
+/// failure reported without one would be invisible to spray detection.
+#[tokio::test]
+async fn the_guards_report_carries_the_checks_tag() {
+    let fake = fake(6);
+    let client = Arc::new(Client::new(client(&fake)));
+    let (tag, other) = (password_tag(&[1; 32], "hunter2"), password_tag(&[1; 32], "other"));
+    let attempt = client.begin("login", &alice(), Some(tag)).await;
+    attempt.report(Outcome::Failure, None, None).await;
+    let attempt = client.begin("login", &alice(), Some(tag)).await;
+    attempt.report(Outcome::Failure, None, Some(other)).await;
+    let attempt = client.begin("login", &alice(), None).await;
+    attempt.report(Outcome::Failure, None, None).await;
+    assert_eq!(tags(&fake), [Some(tag), Some(tag), Some(tag), Some(other), None, None]);
+}
+
 /// A version-3 daemon has no `Activity` or `Samples`: after stepping down,
 /// the client says they need version 4 (and goes on in version 3 for the
 /// rest); a version-4 daemon answers them.
