@@ -11,6 +11,11 @@ export type Reason =
 export type ErrorCode =
   | "malformed" | "unsupported_version" | "unknown_route" | "missing_field" | "field_too_long"
   | "permission_denied" | "not_manual_clock" | "frame_too_large" | "internal";
+/**
+ * Why a call had no answer. `connect`: no such socket or nobody listening
+ * (ENOENT, ECONNREFUSED); a daemon late to accept (a full accept queue,
+ * EAGAIN) is `timeout` or `busy`, as one late to reply.
+ */
 export type ErrorKind = "connect" | "timeout" | "busy" | "io" | "protocol";
 export type Bytes = Uint8Array;
 
@@ -109,7 +114,10 @@ export class Attempt {
   readonly answer: Answer;
   readonly holdsPlaces: boolean;
   proceeds(): boolean;
-  /** Reports the outcome; the guard is spent. */
+  /**
+   * Reports the outcome; the guard is spent. Without a `passwordTag` or
+   * `password`, the report carries the check's tag; a given one wins.
+   */
   report(outcome: Outcome, options?: AttemptReportOptions): Promise<Answer>;
   /** Abandons an allowed, unreported attempt (resolving with that answer); otherwise resolves null. */
   end(): Promise<Answer | null>;

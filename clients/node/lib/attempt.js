@@ -17,11 +17,14 @@ export class Attempt {
   /** The daemon admitted the check and no outcome or abandon was sent yet. */
   #holdsPlaces;
   #spent = false;
+  /** The check's password tag (null: none), for a report that gives none. */
+  #tag;
 
-  constructor(client, route, subject, answer) {
+  constructor(client, route, subject, answer, tag = null) {
     this.#client = client;
     this.#route = route;
     this.#subject = subject;
+    this.#tag = tag;
     this.answer = answer;
     // Only an allowed verdict holds places: a delayed check gave them back,
     // and an unanswered one may never have reached the daemon (an abandon
@@ -43,12 +46,15 @@ export class Attempt {
    * Reports the verified outcome ("success" or "failure"); the guard is
    * spent. Options as `Client.report`, plus `subject`: the subject after
    * the verify (such as a device id issued at sign-in); the route is the check's.
+   * Without a `passwordTag` or `password`, the report carries the check's tag
+   * (a failure without one is invisible to spray detection); a given one wins.
    */
   async report(outcome, options = {}) {
     if (this.#spent) throw new Error("this attempt was already reported or ended");
     this.#spent = true;
     this.#holdsPlaces = false;
     const { subject = this.#subject, ...rest } = options;
+    if (rest.passwordTag == null && rest.password == null && this.#tag) rest.passwordTag = this.#tag;
     return this.#client.report(this.#route, subject, outcome, rest);
   }
 

@@ -141,16 +141,21 @@ export class Client {
    * `passwordTag` (16 bytes), or `password` to compute it with `passwordKey`.
    */
   async check(route, subject, options = {}) {
-    const tag = options.passwordTag ?? this.#derived(options.password, (key, p) => passwordTag(key, p));
-    return this.#decide(route, { type: "check", route, subject, passwordTag: tag });
+    return this.#decide(route, { type: "check", route, subject, passwordTag: this.#checkTag(options) });
   }
 
   /**
    * Checks an attempt and returns it as a guard (options as `check`):
    * `await attempt.report(...)` inside `try`, `await attempt.end()` in `finally`.
+   * A report through the guard without a tag (or password) carries the check's.
    */
   async begin(route, subject, options = {}) {
-    return new Attempt(this, route, subject, await this.check(route, subject, options));
+    const tag = this.#checkTag(options);
+    return new Attempt(this, route, subject, await this.check(route, subject, { passwordTag: tag }), tag);
+  }
+
+  #checkTag(options) {
+    return options.passwordTag ?? this.#derived(options.password, (key, p) => passwordTag(key, p));
   }
 
   /**
@@ -262,7 +267,9 @@ export class Client {
     clearImmediate(decide);
     const busyMaxUs = this.#config.busyMaxMs * 1000;
     const run = this.#lateRun;
-    if (result !== TIMED_OUT) {
+    // A timeout before the deadline (a full accept queue: see Connection) is
+    // a late daemon as much as the deadline is: the same run, the same busy rule.
+    if (result !== TIMED_OUT && result.error?.kind !== "timeout") {
       if (result.reply) {
         // A timely answer busy_max after the run's last timeout ends the run.
         const now = this.#nowUs();
@@ -275,7 +282,7 @@ export class Client {
     if (run.lastUs === 0) run.startUs = now;
     run.lastUs = Math.max(run.lastUs, now);
     const runYoung = now - run.startUs < busyMaxUs;
-    const message = `tollgate did not answer within ${this.#config.timeoutMs} ms`;
+    const message = result === TIMED_OUT ? `tollgate did not answer within ${this.#config.timeoutMs} ms` : result.error.message;
     const kind = this.#lastAnsweredUs > 0 && runYoung ? "busy" : "timeout";
     return { error: new ClientError(kind, message) };
   }

@@ -16,6 +16,8 @@ export class ClientError extends Error {
   }
 }
 
+/** Connecting to a socket whose daemon is late to accept, not to one nobody listens on (ENOENT, ECONNREFUSED). */
+const LATE_CONNECT_CODES = new Set(["EAGAIN", "EWOULDBLOCK", "ETIMEDOUT"]);
 const CLOSED_CODES = new Set(["EPIPE", "ECONNRESET", "ERR_STREAM_DESTROYED", "ERR_STREAM_WRITE_AFTER_END"]);
 
 export class Connection {
@@ -40,7 +42,12 @@ export class Connection {
     this.socket.on("data", (chunk) => this.#received(chunk));
     this.socket.on("end", () => this.#fail(new ClientError("io", "the daemon closed the connection", { closed: true })));
     this.socket.on("error", (e) => {
-      if (!this.connected) {
+      if (!this.connected && LATE_CONNECT_CODES.has(e.code)) {
+        // A full accept queue: the daemon is late to accept (each timed-out
+        // client's connection waits in its queue), not gone. Taken for a
+        // connect error, a stalled daemon would let login fail open past the busy rule.
+        this.#fail(new ClientError("timeout", `tollgate did not accept the connection (its queue is full): ${e.message}`));
+      } else if (!this.connected) {
         this.#fail(new ClientError("connect", `cannot reach tollgate at ${path}: ${e.message}`));
       } else {
         this.#fail(new ClientError("io", `connection to tollgate failed: ${e.message}`, { closed: CLOSED_CODES.has(e.code) }));

@@ -4,7 +4,7 @@
 import assert from "node:assert/strict";
 import net from "node:net";
 import { test } from "node:test";
-import { Client } from "../index.js";
+import { Client, passwordTag } from "../index.js";
 import {
   allowAll, errorMessage, fakeDaemon, fakeDaemonThread, frame, sleep, verdictMessage, versionOneOnly,
 } from "./fake_daemon.mjs";
@@ -119,6 +119,44 @@ test("the busy rule: a burst on one account after the daemon answered never proc
   for (const x of [c, d]) assert.deepEqual([x.error.kind, x.proceeds()], ["timeout", true]);
 });
 
+test("a full accept queue (EAGAIN) is a late daemon: timeout or busy, never connect", async (t) => {
+  const daemon = await fakeDaemonThread({ backlog: 1 });
+  const fillers = [];
+  t.after(async () => {
+    for (const s of fillers) s.destroy();
+    await daemon.close();
+  });
+  const client = new Client({ socket: daemon.path, timeoutMs: 20, busyMaxMs: 1000 });
+  t.after(() => client.close());
+  let first;
+  for (let i = 0; i < 50 && (first = await client.check("login", alice)).kind !== "verdict"; i++) await sleep(10);
+  assert.equal(first.kind, "verdict", "the daemon answered once");
+  await daemon.hold(); // stalled: it accepts nothing more
+  // Fill its queue (a backlog of 1 holds two) until connecting fails with EAGAIN.
+  let code;
+  while (code !== "EAGAIN" && fillers.length < 10) {
+    const s = net.createConnection({ path: daemon.path });
+    s.on("error", () => {});
+    fillers.push(s);
+    code = await new Promise((resolve) => s.once("connect", () => resolve("connected")).once("error", (e) => resolve(e.code)));
+  }
+  assert.equal(code, "EAGAIN", "the queue is full");
+
+  // A client the daemon never answered: an outage, not "cannot be reached".
+  const fresh = new Client({ socket: daemon.path, timeoutMs: 20 });
+  const lone = await fresh.check("login", { account: "erin" });
+  assert.deepEqual([lone.kind, lone.error.kind, lone.proceeds()], ["unavailable", "timeout", true]);
+  assert.match(lone.error.message, /queue is full/);
+  const reset = await fresh.check("password_reset", { account: "erin" });
+  assert.deepEqual([reset.error.kind, reset.proceeds()], ["timeout", false]);
+
+  // Overlapped checks on one account after the daemon answered: busy, none proceeds
+  // (one may take the pooled connection and time out reading; the rest cannot connect).
+  const answers = await Promise.all([1, 2, 3].map(() => client.check("login", alice)));
+  for (const a of answers) assert.deepEqual([a.kind, a.error.kind, a.proceeds()], ["unavailable", "busy", false]);
+  assert.ok(answers.filter((a) => /queue is full/.test(a.error.message)).length >= 2, "connecting failed with EAGAIN");
+});
+
 test("the busy rule: a timely answer busy_max after the run's last timeout ends it", async (t) => {
   let silent = false;
   const daemon = await fakeDaemon((r) => (silent ? null : allowAll(r)));
@@ -225,4 +263,37 @@ test("the guard: abandons an allowed check once, never after a report or a refus
     assert.equal(await refused.end(), null);
   }
   assert.deepEqual(tags(), [0, 8, 0, 1, 0, 0, 0]);
+});
+
+test("the guard's report without a tag carries the check's; a given tag or password wins", async (t) => {
+  const daemon = await fakeDaemon(allowAll);
+  t.after(() => daemon.close());
+  const client = new Client({ socket: daemon.path, timeoutMs: 1000, passwordKey: key });
+  t.after(() => client.close());
+  // A version-5 Report ends with its tag option: 1 and 16 bytes, or 0 for none.
+  const sentTag = () => {
+    const r = daemon.requests.at(-1);
+    assert.equal(r.tag, 1, "a Report");
+    return r.payload[r.payload.length - 17] === 1 ? Buffer.from(r.payload.subarray(-16)) : null;
+  };
+  const checked = passwordTag(key, "hunter2");
+  const other = Buffer.alloc(16, 9);
+  const cases = [
+    [{ password: "hunter2" }, {}, checked],
+    [{ password: "hunter2" }, { passwordDigest: Buffer.alloc(16, 1) }, checked],
+    [{ password: "hunter2" }, { subject: { ...alice, device: "d1" } }, checked],
+    [{ passwordTag: other }, {}, other],
+    [{ password: "hunter2" }, { passwordTag: other }, other],
+    [{ password: "hunter2" }, { password: "letmein" }, passwordTag(key, "letmein")],
+  ];
+  for (const [i, [begun, reported, expected]] of cases.entries()) {
+    const attempt = await client.begin("login", alice, begun);
+    assert.deepEqual(daemon.requests.at(-1).payload.subarray(-16), Buffer.from(begun.passwordTag ?? checked), `case ${i}: the check's tag`);
+    await attempt.report("failure", reported);
+    assert.deepEqual(sentTag(), Buffer.from(expected), `case ${i}`);
+    await attempt.end();
+  }
+  const untagged = await client.begin("login", alice);
+  await untagged.report("failure");
+  assert.equal(sentTag(), null, "no tag at the check, none at the report");
 });

@@ -50,7 +50,7 @@ export function errorMessage(code, message) {
  * the bytes to write back (or null for silence). `requests` records every
  * request; `connections` counts the open ones.
  */
-export async function fakeDaemon(respond) {
+export async function fakeDaemon(respond, { backlog } = {}) {
   const path = join(mkdtempSync(join(tmpdir(), "tollgate-fake-")), "fake.sock");
   const daemon = { path, requests: [], connections: 0, accepted: 0, respond };
   const sockets = new Set();
@@ -76,7 +76,7 @@ export async function fakeDaemon(respond) {
       }
     });
   });
-  await new Promise((resolve) => daemon.server.listen(path, resolve));
+  await new Promise((resolve) => daemon.server.listen(backlog ? { path, backlog } : path, resolve));
   daemon.close = () =>
     new Promise((resolve) => {
       for (const s of sockets) s.destroy();
@@ -99,10 +99,31 @@ export function allowAll({ version, id }) {
 
 export const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
-/** `allowAll` on a worker thread (test/fake_daemon_thread.mjs): `{ path, close }`. */
-export async function fakeDaemonThread() {
+/**
+ * `allowAll` on a worker thread (test/fake_daemon_thread.mjs): `{ path,
+ * hold, release, close }`. `hold()` stops its thread (it neither accepts nor
+ * reads: a stalled daemon) until `release()`; `backlog` sizes its accept queue.
+ */
+export async function fakeDaemonThread({ backlog } = {}) {
   const { Worker } = await import("node:worker_threads");
-  const worker = new Worker(new URL("./fake_daemon_thread.mjs", import.meta.url));
+  const held = new Int32Array(new SharedArrayBuffer(8)); // [0]: hold asked; [1]: holding
+  const worker = new Worker(new URL("./fake_daemon_thread.mjs", import.meta.url), { workerData: { backlog, held } });
   const path = await new Promise((resolve, reject) => worker.once("message", resolve).once("error", reject));
-  return { path, close: () => worker.terminate() };
+  const release = () => {
+    Atomics.store(held, 0, 0);
+    Atomics.notify(held, 0);
+  };
+  return {
+    path,
+    async hold() {
+      Atomics.store(held, 0, 1);
+      worker.postMessage("hold");
+      while (Atomics.load(held, 1) === 0) await sleep(1);
+    },
+    release,
+    close: () => {
+      release();
+      return worker.terminate();
+    },
+  };
 }

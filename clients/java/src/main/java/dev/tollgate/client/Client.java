@@ -208,7 +208,10 @@ public final class Client implements AutoCloseable {
                 runLastUs = Math.max(runLastUs, now);
                 runYoung = now - runStartUs < busyMaxUs;
             }
-            String message = "tollgate did not answer within " + config.timeout.toMillis() + " ms";
+            // A full accept queue (see Connection.queueFull) is late the same
+            // way, however early it failed: one run, the same busy rule.
+            String message = "tollgate did not answer within " + config.timeout.toMillis() + " ms"
+                    + (e.getMessage().equals(Connection.QUEUE_FULL) ? " (" + Connection.QUEUE_FULL + ")" : "");
             // Busy only if decide() finds the check in a burst; it adds " (busy)" then.
             if (last > 0 && runYoung) throw new CallFailed(ClientError.Kind.BUSY, message);
             throw new CallFailed(ClientError.Kind.TIMEOUT, message);

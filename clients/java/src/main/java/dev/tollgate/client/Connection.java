@@ -3,6 +3,7 @@ package dev.tollgate.client;
 import java.io.Closeable;
 import java.io.EOFException;
 import java.io.IOException;
+import java.net.SocketException;
 import java.net.StandardProtocolFamily;
 import java.net.UnixDomainSocketAddress;
 import java.nio.ByteBuffer;
@@ -10,7 +11,9 @@ import java.nio.ByteOrder;
 import java.nio.channels.SelectionKey;
 import java.nio.channels.Selector;
 import java.nio.channels.SocketChannel;
+import java.nio.file.Files;
 import java.nio.file.Path;
+import java.util.Locale;
 
 /**
  * One connection to the daemon, used by one call at a time. Non-blocking
@@ -21,7 +24,11 @@ final class Connection implements Closeable {
     /** The daemon did not answer by the deadline: the connection's state is unknown. */
     static final class TimedOut extends Exception {
         TimedOut() {
-            super("no answer by the deadline", null, false, false);
+            this("no answer by the deadline");
+        }
+
+        TimedOut(String message) {
+            super(message, null, false, false);
         }
     }
 
@@ -62,6 +69,7 @@ final class Connection implements Closeable {
             try {
                 connected = channel.connect(UnixDomainSocketAddress.of(socket));
             } catch (IOException e) {
+                if (queueFull(e, socket)) throw new TimedOut(QUEUE_FULL);
                 throw new ConnectFailed("cannot reach tollgate at " + socket + ": " + e.getMessage(), e);
             }
             selector = Selector.open();
@@ -72,6 +80,7 @@ final class Connection implements Closeable {
                 try {
                     connected = channel.finishConnect();
                 } catch (IOException e) {
+                    if (queueFull(e, socket)) throw new TimedOut(QUEUE_FULL);
                     throw new ConnectFailed("cannot reach tollgate at " + socket + ": " + e.getMessage(), e);
                 }
             }
@@ -81,6 +90,29 @@ final class Connection implements Closeable {
             if (selector != null) selector.close();
             throw e;
         }
+    }
+
+    /** The detail of a {@link TimedOut} for a connect refused by a full accept queue. */
+    static final String QUEUE_FULL = "its accept queue is full";
+
+    /**
+     * Whether a failed connect met a full accept queue (EAGAIN): the daemon
+     * is alive but late to accept (each timed-out client's connection waits
+     * in its queue), which is a late daemon, not a down one. Taken for a
+     * connect error, a stalled daemon's queue would let login fail open past
+     * the busy rule. Only nobody listening (ECONNREFUSED: a
+     * ConnectException), no socket there (ENOENT) or no permission (EACCES:
+     * a BindException) is unreachable. The JDK reports EAGAIN as a plain
+     * SocketException whose errno shows only in its strerror text, which
+     * the locale may translate: a plain SocketException on a path that
+     * exists is taken as EAGAIN too (ENOENT has no path).
+     */
+    static boolean queueFull(IOException e, Path socket) {
+        if (e.getClass() != SocketException.class) return false;
+        String message = String.valueOf(e.getMessage()).toLowerCase(Locale.ROOT);
+        if (message.contains("temporarily unavailable") || message.contains("would block") || message.contains("try again")) return true;
+        if (message.contains("no such file")) return false;
+        return Files.exists(socket);
     }
 
     /** Writes one frame and reads one reply payload (without its length prefix), by the deadline. */

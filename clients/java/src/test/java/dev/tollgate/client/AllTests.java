@@ -14,6 +14,7 @@ public final class AllTests {
             LogicTests.run();
             PreflightTests.run();
             FakeDaemonTests.run();
+            AcceptQueueTests.run();
             LiveDaemonTests.run();
         } catch (Throwable t) {
             Expect.failures++;

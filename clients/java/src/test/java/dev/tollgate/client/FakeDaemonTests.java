@@ -102,7 +102,7 @@ final class FakeDaemonTests {
         return List.of(answers);
     }
 
-    private static ClientError.Kind kind(Answer a) {
+    static ClientError.Kind kind(Answer a) {
         return a instanceof Answer.Unavailable u ? u.error().kind() : null;
     }
 
