@@ -28,6 +28,9 @@ type Attempt struct {
 	route   string
 	subject Subject
 	answer  Answer
+	// checkTag: the check's password tag, which a report given no password
+	// carries too (a failure without a tag is invisible to spray detection).
+	checkTag *[16]byte
 
 	mu sync.Mutex
 	// holdsPlaces: the daemon allowed the check and nothing settled it yet.
@@ -47,13 +50,14 @@ type Attempt struct {
 // never read could not be abandoned, and its place would stay held. But a
 // check whose context is cancelled never proceeds (ErrCanceled).
 func (c *Client) Begin(ctx context.Context, route string, subject Subject, password *string) *Attempt {
-	req := &request{kind: requestCheck, route: route, subject: bounded(subject), passwordTag: c.tagOf(password)}
+	tag := c.tagOf(password)
+	req := &request{kind: requestCheck, route: route, subject: bounded(subject), passwordTag: tag}
 	answer := c.decide(ctx, false, req)
 	// Only an allowed check holds places: a delayed one gave them back,
 	// and one without a verdict may never have reached the daemon (an
 	// abandon would then free another attempt's place).
 	holds := answer.Kind == AnswerVerdict && answer.Verdict.Decision == Allow
-	return &Attempt{client: c, route: route, subject: subject, answer: answer, holdsPlaces: holds}
+	return &Attempt{client: c, route: route, subject: subject, answer: answer, checkTag: tag, holdsPlaces: holds}
 }
 
 func (c *Client) tagOf(password *string) *[16]byte {
@@ -71,7 +75,8 @@ func (a *Attempt) Answer() Answer { return a.answer }
 func (a *Attempt) Proceeds() bool { return a.answer.Proceeds() }
 
 // Report sends the verified outcome, with the password's digest and tag
-// when a password is given and the client has a PasswordKey. Call it once:
+// when a password is given and the client has a PasswordKey; given none,
+// it carries the check's tag (no digest). Call it once:
 // after a report, Abandon or End it sends nothing and returns
 // ErrAttemptEnded. Neither ctx's cancellation nor its deadline cuts it
 // short (the client's Timeout bounds it): the verify happened, so the
@@ -86,7 +91,11 @@ func (a *Attempt) Report(ctx context.Context, outcome Outcome, password *string)
 // leaves the attempt as it was: End still gives its places back.
 func (a *Attempt) ReportAs(ctx context.Context, subject Subject, outcome Outcome, password *string) (Answer, error) {
 	c := a.client
-	req := &request{kind: requestReport, route: a.route, subject: bounded(subject), outcome: outcome, passwordTag: c.tagOf(password)}
+	tag := c.tagOf(password)
+	if tag == nil {
+		tag = a.checkTag
+	}
+	req := &request{kind: requestReport, route: a.route, subject: bounded(subject), outcome: outcome, passwordTag: tag}
 	if password != nil && c.cfg.PasswordKey != nil {
 		account := ""
 		if subject.Account != nil {

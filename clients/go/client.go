@@ -9,12 +9,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
-	"os"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 )
 
@@ -120,14 +117,20 @@ const (
 	ErrBusy                      // a timeout taken for a busy daemon: never proceeds
 	ErrIO                        // the connection failed
 	ErrProtocol                  // a reply that does not decode, or answers another request
-	// ErrCanceled: the check's context was cancelled (or already past its
-	// deadline when the check began). Never proceeds, whatever the policy:
-	// net/http cancels a request's context when the end user hangs up, and
-	// a hang-up must not buy an unchecked guess.
+	// ErrCanceled: the check's context was cancelled. Never proceeds,
+	// whatever the policy: net/http cancels a request's context when the
+	// end user hangs up, and a hang-up must not buy an unchecked guess.
 	ErrCanceled
+	// ErrDeadline: the check's context deadline, sooner than the client's
+	// Timeout, passed before an answer came (or before the check began).
+	// Never proceeds, spends no static budget, and is not the daemon being
+	// late: whoever sets the request's deadline (a gRPC client's
+	// grpc-timeout, a slow body under http.TimeoutHandler) would otherwise
+	// turn a locked account into an outage that fails open.
+	ErrDeadline
 )
 
-var errorKindNames = []string{"connect", "timeout", "busy", "io", "protocol", "canceled"}
+var errorKindNames = []string{"connect", "timeout", "busy", "io", "protocol", "canceled", "deadline"}
 
 func (k ErrorKind) String() string { return nameOf(errorKindNames, uint32(k)) }
 
@@ -139,6 +142,12 @@ type CallError struct {
 
 func (e *CallError) Error() string { return fmt.Sprintf("tollgate %s: %v", e.Kind, e.Err) }
 func (e *CallError) Unwrap() error { return e.Err }
+
+// neverProceeds: a busy daemon, or a check its caller ended (cancelled, or
+// its deadline passed first), is no outage: no policy lets it through.
+func (e *CallError) neverProceeds() bool {
+	return e.Kind == ErrBusy || e.Kind == ErrCanceled || e.Kind == ErrDeadline
+}
 
 // AnswerKind tells which of Answer's shapes it is.
 type AnswerKind int
@@ -175,7 +184,7 @@ func (a Answer) Proceeds() bool {
 	case AnswerVerdict:
 		return a.Verdict.Proceeds()
 	case AnswerUnavailable:
-		if a.Err != nil && (a.Err.Kind == ErrBusy || a.Err.Kind == ErrCanceled) {
+		if a.Err != nil && a.Err.neverProceeds() {
 			return false
 		}
 		return a.Policy == Open || a.WithinStaticBudget
@@ -242,8 +251,9 @@ type Client struct {
 	lateMu  sync.Mutex
 	lateRun [2]uint64
 	bursts  *bursts
-	// afterWrite, in tests, holds a call between its write and its read.
-	afterWrite func()
+	// afterWrite, in tests, holds a call between its write and its read;
+	// beforeConnect, one about to dial.
+	afterWrite, beforeConnect func()
 }
 
 // NewClient makes a client; it connects on first use.
@@ -338,17 +348,13 @@ func (c *Client) decide(ctx context.Context, cancellable bool, req *request) Ans
 		ctx, cancellable = context.Background(), false
 	} else if err := ctx.Err(); err != nil {
 		// A request already given up: never proceeds, spends nothing.
-		return c.unavailable(req.route, &CallError{Kind: ErrCanceled, Err: err}, false)
+		return c.unavailable(req.route, &CallError{Kind: callerEndedKind(err), Err: err}, false)
 	}
 	var burst *burstGuard
 	if spend {
 		burst = c.bursts.enter(req.route, &req.subject)
 	}
 	resp, err := c.call(ctx, cancellable, req)
-	if err != nil && spend && errors.Is(ctx.Err(), context.Canceled) {
-		// Cancelled on the way (also Begin's, which is not aborted by it).
-		err.Kind = ErrCanceled
-	}
 	// Busy stops a login only in a burst on its account: a lone user's
 	// timeout during a flood on others is an outage for the fail policy.
 	if err != nil && err.Kind == ErrBusy && (burst == nil || !burst.inBurst()) {
@@ -375,9 +381,9 @@ func (c *Client) unavailable(route string, err *CallError, spend bool) Answer {
 		policy = c.cfg.DefaultFailPolicy
 	}
 	within := false
-	// A busy daemon is not an outage, nor is a cancelled check an attempt:
-	// the budget is not spent on them.
-	if spec, ok := c.budgets[route]; ok && policy == Closed && err.Kind != ErrBusy && err.Kind != ErrCanceled {
+	// A busy daemon is not an outage, nor is a check its caller ended an
+	// attempt: the budget is not spent on them.
+	if spec, ok := c.budgets[route]; ok && policy == Closed && !err.neverProceeds() {
 		c.budgetMu.Lock()
 		decision, after := gcraDecide(spec, c.budgetTats[route], c.nowUs(), spend)
 		c.budgetTats[route] = after
@@ -389,18 +395,27 @@ func (c *Client) unavailable(route string, err *CallError, spend bool) Answer {
 
 func (c *Client) nowUs() uint64 { return uint64(time.Since(c.started)/time.Microsecond) + 1 }
 
-// deadline is the context's if sooner, else now + the client's timeout.
-func (c *Client) deadline(ctx context.Context) time.Time {
-	d := time.Now().Add(c.cfg.Timeout)
-	if cd, ok := ctx.Deadline(); ok && cd.Before(d) {
-		return cd
+func callerEndedKind(ctxErr error) ErrorKind {
+	if errors.Is(ctxErr, context.DeadlineExceeded) {
+		return ErrDeadline
 	}
-	return d
+	return ErrCanceled
 }
 
 // call is one request and its reply, with the busy rule's bookkeeping.
+// Its deadline is the context's if sooner, else now + the client's
+// Timeout; only the client's own Timeout running out is the daemon late.
 func (c *Client) call(ctx context.Context, cancellable bool, req *request) (*response, *CallError) {
-	resp, err := c.callUntimed(ctx, cancellable, req)
+	deadline, callersDeadline := time.Now().Add(c.cfg.Timeout), false
+	if cd, ok := ctx.Deadline(); ok && cd.Before(deadline) {
+		deadline, callersDeadline = cd, true
+	}
+	resp, err := c.callUntimed(ctx, cancellable, deadline, req)
+	// Whatever error a call that ran into its caller's deadline got (a read
+	// or a dial out of time, a connection it cut), the caller ended it.
+	if err != nil && callersDeadline && (ctx.Err() != nil || !time.Now().Before(deadline)) {
+		err.Kind = ErrDeadline
+	}
 	busyMaxUs := uint64(c.cfg.BusyMax / time.Microsecond)
 	if err == nil {
 		c.lateMu.Lock()
@@ -431,42 +446,15 @@ func (c *Client) call(ctx context.Context, cancellable bool, req *request) (*res
 			err.Kind = ErrBusy
 		}
 	}
+	// Cancelled on the way (also Begin's, which is not aborted by it: a
+	// timeout of the client's own before that still counted as late).
+	if err != nil && errors.Is(ctx.Err(), context.Canceled) {
+		err.Kind = ErrCanceled
+	}
 	return resp, err
 }
 
-// cancelWatch makes a cancelled context abort the connection in use.
-type cancelWatch struct {
-	mu       sync.Mutex
-	current  *conn
-	canceled bool
-}
-
-func (w *cancelWatch) use(cn *conn) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.current = cn
-	if w.canceled {
-		cn.c.SetDeadline(time.Unix(1, 0))
-	}
-}
-
-func (w *cancelWatch) cancel() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.canceled = true
-	if w.current != nil {
-		w.current.c.SetDeadline(time.Unix(1, 0))
-	}
-}
-
-func (w *cancelWatch) wasCanceled() bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.canceled
-}
-
-func (c *Client) callUntimed(ctx context.Context, cancellable bool, req *request) (*response, *CallError) {
-	deadline := c.deadline(ctx)
+func (c *Client) callUntimed(ctx context.Context, cancellable bool, deadline time.Time, req *request) (*response, *CallError) {
 	watch := &cancelWatch{}
 	if cancellable && ctx.Done() != nil {
 		if ctx.Err() == context.Canceled {
@@ -506,22 +494,6 @@ func (c *Client) callUntimed(ctx context.Context, cancellable bool, req *request
 	return c.callOn(cn, deadline, watch, req)
 }
 
-func (c *Client) connect(deadline time.Time, watch *cancelWatch) (*conn, *CallError) {
-	dialer := net.Dialer{Deadline: deadline}
-	nc, err := dialer.Dial("unix", c.cfg.Socket)
-	if err != nil {
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			return nil, &CallError{Kind: ErrTimeout, Err: err}
-		}
-		return nil, &CallError{Kind: ErrConnect, Err: fmt.Errorf("cannot reach tollgate at %s: %w", c.cfg.Socket, err)}
-	}
-	if watch.wasCanceled() {
-		nc.Close()
-		return nil, &CallError{Kind: ErrCanceled, Err: context.Canceled}
-	}
-	return &conn{c: nc.(*net.UnixConn), buf: make([]byte, 0, 256), version: c.cfg.ProtocolVersion}, nil
-}
-
 // callOn is one exchange; the connection goes back to the pool only if it
 // ended cleanly (after any error or timeout its state is unknown: closed).
 func (c *Client) callOn(cn *conn, deadline time.Time, watch *cancelWatch, req *request) (*response, *CallError) {
@@ -540,6 +512,7 @@ func (c *Client) callOn(cn *conn, deadline time.Time, watch *cancelWatch, req *r
 		}
 		return nil, err
 	}
+	watch.detach()
 	c.poolMu.Lock()
 	keep := !c.closed && len(c.idle) < PoolConnectionsMax
 	if keep {
@@ -582,18 +555,6 @@ func (c *Client) exchange(cn *conn, deadline time.Time, req *request) (*response
 		return nil, &CallError{Kind: ErrProtocol, Err: fmt.Errorf("reply id %d for request %d", resp.id, id)}
 	}
 	return resp, nil
-}
-
-func ioError(err error) *CallError {
-	if errors.Is(err, os.ErrDeadlineExceeded) {
-		return &CallError{Kind: ErrTimeout, Err: err}
-	}
-	return &CallError{Kind: ErrIO, Err: err}
-}
-
-func isClosed(err error) bool {
-	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET)
 }
 
 // Socket is the daemon's socket path this client connects to.

@@ -174,10 +174,10 @@ func TestACancelledCheckNeverProceeds(t *testing.T) {
 	dead := deadClient(t, func(cfg *Config) {
 		cfg.StaticBudgets["password_reset"] = StaticBudget{Limit: 1, Period: time.Hour, Burst: 1}
 	})
-	for _, ctx := range []context.Context{cancelled, expired} {
+	for ctx, kind := range map[context.Context]ErrorKind{cancelled: ErrCanceled, expired: ErrDeadline} {
 		for _, route := range []string{"login", "password_reset", "no_such_route"} {
 			a := dead.Check(ctx, route, alice)
-			if a.Proceeds() || a.Kind != AnswerUnavailable || a.Err.Kind != ErrCanceled || a.WithinStaticBudget {
+			if a.Proceeds() || a.Kind != AnswerUnavailable || a.Err.Kind != kind || a.WithinStaticBudget {
 				t.Fatalf("%s: %+v", route, a)
 			}
 			if attempt := dead.Begin(ctx, route, alice, nil); attempt.Proceeds() {
