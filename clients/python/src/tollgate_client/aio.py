@@ -11,12 +11,14 @@ the check then runs on, and if it was allowed it is abandoned when its
 answer comes, so no place is left held by a request nobody reports."""
 
 import asyncio
+import socket
 from types import TracebackType
 from typing import List, Optional, Set, Tuple, Type, Union
 
 from .answers import Answer
-from .attempt import ENDED_MESSAGE, _holds_places
+from .attempt import ENDED_MESSAGE, _holds_places, _report_secrets
 from .client import (
+    CONNECT_RETRY_INTERVAL,
     POOL_CONNECTIONS_MAX,
     ClientConfig,
     _answer_of,
@@ -26,8 +28,8 @@ from .client import (
     _outcome,
     _refuses_version,
 )
-from .errors import ClientError, ConnectError, ConnectionClosed, ConnectionFailed, ProtocolError
-from .passwords import password_digest, password_tag
+from .errors import CallTimeout, ClientError, ConnectError, ConnectionClosed, ConnectionFailed, ProtocolError
+from .passwords import password_tag
 from .protocol import PROTOCOL_VERSION_MIN, RESPONSE_PAYLOAD_BYTES_MAX, Abandon, Check, Outcome, Report, Request, Response, Subject
 
 
@@ -103,9 +105,28 @@ class AsyncClient(_ClientCore):
                 burst.leave()
 
     async def _call(self, request: Request) -> Tuple[int, Response]:
+        """The exchange runs as its own task, and the timer only ends the
+        wait: a reply that has arrived wins over it. (wait_for since Python
+        3.12 runs the call in this task under asyncio.timeout, whose timer
+        cancels it before it resumes with a reply that came while the loop
+        was held past the deadline: a refusal turned into a timeout.)"""
+        exchange = asyncio.ensure_future(self._call_untimed(request))
         try:
-            result = await asyncio.wait_for(self._call_untimed(request), self.config.timeout)
-        except asyncio.TimeoutError:
+            await asyncio.wait({exchange}, timeout=self.config.timeout)
+            if not exchange.done():
+                # Once round the loop: the callbacks of I/O already here run
+                # and hand the exchange its reply.
+                await asyncio.sleep(0)
+        except BaseException:
+            _cancel(exchange)
+            raise
+        if not exchange.done():
+            # Cancelled, the exchange closes its connection.
+            _cancel(exchange)
+            raise self._timed_out()
+        try:
+            result = exchange.result()
+        except CallTimeout:
             raise self._timed_out() from None
         self._answered_in_time()
         return result
@@ -120,10 +141,26 @@ class AsyncClient(_ClientCore):
             return await self._call_on(await self._connect(), request)
 
     async def _connect(self) -> _AsyncConnection:
+        """As `client._connect_by`: a full accept queue is tried again until
+        the call's timer ends the exchange (a timeout, not a connect error).
+        The socket is connected here: asyncio's own connect takes EAGAIN for
+        a connect in progress and hands back a socket that never connected."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            reader, writer = await asyncio.open_unix_connection(self.config.socket)
+            sock.setblocking(False)
+            while True:
+                try:
+                    sock.connect(self.config.socket)
+                    break
+                except BlockingIOError:
+                    await asyncio.sleep(CONNECT_RETRY_INTERVAL)
+            reader, writer = await asyncio.open_unix_connection(sock=sock)
         except OSError as e:
+            sock.close()
             raise ConnectError("cannot reach tollgate at {}: {}".format(self.config.socket, e)) from None
+        except BaseException:
+            sock.close()
+            raise
         return _AsyncConnection(reader, writer, self.config.protocol_version)
 
     async def _call_on(self, conn: _AsyncConnection, request: Request) -> Tuple[int, Response]:
@@ -157,6 +194,13 @@ class AsyncClient(_ClientCore):
             raise ConnectionFailed("connection to tollgate failed: {}".format(e)) from None
         version, reply_id, response = _check_reply(request_id, payload)
         return version, reply_id, request_id, response
+
+
+def _cancel(exchange: "asyncio.Future[Tuple[int, Response]]") -> None:
+    """Cancels an exchange nobody awaits any more; what it ends with is
+    retrieved, so that nothing is logged as never retrieved."""
+    exchange.cancel()
+    exchange.add_done_callback(lambda done: done.cancelled() or done.exception())
 
 
 class AsyncAttempt:
@@ -234,11 +278,7 @@ class AsyncAttempt:
         self._ended = True
         self._holds_places = False
         subject = self.subject if subject is None else subject
-        password = self._password if password is None else password
-        if password is not None:
-            key = self._key()
-            digest = password_digest(key, subject.account or "", password) if digest is None else digest
-            tag = password_tag(key, password) if tag is None else tag
+        digest, tag = _report_secrets(self._key, self._password, self._tag, subject, password, digest, tag)
         reporting = asyncio.ensure_future(self._client.report(self.route, subject, outcome, digest, tag))
         self._client._in_background(reporting)
         return await asyncio.shield(reporting)

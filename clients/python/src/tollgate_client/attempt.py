@@ -11,7 +11,7 @@ report sends `abandon` (`client/src/attempt.rs`)."""
 
 import threading
 from types import TracebackType
-from typing import TYPE_CHECKING, Optional, Type, Union
+from typing import TYPE_CHECKING, Callable, Optional, Tuple, Type, Union
 
 from .answers import Answer, VerdictAnswer
 from .passwords import password_digest, password_tag
@@ -32,6 +32,28 @@ def _holds_places(answer: Answer) -> bool:
     return isinstance(answer, VerdictAnswer) and answer.verdict.decision == Decision.ALLOW
 
 
+def _report_secrets(
+    key: Callable[[], bytes],
+    attempt_password: Optional[str],
+    check_tag: Optional[bytes],
+    subject: Subject,
+    password: Optional[str],
+    digest: Optional[bytes],
+    tag: Optional[bytes],
+) -> Tuple[Optional[bytes], Optional[bytes]]:
+    """A guard's report's digest and tag: a given one wins; else the digest
+    is the password's (the report's, else the attempt's), and the tag the
+    report's password's, else the check's."""
+    if tag is None and password is not None:
+        tag = password_tag(key(), password)
+    if tag is None:
+        tag = check_tag
+    password = attempt_password if password is None else password
+    if digest is None and password is not None:
+        digest = password_digest(key(), subject.account or "", password)
+    return digest, tag
+
+
 class Attempt:
     """Use as a context manager:
 
@@ -42,11 +64,22 @@ class Attempt:
             attempt.report(ok)
     """
 
-    def __init__(self, client: "Client", route: str, subject: Subject, password: Optional[str], answer: Answer):
+    def __init__(
+        self,
+        client: "Client",
+        route: str,
+        subject: Subject,
+        password: Optional[str],
+        answer: Answer,
+        tag: Optional[bytes] = None,
+    ):
         self._client = client
         self.route = route
         self.subject = subject
         self._password = password
+        # The check's tag: the report's unless it gives its own (or a
+        # password): a failure without one is invisible to spray detection.
+        self._tag = tag
         self.answer = answer
         self._lock = threading.Lock()
         self._holds_places = _holds_places(answer)
@@ -68,7 +101,7 @@ class Attempt:
     ) -> "Attempt":
         if tag is None and password is not None:
             tag = password_tag(cls._key(client), password)
-        return cls(client, route, subject, password, client.check(route, subject, password_tag=tag))
+        return cls(client, route, subject, password, client.check(route, subject, password_tag=tag), tag)
 
     @staticmethod
     def _key(client: "Client") -> bytes:
@@ -113,21 +146,17 @@ class Attempt:
         RuntimeError once the guard has ended (reported, abandoned, or its
         `with` block left): nothing is sent. `subject`: the subject as it stands after the verify (such as a device
         id issued at a successful sign-in); the route is the check's. The
-        password (this one, else the attempt's) gives the digest and tag
-        unless they are passed."""
+        password (this one, else the attempt's) gives the digest unless it
+        is passed; the tag is `tag`, else this password's, else the
+        check's."""
         with self._lock:
             if self._ended:
                 raise RuntimeError(ENDED_MESSAGE)
             self._ended = True
             self._holds_places = False
         subject = self.subject if subject is None else subject
-        password = self._password if password is None else password
-        if password is not None:
-            key = self._key(self._client)
-            if digest is None:
-                digest = password_digest(key, subject.account or "", password)
-            if tag is None:
-                tag = password_tag(key, password)
+        key = lambda: self._key(self._client)  # noqa: E731
+        digest, tag = _report_secrets(key, self._password, self._tag, subject, password, digest, tag)
         return self._client.report(self.route, subject, outcome, digest, tag)
 
     def abandon(self) -> Optional[Answer]:

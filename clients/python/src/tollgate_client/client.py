@@ -133,6 +133,28 @@ def _send(sock: socket.socket, frame: bytes, deadline: float) -> None:
         view = view[sent:]
 
 
+# How often a connect to a full accept queue is tried again until the deadline.
+CONNECT_RETRY_INTERVAL = 0.0005
+
+
+def _connect_by(sock: socket.socket, path: str, deadline: float) -> None:
+    """Connects within the deadline. A full accept queue (EAGAIN on a Unix
+    socket) is a daemon late to accept, not a gone one: each timed-out
+    client's connection waits in its queue while it is stalled. It is tried
+    again until the deadline, then is a timeout (the busy rule's, as a late
+    reply's), never a connect error that would let login fail open."""
+    while True:
+        _set_remaining(sock, deadline)
+        try:
+            sock.connect(path)
+            return
+        except BlockingIOError:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise CallTimeout("no connection within the deadline: the daemon's accept queue is full") from None
+            time.sleep(min(CONNECT_RETRY_INTERVAL, remaining))
+
+
 def _recv_some(sock: socket.socket, deadline: float, most: int) -> bytes:
     remaining = deadline - time.monotonic()
     if remaining > 0:
@@ -410,8 +432,7 @@ class Client(_ClientCore):
     def _connect(self, deadline: float) -> _Connection:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            _set_remaining(sock, deadline)
-            sock.connect(self.config.socket)
+            _connect_by(sock, self.config.socket, deadline)
         except socket.timeout:
             sock.close()
             raise CallTimeout("no connection within the deadline") from None

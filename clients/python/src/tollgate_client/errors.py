@@ -7,7 +7,9 @@ class ClientError(Exception):
 
 
 class ConnectError(ClientError):
-    """The socket cannot be reached (no such file, nobody listening, no permission)."""
+    """The socket cannot be reached (no such file, nobody listening, no
+    permission). A full accept queue is not this but a timeout: the daemon
+    is there, late to accept."""
 
     kind = "connect"
 
