@@ -26,7 +26,19 @@ pub fn status_json(full: &crate::client::FullStatus) -> serde_json::Value {
     let mut value = serde_json::to_value(&full.status).expect("plain data serializes");
     value["shared"] = serde_json::to_value(&full.shared).expect("plain data serializes");
     value["signals"] = serde_json::to_value(&full.signals).expect("plain data serializes");
+    value["exemptions"] = exemptions(&full.status.limits)
+        .map(|(prefix, reason, checks)| serde_json::json!({ "prefix": prefix, "reason": reason, "checks": checks }))
+        .collect();
     value
+}
+
+/// `[[source.exemptions]]` as `status` lists them among its named values
+/// (PROTOCOL.md): (prefix, reason, checks exempted).
+pub fn exemptions(limits: &[crate::protocol::NamedLimit]) -> impl Iterator<Item = (&str, &str, u64)> {
+    limits.iter().filter_map(|l| {
+        let (prefix, reason) = crate::exemptions::parse_status_name(&l.name)?;
+        Some((prefix, reason, l.value))
+    })
 }
 
 /// A duration as people read it: `850 ms`, `45s`, `20m 14s`, `2d 3h`

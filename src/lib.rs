@@ -52,6 +52,7 @@ mod clock;
 mod config;
 mod decision_log;
 mod drop_queue;
+mod exemptions;
 mod expiring;
 mod failure_window;
 mod format;

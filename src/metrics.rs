@@ -475,8 +475,15 @@ pub fn prometheus(
     );
 
     let mut family = Family::new(&mut out, "tollgate_limit", "gauge", "The daemon's named bounds (unit in the name).");
-    for limit in &status.limits {
+    // `[[source.exemptions]]` ride among the named values (PROTOCOL.md);
+    // they are counts, not bounds, so they get their own family.
+    for limit in status.limits.iter().filter(|l| crate::exemptions::parse_status_name(&l.name).is_none()) {
         family.sample("tollgate_limit", &[("name", &limit.name)], limit.value);
+    }
+    let help = "Checks whose source an exemption let skip the per-source rules, by exemption.";
+    let mut family = Family::new(&mut out, "tollgate_source_exempted_checks_total", "counter", help);
+    for (prefix, reason, checks) in crate::format::exemptions(&status.limits) {
+        family.sample("tollgate_source_exempted_checks_total", &[("prefix", prefix), ("reason", reason)], checks);
     }
     if let Some(s) = shared_status {
         shared(&mut out, status, s);

@@ -62,13 +62,25 @@ fn join(prefix: &str, name: &str) -> String {
     }
 }
 
+/// A list of tables (`[[source.exemptions]]`), with its entries' format.
+fn table_list<'a>(registry: &Registry, format: &'a Format) -> Option<&'a Format> {
+    match format {
+        Format::Seq(inner) if struct_fields(registry, inner).is_some() => Some(inner),
+        Format::Option(inner) => table_list(registry, inner),
+        _ => None,
+    }
+}
+
 /// Every key the parser accepts that holds a value (not a table), as a
-/// dotted path with `<*>` for user-named entries.
+/// dotted path with `<*>` for user-named entries and `[]` after a list of
+/// tables.
 fn parser_keys(registry: &Registry, format: &Format, prefix: &str, out: &mut BTreeSet<String>) {
     if let Some(fields) = struct_fields(registry, format) {
         for field in fields {
             parser_keys(registry, &field.value, &join(prefix, &field.name), out);
         }
+    } else if let Some(entry) = table_list(registry, format) {
+        parser_keys(registry, entry, &format!("{prefix}[]"), out);
     } else if let Some(value) = map_value(format) {
         parser_keys(registry, value, &join(prefix, "<*>"), out);
     } else {
@@ -86,6 +98,10 @@ fn example_keys(registry: &Registry, format: &Format, value: &toml::Value, prefi
                 .find(|f| f.name == *name)
                 .unwrap_or_else(|| panic!("the example sets `{}`, which the parser refuses", join(prefix, name)));
             example_keys(registry, &field.value, value, &join(prefix, name), out);
+        }
+    } else if let (Some(entry), toml::Value::Array(entries)) = (table_list(registry, format), value) {
+        for value in entries {
+            example_keys(registry, entry, value, &format!("{prefix}[]"), out);
         }
     } else if let (Some(inner), toml::Value::Table(table)) = (map_value(format), value) {
         for value in table.values() {

@@ -161,7 +161,15 @@ pub(super) fn print_status(s: &crate::protocol::Status) {
         s.reload_failures,
         s.last_reload_error.as_ref().map(|e| format!("  LAST RELOAD ERROR: {e}")).unwrap_or_default()
     );
-    print_limits(&s.limits);
+    let (exemptions, limits): (Vec<_>, Vec<_>) =
+        s.limits.iter().cloned().partition(|l| crate::exemptions::parse_status_name(&l.name).is_some());
+    print_limits(&limits);
+    if !exemptions.is_empty() {
+        outln!("source exemptions (per-source rules skipped; never the account ceiling):");
+        for (prefix, reason, checks) in crate::format::exemptions(&exemptions) {
+            outln!("  {prefix:<24} checks exempted {checks:>10}  {reason}");
+        }
+    }
     let p = &s.persistence;
     outln!(
         "state: {}  commits {}  write failures {}  unwritten {}  dropped {}{}",

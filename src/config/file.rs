@@ -215,6 +215,17 @@ pub struct RawSource {
     /// Prefix lengths per source class.
     #[serde(default)]
     pub classes: BTreeMap<Word<SourceClass>, RawClassPrefix>,
+    /// `[[source.exemptions]]`: prefixes exempt from per-source rules.
+    pub exemptions: Option<Vec<RawExemption>>,
+}
+
+/// One `[[source.exemptions]]` entry. Both fields optional here, so that a
+/// missing one is reported with the rest of the file's problems.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawExemption {
+    pub prefix: Option<String>,
+    pub reason: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -458,6 +458,9 @@ pub struct Config {
     pub source: SourcePolicy,
     /// CIDR file mapping prefixes to source classes.
     pub class_file: Option<PathBuf>,
+    /// `[[source.exemptions]]`, in the file's order: validated, none
+    /// overlapping another or a trusted proxy. Applied by a reload.
+    pub exemptions: Vec<crate::exemptions::Exemption>,
     pub server: ServerConfig,
     pub responses: ResponsePolicy,
     /// Sorted by name.

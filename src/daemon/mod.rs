@@ -5,6 +5,7 @@
 //! `start` brings the daemon up and down (state file, listener, signals,
 //! snapshots, systemd); `server` owns the socket and the connections.
 
+mod exemptions;
 mod inspect;
 mod listings;
 mod scrape;
@@ -247,6 +248,7 @@ impl Daemon {
                         "changed in the file, but these need a restart; their running values stay in force");
                 }
                 let next = self.limiter.load().reconfigured(&config, classes, self.clock.now_us());
+                exemptions::audit_changes(&in_force.exemptions, &config.exemptions);
                 if let Some(spray) = &self.spray {
                     let mut engine = spray.engine.locked();
                     match &config.signals {
@@ -332,7 +334,10 @@ impl Daemon {
             Request::Check { .. } | Request::Report { .. } | Request::Abandon { .. } => {
                 unreachable!("Job::new makes every check, report and abandon a job of its own")
             }
-            Request::Status => (Response::Status(Box::new(self.status(limiter))), Vec::new(), false),
+            // Which networks skip the per-source rules is for admins.
+            Request::Status => {
+                (Response::Status(Box::new(self.status(limiter, peer.permissions.admin))), Vec::new(), false)
+            }
             // `serve_connection` answers these three itself (`Daemon::listing_reply`:
             // off the runtime threads, within the reply budget); this is the
             // same answer.

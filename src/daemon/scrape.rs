@@ -125,7 +125,9 @@ impl Daemon {
         tokio::task::spawn_blocking(move || {
             let limiter = daemon.limiter().load_full();
             let now = daemon.clock().now_us();
-            let status = daemon.status(&limiter);
+            // The listener is the operator's own (loopback or a socket
+            // path they set), serving what `tollgate metrics` shows an admin.
+            let status = daemon.status(&limiter, true);
             let shared = daemon.shared_status(&limiter);
             let signals = daemon.signals_status();
             let activity = daemon.activity(&limiter, 0, now);

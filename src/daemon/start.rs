@@ -183,6 +183,7 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
     daemon.open_files_max = raise_open_file_limit(&config);
     // Lives as long as the process: the limiter's link keeps it fed.
     std::thread::Builder::new().name("tollgate-spray".into()).spawn(move || pump.run(|| clock.now_us()))?;
+    daemon.audit_exemptions_at_start();
     let daemon = Arc::new(daemon);
     // Opened now, while descriptors are plentiful, and kept: a watchdog ping
     // must not need a new descriptor (see `notify`).

@@ -182,7 +182,9 @@ impl Daemon {
         .collect()
     }
 
-    pub(crate) fn status(&self, limiter: &Limiter) -> Status {
+    /// The daemon's status; with `exemptions`, the source exemptions too
+    /// (an admin's view: they say which networks skip per-source rules).
+    pub(crate) fn status(&self, limiter: &Limiter, exemptions: bool) -> Status {
         let now = self.clock.now_us();
         let count = |i: usize| self.verdicts[i].load(Ordering::Relaxed);
         let config = self.config.locked().clone();
@@ -235,6 +237,13 @@ impl Daemon {
             .chain(Self::decision_log_limits(&config))
             .chain(Self::metrics_limits(&config))
             .chain(limiter.route_limits().into_iter().map(|(name, value)| NamedLimit { name, value }))
+            .chain(
+                limiter
+                    .exemption_values()
+                    .into_iter()
+                    .filter(|_| exemptions)
+                    .map(|(name, value)| NamedLimit { name, value }),
+            )
             .collect(),
             persistence: PersistenceStatus {
                 state_path: config.state.display().to_string(),

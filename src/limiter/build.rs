@@ -9,9 +9,10 @@ use super::Limiter;
 use crate::classes::ClassTable;
 use crate::classes::SourceClass;
 use crate::config::{Config, RateLimit, RouteConfig, RuleConfig, RuleKind, Scope};
+use crate::exemptions::ExemptionTable;
 use crate::failure_window::{FailureWindowTable, WindowSpec};
 use crate::gcra::GcraTable;
-use crate::keys::KeyDeriver;
+use crate::keys::{Component, KeyDeriver};
 use crate::signals::flags::digest64;
 use crate::signals::pump::SignalsLink;
 use crate::store::Journal;
@@ -111,6 +112,7 @@ impl Limiter {
             hosts: hosts.max(1),
             routes,
             source: config.source.clone(),
+            exemptions: ExemptionTable::new(&config.exemptions, previous.map(|p| &p.exemptions)),
             classes,
             responses: config.responses.clone(),
             keys,
@@ -287,6 +289,13 @@ pub(super) fn build_rule(
         responses: rule.responses.clone(),
         required: rule.required,
         devices: rule.devices,
+        // A rule keyed on the prefix without the account is shared by
+        // everyone behind it: those are what an egress of many people is
+        // exempt from. One keyed on (account, prefix) is one person's, and
+        // stays: an office's guesser meets it as anyone does.
+        exemptible: !matches!(rule.kind, RuleKind::Signal { .. })
+            && rule.key.contains(&Component::Prefix)
+            && !rule.key.contains(&Component::Account),
         table,
         escalation: expiring_table(old.map(|o| &o.escalation), entries_max),
         counters: old.map(|o| o.counters.clone()).unwrap_or_default(),

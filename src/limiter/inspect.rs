@@ -137,8 +137,9 @@ impl Limiter {
 }
 
 /// The rule's key as a check derives it, or why the rule does not apply
-/// to this subject: its device scope does not match, or its key needs a
-/// field the request lacks (where a check would refuse the request).
+/// to this subject: its device scope does not match, its key needs a
+/// field the request lacks (where a check would refuse the request), or
+/// the source is exempt from it.
 fn applicable_key(
     keys: &mut SubjectKeys<'_, '_>,
     rule: &Rule,
@@ -155,6 +156,12 @@ fn applicable_key(
             other => other,
         };
         return Ok(Err(format!("needs {field}")));
+    }
+    if rule.exemptible {
+        if let Some(exemption) = keys.exemption() {
+            let prefix = keys.limiter().exemptions.get(exemption).map(|e| e.prefix.to_string()).unwrap_or_default();
+            return Ok(Err(format!("exempt source ({prefix})")));
+        }
     }
     keys.key(&rule.key).map(Ok)
 }

@@ -31,6 +31,7 @@ use std::sync::Arc;
 use crate::classes::{ClassTable, SourceClass};
 use crate::config::Detector;
 use crate::config::{DeviceScope, ResponsePolicy, RULES_PER_ROUTE_MAX};
+use crate::exemptions::ExemptionTable;
 use crate::expiring::Slot;
 use crate::failure_window::Settled;
 use crate::keys::{Component, Key, KeyDeriver};
@@ -145,6 +146,8 @@ impl CheckPlan<'_> {
 pub struct Limiter {
     routes: Vec<Route>,
     source: SourcePolicy,
+    /// `[[source.exemptions]]`, with the checks each has exempted.
+    exemptions: ExemptionTable,
     classes: Arc<ClassTable>,
     responses: ResponsePolicy,
     keys: KeyDeriver,
@@ -240,6 +243,9 @@ impl Limiter {
         keys.known_device_keeps_its_prefix(known);
         let device = self.device_in_store(route, &mut keys)?;
         let rule_keys = keys.rule_keys(&route.rules, known, device.is_some())?;
+        if let (true, Some(exemption)) = (keys.exempted, keys.exemption()) {
+            self.exemptions.count_check(exemption);
+        }
         let hits = if route.feeds_signals { keys.hits(route) } else { Hits::default() };
         Ok(CheckPlan { route, rule_keys, class: keys.source_class(), device, known, password_tag: None, hits })
     }

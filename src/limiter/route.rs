@@ -54,6 +54,9 @@ pub(super) struct Rule {
     pub(super) responses: Vec<Rung>,
     pub(super) required: bool,
     pub(super) devices: DeviceScope,
+    /// A rate or failure rule keyed on the source (`prefix`, alone or with
+    /// other components): an exempt source skips it (`exemptions.rs`).
+    pub(super) exemptible: bool,
     pub(super) table: Table,
     /// Refusals per key within a cool-down: the ladder's position.
     pub(super) escalation: SharedTable<ExpiringMap<u16>>,

@@ -27,6 +27,14 @@ impl Limiter {
         self.classes.len()
     }
 
+    /// Each source exemption for `status`'s named values, after the route
+    /// limits: named `source.exemption <prefix> <reason>`, valued with the
+    /// checks it has exempted (PROTOCOL.md: a name with a space is not a
+    /// bound), so that `Status` keeps its bytes for every version.
+    pub fn exemption_values(&self) -> Vec<(String, u64)> {
+        self.exemptions.entries().map(|(e, checks)| (e.status_name(), checks)).collect()
+    }
+
     /// Route-scoped bounds for `status`'s named limits, as `route.name`.
     pub fn route_limits(&self) -> Vec<(String, u64)> {
         let known = self.routes.iter().filter_map(|r| Some((&r.name, r.known_devices.as_ref()?)));

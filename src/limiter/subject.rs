@@ -45,6 +45,10 @@ pub(super) struct SubjectKeys<'s, 'k> {
     /// wrong-password memory) key on the same tuple, and each derivation
     /// is a BLAKE2b MAC, the request path's largest cost.
     tuples: SmallVec<[(u32, Key); TUPLES_REMEMBERED]>,
+    /// The source exemption covering the client, once looked up.
+    exemption: Option<Option<u16>>,
+    /// A rule was skipped because the source is exempt.
+    pub(super) exempted: bool,
 }
 
 /// Distinct multi-component tuples a request remembers; a route keying on
@@ -70,6 +74,32 @@ impl SubjectKeys<'_, '_> {
         let client = (address, self.limiter.classes.lookup(address));
         self.client = Some(client);
         Ok(client)
+    }
+
+    pub(super) fn limiter(&self) -> &Limiter {
+        self.limiter
+    }
+
+    /// The `[[source.exemptions]]` entry covering the client's address (the
+    /// one `client` picked: a header counts only through trusted proxies),
+    /// looked up once. Without exemptions, the default, nothing is looked up.
+    pub(super) fn exemption(&mut self) -> Option<u16> {
+        if self.limiter.exemptions.is_empty() {
+            return None;
+        }
+        if let Some(exemption) = self.exemption {
+            return exemption;
+        }
+        let exemption = self.client().ok().and_then(|(address, _)| self.limiter.exemptions.lookup(address));
+        self.exemption = Some(exemption);
+        exemption
+    }
+
+    /// Whether an exemption skips `rule` for this request (and notes it).
+    fn exempts(&mut self, rule: &Rule) -> bool {
+        let skip = rule.exemptible && self.exemption().is_some();
+        self.exempted |= skip;
+        skip
     }
 
     pub(super) fn source_class(&mut self) -> Option<SourceClass> {
@@ -208,8 +238,11 @@ impl SubjectKeys<'_, '_> {
         if self.flags.is_none() {
             return Hits::default();
         }
+        // An exempt source's own flags (narrow and wide spray: the source
+        // axes) do not refuse it; its account's and password's still do.
+        let exempt = self.exemption().is_some();
         // Digests first (they need `self` mutably), then the flags.
-        let source = self.client().ok().map(|(address, class)| {
+        let source = self.client().ok().filter(|_| !exempt).map(|(address, class)| {
             let natural = self.natural().expect("the client is known");
             // Spray detection also judges an IPv6 source as its /56.
             let v6 = address.is_ipv6() && natural.0.len > 56 && class != Some(SourceClass::Mobile);
@@ -319,7 +352,7 @@ impl SubjectKeys<'_, '_> {
         for rule in rules {
             let scoped = rule.devices != DeviceScope::All && rule.global.is_some();
             if store_decides_devices && scoped {
-                let applies = rule.required || rule.key.iter().all(|c| self.has(*c));
+                let applies = (rule.required || rule.key.iter().all(|c| self.has(*c))) && !self.exempts(rule);
                 keys.push(if applies { Some(self.key(&rule.key)?) } else { None });
             } else {
                 keys.push(self.rule_key(rule, known_device)?);
@@ -329,15 +362,15 @@ impl SubjectKeys<'_, '_> {
     }
 
     /// The rule's key, or `None` when the rule does not apply to this
-    /// request (a device scope that does not match, or an optional rule
-    /// whose key field is absent).
+    /// request (a device scope that does not match, an optional rule whose
+    /// key field is absent, or a per-source rule and an exempt source).
     pub(super) fn rule_key(&mut self, rule: &Rule, known_device: bool) -> Result<Option<Key>, RequestError> {
         let applies = match rule.devices {
             DeviceScope::All => true,
             DeviceScope::UnknownDevices => !known_device,
             DeviceScope::KnownDevices => known_device,
         };
-        if !applies || (!rule.required && !rule.key.iter().all(|c| self.has(*c))) {
+        if !applies || (!rule.required && !rule.key.iter().all(|c| self.has(*c))) || self.exempts(rule) {
             return Ok(None);
         }
         self.key(&rule.key).map(Some)
@@ -377,6 +410,8 @@ impl Limiter {
             block56: None,
             widen: true,
             tuples: SmallVec::new(),
+            exemption: None,
+            exempted: false,
         }
     }
 

@@ -268,3 +268,60 @@ fn inspecting_between_every_step_changes_no_verdict() {
     ];
     assert_eq!(steps, expected);
 }
+
+/// An exempt source skips the rules everyone behind its prefix shares
+/// (keyed on the prefix alone or with the client id), on check and report
+/// alike, and no verdict names one; a rule keyed on the account with the
+/// prefix is one person's and still counts and locks. A reload that drops
+/// the exemption brings the skipped rules back.
+#[test]
+fn an_exempt_source_skips_the_rules_its_prefix_shares_and_never_an_accounts() {
+    let exempt = "[[source.exemptions]]\nprefix = \"203.0.113.0/24\"\nreason = \"office\"\n";
+    let per_source =
+        "[routes.t.rules.per_source]\nkind = \"failures\"\nkey = [\"account\", \"prefix\"]\nthreshold = 2\n\
+                      window_secs = 60\n[routes.t.rules.source_rate]\nkind = \"rate\"\nkey = [\"prefix\"]\nlimit = 1\n\
+                      burst = 1\nperiod_secs = 60\n[routes.t.rules.client_rate]\nkind = \"rate\"\n\
+                      key = [\"client_id\", \"prefix\"]\nlimit = 1\nburst = 1\nperiod_secs = 60\n";
+    let text = format!("{exempt}{}", rule(per_source));
+    let limiter = limiter(&text);
+    let from = |peer: &str| Subject {
+        peer: Some(peer.parse().expect("an address")),
+        account: Some("alice"),
+        client_id: Some("app"),
+        ..Subject::default()
+    };
+    let office = from("203.0.113.9");
+    for n in 0..2 {
+        let v = limiter.check("t", &office, T0 + n).expect("known route");
+        assert!(v.proceeds() && !v.rule.ends_with("_rate"), "attempt {n}: {v:?}");
+        limiter.report("t", &office, Outcome::Failure, None, T0 + n).expect("known route");
+    }
+    let v = limiter.check("t", &office, T0 + 2).expect("known route");
+    assert_eq!((v.decision, &*v.rule), (Decision::Deny, "per_source"), "alice's own rule holds: {v:?}");
+    // Her colleagues share the office's source and client rates, which
+    // would refuse the second of them: skipped.
+    for (n, name) in ["bob", "carol", "dave"].into_iter().enumerate() {
+        let colleague = Subject { account: Some(name), ..office };
+        let v = limiter.check("t", &colleague, T0 + 3 + n as u64).expect("known route");
+        assert!(v.proceeds() && !v.rule.ends_with("_rate"), "{name}: {v:?}");
+    }
+    assert_eq!(limiter.exemption_values(), vec![("source.exemption 203.0.113.0/24 office".to_string(), 6)]);
+
+    // Not exempt: the neighbour spends its one-a-minute source rate.
+    let neighbour = Subject { account: Some("bob"), ..from("203.0.114.9") };
+    assert!(limiter.check("t", &neighbour, T0).expect("known route").proceeds());
+    let v = limiter.check("t", &neighbour, T0 + 1).expect("known route");
+    assert!(!v.proceeds() && v.rule.ends_with("_rate"), "{v:?}");
+
+    // Without the exemption the office meets its shared rules again.
+    let reloaded = limiter.reconfigured(&limiter_config(&rule(per_source)), Arc::new(ClassTable::default()), T0);
+    let erin = Subject { account: Some("erin"), ..office };
+    assert!(reloaded.check("t", &erin, T0 + 10).expect("known route").proceeds());
+    let v = reloaded.check("t", &erin, T0 + 11).expect("known route");
+    assert!(!v.proceeds() && v.rule.ends_with("_rate"), "{v:?}");
+    assert!(reloaded.exemption_values().is_empty());
+}
+
+fn limiter_config(text: &str) -> Config {
+    Config::build(Config::parse(text).expect("parses")).expect("valid")
+}

@@ -30,7 +30,10 @@ impl Config {
             errors.push(format!("attempt_timeout_ms: must be 1..={ATTEMPT_TIMEOUT_MS_MAX}"));
         }
         let class_file = raw.source.class_file.clone();
+        let exemptions: Vec<(Option<String>, Option<String>)> =
+            raw.source.exemptions.iter().flatten().map(|e| (e.prefix.clone(), e.reason.clone())).collect();
         let source = build_source(raw.source, &mut errors);
+        let exemptions = crate::exemptions::validate(&exemptions, &source.trusted_proxies, &mut errors);
         let server = build_server(raw.server, &mut errors);
         let responses = build_responses(raw.responses, &mut errors);
         let shared = raw.shared.and_then(|shared| build_shared(shared, &mut errors));
@@ -66,6 +69,7 @@ impl Config {
                 attempt_timeout_ms,
                 source,
                 class_file,
+                exemptions,
                 server,
                 responses,
                 routes,
