@@ -461,13 +461,14 @@ impl Client {
         let timeout = self.config.timeout;
         let now_us = || self.started.elapsed().as_micros() as u64 + 1;
         match tokio::time::timeout(timeout, self.call_untimed(request, extras)).await {
-            // A full accept queue: the daemon is late to accept, not gone
-            // (each timed-out client's connection waits in its queue). Taken
-            // for a connect error, a stalled daemon's queue would let login
-            // fail open past the busy rule.
-            Ok(Err(ClientError::Connect { source, .. })) if source.kind() == std::io::ErrorKind::WouldBlock => {
-                Err(self.late(timeout))
-            }
+            // Only a missing socket, nobody listening or no permission says
+            // the daemon cannot be reached. Anything else is taken for late:
+            // a full accept queue (a stalled daemon leaves each timed-out
+            // client's connection in it: EAGAIN), or this process out of
+            // descriptors or memory (which an attacker can cause on the auth
+            // server). Taken for unreachable, either let login fail open
+            // past the busy rule.
+            Ok(Err(ClientError::Connect { source, .. })) if !says_unreachable(&source) => Err(self.late(timeout)),
             Ok(result) => {
                 if result.is_ok() {
                     // A timely answer busy_max after the run's last timeout
@@ -586,6 +587,13 @@ impl Client {
 /// malformed.
 pub(crate) fn bounded<'a>(subject: &Subject<'a>) -> Subject<'a> {
     Subject { forwarded_for: subject.forwarded_for.map(forwarded_tail), ..subject.clone() }
+}
+
+/// Whether a failed connect means the daemon cannot be reached (rather
+/// than that it, or this process, is overloaded).
+fn says_unreachable(error: &std::io::Error) -> bool {
+    use std::io::ErrorKind::{ConnectionRefused, NotFound, PermissionDenied};
+    matches!(error.kind(), NotFound | ConnectionRefused | PermissionDenied)
 }
 
 /// A request the daemon would refuse for its size, refused here without
