@@ -12,9 +12,10 @@ export type ErrorCode =
   | "malformed" | "unsupported_version" | "unknown_route" | "missing_field" | "field_too_long"
   | "permission_denied" | "not_manual_clock" | "frame_too_large" | "internal";
 /**
- * Why a call had no answer. `connect`: no such socket or nobody listening
- * (ENOENT, ECONNREFUSED); a daemon late to accept (a full accept queue,
- * EAGAIN) is `timeout` or `busy`, as one late to reply.
+ * Why a call had no answer. `connect`: no such socket, nobody listening or
+ * not allowed (ENOENT, ECONNREFUSED, EACCES); any other failure to connect
+ * (a full accept queue, EAGAIN; no descriptor or memory, EMFILE, ENFILE,
+ * ENOBUFS, ENOMEM) is `timeout` or `busy`, as a daemon late to reply.
  */
 export type ErrorKind = "connect" | "timeout" | "busy" | "io" | "protocol";
 export type Bytes = Uint8Array;

@@ -267,7 +267,7 @@ export class Client {
     clearImmediate(decide);
     const busyMaxUs = this.#config.busyMaxMs * 1000;
     const run = this.#lateRun;
-    // A timeout before the deadline (a full accept queue: see Connection) is
+    // A timeout before the deadline (connecting failed, not for want of a socket: see Connection) is
     // a late daemon as much as the deadline is: the same run, the same busy rule.
     if (result !== TIMED_OUT && result.error?.kind !== "timeout") {
       if (result.reply) {

@@ -16,8 +16,15 @@ export class ClientError extends Error {
   }
 }
 
-/** Connecting to a socket whose daemon is late to accept, not to one nobody listens on (ENOENT, ECONNREFUSED). */
-const LATE_CONNECT_CODES = new Set(["EAGAIN", "EWOULDBLOCK", "ETIMEDOUT"]);
+/**
+ * The only errors connecting that mean tollgate cannot be reached: no socket,
+ * nobody listening, not allowed. Any other (a full accept queue, EAGAIN; or
+ * this process out of descriptors or memory, EMFILE, ENFILE, ENOBUFS, ENOMEM,
+ * which an attacker can cause) is a late daemon: taken for `connect`, it would
+ * let login fail open past the busy rule.
+ */
+const CONNECT_CODES = new Set(["ENOENT", "ECONNREFUSED", "EACCES"]);
+const QUEUE_FULL_CODES = new Set(["EAGAIN", "EWOULDBLOCK"]);
 const CLOSED_CODES = new Set(["EPIPE", "ECONNRESET", "ERR_STREAM_DESTROYED", "ERR_STREAM_WRITE_AFTER_END"]);
 
 export class Connection {
@@ -42,13 +49,13 @@ export class Connection {
     this.socket.on("data", (chunk) => this.#received(chunk));
     this.socket.on("end", () => this.#fail(new ClientError("io", "the daemon closed the connection", { closed: true })));
     this.socket.on("error", (e) => {
-      if (!this.connected && LATE_CONNECT_CODES.has(e.code)) {
-        // A full accept queue: the daemon is late to accept (each timed-out
-        // client's connection waits in its queue), not gone. Taken for a
-        // connect error, a stalled daemon would let login fail open past the busy rule.
-        this.#fail(new ClientError("timeout", `tollgate did not accept the connection (its queue is full): ${e.message}`));
-      } else if (!this.connected) {
+      if (!this.connected && CONNECT_CODES.has(e.code)) {
         this.#fail(new ClientError("connect", `cannot reach tollgate at ${path}: ${e.message}`));
+      } else if (!this.connected) {
+        // A full accept queue (each timed-out client's connection waits in
+        // it) or no descriptor or memory for the socket: late, not gone.
+        const why = QUEUE_FULL_CODES.has(e.code) ? "did not accept the connection (its queue is full)" : "could not be connected to";
+        this.#fail(new ClientError("timeout", `tollgate ${why}: ${e.message}`));
       } else {
         this.#fail(new ClientError("io", `connection to tollgate failed: ${e.message}`, { closed: CLOSED_CODES.has(e.code) }));
       }

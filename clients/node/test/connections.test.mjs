@@ -157,6 +157,39 @@ test("a full accept queue (EAGAIN) is a late daemon: timeout or busy, never conn
   assert.ok(answers.filter((a) => /queue is full/.test(a.error.message)).length >= 2, "connecting failed with EAGAIN");
 });
 
+test("out of descriptors (EMFILE) connecting is a late daemon, not connect; EACCES is connect", async (t) => {
+  const daemon = await fakeDaemon(allowAll);
+  t.after(() => daemon.close());
+  const client = new Client({ socket: daemon.path, timeoutMs: 20, busyMaxMs: 1000 });
+  t.after(() => client.close());
+  assert.equal((await client.check("login", alice)).kind, "verdict", "the daemon answered once");
+  // The daemon closes the idle pooled connection: the next calls connect afresh.
+  for (const r of daemon.requests) r.socket.destroy();
+  while (daemon.connections > 0) await sleep(1);
+  await sleep(5);
+  // Connecting fails as libuv reports it when socket() finds no descriptor.
+  const realCreate = net.createConnection;
+  let code = "EMFILE";
+  net.createConnection = (options) => {
+    const socket = new net.Socket();
+    const error = Object.assign(new Error(`connect ${code} ${options.path}`), { code, syscall: "connect" });
+    process.nextTick(() => socket.destroy(error));
+    return socket;
+  };
+  t.after(() => {
+    net.createConnection = realCreate;
+  });
+  const answers = await Promise.all([1, 2].map(() => client.check("login", alice)));
+  for (const a of answers) assert.deepEqual([a.kind, a.error.kind, a.proceeds()], ["unavailable", "busy", false]);
+  for (const a of answers) assert.match(a.error.message, /EMFILE/);
+  const fresh = new Client({ socket: daemon.path, timeoutMs: 20 });
+  const lone = await fresh.check("login", { account: "erin" });
+  assert.deepEqual([lone.error.kind, lone.proceeds()], ["timeout", true], "never answered: an outage");
+  code = "EACCES";
+  const denied = await fresh.check("login", { account: "erin" });
+  assert.deepEqual([denied.error.kind, denied.proceeds()], ["connect", true], "not allowed is connect");
+});
+
 test("the busy rule: a timely answer busy_max after the run's last timeout ends it", async (t) => {
   let silent = false;
   const daemon = await fakeDaemon((r) => (silent ? null : allowAll(r)));

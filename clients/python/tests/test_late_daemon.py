@@ -3,18 +3,21 @@ a down one; the asyncio client's reply wins over its timer whatever
 wait_for does; a guard's report carries the check's tag."""
 
 import asyncio
+import errno
 import os
 import socket
 import struct
 import tempfile
 import threading
 import time
+import types
 import unittest
 from unittest import mock
 
 from fake_daemon import FakeDaemon, allow_all, verdict_payload
 from tollgate_client import AsyncClient, Client, ClientConfig, Subject, Unavailable, VerdictAnswer
 from tollgate_client import aio as aio_module
+from tollgate_client import client as client_module
 
 SUBJECT = Subject(peer="198.51.100.7", account="alice")
 KEY = bytes([7] * 32)
@@ -133,6 +136,55 @@ class FullAcceptQueue(unittest.TestCase):
             served = daemon.serve_one()
             asyncio.run(scenario(daemon))
             served.join()
+
+
+def sockets_failing_with(code, on_connect=False):
+    """The socket module as a client module sees it, with every new socket
+    failing as at a process out of descriptors (EMFILE), or every connect
+    failing (ENOBUFS)."""
+
+    def refuse(*args, **kwargs):
+        raise OSError(code, os.strerror(code))
+
+    class ConnectFails(socket.socket):
+        connect = refuse
+
+    return types.SimpleNamespace(**{**vars(socket), "socket": ConnectFails if on_connect else refuse})
+
+
+class OutOfDescriptors(unittest.TestCase):
+    """Only a missing socket, nobody listening or no permission is a
+    connect error; any other failure to get a socket (EMFILE: an attacker
+    exhausting the auth server's descriptors) is a late daemon, so a burst
+    on an account is busy and never proceeds."""
+
+    def test_emfile_is_late_not_a_connect_error(self):
+        for sockets in (sockets_failing_with(errno.EMFILE), sockets_failing_with(errno.ENOBUFS, on_connect=True)):
+            with self.subTest(sockets=sockets.socket), FakeDaemon(allow_all) as daemon:
+                with Client(ClientConfig(daemon.path, timeout=0.2)) as client:
+                    self.assertIsInstance(client.check("login", Subject(account="bob")), VerdictAnswer)
+                    client.close()
+                    with mock.patch.object(client_module, "socket", sockets):
+                        lone = client.check("login", Subject(peer="198.51.100.7", account="erin"))
+                        first = client.check("login", SUBJECT)
+                        second = client.check("login", SUBJECT)
+                self.assertEqual((lone.error.kind, lone.proceeds), ("timeout", True))
+                self.assertNotEqual(first.error.kind, "connect")
+                self.assertEqual((second.error.kind, second.proceeds), ("busy", False))
+
+    def test_the_asyncio_client_answers_emfile_too(self):
+        async def scenario(daemon):
+            client = AsyncClient(ClientConfig(daemon.path, timeout=0.2))
+            self.assertIsInstance(await client.check("login", Subject(account="bob")), VerdictAnswer)
+            client.close()
+            with mock.patch.object(aio_module, "socket", sockets_failing_with(errno.EMFILE)):
+                lone = await client.check("login", Subject(peer="198.51.100.7", account="erin"))
+                burst = await asyncio.gather(*[client.check("login", SUBJECT) for _ in range(2)])
+            self.assertEqual((lone.error.kind, lone.proceeds), ("timeout", True))
+            self.assertEqual([(a.error.kind, a.proceeds) for a in burst], [("busy", False)] * 2)
+
+        with FakeDaemon(allow_all) as daemon:
+            asyncio.run(scenario(daemon))
 
 
 def deny_late(daemon, version, request_id, variant, body):

@@ -27,8 +27,9 @@ from .client import (
     _ClientCore,
     _outcome,
     _refuses_version,
+    _unreached,
 )
-from .errors import CallTimeout, ClientError, ConnectError, ConnectionClosed, ConnectionFailed, ProtocolError
+from .errors import CallTimeout, ClientError, ConnectionClosed, ConnectionFailed, ProtocolError
 from .passwords import password_tag
 from .protocol import PROTOCOL_VERSION_MIN, RESPONSE_PAYLOAD_BYTES_MAX, Abandon, Check, Outcome, Report, Request, Response, Subject
 
@@ -145,8 +146,10 @@ class AsyncClient(_ClientCore):
         the call's timer ends the exchange (a timeout, not a connect error).
         The socket is connected here: asyncio's own connect takes EAGAIN for
         a connect in progress and hands back a socket that never connected."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock = None
         try:
+            # Created in here: an error creating it (EMFILE) is an answer too.
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.setblocking(False)
             while True:
                 try:
@@ -156,10 +159,12 @@ class AsyncClient(_ClientCore):
                     await asyncio.sleep(CONNECT_RETRY_INTERVAL)
             reader, writer = await asyncio.open_unix_connection(sock=sock)
         except OSError as e:
-            sock.close()
-            raise ConnectError("cannot reach tollgate at {}: {}".format(self.config.socket, e)) from None
+            if sock is not None:
+                sock.close()
+            raise _unreached(self.config.socket, e) from None
         except BaseException:
-            sock.close()
+            if sock is not None:
+                sock.close()
             raise
         return _AsyncConnection(reader, writer, self.config.protocol_version)
 

@@ -155,6 +155,19 @@ def _connect_by(sock: socket.socket, path: str, deadline: float) -> None:
             time.sleep(min(CONNECT_RETRY_INTERVAL, remaining))
 
 
+def _unreached(path: str, error: OSError) -> ClientError:
+    """Only a missing socket, nobody listening or no permission says the
+    daemon is not there (a `connect` error: the fail policy applies). Any
+    other error creating or connecting the socket (EMFILE, ENFILE, ENOBUFS,
+    ENOMEM, ...) is taken as a late daemon and joins the late run like a
+    timeout: an attacker who exhausts the auth server's descriptors must not
+    turn a burst on a locked account into login failing open. (Python's
+    PermissionError is EACCES or EPERM, as Rust's PermissionDenied.)"""
+    if isinstance(error, (FileNotFoundError, ConnectionRefusedError, PermissionError)):
+        return ConnectError("cannot reach tollgate at {}: {}".format(path, error))
+    return CallTimeout("no connection to tollgate at {}: {}".format(path, error))
+
+
 def _recv_some(sock: socket.socket, deadline: float, most: int) -> bytes:
     remaining = deadline - time.monotonic()
     if remaining > 0:
@@ -430,7 +443,10 @@ class Client(_ClientCore):
             return self._call_on(self._connect(deadline), request, deadline)
 
     def _connect(self, deadline: float) -> _Connection:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        except OSError as e:
+            raise _unreached(self.config.socket, e) from None
         try:
             _connect_by(sock, self.config.socket, deadline)
         except socket.timeout:
@@ -441,7 +457,7 @@ class Client(_ClientCore):
             raise
         except OSError as e:
             sock.close()
-            raise ConnectError("cannot reach tollgate at {}: {}".format(self.config.socket, e)) from None
+            raise _unreached(self.config.socket, e) from None
         return _Connection(sock, self.config.protocol_version)
 
     def _call_on(self, conn: _Connection, request: Request, deadline: float) -> Tuple[int, Response]:

@@ -8,8 +8,9 @@ class ClientError(Exception):
 
 class ConnectError(ClientError):
     """The socket cannot be reached (no such file, nobody listening, no
-    permission). A full accept queue is not this but a timeout: the daemon
-    is there, late to accept."""
+    permission), and only that. Any other failure to get or connect a
+    socket (a full accept queue, EMFILE, ENOBUFS) is a timeout: a late
+    daemon, so an exhausted auth server does not make login fail open."""
 
     kind = "connect"
 
