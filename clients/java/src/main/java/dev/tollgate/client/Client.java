@@ -208,10 +208,12 @@ public final class Client implements AutoCloseable {
                 runLastUs = Math.max(runLastUs, now);
                 runYoung = now - runStartUs < busyMaxUs;
             }
-            // A full accept queue (see Connection.queueFull) is late the same
-            // way, however early it failed: one run, the same busy rule.
+            // A socket that could not be created or connected for any reason
+            // but an unreachable daemon (see Connection.unreachable: a full
+            // accept queue, EMFILE, ...) is late the same way, however early
+            // it failed: one run, the same busy rule.
             String message = "tollgate did not answer within " + config.timeout.toMillis() + " ms"
-                    + (e.getMessage().equals(Connection.QUEUE_FULL) ? " (" + Connection.QUEUE_FULL + ")" : "");
+                    + (e.getMessage().equals(Connection.NO_ANSWER) ? "" : " (connecting: " + e.getMessage() + ")");
             // Busy only if decide() finds the check in a burst; it adds " (busy)" then.
             if (last > 0 && runYoung) throw new CallFailed(ClientError.Kind.BUSY, message);
             throw new CallFailed(ClientError.Kind.TIMEOUT, message);

@@ -3,7 +3,6 @@ package dev.tollgate.client;
 import java.io.Closeable;
 import java.io.EOFException;
 import java.io.IOException;
-import java.net.SocketException;
 import java.net.StandardProtocolFamily;
 import java.net.UnixDomainSocketAddress;
 import java.nio.ByteBuffer;
@@ -24,13 +23,16 @@ final class Connection implements Closeable {
     /** The daemon did not answer by the deadline: the connection's state is unknown. */
     static final class TimedOut extends Exception {
         TimedOut() {
-            this("no answer by the deadline");
+            this(NO_ANSWER);
         }
 
         TimedOut(String message) {
             super(message, null, false, false);
         }
     }
+
+    /** The detail of a {@link TimedOut} for a daemon silent until the deadline. */
+    static final String NO_ANSWER = "no answer by the deadline";
 
     /** The socket could not be reached at all. */
     static final class ConnectFailed extends IOException {
@@ -61,58 +63,56 @@ final class Connection implements Closeable {
     }
 
     static Connection open(Path socket, int version, long deadlineNanos) throws IOException, TimedOut {
-        SocketChannel channel = SocketChannel.open(StandardProtocolFamily.UNIX);
+        SocketChannel channel = null;
         Selector selector = null;
         try {
+            // Created inside the try: running out of descriptors (EMFILE,
+            // ENFILE, ENOBUFS, ENOMEM) is classified like any other failure.
+            channel = SocketChannel.open(StandardProtocolFamily.UNIX);
             channel.configureBlocking(false);
-            boolean connected;
-            try {
-                connected = channel.connect(UnixDomainSocketAddress.of(socket));
-            } catch (IOException e) {
-                if (queueFull(e, socket)) throw new TimedOut(QUEUE_FULL);
-                throw new ConnectFailed("cannot reach tollgate at " + socket + ": " + e.getMessage(), e);
-            }
+            boolean connected = channel.connect(UnixDomainSocketAddress.of(socket));
             selector = Selector.open();
             SelectionKey key = channel.register(selector, 0);
             Connection connection = new Connection(channel, selector, key, version);
             while (!connected) {
                 connection.await(SelectionKey.OP_CONNECT, deadlineNanos);
-                try {
-                    connected = channel.finishConnect();
-                } catch (IOException e) {
-                    if (queueFull(e, socket)) throw new TimedOut(QUEUE_FULL);
-                    throw new ConnectFailed("cannot reach tollgate at " + socket + ": " + e.getMessage(), e);
-                }
+                connected = channel.finishConnect();
             }
             return connection;
         } catch (IOException | TimedOut | RuntimeException e) {
-            channel.close();
+            if (channel != null) channel.close();
             if (selector != null) selector.close();
+            if (e instanceof IOException io) {
+                if (unreachable(io, socket)) {
+                    throw new ConnectFailed("cannot reach tollgate at " + socket + ": " + io.getMessage(), io);
+                }
+                throw new TimedOut(String.valueOf(io.getMessage()));
+            }
             throw e;
         }
     }
 
-    /** The detail of a {@link TimedOut} for a connect refused by a full accept queue. */
-    static final String QUEUE_FULL = "its accept queue is full";
-
     /**
-     * Whether a failed connect met a full accept queue (EAGAIN): the daemon
-     * is alive but late to accept (each timed-out client's connection waits
-     * in its queue), which is a late daemon, not a down one. Taken for a
-     * connect error, a stalled daemon's queue would let login fail open past
-     * the busy rule. Only nobody listening (ECONNREFUSED: a
-     * ConnectException), no socket there (ENOENT) or no permission (EACCES:
-     * a BindException) is unreachable. The JDK reports EAGAIN as a plain
-     * SocketException whose errno shows only in its strerror text, which
-     * the locale may translate: a plain SocketException on a path that
-     * exists is taken as EAGAIN too (ENOENT has no path).
+     * Whether a failure to create or connect the socket means nobody can be
+     * reached: nobody listening (ECONNREFUSED: a ConnectException), no
+     * socket there (ENOENT) or no permission (EACCES: a BindException).
+     * Every other failure (a full accept queue's EAGAIN, EMFILE, ENFILE,
+     * ENOBUFS, ENOMEM, ...) is a late daemon: taken for a connect error, an
+     * attacker who exhausts the auth server's descriptors or the daemon's
+     * queue would let login fail open past the busy rule. The JDK gives no
+     * errno and its strerror text may be translated by the locale: a plain
+     * SocketException is ENOENT only by its English text or a path that
+     * does not exist (EAGAIN's English text is late even then).
      */
-    static boolean queueFull(IOException e, Path socket) {
-        if (e.getClass() != SocketException.class) return false;
+    static boolean unreachable(IOException e, Path socket) {
+        if (e instanceof java.net.ConnectException || e instanceof java.net.BindException
+                || e instanceof java.nio.file.AccessDeniedException || e instanceof java.nio.file.NoSuchFileException) {
+            return true;
+        }
         String message = String.valueOf(e.getMessage()).toLowerCase(Locale.ROOT);
-        if (message.contains("temporarily unavailable") || message.contains("would block") || message.contains("try again")) return true;
-        if (message.contains("no such file")) return false;
-        return Files.exists(socket);
+        if (message.contains("temporarily unavailable") || message.contains("would block") || message.contains("try again")) return false;
+        if (message.contains("no such file") || message.contains("permission denied")) return true;
+        return !Files.exists(socket);
     }
 
     /** Writes one frame and reads one reply payload (without its length prefix), by the deadline. */

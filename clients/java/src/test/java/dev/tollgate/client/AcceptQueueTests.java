@@ -85,8 +85,8 @@ final class AcceptQueueTests {
                 Answer lone = client.check("login", FakeDaemonTests.subject("erin"));
                 Expect.that(FakeDaemonTests.kind(lone) == ClientError.Kind.TIMEOUT && lone.proceeds(),
                         "a lone user's check, queue full: a timeout (the policy applies): " + lone);
-                Expect.that(lone instanceof Answer.Unavailable u && u.error().message().contains("accept queue"),
-                        "the timeout names the full queue: " + lone);
+                Expect.that(lone instanceof Answer.Unavailable u && u.error().message().contains("connecting: "),
+                        "the timeout names the failed connect: " + lone);
             }
             for (SocketChannel c : fillers) c.close();
             fillers.clear();
@@ -107,27 +107,33 @@ final class AcceptQueueTests {
     /** The errno shows only in strerror text, which a locale may translate: the class and the path decide then. */
     private static void classifies(Path existing) {
         Path missing = existing.resolveSibling("missing.sock");
-        Expect.that(Connection.queueFull(new java.net.SocketException("Resource temporarily unavailable"), missing),
-                "EAGAIN's text: queue full");
-        Expect.that(Connection.queueFull(new java.net.SocketException("Ressource temporairement non disponible"), existing),
-                "an untranslated plain SocketException on an existing socket: queue full");
-        Expect.that(!Connection.queueFull(new java.net.SocketException("Aucun fichier ou dossier de ce type"), missing),
-                "no socket there (ENOENT, translated): not queue full");
-        Expect.that(!Connection.queueFull(new java.net.SocketException("No such file or directory"), existing),
-                "ENOENT's text: not queue full");
-        Expect.that(!Connection.queueFull(new java.net.ConnectException("Connection refused"), existing),
-                "nobody listening (ECONNREFUSED): not queue full");
-        Expect.that(!Connection.queueFull(new java.net.BindException("Permission denied"), existing),
-                "no permission (EACCES): not queue full");
+        Expect.that(!Connection.unreachable(new java.net.SocketException("Resource temporarily unavailable"), missing),
+                "EAGAIN's text: late, not unreachable");
+        Expect.that(!Connection.unreachable(new java.net.SocketException("Ressource temporairement non disponible"), existing),
+                "a translated plain SocketException on an existing socket: late");
+        Expect.that(!Connection.unreachable(new java.net.SocketException("Too many open files"), existing),
+                "EMFILE: late, not unreachable");
+        Expect.that(!Connection.unreachable(new IOException("No buffer space available"), existing),
+                "ENOBUFS (a plain IOException): late");
+        Expect.that(Connection.unreachable(new java.net.SocketException("Aucun fichier ou dossier de ce type"), missing),
+                "no socket there (ENOENT, translated): unreachable");
+        Expect.that(Connection.unreachable(new java.net.SocketException("No such file or directory"), existing),
+                "ENOENT's text: unreachable");
+        Expect.that(Connection.unreachable(new java.net.ConnectException("Connection refused"), existing),
+                "nobody listening (ECONNREFUSED): unreachable");
+        Expect.that(Connection.unreachable(new java.net.BindException("Permission denied"), existing),
+                "no permission (EACCES): unreachable");
+        Expect.that(Connection.unreachable(new java.nio.file.AccessDeniedException(existing.toString()), existing),
+                "no permission (AccessDeniedException): unreachable");
     }
 
-    private static Object poolOf(Client client) throws Exception {
+    static Object poolOf(Client client) throws Exception {
         java.lang.reflect.Field field = Client.class.getDeclaredField("pool");
         field.setAccessible(true);
         return field.get(client);
     }
 
-    private static void answerOnce(ServerSocketChannel server) {
+    static void answerOnce(ServerSocketChannel server) {
         try {
             SocketChannel conn = server.accept();
             ByteBuffer header = ByteBuffer.allocate(4).order(ByteOrder.LITTLE_ENDIAN);

@@ -15,6 +15,7 @@ public final class AllTests {
             PreflightTests.run();
             FakeDaemonTests.run();
             AcceptQueueTests.run();
+            FdLimitTests.run();
             LiveDaemonTests.run();
         } catch (Throwable t) {
             Expect.failures++;
