@@ -122,7 +122,8 @@ const (
 	// end user hangs up, and a hang-up must not buy an unchecked guess.
 	ErrCanceled
 	// ErrDeadline: the check's context deadline, sooner than the client's
-	// Timeout, passed before an answer came (or before the check began).
+	// Timeout, passed before an answer came (or before the check began),
+	// while the daemon is taken for healthy or busy (see deadlineKind).
 	// Never proceeds, spends no static budget, and is not the daemon being
 	// late: whoever sets the request's deadline (a gRPC client's
 	// grpc-timeout, a slow body under http.TimeoutHandler) would otherwise
@@ -347,8 +348,13 @@ func (c *Client) decide(ctx context.Context, cancellable bool, req *request) Ans
 		// request: only the client's timeout bounds it.
 		ctx, cancellable = context.Background(), false
 	} else if err := ctx.Err(); err != nil {
-		// A request already given up: never proceeds, spends nothing.
-		return c.unavailable(req.route, &CallError{Kind: callerEndedKind(err), Err: err}, false)
+		// A request already given up: never proceeds, spends nothing,
+		// unless its deadline passed in an outage (deadlineKind).
+		kind := callerEndedKind(err)
+		if kind == ErrDeadline {
+			kind = c.deadlineKind()
+		}
+		return c.unavailable(req.route, &CallError{Kind: kind, Err: err}, spend)
 	}
 	var burst *burstGuard
 	if spend {
@@ -395,6 +401,25 @@ func (c *Client) unavailable(route string, err *CallError, spend bool) Answer {
 
 func (c *Client) nowUs() uint64 { return uint64(time.Since(c.started)/time.Microsecond) + 1 }
 
+// deadlineKind classifies a check its caller's deadline cut short: the
+// caller's doing (ErrDeadline, never proceeds) unless the client's own
+// timeouts already show an outage: a run of them older than BusyMax, or any
+// run from a daemon that never answered this client. Then it is ErrTimeout
+// and the policy applies, so a lone user whose requests carry short
+// deadlines is not refused for a whole outage. A daemon with no run of
+// timeouts is taken for healthy, even one not heard from yet (a fresh
+// process must not let tiny deadlines through).
+func (c *Client) deadlineKind() ErrorKind {
+	last := c.lastAnswered.Load()
+	c.lateMu.Lock()
+	now, run := c.nowUs(), c.lateRun
+	c.lateMu.Unlock()
+	if run[1] != 0 && (last == 0 || now-run[0] >= uint64(c.cfg.BusyMax/time.Microsecond)) {
+		return ErrTimeout
+	}
+	return ErrDeadline
+}
+
 func callerEndedKind(ctxErr error) ErrorKind {
 	if errors.Is(ctxErr, context.DeadlineExceeded) {
 		return ErrDeadline
@@ -413,11 +438,14 @@ func (c *Client) call(ctx context.Context, cancellable bool, req *request) (*res
 	resp, err := c.callUntimed(ctx, cancellable, deadline, req)
 	// Whatever error a call that ran into its caller's deadline got (a read
 	// or a dial out of time, a connection it cut), the caller ended it.
-	if err != nil && callersDeadline && (ctx.Err() != nil || !time.Now().Before(deadline)) {
-		err.Kind = ErrDeadline
-	}
+	cutByCaller := err != nil && callersDeadline && (ctx.Err() != nil || !time.Now().Before(deadline))
 	busyMaxUs := uint64(c.cfg.BusyMax / time.Microsecond)
-	if err == nil {
+	if cutByCaller {
+		// Not late by the client's own Timeout: it neither starts nor
+		// extends the run, or tiny deadlines alone would age a run past
+		// BusyMax and fail open against a healthy daemon.
+		err.Kind = c.deadlineKind()
+	} else if err == nil {
 		c.lateMu.Lock()
 		now := c.nowUs()
 		c.lastAnswered.Store(now)

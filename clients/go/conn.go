@@ -72,18 +72,18 @@ func (c *Client) connect(deadline time.Time, watch *cancelWatch) (*conn, *CallEr
 	return &conn{c: nc.(*net.UnixConn), buf: make([]byte, 0, 256), version: c.cfg.ProtocolVersion}, nil
 }
 
-// connectError: a full accept queue (EAGAIN on a Unix socket: the daemon
-// is late to accept, and each timed-out client's connection waits in its
-// queue) and a dial that ran out of time are the daemon being late, a
-// timeout for the busy rule; only no socket or nobody listening (and the
-// like) is ErrConnect.
+// connectError: only no socket (ENOENT), nobody listening (ECONNREFUSED)
+// and not allowed (EACCES) are ErrConnect. Any other failure to create or
+// connect the socket (a full accept queue's EAGAIN, a dial out of time,
+// EMFILE, ENFILE, ENOBUFS, ENOMEM) is the daemon being late, a timeout for
+// the busy rule: an attacker who exhausts this process's descriptors or
+// memory must not turn a burst on a locked account into an outage that
+// fails open.
 func connectError(socket string, err error) *CallError {
-	var netErr net.Error
-	if errors.Is(err, syscall.EAGAIN) || errors.Is(err, os.ErrDeadlineExceeded) ||
-		(errors.As(err, &netErr) && netErr.Timeout()) {
-		return &CallError{Kind: ErrTimeout, Err: err}
+	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EACCES) {
+		return &CallError{Kind: ErrConnect, Err: fmt.Errorf("cannot reach tollgate at %s: %w", socket, err)}
 	}
-	return &CallError{Kind: ErrConnect, Err: fmt.Errorf("cannot reach tollgate at %s: %w", socket, err)}
+	return &CallError{Kind: ErrTimeout, Err: err}
 }
 
 func ioError(err error) *CallError {

@@ -9,8 +9,10 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -185,15 +187,15 @@ func TestTheCallersDeadlineNeverProceeds(t *testing.T) {
 			t.Fatalf("%+v", a)
 		}
 	}
-	// The client's own timeout is an outage, and the budget is still whole.
-	if a := s.Check(context.Background(), "password_reset", alice); a.Err == nil || a.Err.Kind != ErrTimeout || !a.WithinStaticBudget {
-		t.Fatalf("%+v", a)
-	}
 	// Begin's check is cut by the deadline too, and never proceeds.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancel()
 	if attempt := s.Begin(ctx, "login", Subject{Account: Some("bob")}, nil); attempt.Proceeds() || attempt.Answer().Err.Kind != ErrDeadline {
 		t.Fatalf("%+v", attempt.Answer().Err)
+	}
+	// The client's own timeout is an outage, and the budget is still whole.
+	if a := s.Check(context.Background(), "password_reset", alice); a.Err == nil || a.Err.Kind != ErrTimeout || !a.WithinStaticBudget {
+		t.Fatalf("%+v", a)
 	}
 }
 
@@ -273,5 +275,162 @@ func TestTheGuardsReportCarriesTheChecksTag(t *testing.T) {
 	attempt.Report(ctx, Failure, nil)
 	if got := lastTag(false); got != nil {
 		t.Fatalf("no password anywhere: tag %x", got)
+	}
+}
+
+// exhaustDescriptors lowers this process's descriptor limit and fills it,
+// so creating a socket fails with EMFILE until the test ends; the refill it
+// returns takes any descriptor freed since (earlier tests' connections
+// closing late).
+func exhaustDescriptors(t *testing.T) (refill func()) {
+	var saved syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &saved); err != nil {
+		t.Fatal(err)
+	}
+	lowered := saved
+	lowered.Cur = 256
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lowered); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var fds []int
+	t.Cleanup(func() {
+		for _, fd := range fds {
+			syscall.Close(fd)
+		}
+		syscall.Setrlimit(syscall.RLIMIT_NOFILE, &saved)
+	})
+	refill = func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for {
+			fd, err := syscall.Open("/dev/null", syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+			if errors.Is(err, syscall.EMFILE) {
+				return
+			}
+			if err != nil || len(fds) > 256 {
+				t.Errorf("filling the descriptor table: %v after %d", err, len(fds))
+				return
+			}
+			fds = append(fds, fd)
+		}
+	}
+	refill()
+	return refill
+}
+
+func TestRunningOutOfDescriptorsIsALateDaemonNotAGoneOne(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "t.sock")
+	answered := answerOnce(t, path)
+	c := fakeClient(t, &fakeDaemon{path: path}, nil)
+	if a := c.Check(context.Background(), "login", alice); a.Kind != AnswerVerdict {
+		t.Fatalf("%+v", a)
+	}
+	<-answered
+	// The pooled connection the daemon closed goes first: closed during
+	// the next check, it would free a descriptor for that check's socket.
+	if a := c.Check(context.Background(), "login", Subject{Account: Some("first")}); a.Err == nil || a.Err.Kind != ErrConnect {
+		t.Fatalf("%+v", a)
+	}
+	refill := exhaustDescriptors(t)
+	c.beforeConnect = refill
+
+	// A lone user's check: a timeout (an outage for the policy), not connect.
+	if a := c.Check(context.Background(), "login", Subject{Account: Some("lone")}); a.Err == nil || a.Err.Kind != ErrTimeout || !errors.Is(a.Err, syscall.EMFILE) {
+		t.Fatalf("no descriptors, alone: %+v", a.Err)
+	}
+	// A burst on one locked account: busy, none proceeds.
+	var arrived sync.WaitGroup
+	arrived.Add(2)
+	c.beforeConnect = func() { arrived.Done(); arrived.Wait(); refill() }
+	answers := make([]Answer, 2)
+	var wg sync.WaitGroup
+	for i := range answers {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			answers[i] = c.Check(context.Background(), "login", alice)
+		}(i)
+	}
+	wg.Wait()
+	for _, a := range answers {
+		if a.Err == nil || a.Err.Kind != ErrBusy || a.Proceeds() {
+			t.Fatalf("no descriptors, a burst on one account: %+v", a.Err)
+		}
+	}
+}
+
+func TestOnlyAGoneOrForbiddenSocketIsConnect(t *testing.T) {
+	for _, errno := range []syscall.Errno{syscall.ENOENT, syscall.ECONNREFUSED, syscall.EACCES} {
+		if k := connectError("s", &net.OpError{Op: "dial", Err: os.NewSyscallError("connect", errno)}).Kind; k != ErrConnect {
+			t.Errorf("%v: %v", errno, k)
+		}
+	}
+	for _, errno := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.EAGAIN, syscall.EINVAL} {
+		if k := connectError("s", &net.OpError{Op: "dial", Err: os.NewSyscallError("socket", errno)}).Kind; k != ErrTimeout {
+			t.Errorf("%v: %v", errno, k)
+		}
+	}
+}
+
+func TestTheCallersDeadlineProceedsOnlyInAnOutage(t *testing.T) {
+	var frozen atomic.Bool
+	f := startFake(t, func(version uint8, id uint64, _ uint32) []byte {
+		if frozen.Load() {
+			return nil
+		}
+		return frameOf(version, id, verdictBody(version, Deny))
+	})
+	c := fakeClient(t, f, func(cfg *Config) {
+		cfg.Timeout = 20 * time.Millisecond
+		cfg.BusyMax = 150 * time.Millisecond
+	})
+	short := func() Answer {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Millisecond)
+		defer cancel()
+		return c.Check(ctx, "login", Subject{Account: Some("lone")})
+	}
+	if a := c.Check(context.Background(), "login", alice); a.Kind != AnswerVerdict {
+		t.Fatalf("%+v", a)
+	}
+	frozen.Store(true)
+	// No run of the client's own timeouts yet: the caller's doing.
+	if a := short(); a.Err == nil || a.Err.Kind != ErrDeadline || a.Proceeds() {
+		t.Fatalf("no run: %+v", a.Err)
+	}
+	// A run begins, and while it is young the deadline still never proceeds.
+	if a := c.Check(context.Background(), "login", Subject{Account: Some("other")}); a.Err == nil || a.Err.Kind != ErrTimeout {
+		t.Fatalf("%+v", a.Err)
+	}
+	if a := short(); a.Err == nil || a.Err.Kind != ErrDeadline || a.Proceeds() {
+		t.Fatalf("a young run: %+v", a.Err)
+	}
+	// Late for longer than BusyMax: an outage, and login fails open.
+	time.Sleep(160 * time.Millisecond)
+	if a := short(); a.Err == nil || a.Err.Kind != ErrTimeout || !a.Proceeds() {
+		t.Fatalf("an old run: %+v", a.Err)
+	}
+	gone, cancel := context.WithTimeout(context.Background(), -time.Second)
+	defer cancel()
+	if a := c.Check(gone, "login", alice); a.Err == nil || a.Err.Kind != ErrTimeout || !a.Proceeds() {
+		t.Fatalf("an old run, a deadline already past: %+v", a.Err)
+	}
+
+	// A daemon never heard from: tiny deadlines alone never proceed; once
+	// the client's own timeout ran out on it, they are an outage.
+	silent := startFake(t, func(uint8, uint64, uint32) []byte { return nil })
+	s := fakeClient(t, silent, func(cfg *Config) { cfg.Timeout = 20 * time.Millisecond })
+	ctx, cancel2 := context.WithTimeout(context.Background(), 2*time.Millisecond)
+	defer cancel2()
+	if a := s.Check(ctx, "login", alice); a.Err == nil || a.Err.Kind != ErrDeadline || a.Proceeds() {
+		t.Fatalf("never answered, no run: %+v", a.Err)
+	}
+	if a := s.Check(context.Background(), "login", alice); a.Err == nil || a.Err.Kind != ErrTimeout {
+		t.Fatalf("%+v", a.Err)
+	}
+	ctx, cancel3 := context.WithTimeout(context.Background(), 2*time.Millisecond)
+	defer cancel3()
+	if a := s.Check(ctx, "login", alice); a.Err == nil || a.Err.Kind != ErrTimeout || !a.Proceeds() {
+		t.Fatalf("never answered, a run: %+v", a.Err)
 	}
 }
