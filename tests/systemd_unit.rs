@@ -130,11 +130,12 @@ fn unit_keeps_its_hardening() {
             .push(format!("SystemCallFilter= is {filters:?}, want [\"@system-service\", \"~@privileged @resources\"]"));
     }
     // A reload checks the files first, so `systemctl reload` fails on an
-    // invalid one (and the daemon is not signalled); then SIGHUP reloads
-    // the config and class file without losing counters.
+    // invalid one (and the daemon is not signalled); then `tollgate reload`
+    // sends SIGHUP and exits with the daemon's answer, so a file refused at
+    // that moment fails the reload as well.
     let reload = service_values(&entries, "ExecReload");
-    if reload != ["/usr/bin/tollgate check-config", "/bin/kill -HUP $MAINPID"] {
-        problems.push(format!("ExecReload= is {reload:?}, want check-config, then kill -HUP"));
+    if reload != ["/usr/bin/tollgate check-config", "/usr/bin/tollgate reload --pid $MAINPID"] {
+        problems.push(format!("ExecReload= is {reload:?}, want check-config, then tollgate reload"));
     }
     assert!(problems.is_empty(), "{UNIT_PATH}:\n  {}", problems.join("\n  "));
 }

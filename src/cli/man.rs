@@ -42,7 +42,7 @@ const MAN_SECTIONS: &str = r#".SH "EXIT STATUS"
 Success; for \fBcheck\fR, the verdict is allow.
 .TP
 1
-An error: the daemon could not be reached or refused the request; \fBserve\fR could not start or stopped on an error.
+An error: the daemon could not be reached or refused the request; \fBserve\fR could not start or stopped on an error; \fBreload\fR: the daemon refused the new files (it keeps the running ones).
 .TP
 2
 A usage error (an unknown flag or a bad value).

@@ -18,6 +18,7 @@ use crate::stdout::{out, outln};
 mod inspect;
 mod man;
 mod print;
+mod reload;
 pub use man::{man_page, print_man_page};
 use print::{
     print_distributions, print_samples, print_shared, print_signals, print_status, print_verdict,
@@ -74,6 +75,10 @@ pub enum Command {
     /// when one would (a lockout, attempts in flight, a spent budget, a
     /// flag), 1 an error (permission denied: not an admin).
     Inspect(inspect::InspectArgs),
+    /// Reload the daemon's config and class file and wait for its answer:
+    /// exit 0 when it applied them, 1 when it refused them (the unit's
+    /// `ExecReload=`).
+    Reload(reload::ReloadArgs),
     /// Clear an account's lockouts and counters on a route (admin).
     ///
     /// Exit status: 0 when something was cleared, 6 when nothing was (no
@@ -382,6 +387,7 @@ impl Command {
             Command::Sample(a) => Some(&a.common.socket),
             Command::Unlock(a) => Some(&a.common.socket),
             Command::Inspect(a) => Some(&a.common.socket),
+            Command::Reload(a) => Some(&a.common.socket),
             Command::Clock { command: ClockCommand::Advance { common, .. } } => Some(&common.socket),
             _ => None,
         }
@@ -543,6 +549,7 @@ async fn run_command(command: Command) -> Result<ExitCode, ClientError> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Inspect(args) => Ok(ExitCode::from(inspect::inspect(&client(&args.common), &args).await?)),
+        Command::Reload(args) => reload::reload(&client(&args.common), &args).await,
         Command::Unlock(args) => {
             let cleared = client(&args.common).unlock(&args.route, &args.account, args.source).await?;
             if args.common.json {
