@@ -15,8 +15,11 @@ use tollgate::client::{Answer, Client, ClientConfig, ClientError};
 mod common;
 use common::subject;
 
+/// Close-on-exec: the other test forks a child, which would otherwise
+/// keep the listener and the queued connections open after they are
+/// dropped here.
 fn unix_socket() -> OwnedFd {
-    socket(AddressFamily::Unix, SockType::Stream, SockFlag::SOCK_NONBLOCK, None).unwrap()
+    socket(AddressFamily::Unix, SockType::Stream, SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC, None).unwrap()
 }
 
 #[tokio::test]
