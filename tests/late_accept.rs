@@ -15,9 +15,8 @@ use tollgate::client::{Answer, Client, ClientConfig, ClientError};
 mod common;
 use common::subject;
 
-/// Close-on-exec: the other test forks a child, which would otherwise
-/// keep the listener and the queued connections open after they are
-/// dropped here.
+/// Close-on-exec, so a child another test forks keeps none of these once
+/// it has exec'd.
 fn unix_socket() -> OwnedFd {
     socket(AddressFamily::Unix, SockType::Stream, SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC, None).unwrap()
 }
@@ -47,10 +46,18 @@ async fn a_full_accept_queue_is_a_timeout_not_an_unreachable_daemon() {
         matches!(answer, Answer::Unavailable { error: ClientError::Timeout(_) | ClientError::Busy(_), .. }),
         "a full queue is a late daemon: {answer:?}"
     );
-    // Nobody listening at all is still "cannot reach".
-    drop((queued, listener));
-    let answer = client.check("login", &subject("198.51.100.7", "victim")).await;
-    assert!(matches!(answer, Answer::Unavailable { error: ClientError::Connect { .. }, .. }), "{answer:?}");
+    // Nobody listening (a socket bound, never listening) and no socket at
+    // all are still "cannot reach". (Not by closing the listener above: a
+    // child another test forks holds its copy until the child's exec.)
+    let idle_path = dir.path().join("bound-only.sock");
+    let bound_only = unix_socket();
+    bind(std::os::fd::AsRawFd::as_raw_fd(&bound_only), &UnixAddr::new(&idle_path).unwrap()).unwrap();
+    for path in [idle_path, dir.path().join("absent.sock")] {
+        let client = Client::new(ClientConfig::new(&path).timeout(Duration::from_millis(200)));
+        let answer = client.check("login", &subject("198.51.100.7", "victim")).await;
+        assert!(matches!(answer, Answer::Unavailable { error: ClientError::Connect { .. }, .. }), "{answer:?}");
+    }
+    drop((queued, listener, bound_only));
 }
 
 /// Out of descriptors (EMFILE) is not "cannot reach": it joins the late run.
