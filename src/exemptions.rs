@@ -130,6 +130,11 @@ pub fn validate(
 /// than the bounds; host bits set are refused, not cleared (as in a class
 /// file: `10.0.0.1/8` is as likely a typo for /32 as for 10.0.0.0/8).
 fn parse_prefix(text: &str) -> Result<IpNet, String> {
+    parse_network(text, "exemption")
+}
+
+/// `parse_prefix` for a `what` (an exemption, a ban), named in the errors.
+pub fn parse_network(text: &str, what: &str) -> Result<IpNet, String> {
     let parsed =
         if text.contains('/') { crate::source::parse_cidr(text) } else { text.parse::<IpAddr>().ok().map(IpNet::from) };
     let Some(net) = parsed else {
@@ -149,7 +154,7 @@ fn parse_prefix(text: &str) -> Result<IpNet, String> {
         IpNet::V6(v6) => (v6.prefix_len(), EXEMPTION_IPV6_PREFIX_LEN_MIN, "IPv6"),
     };
     if len < min {
-        return Err(format!("{net} is wider than /{min}, the widest {family} exemption: is it a typo?"));
+        return Err(format!("{net} is wider than /{min}, the widest {family} {what}: is it a typo?"));
     }
     let network = net.trunc();
     if network != net {

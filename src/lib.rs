@@ -46,6 +46,7 @@ pub mod daemon;
 mod access;
 mod activity;
 mod audit;
+mod bans;
 mod bench;
 mod classes;
 mod clock;

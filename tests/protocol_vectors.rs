@@ -109,6 +109,11 @@ fn v6(name: &'static str, case: Case) -> Case {
     Case { name, version: 6, ..case }
 }
 
+/// A case's message in version 7.
+fn v7(name: &'static str, case: Case) -> Case {
+    Case { name, version: 7, ..case }
+}
+
 /// The message as a reply of the case's version carries it: versions 1 and
 /// 2 get the reasons added in 3 as the nearest reason they know.
 fn as_sent(case: &Case, response: &Response<'static>) -> Response<'static> {
@@ -304,7 +309,60 @@ fn cases() -> Vec<Case> {
         v5("error-inspect-needs-v6-v5", response("error-inspect-needs-v6-v5", 14, inspect_refused_in_v5())),
     ];
     cases.extend(v6_cases);
+    // Version 7 adds `Ban`, `Unban`, `Banned` and the reason `banned`.
+    let v7_cases = vec![
+        v7("ban-v7", request("ban-v7", 15, ban_request())),
+        v7("banned-v7", response("banned-v7", 15, Response::Banned { until_ms: 1_700_007_200_000, replaced: false })),
+        v7("unban-v7", request("unban-v7", 16, unban_request())),
+        v7("unlocked-ban-v7", response("unlocked-ban-v7", 16, Response::Unlocked { cleared: 1 })),
+        v7("verdict-banned-v7", banned_verdict("verdict-banned-v7")),
+        v6("verdict-banned-v6", banned_verdict("verdict-banned-v6")),
+        v6("error-ban-needs-v7-v6", response("error-ban-needs-v7-v6", 15, ban_refused_in_v6())),
+    ];
+    cases.extend(v7_cases);
     cases
+}
+
+/// `ban-v7`: 203.0.113.0/24 for two hours, with a reason.
+fn ban_request() -> Request<'static> {
+    Request::Ban {
+        network: IpAddr::V4(Ipv4Addr::new(203, 0, 113, 0)),
+        prefix_len: 24,
+        for_ms: 7_200_000,
+        reason: "stuffing",
+    }
+}
+
+/// `unban-v7`: lifts the ban of `ban-v7`.
+fn unban_request() -> Request<'static> {
+    Request::Unban { network: IpAddr::V4(Ipv4Addr::new(203, 0, 113, 0)), prefix_len: 24 }
+}
+
+/// A check from a banned network: denied until the ban ends, by no rule
+/// of the route (`ban`).
+fn banned_verdict(name: &'static str) -> Case {
+    response(
+        name,
+        1,
+        Response::Verdict(Verdict {
+            decision: Decision::Deny,
+            retry_after_ms: 7_200_000,
+            delay_ms: 0,
+            limit: 0,
+            remaining: 0,
+            reset_ms: 7_200_000,
+            reason: Reason::Banned,
+            rule: Cow::Borrowed("ban"),
+        }),
+    )
+}
+
+/// `error-ban-needs-v7-v6`: a `ban` in a version-6 frame.
+fn ban_refused_in_v6() -> Response<'static> {
+    Response::Error(ErrorReply {
+        code: ErrorCode::Malformed,
+        message: "request `ban` needs protocol version 7; this frame is version 6".into(),
+    })
 }
 
 /// `inspect-login-v6`: the subject of `check-login-v4`, looked up.
@@ -1196,7 +1254,7 @@ fn an_older_frame_of_an_inspect_gets_the_error_in_the_file() {
 /// Every variant of both message enums. `variant` below is exhaustive, so
 /// a new variant does not compile until it is named there; add it here too,
 /// and the test below fails until the vector file has a vector for it.
-const VARIANTS: [&str; 19] = [
+const VARIANTS: [&str; 22] = [
     "Request::Check",
     "Request::Report",
     "Request::Status",
@@ -1215,7 +1273,10 @@ const VARIANTS: [&str; 19] = [
     "Response::Samples",
     "Request::Abandon",
     "Request::Inspect",
+    "Request::Ban",
+    "Request::Unban",
     "Response::Inspection",
+    "Response::Banned",
 ];
 
 fn variant(message: &Message) -> &'static str {
@@ -1231,6 +1292,8 @@ fn variant(message: &Message) -> &'static str {
             Request::Samples { .. } => "Request::Samples",
             Request::Abandon { .. } => "Request::Abandon",
             Request::Inspect { .. } => "Request::Inspect",
+            Request::Ban { .. } => "Request::Ban",
+            Request::Unban { .. } => "Request::Unban",
         },
         Message::Response(r) => match r {
             Response::Verdict(_) => "Response::Verdict",
@@ -1242,6 +1305,7 @@ fn variant(message: &Message) -> &'static str {
             Response::Activity(_) => "Response::Activity",
             Response::Samples { .. } => "Response::Samples",
             Response::Inspection(_) => "Response::Inspection",
+            Response::Banned { .. } => "Response::Banned",
         },
     }
 }

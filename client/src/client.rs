@@ -17,7 +17,7 @@ use crate::codec::{
 use crate::gcra::{decide, GcraSpec};
 use crate::protocol::{
     Activity, ErrorCode, ErrorReply, Inspection, Lockout, Outcome, Request, Response, SharedStatus, SignalsStatus,
-    Status, Subject, Verdict, WouldBeRefusal, ACTIVITY_VERSION, IDENTIFIER_BYTES_MAX, INSPECT_VERSION,
+    Status, Subject, Verdict, WouldBeRefusal, ACTIVITY_VERSION, BAN_VERSION, IDENTIFIER_BYTES_MAX, INSPECT_VERSION,
     PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
 };
 use crate::unpoisoned::Unpoisoned;
@@ -425,6 +425,33 @@ impl Client {
         match self.call_versioned(&Request::Inspect { route, subject: bounded(subject) }).await? {
             (Response::Inspection(i), _) => Ok(*i),
             (other, extras) => Err(needs_version(other, extras.version, INSPECT_VERSION)),
+        }
+    }
+
+    /// Refuses every check from `network`/`prefix_len` for `duration`
+    /// (admin): durable, listed among the lockouts, lifted by `unban`.
+    /// Returns when it ends on the daemon's clock (ms) and whether it
+    /// replaced a ban on that network. Needs a daemon that speaks version 7.
+    pub async fn ban(
+        &self,
+        network: std::net::IpAddr,
+        prefix_len: u8,
+        duration: Duration,
+        reason: &str,
+    ) -> Result<(u64, bool), ClientError> {
+        let for_ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
+        match self.call_versioned(&Request::Ban { network, prefix_len, for_ms, reason }).await? {
+            (Response::Banned { until_ms, replaced }, _) => Ok((until_ms, replaced)),
+            (other, extras) => Err(needs_version(other, extras.version, BAN_VERSION)),
+        }
+    }
+
+    /// Lifts the ban on exactly `network`/`prefix_len` (admin): 1 if there
+    /// was one, else 0. Needs a daemon that speaks version 7.
+    pub async fn unban(&self, network: std::net::IpAddr, prefix_len: u8) -> Result<u32, ClientError> {
+        match self.call_versioned(&Request::Unban { network, prefix_len }).await? {
+            (Response::Unlocked { cleared }, _) => Ok(cleared),
+            (other, extras) => Err(needs_version(other, extras.version, BAN_VERSION)),
         }
     }
 

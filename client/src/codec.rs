@@ -21,7 +21,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use bincode::config::{self, Configuration, Fixint, LittleEndian, NoLimit};
 
 use crate::protocol::{
-    Request, Response, SharedStatus, SignalsStatus, Subject, Verdict, ABANDON_VERSION, ACTIVITY_VERSION,
+    Request, Response, SharedStatus, SignalsStatus, Subject, Verdict, ABANDON_VERSION, ACTIVITY_VERSION, BAN_VERSION,
     INSPECT_VERSION, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN, SIGNALS_VERSION,
 };
 
@@ -189,13 +189,16 @@ fn decode_request_general(
         failure(Some(id), PayloadError::Malformed(why))
     };
     let (request, mut used) = bincode::borrow_decode_from_slice::<Request<'_>, _>(body, WIRE).map_err(malformed)?;
-    // Versions 1 to 3 have six requests, version 4 eight and version 5
-    // nine; a later one is as unknown to them as any other discriminant.
+    // Versions 1 to 3 have six requests, version 4 eight, version 5 nine,
+    // version 6 ten; a later one is as unknown to them as any other
+    // discriminant.
     let needs = match request {
         Request::Activity { .. } => Some(("activity", ACTIVITY_VERSION)),
         Request::Samples { .. } => Some(("samples", ACTIVITY_VERSION)),
         Request::Abandon { .. } => Some(("abandon", ABANDON_VERSION)),
         Request::Inspect { .. } => Some(("inspect", INSPECT_VERSION)),
+        Request::Ban { .. } => Some(("ban", BAN_VERSION)),
+        Request::Unban { .. } => Some(("unban", BAN_VERSION)),
         _ => None,
     };
     if let Some((name, first)) = needs.filter(|&(_, first)| version < first) {
@@ -349,8 +352,19 @@ fn describe_bad_request(version: u8, body: &[u8]) -> Result<(), String> {
             body.str("route")?;
             body.subject()
         }
+        10 if version >= BAN_VERSION => {
+            body.ip("network")?;
+            body.take(1, "field `prefix_len`")?;
+            body.take(8, "field `for_ms`")?;
+            body.str("reason")
+        }
+        11 if version >= BAN_VERSION => {
+            body.ip("network")?;
+            body.take(1, "field `prefix_len`").map(drop)
+        }
         other => {
             let last = match version {
+                v if v >= BAN_VERSION => 11,
                 v if v >= INSPECT_VERSION => 9,
                 v if v >= ABANDON_VERSION => 8,
                 v if v >= ACTIVITY_VERSION => 7,
@@ -404,6 +418,10 @@ impl<'b> Walker<'b> {
         if !self.option_tag(field)? {
             return Ok(());
         }
+        self.ip(field)
+    }
+
+    fn ip(&mut self, field: &str) -> Result<(), String> {
         let octets = match self.u32(&format!("the address family of field `{field}`"))? {
             0 => 4,
             1 => 16,
@@ -866,7 +884,8 @@ mod tests {
         let v4 = [&[1u8][..], &0u32.to_le_bytes(), &[198, 51, 100, 7]].concat();
         let cases: Vec<(Vec<u8>, &str)> = vec![
             (vec![], "message ends inside the request tag: 4 bytes needed, 0 left"),
-            (42u32.to_le_bytes().to_vec(), "unknown request tag 42 (the known tags are 0 to 9)"),
+            (42u32.to_le_bytes().to_vec(), "unknown request tag 42 (the known tags are 0 to 11)"),
+            (body(&[&10u32.to_le_bytes(), &v4[1..]]), "message ends inside field `prefix_len`: 1 bytes needed, 0 left"),
             (body(&[&6u32.to_le_bytes(), &[1, 0]]), "message ends inside field `limit`: 4 bytes needed, 2 left"),
             (
                 body(&[&0u32.to_le_bytes(), &2u64.to_le_bytes(), &[0xff, 0xfe]]),

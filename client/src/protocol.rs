@@ -13,7 +13,7 @@ use bincode::{BorrowDecode, Decode, Encode};
 /// Version byte at the start of every payload; a frame with a version
 /// outside `PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION` gets an
 /// `unsupported_version` error and the connection survives.
-pub const PROTOCOL_VERSION: u8 = 6;
+pub const PROTOCOL_VERSION: u8 = 7;
 /// The oldest version the daemon still answers, in that version's bytes:
 /// auth servers linking an older client keep working across an upgrade.
 pub const PROTOCOL_VERSION_MIN: u8 = 1;
@@ -41,6 +41,11 @@ const _: () = assert!(ACTIVITY_VERSION < ABANDON_VERSION && ABANDON_VERSION <= P
 pub const INSPECT_VERSION: u8 = 6;
 
 const _: () = assert!(ABANDON_VERSION < INSPECT_VERSION && INSPECT_VERSION <= PROTOCOL_VERSION);
+/// The first version with manual bans: `Ban` and `Unban` (admin), the
+/// `Banned` reply and the reason `banned`.
+pub const BAN_VERSION: u8 = 7;
+
+const _: () = assert!(INSPECT_VERSION < BAN_VERSION && BAN_VERSION <= PROTOCOL_VERSION);
 
 /// Who is attempting what. The daemon derives every key from these fields.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Encode, BorrowDecode)]
@@ -125,6 +130,22 @@ pub enum Request<'a> {
         route: &'a str,
         subject: Subject<'a>,
     },
+    /// Refuses every check from a source network for `for_ms` (version 7,
+    /// admin): durable, listed among the lockouts, lifted by `Unban` or
+    /// when it ends. Banning a network already banned replaces that ban.
+    Ban {
+        network: IpAddr,
+        prefix_len: u8,
+        for_ms: u64,
+        /// Why, for the audit line and the lockouts list; may be empty.
+        reason: &'a str,
+    },
+    /// Lifts the ban on exactly this network (version 7, admin); answered
+    /// with `Unlocked` (1 if it was banned, else 0).
+    Unban {
+        network: IpAddr,
+        prefix_len: u8,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Encode, Decode)]
@@ -180,6 +201,9 @@ pub enum Reason {
     /// failures alone would not. Version 5 and later; sent as
     /// `TooManyFailures` in versions 1 to 4.
     AttemptsInFlight,
+    /// The source is in a network an operator banned (`tollgate ban`).
+    /// Version 7 and later; sent as `TooManyFailures` in versions 1 to 6.
+    Banned,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
@@ -763,6 +787,12 @@ pub enum Response<'a> {
     },
     /// The reply to `Inspect` (version 6).
     Inspection(Box<Inspection>),
+    /// The reply to `Ban` (version 7): when the ban ends on the daemon's
+    /// clock, and whether it replaced a ban on the same network.
+    Banned {
+        until_ms: u64,
+        replaced: bool,
+    },
 }
 
 impl Response<'_> {
@@ -781,13 +811,14 @@ impl Response<'_> {
             Response::Activity(a) => Response::Activity(a),
             Response::Samples { samples, seen, since_ms } => Response::Samples { samples, seen, since_ms },
             Response::Inspection(i) => Response::Inspection(i),
+            Response::Banned { until_ms, replaced } => Response::Banned { until_ms, replaced },
         }
     }
 }
 
 impl Reason {
     /// Every reason, in the wire's order (its discriminant is its place).
-    pub const ALL: [Reason; 10] = [
+    pub const ALL: [Reason; 11] = [
         Reason::Allowed,
         Reason::RateLimited,
         Reason::TooManyFailures,
@@ -798,6 +829,7 @@ impl Reason {
         Reason::TenantAnomaly,
         Reason::MonitorSignal,
         Reason::AttemptsInFlight,
+        Reason::Banned,
     ];
 
     /// A rule in monitor mode would have refused: allowed, counted, logged.
@@ -810,12 +842,15 @@ impl Reason {
     /// clients refuse an unknown discriminant: a spray-detection refusal
     /// goes to versions 1 and 2 as `TooManyFailures` and its monitor-mode
     /// twin as `MonitorTooManyFailures`, and `AttemptsInFlight` to versions
-    /// 1 to 4 as `TooManyFailures`, the nearest reason they can read.
+    /// 1 to 4 and `Banned` to versions 1 to 6 as `TooManyFailures`, the
+    /// nearest reason they can read.
     pub fn for_version(self, version: u8) -> Reason {
-        if version >= ABANDON_VERSION {
+        if version >= BAN_VERSION {
             return self;
         }
         match self {
+            Reason::Banned => Reason::TooManyFailures,
+            _ if version >= ABANDON_VERSION => self,
             Reason::AttemptsInFlight => Reason::TooManyFailures,
             _ if version >= SIGNALS_VERSION => self,
             Reason::SpraySuspected | Reason::DistributedAttack | Reason::TenantAnomaly => Reason::TooManyFailures,

@@ -15,6 +15,7 @@ use crate::format::{at_time, human_duration, json, parse_duration, status_json};
 use crate::protocol::{Decision, Outcome, Request, Subject};
 use crate::stdout::{out, outln};
 
+mod bans;
 mod inspect;
 mod man;
 mod print;
@@ -79,11 +80,18 @@ pub enum Command {
     /// exit 0 when it applied them, 1 when it refused them (the unit's
     /// `ExecReload=`).
     Reload(reload::ReloadArgs),
-    /// Clear an account's lockouts and counters on a route (admin).
+    /// Clear an account's lockouts and counters on a route, or with `--ip`
+    /// alone lift a ban (admin).
     ///
     /// Exit status: 0 when something was cleared, 6 when nothing was (no
-    /// lockout or count of the account on the route), 1 an error.
+    /// lockout or count of the account on the route; no ban on exactly that
+    /// network), 1 an error.
     Unlock(UnlockArgs),
+    /// Refuse every check from a source network for a while (admin):
+    /// durable across restarts, listed by `lockouts`, lifted by `unlock
+    /// --ip` or when it ends. Checks from it are denied with the reason
+    /// `banned`, whatever the rules and exemptions say.
+    Ban(bans::BanArgs),
     /// Move a --manual-clock daemon's clock (admin; for tests).
     Clock {
         #[command(subcommand)]
@@ -232,14 +240,17 @@ pub struct UnlockArgs {
     #[command(flatten)]
     pub common: CommonArgs,
     /// The route whose rules are cleared, e.g. login.
-    #[arg(long)]
-    pub route: String,
+    #[arg(long, required_unless_present = "ip")]
+    pub route: Option<String>,
     /// The account whose lockouts and counters are cleared.
-    #[arg(long)]
-    pub account: String,
+    #[arg(long, required_unless_present = "ip")]
+    pub account: Option<String>,
     /// Clear only this source's entries (and the account-wide ones).
     #[arg(long)]
     pub source: Option<IpAddr>,
+    /// Instead: lift the ban on exactly this network (as `tollgate lockouts` lists it).
+    #[arg(long, value_parser = bans::parse_network, conflicts_with_all = ["route", "account", "source"])]
+    pub ip: Option<ipnet::IpNet>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -386,6 +397,7 @@ impl Command {
             Command::Lockouts(a) => Some(&a.common.socket),
             Command::Sample(a) => Some(&a.common.socket),
             Command::Unlock(a) => Some(&a.common.socket),
+            Command::Ban(a) => Some(&a.common.socket),
             Command::Inspect(a) => Some(&a.common.socket),
             Command::Reload(a) => Some(&a.common.socket),
             Command::Clock { command: ClockCommand::Advance { common, .. } } => Some(&common.socket),
@@ -534,6 +546,12 @@ async fn run_command(command: Command) -> Result<ExitCode, ClientError> {
                 let locked = (total as usize).min(lockouts.len());
                 outln!("{total} active lockout(s){}", if total as usize > locked { " (list truncated)" } else { "" });
                 for (i, l) in lockouts.iter().enumerate() {
+                    if l.route == crate::bans::LISTED_ROUTE {
+                        let reason = l.rule.split_once(": ").map_or(String::new(), |(_, r)| format!("  reason: {r}"));
+                        let (until, left) = (at_time(l.until_ms), human_duration(l.retry_after_ms));
+                        outln!("ban {}  every route  until {until}  (retry after {left}){reason}", l.key);
+                        continue;
+                    }
                     outln!(
                         "{}/{}  key {}  count {}{}  until {}  (retry after {})",
                         l.route,
@@ -550,12 +568,18 @@ async fn run_command(command: Command) -> Result<ExitCode, ClientError> {
         }
         Command::Inspect(args) => Ok(ExitCode::from(inspect::inspect(&client(&args.common), &args).await?)),
         Command::Reload(args) => reload::reload(&client(&args.common), &args).await,
+        Command::Ban(args) => bans::ban(&client(&args.common), &args).await,
         Command::Unlock(args) => {
-            let cleared = client(&args.common).unlock(&args.route, &args.account, args.source).await?;
+            let (route, account) = match (args.ip, &args.route, &args.account) {
+                (Some(network), ..) => return bans::unban(&client(&args.common), network, args.common.json).await,
+                (None, Some(route), Some(account)) => (route, account),
+                _ => unreachable!("clap requires --route and --account without --ip"),
+            };
+            let cleared = client(&args.common).unlock(route, account, args.source).await?;
             if args.common.json {
                 outln!("{}", serde_json::json!({ "cleared": cleared }));
             } else if cleared == 0 {
-                outln!("cleared nothing: {} has no lockout or count on route {}", args.account, args.route);
+                outln!("cleared nothing: {account} has no lockout or count on route {route}");
             } else {
                 outln!("cleared {cleared} entr{}", if cleared == 1 { "y" } else { "ies" });
             }

@@ -5,6 +5,7 @@
 //! `start` brings the daemon up and down (state file, listener, signals,
 //! snapshots, systemd); `server` owns the socket and the connections.
 
+mod bans;
 mod exemptions;
 mod inspect;
 mod listings;
@@ -297,7 +298,7 @@ impl Daemon {
             Job::Check { route, subject, plan } => {
                 let attempt = Attempt::check(plan.as_ref().ok().and_then(CheckPlan::password_tag));
                 let verdict = match (plan, &self.shared) {
-                    (Ok(plan), Some(store)) if limiter.is_shared() => {
+                    (Ok(plan), Some(store)) if limiter.is_shared() && !plan.is_banned() => {
                         match self.start_check_shared(store, limiter, plan, now) {
                             SharedStart::Done(verdict) => Ok(verdict),
                             SharedStart::Waiting(ticket, check) => {
@@ -350,6 +351,10 @@ impl Daemon {
             Request::Inspect { route, subject } => {
                 (self.inspect(limiter, route, &subject, peer, now), Vec::new(), false)
             }
+            Request::Ban { network, prefix_len, for_ms, reason } => {
+                self.ban(limiter, (network, prefix_len), for_ms, reason, peer, now)
+            }
+            Request::Unban { network, prefix_len } => self.unban(limiter, (network, prefix_len), peer),
             Request::ClockAdvance { by_ms } => match self.clock.advance(by_ms.saturating_mul(1000)) {
                 Some(now) => (Response::ClockAdvanced { now_ms: ceil_ms(now) }, Vec::new(), false),
                 None => (
@@ -581,6 +586,8 @@ impl<'b, 'l> Job<'b, 'l> {
             Request::ClockAdvance { .. } if !permissions.admin => Job::Denied("clock advance"),
             // It reveals an account's standing: as private as an unlock.
             Request::Inspect { .. } if !permissions.admin => Job::Denied("inspect"),
+            Request::Ban { .. } if !permissions.admin => Job::Denied("ban"),
+            Request::Unban { .. } if !permissions.admin => Job::Denied("unban"),
             Request::Check { route, subject } => {
                 let plan = limiter.plan_check(route, &subject, now).map(|plan| plan.with_password_tag(password_tag));
                 Job::Check { route, subject, plan }

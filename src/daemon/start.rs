@@ -213,6 +213,7 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
         redated = restored.rows.redated,
         overflow_cells = restored.rows.cells,
         known_devices = restored.known_devices,
+        bans = restored.bans,
         damaged_rows = restored.damaged_rows,
         manual_clock = daemon.clock.is_manual(),
         "tollgate listening"
@@ -312,6 +313,7 @@ fn open_state(config: &Config, discard_corrupt: bool) -> anyhow::Result<(Secret,
 struct Restoration {
     rows: Restored,
     known_devices: usize,
+    bans: usize,
     damaged_rows: usize,
 }
 
@@ -320,13 +322,14 @@ fn restore(limiter: &Limiter, loaded: Loaded, now_us: u64) -> Restoration {
     let mut rows = limiter.restore(loaded.entries, now_us);
     limiter.restore_cells(loaded.cells, now_us, &mut rows);
     let known_devices = limiter.restore_known_devices(loaded.devices, now_us);
+    let bans = limiter.restore_bans(loaded.bans, now_us);
     if rows.orphaned > 0 {
         tracing::warn!(target: START_LOG_TARGET, orphaned = rows.orphaned, "persisted entries name rules not configured; deleted");
     }
     if rows.spilled > 0 {
         tracing::warn!(target: START_LOG_TARGET, spilled = rows.spilled, "persisted entries found their tables full of lockouts; counted in the overflow sketches");
     }
-    Restoration { rows, known_devices, damaged_rows: loaded.damaged_rows }
+    Restoration { rows, known_devices, bans, damaged_rows: loaded.damaged_rows }
 }
 
 /// Raises the open-file limit as far as allowed and warns when it is below

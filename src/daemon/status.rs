@@ -229,6 +229,10 @@ impl Daemon {
                 limit("accept_error_lines_per_sec_max", ACCEPT_ERROR_LINES_PER_SEC_MAX),
                 limit("snapshot_interval_ms", config.snapshot_interval_ms),
                 limit("attempt_timeout_ms", config.attempt_timeout_ms),
+                limit("bans_max", crate::bans::BANS_MAX as u64),
+                limit("bans_held", limiter.bans_held() as u64),
+                limit("ban_for_ms_max", crate::bans::BAN_FOR_MS_MAX),
+                limit("ban_reason_bytes_max", crate::bans::BAN_REASON_BYTES_MAX as u64),
             ]
             .into_iter()
             .chain(Self::shared_limits(&config))

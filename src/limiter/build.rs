@@ -113,6 +113,7 @@ impl Limiter {
             routes,
             source: config.source.clone(),
             exemptions: ExemptionTable::new(&config.exemptions, previous.map(|p| &p.exemptions)),
+            bans: previous.map_or_else(Default::default, |p| p.bans.clone()),
             classes,
             responses: config.responses.clone(),
             keys,

@@ -109,8 +109,8 @@ impl Limiter {
         Ok((cleared, writes))
     }
 
-    /// Keys refused by failure rules now, at most `limit`, and how many
-    /// are locked in all. Every locked key is listed before any key refused
+    /// The operator's bans, then keys refused by failure rules now, at
+    /// most `limit`, and how many are banned or locked in all. Every locked key is listed before any key refused
     /// only by its attempts in flight, which fill what room is left (and
     /// are not in the total): a flood of unreported checks on made-up
     /// accounts can neither push a real lockout out of the list nor raise
@@ -121,8 +121,11 @@ impl Limiter {
     /// made after it is released, so checks on that shard do not wait for
     /// them.
     pub fn lockouts(&self, limit: usize, now_us: u64) -> (Vec<Lockout>, u64) {
-        let mut out = Vec::new();
-        let mut total = 0u64;
+        // The operator's own bans first: there are few, and each is a
+        // decision someone is answerable for.
+        let mut out = self.listed_bans(now_us);
+        let mut total = out.len() as u64;
+        out.truncate(limit);
         let mut found = Vec::new();
         for pass in [Listed::Locked, Listed::Known, Listed::InFlight] {
             if pass == Listed::Known {
@@ -318,6 +321,7 @@ impl Limiter {
             }
         }
         self.save_known_devices(now_us, true, &mut Vec::new(), false);
+        self.rewrite_bans(now_us);
         self.journal.rewrite_end()
     }
 
@@ -326,6 +330,9 @@ impl Limiter {
     /// call holds a lock for a whole table.
     pub fn sweep(&self, tick: u64, now_us: u64) {
         let shard = tick as usize % SHARDS;
+        if shard == 0 {
+            self.sweep_bans(now_us);
+        }
         for route in &self.routes {
             for rule in &route.rules {
                 match &rule.table {

@@ -8,6 +8,7 @@
 //! two cores from queueing on one lock. Tables live behind `Arc`s so that a
 //! reloaded limiter keeps every counter and lockout of the rules it keeps.
 
+mod bans;
 mod build;
 mod global;
 mod inspect;
@@ -23,11 +24,13 @@ mod subject;
 mod verdict;
 mod write_back;
 
+pub use bans::BanChange;
 pub use global::{CheckStored, CheckedLocally, ReportStored, ReportedLocally};
 pub use maintenance::Restored;
 
 use std::sync::Arc;
 
+use crate::bans::BanTable;
 use crate::classes::{ClassTable, SourceClass};
 use crate::config::Detector;
 use crate::config::{DeviceScope, ResponsePolicy, RULES_PER_ROUTE_MAX};
@@ -127,9 +130,18 @@ pub struct CheckPlan<'l> {
     /// guard takes one of the few slots that keep every other load on its
     /// thread free of a shared reference count).
     hits: Hits,
+    /// When the ban covering the client's network ends, if one does: the
+    /// check is denied without touching a rule.
+    banned_until: Option<u64>,
 }
 
 impl CheckPlan<'_> {
+    /// A ban covers the client's network: `decide_check` denies it, here,
+    /// whatever the shared store would say.
+    pub fn is_banned(&self) -> bool {
+        self.banned_until.is_some()
+    }
+
     /// The attempt's password tag, when the client sent one.
     pub fn password_tag(&self) -> Option<[u8; 16]> {
         self.password_tag
@@ -148,6 +160,8 @@ pub struct Limiter {
     source: SourcePolicy,
     /// `[[source.exemptions]]`, with the checks each has exempted.
     exemptions: ExemptionTable,
+    /// The operator's bans; one table for every limiter a reload builds.
+    bans: Arc<BanTable>,
     classes: Arc<ClassTable>,
     responses: ResponsePolicy,
     keys: KeyDeriver,
@@ -247,7 +261,17 @@ impl Limiter {
             self.exemptions.count_check(exemption);
         }
         let hits = if route.feeds_signals { keys.hits(route) } else { Hits::default() };
-        Ok(CheckPlan { route, rule_keys, class: keys.source_class(), device, known, password_tag: None, hits })
+        let banned_until = self.bans.banned_until(|| keys.client().ok().map(|(address, _)| address), now_us);
+        Ok(CheckPlan {
+            route,
+            rule_keys,
+            class: keys.source_class(),
+            device,
+            known,
+            password_tag: None,
+            hits,
+            banned_until,
+        })
     }
 
     /// Asks the memory system for the rate-table slots a planned check will
@@ -265,6 +289,9 @@ impl Limiter {
     /// rule then refuses, the places taken are given back, so a refused
     /// check holds nothing.
     pub fn decide_check<'a>(&'a self, plan: CheckPlan<'a>, now_us: u64) -> Verdict<'a> {
+        if let Some(until_us) = plan.banned_until {
+            return Limiter::banned_verdict(until_us, now_us);
+        }
         let hits = self.plan_hits(&plan, now_us);
         let CheckPlan { route, rule_keys, class, known, device, .. } = plan;
         // Only a plan made for the store (a device to look up) has keys of

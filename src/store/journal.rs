@@ -65,6 +65,8 @@ pub(super) enum Edit {
     DropDevices(Arc<str>),
     /// One value of the `meta` table (kept by the writer for a rewrite).
     Meta(&'static str, u64),
+    /// A ban's row (its network's text, the row), or its deletion.
+    Ban(String, Option<Vec<u8>>),
 }
 
 impl Edit {
@@ -72,7 +74,7 @@ impl Edit {
     pub(super) fn size(&self) -> usize {
         match self {
             Edit::Entries { changes, .. } => changes.len(),
-            Edit::DropRule(_) | Edit::DropDevices(_) | Edit::Meta(..) => 1,
+            Edit::DropRule(_) | Edit::DropDevices(_) | Edit::Meta(..) | Edit::Ban(..) => 1,
             Edit::Devices(d) => d.rows.len(),
             Edit::Cells(c) => c.changes.chunks.len(),
         }
@@ -155,6 +157,19 @@ impl Journal {
             Ok(()) => Durable(rx, None),
             Err(_) => Durable::done(Err(WriteError::WriterStopped)),
         })
+    }
+
+    /// Queues a ban's row; with `durable`, returns what resolves once it
+    /// is committed.
+    pub fn write_ban(&self, ban: &crate::bans::Ban, durable: bool) -> Option<Durable> {
+        let (network, row) = super::schema::ban_row_bytes(ban);
+        self.queue(Edit::Ban(network, Some(row)), durable)
+    }
+
+    /// Queues the deletion of the ban row of `network`; with `durable`,
+    /// returns what resolves once it is committed.
+    pub fn remove_ban(&self, network: ipnet::IpNet, durable: bool) -> Option<Durable> {
+        self.queue(Edit::Ban(network.to_string(), None), durable)
     }
 
     /// Queues the deletion of every known-device row of `route`: a route

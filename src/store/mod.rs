@@ -1,6 +1,6 @@
 //! Durable state: the only module that touches redb.
 //!
-//! Three tables. `failure_entries_v3` maps (rule id, key digest) to the
+//! Four tables. `failure_entries_v3` maps (rule id, key digest) to the
 //! entry's window length and counts. A lockout is its entry with counts at
 //! or over the threshold, so restoring entries restores lockouts exactly; no
 //! raw identifier is stored. Each row carries its window length because its
@@ -10,7 +10,7 @@
 //! its per-account counts of new devices, with their expiry.
 //! `overflow_cells_v1` holds the cells of each rule's overflow sketches at
 //! the rule's threshold, so a lockout of a key its full table could not
-//! hold survives too.
+//! hold survives too. `bans_v1` holds the operator's bans, by network.
 //!
 //! Every row ends in a check (BLAKE2b-64 over the row), so a row a damaged
 //! disk changed is dropped and counted at start instead of silently moving
@@ -65,7 +65,7 @@ mod writer;
 pub use journal::{Durable, Journal};
 
 use schema::{CELLS, DEVICES, ENTRIES, SCHEMA_VERSION};
-use start_checks::{lock_for_life, read_rows};
+use start_checks::{lock_for_life, read_bans, read_rows};
 
 /// redb's page cache. The file holds at most the tables' caps of 12-byte
 /// entries (a few MB), so a small cache keeps it hot; redb's default (1 GiB)
@@ -252,6 +252,8 @@ pub struct Loaded {
     pub entries: Vec<PersistedEntry>,
     pub cells: Vec<PersistedCells>,
     pub devices: Vec<PersistedDevice>,
+    /// Manual bans, ended ones included (the limiter drops those).
+    pub bans: Vec<crate::bans::Ban>,
     /// Rows whose check did not match (a damaged disk): dropped, and
     /// deleted from the file.
     pub damaged_rows: usize,
@@ -331,7 +333,12 @@ impl Store {
             Err(redb::TableError::TableDoesNotExist(_)) => None,
             Err(e) => return Err(corrupt(&e)),
         };
-        let (loaded, _) = read_rows(&entries, devices.as_ref(), cells.as_ref()).map_err(|e| corrupt(&e))?;
+        let (mut loaded, _) = read_rows(&entries, devices.as_ref(), cells.as_ref()).map_err(|e| corrupt(&e))?;
+        match txn.open_table(schema::BANS) {
+            Ok(table) => loaded.bans = read_bans(&table).map_err(|e| corrupt(&e))?.0,
+            Err(redb::TableError::TableDoesNotExist(_)) => {}
+            Err(e) => return Err(corrupt(&e)),
+        }
         let meta = txn.open_table(schema::META).map_err(|e| corrupt(&e))?;
         let hosts_learned = meta.get(schema::META_HOSTS_LEARNED).map_err(|e| corrupt(&e))?.map(|v| v.value());
         Ok(Loaded { hosts_learned: hosts_learned.and_then(|n| u32::try_from(n).ok()).filter(|n| *n > 0), ..loaded })

@@ -10,6 +10,7 @@ use blake2::digest::{FixedOutput, Update};
 use blake2::Blake2b;
 use redb::{ReadableTable, TableDefinition};
 
+use crate::bans::Ban;
 use crate::failure_window::Counts;
 
 /// A failure entry's row: (window_us, window index, previous, current, check).
@@ -44,6 +45,12 @@ pub(super) const ENTRIES_V2: TableDefinition<(&str, u128), (u64, u32, u32, u32)>
 /// open (with window length 0: "the rule's length now", as schema 1 assumed).
 pub(super) const ENTRIES_V1: TableDefinition<(&str, u128), (u32, u32, u32)> = TableDefinition::new("failure_entries");
 pub(super) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+/// A banned network (its text, `203.0.113.0/24`) -> `ban_row_bytes`. Added
+/// in schema 3 without a version change: a file without it holds no bans.
+pub(super) const BANS: TableDefinition<&str, &[u8]> = TableDefinition::new("bans_v1");
+/// A ban row's fixed bytes: until_us, since_us (u64), uid (u32), then the
+/// reason's bytes and the row's check (u64), all little-endian.
+const BAN_FIXED_BYTES: usize = 8 + 8 + 4;
 pub(super) const SCHEMA_VERSION: u64 = 3;
 /// `meta` key of the secret key's fingerprint (`Secret::fingerprint`).
 pub(super) const META_KEY_FINGERPRINT: &str = "key_fingerprint";
@@ -176,4 +183,41 @@ pub(super) fn migrate_to_v3(txn: &redb::WriteTransaction) -> Result<usize, Strin
         new.insert((rule.as_str(), *digest), entry_row(rule, *digest, *window_us, *counts)).map_err(|e| text(&e))?;
     }
     Ok(rows.len())
+}
+
+fn ban_check(network: &str, fixed: &[u8], reason: &[u8]) -> u64 {
+    row_check(&[b"ban", network.as_bytes(), fixed, reason])
+}
+
+/// A ban's row, keyed by its network's text.
+pub(super) fn ban_row_bytes(ban: &Ban) -> (String, Vec<u8>) {
+    let network = ban.network.to_string();
+    let mut row = Vec::with_capacity(BAN_FIXED_BYTES + ban.reason.len() + 8);
+    row.extend_from_slice(&ban.until_us.to_le_bytes());
+    row.extend_from_slice(&ban.since_us.to_le_bytes());
+    row.extend_from_slice(&ban.uid.to_le_bytes());
+    let check = ban_check(&network, &row, ban.reason.as_bytes());
+    row.extend_from_slice(ban.reason.as_bytes());
+    row.extend_from_slice(&check.to_le_bytes());
+    (network, row)
+}
+
+/// The ban a row holds, or None when its check fails or it does not parse
+/// (the limiter then checks what it means: the network's width, the end).
+pub(super) fn read_ban_row(network: &str, row: &[u8]) -> Option<Ban> {
+    let (body, check) = row.split_last_chunk::<8>()?;
+    if body.len() < BAN_FIXED_BYTES {
+        return None;
+    }
+    let (fixed, reason) = body.split_at(BAN_FIXED_BYTES);
+    if u64::from_le_bytes(*check) != ban_check(network, fixed, reason) {
+        return None;
+    }
+    Some(Ban {
+        network: network.parse().ok()?,
+        until_us: u64::from_le_bytes(fixed[0..8].try_into().ok()?),
+        since_us: u64::from_le_bytes(fixed[8..16].try_into().ok()?),
+        uid: u32::from_le_bytes(fixed[16..20].try_into().ok()?),
+        reason: String::from_utf8(reason.to_vec()).ok()?,
+    })
 }

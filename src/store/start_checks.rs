@@ -16,8 +16,8 @@ use std::time::Duration;
 use redb::{Database, ReadableTable};
 
 use super::schema::{
-    device_check, entry_check, migrate_to_v3, read_cell_chunk, CellKey, DeviceKey, DeviceValue, EntryRow, CELLS,
-    DEVICES, ENTRIES, META, META_HOSTS_LEARNED, META_KEY_FINGERPRINT, SCHEMA_VERSION,
+    device_check, entry_check, migrate_to_v3, read_ban_row, read_cell_chunk, CellKey, DeviceKey, DeviceValue, EntryRow,
+    BANS, CELLS, DEVICES, ENTRIES, META, META_HOSTS_LEARNED, META_KEY_FINGERPRINT, SCHEMA_VERSION,
 };
 use super::writer::rewrite_path;
 use super::{
@@ -199,6 +199,23 @@ where
     Ok((loaded, damaged))
 }
 
+/// Every ban row whose check matches, and the networks of those whose
+/// check does not.
+pub(super) fn read_bans<B>(bans: &B) -> Result<(Vec<crate::bans::Ban>, Vec<String>), redb::StorageError>
+where
+    B: ReadableTable<&'static str, &'static [u8]>,
+{
+    let (mut read, mut damaged) = (Vec::new(), Vec::new());
+    for row in bans.iter()? {
+        let (network, value) = row?;
+        match read_ban_row(network.value(), value.value()) {
+            Some(ban) => read.push(ban),
+            None => damaged.push(network.value().to_string()),
+        }
+    }
+    Ok((read, damaged))
+}
+
 /// In one write transaction: checks the schema (migrating older ones) and
 /// the key fingerprint, reads every row, and deletes the rows whose check
 /// fails. Nothing is committed unless all of it succeeds.
@@ -234,6 +251,12 @@ fn prepare(db: &Database, path: &Path, key_fingerprint: Option<u64>, key_is_new:
         for (rule, shard, row_bits, cell) in &damaged.cells {
             cells.remove((rule.as_str(), *shard, *row_bits, *cell)).map_err(|e| corrupt(&e))?;
         }
+        let mut bans = txn.open_table(BANS).map_err(|e| corrupt(&e))?;
+        let (banned, damaged_bans) = read_bans(&bans).map_err(|e| corrupt(&e))?;
+        for network in &damaged_bans {
+            bans.remove(network.as_str()).map_err(|e| corrupt(&e))?;
+        }
+        let loaded = Loaded { bans: banned, damaged_rows: loaded.damaged_rows + damaged_bans.len(), ..loaded };
         if let Some(expected) = key_fingerprint {
             let rows = loaded.entries.len() + loaded.devices.len() + loaded.cells.len();
             let found = meta.get(META_KEY_FINGERPRINT).map_err(|e| corrupt(&e))?.map(|v| v.value());

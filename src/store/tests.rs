@@ -382,3 +382,41 @@ fn crafted_overflow_rows_are_dropped_as_damage_not_loaded() {
     let db = redb::Database::open(&path).unwrap();
     assert_eq!(db.begin_read().unwrap().open_table(CELLS).unwrap().len().unwrap(), 1, "deleted");
 }
+
+#[test]
+fn ban_rows_survive_reopening_a_lift_sticks_and_a_damaged_one_is_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let ban = |network: &str, reason: &str| crate::bans::Ban {
+        network: network.parse().unwrap(),
+        until_us: 7_000_000,
+        since_us: 1_000_000,
+        uid: 1000,
+        reason: reason.into(),
+    };
+    let (kept, lifted, damaged) =
+        (ban("203.0.113.0/24", "stuffing"), ban("2001:db8::/48", ""), ban("192.0.2.0/24", "x"));
+    {
+        let store = Store::open(&path, false).unwrap();
+        let (journal, writer) = store.start_writer(Arc::default());
+        for b in [&kept, &lifted, &damaged] {
+            journal.write_ban(b, true).unwrap().wait_blocking().unwrap();
+        }
+        journal.remove_ban(lifted.network, true).unwrap().wait_blocking().unwrap();
+        writer.stop();
+    }
+    {
+        let db = Database::create(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut bans = txn.open_table(super::schema::BANS).unwrap();
+            let mut row = bans.get("192.0.2.0/24").unwrap().unwrap().value().to_vec();
+            row[3] ^= 1; // a later end, under the old check
+            bans.insert("192.0.2.0/24", row.as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let opened = Store::open_with(&path, OpenOptions::default()).unwrap();
+    assert_eq!((opened.loaded.bans.clone(), opened.loaded.damaged_rows), (vec![kept.clone()], 1));
+    assert_eq!(opened.store.load_all().unwrap().bans, vec![kept], "the damaged row was deleted");
+}

@@ -17,7 +17,7 @@ use redb::Database;
 
 use super::journal::{Ack, Edit, Journal, Message};
 use super::schema::{
-    cell_chunk_bytes, device_check, entry_row, CellKey, DeviceKey, DeviceValue, CELLS, DEVICES, ENTRIES, META,
+    cell_chunk_bytes, device_check, entry_row, CellKey, DeviceKey, DeviceValue, BANS, CELLS, DEVICES, ENTRIES, META,
     META_KEY_FINGERPRINT, SCHEMA_VERSION,
 };
 use super::{open_database, CellRows, DeviceRows, Store, StoreStats, WriteError};
@@ -285,6 +285,7 @@ fn commit(db: &Database, batch: &[Edit]) -> Result<(), WriteError> {
         let mut devices = txn.open_table(DEVICES)?;
         let mut cells = txn.open_table(CELLS)?;
         let mut meta = txn.open_table(META)?;
+        let mut bans = txn.open_table(BANS)?;
         for edit in batch {
             let (rule, window_us, changes) = match edit {
                 Edit::Entries { rule, window_us, changes } => (rule, window_us, changes),
@@ -310,6 +311,13 @@ fn commit(db: &Database, batch: &[Edit]) -> Result<(), WriteError> {
                 }
                 Edit::Meta(key, value) => {
                     meta.insert(*key, *value)?;
+                    continue;
+                }
+                Edit::Ban(network, row) => {
+                    match row {
+                        Some(row) => bans.insert(network.as_str(), row.as_slice())?,
+                        None => bans.remove(network.as_str())?,
+                    };
                     continue;
                 }
             };
