@@ -35,6 +35,11 @@ fn log_lines_keep_their_targets() {
         }
     }
     assert!(missing.is_empty(), "lines not logged under their targets: {missing:?}\n{log}");
+    // The unlock's audit line names the account by its keyed tag, as `top`
+    // does, and the admin by uid; never the name.
+    let unlock = log.lines().find(|l| l.contains("tollgate::server: unlock")).unwrap();
+    assert!(unlock.contains("account=acct:") && unlock.contains("uid="), "{unlock}");
+    assert!(!log.contains("alice"), "{log}");
 }
 
 /// `TOLLGATE_LOG_FORMAT=json`: every line the daemon logs is one JSON

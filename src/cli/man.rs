@@ -54,7 +54,7 @@ A usage error (an unknown flag or a bad value).
 \fBcheck\fR: the verdict is deny; \fBinspect\fR: an enforcing rule would refuse a check now (0 when none would).
 .TP
 6
-\fBunlock\fR only: nothing was cleared (the account had no lockout or count on the route).
+\fBunlock\fR only: nothing was cleared (the account had no lockout or count on the route; with \fB\-\-ip\fR, that exact network was not banned).
 .TP
 78
 \fBserve\fR: the configuration or class file is invalid (every problem is printed).
@@ -77,7 +77,7 @@ Set by systemd: readiness and watchdog notifications, and socket activation.
 The configuration, read when \fBserve\fR has no \fB\-\-config\fR (built-in defaults without it).
 .TP
 /var/lib/tollgate/state.redb
-The state file: lockouts, counters, known devices (keyed digests only).
+The state file: lockouts, counters, known devices (keyed digests only), and the operator's bans (networks as written).
 .TP
 /var/lib/tollgate/secret
 The secret key every digest is keyed with (mode 0600; losing it forgets every lockout).

@@ -495,8 +495,11 @@ impl Daemon {
                     _ => Ok(0),
                 };
                 cleared += *in_store.as_ref().unwrap_or(&0);
-                // Audit lines for admin actions are never capped.
-                tracing::info!(target: LOG_TARGET, route, cleared, uid = peer.uid, store_error = in_store.as_ref().err(), "unlock");
+                // Audit lines for admin actions are never capped. The account
+                // as `top` and the lockouts' keys show it: its keyed tag.
+                let account = crate::activity::account_text(limiter.account_tag(account));
+                tracing::info!(target: LOG_TARGET, route, %account, ?source, cleared, uid = peer.uid,
+                    store_error = in_store.as_ref().err(), "unlock");
                 match in_store {
                     Ok(_) => (Response::Unlocked { cleared }, writes, false),
                     Err(why) => (
