@@ -214,6 +214,10 @@ async fn a_reload_adds_and_removes_exemptions_with_an_audit_line_each() {
     assert_eq!(added.len(), 2, "{log}");
     assert!(added[0].contains("203.0.113.0/24") && added[0].contains("office egress"), "{}", added[0]);
     assert!(added[1].contains("2001:db8:77::/48") && added[1].contains("monitoring probe"), "{}", added[1]);
+    // Each names who sent the SIGHUP (this test process), as the kernel says.
+    let (uid, pid) = (nix::unistd::getuid().as_raw(), std::process::id());
+    let sender = format!("by_uid={uid} by_pid={pid}");
+    assert!(added.iter().all(|l| l.contains(&sender)), "{added:?} should name {sender}");
 
     // The probe goes, the office's reason changes: one line each.
     let office_only = "\n[[source.exemptions]]\nprefix = \"203.0.113.0/24\"\nreason = \"office egress, 2nd floor\"\n";

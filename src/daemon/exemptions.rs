@@ -18,20 +18,23 @@ impl Daemon {
     }
 }
 
-/// One line per exemption a reload removes, adds or re-reasons. No uid: a
-/// reload is a SIGHUP, and the signal iterator does not say who sent it
-/// (`systemctl reload`'s caller and the file's writer are in the system's
-/// own logs); `by = "reload"` says how it changed.
-pub(super) fn audit_changes(before: &[Exemption], after: &[Exemption]) {
+/// One line per exemption a reload removes, adds or re-reasons, naming the
+/// uid and pid that sent the SIGHUP (`by_uid`, `by_pid`; absent when the
+/// kernel did not say). `systemctl reload` runs the unit's `ExecReload=`
+/// as the service's user, so the human behind it is in systemd's own log.
+pub(super) fn audit_changes(before: &[Exemption], after: &[Exemption], sender: Option<super::Sender>) {
+    let (by_uid, by_pid) = (sender.map(|s| s.uid), sender.map(|s| s.pid));
     let changes = changes(before, after);
     for e in changes.removed {
-        tracing::info!(target: LOG_TARGET, prefix = %e.prefix, reason = %e.reason, by = "reload", "exemption removed");
+        tracing::info!(target: LOG_TARGET, prefix = %e.prefix, reason = %e.reason, by = "reload", by_uid, by_pid,
+            "exemption removed");
     }
     for e in changes.added {
-        tracing::info!(target: LOG_TARGET, prefix = %e.prefix, reason = %e.reason, by = "reload", "exemption added");
+        tracing::info!(target: LOG_TARGET, prefix = %e.prefix, reason = %e.reason, by = "reload", by_uid, by_pid,
+            "exemption added");
     }
     for (old, new) in changes.reasons {
         tracing::info!(target: LOG_TARGET, prefix = %new.prefix, reason = %new.reason, was = %old.reason,
-            by = "reload", "exemption reason changed");
+            by = "reload", by_uid, by_pid, "exemption reason changed");
     }
 }

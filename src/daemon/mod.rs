@@ -225,7 +225,7 @@ impl Daemon {
     /// Applies a reloaded configuration, keeping every table of the rules
     /// it shares with the running one; or, given the reason a reload
     /// failed, keeps the running configuration and records why.
-    pub fn reload(&self, loaded: Result<(Config, Arc<ClassTable>), String>) {
+    pub fn reload(&self, loaded: Result<(Config, Arc<ClassTable>), String>, sender: Option<Sender>) {
         // The store's connection and its limits are set up once, at start.
         let mut in_force = self.config.locked();
         let loaded = loaded.and_then(|(config, classes)| {
@@ -249,7 +249,7 @@ impl Daemon {
                         "changed in the file, but these need a restart; their running values stay in force");
                 }
                 let next = self.limiter.load().reconfigured(&config, classes, self.clock.now_us());
-                exemptions::audit_changes(&in_force.exemptions, &config.exemptions);
+                exemptions::audit_changes(&in_force.exemptions, &config.exemptions, sender);
                 if let Some(spray) = &self.spray {
                     let mut engine = spray.engine.locked();
                     match &config.signals {
@@ -265,11 +265,13 @@ impl Daemon {
                 drop(in_force);
                 self.reloads.fetch_add(1, Ordering::Relaxed);
                 *self.last_reload_error.locked() = None;
-                tracing::info!(target: LOG_TARGET, "configuration reloaded");
+                tracing::info!(target: LOG_TARGET, by_uid = sender.map(|s| s.uid), by_pid = sender.map(|s| s.pid),
+                    "configuration reloaded");
             }
             Err(why) => {
                 self.reload_failures.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(target: LOG_TARGET, error = %why, "reload failed; keeping the running configuration");
+                tracing::error!(target: LOG_TARGET, error = %why, by_uid = sender.map(|s| s.uid),
+                    by_pid = sender.map(|s| s.pid), "reload failed; keeping the running configuration");
                 *self.last_reload_error.locked() = Some(why);
             }
         }
@@ -639,6 +641,14 @@ impl Daemon {
             );
         }
     }
+}
+
+/// Who sent a reload's SIGHUP, as the kernel says (`kill`'s caller: the
+/// unit's `ExecReload=`, or an admin's shell).
+#[derive(Clone, Copy, Debug)]
+pub struct Sender {
+    pub pid: i32,
+    pub uid: u32,
 }
 
 /// The connection's peer, from SO_PEERCRED when the connection opens.

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-use signal_hook::iterator::Signals;
+use signal_hook::iterator::exfiltrator::WithOrigin;
+use signal_hook::iterator::SignalsInfo;
 use tokio::net::UnixListener;
 
 use super::Daemon;
@@ -133,7 +134,7 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
     // signal thread reads them: a SIGTERM that arrives while the state file
     // is opened or the socket bound stops the daemon cleanly (after its
     // start-up) instead of killing it by the default action.
-    let signals = Signals::new([SIGTERM, SIGINT, SIGHUP])?;
+    let signals = SignalsInfo::<WithOrigin>::new([SIGTERM, SIGINT, SIGHUP])?;
     let clock = if args.manual_clock { Clock::manual() } else { Clock::System };
     // A daemon already answering on the socket: refused before anything is
     // created (a secret and a state file of its own, beside another's).
@@ -420,19 +421,23 @@ fn listen(runtime: &tokio::runtime::Runtime, config: &Config) -> anyhow::Result<
 fn handle_signals(
     daemon: Arc<Daemon>,
     args: ServeArgs,
-    mut signals: Signals,
+    mut signals: SignalsInfo<WithOrigin>,
 ) -> anyhow::Result<(tokio::sync::oneshot::Receiver<()>, signal_hook::iterator::Handle)> {
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
     let handle = signals.handle();
     std::thread::Builder::new().name("tollgate-signals".into()).spawn(move || {
-        for signal in signals.forever() {
+        for origin in signals.forever() {
+            let signal = origin.signal;
             if signal == SIGHUP {
                 // Read and validate everything before touching the running
-                // configuration; a bad file changes nothing.
-                daemon.reload(load_config(&args).map_err(|e| e.to_string()).and_then(|config| {
+                // configuration; a bad file changes nothing. The sender (the
+                // kernel gives its pid and uid) is named in the audit lines.
+                let sender = origin.process.map(|p| super::Sender { pid: p.pid, uid: p.uid });
+                let loaded = load_config(&args).map_err(|e| e.to_string()).and_then(|config| {
                     let classes = load_classes(&config).map_err(|e| e.to_string())?;
                     Ok((config, Arc::new(classes)))
-                }));
+                });
+                daemon.reload(loaded, sender);
                 continue;
             }
             tracing::info!(target: START_LOG_TARGET, signal, "stopping");
