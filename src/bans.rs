@@ -24,6 +24,7 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use prefix_trie::PrefixMap;
 
 use crate::source::canonical;
+use crate::store::{Durable, Journal};
 use crate::unpoisoned::UnpoisonedRw;
 
 /// Bans held at once. Each is an operator's act, audited one by one: a
@@ -58,7 +59,8 @@ pub enum BanError {
     #[error("a ban lasts from 1 ms to {max} days; {for_ms} ms is not in that range", max = BAN_FOR_MS_MAX / 86_400_000)]
     Duration { for_ms: u64 },
     #[error(
-        "the reason is at most {BAN_REASON_BYTES_MAX} bytes and holds no control characters (it is printed in logs)"
+        "the reason is at most {BAN_REASON_BYTES_MAX} bytes, without control or invisible characters (it is \
+         printed in logs)"
     )]
     Reason,
     #[error("{BANS_MAX} bans are held, the most there may be; lift some with `tollgate unlock --ip` first")]
@@ -77,10 +79,18 @@ pub fn check_terms(for_ms: u64, reason: &str) -> Result<(), BanError> {
     if for_ms == 0 || for_ms > BAN_FOR_MS_MAX {
         return Err(BanError::Duration { for_ms });
     }
-    if reason.len() > BAN_REASON_BYTES_MAX || reason.chars().any(char::is_control) {
+    if reason.len() > BAN_REASON_BYTES_MAX || reason.chars().any(hides_text) {
         return Err(BanError::Reason);
     }
     Ok(())
+}
+
+/// Control characters, and the invisible ones that reorder or hide what a
+/// terminal shows (bidirectional overrides, zero-width characters): a
+/// reason is printed in logs and `lockouts`, where it must read as written.
+fn hides_text(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{061C}' | '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}')
 }
 
 /// The bans in force, a trie per family. Shared by every limiter a reload
@@ -125,52 +135,59 @@ impl BanTable {
         }
     }
 
-    /// Holds `ban`, replacing one on the same network (returned). Refused
-    /// when `BANS_MAX` are held and none is replaced.
-    pub fn insert(&self, ban: Ban) -> Result<Option<Ban>, BanError> {
+    /// Holds `ban`, replacing one on the same network (returned), and
+    /// queues its row durably. Every row edit is queued under the write
+    /// lock, so the journal applies them in the order memory saw them (a
+    /// sweep's delete can never land after a new ban of the same network).
+    /// Ended bans make room; refused when `BANS_MAX` are in force.
+    pub fn insert(&self, ban: Ban, now_us: u64, journal: &Journal) -> Result<(Option<Ban>, Option<Durable>), BanError> {
         let mut tries = self.tries.write_locked();
         let exists = match ban.network {
-            IpNet::V4(v4) => tries.ipv4.get(&v4).is_some(),
-            IpNet::V6(v6) => tries.ipv6.get(&v6).is_some(),
+            IpNet::V4(v4) => tries.ipv4.contains_key(&v4),
+            IpNet::V6(v6) => tries.ipv6.contains_key(&v6),
         };
         if !exists && tries.len() >= BANS_MAX {
-            return Err(BanError::Full);
+            tries.remove_ended(now_us, journal);
+            if tries.len() >= BANS_MAX {
+                return Err(BanError::Full);
+            }
         }
+        let write = journal.write_ban(&ban, true);
         let replaced = match ban.network {
             IpNet::V4(v4) => tries.ipv4.insert(v4, ban),
             IpNet::V6(v6) => tries.ipv6.insert(v6, ban),
         };
         self.held.store(tries.len(), Ordering::Relaxed);
-        Ok(replaced)
+        Ok((replaced, write))
     }
 
-    /// Lifts the ban on exactly `network`, returning it.
-    pub fn remove(&self, network: IpNet) -> Option<Ban> {
+    /// Lifts the ban on exactly `network`, returning it and its row's
+    /// deletion, queued durably.
+    pub fn remove(&self, network: IpNet, journal: &Journal) -> Option<(Ban, Option<Durable>)> {
         let mut tries = self.tries.write_locked();
-        let removed = match network {
-            IpNet::V4(v4) => tries.ipv4.remove(&v4),
-            IpNet::V6(v6) => tries.ipv6.remove(&v6),
-        };
+        let removed = tries.remove(network)?;
+        let write = journal.remove_ban(network, true);
         self.held.store(tries.len(), Ordering::Relaxed);
-        removed
+        Some((removed, write))
     }
 
-    /// Forgets the bans that have ended by `now_us`, returning them (their
-    /// rows are deleted by the caller).
-    pub fn sweep(&self, now_us: u64) -> Vec<Ban> {
-        if self.held.load(Ordering::Relaxed) == 0 {
-            return Vec::new();
+    /// Forgets the bans that have ended by `now_us` and deletes their rows.
+    /// Takes the write lock only when one has ended.
+    pub fn sweep(&self, now_us: u64, journal: &Journal) {
+        if self.held.load(Ordering::Relaxed) == 0 || self.tries.read_locked().iter().all(|b| b.until_us > now_us) {
+            return;
         }
         let mut tries = self.tries.write_locked();
-        let ended: Vec<Ban> = tries.iter().filter(|b| b.until_us <= now_us).cloned().collect();
-        for ban in &ended {
-            match ban.network {
-                IpNet::V4(v4) => tries.ipv4.remove(&v4),
-                IpNet::V6(v6) => tries.ipv6.remove(&v6),
-            };
-        }
+        tries.remove_ended(now_us, journal);
         self.held.store(tries.len(), Ordering::Relaxed);
-        ended
+    }
+
+    /// Queues every ban in force (a rewrite of the state file), under the
+    /// read lock: a ban or lift waits, so it lands after its row's copy.
+    pub fn write_all(&self, now_us: u64, journal: &Journal) {
+        for ban in self.tries.read_locked().iter().filter(|b| b.until_us > now_us) {
+            journal.write_ban(ban, false);
+        }
     }
 
     /// The bans in force at `now_us`, latest ending first.
@@ -189,9 +206,30 @@ impl BanTable {
     }
 }
 
+impl Tries {
+    fn remove(&mut self, network: IpNet) -> Option<Ban> {
+        match network {
+            IpNet::V4(v4) => self.ipv4.remove(&v4),
+            IpNet::V6(v6) => self.ipv6.remove(&v6),
+        }
+    }
+
+    fn remove_ended(&mut self, now_us: u64, journal: &Journal) {
+        let ended: Vec<IpNet> = self.iter().filter(|b| b.until_us <= now_us).map(|b| b.network).collect();
+        for network in ended {
+            self.remove(network);
+            journal.remove_ban(network, false);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn discard() -> Journal {
+        Journal::discard()
+    }
 
     fn ban(network: &str, until_us: u64) -> Ban {
         Ban { network: network.parse().unwrap(), until_us, since_us: 0, uid: 0, reason: String::new() }
@@ -205,7 +243,7 @@ mod tests {
     fn a_ban_covers_its_network_until_it_ends() {
         let table = BanTable::default();
         assert_eq!(table.banned_until(at("203.0.113.9"), 0), None);
-        table.insert(ban("203.0.113.0/24", 100)).unwrap();
+        table.insert(ban("203.0.113.0/24", 100), 0, &discard()).unwrap();
         assert_eq!(table.banned_until(at("203.0.113.9"), 0), Some(100));
         assert_eq!(table.banned_until(at("203.0.113.9"), 99), Some(100));
         assert_eq!(table.banned_until(at("203.0.113.9"), 100), None, "ended at its until");
@@ -217,22 +255,23 @@ mod tests {
     #[test]
     fn the_latest_of_overlapping_bans_decides_and_a_narrow_one_does_not_shorten_a_wide_one() {
         let table = BanTable::default();
-        table.insert(ban("203.0.0.0/16", 500)).unwrap();
-        table.insert(ban("203.0.113.0/24", 100)).unwrap();
+        table.insert(ban("203.0.0.0/16", 500), 0, &discard()).unwrap();
+        table.insert(ban("203.0.113.0/24", 100), 0, &discard()).unwrap();
         assert_eq!(table.banned_until(at("203.0.113.9"), 0), Some(500));
         assert_eq!(table.banned_until(at("203.0.113.9"), 200), Some(500));
-        table.remove("203.0.0.0/16".parse().unwrap()).unwrap();
+        table.remove("203.0.0.0/16".parse().unwrap(), &discard()).unwrap();
         assert_eq!(table.banned_until(at("203.0.113.9"), 0), Some(100));
     }
 
     #[test]
     fn banning_again_replaces_and_lifting_takes_exactly_the_network() {
         let table = BanTable::default();
-        assert_eq!(table.insert(ban("2001:db8::/48", 100)).unwrap(), None);
-        assert_eq!(table.insert(ban("2001:db8::/48", 50)).unwrap().map(|b| b.until_us), Some(100));
+        assert_eq!(table.insert(ban("2001:db8::/48", 100), 0, &discard()).unwrap().0, None);
+        let replaced = table.insert(ban("2001:db8::/48", 50), 0, &discard()).unwrap().0;
+        assert_eq!(replaced.map(|b| b.until_us), Some(100));
         assert_eq!(table.banned_until(at("2001:db8::1"), 0), Some(50), "a shorter ban replaces a longer one");
-        assert_eq!(table.remove("2001:db8::/47".parse().unwrap()), None, "only the exact network is lifted");
-        assert!(table.remove("2001:db8::/48".parse().unwrap()).is_some());
+        assert!(table.remove("2001:db8::/47".parse().unwrap(), &discard()).is_none(), "only the exact network");
+        assert!(table.remove("2001:db8::/48".parse().unwrap(), &discard()).is_some());
         assert_eq!(table.banned_until(at("2001:db8::1"), 0), None);
         assert_eq!(table.held(), 0);
     }
@@ -242,13 +281,16 @@ mod tests {
         let table = BanTable::default();
         for i in 0..BANS_MAX {
             let network = format!("10.{}.{}.0/24", i / 256, i % 256);
-            table.insert(ban(&network, 100)).unwrap();
+            table.insert(ban(&network, 100), 0, &discard()).unwrap();
         }
-        assert_eq!(table.insert(ban("192.0.2.0/24", 100)), Err(BanError::Full));
-        assert!(table.insert(ban("10.0.0.0/24", 200)).is_ok(), "replacing a held ban needs no room");
-        assert_eq!(table.sweep(150).len(), BANS_MAX - 1);
-        assert_eq!(table.in_force(150).len(), 1);
-        assert!(table.insert(ban("192.0.2.0/24", 300)).is_ok(), "the sweep made room");
+        assert!(matches!(table.insert(ban("192.0.2.0/24", 100), 0, &discard()), Err(BanError::Full)));
+        assert!(table.insert(ban("10.0.0.0/24", 200), 0, &discard()).is_ok(), "replacing a held ban needs no room");
+        // Ended bans make room, swept or not.
+        assert!(table.insert(ban("192.0.2.0/24", 300), 150, &discard()).is_ok(), "an ended ban made room");
+        assert_eq!(table.held(), 2, "every ended ban went at once");
+        table.sweep(250, &discard());
+        assert_eq!(table.in_force(250).len(), 1);
+        assert_eq!(table.held(), 1);
     }
 
     #[test]
@@ -257,6 +299,9 @@ mod tests {
         assert_eq!(check_terms(0, ""), Err(BanError::Duration { for_ms: 0 }));
         assert!(check_terms(BAN_FOR_MS_MAX + 1, "").is_err());
         assert_eq!(check_terms(1, "a\nb"), Err(BanError::Reason));
+        assert_eq!(check_terms(1, "\u{202e}txet"), Err(BanError::Reason), "a bidi override");
+        assert_eq!(check_terms(1, "a\u{200b}b"), Err(BanError::Reason), "a zero-width space");
+        assert!(check_terms(1, "Vague d'attaques — AS64496").is_ok());
         assert_eq!(check_terms(1, &"x".repeat(BAN_REASON_BYTES_MAX + 1)), Err(BanError::Reason));
         assert!(network("203.0.113.0".parse().unwrap(), 24).is_ok());
         assert!(network("203.0.113.1".parse().unwrap(), 24).is_err(), "host bits");

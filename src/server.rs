@@ -31,7 +31,9 @@ use crate::config::{
 };
 use crate::daemon::{Daemon, Job, Listing, Peer, Started, VerdictCounters, ERRORS};
 use crate::limiter::Limiter;
-use crate::protocol::{ErrorCode, Request, Response, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN, SIGNALS_VERSION};
+use crate::protocol::{
+    ErrorCode, Request, Response, BAN_VERSION, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN, SIGNALS_VERSION,
+};
 
 fn payload_error(e: &PayloadError) -> Response<'static> {
     let code = match e {
@@ -382,7 +384,9 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
                 for planned in run[next..end].iter_mut() {
                     let step = std::mem::replace(&mut planned.step, Step::Answered);
                     let listing = match &step {
-                        Step::Job(Job::Other(request)) => Listing::of(request),
+                        Step::Job(Job::Other(request)) => {
+                            Listing::of(request, peer.permissions.admin && planned.version >= BAN_VERSION)
+                        }
                         _ => None,
                     };
                     if let Some(listing) = listing {

@@ -53,7 +53,20 @@ fn a_ban_denies_its_network_spends_nothing_survives_kill_9_and_unlock_lifts_it()
         }
     }
     assert_eq!(limit(&daemon.cli_json(&["status"]), "bans_held"), 1);
+    // `inspect` shows the ban first and exits 5: a check would be refused.
+    let inspected = daemon.cli(&["inspect", "--account", "alice", "--ip", "203.0.113.5"]);
+    assert_eq!(inspected.status.code(), Some(5));
+    let text = String::from_utf8(inspected.stdout).unwrap();
+    assert!(text.lines().nth(1).is_some_and(|l| l.trim_start().starts_with("ban") && l.contains("banned")), "{text}");
 
+    // Networks and reasons are an admin's to see, in version 7: an older
+    // frame lists no ban (its clients' keys are digests, never addresses).
+    let mut stream = std::os::unix::net::UnixStream::connect(&daemon.socket).unwrap();
+    let mut frame = Vec::new();
+    codec::encode_request_versioned(6, 3, &Request::Lockouts { limit: 10 }, &mut frame);
+    std::io::Write::write_all(&mut stream, &frame).unwrap();
+    let (_, older) = read_reply(&mut stream);
+    assert!(matches!(&older, Response::Lockouts { lockouts, total: 0 } if lockouts.is_empty()), "{older:?}");
     let listed = daemon.cli_json(&["lockouts"]);
     let first = &listed["lockouts"][0];
     assert_eq!((first["route"].as_str(), first["rule"].as_str()), (Some("*"), Some("ban: stuffing wave")), "{listed}");
@@ -117,6 +130,15 @@ fn a_ban_wins_over_a_source_exemption() {
 }
 
 #[test]
+fn a_ban_may_not_cover_a_trusted_proxy() {
+    let daemon = TestDaemon::start_with(Some("[source]\ntrusted_proxies = [\"10.0.0.0/24\"]\n"), true);
+    let out = daemon.cli(&["ban", "--ip", "10.0.0.0/8", "--for", "1h"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("overlaps source.trusted_proxies' 10.0.0.0/24"));
+    assert_eq!(check(&daemon, &subject("10.0.0.1", "alice")).decision, Decision::Allow);
+}
+
+#[test]
 fn bad_bans_are_refused_in_words_and_change_nothing() {
     let daemon = TestDaemon::start();
     let refused = |args: &[&str], code: i32, words: &str| {
@@ -128,9 +150,11 @@ fn bad_bans_are_refused_in_words_and_change_nothing() {
     refused(&["ban", "--ip", "0.0.0.0/0", "--for", "1h"], 2, "wider than /8, the widest IPv4 ban");
     refused(&["ban", "--ip", "203.0.113.7/24", "--for", "1h"], 2, "host bits set (did you mean 203.0.113.0/24?)");
     refused(&["ban", "--ip", "2001:db8::/16", "--for", "1h"], 2, "the widest IPv6 ban");
-    refused(&["ban", "--ip", "203.0.113.0/24", "--for", "400days"], 1, "a ban lasts from 1 ms to 366 days");
+    refused(&["ban", "--ip", "203.0.113.0/24", "--for", "400days"], 2, "a ban lasts from 1 ms to 366 days");
+    refused(&["ban", "--ip", "203.0.113.0/24", "--for", "500us"], 2, "a ban lasts from 1 ms");
     let long = "x".repeat(201);
-    refused(&["ban", "--ip", "203.0.113.0/24", "--for", "1h", "--reason", &long], 1, "at most 200 bytes");
+    refused(&["ban", "--ip", "203.0.113.0/24", "--for", "1h", "--reason", &long], 2, "at most 200 bytes");
+    refused(&["ban", "--ip", "203.0.113.0/24", "--for", "1h", "--reason", "\u{202e}evil"], 2, "invisible");
     refused(&["unlock", "--ip", "203.0.113.0/24", "--account", "alice"], 2, "cannot be used with");
 
     // The daemon checks what a client of its own sends, too.
@@ -141,6 +165,11 @@ fn bad_bans_are_refused_in_words_and_change_nothing() {
     assert!(e.message.contains("wider than /8"), "{}", e.message);
     let past_end = Request::Ban { network: ip("203.0.113.0"), prefix_len: 33, for_ms: 1000, reason: "" };
     assert!(matches!(call_std(&mut stream, 2, &past_end), Response::Error(_)));
+    let forever = Request::Ban { network: ip("203.0.113.0"), prefix_len: 24, for_ms: u64::MAX, reason: "" };
+    let Response::Error(e) = call_std(&mut stream, 3, &forever) else { panic!("an endless ban was accepted") };
+    assert!(e.message.contains("366 days"), "{}", e.message);
+    let hidden = Request::Ban { network: ip("203.0.113.0"), prefix_len: 24, for_ms: 1000, reason: "a\u{2066}b" };
+    assert!(matches!(call_std(&mut stream, 4, &hidden), Response::Error(_)));
     let status = daemon.cli_json(&["status"]);
     assert_eq!(limit(&status, "bans_held"), 0, "nothing was banned");
     assert_eq!(limit(&status, "bans_max"), 1024);
@@ -198,6 +227,13 @@ fn only_an_admin_may_ban_or_lift_a_ban() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains("permission denied") && stderr.contains(operation), "{stderr}");
     }
+    let listed = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN, "lockouts", "--json"])
+        .env("TOLLGATE_SOCKET", &daemon.socket)
+        .output()
+        .unwrap();
+    let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(listed["total"], 0, "bans are an admin's to list: {listed}");
     assert_eq!(check(&daemon, &banned_subject()).reason, Reason::Banned, "the ban stands");
     assert_eq!(check(&daemon, &subject("198.51.100.1", "bob")).decision, Decision::Allow, "no ban was made");
 }

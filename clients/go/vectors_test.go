@@ -152,7 +152,9 @@ func TestDecodesEveryVerdictAndErrorVector(t *testing.T) {
 		values := fieldValues(t, v)
 		kind := uint32(num(t, values, "Response variant"))
 		frame, _ := hex.DecodeString(v.Frame)
-		if kind != responseVerdict && kind != responseError {
+		// A newer version's reply (the daemon's admin requests): this
+		// client never asks in it, and refuses such a frame.
+		if kind != responseVerdict && kind != responseError || num(t, values, "version") > uint64(ProtocolVersion) {
 			if _, err := decodeResponse(frame[4:]); err == nil {
 				t.Errorf("%s: a reply no check gets decoded", v.Name)
 			}

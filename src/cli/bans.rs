@@ -20,10 +20,10 @@ pub struct BanArgs {
     #[arg(long, value_parser = parse_network)]
     pub ip: IpNet,
     /// How long, e.g. 30m, 2h, 7d (at most a year). Banning a banned network again replaces its ban.
-    #[arg(long = "for", value_parser = crate::format::parse_duration)]
+    #[arg(long = "for", value_parser = parse_ban_duration)]
     pub duration: Duration,
     /// Why, for the audit line and `lockouts` (at most 200 bytes).
-    #[arg(long, default_value = "")]
+    #[arg(long, default_value = "", value_parser = parse_reason)]
     pub reason: String,
 }
 
@@ -31,6 +31,20 @@ pub struct BanArgs {
 /// typo is refused with the daemon's words before anything is sent.
 pub fn parse_network(text: &str) -> Result<IpNet, String> {
     crate::exemptions::parse_network(text, "ban")
+}
+
+/// `--for`, within a ban's bounds (the daemon checks them too).
+fn parse_ban_duration(text: &str) -> Result<Duration, String> {
+    let duration = crate::format::parse_duration(text)?;
+    let for_ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
+    crate::bans::check_terms(for_ms, "").map_err(|e| e.to_string())?;
+    Ok(duration)
+}
+
+/// `--reason`, within a ban's bounds (the daemon checks them too).
+fn parse_reason(text: &str) -> Result<String, String> {
+    crate::bans::check_terms(1, text.trim()).map_err(|e| e.to_string())?;
+    Ok(text.trim().to_string())
 }
 
 pub async fn ban(client: &Client, args: &BanArgs) -> Result<ExitCode, ClientError> {

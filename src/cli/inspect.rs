@@ -89,6 +89,7 @@ fn describe(rule: &InspectedRule) -> String {
         "failures" if rule.locked => "locked",
         "failures" => "full",
         "rate" => "spent",
+        "ban" => "banned",
         _ => "flagged",
     };
     let mut text = format!("{state:<7}");

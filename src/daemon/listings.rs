@@ -49,8 +49,10 @@ pub(crate) fn lockouts_listed(limit: u32) -> usize {
     (if limit == 0 { LOCKOUTS_LISTED_DEFAULT } else { limit.min(LOCKOUTS_LISTED_MAX) }) as usize
 }
 
-pub(crate) fn lockouts_reply(limiter: &Limiter, listed: usize, now: u64) -> Response<'static> {
-    let (lockouts, total) = limiter.lockouts(listed, now);
+/// With `bans`, the operator's bans come first: they name networks and
+/// reasons, so only an admin asking in version 7 or later is shown them.
+pub(crate) fn lockouts_reply(limiter: &Limiter, listed: usize, bans: bool, now: u64) -> Response<'static> {
+    let (lockouts, total) = limiter.lockouts(listed, bans, now);
     Response::Lockouts { lockouts, total }
 }
 
@@ -110,15 +112,16 @@ impl Daemon {
 /// A request `serve_connection` answers with `Daemon::listing_reply`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Listing {
-    Lockouts(u32),
+    /// The limit, and whether the bans are listed (`lockouts_reply`).
+    Lockouts(u32, bool),
     Activity(u32),
     Samples(u32),
 }
 
 impl Listing {
-    pub(crate) fn of(request: &Request<'_>) -> Option<Listing> {
+    pub(crate) fn of(request: &Request<'_>, bans: bool) -> Option<Listing> {
         match *request {
-            Request::Lockouts { limit } => Some(Listing::Lockouts(limit)),
+            Request::Lockouts { limit } => Some(Listing::Lockouts(limit, bans)),
             Request::Activity { limit } => Some(Listing::Activity(limit)),
             Request::Samples { limit } => Some(Listing::Samples(limit)),
             _ => None,
@@ -129,7 +132,7 @@ impl Listing {
     /// from the limit asked and the bounds of what is listed.
     fn share(self, daemon: &Daemon, limiter: &Limiter) -> usize {
         let bytes = match self {
-            Listing::Lockouts(limit) => lockouts_listed(limit) * LOCKOUT_REPLY_BYTES_ESTIMATE,
+            Listing::Lockouts(limit, _) => lockouts_listed(limit) * LOCKOUT_REPLY_BYTES_ESTIMATE,
             Listing::Activity(limit) => {
                 let observer = daemon.activity.observer.locked();
                 let c = observer.config();
@@ -173,7 +176,7 @@ impl Daemon {
         let decision_log = daemon.decision_log_stats();
         let made = tokio::task::spawn_blocking(move || {
             let reply = match listing {
-                Listing::Lockouts(limit) => lockouts_reply(&limiter, lockouts_listed(limit), now),
+                Listing::Lockouts(limit, bans) => lockouts_reply(&limiter, lockouts_listed(limit), bans, now),
                 Listing::Activity(limit) => {
                     let mut view = activity_view(&observing, &limiter, limit, now);
                     view.decision_log = decision_log;

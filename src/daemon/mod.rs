@@ -344,19 +344,19 @@ impl Daemon {
             // `serve_connection` answers these three itself (`Daemon::listing_reply`:
             // off the runtime threads, within the reply budget); this is the
             // same answer.
-            Request::Lockouts { limit } => (lockouts_reply(limiter, lockouts_listed(limit), now), Vec::new(), false),
+            Request::Lockouts { limit } => {
+                (lockouts_reply(limiter, lockouts_listed(limit), peer.permissions.admin, now), Vec::new(), false)
+            }
             Request::Activity { limit } => {
                 (Response::Activity(Box::new(self.activity(limiter, limit, now))), Vec::new(), false)
             }
             Request::Samples { limit } => (samples_reply(&self.activity, limit), Vec::new(), false),
-            request @ Request::Unlock { .. } => return Started::Unlock(request),
+            request @ (Request::Unlock { .. } | Request::Ban { .. } | Request::Unban { .. }) => {
+                return Started::Admin(request)
+            }
             Request::Inspect { route, subject } => {
                 (self.inspect(limiter, route, &subject, peer, now), Vec::new(), false)
             }
-            Request::Ban { network, prefix_len, for_ms, reason } => {
-                self.ban(limiter, (network, prefix_len), for_ms, reason, peer, now)
-            }
-            Request::Unban { network, prefix_len } => self.unban(limiter, (network, prefix_len), peer),
             Request::ClockAdvance { by_ms } => match self.clock.advance(by_ms.saturating_mul(1000)) {
                 Some(now) => (Response::ClockAdvanced { now_ms: ceil_ms(now) }, Vec::new(), false),
                 None => (
@@ -391,7 +391,14 @@ impl Daemon {
                 let reported = self.finish_report_shared(limiter, ticket, report, now).await;
                 self.reported(limiter, route, &subject, attempt.as_ref(), Ok(reported), now)
             }
-            Started::Unlock(request) => self.unlock(limiter, request, peer, now).await,
+            Started::Admin(request @ Request::Unlock { .. }) => self.unlock(limiter, request, peer, now).await,
+            Started::Admin(Request::Ban { network, prefix_len, for_ms, reason }) => {
+                self.ban(limiter, (network, prefix_len), for_ms, reason, peer, now).await
+            }
+            Started::Admin(Request::Unban { network, prefix_len }) => {
+                self.unban(limiter, (network, prefix_len), peer).await
+            }
+            Started::Admin(other) => unreachable!("only unlock, ban and unban are deferred: {other:?}"),
         }
     }
 
@@ -542,8 +549,9 @@ pub(crate) enum Started<'b, 'l> {
         ticket: Ticket<'b>,
         report: PendingReport<'l>,
     },
-    /// An unlock (admin, rare): answered whole by `finish`.
-    Unlock(Request<'b>),
+    /// An unlock, ban or unban (admin, rare): answered whole by `finish`,
+    /// which waits for the store or the state file before replying.
+    Admin(Request<'b>),
 }
 
 /// A reply, the durable writes that must complete before it is sent, and

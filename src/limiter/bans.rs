@@ -9,7 +9,7 @@ use super::Limiter;
 use crate::bans::{self, Ban, BanError};
 use crate::clock::ceil_ms;
 use crate::protocol::{Decision, Lockout, Reason, Verdict};
-use crate::store::Durable;
+use crate::store::{Durable, Journal};
 
 /// What a ban or an unban did, for the reply and the audit line.
 pub struct BanChange {
@@ -51,10 +51,18 @@ impl Limiter {
     ) -> Result<BanChange, BanError> {
         let network = bans::network(network, prefix_len)?;
         bans::check_terms(for_ms, reason)?;
-        let ban =
-            Ban { network, until_us: now_us + for_ms * 1000, since_us: now_us, uid, reason: reason.trim().to_string() };
-        let replaced = self.bans.insert(ban.clone())?;
-        let write = self.journal.write_ban(&ban, true);
+        // A request that would cut off every client whose header is missing
+        // or malformed (they are keyed on their proxy) is refused, as an
+        // exemption overlapping a proxy is.
+        if let Some(proxy) = self.source.trusted_proxies.iter().find(|p| p.contains(&network) || network.contains(*p)) {
+            return Err(BanError::Network(format!(
+                "{network} overlaps source.trusted_proxies' {proxy}: a request with a missing or malformed \
+                 X-Forwarded-For is keyed on its proxy, so the ban would refuse every such client"
+            )));
+        }
+        let until_us = now_us.saturating_add(for_ms.saturating_mul(1000));
+        let ban = Ban { network, until_us, since_us: now_us, uid, reason: reason.trim().to_string() };
+        let (replaced, write) = self.bans.insert(ban.clone(), now_us, &self.journal)?;
         Ok(BanChange { ban, replaced, write })
     }
 
@@ -62,7 +70,7 @@ impl Limiter {
     /// lifted, if there was one, and its row's deletion queued durably.
     pub fn unban(&self, network: IpAddr, prefix_len: u8) -> Result<Option<(Ban, Option<Durable>)>, BanError> {
         let network = bans::network(network, prefix_len)?;
-        Ok(self.bans.remove(network).map(|ban| (ban, self.journal.remove_ban(network, true))))
+        Ok(self.bans.remove(network, &self.journal))
     }
 
     /// The bans in force, as `lockouts` lists them (before any rule's).
@@ -88,16 +96,12 @@ impl Limiter {
 
     /// Every ban in force to a rewrite of the state file.
     pub(super) fn rewrite_bans(&self, now_us: u64) {
-        for ban in self.bans.in_force(now_us) {
-            self.journal.write_ban(&ban, false);
-        }
+        self.bans.write_all(now_us, &self.journal);
     }
 
     /// Forgets ended bans and deletes their rows.
     pub(super) fn sweep_bans(&self, now_us: u64) {
-        for ended in self.bans.sweep(now_us) {
-            self.journal.remove_ban(ended.network, false);
-        }
+        self.bans.sweep(now_us, &self.journal);
     }
 
     /// Puts persisted bans back at start: those still in force whose
@@ -106,8 +110,11 @@ impl Limiter {
     pub fn restore_bans(&self, rows: Vec<Ban>, now_us: u64) -> usize {
         let mut restored = 0;
         for ban in rows {
+            // Judged by its own times, never by `now`: a host that boots
+            // with its clock behind must not forget a ban.
             let plausible = bans::network(ban.network.addr(), ban.network.prefix_len()).is_ok()
-                && ban.until_us.saturating_sub(now_us) <= bans::BAN_FOR_MS_MAX * 1000
+                && ban.since_us <= ban.until_us
+                && ban.until_us - ban.since_us <= bans::BAN_FOR_MS_MAX * 1000
                 && bans::check_terms(1, &ban.reason).is_ok();
             if !plausible {
                 tracing::warn!(target: "tollgate::store", network = %ban.network, "a ban row no ban request could make; dropped");
@@ -116,7 +123,8 @@ impl Limiter {
                 self.journal.remove_ban(ban.network, false);
                 continue;
             }
-            if self.bans.insert(ban).is_ok() {
+            // Restored rows are in the file already: nothing to write.
+            if self.bans.insert(ban, now_us, &Journal::discard()).is_ok() {
                 restored += 1;
             }
         }
@@ -199,10 +207,15 @@ mod tests {
             row("0.0.0.0/0", now + HOUR_US, "the Internet"),
             row("192.0.2.7/24", now + HOUR_US, "host bits"),
             row("192.0.2.0/25", now + 400 * 24 * HOUR_US, "longer than a year"),
+            Ban { since_us: now + 2 * HOUR_US, ..row("192.0.2.0/26", now + HOUR_US, "ends before it began") },
+            // Made while the clock read 300 days later: a clock behind at
+            // the restart must not drop it.
+            Ban { since_us: now + 300 * 24 * HOUR_US, ..row("192.0.2.64/26", now + 301 * 24 * HOUR_US, "clock ahead") },
             row("192.0.2.128/25", now + HOUR_US, "a\ncontrol character"),
         ];
-        assert_eq!(limiter.restore_bans(rows, now), 1);
-        assert_eq!(limiter.bans.in_force(now).iter().map(|b| b.reason.as_str()).collect::<Vec<_>>(), ["kept"]);
+        assert_eq!(limiter.restore_bans(rows, now), 2);
+        let kept: Vec<String> = limiter.bans.in_force(now).into_iter().map(|b| b.reason).collect();
+        assert_eq!(kept, ["clock ahead", "kept"]);
         assert_eq!(limiter.check("t", &from("1.2.3.4"), now).unwrap().decision, Decision::Allow);
     }
 }

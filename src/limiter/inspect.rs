@@ -30,7 +30,20 @@ impl Limiter {
         let known = self.known_device(route, &mut keys, now_us)?;
         keys.known_device_keeps_its_prefix(known);
         let hits = if route.feeds_signals { keys.hits(route) } else { Hits::default() };
-        let mut rules = Vec::with_capacity(route.rules.len());
+        let mut rules = Vec::with_capacity(route.rules.len() + 1);
+        // A ban refuses before any rule: listed first, as a rule named
+        // `ban` of kind `ban` whose key is the network.
+        if let Some(until_us) = self.bans.banned_until(|| keys.client().ok().map(|(address, _)| address), now_us) {
+            rules.push(InspectedRule {
+                name: crate::bans::LISTED_RULE.to_string(),
+                kind: crate::bans::LISTED_RULE.to_string(),
+                refuses: true,
+                until_ms: ceil_ms(until_us),
+                retry_after_ms: ceil_ms(until_us - now_us),
+                reset_ms: ceil_ms(until_us - now_us),
+                ..InspectedRule::default()
+            });
+        }
         for rule in &route.rules {
             let mut shown = InspectedRule {
                 name: rule.name.clone(),

@@ -109,8 +109,8 @@ impl Limiter {
         Ok((cleared, writes))
     }
 
-    /// The operator's bans, then keys refused by failure rules now, at
-    /// most `limit`, and how many are banned or locked in all. Every locked key is listed before any key refused
+    /// With `bans` the operator's bans, then keys refused by failure rules
+    /// now, at most `limit`, and how many are banned or locked in all. Every locked key is listed before any key refused
     /// only by its attempts in flight, which fill what room is left (and
     /// are not in the total): a flood of unreported checks on made-up
     /// accounts can neither push a real lockout out of the list nor raise
@@ -120,10 +120,10 @@ impl Limiter {
     /// each) and count the rest; the strings of a 10,000-entry reply are
     /// made after it is released, so checks on that shard do not wait for
     /// them.
-    pub fn lockouts(&self, limit: usize, now_us: u64) -> (Vec<Lockout>, u64) {
-        // The operator's own bans first: there are few, and each is a
-        // decision someone is answerable for.
-        let mut out = self.listed_bans(now_us);
+    pub fn lockouts(&self, limit: usize, bans: bool, now_us: u64) -> (Vec<Lockout>, u64) {
+        // The operator's own bans first (with `bans`: an admin's view): there
+        // are few, and each is a decision someone is answerable for.
+        let mut out = if bans { self.listed_bans(now_us) } else { Vec::new() };
         let mut total = out.len() as u64;
         out.truncate(limit);
         let mut found = Vec::new();

@@ -257,11 +257,11 @@ impl Limiter {
         keys.known_device_keeps_its_prefix(known);
         let device = self.device_in_store(route, &mut keys)?;
         let rule_keys = keys.rule_keys(&route.rules, known, device.is_some())?;
-        if let (true, Some(exemption)) = (keys.exempted, keys.exemption()) {
+        let banned_until = self.bans.banned_until(|| keys.client().ok().map(|(address, _)| address), now_us);
+        if let (true, None, Some(exemption)) = (keys.exempted, banned_until, keys.exemption()) {
             self.exemptions.count_check(exemption);
         }
         let hits = if route.feeds_signals { keys.hits(route) } else { Hits::default() };
-        let banned_until = self.bans.banned_until(|| keys.client().ok().map(|(address, _)| address), now_us);
         Ok(CheckPlan {
             route,
             rule_keys,

@@ -213,8 +213,14 @@ pub(super) fn read_ban_row(network: &str, row: &[u8]) -> Option<Ban> {
     if u64::from_le_bytes(*check) != ban_check(network, fixed, reason) {
         return None;
     }
+    // A row keyed by another spelling of its network (`2001:0db8::/48`)
+    // could never be lifted or swept by the network's own text: damage.
+    let parsed: ipnet::IpNet = network.parse().ok()?;
+    if parsed.to_string() != network {
+        return None;
+    }
     Some(Ban {
-        network: network.parse().ok()?,
+        network: parsed,
         until_us: u64::from_le_bytes(fixed[0..8].try_into().ok()?),
         since_us: u64::from_le_bytes(fixed[8..16].try_into().ok()?),
         uid: u32::from_le_bytes(fixed[16..20].try_into().ok()?),

@@ -5,7 +5,7 @@
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { test } from "node:test";
-import { decodeResponse, encodeRequest, DecodeError, DECISIONS, REASONS, ERROR_CODES } from "../index.js";
+import { decodeResponse, encodeRequest, DecodeError, DECISIONS, REASONS, ERROR_CODES, PROTOCOL_VERSION } from "../index.js";
 
 const { vectors } = JSON.parse(readFileSync(new URL("../../../tests/vectors/protocol.json", import.meta.url)));
 
@@ -46,7 +46,11 @@ function requestOf(vector) {
 }
 
 const sendable = vectors.filter((v) => v.kind === "request" && requestOf(v));
-const readable = vectors.filter((v) => v.kind === "response" && [0, 5].includes(responseVariant(v)));
+// A reply in a version newer than this client's (the daemon's admin
+// requests) is one it never asks for: it must refuse such a frame.
+const spoken = (v) => (v.version ?? 1) <= PROTOCOL_VERSION;
+const readable = vectors.filter((v) => v.kind === "response" && spoken(v) && [0, 5].includes(responseVariant(v)));
+const newer = vectors.filter((v) => v.kind === "response" && !spoken(v));
 
 function responseVariant(vector) {
   const field = vector.fields.map((f) => parseMeaning(f.meaning)).find((f) => f.field === "Response variant");
@@ -66,6 +70,12 @@ for (const vector of sendable) {
   test(`encodes ${vector.name}`, () => {
     const frame = encodeRequest(vector.version ?? 1, vector.id, requestOf(vector));
     assert.equal(frame.toString("hex"), vector.frame);
+  });
+}
+
+for (const vector of newer) {
+  test(`refuses ${vector.name}, a version ${vector.version} reply`, () => {
+    assert.throws(() => decodeResponse(Buffer.from(vector.frame, "hex").subarray(4)), DecodeError);
   });
 }
 

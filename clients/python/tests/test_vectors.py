@@ -17,7 +17,7 @@ from tollgate_client import (
     password_digest,
     password_tag,
 )
-from tollgate_client.protocol import RESPONSE_PAYLOAD_BYTES_MAX
+from tollgate_client.protocol import PROTOCOL_VERSION, RESPONSE_PAYLOAD_BYTES_MAX
 
 from vectors import load, named, protocol_vectors
 
@@ -73,7 +73,9 @@ class ResponseVectors(unittest.TestCase):
                 continue
             values = named(vector)
             payload = bytes.fromhex(vector["frame"])[4:]
-            if values["Response variant"] not in (0, 5):
+            # A newer version's reply (the daemon's admin requests): this
+            # client never asks in it, and refuses such a frame.
+            if values["Response variant"] not in (0, 5) or values["version"] > PROTOCOL_VERSION:
                 with self.subTest(vector["name"]):
                     self.assertRaises(ProtocolError, decode_response, payload)
                 continue
