@@ -19,7 +19,8 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::client::{Answer, Answered, Client, ClientError};
+use crate::answer::{Answer, Answered, ClientError};
+use crate::client::Client;
 use crate::protocol::{Decision, Outcome, Request, Subject};
 
 /// An owned copy of a `Subject`, so that a dropped guard can still name

@@ -3,7 +3,6 @@
 //! answer in time, surfaced to the caller as such (never as a fake verdict).
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -11,198 +10,21 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
+use crate::answer::{Answer, Answered, ClientError, FullStatus};
 use crate::codec::{
     self, DecodedExtras, RequestExtras, FRAME_HEADER_BYTES, REQUEST_PAYLOAD_BYTES_MAX, RESPONSE_PAYLOAD_BYTES_MAX,
 };
-use crate::gcra::{decide, GcraSpec};
+use crate::config::ClientConfig;
+use crate::gcra::decide;
 use crate::protocol::{
-    Activity, ErrorCode, ErrorReply, Inspection, Lockout, Outcome, Request, Response, SharedStatus, SignalsStatus,
-    Status, Subject, Verdict, WouldBeRefusal, ACTIVITY_VERSION, BAN_VERSION, IDENTIFIER_BYTES_MAX, INSPECT_VERSION,
-    PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
+    Activity, ErrorCode, ErrorReply, Inspection, Lockout, Outcome, Request, Response, SharedStatus, Status, Subject,
+    WouldBeRefusal, ACTIVITY_VERSION, BAN_VERSION, IDENTIFIER_BYTES_MAX, INSPECT_VERSION, PROTOCOL_VERSION_MIN,
 };
 use crate::unpoisoned::Unpoisoned;
-use crate::{forwarded_tail, FailPolicy, BUILTIN_FAIL_POLICIES};
+use crate::{forwarded_tail, FailPolicy};
 
-/// Per-call timeout for the request path: low single-digit milliseconds, so
-/// a stalled daemon costs a login no more than a few ms before the fail
-/// policy decides.
-pub const CALL_TIMEOUT_DEFAULT: Duration = Duration::from_millis(5);
-/// How long a run of timeouts from a daemon that has answered this client
-/// is taken for a busy daemon, not a lost one (`ClientConfig::busy_max`).
-pub const BUSY_MAX_DEFAULT: Duration = Duration::from_secs(1);
 /// Idle connections kept for reuse.
 pub const POOL_CONNECTIONS_MAX: usize = 64;
-
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    #[error("cannot reach tollgate at {path}: {source}")]
-    Connect { path: PathBuf, source: std::io::Error },
-    #[error("connection to tollgate failed: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("tollgate did not answer within {0:?}")]
-    Timeout(Duration),
-    /// No answer within the timeout from a daemon that has answered this
-    /// client, in a run of timeouts younger than `ClientConfig::busy_max`,
-    /// for a check that another check on the same account (or address)
-    /// overlapped on this client: a burst, and the daemon is busy, not
-    /// down. The attempt does not proceed,
-    /// whatever the route's fail policy: a guess let through because the
-    /// limiter was slow is a guess with no limit at all.
-    #[error("tollgate is busy: no answer within {0:?}, late for less than busy_max")]
-    Busy(Duration),
-    #[error("unexpected reply from tollgate: {0}")]
-    Protocol(String),
-    #[error("tollgate refused the request: {}", .0.message)]
-    Daemon(ErrorReply),
-}
-
-/// What the auth server should do with an attempt.
-#[derive(Debug)]
-pub enum Answer {
-    /// The daemon's verdict.
-    Verdict(Verdict<'static>),
-    /// The daemon refused the request itself (an identifier too long, an
-    /// unknown route): treat the attempt as refused, and fix the caller.
-    Rejected(ErrorReply),
-    /// The daemon could not answer in time; the route's fail policy
-    /// decides. A closed route may still let the attempt through when it is
-    /// within the route's static budget (`ClientConfig::static_budget`).
-    Unavailable { policy: FailPolicy, error: ClientError, within_static_budget: bool },
-}
-
-impl Answer {
-    /// Whether the attempt may go ahead (after `delay_ms` for a delay).
-    pub fn proceeds(&self) -> bool {
-        match self {
-            Answer::Verdict(v) => v.proceeds(),
-            Answer::Rejected(_) => false,
-            Answer::Unavailable { error: ClientError::Busy(_), .. } => false,
-            Answer::Unavailable { policy, within_static_budget, .. } => {
-                *policy == FailPolicy::Open || *within_static_budget
-            }
-        }
-    }
-
-    /// How long to hold the attempt before it proceeds (a `delay` verdict).
-    pub fn delay(&self) -> Option<std::time::Duration> {
-        self.verdict()
-            .filter(|v| v.decision == crate::protocol::Decision::Delay && v.delay_ms > 0)
-            .map(|v| std::time::Duration::from_millis(v.delay_ms))
-    }
-
-    /// The `Retry-After` to send with a refusal, in whole seconds (rounded
-    /// up, at least 1); 1 when the refusal did not come from a verdict.
-    pub fn retry_after_secs(&self) -> u64 {
-        self.verdict().map_or(1, |v| v.retry_after_ms.div_ceil(1000).max(1))
-    }
-
-    pub fn verdict(&self) -> Option<&Verdict<'static>> {
-        match self {
-            Answer::Verdict(v) => Some(v),
-            _ => None,
-        }
-    }
-}
-
-/// An `Answer` with what a version-2 verdict says beyond it. A separate
-/// wrapper because `Answer::Verdict` holds the v1 `Verdict` and callers
-/// destructure it: adding the flag there would break every one of them.
-#[derive(Debug)]
-pub struct Answered {
-    pub answer: Answer,
-    /// At least one global rule of the verdict was decided on this host's
-    /// degraded share (the shared store was unreachable). False for any other
-    /// answer, and from a daemon that speaks version 1 only.
-    pub degraded: bool,
-}
-
-/// A status reply with everything the daemon's version could say: the
-/// version-1 `Status`, version 2's shared store and version 3's spray
-/// detection (each `None` when the daemon runs without it, or speaks an
-/// older version).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FullStatus {
-    pub status: Status,
-    pub shared: Option<SharedStatus>,
-    pub signals: Option<SignalsStatus>,
-}
-
-#[derive(Clone, Debug)]
-pub struct ClientConfig {
-    pub socket: PathBuf,
-    pub timeout: Duration,
-    /// Fail policy per route; routes not listed use `default_fail_policy`.
-    pub fail_policies: HashMap<String, FailPolicy>,
-    pub default_fail_policy: FailPolicy,
-    /// For closed routes: attempts this process lets through per route while
-    /// the daemon is unreachable (a GCRA per route, not per key). None by
-    /// default: closed means refuse.
-    pub static_budgets: HashMap<String, GcraSpec>,
-    /// The protocol version sent on a new connection (`PROTOCOL_VERSION`
-    /// by default). A connection whose daemon refuses it as unsupported
-    /// steps down one version at a time by itself.
-    pub protocol_version: u8,
-    /// A timeout in a run of timeouts (ended only by a timely answer this
-    /// long after its last timeout) younger than this, from a daemon that
-    /// has answered this client, is
-    /// `ClientError::Busy` (the attempt does not proceed), not an outage
-    /// for the fail policy. Zero: every timeout is an outage.
-    pub busy_max: Duration,
-}
-
-impl ClientConfig {
-    /// The built-in routes' policies, the 5 ms timeout.
-    pub fn new(socket: impl Into<PathBuf>) -> ClientConfig {
-        let fail_policies = BUILTIN_FAIL_POLICIES.iter().map(|&(name, policy)| (name.to_string(), policy)).collect();
-        ClientConfig {
-            socket: socket.into(),
-            timeout: CALL_TIMEOUT_DEFAULT,
-            fail_policies,
-            default_fail_policy: FailPolicy::Open,
-            static_budgets: HashMap::new(),
-            protocol_version: PROTOCOL_VERSION,
-            busy_max: BUSY_MAX_DEFAULT,
-        }
-    }
-
-    pub fn busy_max(mut self, busy_max: Duration) -> ClientConfig {
-        self.busy_max = busy_max;
-        self
-    }
-
-    /// Speaks `version` from the first request: an older one skips the
-    /// fallback's extra round trips per connection to a daemon known to be old.
-    ///
-    /// # Panics
-    /// If `version` is not one this client speaks.
-    pub fn protocol_version(mut self, version: u8) -> ClientConfig {
-        assert!(
-            (PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION).contains(&version),
-            "protocol version {version} is not one this client speaks ({PROTOCOL_VERSION_MIN} to {PROTOCOL_VERSION})"
-        );
-        self.protocol_version = version;
-        self
-    }
-
-    /// Lets a closed route through at `limit` per `period` (burst `burst`)
-    /// in this process while the daemon is unreachable: a conservative
-    /// floor instead of an outage. Size it for one process of many.
-    pub fn static_budget(mut self, route: &str, limit: u32, period: Duration, burst: u32) -> ClientConfig {
-        let spec = GcraSpec::new(limit.max(1), (period.as_micros() as u64).max(1), burst.max(1));
-        self.static_budgets.insert(route.to_string(), spec);
-        self
-    }
-
-    pub fn timeout(mut self, timeout: Duration) -> ClientConfig {
-        self.timeout = timeout;
-        self
-    }
-
-    pub fn fail_policy(mut self, route: &str, policy: FailPolicy) -> ClientConfig {
-        self.fail_policies.insert(route.to_string(), policy);
-        self
-    }
-}
 
 struct Connection {
     stream: UnixStream,
@@ -263,8 +85,9 @@ impl Client {
     }
 
     /// `check_answered`, with the attempted password's tag (see
-    /// [`password_tag`]), so that a password failing across many accounts
-    /// can be refused. A daemon older than version 3 never sees the tag.
+    /// [`password_tag`](crate::password_tag)), so that a password failing
+    /// across many accounts can be refused. A daemon older than version 3
+    /// never sees the tag.
     pub async fn check_tagged(&self, route: &str, subject: &Subject<'_>, password_tag: Option<[u8; 16]>) -> Answered {
         let request = Request::Check { route, subject: bounded(subject) };
         self.decide(route, &request, &RequestExtras { password_tag }).await
@@ -282,8 +105,9 @@ impl Client {
     }
 
     /// `report_answered`, with the attempted password's tag (see
-    /// [`password_tag`]): a failure's tag counts the password across
-    /// accounts. A daemon older than version 3 never sees the tag.
+    /// [`password_tag`](crate::password_tag)): a failure's tag counts the
+    /// password across accounts. A daemon older than version 3 never sees
+    /// the tag.
     pub async fn report_tagged(
         &self,
         route: &str,
@@ -302,8 +126,8 @@ impl Client {
     }
 
     /// Like `report`, with the attempted password's digest (see
-    /// [`password_digest`]), so that a failure repeating a recent wrong
-    /// password is not counted again.
+    /// [`password_digest`](crate::password_digest)), so that a failure
+    /// repeating a recent wrong password is not counted again.
     pub async fn report_with_password(
         &self,
         route: &str,
@@ -699,65 +523,5 @@ fn unexpected(response: Response<'static>) -> ClientError {
     match response {
         Response::Error(e) => ClientError::Daemon(e),
         other => ClientError::Protocol(format!("{other:?}")),
-    }
-}
-
-/// The digest to pass as `password_digest`: keyed BLAKE2b of the account and
-/// the attempted password, under a key only the auth server holds (32 bytes
-/// of its own secret). The daemon sees neither the password nor a hash that
-/// could be attacked offline, and only ever compares digests for equality.
-pub fn password_digest(key: &[u8; 32], account: &str, password: &str) -> [u8; 16] {
-    use blake2::digest::consts::U16;
-    use blake2::digest::{FixedOutput, KeyInit, Update};
-    let mut mac = blake2::Blake2bMac::<U16>::new_from_slice(key).expect("32-byte key fits BLAKE2b");
-    mac.update(&(account.len() as u64).to_le_bytes());
-    mac.update(account.as_bytes());
-    mac.update(password.as_bytes());
-    mac.finalize_fixed().into()
-}
-
-/// The tag to pass as `password_tag`: keyed BLAKE2b-128 of the attempted
-/// password alone, under the same key as [`password_digest`] but with its
-/// own personalization (`PASSWORD_TAG_PERSONAL`), so a tag cannot be
-/// matched with a digest. Without the account, one password tried against
-/// many accounts gives one tag: that is what lets the daemon see a spray.
-/// The daemon re-keys it with its own secret and keeps failed tags in
-/// memory only; anyone who reads its memory can tell that two failures used
-/// the same password, never what the password is.
-pub fn password_tag(key: &[u8; 32], password: &str) -> [u8; 16] {
-    use blake2::digest::consts::U16;
-    use blake2::digest::{FixedOutput, Update};
-    let mut mac = blake2::Blake2bMac::<U16>::new_with_salt_and_personal(key, &[], PASSWORD_TAG_PERSONAL)
-        .expect("a 32-byte key and a 15-byte personalization fit BLAKE2b");
-    mac.update(password.as_bytes());
-    mac.finalize_fixed().into()
-}
-
-/// BLAKE2b's personalization for [`password_tag`] (at most 16 bytes):
-/// the same key and password give unrelated outputs here and in
-/// [`password_digest`], which has none.
-pub const PASSWORD_TAG_PERSONAL: &[u8] = b"tollgate-pw-tag";
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_password_tag_depends_on_the_password_and_the_key_only() {
-        let key = [7u8; 32];
-        let tag = password_tag(&key, "hunter2");
-        assert_eq!(tag, password_tag(&key, "hunter2"), "deterministic: one password, one tag");
-        assert_ne!(tag, password_tag(&key, "hunter3"));
-        assert_ne!(tag, password_tag(&[8u8; 32], "hunter2"), "keyed");
-        // Not the digest, whatever the account, not even the empty one.
-        for account in ["", "alice"] {
-            assert_ne!(tag, password_digest(&key, account, "hunter2"));
-        }
-        // Not the unpersonalized MAC of the password alone either.
-        use blake2::digest::consts::U16;
-        use blake2::digest::{FixedOutput, KeyInit, Update};
-        let mut plain = blake2::Blake2bMac::<U16>::new_from_slice(&key).unwrap();
-        plain.update(b"hunter2");
-        assert_ne!(tag, <[u8; 16]>::from(plain.finalize_fixed()));
     }
 }

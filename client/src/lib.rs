@@ -20,19 +20,22 @@
 //! ```
 #![forbid(unsafe_code)]
 
+mod answer;
 mod attempt;
 mod burst;
 mod client;
 pub mod codec;
+mod config;
 pub mod gcra;
+mod password;
 pub mod protocol;
 mod unpoisoned;
 
+pub use answer::{Answer, Answered, ClientError, FullStatus};
 pub use attempt::Attempt;
-pub use client::{
-    password_digest, password_tag, Answer, Answered, Client, ClientConfig, ClientError, FullStatus,
-    CALL_TIMEOUT_DEFAULT, PASSWORD_TAG_PERSONAL, POOL_CONNECTIONS_MAX,
-};
+pub use client::{Client, POOL_CONNECTIONS_MAX};
+pub use config::{ClientConfig, CALL_TIMEOUT_DEFAULT};
+pub use password::{password_digest, password_tag, PASSWORD_TAG_PERSONAL};
 
 /// What a client does with an attempt when the daemon cannot answer in time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
