@@ -1,7 +1,8 @@
 //! Configuration in two stages: the TOML file as written (`file.rs`: every
 //! field optional, unknown keys refused by the parser with their line; a
 //! closed set of words typed as a `Word`), then `Config::build` (`validate.rs`) lays it over the
-//! built-in defaults (`defaults.rs`, with every bound) and validates
+//! built-in defaults (`defaults.rs`, with every bound; the built-in routes
+//! in `builtin_routes.rs`) and validates
 //! everything, reporting every invalid key at once. This module holds what
 //! comes out: the built, validated `Config`, and the public API.
 //!
@@ -15,10 +16,12 @@ use crate::classes::SourceClass;
 use crate::keys::Component;
 use crate::source::SourcePolicy;
 
+mod builtin_routes;
 mod defaults;
 mod file;
 mod validate;
 
+pub use builtin_routes::builtin_routes;
 pub use defaults::*;
 pub use file::{
     RawActivity, RawClassLimit, RawConfig, RawCountDetector, RawDecisionLog, RawDetector, RawMetrics, RawResponses,
