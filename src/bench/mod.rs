@@ -6,6 +6,9 @@
 //! their replies before the next batch, like `redis-benchmark -P`, so the
 //! figures compare directly with the Redis peer baseline.
 
+mod echo;
+mod paced;
+
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,10 +18,12 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::UnixStream;
 
 use crate::codec::{self, FRAME_HEADER_BYTES, RESPONSE_PAYLOAD_BYTES_MAX};
-use crate::protocol::{Decision, ErrorCode, Outcome, Reason, Request, Response, Subject, Verdict};
+use crate::protocol::{Outcome, Request, Response, Subject};
+pub use echo::{echo_server, EchoReply};
+use paced::drive_paced;
 
 /// Latencies above this are clamped into the histogram's top bucket.
 const LATENCY_US_MAX: u64 = 60_000_000;
@@ -348,97 +353,6 @@ async fn drive(args: Arc<BenchArgs>, connection: usize, stop: Arc<AtomicBool>) -
     Ok(tally)
 }
 
-/// A paced connection on its own thread (tokio's timer ticks in whole
-/// milliseconds; a thread's sleep is accurate to a few microseconds with
-/// the timer slack lowered). Operations are due at a fixed interval, the
-/// connections' schedules staggered across it. A request sent late because
-/// the previous reply was late is timed from when it was due, so a stall
-/// shows in the percentiles instead of silently lowering the load.
-///
-/// With a floor socket, every due operation also goes, as the same bytes,
-/// to the echo server, the two taking turns at going first.
-fn drive_paced(
-    args: &BenchArgs,
-    connection: usize,
-    interval: Duration,
-    until: Instant,
-) -> std::io::Result<(Tally, Option<Tally>)> {
-    let _ = nix::sys::prctl::set_timerslack(1_000);
-    let mut daemon = PacedPeer::connect(&args.socket, args.raw)?;
-    let mut floor = args.floor_socket.as_deref().map(|path| PacedPeer::connect(path, true)).transpose()?;
-    let mut worker = Worker::new(Arc::new(args.clone()), connection);
-    let mut out = Vec::with_capacity(256 * args.in_flight);
-    let mut id = 1u64;
-    let mut due = Instant::now() + interval.mul_f64(connection as f64 / args.connections as f64);
-    let mut floor_first = false;
-    while due < until && Instant::now() < until {
-        let now = Instant::now();
-        if due > now {
-            std::thread::sleep(due - now);
-        }
-        out.clear();
-        let mut expected = 0;
-        for _ in 0..args.in_flight {
-            expected += worker.encode(&mut id, &mut out);
-        }
-        match floor.as_mut() {
-            None => daemon.exchange(&out, expected, due)?,
-            Some(floor) => {
-                let (first, second) = if floor_first { (floor, &mut daemon) } else { (&mut daemon, floor) };
-                first.exchange(&out, expected, due)?;
-                second.exchange(&out, expected, due)?;
-                floor_first = !floor_first;
-            }
-        }
-        due += interval;
-    }
-    Ok((daemon.tally, floor.map(|f| f.tally)))
-}
-
-/// One paced connection's socket, its replies' tally, and when its last
-/// reply came.
-struct PacedPeer {
-    stream: std::os::unix::net::UnixStream,
-    raw: bool,
-    tally: Tally,
-    inbuf: Vec<u8>,
-    replied: Instant,
-}
-
-impl PacedPeer {
-    fn connect(path: &std::path::Path, raw: bool) -> std::io::Result<PacedPeer> {
-        let stream = std::os::unix::net::UnixStream::connect(path)?;
-        Ok(PacedPeer { stream, raw, tally: Tally::new(), inbuf: vec![0u8; 64 * 1024], replied: Instant::now() })
-    }
-
-    /// Sends `frames` and reads `expected` replies, timed from `due` when
-    /// this peer's previous reply came after it, else from the send.
-    fn exchange(&mut self, frames: &[u8], expected: usize, due: Instant) -> std::io::Result<()> {
-        use std::io::{Read, Write};
-        let sent = Instant::now();
-        let start = if self.replied > due { due } else { sent };
-        self.stream.write_all(frames)?;
-        let (mut filled, mut received) = (0usize, 0usize);
-        while received < expected {
-            if filled == self.inbuf.len() {
-                self.inbuf.resize(self.inbuf.len() * 2, 0);
-            }
-            let n = self.stream.read(&mut self.inbuf[filled..])?;
-            if n == 0 {
-                return Err(std::io::ErrorKind::UnexpectedEof.into());
-            }
-            filled += n;
-            let (used, replies) =
-                self.tally.take_replies(&self.inbuf[..filled], self.raw, start.elapsed().as_micros() as u64);
-            received += replies;
-            self.inbuf.copy_within(used..filled, 0);
-            filled -= used;
-        }
-        self.replied = Instant::now();
-        Ok(())
-    }
-}
-
 /// Sends one check for every key (each connection its share), unmeasured.
 async fn prefill(args: Arc<BenchArgs>, connection: usize) -> Result<(), std::io::Error> {
     const BATCH: u64 = 64;
@@ -542,69 +456,4 @@ pub async fn run(args: BenchArgs) -> Result<BenchReport, std::io::Error> {
         floor_p999_us: floor.all.value_at_quantile(0.999),
         floor_max_us: floor.all.max(),
     })
-}
-
-/// What the echo server answers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EchoReply {
-    /// Each frame's own bytes: the transport floor.
-    Echo,
-    /// Each request decoded and answered with one fixed `allow` verdict (or
-    /// its decode error): the transport and codec without the limiter.
-    FixedVerdict,
-}
-
-/// The floors: a server that reads length-prefixed frames and answers each
-/// with the daemon's read/batch/write loop and nothing else (`Echo`), or
-/// with the daemon's codec as well (`FixedVerdict`). `tollgate bench --raw`
-/// against the first measures the socket alone; `tollgate bench` against
-/// the second, the socket and codec; the daemon's figure over these says
-/// what the limiter's own work costs.
-pub async fn echo_server(listener: UnixListener, reply: EchoReply) -> std::io::Result<()> {
-    loop {
-        let (mut stream, _) = listener.accept().await?;
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; 64 * 1024];
-            let mut out = Vec::with_capacity(4096);
-            let mut filled = 0;
-            let allow = Response::Verdict(Verdict {
-                decision: Decision::Allow,
-                retry_after_ms: 0,
-                delay_ms: 0,
-                limit: 10,
-                remaining: 9,
-                reset_ms: 100,
-                reason: Reason::Allowed,
-                rule: "source_rate".into(),
-            });
-            loop {
-                let n = match stream.read(&mut buf[filled..]).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => n,
-                };
-                filled += n;
-                let mut at = 0;
-                while let Ok(Some(end)) = codec::frame_len(&buf[at..filled], codec::REQUEST_PAYLOAD_BYTES_MAX) {
-                    if reply == EchoReply::FixedVerdict {
-                        match codec::decode_request(&buf[at + FRAME_HEADER_BYTES..at + end]) {
-                            Ok((id, _)) => codec::encode_response(id, &allow, &mut out),
-                            Err(e) => codec::encode_response(
-                                e.id.unwrap_or(0),
-                                &Response::error(ErrorCode::Malformed, e.error.to_string()),
-                                &mut out,
-                            ),
-                        }
-                    }
-                    at += end;
-                }
-                let answer = if reply == EchoReply::Echo { &buf[..at] } else { &out[..] };
-                if !answer.is_empty() && stream.write_all(answer).await.is_err() {
-                    return;
-                }
-                out.clear();
-                buf.copy_within(at..filled, 0);
-                filled -= at;
-            }
-        });
-    }
 }
