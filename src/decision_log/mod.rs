@@ -4,7 +4,7 @@
 //! compact record (`record.rs`: digests and addresses, never a name) that
 //! the request thread hands to a bounded queue; one thread writes them to
 //! size-rotated, age- and count-bounded files (`writer.rs`). `tollgate
-//! replay` (`sim/replay.rs`, beside the simulator) runs those records through a limiter built from a
+//! replay` (`sim/replay/`, beside the simulator) runs those records through a limiter built from a
 //! candidate configuration, on the log's own clock, and counts per rule
 //! what the candidate would have refused.
 //!
