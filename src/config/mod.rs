@@ -1,8 +1,7 @@
 //! Configuration in two stages: the TOML file as written (`file.rs`: every
 //! field optional, unknown keys refused by the parser with their line; a
 //! closed set of words typed as a `Word`), then `Config::build` (`validate.rs`) lays it over the
-//! built-in defaults (`defaults.rs`, with every bound; the built-in routes
-//! in `builtin_routes.rs`) and validates
+//! built-in defaults (`defaults.rs`, with every bound) and validates
 //! everything, reporting every invalid key at once. This module holds what
 //! comes out: the built, validated `Config`, and the public API.
 //!
