@@ -7,8 +7,6 @@
 
 mod common;
 
-use std::process::Command;
-
 use common::*;
 use tollgate::codec;
 use tollgate::protocol::{Decision, ErrorCode, Reason, Request, Response, Subject};
@@ -204,34 +202,18 @@ fn older_clients_read_a_ban_as_too_many_failures_and_cannot_send_one() {
 
 #[test]
 fn only_an_admin_may_ban_or_lift_a_ban() {
-    if !nix::unistd::geteuid().is_root() || Command::new("setpriv").arg("--help").output().is_err() {
-        eprintln!("skipped: needs root and setpriv to switch to an unprivileged uid");
-        return;
-    }
-    let mut daemon = TestDaemon::prepare(Some("[server]\nsocket_mode = 0o666\n"), true);
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(daemon.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    daemon.spawn();
+    let Some(daemon) = TestDaemon::open_to_everyone() else { return };
     assert!(daemon.cli(&["ban", "--ip", "203.0.113.0/24", "--for", "1h"]).status.success(), "root may");
     for (args, operation) in [
         (&["ban", "--ip", "198.51.100.0/24", "--for", "1h"][..], "may not ban"),
         (&["unlock", "--ip", "203.0.113.0/24"][..], "may not unban"),
     ] {
-        let out = Command::new("setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN])
-            .args(args)
-            .env("TOLLGATE_SOCKET", &daemon.socket)
-            .output()
-            .unwrap();
+        let out = daemon.cli_as_nobody(args);
         assert_eq!(out.status.code(), Some(1));
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains("permission denied") && stderr.contains(operation), "{stderr}");
     }
-    let listed = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN, "lockouts", "--json"])
-        .env("TOLLGATE_SOCKET", &daemon.socket)
-        .output()
-        .unwrap();
+    let listed = daemon.cli_as_nobody(&["lockouts", "--json"]);
     let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
     assert_eq!(listed["total"], 0, "bans are an admin's to list: {listed}");
     assert_eq!(check(&daemon, &banned_subject()).reason, Reason::Banned, "the ban stands");

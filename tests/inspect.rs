@@ -5,8 +5,6 @@
 
 mod common;
 
-use std::process::Command;
-
 use common::*;
 use tollgate::codec::{self, FRAME_HEADER_BYTES};
 use tollgate::protocol::{ErrorCode, InspectedRule, Inspection, Outcome, Request, Response, Subject};
@@ -144,20 +142,8 @@ fn a_version_5_frame_of_inspect_is_malformed_naming_version_6() {
 
 #[test]
 fn only_an_admin_may_inspect() {
-    if !nix::unistd::geteuid().is_root() || Command::new("setpriv").arg("--help").output().is_err() {
-        eprintln!("skipped: needs root and setpriv to switch to an unprivileged uid");
-        return;
-    }
-    let mut daemon = TestDaemon::prepare(Some("[server]\nsocket_mode = 0o666\n"), true);
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(daemon.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    daemon.spawn();
-    let out = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN])
-        .args(["inspect", "--account", "alice", "--ip", "198.51.100.7"])
-        .env("TOLLGATE_SOCKET", &daemon.socket)
-        .output()
-        .unwrap();
+    let Some(daemon) = TestDaemon::open_to_everyone() else { return };
+    let out = daemon.cli_as_nobody(&["inspect", "--account", "alice", "--ip", "198.51.100.7"]);
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("permission denied") && stderr.contains("may not inspect"), "{stderr}");

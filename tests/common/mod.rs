@@ -214,6 +214,31 @@ impl TestDaemon {
         serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
     }
 
+    /// A daemon whose socket anyone may connect to, for a test that asks
+    /// as an unprivileged uid (`cli_as_nobody`); None, with a line saying
+    /// why the test is skipped, without root or setpriv.
+    pub fn open_to_everyone() -> Option<TestDaemon> {
+        if !nix::unistd::geteuid().is_root() || Command::new("setpriv").arg("--help").output().is_err() {
+            eprintln!("skipped: needs root and setpriv to switch to an unprivileged uid");
+            return None;
+        }
+        let mut daemon = TestDaemon::prepare(Some("[server]\nsocket_mode = 0o666\n"), true);
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(daemon.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        daemon.spawn();
+        Some(daemon)
+    }
+
+    /// Runs the CLI against this daemon as uid and gid 65534 (nobody).
+    pub fn cli_as_nobody(&self, args: &[&str]) -> Output {
+        Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN])
+            .args(args)
+            .env("TOLLGATE_SOCKET", &self.socket)
+            .output()
+            .expect("run tollgate as nobody")
+    }
+
     pub fn advance(&self, by: &str) {
         let out = self.cli(&["clock", "advance", by]);
         assert!(out.status.success(), "clock advance: {}", String::from_utf8_lossy(&out.stderr));
