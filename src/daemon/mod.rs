@@ -344,8 +344,10 @@ impl Daemon {
             // `serve_connection` answers these three itself (`Daemon::listing_reply`:
             // off the runtime threads, within the reply budget); this is the
             // same answer.
+            // Without the request's version, no bans: they are listed only
+            // to an admin asking in version 7 (`serve_connection` knows).
             Request::Lockouts { limit } => {
-                (lockouts_reply(limiter, lockouts_listed(limit), peer.permissions.admin, now), Vec::new(), false)
+                (lockouts_reply(limiter, lockouts_listed(limit), false, now), Vec::new(), false)
             }
             Request::Activity { limit } => {
                 (Response::Activity(Box::new(self.activity(limiter, limit, now))), Vec::new(), false)
@@ -507,7 +509,8 @@ impl Daemon {
                 // Audit lines for admin actions are never capped. The account
                 // as `top` and the lockouts' keys show it: its keyed tag.
                 let account = crate::activity::account_text(limiter.account_tag(account));
-                tracing::info!(target: LOG_TARGET, route, %account, ?source, cleared, uid = peer.uid,
+                let source = source.map(|s| s.to_string());
+                tracing::info!(target: LOG_TARGET, route, %account, source, cleared, uid = peer.uid,
                     store_error = in_store.as_ref().err(), "unlock");
                 match in_store {
                     Ok(_) => (Response::Unlocked { cleared }, writes, false),
@@ -651,8 +654,10 @@ impl Daemon {
     }
 }
 
-/// Who sent a reload's SIGHUP, as the kernel says (`kill`'s caller: the
-/// unit's `ExecReload=`, or an admin's shell).
+/// Who sent a reload's SIGHUP, as the kernel reports it (`kill`'s caller:
+/// the unit's `ExecReload=`, or an admin's shell). A sender using
+/// `sigqueue` fills these in itself, so they are a claim by a process
+/// already allowed to signal the daemon (root or the service user).
 #[derive(Clone, Copy, Debug)]
 pub struct Sender {
     pub pid: i32,

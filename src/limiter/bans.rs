@@ -123,6 +123,14 @@ impl Limiter {
                 self.journal.remove_ban(ban.network, false);
                 continue;
             }
+            // Made while the clock was far ahead: in force at most as long
+            // as a ban made now could be (the row keeps its own end; the
+            // next ban or rewrite writes the shorter one).
+            let longest = now_us.saturating_add(bans::BAN_FOR_MS_MAX * 1000);
+            if ban.until_us > longest {
+                tracing::warn!(target: "tollgate::store", network = %ban.network, "a ban ending more than a year from now; shortened to a year");
+            }
+            let ban = Ban { until_us: ban.until_us.min(longest), ..ban };
             // Restored rows are in the file already: nothing to write.
             if self.bans.insert(ban, now_us, &Journal::discard()).is_ok() {
                 restored += 1;
@@ -203,6 +211,10 @@ mod tests {
         let now = 10 * HOUR_US;
         let rows = vec![
             row("203.0.113.0/24", now + HOUR_US, "kept"),
+            Ban {
+                since_us: now + 3000 * 24 * HOUR_US,
+                ..row("198.51.100.128/25", now + 3001 * 24 * HOUR_US, "far ahead")
+            },
             row("198.51.100.0/24", now, "ended"),
             row("0.0.0.0/0", now + HOUR_US, "the Internet"),
             row("192.0.2.7/24", now + HOUR_US, "host bits"),
@@ -213,9 +225,12 @@ mod tests {
             Ban { since_us: now + 300 * 24 * HOUR_US, ..row("192.0.2.64/26", now + 301 * 24 * HOUR_US, "clock ahead") },
             row("192.0.2.128/25", now + HOUR_US, "a\ncontrol character"),
         ];
-        assert_eq!(limiter.restore_bans(rows, now), 2);
-        let kept: Vec<String> = limiter.bans.in_force(now).into_iter().map(|b| b.reason).collect();
-        assert_eq!(kept, ["clock ahead", "kept"]);
+        assert_eq!(limiter.restore_bans(rows, now), 3);
+        let kept: Vec<(String, u64)> =
+            limiter.bans.in_force(now).into_iter().map(|b| (b.reason, b.until_us - now)).collect();
+        let year = bans::BAN_FOR_MS_MAX * 1000;
+        let kept: Vec<(&str, u64)> = kept.iter().map(|(r, left)| (r.as_str(), *left)).collect();
+        assert_eq!(kept, [("far ahead", year), ("clock ahead", 301 * 24 * HOUR_US), ("kept", HOUR_US)]);
         assert_eq!(limiter.check("t", &from("1.2.3.4"), now).unwrap().decision, Decision::Allow);
     }
 }
