@@ -1,7 +1,7 @@
 //! The client against fake daemons: ones that speak up to version 1 (as a
 //! daemon from before version 2 does), up to 2 (before version 3), up to 3
 //! (before version 4), up to 4 (before version 5), up to 5 (before
-//! version 6), and 6.
+//! version 6), up to 6 (before version 7), and 7.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -29,6 +29,7 @@ struct Seen {
     v4: AtomicUsize,
     v5: AtomicUsize,
     v6: AtomicUsize,
+    v7: AtomicUsize,
     /// `Abandon` requests answered.
     abandons: AtomicUsize,
     /// `Report` requests answered.
@@ -88,7 +89,8 @@ fn reply(newest: u8, payload: &[u8], seen: &Seen) -> Vec<u8> {
         3 => seen.v3.fetch_add(1, Ordering::SeqCst),
         4 => seen.v4.fetch_add(1, Ordering::SeqCst),
         5 => seen.v5.fetch_add(1, Ordering::SeqCst),
-        _ => seen.v6.fetch_add(1, Ordering::SeqCst),
+        6 => seen.v6.fetch_add(1, Ordering::SeqCst),
+        _ => seen.v7.fetch_add(1, Ordering::SeqCst),
     };
     if version > newest {
         let refusal = Response::error(
@@ -115,6 +117,7 @@ fn reply(newest: u8, payload: &[u8], seen: &Seen) -> Vec<u8> {
         Request::Inspect { route, .. } => {
             Response::Inspection(Box::new(Inspection { route: route.into(), ..Inspection::default() }))
         }
+        Request::Ban { for_ms, .. } => Response::Banned { until_ms: for_ms, replaced: false },
         Request::Abandon { .. } => {
             seen.abandons.fetch_add(1, Ordering::SeqCst);
             Response::Verdict(allow())
@@ -193,11 +196,10 @@ fn alice() -> Subject<'static> {
     Subject { peer: Some("198.51.100.7".parse().unwrap()), account: Some("alice"), ..Subject::default() }
 }
 
-/// Frames seen in versions 1, 2, 3, 4, 5 and 6.
-fn counts(fake: &Fake) -> (usize, usize, usize, usize, usize, usize) {
+/// Frames seen in versions 1 to 7.
+fn counts(fake: &Fake) -> [usize; 7] {
     let seen = &fake.seen;
-    let load = |n: &AtomicUsize| n.load(Ordering::SeqCst);
-    (load(&seen.v1), load(&seen.v2), load(&seen.v3), load(&seen.v4), load(&seen.v5), load(&seen.v6))
+    [&seen.v1, &seen.v2, &seen.v3, &seen.v4, &seen.v5, &seen.v6, &seen.v7].map(|n| n.load(Ordering::SeqCst))
 }
 
 fn tags(fake: &Fake) -> Vec<Option<[u8; 16]>> {
@@ -211,14 +213,14 @@ async fn an_old_daemon_is_asked_again_in_versions_5_4_3_and_2_then_1_once_per_co
     let answered = client.check_tagged("login", &alice(), Some(password_tag(&[1; 32], "hunter2"))).await;
     assert!(matches!(&answered.answer, Answer::Verdict(v) if *v == allow()), "{answered:?}");
     assert!(!answered.degraded, "a version-1 reply has no flag");
-    assert_eq!(counts(&fake), (1, 1, 1, 1, 1, 1), "refused in versions 6, 5, 4, 3 and 2, then version 1");
+    assert_eq!(counts(&fake), [1, 1, 1, 1, 1, 1, 1], "refused in versions 7, 6, 5, 4, 3 and 2, then version 1");
     assert_eq!(tags(&fake), [None], "version 1 has no room for the tag");
     // The pooled connection remembers: no second refusal.
     let report = client.report("login", &alice(), Outcome::Failure).await;
     assert!(matches!(report, Answer::Verdict(_)), "{report:?}");
     let (status, shared) = client.status_with_shared().await.unwrap();
     assert_eq!((status, shared), (self::status(), None));
-    assert_eq!(counts(&fake), (3, 1, 1, 1, 1, 1));
+    assert_eq!(counts(&fake), [3, 1, 1, 1, 1, 1, 1]);
 }
 
 #[tokio::test]
@@ -228,10 +230,10 @@ async fn a_version_2_daemon_is_asked_again_in_versions_5_4_3_and_2_and_never_see
     let tag = Some(password_tag(&[1; 32], "hunter2"));
     let answered = client.report_tagged("login", &alice(), Outcome::Failure, None, tag).await;
     assert!(answered.degraded && answered.answer.proceeds(), "{answered:?}");
-    assert_eq!(counts(&fake), (0, 1, 1, 1, 1, 1), "refused in versions 6, 5, 4 and 3, then version 2");
+    assert_eq!(counts(&fake), [0, 1, 1, 1, 1, 1, 1], "refused in versions 7, 6, 5, 4 and 3, then version 2");
     let full = client.status_full().await.unwrap();
     assert_eq!(full, FullStatus { status: status(), shared: Some(shared()), signals: None });
-    assert_eq!(counts(&fake), (0, 2, 1, 1, 1, 1));
+    assert_eq!(counts(&fake), [0, 2, 1, 1, 1, 1, 1]);
     assert_eq!(tags(&fake), [None]);
 }
 
@@ -240,7 +242,7 @@ async fn version_1_can_be_forced() {
     let fake = fake(1);
     let client = Client::new(client(&fake).protocol_version(1));
     assert!(client.check("login", &alice()).await.proceeds());
-    assert_eq!(counts(&fake), (1, 0, 0, 0, 0, 0));
+    assert_eq!(counts(&fake), [1, 0, 0, 0, 0, 0, 0]);
 }
 
 #[tokio::test]
@@ -253,7 +255,7 @@ async fn a_version_2_daemon_shows_the_flag_and_the_shared_status() {
     assert!(answered.degraded, "{answered:?}");
     assert_eq!(client.status_with_shared().await.unwrap(), (status(), Some(shared())));
     assert_eq!(client.status().await.unwrap(), status());
-    assert_eq!(counts(&fake), (0, 4, 0, 0, 0, 0));
+    assert_eq!(counts(&fake), [0, 4, 0, 0, 0, 0, 0]);
 }
 
 #[tokio::test]
@@ -269,9 +271,9 @@ async fn a_version_3_daemon_gets_the_tag_and_shows_the_signals() {
     assert_eq!(tags(&fake), [Some(tag), Some(tag), None]);
     let full = client.status_full().await.unwrap();
     assert_eq!(full, FullStatus { status: status(), shared: Some(shared()), signals: Some(signals()) });
-    // One version-6, one version-5 and one version-4 frame refused, then
+    // One version-7, 6, 5 and 4 frame refused, then
     // version 3 on the pooled connection.
-    assert_eq!(counts(&fake), (0, 0, 4, 1, 1, 1));
+    assert_eq!(counts(&fake), [0, 0, 4, 1, 1, 1, 1]);
 }
 
 /// The guard's report carries the check's tag unless given another: a
@@ -302,13 +304,13 @@ async fn activity_and_samples_need_a_version_4_daemon() {
     let e = asking_old.samples(10).await.unwrap_err().to_string();
     assert!(e.contains("this needs version 4"), "{e}");
     assert!(asking_old.check("login", &alice()).await.proceeds());
-    assert_eq!(counts(&old), (0, 0, 3, 1, 1, 1), "one refused version-6, 5 and 4 frame, then version 3");
+    assert_eq!(counts(&old), [0, 0, 3, 1, 1, 1, 1], "one refused version-7, 6, 5 and 4 frame, then version 3");
 
     let new = fake(4);
     let asking_new = Client::new(client(&new));
     assert_eq!(asking_new.activity(10).await.unwrap(), Activity { now_ms: 9, ..Activity::default() });
     assert_eq!(asking_new.samples(10).await.unwrap(), (vec![], 3, 7));
-    assert_eq!(counts(&new), (0, 0, 0, 2, 1, 1), "one refused version-6 and 5 frame, then version 4");
+    assert_eq!(counts(&new), [0, 0, 0, 2, 1, 1, 1], "one refused version-7, 6 and 5 frame, then version 4");
 }
 
 /// A version-5 daemon has no `Inspect`: after stepping down, the client
@@ -318,12 +320,12 @@ async fn inspect_needs_a_version_6_daemon() {
     let old = fake(5);
     let e = Client::new(client(&old)).inspect("login", &alice()).await.unwrap_err().to_string();
     assert!(e.contains("the daemon speaks protocol version 5; this needs version 6"), "{e}");
-    assert_eq!(counts(&old), (0, 0, 0, 0, 1, 1), "one refused version-6 frame, then version 5");
+    assert_eq!(counts(&old), [0, 0, 0, 0, 1, 1, 1], "one refused version-7 and 6 frame, then version 5");
 
     let new = fake(6);
     let inspection = Client::new(client(&new)).inspect("login", &alice()).await.unwrap();
     assert_eq!(inspection, Inspection { route: "login".into(), ..Inspection::default() });
-    assert_eq!(counts(&new), (0, 0, 0, 0, 0, 1));
+    assert_eq!(counts(&new), [0, 0, 0, 0, 0, 1, 1]);
 }
 
 /// A monitored spray signal reaches an older client as the nearest reason
@@ -341,9 +343,9 @@ async fn a_version_2_client_reads_a_new_reason_as_the_nearest_old_one() {
 }
 
 #[test]
-#[should_panic(expected = "protocol version 7 is not one this client speaks")]
+#[should_panic(expected = "protocol version 8 is not one this client speaks")]
 fn an_unknown_version_cannot_be_configured() {
-    let _ = ClientConfig::new("/nowhere").protocol_version(7);
+    let _ = ClientConfig::new("/nowhere").protocol_version(8);
 }
 
 fn abandons(fake: &Fake) -> usize {
@@ -479,4 +481,20 @@ fn a_runtime_shutting_down_mid_check_answers_by_the_fail_policy() {
     std::thread::sleep(Duration::from_millis(30));
     rt.shutdown_background();
     assert_eq!(asking.join().expect("no panic"), (true, true));
+}
+
+/// A version-6 daemon has no `Ban`: after stepping down, the client says
+/// it needs version 7; a version-7 daemon answers it.
+#[tokio::test]
+async fn ban_needs_a_version_7_daemon() {
+    let network = "203.0.113.0".parse().unwrap();
+    let old = fake(6);
+    let e = Client::new(client(&old)).ban(network, 24, Duration::from_secs(60), "").await.unwrap_err().to_string();
+    assert!(e.contains("the daemon speaks protocol version 6; this needs version 7"), "{e}");
+    assert_eq!(counts(&old), [0, 0, 0, 0, 0, 1, 1], "one refused version-7 frame, then version 6");
+
+    let new = fake(7);
+    let banned = Client::new(client(&new)).ban(network, 24, Duration::from_secs(60), "").await.unwrap();
+    assert_eq!(banned, (60_000, false));
+    assert_eq!(counts(&new), [0, 0, 0, 0, 0, 0, 1]);
 }
