@@ -16,14 +16,22 @@
 //! (`Err`) are different results, and a length over the maximum is refused
 //! from the 4-byte header, before anything is allocated.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-
 use bincode::config::{self, Configuration, Fixint, LittleEndian, NoLimit};
 
 use crate::protocol::{
-    Request, Response, SharedStatus, SignalsStatus, Subject, Verdict, ABANDON_VERSION, ACTIVITY_VERSION, BAN_VERSION,
-    INSPECT_VERSION, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN, SIGNALS_VERSION,
+    Request, Response, SharedStatus, SignalsStatus, ABANDON_VERSION, ACTIVITY_VERSION, BAN_VERSION, INSPECT_VERSION,
+    PROTOCOL_VERSION, PROTOCOL_VERSION_MIN, SIGNALS_VERSION,
 };
+
+mod bad_request;
+mod check;
+mod fuzz;
+mod verdict;
+
+use bad_request::describe_bad_request;
+use check::decode_check;
+pub use fuzz::fuzz_request_frames;
+use verdict::encode_verdict;
 
 /// Bytes of the length prefix.
 pub const FRAME_HEADER_BYTES: usize = 4;
@@ -179,7 +187,7 @@ fn carries_password_tag(version: u8, request: &Request<'_>) -> bool {
     version >= SIGNALS_VERSION && matches!(request, Request::Check { .. } | Request::Report { .. })
 }
 
-fn decode_request_general(
+pub(super) fn decode_request_general(
     version: u8,
     id: u64,
     body: &[u8],
@@ -220,234 +228,6 @@ fn decode_request_general(
         return Err(failure(Some(id), PayloadError::TrailingBytes(body.len() - used)));
     }
     Ok((id, request, extras))
-}
-
-/// A well-formed `Check` body, read field by field; `None` for any other
-/// request and for anything a `Check` should not hold (bincode then decodes
-/// it and phrases the error). Checks are nearly every frame the daemon reads,
-/// and bincode's decoder spent 420 instructions on one, a sixth of a check's
-/// whole cost. Whatever this returns, bincode returns too: a property test
-/// and the `frame_decode` fuzz target (`fuzz_request_frames`) hold it to that.
-/// In version 3 the subject is followed by the password tag.
-fn decode_check(version: u8, body: &[u8]) -> Option<(Request<'_>, RequestExtras)> {
-    let mut body = Reader(body);
-    if body.u32()? != 0 {
-        return None;
-    }
-    let route = body.str()?;
-    let peer = match body.u8()? {
-        0 => None,
-        1 => Some(match body.u32()? {
-            0 => IpAddr::V4(Ipv4Addr::from(body.array::<4>()?)),
-            1 => IpAddr::V6(Ipv6Addr::from(body.array::<16>()?)),
-            _ => return None,
-        }),
-        _ => return None,
-    };
-    let subject = Subject {
-        peer,
-        forwarded_for: body.optional_str()?,
-        account: body.optional_str()?,
-        device: body.optional_str()?,
-        tenant: body.optional_str()?,
-        client_id: body.optional_str()?,
-    };
-    let mut extras = RequestExtras::default();
-    if version >= SIGNALS_VERSION {
-        extras.password_tag = match body.u8()? {
-            0 => None,
-            1 => Some(body.array::<16>()?),
-            _ => return None,
-        };
-    }
-    body.0.is_empty().then_some((Request::Check { route, subject }, extras))
-}
-
-/// The unread rest of a message, in `WIRE`'s encoding; every read is `None`
-/// when the bytes run out or do not fit.
-struct Reader<'b>(&'b [u8]);
-
-impl<'b> Reader<'b> {
-    fn array<const N: usize>(&mut self) -> Option<[u8; N]> {
-        let (head, rest) = self.0.split_first_chunk::<N>()?;
-        self.0 = rest;
-        Some(*head)
-    }
-
-    fn u8(&mut self) -> Option<u8> {
-        self.array::<1>().map(|[b]| b)
-    }
-
-    fn u32(&mut self) -> Option<u32> {
-        self.array().map(u32::from_le_bytes)
-    }
-
-    fn str(&mut self) -> Option<&'b str> {
-        let len = usize::try_from(u64::from_le_bytes(self.array()?)).ok()?;
-        if len > self.0.len() {
-            return None;
-        }
-        let (head, rest) = self.0.split_at(len);
-        self.0 = rest;
-        std::str::from_utf8(head).ok()
-    }
-
-    /// An `Option<&str>`: `Some(None)` is a decoded absent field.
-    fn optional_str(&mut self) -> Option<Option<&'b str>> {
-        match self.u8()? {
-            0 => Some(None),
-            1 => self.str().map(Some),
-            _ => None,
-        }
-    }
-}
-
-/// Why a request body bincode refused does not decode, by field, in the
-/// order bincode reads it: `Err` with the first problem. Only a refused body
-/// is walked, so this costs the fast path nothing; the request layouts are
-/// PROTOCOL.md's section 5. `Ok` means the walk found nothing wrong (the
-/// caller then falls back to `plain_decode_error`). The trailing bytes are
-/// not the walker's: `decode_request_general` counts them.
-fn describe_bad_request(version: u8, body: &[u8]) -> Result<(), String> {
-    let mut body = Walker(body);
-    let tagged = version >= SIGNALS_VERSION;
-    match body.u32("the request tag")? {
-        0 => {
-            body.str("route")?;
-            body.subject()?;
-            if tagged {
-                body.password_tag()?;
-            }
-            Ok(())
-        }
-        1 => {
-            body.str("route")?;
-            body.subject()?;
-            match body.u32("field `outcome`")? {
-                0 | 1 => {}
-                other => return Err(format!("outcome {other} is not 0 (success) or 1 (failure)")),
-            }
-            if body.option_tag("password_digest")? {
-                body.take(16, "field `password_digest`")?;
-            }
-            if tagged {
-                body.password_tag()?;
-            }
-            Ok(())
-        }
-        2 => Ok(()),
-        3 => body.take(4, "field `limit`").map(drop),
-        4 => {
-            body.str("route")?;
-            body.str("account")?;
-            body.optional_ip("source")
-        }
-        5 => body.take(8, "field `by_ms`").map(drop),
-        6 | 7 if version >= ACTIVITY_VERSION => body.take(4, "field `limit`").map(drop),
-        8 if version >= ABANDON_VERSION => {
-            body.str("route")?;
-            body.subject()
-        }
-        9 if version >= INSPECT_VERSION => {
-            body.str("route")?;
-            body.subject()
-        }
-        10 if version >= BAN_VERSION => {
-            body.ip("network")?;
-            body.take(1, "field `prefix_len`")?;
-            body.take(8, "field `for_ms`")?;
-            body.str("reason")
-        }
-        11 if version >= BAN_VERSION => {
-            body.ip("network")?;
-            body.take(1, "field `prefix_len`").map(drop)
-        }
-        other => {
-            let last = match version {
-                v if v >= BAN_VERSION => 11,
-                v if v >= INSPECT_VERSION => 9,
-                v if v >= ABANDON_VERSION => 8,
-                v if v >= ACTIVITY_VERSION => 7,
-                _ => 5,
-            };
-            Err(format!("unknown request tag {other} (the known tags are 0 to {last})"))
-        }
-    }
-}
-
-/// A request body read for `describe_bad_request`: each read names the
-/// field it is in when the bytes do not fit.
-struct Walker<'b>(&'b [u8]);
-
-impl<'b> Walker<'b> {
-    fn take(&mut self, n: usize, what: &str) -> Result<&'b [u8], String> {
-        if self.0.len() < n {
-            return Err(format!("message ends inside {what}: {n} bytes needed, {} left", self.0.len()));
-        }
-        let (head, rest) = self.0.split_at(n);
-        self.0 = rest;
-        Ok(head)
-    }
-
-    fn u32(&mut self, what: &str) -> Result<u32, String> {
-        Ok(u32::from_le_bytes(self.take(4, what)?.try_into().expect("4 bytes")))
-    }
-
-    fn str(&mut self, field: &str) -> Result<(), String> {
-        let len = u64::from_le_bytes(self.take(8, &format!("the length of field `{field}`"))?.try_into().expect("8"));
-        let left = self.0.len();
-        let bytes = match usize::try_from(len) {
-            Ok(len) if len <= left => self.take(len, field)?,
-            _ => return Err(format!("field `{field}` claims {len} bytes, but only {left} are left")),
-        };
-        std::str::from_utf8(bytes)
-            .map(drop)
-            .map_err(|e| format!("string not UTF-8 in field `{field}` (at byte {} of it)", e.valid_up_to()))
-    }
-
-    /// An `Option`'s tag: whether a value follows.
-    fn option_tag(&mut self, field: &str) -> Result<bool, String> {
-        match self.take(1, &format!("the option tag of field `{field}`"))?[0] {
-            0 => Ok(false),
-            1 => Ok(true),
-            other => Err(format!("option tag {other} in field `{field}` is not 0 (none) or 1 (some)")),
-        }
-    }
-
-    fn optional_ip(&mut self, field: &str) -> Result<(), String> {
-        if !self.option_tag(field)? {
-            return Ok(());
-        }
-        self.ip(field)
-    }
-
-    fn ip(&mut self, field: &str) -> Result<(), String> {
-        let octets = match self.u32(&format!("the address family of field `{field}`"))? {
-            0 => 4,
-            1 => 16,
-            other => return Err(format!("address family {other} in field `{field}` is not 0 (IPv4) or 1 (IPv6)")),
-        };
-        self.take(octets, &format!("field `{field}`")).map(drop)
-    }
-
-    /// Version 3's trailing `Option<[u8; 16]>` of a check or report.
-    fn password_tag(&mut self) -> Result<(), String> {
-        if self.option_tag("password_tag")? {
-            self.take(16, "field `password_tag`")?;
-        }
-        Ok(())
-    }
-
-    fn subject(&mut self) -> Result<(), String> {
-        self.optional_ip("subject.peer")?;
-        for field in ["forwarded_for", "account", "device", "tenant", "client_id"] {
-            let field = format!("subject.{field}");
-            if self.option_tag(&field)? {
-                self.str(&field)?;
-            }
-        }
-        Ok(())
-    }
 }
 
 /// bincode's error in words: its own `Display` is its `Debug` text.
@@ -644,86 +424,12 @@ pub fn encode_response_versioned(
     }
 }
 
-/// A `Verdict` reply's frame, written field by field. Every check and report
-/// gets one, and bincode's writer checked capacity and length at each of
-/// its nine fields: 235 instructions a reply against 77 here. The bytes are
-/// bincode's own, which a property test holds this to for every verdict.
-/// `flags` is version 2's trailing byte (`None` in version 1); the reason is
-/// written as `version` can read it.
-fn encode_verdict(version: u8, id: u64, verdict: &Verdict<'_>, flags: Option<u8>, out: &mut Vec<u8>) {
-    // Length prefix, version, id, then the Response variant (0 = Verdict),
-    // decision, retry_after_ms, delay_ms, limit, remaining, reset_ms,
-    // reason and the rule's length: fixed offsets, so one stack array and
-    // one copy (a copy per field called memcpy for each).
-    const FIXED_BYTES: usize = FRAME_HEADER_BYTES + ENVELOPE_BYTES + 4 + 4 + 8 + 8 + 4 + 4 + 8 + 4 + 8;
-    let rule = verdict.rule.as_bytes();
-    let flags = flags.as_slice();
-    let payload = FIXED_BYTES - FRAME_HEADER_BYTES + rule.len() + flags.len();
-    let mut fixed = [0u8; FIXED_BYTES];
-    let mut at = 0;
-    let mut put = |bytes: &[u8]| {
-        fixed[at..at + bytes.len()].copy_from_slice(bytes);
-        at += bytes.len();
-    };
-    put(&(payload as u32).to_le_bytes());
-    put(&[version]);
-    put(&id.to_le_bytes());
-    put(&0u32.to_le_bytes());
-    put(&(verdict.decision as u32).to_le_bytes());
-    put(&verdict.retry_after_ms.to_le_bytes());
-    put(&verdict.delay_ms.to_le_bytes());
-    put(&verdict.limit.to_le_bytes());
-    put(&verdict.remaining.to_le_bytes());
-    put(&verdict.reset_ms.to_le_bytes());
-    put(&(verdict.reason.for_version(version) as u32).to_le_bytes());
-    put(&(rule.len() as u64).to_le_bytes());
-    out.reserve(FIXED_BYTES + rule.len() + flags.len());
-    out.extend_from_slice(&fixed);
-    out.extend_from_slice(rule);
-    out.extend_from_slice(flags);
-}
-
-/// The fuzz target's body, shared with the corpus-replay test: decode every
-/// frame in `data` as the server would, re-encode what decodes, and check it
-/// round-trips. Must never panic.
-pub fn fuzz_request_frames(data: &[u8]) {
-    let mut rest = data;
-    while let Ok(Some(end)) = frame_len(rest, REQUEST_PAYLOAD_BYTES_MAX) {
-        let payload = &rest[FRAME_HEADER_BYTES..end];
-        if let Ok((id, body)) = open_envelope(payload) {
-            let version = payload[0];
-            // The check fast path agrees with bincode wherever it answers.
-            if let Some((check, extras)) = decode_check(version, body) {
-                assert_eq!(
-                    decode_request_general(version, id, body),
-                    Ok((id, check, extras)),
-                    "the check fast path is bincode's"
-                );
-            }
-            // Every body bincode refuses is described by field.
-            if decode_request_general(version, 0, body).is_err_and(|f| matches!(f.error, PayloadError::Malformed(_))) {
-                assert!(describe_bad_request(version, body).is_err(), "a refused body is described");
-            }
-        }
-        // A client reads whatever the other end sends as well: the reply
-        // decoders, version 2's extras included, must not panic either.
-        let _ = decode_response_versioned(payload);
-        let _ = decode_response_borrowed(payload);
-        if let Ok((id, request, extras)) = decode_request_versioned(payload) {
-            let mut again = Vec::new();
-            let version = request_version(payload).expect("a decoded payload has a version byte");
-            encode_request_with_extras(version, id, &request, &extras, &mut again);
-            assert_eq!(&again[..], &rest[..end], "a decoded request re-encodes to its bytes");
-        }
-        rest = &rest[end..];
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{Decision, Outcome, Reason, Subject};
+    use crate::protocol::{Decision, Outcome, Reason, Subject, Verdict};
     use proptest::prelude::*;
+    use std::net::IpAddr;
 
     fn sample() -> Request<'static> {
         Request::Report {
