@@ -1,0 +1,397 @@
+//! The request path: `Daemon::start` and `Daemon::finish` (together
+//! `handle`) turn each decoded request into a reply, asking the limiter
+//! for verdicts; in shared mode `start` queues a request's store op and
+//! `finish` waits for it. Kept apart from the daemon's state and reload
+//! because this is the code every check and report runs through.
+
+use crate::access::Permissions;
+use crate::activity::Event;
+use crate::clock::ceil_ms;
+use crate::codec::RequestExtras;
+use crate::decision_log::Attempt;
+use crate::limiter::{CheckPlan, Limiter, Report, RequestError};
+use crate::protocol::{Decision, ErrorCode, Outcome, Request, Response, Subject, Verdict};
+use crate::shared::Ticket;
+use crate::store::Durable;
+
+use super::listings::{lockouts_listed, lockouts_reply, samples_reply};
+use super::shared::{PendingCheck, PendingReport, Reported, SharedStart};
+use super::{request_error, Daemon, Peer, LOG_TARGET};
+
+impl Daemon {
+    /// A request's first half, at `now` (read once per batch of frames):
+    /// everything but waiting. Answered here unless it waits for the
+    /// shared store (a check or report with global rules: its op is queued
+    /// now, so a run's ops ride one batch) or is an unlock (its store half
+    /// is awaited by `finish`). Allocates nothing `handle` did not.
+    pub(crate) fn start<'b, 'l>(
+        &'b self,
+        limiter: &'l Limiter,
+        job: Job<'b, 'l>,
+        peer: &Peer,
+        now: u64,
+    ) -> Started<'b, 'l> {
+        let request = match job {
+            Job::Denied(operation) => {
+                if let Some(suppressed) = self.audit.admit(now) {
+                    tracing::warn!(target: LOG_TARGET, uid = peer.uid, gid = peer.gid, operation, suppressed, "permission denied");
+                }
+                let message = format!("permission denied: uid {} may not {operation}", peer.uid);
+                return Started::Ready((Response::error(ErrorCode::PermissionDenied, message), Vec::new(), false));
+            }
+            Job::Check { route, subject, plan } => {
+                let attempt = Attempt::check(plan.as_ref().ok().and_then(CheckPlan::password_tag));
+                let verdict = match (plan, &self.shared) {
+                    (Ok(plan), Some(store)) if limiter.is_shared() && !plan.is_banned() => {
+                        match self.start_check_shared(store, limiter, plan, now) {
+                            SharedStart::Done(verdict) => Ok(verdict),
+                            SharedStart::Waiting(ticket, check) => {
+                                return Started::Check { route, subject, attempt, ticket, check };
+                            }
+                        }
+                    }
+                    (plan, _) => plan.map(|plan| (limiter.decide_check(plan, now), false)),
+                };
+                return Started::Ready(self.checked(limiter, route, &subject, &attempt, verdict, now));
+            }
+            Job::Report { route, subject, report } => {
+                // An abandoned attempt (no outcome) has nothing to log.
+                let attempt =
+                    report.outcome.map(|outcome| Attempt::report(outcome, report.password_digest, report.password_tag));
+                let reported = match &self.shared {
+                    Some(store) if limiter.is_shared() => {
+                        let started = self.start_report_shared(store, limiter, route, &subject, &report, now);
+                        match started {
+                            Ok(SharedStart::Done(reported)) => Ok(reported),
+                            Ok(SharedStart::Waiting(ticket, report)) => {
+                                return Started::Report { route, subject, attempt, ticket, report };
+                            }
+                            Err(e) => Err(e),
+                        }
+                    }
+                    _ => limiter.report_with(route, &subject, &report, now).map(|(v, d)| (v, d, false)),
+                };
+                return Started::Ready(self.reported(limiter, route, &subject, attempt.as_ref(), reported, now));
+            }
+            Job::Other(request) => request,
+        };
+        Started::Ready(match request {
+            Request::Check { .. } | Request::Report { .. } | Request::Abandon { .. } => {
+                unreachable!("Job::new makes every check, report and abandon a job of its own")
+            }
+            // Which networks skip the per-source rules is for admins.
+            Request::Status => {
+                (Response::Status(Box::new(self.status(limiter, peer.permissions.admin))), Vec::new(), false)
+            }
+            // `serve_connection` answers these three itself (`Daemon::listing_reply`:
+            // off the runtime threads, within the reply budget); this is the
+            // same answer.
+            // Without the request's version, no bans: they are listed only
+            // to an admin asking in version 7 (`serve_connection` knows).
+            Request::Lockouts { limit } => {
+                (lockouts_reply(limiter, lockouts_listed(limit), false, now), Vec::new(), false)
+            }
+            Request::Activity { limit } => {
+                (Response::Activity(Box::new(self.activity(limiter, limit, now))), Vec::new(), false)
+            }
+            Request::Samples { limit } => (samples_reply(&self.activity, limit), Vec::new(), false),
+            request @ (Request::Unlock { .. } | Request::Ban { .. } | Request::Unban { .. }) => {
+                return Started::Admin(request)
+            }
+            Request::Inspect { route, subject } => {
+                (self.inspect(limiter, route, &subject, peer, now), Vec::new(), false)
+            }
+            Request::ClockAdvance { by_ms } => match self.clock.advance(by_ms.saturating_mul(1000)) {
+                Some(now) => (Response::ClockAdvanced { now_ms: ceil_ms(now) }, Vec::new(), false),
+                None => (
+                    Response::error(
+                        ErrorCode::NotManualClock,
+                        "the daemon runs on the system clock; start it with --manual-clock",
+                    ),
+                    Vec::new(),
+                    false,
+                ),
+            },
+        })
+    }
+
+    /// A request's second half: waits for the store (at most until the
+    /// deadline fixed when its op was queued) and answers. The durable
+    /// writes, if any, must complete before the reply is sent.
+    pub(crate) async fn finish<'l>(
+        &self,
+        limiter: &'l Limiter,
+        started: Started<'_, 'l>,
+        peer: &Peer,
+        now: u64,
+    ) -> Answer<'l> {
+        match started {
+            Started::Ready(answer) => answer,
+            Started::Check { route, subject, attempt, ticket, check } => {
+                let verdict = self.finish_check_shared(limiter, ticket, check, now).await;
+                self.checked(limiter, route, &subject, &attempt, Ok(verdict), now)
+            }
+            Started::Report { route, subject, attempt, ticket, report } => {
+                let reported = self.finish_report_shared(limiter, ticket, report, now).await;
+                self.reported(limiter, route, &subject, attempt.as_ref(), Ok(reported), now)
+            }
+            Started::Admin(request @ Request::Unlock { .. }) => self.unlock(limiter, request, peer, now).await,
+            Started::Admin(Request::Ban { network, prefix_len, for_ms, reason }) => {
+                self.ban(limiter, (network, prefix_len), for_ms, reason, peer, now).await
+            }
+            Started::Admin(Request::Unban { network, prefix_len }) => {
+                self.unban(limiter, (network, prefix_len), peer).await
+            }
+            Started::Admin(other) => unreachable!("only unlock, ban and unban are deferred: {other:?}"),
+        }
+    }
+
+    /// One request, one reply: `start` then `finish`.
+    pub(crate) async fn handle<'l>(&self, limiter: &'l Limiter, job: Job<'_, 'l>, peer: &Peer, now: u64) -> Answer<'l> {
+        let started = self.start(limiter, job, peer, now);
+        self.finish(limiter, started, peer, now).await
+    }
+
+    fn checked<'l>(
+        &self,
+        limiter: &'l Limiter,
+        route: &str,
+        subject: &Subject<'_>,
+        attempt: &Attempt,
+        verdict: Result<(Verdict<'l>, bool), RequestError>,
+        now: u64,
+    ) -> Answer<'l> {
+        match verdict {
+            Ok((verdict, degraded)) => {
+                limiter.count_check(route, &verdict);
+                let link = &self.activity.link;
+                if let Some(account) = subject.account {
+                    let sample = link.sample(account);
+                    if link.in_sample(sample, now) {
+                        link.send(Event::Attempt { at_us: now, sample });
+                    }
+                }
+                self.log_decision(limiter, route, subject, attempt, &verdict, now);
+                // Monitor mode's would-be refusals are logged too: the
+                // log is how an operator judges a rule before enforcing it.
+                if verdict.decision != Decision::Allow || verdict.reason.is_monitored() {
+                    self.log_refusal(limiter, route, subject, &verdict, now);
+                    let refused = limiter.describe_refusal(route, subject, &verdict, "check", now);
+                    link.send(Event::Refused(Box::new(refused)));
+                }
+                (Response::Verdict(verdict), Vec::new(), degraded)
+            }
+            Err(e) => (request_error(e), Vec::new(), false),
+        }
+    }
+
+    /// A report's answer, counted and logged; `attempt` is None for an
+    /// abandoned attempt, which gave back its places and counts nowhere.
+    #[allow(clippy::too_many_arguments)] // a report's request and its answer
+    fn reported<'l>(
+        &self,
+        limiter: &'l Limiter,
+        route: &str,
+        subject: &Subject<'_>,
+        attempt: Option<&Attempt>,
+        reported: Result<Reported<'l>, RequestError>,
+        now: u64,
+    ) -> Answer<'l> {
+        match reported {
+            Ok((verdict, durable, degraded)) => {
+                let Some(attempt) = attempt else { return (Response::Verdict(verdict), durable, degraded) };
+                let outcome = attempt.outcome.expect("a report's attempt has its outcome");
+                limiter.count_report(route, &verdict, outcome);
+                let link = &self.activity.link;
+                if let (Outcome::Failure, Some(account)) = (outcome, subject.account) {
+                    let sample = link.sample(account);
+                    link.send(Event::Failure { at_us: now, sample, account: limiter.account_tag(account) });
+                }
+                self.log_decision(limiter, route, subject, attempt, &verdict, now);
+                if !durable.is_empty() {
+                    if let Some(suppressed) = self.audit.admit(now) {
+                        let client = limiter.client_prefix(subject).map(|p| p.to_string());
+                        // One line per rule that locked, named as itself (the
+                        // verdict names only the tightest rule), and whether
+                        // it is in monitor mode (its lock refuses no one).
+                        let mut named = 0;
+                        for (rule, monitor) in durable.iter().filter_map(|d| limiter.rule_of_write(d.rule()?)) {
+                            named += 1;
+                            tracing::info!(target: LOG_TARGET, route, rule = %rule, monitor, client, suppressed, "lockout");
+                        }
+                        if named == 0 {
+                            tracing::info!(target: LOG_TARGET, route, rule = %verdict.rule, client, suppressed, "lockout");
+                        }
+                    }
+                    // One line in the stream per rule that locked, monitor
+                    // mode's excepted: its lock refuses no one.
+                    for rule in durable.iter().filter_map(|d| d.rule()) {
+                        if let Some(locked) = limiter.describe_lockout(route, subject, rule, &verdict, now) {
+                            link.send(Event::Lockout(Box::new(locked)));
+                        }
+                    }
+                }
+                (Response::Verdict(verdict), durable, degraded)
+            }
+            Err(e) => (request_error(e), Vec::new(), false),
+        }
+    }
+
+    async fn unlock<'l>(&self, limiter: &'l Limiter, request: Request<'_>, peer: &Peer, now: u64) -> Answer<'l> {
+        let Request::Unlock { route, account, source } = request else { unreachable!("only an unlock is deferred") };
+        match limiter.unlock(route, account, source, now) {
+            Ok((mut cleared, writes)) => {
+                let in_store = match &self.shared {
+                    Some(store) if limiter.is_shared() => {
+                        self.unlock_shared(store, limiter, route, account, source, now).await
+                    }
+                    _ => Ok(0),
+                };
+                cleared += *in_store.as_ref().unwrap_or(&0);
+                // Audit lines for admin actions are never capped. The account
+                // as `top` and the lockouts' keys show it: its keyed tag.
+                let account = crate::activity::account_text(limiter.account_tag(account));
+                let source = source.map(|s| s.to_string());
+                tracing::info!(target: LOG_TARGET, route, %account, source, cleared, uid = peer.uid,
+                    store_error = in_store.as_ref().err(), "unlock");
+                match in_store {
+                    Ok(_) => (Response::Unlocked { cleared }, writes, false),
+                    Err(why) => (
+                        Response::error(
+                            ErrorCode::Internal,
+                            format!(
+                                "cleared {cleared} entries on this host, but not in the shared store ({why}); \
+                                 unlock again when the store is reachable"
+                            ),
+                        ),
+                        writes,
+                        false,
+                    ),
+                }
+            }
+            Err(e) => (request_error(e), Vec::new(), false),
+        }
+    }
+}
+
+/// A request begun by `Daemon::start`: answered, or waiting.
+pub(crate) enum Started<'b, 'l> {
+    Ready(Answer<'l>),
+    /// A check whose global rules' op is queued to the store.
+    Check {
+        route: &'b str,
+        subject: Subject<'b>,
+        attempt: Attempt,
+        ticket: Ticket<'b>,
+        check: PendingCheck<'l>,
+    },
+    /// A report (or an abandoned attempt: no `attempt`) whose global
+    /// rules' op is queued to the store.
+    Report {
+        route: &'b str,
+        subject: Subject<'b>,
+        attempt: Option<Attempt>,
+        ticket: Ticket<'b>,
+        report: PendingReport<'l>,
+    },
+    /// An unlock, ban or unban (admin, rare): answered whole by `finish`,
+    /// which waits for the store or the state file before replying.
+    Admin(Request<'b>),
+}
+
+/// A reply, the durable writes that must complete before it is sent, and
+/// whether a global rule was decided on this host's degraded share (a
+/// version-2 reply's flag).
+pub(crate) type Answer<'l> = (Response<'l>, Vec<Durable>, bool);
+
+/// A decoded request, ready to answer: a peer's permission already
+/// decided, and a check's keys already derived (`Limiter::plan_check`), so
+/// that a batch's table slots can be prefetched before any is decided.
+pub(crate) enum Job<'b, 'l> {
+    Check {
+        route: &'b str,
+        subject: Subject<'b>,
+        plan: Result<CheckPlan<'l>, RequestError>,
+    },
+    /// A report, with its password tag (version 3), which `Request` has no
+    /// room for; an outcome of None is an abandoned attempt (version 5).
+    Report {
+        route: &'b str,
+        subject: Subject<'b>,
+        report: Report,
+    },
+    /// The peer may not ask this (the operation, for the reply and the log).
+    Denied(&'static str),
+    /// Any other request the peer may ask; never a check or a report.
+    Other(Request<'b>),
+}
+
+impl<'b, 'l> Job<'b, 'l> {
+    /// `extras` is what a version-3 check or report carries beyond its
+    /// message: the password tag goes on the check's plan or with the report.
+    pub(crate) fn new(
+        limiter: &'l Limiter,
+        request: Request<'b>,
+        extras: RequestExtras,
+        permissions: Permissions,
+        now: u64,
+    ) -> Job<'b, 'l> {
+        let RequestExtras { password_tag } = extras;
+        match request {
+            Request::Check { .. } | Request::Report { .. } if !permissions.attempts => Job::Denied("check or report"),
+            Request::Abandon { .. } if !permissions.attempts => Job::Denied("abandon"),
+            Request::Unlock { .. } if !permissions.admin => Job::Denied("unlock"),
+            Request::ClockAdvance { .. } if !permissions.admin => Job::Denied("clock advance"),
+            // It reveals an account's standing: as private as an unlock.
+            Request::Inspect { .. } if !permissions.admin => Job::Denied("inspect"),
+            Request::Ban { .. } if !permissions.admin => Job::Denied("ban"),
+            Request::Unban { .. } if !permissions.admin => Job::Denied("unban"),
+            Request::Check { route, subject } => {
+                let plan = limiter.plan_check(route, &subject, now).map(|plan| plan.with_password_tag(password_tag));
+                Job::Check { route, subject, plan }
+            }
+            Request::Report { route, subject, outcome, password_digest } => {
+                let report = Report { outcome: Some(outcome), password_digest, password_tag };
+                Job::Report { route, subject, report }
+            }
+            Request::Abandon { route, subject } => Job::Report { route, subject, report: Report::default() },
+            other => Job::Other(other),
+        }
+    }
+}
+
+impl Daemon {
+    /// Hands a verdict to the decision log, when it is on (when off: one
+    /// branch). The digests are derived here, on the request thread.
+    #[inline]
+    fn log_decision(
+        &self,
+        limiter: &Limiter,
+        route: &str,
+        subject: &Subject<'_>,
+        attempt: &Attempt,
+        verdict: &Verdict<'_>,
+        now: u64,
+    ) {
+        if let Some(log) = &self.decision_log {
+            log.send(limiter.decision_record(route, subject, attempt, verdict, now));
+        }
+    }
+
+    fn log_refusal(&self, limiter: &Limiter, route: &str, subject: &Subject<'_>, verdict: &Verdict<'_>, now: u64) {
+        if let Some(suppressed) = self.refusals.admit(now) {
+            let client = limiter.client_prefix(subject).map(|p| p.to_string());
+            tracing::info!(target: LOG_TARGET,
+                route,
+                rule = %verdict.rule,
+                decision = ?verdict.decision,
+                reason = ?verdict.reason,
+                monitor = verdict.reason.is_monitored(),
+                retry_after_ms = verdict.retry_after_ms,
+                client,
+                suppressed,
+                "refused"
+            );
+        }
+    }
+}
