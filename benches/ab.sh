@@ -10,6 +10,8 @@
 #   A=/tmp/base/target/release/tollgate B=target/release/tollgate RUNS=3 \
 #       bash benches/ab.sh --mix check-report --keys 100000 --in-flight 16
 #
+# GEN=$A drives both daemons with the base build's load generator (a newer
+# generator's protocol version may be one the base daemon refuses).
 # CONFIG (optional) is TOML appended to each daemon's configuration.
 # Prints one line per run ("A ..." / "B ...") with the daemon's CPU time
 # per request; take the medians. Bench

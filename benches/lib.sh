@@ -4,8 +4,10 @@
 #
 #   bench_fresh_daemon BIN DIR CONFIG ROUTE DURATION [bench args...]
 #
-# BIN serves and drives (each build's own load generator speaks its own
-# daemon's newest protocol); CONFIG is TOML appended to the socket and
+# BIN serves and, unless GEN names another build, drives (each build's own
+# load generator speaks its own daemon's newest protocol; GEN set to the
+# older build's binary drives both with one generator, for a fair A/B of
+# the daemons alone); CONFIG is TOML appended to the socket and
 # state lines. Prints the bench's first line and the CPU figure. With
 # PIN=1 in the environment the daemon runs on CPU 0 and the load generator
 # on CPU 1 (`taskset`).
@@ -23,7 +25,7 @@ bench_fresh_daemon() {
     local pid=$!
     for _ in $(seq 100); do [ -S "$dir/s.sock" ] && break; sleep 0.05; done
     local line
-    line=$("${bench_cpu[@]}" "$bin" bench --socket "$dir/s.sock" --route "$route" --duration "$duration" "$@" | sed -n 1p)
+    line=$("${bench_cpu[@]}" "${GEN:-$bin}" bench --socket "$dir/s.sock" --route "$route" --duration "$duration" "$@" | sed -n 1p)
     # The daemon's CPU time (all its threads) per request answered: less
     # at the mercy of a busy machine than throughput is.
     local ticks requests

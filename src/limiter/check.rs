@@ -5,9 +5,9 @@
 //! mode's check (`global`) reuses these steps for this host's rules.
 
 use super::route::{Route, Table};
-use super::subject::{check_lengths, RuleKeys};
+use super::subject::RuleKeys;
 use super::verdict::{combine, failure_answer, rate_answer, rate_spec, signal_answer, Answers, RuleAnswer};
-use super::{CheckPlan, Limiter, RequestError, Rules};
+use super::{CheckPlan, Derived, Limiter, RequestError, Rules};
 use crate::classes::SourceClass;
 use crate::config::{Detector, RULES_PER_ROUTE_MAX};
 use crate::protocol::{Subject, Verdict};
@@ -32,12 +32,7 @@ impl Limiter {
         now_us: u64,
     ) -> Result<CheckPlan<'a>, RequestError> {
         let route = self.route(route)?;
-        check_lengths(subject)?;
-        let mut keys = self.subject_keys_at(&route.name, subject, now_us);
-        let known = self.known_device(route, &mut keys, now_us)?;
-        keys.known_device_keeps_its_prefix(known);
-        let device = self.device_in_store(route, &mut keys)?;
-        let rule_keys = keys.rule_keys(&route.rules, known, device.is_some())?;
+        let Derived { mut keys, known, device, rule_keys } = self.derive(route, subject, now_us)?;
         let banned_until = self.bans.banned_until(|| keys.client().ok().map(|(address, _)| address), now_us);
         if let (true, None, Some(exemption)) = (keys.exempted, banned_until, keys.exemption()) {
             self.exemptions.count_check(exemption);
