@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# compare.sh: tollgate against the Redis + Lua GCRA peer, back to back on this
-# machine, with the same connection counts; prints both and their ratios.
+# compare.sh: tollgate against two Redis peers, back to back on this machine,
+# with the same connection counts: the Redis + Lua GCRA script, and
+# redis-cell (a Redis module in Rust whose one command, CL.THROTTLE, is a
+# GCRA check: the fastest way Redis itself limits a key). Prints each and
+# the ratios.
 #
 #   bash benches/compare.sh            # 3 runs, medians
 #   RUNS=5 DURATION=5 bash benches/compare.sh
 #
 # Needs redis-server and redis-benchmark (Debian: apt-get install redis-server
-# redis-tools); installs nothing itself. Builds tollgate in release mode.
+# redis-tools); installs nothing itself. Builds tollgate in release mode, and
+# redis-cell 0.2.2 from crates.io once (under the target directory).
 # Figures are medians of RUNS runs; the machine is shared and noisy, so read
 # the ratios, not the absolute numbers.
 set -euo pipefail
@@ -29,7 +33,30 @@ done
 [ -r "$PEER" ] || { echo "compare.sh: peer script $PEER not found (set PEER=...)" >&2; exit 2; }
 
 cargo build --release --quiet --manifest-path "$ROOT/Cargo.toml"
-BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/tollgate
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+BIN=$TARGET/release/tollgate
+
+# redis-cell, built from its crates.io source: cargo fetches the crate for
+# a throwaway manifest that depends on it, and the module is built from a
+# copy of that source (the registry's copy stays untouched).
+CELL_DIR=$TARGET/redis-cell
+CELL=$CELL_DIR/target/release/libredis_cell.so
+if [ ! -f "$CELL" ]; then
+  mkdir -p "$CELL_DIR/fetch/src"
+  printf '[package]\nname = "fetch-redis-cell"\nversion = "0.0.0"\nedition = "2021"\n[workspace]\n[dependencies]\nredis-cell = "=0.2.2"\n' \
+    > "$CELL_DIR/fetch/Cargo.toml"
+  : > "$CELL_DIR/fetch/src/lib.rs"
+  cargo fetch --quiet --manifest-path "$CELL_DIR/fetch/Cargo.toml"
+  cell_src=$(cargo metadata --quiet --format-version 1 --manifest-path "$CELL_DIR/fetch/Cargo.toml" |
+    python3 -c 'import json, sys, os; print(os.path.dirname(next(p["manifest_path"] for p in json.load(sys.stdin)["packages"] if p["name"] == "redis-cell")))')
+  rm -rf "$CELL_DIR/src" && cp -r "$cell_src" "$CELL_DIR/src"
+  # its own workspace: the copy sits under this one's target directory
+  printf '\n[workspace]\n' >> "$CELL_DIR/src/Cargo.toml"
+  # (its 2018 code compiles with lint warnings; only a failure matters)
+  CARGO_TARGET_DIR=$CELL_DIR/target cargo build --release --quiet --manifest-path "$CELL_DIR/src/Cargo.toml" 2>&1 |
+    grep -E '^error' -A5 >&2 || true
+  [ -f "$CELL" ] || { echo "compare.sh: redis-cell did not build" >&2; exit 1; }
+fi
 export BIN CONNS DURATION KEYS
 TMP=$(mktemp -d /tmp/tollgate-compare.XXXXXX)
 PIDS=()
@@ -56,7 +83,27 @@ ECHO_PID=$!
 "$BIN" echo-server --verdict --socket "$TMP/codec.sock" >"$TMP/codec.log" 2>&1 &
 PIDS+=($!)
 CODEC_PID=$!
-for _ in $(seq 100); do [ -S "$TMP/tollgate.sock" ] && [ -S "$TMP/echo.sock" ] && [ -S "$TMP/codec.sock" ] && break; sleep 0.1; done
+redis-server --port 0 --unixsocket "$TMP/cell.sock" --unixsocketperm 700 --dir "$TMP" --save '' --appendonly no \
+  --loadmodule "$CELL" --logfile "$TMP/cell.log" &
+PIDS+=($!)
+for _ in $(seq 100); do [ -S "$TMP/tollgate.sock" ] && [ -S "$TMP/echo.sock" ] && [ -S "$TMP/codec.sock" ] && [ -S "$TMP/cell.sock" ] && break; sleep 0.1; done
+# The same limit as the Lua peer's: a burst of 15, 30 a minute, 1 a call.
+cell_reply=$(redis-cli -s "$TMP/cell.sock" CL.THROTTLE cell:selftest 15 30 60 1 | tr '\n' ' ')
+[ "$(echo "$cell_reply" | awk '{print NF}')" = 5 ] || { echo "compare.sh: unexpected CL.THROTTLE reply: $cell_reply" >&2; exit 1; }
+
+# cell <in flight> -> ops/s of CL.THROTTLE on random keys, sized from a
+# short calibration so that it lasts about DURATION seconds.
+cell() {
+  local cal n
+  cell_run() {
+    redis-cli -s "$TMP/cell.sock" FLUSHALL >/dev/null
+    redis-benchmark -s "$TMP/cell.sock" -c "$CONNS" -n "$1" -P "$2" -r "$KEYS" --csv \
+      CL.THROTTLE 'cell:user:__rand_int__' 15 30 60 1 | tail -n 1 | tr -d '"' | awk -F, '{ printf "%.0f\n", $2 }'
+  }
+  cal=$(cell_run 20000 "$1")
+  n=$(awk -v r="$cal" -v d="$DURATION" 'BEGIN { n = int(r * d); if (n < 20000) n = 20000; print n }')
+  cell_run "$n" "$1"
+}
 
 # bench <server pid> <socket> <in-flight> [extra flags]
 #   -> "ops p50 p99 p999 server_us generator_us"
@@ -94,6 +141,8 @@ for run in $(seq "$RUNS"); do
   peer=$(DURATION=$DURATION CONNS=$CONNS PIPELINE=$PIPELINE KEYSPACE=$KEYS bash "$PEER")
   runs[redis1]+="$(echo "$peer" | sed -n 's/^redis_gcra_ops_per_s=//p') "
   runs[redis16]+="$(echo "$peer" | sed -n 's/^redis_gcra_p16_ops_per_s=//p') "
+  runs[cell1]+="$(cell 1) "
+  runs[cell16]+="$(cell "$PIPELINE") "
   read -r ops p50 p99 p999 srv gen < <(bench "$TOLLGATE_PID" "$TMP/tollgate.sock" 1)
   runs[tg1]+="$ops "; runs[tg1_p99]+="$p99 "
   read -r ops p50 p99 p999 srv gen < <(bench "$TOLLGATE_PID" "$TMP/tollgate.sock" "$PIPELINE")
@@ -112,14 +161,18 @@ ratio() { python3 -c "print(f'{$1 / $2:.2f}')"; }
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) cores; $CONNS connections, $KEYS keys, ${DURATION}s x $RUNS runs (medians)"
 printf '%-44s %12s\n' "measure" "ops/s"
 printf '%-44s %12s\n' "redis+lua GCRA, 1 in flight" "$(m redis1)"
+printf '%-44s %12s\n' "redis-cell CL.THROTTLE, 1 in flight" "$(m cell1)"
 printf '%-44s %12s\n' "tollgate check, 1 in flight" "$(m tg1)"
 printf '%-44s %12s\n' "echo floor, 1 in flight" "$(m echo1)"
 printf '%-44s %12s\n' "redis+lua GCRA, $PIPELINE in flight" "$(m redis16)"
+printf '%-44s %12s\n' "redis-cell CL.THROTTLE, $PIPELINE in flight" "$(m cell16)"
 printf '%-44s %12s\n' "tollgate check, $PIPELINE in flight" "$(m tg16)"
 printf '%-44s %12s\n' "echo floor, $PIPELINE in flight" "$(m echo16)"
 printf '%-44s %12s\n' "codec floor (fixed verdict), $PIPELINE in flight" "$(m codec16)"
 echo "ratio tollgate/redis, 1 in flight:        $(ratio "$(m tg1)" "$(m redis1)")"
 echo "ratio tollgate/redis, $PIPELINE in flight:       $(ratio "$(m tg16)" "$(m redis16)")"
+echo "ratio tollgate/redis-cell, 1 in flight:   $(ratio "$(m tg1)" "$(m cell1)")"
+echo "ratio tollgate/redis-cell, $PIPELINE in flight:  $(ratio "$(m tg16)" "$(m cell16)")"
 echo "ratio tollgate/echo floor, $PIPELINE in flight:  $(ratio "$(m tg16)" "$(m echo16)")"
 echo "ratio codec floor/echo floor, $PIPELINE in flight: $(ratio "$(m codec16)" "$(m echo16)")"
 echo "p99 us, 1 in flight: tollgate $(m tg1_p99), echo floor $(m echo1_p99)"
