@@ -32,7 +32,8 @@ impl Limiter {
         now_us: u64,
     ) -> Result<CheckPlan<'a>, RequestError> {
         let route = self.route(route)?;
-        let Derived { mut keys, known, device, rule_keys } = self.derive(route, subject, now_us)?;
+        let mut keys = self.subject_keys_at(&route.name, subject, now_us);
+        let Derived { known, device, rule_keys } = self.derive(route, &mut keys, now_us)?;
         let banned_until = self.bans.banned_until(|| keys.client().ok().map(|(address, _)| address), now_us);
         if let (true, None, Some(exemption)) = (keys.exempted, banned_until, keys.exemption()) {
             self.exemptions.count_check(exemption);

@@ -88,9 +88,9 @@ impl Rules {
     }
 }
 
-/// A request's keys, as `Limiter::derive` gives them to a check and a report.
-struct Derived<'s> {
-    keys: SubjectKeys<'s, 's>,
+/// What `Limiter::derive` gives a check and a report beside their subject's
+/// keys (which stay in the caller's frame: a few hundred bytes).
+struct Derived {
     known: bool,
     device: Option<Key>,
     rule_keys: RuleKeys,
@@ -234,23 +234,17 @@ impl Limiter {
     }
 
     /// What a check and a report derive alike, before any table is
-    /// touched: the subject's keys (a known device keeps its narrow
-    /// prefix), whether this host knows the device, the (account, device)
-    /// key the store looks up, and each rule's key. One derivation for
-    /// both, so a report always counts on the keys its check spent.
-    fn derive<'s>(
-        &'s self,
-        route: &'s Route,
-        subject: &'s Subject<'s>,
-        now_us: u64,
-    ) -> Result<Derived<'s>, RequestError> {
-        check_lengths(subject)?;
-        let mut keys = self.subject_keys_at(&route.name, subject, now_us);
-        let known = self.known_device(route, &mut keys, now_us)?;
+    /// touched: whether this host knows the device (a known device keeps
+    /// its narrow prefix in `keys`), the (account, device) key the store
+    /// looks up, and each rule's key. One derivation for both, so a
+    /// report always counts on the keys its check spent.
+    fn derive(&self, route: &Route, keys: &mut SubjectKeys<'_, '_>, now_us: u64) -> Result<Derived, RequestError> {
+        check_lengths(keys.subject)?;
+        let known = self.known_device(route, keys, now_us)?;
         keys.known_device_keeps_its_prefix(known);
-        let device = self.device_in_store(route, &mut keys)?;
+        let device = self.device_in_store(route, keys)?;
         let rule_keys = keys.rule_keys(&route.rules, known, device.is_some())?;
-        Ok(Derived { keys, known, device, rule_keys })
+        Ok(Derived { known, device, rule_keys })
     }
 
     fn known_device(&self, route: &Route, keys: &mut SubjectKeys<'_, '_>, now_us: u64) -> Result<bool, RequestError> {
@@ -312,7 +306,8 @@ impl Limiter {
         let route = self.route(route)?;
         // Every key is derived before any table is touched, so a missing
         // field cannot leave a report counted on some rules and not others.
-        let Derived { mut keys, known, device, rule_keys } = self.derive(route, subject, now_us)?;
+        let mut keys = self.subject_keys_at(&route.name, subject, now_us);
+        let Derived { known, device, rule_keys } = self.derive(route, &mut keys, now_us)?;
         let password64 = password_tag.map(|tag| self.keys.password_tag(&tag));
         let repeated = match (outcome, password_digest, &route.recent_passwords) {
             (Some(Outcome::Failure), Some(digest), Some(recent))
