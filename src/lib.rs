@@ -11,7 +11,7 @@
 //! The request path, in order (ARCHITECTURE.md has the map and the
 //! invariants): `server` accepts connections and reads frames; `codec`
 //! decodes them; `daemon` turns each into a `Job` and answers it
-//! (`Daemon::handle`); `limiter` plans a check (derives its keys in
+//! (`Daemon::start`, then `finish` if it waits); `limiter` plans a check (derives its keys in
 //! `limiter/subject.rs`), then runs one table step per rule (pure: time is
 //! passed in) on `gcra` and `failure_window` tables (its `overflow` sketch counts what
 //! a table full of lockouts cannot hold; `expiring` is the bounded map

@@ -412,7 +412,13 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
                         continue;
                     }
                     let (response, durable, degraded) = match step {
-                        Step::Job(job) => daemon.handle(limiter, job, &peer, now).await,
+                        // Most requests are answered by `start` alone; only
+                        // one that waits builds `finish`'s future (a few
+                        // hundred bytes, copied on every build).
+                        Step::Job(job) => match daemon.start(limiter, job, &peer, now) {
+                            Started::Ready(answer) => answer,
+                            started => daemon.finish(limiter, started, &peer, now).await,
+                        },
                         Step::Started(started) => daemon.finish(limiter, started, &peer, now).await,
                         Step::Error(error) => (error, Vec::new(), false),
                         Step::Answered => unreachable!("a frame is answered once"),

@@ -1,5 +1,5 @@
-//! The request path: `Daemon::start` and `Daemon::finish` (together
-//! `handle`) turn each decoded request into a reply, asking the limiter
+//! The request path: `Daemon::start` and, for a request that waits,
+//! `Daemon::finish` turn each decoded request into a reply, asking the limiter
 //! for verdicts; in shared mode `start` queues a request's store op and
 //! `finish` waits for it. Kept apart from the daemon's state and reload
 //! because this is the code every check and report runs through.
@@ -23,7 +23,7 @@ impl Daemon {
     /// everything but waiting. Answered here unless it waits for the
     /// shared store (a check or report with global rules: its op is queued
     /// now, so a run's ops ride one batch) or is an unlock (its store half
-    /// is awaited by `finish`). Allocates nothing `handle` did not.
+    /// is awaited by `finish`, as are a ban and an unban).
     pub(crate) fn start<'b, 'l>(
         &'b self,
         limiter: &'l Limiter,
@@ -144,12 +144,6 @@ impl Daemon {
             }
             Started::Admin(other) => unreachable!("only unlock, ban and unban are deferred: {other:?}"),
         }
-    }
-
-    /// One request, one reply: `start` then `finish`.
-    pub(crate) async fn handle<'l>(&self, limiter: &'l Limiter, job: Job<'_, 'l>, peer: &Peer, now: u64) -> Answer<'l> {
-        let started = self.start(limiter, job, peer, now);
-        self.finish(limiter, started, peer, now).await
     }
 
     fn checked<'l>(
