@@ -29,7 +29,7 @@ use crate::config::{
     ACCEPT_RETRY_DELAY_MS_MAX, ACCEPT_RETRY_DELAY_MS_MIN, READ_BUFFER_BYTES, REPLY_BUFFER_RESTING_BYTES,
     REPLY_BYTES_BUFFERED_MAX,
 };
-use crate::daemon::{Daemon, Job, Listing, Peer, Started, VerdictCounters, ERRORS};
+use crate::daemon::{Answer, Daemon, Job, Listing, Peer, Started, VerdictCounters, ERRORS};
 use crate::limiter::Limiter;
 use crate::protocol::{
     ErrorCode, Request, Response, BAN_VERSION, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN, SIGNALS_VERSION,
@@ -202,11 +202,18 @@ struct Planned<'b, 'l> {
 }
 
 /// Where a frame of the run is.
+// A job is the common case and moved whole; boxing it would allocate per
+// request, so only the rare large state (waiting) is boxed.
+#[allow(clippy::large_enum_variant)]
 enum Step<'b, 'l> {
     /// Decoded and planned, not begun.
     Job(Job<'b, 'l>),
-    /// Begun (`Daemon::start`): its store op, if any, is queued.
-    Started(Started<'b, 'l>),
+    /// Begun (`Daemon::start`) and answered without waiting.
+    Ready(Answer<'l>),
+    /// Begun, its store op queued: boxed, as only a request that waits
+    /// for the store is, so that every other frame's step stays small
+    /// (each is moved in and out of the run).
+    Waiting(Box<Started<'b, 'l>>),
     /// The error reply of a frame that did not decode.
     Error(Response<'static>),
     /// Replied to.
@@ -241,7 +248,10 @@ fn start_segment<'b, 'l>(
         }
         if let Step::Job(_) = planned.step {
             let Step::Job(job) = std::mem::replace(&mut planned.step, Step::Answered) else { unreachable!() };
-            planned.step = Step::Started(daemon.start(limiter, job, peer, now));
+            planned.step = match daemon.start(limiter, job, peer, now) {
+                Started::Ready(answer) => Step::Ready(answer),
+                waiting => Step::Waiting(Box::new(waiting)),
+            };
         }
     }
     run.len()
@@ -419,7 +429,8 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
                             Started::Ready(answer) => answer,
                             started => daemon.finish(limiter, started, &peer, now).await,
                         },
-                        Step::Started(started) => daemon.finish(limiter, started, &peer, now).await,
+                        Step::Ready(answer) => answer,
+                        Step::Waiting(started) => daemon.finish(limiter, *started, &peer, now).await,
                         Step::Error(error) => (error, Vec::new(), false),
                         Step::Answered => unreachable!("a frame is answered once"),
                     };

@@ -341,7 +341,12 @@ impl<'b, 'l> Job<'b, 'l> {
             Request::Ban { .. } if !permissions.admin => Job::Denied("ban"),
             Request::Unban { .. } if !permissions.admin => Job::Denied("unban"),
             Request::Check { route, subject } => {
-                let plan = limiter.plan_check(route, &subject, now).map(|plan| plan.with_password_tag(password_tag));
+                // The tag is set in place: a plan is too large to move
+                // through a `map` on every check.
+                let mut plan = limiter.plan_check(route, &subject, now);
+                if let Ok(plan) = &mut plan {
+                    plan.set_password_tag(password_tag);
+                }
                 Job::Check { route, subject, plan }
             }
             Request::Report { route, subject, outcome, password_digest } => {

@@ -158,8 +158,13 @@ impl CheckPlan<'_> {
 
     /// The attempt's password tag, when the client sent one.
     pub fn with_password_tag(mut self, password_tag: Option<[u8; 16]>) -> Self {
-        self.password_tag = password_tag;
+        self.set_password_tag(password_tag);
         self
+    }
+
+    /// The same, in place.
+    pub fn set_password_tag(&mut self, password_tag: Option<[u8; 16]>) {
+        self.password_tag = password_tag;
     }
 }
 
