@@ -202,17 +202,18 @@ struct Planned<'b, 'l> {
 }
 
 /// Where a frame of the run is.
-// A job is the common case and moved whole; boxing it would allocate per
-// request, so only the rare large state (waiting) is boxed.
+// A job is in every step's past and moved whole; boxing it would allocate
+// for every request, so only the waiting state is boxed: one allocation
+// beside a store round trip, and none in local mode.
 #[allow(clippy::large_enum_variant)]
 enum Step<'b, 'l> {
     /// Decoded and planned, not begun.
     Job(Job<'b, 'l>),
     /// Begun (`Daemon::start`) and answered without waiting.
     Ready(Answer<'l>),
-    /// Begun, its store op queued: boxed, as only a request that waits
-    /// for the store is, so that every other frame's step stays small
-    /// (each is moved in and out of the run).
+    /// Begun and waiting (a store op queued, or an admin request): boxed,
+    /// so that every frame's step stays small (each is moved in and out
+    /// of the run).
     Waiting(Box<Started<'b, 'l>>),
     /// The error reply of a frame that did not decode.
     Error(Response<'static>),
