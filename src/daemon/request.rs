@@ -9,7 +9,7 @@ use crate::activity::Event;
 use crate::clock::ceil_ms;
 use crate::codec::RequestExtras;
 use crate::decision_log::Attempt;
-use crate::limiter::{CheckPlan, Limiter, Report, RequestError};
+use crate::limiter::{CheckPlan, CheckedLocally, Limiter, Report, ReportedLocally, RequestError};
 use crate::protocol::{Decision, ErrorCode, Outcome, Request, Response, Subject, Verdict};
 use crate::shared::Ticket;
 use crate::store::Durable;
@@ -39,18 +39,25 @@ impl Daemon {
                 let message = format!("permission denied: uid {} may not {operation}", peer.uid);
                 return Started::Ready((Response::error(ErrorCode::PermissionDenied, message), Vec::new(), false));
             }
+            // Local and shared mode take one path: the limiter begins the
+            // request and decides it unless global rules need the store,
+            // whose op is then queued (`daemon/shared.rs`). Global rules
+            // exist only with `[shared]`, which also made `self.shared`,
+            // and a reload cannot change it.
             Job::Check { route, subject, plan } => {
                 let attempt = Attempt::check(plan.as_ref().ok().and_then(CheckPlan::password_tag));
-                let verdict = match (plan, &self.shared) {
-                    (Ok(plan), Some(store)) if limiter.is_shared() && !plan.is_banned() => {
-                        match self.start_check_shared(store, limiter, plan, now) {
+                let verdict = match plan.map(|plan| limiter.begin_check(plan, now)) {
+                    Ok(CheckedLocally::Done(verdict)) => Ok((verdict, false)),
+                    Ok(begun) => {
+                        let store = self.shared.as_ref().expect("global rules come with their store");
+                        match self.start_check_shared(store, limiter, begun, now) {
                             SharedStart::Done(verdict) => Ok(verdict),
                             SharedStart::Waiting(ticket, check) => {
                                 return Started::Check { route, subject, attempt, ticket, check };
                             }
                         }
                     }
-                    (plan, _) => plan.map(|plan| (limiter.decide_check(plan, now), false)),
+                    Err(e) => Err(e),
                 };
                 return Started::Ready(self.checked(limiter, route, &subject, &attempt, verdict, now));
             }
@@ -58,18 +65,18 @@ impl Daemon {
                 // An abandoned attempt (no outcome) has nothing to log.
                 let attempt =
                     report.outcome.map(|outcome| Attempt::report(outcome, report.password_digest, report.password_tag));
-                let reported = match &self.shared {
-                    Some(store) if limiter.is_shared() => {
-                        let started = self.start_report_shared(store, limiter, route, &subject, &report, now);
-                        match started {
-                            Ok(SharedStart::Done(reported)) => Ok(reported),
-                            Ok(SharedStart::Waiting(ticket, report)) => {
+                let reported = match limiter.begin_report(route, &subject, &report, now) {
+                    Ok(ReportedLocally::Done(verdict, durable)) => Ok((verdict, durable, false)),
+                    Ok(ReportedLocally::Store(begun)) => {
+                        let store = self.shared.as_ref().expect("global rules come with their store");
+                        match self.start_report_shared(store, limiter, begun, now) {
+                            SharedStart::Done(reported) => Ok(reported),
+                            SharedStart::Waiting(ticket, report) => {
                                 return Started::Report { route, subject, attempt, ticket, report };
                             }
-                            Err(e) => Err(e),
                         }
                     }
-                    _ => limiter.report_with(route, &subject, &report, now).map(|(v, d)| (v, d, false)),
+                    Err(e) => Err(e),
                 };
                 return Started::Ready(self.reported(limiter, route, &subject, attempt.as_ref(), reported, now));
             }

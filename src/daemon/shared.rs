@@ -11,8 +11,8 @@ use std::time::Duration;
 use smallvec::SmallVec;
 
 use super::Daemon;
-use crate::limiter::{CheckPlan, CheckStored, CheckedLocally, Limiter, Report, ReportStored, ReportedLocally};
-use crate::protocol::{Subject, Verdict};
+use crate::limiter::{CheckStored, CheckedLocally, Limiter, ReportStored, ReportedLocally, StoreReport};
+use crate::protocol::Verdict;
 use crate::shared::script::{Op, Reply};
 use crate::shared::{CallError, ProbeError, SharedStore, State, Ticket, HOSTS_LEARNED_MEMORY_MS, LOG_TARGET};
 use crate::store::Durable;
@@ -29,18 +29,18 @@ impl Daemon {
         self.shared.as_ref()
     }
 
-    /// A check's first half in shared mode: this host's rules, then the
-    /// op for the global ones queued to the store (not waited for). Done
-    /// here if nothing needs the store, or if the store cannot be asked
-    /// (this host's degraded share).
+    /// A check's store half, begun by `Limiter::begin_check`: the op for
+    /// its global rules queued to the store (not waited for). Done here
+    /// for a known lockout, or if the store cannot be asked (this host's
+    /// degraded share).
     pub(super) fn start_check_shared<'s, 'l>(
         &self,
         store: &'s Arc<SharedStore>,
         limiter: &'l Limiter,
-        plan: CheckPlan<'l>,
+        begun: CheckedLocally<'l>,
         now: u64,
     ) -> SharedStart<(Verdict<'l>, bool), Ticket<'s>, PendingCheck<'l>> {
-        let mut check = match limiter.begin_check(plan, now) {
+        let mut check = match begun {
             CheckedLocally::Done(verdict) => return SharedStart::Done((verdict, false)),
             CheckedLocally::KnownLockout(verdict) => {
                 store.stats.known_lockout_refusals.fetch_add(1, Ordering::Relaxed);
@@ -131,22 +131,17 @@ impl Daemon {
         }
     }
 
-    /// A report's first half in shared mode, as `start_check_shared`.
+    /// A report's store half, begun by `Limiter::begin_report`, as
+    /// `start_check_shared`.
     pub(super) fn start_report_shared<'s, 'l>(
         &self,
         store: &'s Arc<SharedStore>,
         limiter: &'l Limiter,
-        route: &str,
-        subject: &Subject<'_>,
-        report: &Report,
+        mut report: Box<StoreReport<'l>>,
         now: u64,
-    ) -> Result<SharedStart<Reported<'l>, Ticket<'s>, PendingReport<'l>>, crate::limiter::RequestError> {
-        let mut report = match limiter.begin_report(route, subject, report, now)? {
-            ReportedLocally::Done(verdict, durable) => return Ok(SharedStart::Done((verdict, durable, false))),
-            ReportedLocally::Store(report) => report,
-        };
+    ) -> SharedStart<Reported<'l>, Ticket<'s>, PendingReport<'l>> {
         let op = std::mem::take(&mut report.op);
-        Ok(match store.submit(op) {
+        match store.submit(op) {
             Ok(ticket) => SharedStart::Waiting(ticket, PendingReport(ReportedLocally::Store(report))),
             Err(e) => SharedStart::Done(self.report_answered(
                 store,
@@ -155,7 +150,7 @@ impl Daemon {
                 Err(e),
                 now,
             )),
-        })
+        }
     }
 
     /// A report's second half, as `finish_check_shared`.

@@ -203,14 +203,16 @@ impl Limiter {
         Ok(ops)
     }
 
-    /// A check's first half: a known lockout refuses at once; then this
-    /// host's failure rules admit; then, if the route has global rules,
-    /// the op that takes their places and spends their rates, all or
+    /// A check's first half, in local and shared mode alike: decided here
+    /// (`decide_check`) when the route has no global rule for it or a ban
+    /// refuses it, whatever the store would say. Otherwise a known lockout
+    /// refuses at once; then this host's failure rules admit; then the op
+    /// that takes the global rules' places and spends their rates, all or
     /// nothing, in the store.
     pub fn begin_check<'a>(&'a self, plan: CheckPlan<'a>, now_us: u64) -> CheckedLocally<'a> {
         let globals =
             plan.route.rules.iter().zip(plan.rule_keys.iter()).any(|(r, k)| r.global.is_some() && k.is_some());
-        if !globals {
+        if !globals || plan.banned_until.is_some() {
             return CheckedLocally::Done(self.decide_check(plan, now_us));
         }
         let hits = self.plan_hits(&plan, now_us);

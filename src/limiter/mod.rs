@@ -26,7 +26,7 @@ mod verdict;
 mod write_back;
 
 pub use bans::BanChange;
-pub use global::{CheckStored, CheckedLocally, ReportStored, ReportedLocally};
+pub use global::{CheckStored, CheckedLocally, ReportStored, ReportedLocally, StoreReport};
 pub use maintenance::Restored;
 
 use std::sync::Arc;
@@ -145,12 +145,6 @@ pub struct CheckPlan<'l> {
 }
 
 impl CheckPlan<'_> {
-    /// A ban covers the client's network: `decide_check` denies it, here,
-    /// whatever the shared store would say.
-    pub fn is_banned(&self) -> bool {
-        self.banned_until.is_some()
-    }
-
     /// The attempt's password tag, when the client sent one.
     pub fn password_tag(&self) -> Option<[u8; 16]> {
         self.password_tag
