@@ -35,3 +35,31 @@ fn reload_exits_with_the_daemons_answer() {
     let gone = daemon.cli(&["reload", "--pid", "999999999"]);
     assert_eq!(gone.status.code(), Some(1));
 }
+
+/// `[shared]` is set once, at start: the daemon's store and the limiter's
+/// global rules both come from it, and a check with global rules expects
+/// the store. A reload that adds it (or would remove it) is refused, and
+/// checks go on being decided by this host alone.
+#[test]
+fn a_reload_that_adds_a_shared_store_is_refused_and_checks_stay_local() {
+    let daemon = TestDaemon::start_with(Some(VALID), true);
+    daemon.reload_with(&format!("{VALID}[shared]\nurl = \"redis+unix:///nonexistent/tollgate-test.sock\"\n"));
+    let status = daemon.cli_json(&["status"]);
+    assert_eq!((status["reloads"].as_u64(), status["reload_failures"].as_u64()), (Some(0), Some(1)), "{status}");
+    assert!(status["last_reload_error"].as_str().unwrap().contains("[shared] differs"), "{status}");
+    assert!(status["shared"].is_null(), "{status}");
+    let check = daemon.cli_json(&["check", "--route", "login", "--ip", "198.51.100.7", "--account", "alice"]);
+    assert_eq!(check["decision"], "allow", "{check}\n{}", daemon.log());
+    let report = daemon.cli_json(&[
+        "report",
+        "--route",
+        "login",
+        "--ip",
+        "198.51.100.7",
+        "--account",
+        "alice",
+        "--outcome",
+        "failure",
+    ]);
+    assert_eq!(report["decision"], "allow", "{report}\n{}", daemon.log());
+}

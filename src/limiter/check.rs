@@ -1,8 +1,10 @@
 //! The check path: a check is planned (every key derived, no lock taken),
 //! its table slots prefetched, then decided rule by rule. Failure rules
 //! admit the attempt first, signal rules judge spray detection's flags,
-//! then rate rules spend; a refusal gives back the places taken. Shared
-//! mode's check (`global`) reuses these steps for this host's rules.
+//! then rate rules spend; a refusal gives back the places taken. The
+//! daemon reaches `decide_check` through `begin_check` (`global.rs`),
+//! which sends here every check no global rule needs the store for, and
+//! reuses these steps for this host's rules when one does.
 
 use super::route::{Route, Table};
 use super::subject::RuleKeys;

@@ -1,8 +1,11 @@
-//! Shared mode: a check or report whose route has global rules
-//! is decided in two halves around one store call. The first half does
-//! this host's rules and builds the op; the second reads the store's reply
-//! (`*_stored`) or, when the store did not answer in time, counts the
-//! global rules on this host's degraded tables (`*_locally`).
+//! Every check and report begins here (`begin_check`, `begin_report`), in
+//! local and shared mode alike: one without global rules (every request
+//! in local mode) is decided at once by the check and report paths. In
+//! shared mode one whose route has global rules is decided in two halves
+//! around one store call: the first does this host's rules and builds the
+//! op; the second reads the store's reply (`*_stored`) or, when the store
+//! did not answer in time, counts the global rules on this host's degraded
+//! tables (`*_locally`).
 //!
 //! The store's numbers are in the store's clock, so a global rule's answer
 //! is computed at the store's `now` (every figure in a verdict is a
@@ -52,10 +55,10 @@ pub struct StoreCheck<'l> {
     pub op: Op,
 }
 
-/// A check's first half in shared mode.
+/// A check's first half (`begin_check`).
 pub enum CheckedLocally<'l> {
-    /// Decided on this host (no global rule, a known lockout, or a host
-    /// rule refused): nothing to ask the store.
+    /// Decided on this host (no global rule for it, a ban, or a host rule
+    /// refused): nothing to ask the store.
     Done(Verdict<'l>),
     /// Refused from memory: the store said this key is locked.
     KnownLockout(Verdict<'l>),
@@ -99,7 +102,9 @@ pub struct ReportStored<'l> {
     pub locked: Vec<String>,
 }
 
+/// A report's first half (`begin_report`).
 pub enum ReportedLocally<'l> {
+    /// Counted on this host alone (no global rule for it).
     Done(Verdict<'l>, Vec<Durable>),
     Store(Box<StoreReport<'l>>),
 }
@@ -430,14 +435,14 @@ impl Limiter {
     ) -> Result<ReportedLocally<'a>, RequestError> {
         let outcome = report.outcome;
         let prepared = self.prepare_report(route, subject, report, now_us)?;
-        let mut answers = Answers::new();
-        let mut durable = Vec::new();
         let route = prepared.route;
         let globals = route.rules.iter().zip(prepared.rule_keys.iter()).any(|(r, k)| r.global.is_some() && k.is_some());
         if !globals {
-            self.report_rules(&prepared, Rules::All, true, now_us, &mut answers, &mut durable);
-            return Ok(ReportedLocally::Done(combine(&answers), durable));
+            let (verdict, durable) = self.report_here(&prepared, now_us);
+            return Ok(ReportedLocally::Done(verdict, durable));
         }
+        let mut answers = Answers::new();
+        let mut durable = Vec::new();
         self.report_rules(&prepared, Rules::Host, true, now_us, &mut answers, &mut durable);
         let mut rules = Vec::new();
         if let Some(device) = prepared.device {

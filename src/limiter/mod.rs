@@ -285,11 +285,18 @@ impl Limiter {
         now_us: u64,
     ) -> Result<(Verdict<'a>, Vec<Durable>), RequestError> {
         let prepared = self.prepare_report(route, subject, report, now_us)?;
+        Ok(self.report_here(&prepared, now_us))
+    }
+
+    /// A prepared report counted on every rule by this host alone: what
+    /// `report_with` does, and what `begin_report` does for a report no
+    /// global rule needs the store for.
+    fn report_here<'a>(&'a self, prepared: &PreparedReport<'a>, now_us: u64) -> (Verdict<'a>, Vec<Durable>) {
         let mut answers = Answers::new();
         let mut durable = Vec::new();
-        self.report_rules(&prepared, Rules::All, true, now_us, &mut answers, &mut durable);
-        debug_assert!(report.outcome.is_some() || durable.is_empty(), "an abandoned attempt locks nothing");
-        Ok((combine(&answers), durable))
+        self.report_rules(prepared, Rules::All, true, now_us, &mut answers, &mut durable);
+        debug_assert!(prepared.outcome.is_some() || durable.is_empty(), "an abandoned attempt locks nothing");
+        (combine(&answers), durable)
     }
 
     /// A report's first half, the same for every rule: its keys, whether
