@@ -8,14 +8,14 @@
 mod bans;
 mod exemptions;
 mod inspect;
+mod lifecycle;
 mod listings;
 mod request;
 mod scrape;
 mod shared;
-mod start;
 mod status;
 
-pub use start::{check_config, serve};
+pub use lifecycle::{check_config, serve};
 
 pub(crate) use listings::Listing;
 use listings::{LOCKOUTS_MADE_CONCURRENTLY_MAX, LOCKOUTS_REPLY_BYTES_MAX};
