@@ -138,6 +138,17 @@ impl Limiter {
             _ => 0,
         };
         let until = now_us.saturating_add(remaining_us.min(longest));
+        // A message never shortens a lockout held here: this host's own
+        // echo of a lockout's first message comes back after later
+        // failures lengthened it (the store's reply says so), and a
+        // shorter end would refuse less from memory after the store
+        // forgets. An unlock forgets it first, by its own message.
+        if let Some(known) = &route.known_lockouts {
+            let held = known.of(key).get(key.tuple, now_us);
+            if held.is_some_and(|slot| slot.value.rule == route.rules[rule].tag && slot.expires_us >= until) {
+                return true;
+            }
+        }
         self.remember_lockout(route, rule, key, until, now_us);
         true
     }

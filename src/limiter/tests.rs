@@ -325,3 +325,29 @@ fn an_exempt_source_skips_the_rules_its_prefix_shares_and_never_an_accounts() {
 fn limiter_config(text: &str) -> Config {
     Config::build(Config::parse(text).expect("parses")).expect("valid")
 }
+
+/// A host hears its own lockout messages too: the first failure that
+/// locks publishes the time left then, and that echo may arrive after
+/// later failures lengthened the lockout. A message never shortens a known
+/// lockout, so what this host refuses from memory after the store forgets
+/// is the longer one.
+#[test]
+fn a_later_message_with_less_time_left_does_not_shorten_a_known_lockout() {
+    let config =
+        format!("[shared]\nurl = \"redis+unix:///nonexistent/tollgate.sock\"\n{}", rule("scope = \"global\"\n"));
+    let limiter = limiter(&config);
+    let plan = limiter.plan_check("t", &account("alice"), T0).expect("a known route");
+    let key = plan.rule_keys[0].expect("alice's key");
+    let name = limiter.store_key(&plan.route.rules[0], key);
+    let known_until = |now_us: u64| {
+        let (mut out, mut total) = (Vec::new(), 0);
+        limiter.list_known_lockouts(10, now_us, &mut out, &mut total);
+        out.first().map(|l| l.until_ms)
+    };
+    assert!(limiter.learn_known_lockout(&name, 100 * SECOND, T0));
+    assert!(limiter.learn_known_lockout(&name, 10 * SECOND, T0 + SECOND), "the echo, late");
+    assert_eq!(known_until(T0 + 50 * SECOND), Some((T0 + 100 * SECOND) / 1000), "kept the longer end");
+    // A message that lengthens it is taken.
+    assert!(limiter.learn_known_lockout(&name, 110 * SECOND, T0 + 2 * SECOND));
+    assert_eq!(known_until(T0 + 50 * SECOND), Some((T0 + 112 * SECOND) / 1000));
+}
