@@ -291,7 +291,22 @@ fn plan_frame<'b, 'l>(
 /// them within `timeout` (false: close the connection). A buffer grown past
 /// `REPLY_BUFFER_RESTING_BYTES` is given back.
 async fn send_replies(writer: &mut OwnedWriteHalf, out: &mut Vec<u8>, timeout: Duration) -> bool {
-    let sent = out.is_empty() || matches!(tokio::time::timeout(timeout, writer.write_all(out)).await, Ok(Ok(())));
+    // Replies nearly always fit the socket's buffer: one non-blocking write
+    // sends them without a timer, which a request at a time would pay for
+    // on every reply. Only what did not fit waits, within the timeout.
+    if out.is_empty() {
+        return true;
+    }
+    let written = match writer.try_write(out) {
+        Ok(n) => n,
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
+        Err(_) => {
+            out.clear();
+            return false;
+        }
+    };
+    let rest = &out[written..];
+    let sent = rest.is_empty() || matches!(tokio::time::timeout(timeout, writer.write_all(rest)).await, Ok(Ok(())));
     out.clear();
     if out.capacity() > REPLY_BUFFER_RESTING_BYTES {
         *out = Vec::with_capacity(REPLY_BUFFER_RESTING_BYTES);
