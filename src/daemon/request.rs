@@ -59,7 +59,8 @@ impl Daemon {
                     }
                     Err(e) => Err(e),
                 };
-                return Started::Ready(self.checked(limiter, route, &subject, &attempt, verdict, now));
+                let verdict = verdict.map(|(verdict, degraded)| (verdict, Vec::new(), degraded));
+                return Started::Ready(self.answer(limiter, route, &subject, Some(&attempt), verdict, now));
             }
             Job::Report { route, subject, report } => {
                 // An abandoned attempt (no outcome) has nothing to log.
@@ -78,7 +79,7 @@ impl Daemon {
                     }
                     Err(e) => Err(e),
                 };
-                return Started::Ready(self.reported(limiter, route, &subject, attempt.as_ref(), reported, now));
+                return Started::Ready(self.answer(limiter, route, &subject, attempt.as_ref(), reported, now));
             }
             Job::Other(request) => request,
         };
@@ -135,12 +136,12 @@ impl Daemon {
         match started {
             Started::Ready(answer) => answer,
             Started::Check { route, subject, attempt, ticket, check } => {
-                let verdict = self.finish_check_shared(limiter, ticket, check, now).await;
-                self.checked(limiter, route, &subject, &attempt, Ok(verdict), now)
+                let (verdict, degraded) = self.finish_check_shared(limiter, ticket, check, now).await;
+                self.answer(limiter, route, &subject, Some(&attempt), Ok((verdict, Vec::new(), degraded)), now)
             }
             Started::Report { route, subject, attempt, ticket, report } => {
                 let reported = self.finish_report_shared(limiter, ticket, report, now).await;
-                self.reported(limiter, route, &subject, attempt.as_ref(), Ok(reported), now)
+                self.answer(limiter, route, &subject, attempt.as_ref(), Ok(reported), now)
             }
             Started::Admin(request @ Request::Unlock { .. }) => self.unlock(limiter, request, peer, now).await,
             Started::Admin(Request::Ban { network, prefix_len, for_ms, reason }) => {
@@ -153,43 +154,9 @@ impl Daemon {
         }
     }
 
-    fn checked<'l>(
-        &self,
-        limiter: &'l Limiter,
-        route: &str,
-        subject: &Subject<'_>,
-        attempt: &Attempt,
-        verdict: Result<(Verdict<'l>, bool), RequestError>,
-        now: u64,
-    ) -> Answer<'l> {
-        match verdict {
-            Ok((verdict, degraded)) => {
-                limiter.count_check(route, &verdict);
-                let link = &self.activity.link;
-                if let Some(account) = subject.account {
-                    let sample = link.sample(account);
-                    if link.in_sample(sample, now) {
-                        link.send(Event::Attempt { at_us: now, sample });
-                    }
-                }
-                self.log_decision(limiter, route, subject, attempt, &verdict, now);
-                // Monitor mode's would-be refusals are logged too: the
-                // log is how an operator judges a rule before enforcing it.
-                if verdict.decision != Decision::Allow || verdict.reason.is_monitored() {
-                    self.log_refusal(limiter, route, subject, &verdict, now);
-                    let refused = limiter.describe_refusal(route, subject, &verdict, "check", now);
-                    link.send(Event::Refused(Box::new(refused)));
-                }
-                (Response::Verdict(verdict), Vec::new(), degraded)
-            }
-            Err(e) => (request_error(e), Vec::new(), false),
-        }
-    }
-
-    /// A report's answer, counted and logged; `attempt` is None for an
+    /// A check's or report's reply, observed: `attempt` is None for an
     /// abandoned attempt, which gave back its places and counts nowhere.
-    #[allow(clippy::too_many_arguments)] // a report's request and its answer
-    fn reported<'l>(
+    fn answer<'l>(
         &self,
         limiter: &'l Limiter,
         route: &str,
@@ -200,41 +167,95 @@ impl Daemon {
     ) -> Answer<'l> {
         match reported {
             Ok((verdict, durable, degraded)) => {
-                let Some(attempt) = attempt else { return (Response::Verdict(verdict), durable, degraded) };
-                let outcome = attempt.outcome.expect("a report's attempt has its outcome");
-                limiter.count_report(route, &verdict, outcome);
-                let link = &self.activity.link;
-                if let (Outcome::Failure, Some(account)) = (outcome, subject.account) {
-                    let sample = link.sample(account);
-                    link.send(Event::Failure { at_us: now, sample, account: limiter.account_tag(account) });
-                }
-                self.log_decision(limiter, route, subject, attempt, &verdict, now);
-                if !durable.is_empty() {
-                    if let Some(suppressed) = self.audit.admit(now) {
-                        let client = limiter.client_prefix(subject).map(|p| p.to_string());
-                        // One line per rule that locked, named as itself (the
-                        // verdict names only the tightest rule), and whether
-                        // it is in monitor mode (its lock refuses no one).
-                        let mut named = 0;
-                        for (rule, monitor) in durable.iter().filter_map(|d| limiter.rule_of_write(d.rule()?)) {
-                            named += 1;
-                            tracing::info!(target: LOG_TARGET, route, rule = %rule, monitor, client, suppressed, "lockout");
-                        }
-                        if named == 0 {
-                            tracing::info!(target: LOG_TARGET, route, rule = %verdict.rule, client, suppressed, "lockout");
-                        }
-                    }
-                    // One line in the stream per rule that locked, monitor
-                    // mode's excepted: its lock refuses no one.
-                    for rule in durable.iter().filter_map(|d| d.rule()) {
-                        if let Some(locked) = limiter.describe_lockout(route, subject, rule, &verdict, now) {
-                            link.send(Event::Lockout(Box::new(locked)));
-                        }
-                    }
+                if let Some(attempt) = attempt {
+                    self.observe(limiter, route, subject, attempt, &verdict, &durable, now);
                 }
                 (Response::Verdict(verdict), durable, degraded)
             }
             Err(e) => (request_error(e), Vec::new(), false),
+        }
+    }
+
+    /// Every answered check and report passes here once, after its verdict
+    /// and before its reply: the route's counters, the activity stream, the
+    /// decision log, and the refusal and lockout log lines. A check has no
+    /// durable writes; only a report can lock.
+    #[allow(clippy::too_many_arguments)] // a request and its verdict
+    fn observe(
+        &self,
+        limiter: &Limiter,
+        route: &str,
+        subject: &Subject<'_>,
+        attempt: &Attempt,
+        verdict: &Verdict<'_>,
+        durable: &[Durable],
+        now: u64,
+    ) {
+        let link = &self.activity.link;
+        match attempt.outcome {
+            None => {
+                limiter.count_check(route, verdict);
+                if let Some(account) = subject.account {
+                    let sample = link.sample(account);
+                    if link.in_sample(sample, now) {
+                        link.send(Event::Attempt { at_us: now, sample });
+                    }
+                }
+            }
+            Some(outcome) => {
+                limiter.count_report(route, verdict, outcome);
+                if let (Outcome::Failure, Some(account)) = (outcome, subject.account) {
+                    let sample = link.sample(account);
+                    link.send(Event::Failure { at_us: now, sample, account: limiter.account_tag(account) });
+                }
+            }
+        }
+        self.log_decision(limiter, route, subject, attempt, verdict, now);
+        // A check's refusal, and monitor mode's would-be refusals too: the
+        // log is how an operator judges a rule before enforcing it. A
+        // report's refusal is the lockout below, or one already told.
+        let refused = verdict.decision != Decision::Allow || verdict.reason.is_monitored();
+        if attempt.outcome.is_none() && refused {
+            self.log_refusal(limiter, route, subject, verdict, now);
+            let refused = limiter.describe_refusal(route, subject, verdict, "check", now);
+            link.send(Event::Refused(Box::new(refused)));
+        }
+        if !durable.is_empty() {
+            self.log_lockouts(limiter, route, subject, verdict, durable, now);
+        }
+    }
+
+    /// The lockouts a report just took: one audit line per rule that
+    /// locked, and one event each in the activity stream.
+    fn log_lockouts(
+        &self,
+        limiter: &Limiter,
+        route: &str,
+        subject: &Subject<'_>,
+        verdict: &Verdict<'_>,
+        durable: &[Durable],
+        now: u64,
+    ) {
+        if let Some(suppressed) = self.audit.admit(now) {
+            let client = limiter.client_prefix(subject).map(|p| p.to_string());
+            // One line per rule that locked, named as itself (the
+            // verdict names only the tightest rule), and whether
+            // it is in monitor mode (its lock refuses no one).
+            let mut named = 0;
+            for (rule, monitor) in durable.iter().filter_map(|d| limiter.rule_of_write(d.rule()?)) {
+                named += 1;
+                tracing::info!(target: LOG_TARGET, route, rule = %rule, monitor, client, suppressed, "lockout");
+            }
+            if named == 0 {
+                tracing::info!(target: LOG_TARGET, route, rule = %verdict.rule, client, suppressed, "lockout");
+            }
+        }
+        // One line in the stream per rule that locked, monitor
+        // mode's excepted: its lock refuses no one.
+        for rule in durable.iter().filter_map(|d| d.rule()) {
+            if let Some(locked) = limiter.describe_lockout(route, subject, rule, verdict, now) {
+                self.activity.link.send(Event::Lockout(Box::new(locked)));
+            }
         }
     }
 
