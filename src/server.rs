@@ -306,7 +306,17 @@ async fn send_replies(writer: &mut OwnedWriteHalf, out: &mut Vec<u8>, timeout: D
         }
     };
     let rest = &out[written..];
-    let sent = rest.is_empty() || matches!(tokio::time::timeout(timeout, writer.write_all(rest)).await, Ok(Ok(())));
+    let sent = if rest.is_empty() {
+        // A write spends one unit of the task's cooperative budget, as
+        // `write_all` does: without it a connection pipelining without
+        // pause yields only on reads, and holds its worker twice as long
+        // while another client's check waits (measured: a check's p99
+        // beside three pipeliners of large replies went past its bound).
+        tokio::task::coop::consume_budget().await;
+        true
+    } else {
+        matches!(tokio::time::timeout(timeout, writer.write_all(rest)).await, Ok(Ok(())))
+    };
     out.clear();
     if out.capacity() > REPLY_BUFFER_RESTING_BYTES {
         *out = Vec::with_capacity(REPLY_BUFFER_RESTING_BYTES);
