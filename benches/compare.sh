@@ -96,7 +96,7 @@ cell_reply=$(redis-cli -s "$TMP/cell.sock" CL.THROTTLE cell:selftest 15 30 60 1 
 cell() {
   local cal n
   cell_run() {
-    redis-cli -s "$TMP/cell.sock" FLUSHALL >/dev/null
+    redis-cli -s "$TMP/cell.sock" FLUSHALL SYNC >/dev/null
     redis-benchmark -s "$TMP/cell.sock" -c "$CONNS" -n "$1" -P "$2" -r "$KEYS" --csv \
       CL.THROTTLE 'cell:user:__rand_int__' 15 30 60 1 | tail -n 1 | tr -d '"' | awk -F, '{ printf "%.0f\n", $2 }'
   }
@@ -107,7 +107,7 @@ cell() {
   # the next seconds and redis-server spends ~12% of a core on that while
   # the next contender is measured (seen as tollgate's 1-in-flight run,
   # which follows, 10% below its figure timed alone).
-  redis-cli -s "$TMP/cell.sock" FLUSHALL >/dev/null
+  redis-cli -s "$TMP/cell.sock" FLUSHALL SYNC >/dev/null
 }
 
 # bench <server pid> <socket> <in-flight> [extra flags]
