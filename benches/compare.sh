@@ -86,13 +86,15 @@ CODEC_PID=$!
 redis-server --port 0 --unixsocket "$TMP/cell.sock" --unixsocketperm 700 --dir "$TMP" --save '' --appendonly no \
   --loadmodule "$CELL" --logfile "$TMP/cell.log" &
 PIDS+=($!)
+CELL_PID=$!
 for _ in $(seq 100); do [ -S "$TMP/tollgate.sock" ] && [ -S "$TMP/echo.sock" ] && [ -S "$TMP/codec.sock" ] && [ -S "$TMP/cell.sock" ] && break; sleep 0.1; done
 # The same limit as the Lua peer's: a burst of 15, 30 a minute, 1 a call.
 cell_reply=$(redis-cli -s "$TMP/cell.sock" CL.THROTTLE cell:selftest 15 30 60 1 | tr '\n' ' ')
 [ "$(echo "$cell_reply" | awk '{print NF}')" = 5 ] || { echo "compare.sh: unexpected CL.THROTTLE reply: $cell_reply" >&2; exit 1; }
 
-# cell <in flight> -> ops/s of CL.THROTTLE on random keys, sized from a
-# short calibration so that it lasts about DURATION seconds.
+# cell <in flight> -> "ops server_us": ops/s of CL.THROTTLE on random keys,
+# sized from a short calibration so that it lasts about DURATION seconds,
+# and redis-server's CPU time per request.
 cell() {
   local cal n
   cell_run() {
@@ -102,7 +104,11 @@ cell() {
   }
   cal=$(cell_run 20000 "$1")
   n=$(awk -v r="$cal" -v d="$DURATION" 'BEGIN { n = int(r * d); if (n < 20000) n = 20000; print n }')
-  cell_run "$n" "$1"
+  local t0 t1 ops
+  t0=$(awk '{ print $14 + $15 }' "/proc/$CELL_PID/stat")
+  ops=$(cell_run "$n" "$1")
+  t1=$(awk '{ print $14 + $15 }' "/proc/$CELL_PID/stat")
+  echo "$ops $(awk -v t=$((t1 - t0)) -v n="$n" -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "%.2f", t / hz * 1e6 / n }')"
   # Emptied again after its run: left behind, the keys' TTLs expire over
   # the next seconds and redis-server spends ~12% of a core on that while
   # the next contender is measured (seen as tollgate's 1-in-flight run,
@@ -146,14 +152,16 @@ for run in $(seq "$RUNS"); do
   peer=$(DURATION=$DURATION CONNS=$CONNS PIPELINE=$PIPELINE KEYSPACE=$KEYS bash "$PEER")
   runs[redis1]+="$(echo "$peer" | sed -n 's/^redis_gcra_ops_per_s=//p') "
   runs[redis16]+="$(echo "$peer" | sed -n 's/^redis_gcra_p16_ops_per_s=//p') "
-  runs[cell1]+="$(cell 1) "
-  runs[cell16]+="$(cell "$PIPELINE") "
+  read -r ops srv < <(cell 1)
+  runs[cell1]+="$ops "; runs[cell1_srv]+="$srv "
+  read -r ops srv < <(cell "$PIPELINE")
+  runs[cell16]+="$ops "
   read -r ops p50 p99 p999 srv gen < <(bench "$TOLLGATE_PID" "$TMP/tollgate.sock" 1)
-  runs[tg1]+="$ops "; runs[tg1_p99]+="$p99 "
+  runs[tg1]+="$ops "; runs[tg1_p99]+="$p99 "; runs[tg1_srv]+="$srv "
   read -r ops p50 p99 p999 srv gen < <(bench "$TOLLGATE_PID" "$TMP/tollgate.sock" "$PIPELINE")
   runs[tg16]+="$ops "; runs[tg16_p99]+="$p99 "; runs[tg16_srv]+="$srv "; runs[tg16_gen]+="$gen "
   read -r ops p50 p99 p999 srv gen < <(bench "$ECHO_PID" "$TMP/echo.sock" 1 --raw)
-  runs[echo1]+="$ops "; runs[echo1_p99]+="$p99 "
+  runs[echo1]+="$ops "; runs[echo1_p99]+="$p99 "; runs[echo1_srv]+="$srv "
   read -r ops p50 p99 p999 srv gen < <(bench "$ECHO_PID" "$TMP/echo.sock" "$PIPELINE" --raw)
   runs[echo16]+="$ops "; runs[echo16_srv]+="$srv "; runs[echo16_gen]+="$gen "
   read -r ops p50 p99 p999 srv gen < <(bench "$CODEC_PID" "$TMP/codec.sock" "$PIPELINE")
@@ -181,5 +189,6 @@ echo "ratio tollgate/redis-cell, $PIPELINE in flight:  $(ratio "$(m tg16)" "$(m 
 echo "ratio tollgate/echo floor, $PIPELINE in flight:  $(ratio "$(m tg16)" "$(m echo16)")"
 echo "ratio codec floor/echo floor, $PIPELINE in flight: $(ratio "$(m codec16)" "$(m echo16)")"
 echo "p99 us, 1 in flight: tollgate $(m tg1_p99), echo floor $(m echo1_p99)"
+echo "server CPU us per request at 1 in flight: tollgate $(m tg1_srv), redis-cell $(m cell1_srv), echo floor $(m echo1_srv)"
 echo "CPU us per request at $PIPELINE in flight (server + load generator):"
 echo "  tollgate $(m tg16_srv) + $(m tg16_gen); echo floor $(m echo16_srv) + $(m echo16_gen); codec floor $(m codec16_srv) + $(m codec16_gen)"
