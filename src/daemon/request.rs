@@ -168,7 +168,7 @@ impl Daemon {
         match reported {
             Ok((verdict, durable, degraded)) => {
                 if let Some(attempt) = attempt {
-                    self.observe(limiter, route, subject, attempt, &verdict, &durable, now);
+                    self.observe(limiter, &Seen { route, subject, attempt, verdict: &verdict }, &durable, now);
                 }
                 (Response::Verdict(verdict), durable, degraded)
             }
@@ -180,17 +180,8 @@ impl Daemon {
     /// and before its reply: the route's counters, the activity stream, the
     /// decision log, and the refusal and lockout log lines. A check has no
     /// durable writes; only a report can lock.
-    #[allow(clippy::too_many_arguments)] // a request and its verdict
-    fn observe(
-        &self,
-        limiter: &Limiter,
-        route: &str,
-        subject: &Subject<'_>,
-        attempt: &Attempt,
-        verdict: &Verdict<'_>,
-        durable: &[Durable],
-        now: u64,
-    ) {
+    fn observe(&self, limiter: &Limiter, seen: &Seen<'_>, durable: &[Durable], now: u64) {
+        let Seen { route, subject, attempt, verdict } = *seen;
         let link = &self.activity.link;
         match attempt.outcome {
             None => {
@@ -210,32 +201,25 @@ impl Daemon {
                 }
             }
         }
-        self.log_decision(limiter, route, subject, attempt, verdict, now);
+        self.log_decision(limiter, seen, now);
         // A check's refusal, and monitor mode's would-be refusals too: the
         // log is how an operator judges a rule before enforcing it. A
         // report's refusal is the lockout below, or one already told.
         let refused = verdict.decision != Decision::Allow || verdict.reason.is_monitored();
         if attempt.outcome.is_none() && refused {
-            self.log_refusal(limiter, route, subject, verdict, now);
+            self.log_refusal(limiter, seen, now);
             let refused = limiter.describe_refusal(route, subject, verdict, "check", now);
             link.send(Event::Refused(Box::new(refused)));
         }
         if !durable.is_empty() {
-            self.log_lockouts(limiter, route, subject, verdict, durable, now);
+            self.log_lockouts(limiter, seen, durable, now);
         }
     }
 
     /// The lockouts a report just took: one audit line per rule that
     /// locked, and one event each in the activity stream.
-    fn log_lockouts(
-        &self,
-        limiter: &Limiter,
-        route: &str,
-        subject: &Subject<'_>,
-        verdict: &Verdict<'_>,
-        durable: &[Durable],
-        now: u64,
-    ) {
+    fn log_lockouts(&self, limiter: &Limiter, seen: &Seen<'_>, durable: &[Durable], now: u64) {
+        let Seen { route, subject, verdict, .. } = *seen;
         if let Some(suppressed) = self.audit.admit(now) {
             let client = limiter.client_prefix(subject).map(|p| p.to_string());
             // One line per rule that locked, named as itself (the
@@ -326,6 +310,16 @@ pub(crate) enum Started<'b, 'l> {
 /// version-2 reply's flag).
 pub(crate) type Answer<'l> = (Response<'l>, Vec<Durable>, bool);
 
+/// An answered check or report, as observation sees it: what the request
+/// asked and the verdict it got.
+#[derive(Clone, Copy)]
+struct Seen<'a> {
+    route: &'a str,
+    subject: &'a Subject<'a>,
+    attempt: &'a Attempt,
+    verdict: &'a Verdict<'a>,
+}
+
 /// A decoded request, ready to answer: a peer's permission already
 /// decided, and a check's keys already derived (`Limiter::plan_check`), so
 /// that a batch's table slots can be prefetched before any is decided.
@@ -391,21 +385,14 @@ impl Daemon {
     /// Hands a verdict to the decision log, when it is on (when off: one
     /// branch). The digests are derived here, on the request thread.
     #[inline]
-    fn log_decision(
-        &self,
-        limiter: &Limiter,
-        route: &str,
-        subject: &Subject<'_>,
-        attempt: &Attempt,
-        verdict: &Verdict<'_>,
-        now: u64,
-    ) {
+    fn log_decision(&self, limiter: &Limiter, seen: &Seen<'_>, now: u64) {
         if let Some(log) = &self.decision_log {
-            log.send(limiter.decision_record(route, subject, attempt, verdict, now));
+            log.send(limiter.decision_record(seen.route, seen.subject, seen.attempt, seen.verdict, now));
         }
     }
 
-    fn log_refusal(&self, limiter: &Limiter, route: &str, subject: &Subject<'_>, verdict: &Verdict<'_>, now: u64) {
+    fn log_refusal(&self, limiter: &Limiter, seen: &Seen<'_>, now: u64) {
+        let Seen { route, subject, verdict, .. } = *seen;
         if let Some(suppressed) = self.refusals.admit(now) {
             let client = limiter.client_prefix(subject).map(|p| p.to_string());
             tracing::info!(target: LOG_TARGET,
