@@ -308,10 +308,9 @@ async fn send_replies(writer: &mut OwnedWriteHalf, out: &mut Vec<u8>, timeout: D
     let rest = &out[written..];
     let sent = if rest.is_empty() {
         // A write spends one unit of the task's cooperative budget, as
-        // `write_all` does: without it a connection pipelining without
-        // pause yields only on reads, and holds its worker twice as long
-        // while another client's check waits (measured: a check's p99
-        // beside three pipeliners of large replies went past its bound).
+        // `write_all` does: without it a connection pipelining small
+        // requests without pause would yield only on its reads, and hold
+        // its worker longer than before while other clients wait.
         tokio::task::coop::consume_budget().await;
         true
     } else {

@@ -176,10 +176,12 @@ impl Daemon {
         }
     }
 
-    /// Every answered check and report passes here once, after its verdict
-    /// and before its reply: the route's counters, the activity stream, the
-    /// decision log, and the refusal and lockout log lines. A check has no
-    /// durable writes; only a report can lock.
+    /// Every check and report answered with a verdict passes here once,
+    /// after the verdict and before the reply (an abandoned attempt and a
+    /// request error do not): the route's counters, the activity stream,
+    /// the decision log, and the refusal and lockout log lines. A check is
+    /// an attempt without an outcome (`Attempt::check`); it has no durable
+    /// writes, only a report can lock.
     fn observe(&self, limiter: &Limiter, seen: &Seen<'_>, durable: &[Durable], now: u64) {
         let Seen { route, subject, attempt, verdict } = *seen;
         let link = &self.activity.link;
