@@ -72,9 +72,24 @@ trap 'exit 143' TERM
 
 # tollgate with built-in defaults on a temp socket; the `request` route's
 # GCRA (one per source prefix) is the like-for-like of the Lua script.
-"$BIN" serve --socket "$TMP/tollgate.sock" --state "$TMP/state.redb" --config /dev/null >"$TMP/daemon.log" 2>&1 &
-PIDS+=($!)
-TOLLGATE_PID=$!
+# Started afresh before each of its runs, as redis-cell is emptied before
+# each of its own: neither contender works on the other run's keys.
+# Stopped after its runs, so that its sweeps do not run in the others'.
+stop_tollgate() {
+  if [ -n "${TOLLGATE_PID:-}" ]; then
+    kill "$TOLLGATE_PID" 2>/dev/null || true
+    wait "$TOLLGATE_PID" 2>/dev/null || true
+  fi
+  TOLLGATE_PID=
+}
+start_tollgate() {
+  stop_tollgate
+  rm -f "$TMP/tollgate.sock" "$TMP/state.redb"
+  "$BIN" serve --socket "$TMP/tollgate.sock" --state "$TMP/state.redb" --config /dev/null >"$TMP/daemon.log" 2>&1 &
+  TOLLGATE_PID=$!
+  PIDS+=("$TOLLGATE_PID")
+  for _ in $(seq 100); do [ -S "$TMP/tollgate.sock" ] && break; sleep 0.05; done
+}
 "$BIN" echo-server --socket "$TMP/echo.sock" >"$TMP/echo.log" 2>&1 &
 PIDS+=($!)
 ECHO_PID=$!
@@ -87,7 +102,7 @@ redis-server --port 0 --unixsocket "$TMP/cell.sock" --unixsocketperm 700 --dir "
   --loadmodule "$CELL" --logfile "$TMP/cell.log" &
 PIDS+=($!)
 CELL_PID=$!
-for _ in $(seq 100); do [ -S "$TMP/tollgate.sock" ] && [ -S "$TMP/echo.sock" ] && [ -S "$TMP/codec.sock" ] && [ -S "$TMP/cell.sock" ] && break; sleep 0.1; done
+for _ in $(seq 100); do [ -S "$TMP/echo.sock" ] && [ -S "$TMP/codec.sock" ] && [ -S "$TMP/cell.sock" ] && break; sleep 0.1; done
 # The same limit as the Lua peer's: a burst of 15, 30 a minute, 1 a call.
 cell_reply=$(redis-cli -s "$TMP/cell.sock" CL.THROTTLE cell:selftest 15 30 60 1 | tr '\n' ' ')
 [ "$(echo "$cell_reply" | awk '{print NF}')" = 5 ] || { echo "compare.sh: unexpected CL.THROTTLE reply: $cell_reply" >&2; exit 1; }
@@ -156,10 +171,13 @@ for run in $(seq "$RUNS"); do
   runs[cell1]+="$ops "; runs[cell1_srv]+="$srv "
   read -r ops srv < <(cell "$PIPELINE")
   runs[cell16]+="$ops "
+  start_tollgate
   read -r ops p50 p99 p999 srv gen < <(bench "$TOLLGATE_PID" "$TMP/tollgate.sock" 1)
   runs[tg1]+="$ops "; runs[tg1_p99]+="$p99 "; runs[tg1_srv]+="$srv "
+  start_tollgate
   read -r ops p50 p99 p999 srv gen < <(bench "$TOLLGATE_PID" "$TMP/tollgate.sock" "$PIPELINE")
   runs[tg16]+="$ops "; runs[tg16_p99]+="$p99 "; runs[tg16_srv]+="$srv "; runs[tg16_gen]+="$gen "
+  stop_tollgate
   read -r ops p50 p99 p999 srv gen < <(bench "$ECHO_PID" "$TMP/echo.sock" 1 --raw)
   runs[echo1]+="$ops "; runs[echo1_p99]+="$p99 "; runs[echo1_srv]+="$srv "
   read -r ops p50 p99 p999 srv gen < <(bench "$ECHO_PID" "$TMP/echo.sock" "$PIPELINE" --raw)
