@@ -133,6 +133,8 @@ fn bench_keys(c: &mut Criterion) {
     group.bench_function("tuple_account_prefix", |b| {
         b.iter(|| deriver.tuple(black_box(&[(Component::Account, account), (Component::Prefix, prefix)])))
     });
+    // What every report carrying the client's password tag pays.
+    group.bench_function("password_tag", |b| b.iter(|| deriver.password_tag(black_box(&[9; 16]))));
     // What a (account, prefix) rule costs per request: two digests and the tuple's.
     group.bench_function("account_prefix_key", |b| {
         b.iter(|| {
