@@ -217,7 +217,8 @@ const BLOCK_BYTES: usize = 128;
 /// digest at a fifth of the daemon's time.
 ///
 /// Source prefixes take a cheaper keyed hash, SipHash-1-3 with a 128-bit
-/// output under a subkey derived from the secret: a prefix is a fixed-width
+/// output under a subkey derived from the secret (password tags too, to 64
+/// bits under a subkey of their own: see `password_tag`): a prefix is a fixed-width
 /// network address, not an identifier (log lines show it in clear), so the
 /// digest only has to be unpredictable, which keeps an attacker from aiming
 /// at a shard or bucket. That is the job SipHash was designed for, at a
@@ -319,20 +320,20 @@ impl KeyDeriver {
     }
 
     /// A client's password tag (its keyed digest of the password alone)
-    /// re-keyed with this daemon's secret and cut to 64 bits: what spray
-    /// detection counts, useless to anyone reading memory without both keys.
-    /// SipHash-1-3 under a subkey of the secret, as for prefixes: the input
-    /// is already a keyed digest, and the value lives only in this
-    /// process's memory (spray detection is neither saved nor shared), so
-    /// it only has to be unpredictable without the secret, which keeps an
-    /// attacker from aiming passwords at one sketch cell. Every report
-    /// that carries a tag pays for it, at a fifth of a BLAKE2b compression.
+    /// re-keyed with this daemon's secret to 64 bits: the key spray
+    /// detection files a password under (its index slot, its flag).
+    /// SipHash-1-3 under a subkey of the secret, as for prefixes: the
+    /// value lives only in this process's memory (spray detection is
+    /// neither saved nor shared), so it needs to be a PRF, not a stored
+    /// name. Any client may send any 16 bytes and `status` shows flagged
+    /// values, so it rests on the secret key alone: without it no one can
+    /// aim passwords at one slot or make two collide. Every report that
+    /// carries a tag pays for it, at a tenth of a BLAKE2b compression.
     pub fn password_tag(&self, tag: &[u8; 16]) -> u64 {
         use std::hash::Hasher;
-        let mut hasher = SipHasher13::new_with_key(&self.password_key);
+        let mut hasher = siphasher::sip::SipHasher13::new_with_key(&self.password_key);
         hasher.write(tag);
-        let digest = hasher.finish128().as_bytes();
-        u64::from_le_bytes(digest[..8].try_into().expect("8 of 16 bytes"))
+        hasher.finish()
     }
 
     /// A client's password digest or tag re-keyed with this daemon's
@@ -416,6 +417,32 @@ mod tests {
             hasher.write(&bytes);
             assert_eq!(d.prefix(&bytes), hasher.finish128().as_bytes());
         }
+    }
+
+    #[test]
+    fn the_digests_state_files_and_the_store_hold_do_not_change() {
+        // Lockouts, counters and store keys are these digests: a change to
+        // any derivation below would orphan every saved one. Values made
+        // by the build that wrote this test, and by the one before it.
+        let d = deriver(6);
+        let mut bytes = [7u8; PREFIX_BYTES];
+        bytes[0] = 6;
+        let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+        let prefix = d.prefix(&bytes);
+        let account = d.component(Component::Account, b"alice");
+        assert_eq!(hex(&prefix), "316f251e096abdd2f7b0e67da93cf331");
+        assert_eq!(hex(&account), "6afee3d8447aa31a14bb98ac809f09be");
+        let key = d.tuple(&[(Component::Account, account), (Component::Prefix, prefix)]);
+        assert_eq!(key.to_string(), "1aa37a44d8e3fe6a067a9f8e2a45f53d");
+    }
+
+    #[test]
+    fn password_tags_depend_on_secret_and_input_under_their_own_subkey() {
+        let (a, b) = (deriver(6), deriver(7));
+        assert_eq!(a.password_tag(&[9; 16]), a.clone().password_tag(&[9; 16]));
+        assert_ne!(a.password_tag(&[9; 16]), b.password_tag(&[9; 16]));
+        assert_ne!(a.password_tag(&[9; 16]), a.password_tag(&[8; 16]));
+        assert_ne!(a.password_key, a.prefix_key);
     }
 
     #[test]

@@ -314,7 +314,6 @@ impl Limiter {
         // field cannot leave a report counted on some rules and not others.
         let mut keys = self.subject_keys_at(&route.name, subject, now_us);
         let Derived { known, device, rule_keys } = self.derive(route, &mut keys, now_us)?;
-        let password64 = password_tag.map(|tag| self.keys.password_tag(&tag));
         let repeated = match (outcome, password_digest, &route.recent_passwords) {
             (Some(Outcome::Failure), Some(digest), Some(recent))
                 if keys.has(Component::Prefix) && keys.has(Component::Account) =>
@@ -334,6 +333,7 @@ impl Limiter {
         }
         let mut hits = Hits::default();
         if let (true, Some(link)) = (route.feeds_signals, &self.signals) {
+            let password64 = password_tag.map(|tag| self.keys.password_tag(&tag));
             let event = outcome.and_then(|outcome| {
                 keys.signal_event(route, outcome, repeated, known, password64, self.success_sample)
             });
