@@ -349,8 +349,13 @@ impl KeyDeriver {
 
     /// The `account_tag` every key containing this account carries.
     pub fn account_tag(&self, account: &str) -> u64 {
-        split(&self.component(Component::Account, account.as_bytes())).account_tag
+        account_tag_of(&self.component(Component::Account, account.as_bytes()))
     }
+}
+
+/// The `account_tag` of an account's component digest.
+pub fn account_tag_of(account: &[u8; 16]) -> u64 {
+    split(account).account_tag
 }
 
 fn split(digest: &[u8; 16]) -> Key {

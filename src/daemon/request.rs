@@ -9,7 +9,7 @@ use crate::activity::Event;
 use crate::clock::ceil_ms;
 use crate::codec::RequestExtras;
 use crate::decision_log::Attempt;
-use crate::limiter::{CheckPlan, CheckedLocally, Limiter, Report, ReportedLocally, RequestError};
+use crate::limiter::{CheckPlan, CheckedLocally, Facts, Limiter, Report, ReportedLocally, RequestError};
 use crate::protocol::{Decision, ErrorCode, Outcome, Request, Response, Subject, Verdict};
 use crate::shared::Ticket;
 use crate::store::Durable;
@@ -44,42 +44,49 @@ impl Daemon {
             // whose op is then queued (`daemon/shared.rs`). Global rules
             // exist only with `[shared]`, which also made `self.shared`,
             // and a reload cannot change it.
-            Job::Check { route, subject, plan } => {
-                let attempt = Attempt::check(plan.as_ref().ok().and_then(CheckPlan::password_tag));
-                let verdict = match plan.map(|plan| limiter.begin_check(plan, now)) {
-                    Ok(CheckedLocally::Done(verdict)) => Ok((verdict, false)),
-                    Ok(begun) => {
+            Job::Check { subject, plan } => {
+                let plan = match plan {
+                    Ok(plan) => plan,
+                    Err(e) => return Started::Ready((request_error(e), Vec::new(), false)),
+                };
+                let attempt = Attempt::check(plan.password_tag());
+                let facts = plan.facts();
+                let (verdict, degraded) = match limiter.begin_check(plan, now) {
+                    CheckedLocally::Done(verdict) => (verdict, false),
+                    begun => {
                         let store = self.shared.as_ref().expect("global rules come with their store");
                         match self.start_check_shared(store, limiter, begun, now) {
-                            SharedStart::Done(verdict) => Ok(verdict),
+                            SharedStart::Done(verdict) => verdict,
                             SharedStart::Waiting(ticket, check) => {
-                                return Started::Check { route, subject, attempt, ticket, check };
+                                return Started::Check { facts, subject, attempt, ticket, check };
                             }
                         }
                     }
-                    Err(e) => Err(e),
                 };
-                let verdict = verdict.map(|(verdict, degraded)| (verdict, Vec::new(), degraded));
-                return Started::Ready(self.answer(limiter, route, &subject, Some(&attempt), verdict, now));
+                let reported = (verdict, Vec::new(), degraded);
+                return Started::Ready(self.answer(facts, &subject, Some(&attempt), reported, now));
             }
             Job::Report { route, subject, report } => {
                 // An abandoned attempt (no outcome) has nothing to log.
                 let attempt =
                     report.outcome.map(|outcome| Attempt::report(outcome, report.password_digest, report.password_tag));
-                let reported = match limiter.begin_report(route, &subject, &report, now) {
-                    Ok(ReportedLocally::Done(verdict, durable)) => Ok((verdict, durable, false)),
-                    Ok(ReportedLocally::Store(begun)) => {
+                let (facts, begun) = match limiter.begin_report(route, &subject, &report, now) {
+                    Ok(begun) => begun,
+                    Err(e) => return Started::Ready((request_error(e), Vec::new(), false)),
+                };
+                let reported = match begun {
+                    ReportedLocally::Done(verdict, durable) => (verdict, durable, false),
+                    ReportedLocally::Store(begun) => {
                         let store = self.shared.as_ref().expect("global rules come with their store");
                         match self.start_report_shared(store, limiter, begun, now) {
-                            SharedStart::Done(reported) => Ok(reported),
+                            SharedStart::Done(reported) => reported,
                             SharedStart::Waiting(ticket, report) => {
-                                return Started::Report { route, subject, attempt, ticket, report };
+                                return Started::Report { facts, subject, attempt, ticket, report };
                             }
                         }
                     }
-                    Err(e) => Err(e),
                 };
-                return Started::Ready(self.answer(limiter, route, &subject, attempt.as_ref(), reported, now));
+                return Started::Ready(self.answer(facts, &subject, attempt.as_ref(), reported, now));
             }
             Job::Other(request) => request,
         };
@@ -135,13 +142,13 @@ impl Daemon {
     ) -> Answer<'l> {
         match started {
             Started::Ready(answer) => answer,
-            Started::Check { route, subject, attempt, ticket, check } => {
+            Started::Check { facts, subject, attempt, ticket, check } => {
                 let (verdict, degraded) = self.finish_check_shared(limiter, ticket, check, now).await;
-                self.answer(limiter, route, &subject, Some(&attempt), Ok((verdict, Vec::new(), degraded)), now)
+                self.answer(facts, &subject, Some(&attempt), (verdict, Vec::new(), degraded), now)
             }
-            Started::Report { route, subject, attempt, ticket, report } => {
+            Started::Report { facts, subject, attempt, ticket, report } => {
                 let reported = self.finish_report_shared(limiter, ticket, report, now).await;
-                self.answer(limiter, route, &subject, attempt.as_ref(), Ok(reported), now)
+                self.answer(facts, &subject, attempt.as_ref(), reported, now)
             }
             Started::Admin(request @ Request::Unlock { .. }) => self.unlock(limiter, request, peer, now).await,
             Started::Admin(Request::Ban { network, prefix_len, for_ms, reason }) => {
@@ -158,22 +165,16 @@ impl Daemon {
     /// abandoned attempt, which gave back its places and counts nowhere.
     fn answer<'l>(
         &self,
-        limiter: &'l Limiter,
-        route: &str,
+        facts: Facts<'_>,
         subject: &Subject<'_>,
         attempt: Option<&Attempt>,
-        reported: Result<Reported<'l>, RequestError>,
+        (verdict, durable, degraded): Reported<'l>,
         now: u64,
     ) -> Answer<'l> {
-        match reported {
-            Ok((verdict, durable, degraded)) => {
-                if let Some(attempt) = attempt {
-                    self.observe(limiter, &Seen { route, subject, attempt, verdict: &verdict }, &durable, now);
-                }
-                (Response::Verdict(verdict), durable, degraded)
-            }
-            Err(e) => (request_error(e), Vec::new(), false),
+        if let Some(attempt) = attempt {
+            self.observe(&Seen { facts, subject, attempt, verdict: &verdict }, &durable, now);
         }
+        (Response::Verdict(verdict), durable, degraded)
     }
 
     /// Every check and report answered with a verdict passes here once,
@@ -181,13 +182,15 @@ impl Daemon {
     /// request error do not): the route's counters, the activity stream,
     /// the decision log, and the refusal and lockout log lines. A check is
     /// an attempt without an outcome (`Attempt::check`); it has no durable
-    /// writes, only a report can lock.
-    fn observe(&self, limiter: &Limiter, seen: &Seen<'_>, durable: &[Durable], now: u64) {
-        let Seen { route, subject, attempt, verdict } = *seen;
+    /// writes, only a report can lock. Everything it needs of the request
+    /// is in `facts`, as the decision derived it: it asks the limiter
+    /// nothing.
+    fn observe(&self, seen: &Seen<'_>, durable: &[Durable], now: u64) {
+        let Seen { facts, subject, attempt, verdict } = *seen;
         let link = &self.activity.link;
         match attempt.outcome {
             None => {
-                limiter.count_check(route, verdict);
+                facts.count_check(verdict);
                 if let Some(account) = subject.account {
                     let sample = link.sample(account);
                     if link.in_sample(sample, now) {
@@ -196,39 +199,40 @@ impl Daemon {
                 }
             }
             Some(outcome) => {
-                limiter.count_report(route, verdict, outcome);
+                facts.count_report(verdict, outcome);
                 if let (Outcome::Failure, Some(account)) = (outcome, subject.account) {
                     let sample = link.sample(account);
-                    link.send(Event::Failure { at_us: now, sample, account: limiter.account_tag(account) });
+                    link.send(Event::Failure { at_us: now, sample, account: facts.account_tag(account) });
                 }
             }
         }
-        self.log_decision(limiter, seen, now);
+        self.log_decision(seen, now);
         // A check's refusal, and monitor mode's would-be refusals too: the
         // log is how an operator judges a rule before enforcing it. A
         // report's refusal is the lockout below, or one already told.
         let refused = verdict.decision != Decision::Allow || verdict.reason.is_monitored();
         if attempt.outcome.is_none() && refused {
-            self.log_refusal(limiter, seen, now);
-            let refused = limiter.describe_refusal(route, subject, verdict, "check", now);
+            self.log_refusal(seen, now);
+            let refused = facts.describe_refusal(subject, verdict, "check", now);
             link.send(Event::Refused(Box::new(refused)));
         }
         if !durable.is_empty() {
-            self.log_lockouts(limiter, seen, durable, now);
+            self.log_lockouts(seen, durable, now);
         }
     }
 
     /// The lockouts a report just took: one audit line per rule that
     /// locked, and one event each in the activity stream.
-    fn log_lockouts(&self, limiter: &Limiter, seen: &Seen<'_>, durable: &[Durable], now: u64) {
-        let Seen { route, subject, verdict, .. } = *seen;
+    fn log_lockouts(&self, seen: &Seen<'_>, durable: &[Durable], now: u64) {
+        let Seen { facts, subject, verdict, .. } = *seen;
+        let route = facts.route();
         if let Some(suppressed) = self.audit.admit(now) {
-            let client = limiter.client_prefix(subject).map(|p| p.to_string());
+            let client = facts.client_origin(subject).map(|(prefix, _)| prefix.to_string());
             // One line per rule that locked, named as itself (the
             // verdict names only the tightest rule), and whether
             // it is in monitor mode (its lock refuses no one).
             let mut named = 0;
-            for (rule, monitor) in durable.iter().filter_map(|d| limiter.rule_of_write(d.rule()?)) {
+            for (rule, monitor) in durable.iter().filter_map(|d| facts.rule_of_write(d.rule()?)) {
                 named += 1;
                 tracing::info!(target: LOG_TARGET, route, rule = %rule, monitor, client, suppressed, "lockout");
             }
@@ -239,7 +243,7 @@ impl Daemon {
         // One line in the stream per rule that locked, monitor
         // mode's excepted: its lock refuses no one.
         for rule in durable.iter().filter_map(|d| d.rule()) {
-            if let Some(locked) = limiter.describe_lockout(route, subject, rule, verdict, now) {
+            if let Some(locked) = facts.describe_lockout(subject, rule, verdict, now) {
                 self.activity.link.send(Event::Lockout(Box::new(locked)));
             }
         }
@@ -287,7 +291,7 @@ pub(crate) enum Started<'b, 'l> {
     Ready(Answer<'l>),
     /// A check whose global rules' op is queued to the store.
     Check {
-        route: &'b str,
+        facts: Facts<'l>,
         subject: Subject<'b>,
         attempt: Attempt,
         ticket: Ticket<'b>,
@@ -296,7 +300,7 @@ pub(crate) enum Started<'b, 'l> {
     /// A report (or an abandoned attempt: no `attempt`) whose global
     /// rules' op is queued to the store.
     Report {
-        route: &'b str,
+        facts: Facts<'l>,
         subject: Subject<'b>,
         attempt: Option<Attempt>,
         ticket: Ticket<'b>,
@@ -316,7 +320,7 @@ pub(crate) type Answer<'l> = (Response<'l>, Vec<Durable>, bool);
 /// asked and the verdict it got.
 #[derive(Clone, Copy)]
 struct Seen<'a> {
-    route: &'a str,
+    facts: Facts<'a>,
     subject: &'a Subject<'a>,
     attempt: &'a Attempt,
     verdict: &'a Verdict<'a>,
@@ -327,7 +331,6 @@ struct Seen<'a> {
 /// that a batch's table slots can be prefetched before any is decided.
 pub(crate) enum Job<'b, 'l> {
     Check {
-        route: &'b str,
         subject: Subject<'b>,
         plan: Result<CheckPlan<'l>, RequestError>,
     },
@@ -371,7 +374,7 @@ impl<'b, 'l> Job<'b, 'l> {
                 if let Ok(plan) = &mut plan {
                     plan.set_password_tag(password_tag);
                 }
-                Job::Check { route, subject, plan }
+                Job::Check { subject, plan }
             }
             Request::Report { route, subject, outcome, password_digest } => {
                 let report = Report { outcome: Some(outcome), password_digest, password_tag };
@@ -387,18 +390,18 @@ impl Daemon {
     /// Hands a verdict to the decision log, when it is on (when off: one
     /// branch). The digests are derived here, on the request thread.
     #[inline]
-    fn log_decision(&self, limiter: &Limiter, seen: &Seen<'_>, now: u64) {
+    fn log_decision(&self, seen: &Seen<'_>, now: u64) {
         if let Some(log) = &self.decision_log {
-            log.send(limiter.decision_record(seen.route, seen.subject, seen.attempt, seen.verdict, now));
+            log.send(seen.facts.decision_record(seen.subject, seen.attempt, seen.verdict, now));
         }
     }
 
-    fn log_refusal(&self, limiter: &Limiter, seen: &Seen<'_>, now: u64) {
-        let Seen { route, subject, verdict, .. } = *seen;
+    fn log_refusal(&self, seen: &Seen<'_>, now: u64) {
+        let Seen { facts, subject, verdict, .. } = *seen;
         if let Some(suppressed) = self.refusals.admit(now) {
-            let client = limiter.client_prefix(subject).map(|p| p.to_string());
+            let client = facts.client_origin(subject).map(|(prefix, _)| prefix.to_string());
             tracing::info!(target: LOG_TARGET,
-                route,
+                route = facts.route(),
                 rule = %verdict.rule,
                 decision = ?verdict.decision,
                 reason = ?verdict.reason,

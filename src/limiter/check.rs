@@ -9,7 +9,7 @@
 use super::route::{Route, Table};
 use super::subject::RuleKeys;
 use super::verdict::{combine, failure_answer, rate_answer, rate_spec, signal_answer, Answers, RuleAnswer};
-use super::{CheckPlan, Derived, Limiter, RequestError, Rules};
+use super::{CheckPlan, Derived, Facts, Limiter, RequestError, Rules};
 use crate::classes::SourceClass;
 use crate::config::{Detector, RULES_PER_ROUTE_MAX};
 use crate::protocol::{Subject, Verdict};
@@ -42,11 +42,9 @@ impl Limiter {
         }
         let hits = if route.feeds_signals { keys.hits(route) } else { Hits::default() };
         Ok(CheckPlan {
-            route,
+            facts: Facts::new(self, route, &mut keys, known),
             rule_keys,
-            class: keys.source_class(),
             device,
-            known,
             password_tag: None,
             hits,
             banned_until,
@@ -56,7 +54,7 @@ impl Limiter {
     /// Asks the memory system for the rate-table slots a planned check will
     /// touch; a hint only, it changes nothing.
     pub fn prefetch(&self, plan: &CheckPlan<'_>) {
-        for (rule, key) in plan.route.rules.iter().zip(plan.rule_keys.iter()) {
+        for (rule, key) in plan.facts.route.rules.iter().zip(plan.rule_keys.iter()) {
             if let (Table::Rate { shards, .. }, Some(key)) = (&rule.table, key) {
                 shards.prefetch(*key);
             }
@@ -72,7 +70,8 @@ impl Limiter {
             return Limiter::banned_verdict(until_us, now_us);
         }
         let hits = self.plan_hits(&plan, now_us);
-        let CheckPlan { route, rule_keys, class, known, device, .. } = plan;
+        let CheckPlan { facts, rule_keys, device, .. } = plan;
+        let (route, class, known) = (facts.route, facts.class, facts.known_device);
         // Only a plan made for the store (a device to look up) has keys of
         // device-scoped rules this host's knowledge excludes.
         let rule_keys = if device.is_some() { self.scoped_here(route, rule_keys, known) } else { rule_keys };
@@ -83,7 +82,7 @@ impl Limiter {
     /// Every flag the plan's subject carries, its password tag's included.
     pub(super) fn plan_hits(&self, plan: &CheckPlan<'_>, now_us: u64) -> Hits {
         let mut hits = plan.hits;
-        if let (true, Some(tag)) = (plan.route.feeds_signals, &plan.password_tag) {
+        if let (true, Some(tag)) = (plan.facts.route.feeds_signals, &plan.password_tag) {
             if let Some(flags) = self.flags_raised() {
                 let bits = flags.probe(Space::Password, self.keys.password_tag(tag), now_us);
                 hits.add(&flags, bits, Detector::PasswordSpray.bit());

@@ -20,7 +20,7 @@ use super::store_reply::{
 };
 use super::subject::RuleKeys;
 use super::verdict::{combine, rate_answer, Answers, RuleAnswer};
-use super::{CheckPlan, Limiter, PreparedReport, Report, RequestError, Rules};
+use super::{CheckPlan, Facts, Limiter, PreparedReport, Report, RequestError, Rules};
 use crate::classes::SourceClass;
 use crate::failure_window::Settled;
 use crate::gcra::decide;
@@ -216,12 +216,13 @@ impl Limiter {
     /// nothing, in the store.
     pub fn begin_check<'a>(&'a self, plan: CheckPlan<'a>, now_us: u64) -> CheckedLocally<'a> {
         let globals =
-            plan.route.rules.iter().zip(plan.rule_keys.iter()).any(|(r, k)| r.global.is_some() && k.is_some());
+            plan.facts.route.rules.iter().zip(plan.rule_keys.iter()).any(|(r, k)| r.global.is_some() && k.is_some());
         if !globals || plan.banned_until.is_some() {
             return CheckedLocally::Done(self.decide_check(plan, now_us));
         }
         let hits = self.plan_hits(&plan, now_us);
-        let CheckPlan { route, rule_keys, class, device, known, .. } = plan;
+        let CheckPlan { facts, rule_keys, device, .. } = plan;
+        let (route, class, known) = (facts.route, facts.class, facts.known_device);
         let mut answers = Answers::new();
         if self.known_lockout(route, &rule_keys, device.is_some(), now_us, &mut answers) {
             return CheckedLocally::KnownLockout(combine(&answers));
@@ -432,14 +433,14 @@ impl Limiter {
         subject: &Subject<'_>,
         report: &Report,
         now_us: u64,
-    ) -> Result<ReportedLocally<'a>, RequestError> {
+    ) -> Result<(Facts<'a>, ReportedLocally<'a>), RequestError> {
         let outcome = report.outcome;
         let prepared = self.prepare_report(route, subject, report, now_us)?;
-        let route = prepared.route;
+        let (route, facts) = (prepared.route, prepared.facts);
         let globals = route.rules.iter().zip(prepared.rule_keys.iter()).any(|(r, k)| r.global.is_some() && k.is_some());
         if !globals {
             let (verdict, durable) = self.report_here(&prepared, now_us);
-            return Ok(ReportedLocally::Done(verdict, durable));
+            return Ok((facts, ReportedLocally::Done(verdict, durable)));
         }
         let mut answers = Answers::new();
         let mut durable = Vec::new();
@@ -480,7 +481,10 @@ impl Limiter {
                 per_account_max: known.per_account_max,
             });
         }
-        Ok(ReportedLocally::Store(Box::new(StoreReport { prepared, answers, durable, op: Op::report(&rules) })))
+        Ok((
+            facts,
+            ReportedLocally::Store(Box::new(StoreReport { prepared, answers, durable, op: Op::report(&rules) })),
+        ))
     }
 
     /// A report's second half, from the store's reply. A key the report

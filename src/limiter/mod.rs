@@ -14,7 +14,6 @@ mod check;
 mod global;
 mod inspect;
 mod known_lockouts;
-mod logged;
 mod maintenance;
 mod observe;
 mod route;
@@ -28,6 +27,7 @@ mod write_back;
 pub use bans::BanChange;
 pub use global::{CheckStored, CheckedLocally, ReportStored, ReportedLocally, StoreReport};
 pub use maintenance::Restored;
+pub use observe::Facts;
 
 use std::sync::Arc;
 
@@ -99,6 +99,7 @@ struct Derived {
 /// A report with its keys derived and its password judged.
 struct PreparedReport<'l> {
     route: &'l Route,
+    facts: Facts<'l>,
     rule_keys: RuleKeys,
     class: Option<SourceClass>,
     /// None: the attempt was abandoned (it settles its places, counts nothing).
@@ -123,14 +124,13 @@ pub struct Report {
 
 /// A check with its keys derived, not yet decided (see `plan_check`).
 pub struct CheckPlan<'l> {
-    route: &'l Route,
+    /// The route, the client's class, whether this host knows the device,
+    /// and what observation is given with the verdict.
+    facts: Facts<'l>,
     rule_keys: RuleKeys,
-    class: Option<SourceClass>,
     /// Shared mode, with an account and a device: the (account, device)
     /// key, which the store looks up to decide device-scoped global rules.
     device: Option<Key>,
-    /// Whether this host knows the device.
-    known: bool,
     /// The client's keyed digest of the password alone (protocol v3): a
     /// check looks it up among the flagged passwords, never stores it.
     password_tag: Option<[u8; 16]>,
@@ -144,7 +144,12 @@ pub struct CheckPlan<'l> {
     banned_until: Option<u64>,
 }
 
-impl CheckPlan<'_> {
+impl<'l> CheckPlan<'l> {
+    /// What observation is given with this check's verdict.
+    pub fn facts(&self) -> Facts<'l> {
+        self.facts
+    }
+
     /// The attempt's password tag, when the client sent one.
     pub fn password_tag(&self) -> Option<[u8; 16]> {
         self.password_tag
@@ -345,7 +350,8 @@ impl Limiter {
                 hits.add(flags, flags.probe(Space::Password, tag, now_us), Detector::PasswordSpray.bit());
             }
         }
-        Ok(PreparedReport { route, rule_keys, class: keys.source_class(), outcome, repeated, device, known, hits })
+        let facts = Facts::new(self, route, &mut keys, known);
+        Ok(PreparedReport { route, facts, rule_keys, class: facts.class, outcome, repeated, device, known, hits })
     }
 
     /// Counts a report on this host's tables for the rules of `which`. With

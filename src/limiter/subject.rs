@@ -76,6 +76,11 @@ impl SubjectKeys<'_, '_> {
         Ok(client)
     }
 
+    /// A component's digest, if a key needed it.
+    pub(super) fn derived(&self, component: Component) -> Option<[u8; 16]> {
+        self.digests[component as usize - 1]
+    }
+
     pub(super) fn limiter(&self) -> &Limiter {
         self.limiter
     }

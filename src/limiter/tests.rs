@@ -338,7 +338,7 @@ fn a_later_message_with_less_time_left_does_not_shorten_a_known_lockout() {
     let limiter = limiter(&config);
     let plan = limiter.plan_check("t", &account("alice"), T0).expect("a known route");
     let key = plan.rule_keys[0].expect("alice's key");
-    let name = limiter.store_key(&plan.route.rules[0], key);
+    let name = limiter.store_key(&plan.facts.route.rules[0], key);
     let known_until = |now_us: u64| {
         let (mut out, mut total) = (Vec::new(), 0);
         limiter.list_known_lockouts(10, now_us, &mut out, &mut total);
@@ -350,4 +350,44 @@ fn a_later_message_with_less_time_left_does_not_shorten_a_known_lockout() {
     // A message that lengthens it is taken.
     assert!(limiter.learn_known_lockout(&name, 110 * SECOND, T0 + 2 * SECOND));
     assert_eq!(known_until(T0 + 50 * SECOND), Some((T0 + 112 * SECOND) / 1000));
+}
+
+/// Observation is given what the decision derived (`Facts`): the client's
+/// prefix as the rules resolved it, the account's tag, the device's digest
+/// and whether this host knows the device, as the limiter's own
+/// derivations give them; digests no rule needed are derived for the
+/// decision log all the same.
+#[test]
+fn facts_give_observation_what_the_decision_derived() {
+    let limiter = limiter(
+        "[responses]\njitter_percent = 0\n[routes.t]\nknown_device_ttl_secs = 86400\n\
+         [routes.t.rules.per_account]\nkind = \"failures\"\nkey = [\"account\"]\nthreshold = 3\n\
+         window_secs = 60\nmonitor = true\n",
+    );
+    let peer = Some("2001:db8::1".parse().expect("an address"));
+    let from = |device| Subject { peer, account: Some("alice"), device: Some(device), ..Subject::default() };
+    let report = |device, outcome| limiter.report("t", &from(device), outcome, None, T0).expect("reported");
+    report("laptop", Outcome::Success);
+    for _ in 0..3 {
+        report("phone", Outcome::Failure);
+    }
+    for (device, known) in [("laptop", true), ("phone", false)] {
+        let subject = Subject { tenant: Some("acme"), ..from(device) };
+        let plan = limiter.plan_check("t", &subject, T0 + SECOND).expect("planned");
+        let facts = plan.facts();
+        let verdict = limiter.decide_check(plan, T0 + SECOND);
+        assert_eq!(verdict.reason, Reason::MonitorTooManyFailures);
+        let refused = facts.describe_refusal(&subject, &verdict, "check", T0 + SECOND);
+        let device_digest = limiter.keys.component(Component::Device, device.as_bytes());
+        assert_eq!(refused.prefix.map(|p| p.to_string()).as_deref(), Some("2001:db8::/64"));
+        assert_eq!(refused.account, Some(limiter.account_tag("alice")));
+        assert_eq!(refused.device, Some(u64::from_le_bytes(device_digest[..8].try_into().expect("8 bytes"))));
+        assert_eq!((refused.known_device, refused.rule.as_ref()), (known, "t/per_account"), "{device}");
+        let attempt = crate::decision_log::Attempt::check(None);
+        let record = facts.decision_record(&subject, &attempt, &verdict, T0 + SECOND);
+        assert_eq!(record.account, Some(limiter.keys.component(Component::Account, b"alice")));
+        assert_eq!(record.device, Some(device_digest));
+        assert_eq!(record.tenant, Some(limiter.keys.component(Component::Tenant, b"acme")));
+        assert_eq!(record.client_id, None);
+    }
 }
