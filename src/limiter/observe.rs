@@ -35,7 +35,10 @@ pub struct Facts<'l> {
     account: Option<[u8; 16]>,
     /// The client's source class.
     pub(super) class: Option<SourceClass>,
-    /// Whether this host knows the device (as the decision saw it).
+    /// Whether this host knows the device, as the decision saw it: a
+    /// device remembered after the plan (by an earlier success in the same
+    /// pipelined run, or on another connection while a shared check
+    /// waits) shows as unknown, as the rules judged it.
     pub(super) known_device: bool,
 }
 
