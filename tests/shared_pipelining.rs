@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::redis::{require_redis, Proxy, ProxyMode, RedisServer};
 use common::*;
 use tollgate::codec::{self, FRAME_HEADER_BYTES};
-use tollgate::protocol::{Response, Subject};
+use tollgate::protocol::{Outcome, Response, Subject};
 
 /// The store's path is delayed `DELAY_MS`, well within the timeout: on two
 /// loaded cores a single round trip through the proxy was seen to take up
@@ -101,6 +101,89 @@ fn a_pipeline_of_checks_waits_for_a_slow_store_about_one_timeout_not_one_per_che
         degraded_ids.is_empty(),
         "checks (round, id) waited past the timeout (rounds: {elapsed:?}; batches, ops, timeouts: {batches:?}): \
          {degraded_ids:?}\n{}",
+        daemon.log()
+    );
+}
+
+/// A report whose connection goes before its reply is still counted in the
+/// store. A pipelining client sends a run of 16 frames and closes at once:
+/// a check and a failure report on a host rule that locks at once, then
+/// 14 failure reports on a global rule. The daemon begins the whole run
+/// (queueing the 14 store ops), then answers in order; the lockout's
+/// durable write sends the check's reply first, finds the client gone and
+/// drops the rest of the run's tickets while the slow store (one op a
+/// batch, four at a time) has most of the ops still queued. Nobody will
+/// count those on the share, so the dispatcher sends them anyway: the
+/// account's rule, at 14, locks (before, 3 were sent).
+#[test]
+fn reports_whose_connection_closed_before_their_replies_are_counted_in_the_store() {
+    orphaned_reports_lock_the_account("", 300);
+}
+
+/// The same with a queue of one: most reports never fit in it and are held
+/// by their tickets, which queue them as they go.
+#[test]
+fn reports_held_for_queue_room_when_their_connection_closed_are_counted_in_the_store() {
+    orphaned_reports_lock_the_account("pending_max = 1\n", 100);
+}
+
+fn orphaned_reports_lock_the_account(shared_extra: &str, delay_ms: u64) {
+    require_redis();
+    let redis = RedisServer::tcp();
+    let proxy = Proxy::new(redis.addr());
+    let dir = tempfile::tempdir().unwrap();
+    let secret = shared_secret(dir.path());
+    let config = format!(
+        "secret = \"{}\"\n\n[shared]\nurl = \"{}\"\ntimeout_ms = 1000\nbatch_max = 1\nbreaker_failures = 100\n\
+         hosts = 3\nprobe_interval_ms = 50\nprobe_max_ms = 200\nheartbeat_ms = 60000\nhost_ttl_ms = 180000\n{shared_extra}\n\
+         [responses]\njitter_percent = 0\n\
+         [routes.h.rules.at_once]\nkind = \"failures\"\nkey = [\"account\"]\nthreshold = 1\n\
+         window_secs = 600\nresponses = [\"deny\"]\nscope = \"host\"\n\
+         [routes.t.rules.account]\nkind = \"failures\"\nkey = [\"account\"]\nthreshold = 14\n\
+         window_secs = 600\nresponses = [\"deny\"]\nscope = \"global\"\n",
+        secret.display(),
+        proxy.url()
+    );
+    let daemon = TestDaemon::start_with(Some(&config), false);
+    let check = |peer: &str, account: &str| {
+        let mut stream = std::os::unix::net::UnixStream::connect(&daemon.socket).unwrap();
+        let mut frame = Vec::new();
+        check_frame(1, "t", &subject(peer, account), &mut frame);
+        stream.write_all(&frame).unwrap();
+        match read_reply_extras(&mut stream) {
+            (_, Response::Verdict(v), degraded) => (v.proceeds(), degraded),
+            (_, other, _) => panic!("not a verdict: {other:?}"),
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while check("192.0.2.200", "warmup").1 {
+        assert!(Instant::now() < deadline, "the store never answered:\n{}", daemon.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    proxy.set_mode(ProxyMode::Delay(Duration::from_millis(delay_ms)));
+    // One run: the daemon plans and begins 16 frames at a time.
+    let mut frames = Vec::new();
+    check_frame(1, "h", &subject("192.0.2.60", "other"), &mut frames);
+    report_frame(2, "h", &subject("192.0.2.60", "other"), Outcome::Failure, &mut frames);
+    for n in 3..=16 {
+        report_frame(n, "t", &subject("192.0.2.50", "victim"), Outcome::Failure, &mut frames);
+    }
+    let mut stream = std::os::unix::net::UnixStream::connect(&daemon.socket).unwrap();
+    stream.write_all(&frames).unwrap();
+    drop(stream);
+    // Every op sent and answered: 14 at one a batch, four batches at a
+    // time, is four rounds of the delay.
+    std::thread::sleep(Duration::from_millis(8 * delay_ms + 500));
+    proxy.set_mode(ProxyMode::Pass);
+
+    let (proceeds, degraded) = check("198.51.100.7", "victim");
+    assert!(!degraded, "the store decided");
+    let (_, shared) = runtime().block_on(daemon.client().status_with_shared()).unwrap();
+    assert!(
+        !proceeds,
+        "the account has 14 failures in the store; ops sent {:?}\n{}",
+        shared.map(|s| s.batched_ops),
         daemon.log()
     );
 }

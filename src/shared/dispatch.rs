@@ -76,12 +76,7 @@ impl SharedStore {
                         Err(_) => break,
                     }
                 }
-                // A caller that already gave up needs nothing sent, but for
-                // a check (it may take places, given back when its reply
-                // comes late) and a release (sent though nobody waits for
-                // it: the places it gives back are the point). A report's
-                // caller that gave up counted it on the share.
-                batch.retain(|p| !p.reply.is_closed() || matches!(p.op.kind, b'C' | b'X'));
+                batch.retain(Pending::wanted);
                 if batch.is_empty() {
                     continue;
                 }
@@ -295,7 +290,7 @@ impl SharedStore {
                         if let Some(release) = release {
                             self.stats.releases_sent.fetch_add(1, Ordering::Relaxed);
                             let (tx, _) = oneshot::channel();
-                            let _ = self.queue.try_send(Pending { op: release, reply: tx });
+                            let _ = self.queue.try_send(Pending { op: release, reply: tx, orphaned: None });
                         }
                     }
                 }

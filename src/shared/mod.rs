@@ -169,6 +169,23 @@ pub struct SharedStats {
 struct Pending {
     op: Op,
     reply: oneshot::Sender<Result<Reply, CallError>>,
+    /// A report's: set when its ticket was dropped before its wait ended
+    /// (`ticket::Orphan`), so nobody counts it but the store.
+    orphaned: Option<Arc<AtomicBool>>,
+}
+
+impl Pending {
+    /// Whether the op is still worth sending. A caller that gave up needs
+    /// nothing sent, but for a check (it may take places, given back when
+    /// its reply comes late), a release (sent though nobody waits for it:
+    /// the places it gives back are the point) and an orphaned report. A
+    /// report whose caller gave up after waiting counted it on the share.
+    fn wanted(&self) -> bool {
+        // Closed first: an orphan's flag is set before its receiver goes.
+        !self.reply.is_closed()
+            || matches!(self.op.kind, b'C' | b'X')
+            || self.orphaned.as_ref().is_some_and(|o| o.load(Ordering::Acquire))
+    }
 }
 
 /// The store's handle, shared by every connection.

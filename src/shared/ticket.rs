@@ -3,7 +3,8 @@
 //! the deadline, and tells a busy store (an attacker's burst made it late)
 //! from a lost one (`late_is_busy`, `HotKeys`).
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use smallvec::SmallVec;
@@ -19,6 +20,9 @@ use crate::unpoisoned::Unpoisoned;
 /// places are still given back if it was).
 #[must_use = "an op's reply is waited for, or its breaker effects are lost"]
 pub struct Ticket<'s> {
+    /// A report's guard. Declared first, so that a ticket dropped unwaited
+    /// marks its op orphaned before its reply channel closes.
+    orphan: Option<Orphan<'s>>,
     store: &'s SharedStore,
     reply: oneshot::Receiver<Result<Reply, CallError>>,
     deadline: tokio::time::Instant,
@@ -31,8 +35,46 @@ pub struct Ticket<'s> {
     patient: bool,
     /// A check's keys, counted in flight while it waits.
     hot: Option<hot::HotGuard<'s>>,
-    /// A report the full queue had no room for: queued by `wait`.
+}
+
+/// A report's ticket dropped before its wait ended (its connection closed
+/// while replies were still being written, or was aborted at shutdown)
+/// leaves a report nobody will count on the share: its op is marked
+/// orphaned, so the dispatcher sends it though nobody waits for the reply,
+/// and a report still held for queue room is queued. Disarmed once the
+/// wait has an answer: then the store counted it, or the caller counts it
+/// on the share, and an op still queued is not sent.
+struct Orphan<'s> {
+    store: &'s SharedStore,
+    flag: Arc<AtomicBool>,
+    /// A report the full queue had no room for: queued by `wait`, or
+    /// here if the ticket goes first.
     unsent: Option<Pending>,
+    armed: bool,
+}
+
+impl Orphan<'_> {
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Orphan<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        self.flag.store(true, Ordering::Release);
+        let Some(pending) = self.unsent.take() else { return };
+        let Err(mpsc::error::TrySendError::Full(pending)) = self.store.queue.try_send(pending) else { return };
+        // No room yet: wait for it off this task, as `wait` would have.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let queue = self.store.queue.clone();
+            runtime.spawn(async move {
+                let _ = tokio::time::timeout(Duration::from_millis(LATE_REPLY_WAIT_MS), queue.send(pending)).await;
+            });
+        }
+    }
 }
 
 impl Ticket<'_> {
@@ -44,13 +86,38 @@ impl Ticket<'_> {
     /// The store's reply, or why there is none by the deadline: every
     /// counter and breaker effect of a call.
     pub async fn wait(self) -> Result<Reply, CallError> {
-        let Ticket { store, mut reply, deadline, request, patient, hot, unsent } = self;
-        if let Some(pending) = unsent {
+        let Ticket { mut orphan, store, reply, deadline, request, patient, hot } = self;
+        let answer = store.answer(&mut orphan, reply, deadline, request, patient, hot).await;
+        if let Some(orphan) = orphan {
+            orphan.disarm();
+        }
+        answer
+    }
+}
+
+impl SharedStore {
+    /// `Ticket::wait`'s body. A held report stays in `orphan` until the
+    /// queue has room for it, so that if this is dropped first the orphan
+    /// queues it.
+    async fn answer(
+        &self,
+        orphan: &mut Option<Orphan<'_>>,
+        mut reply: oneshot::Receiver<Result<Reply, CallError>>,
+        deadline: tokio::time::Instant,
+        request: bool,
+        patient: bool,
+        hot: Option<hot::HotGuard<'_>>,
+    ) -> Result<Reply, CallError> {
+        let store = self;
+        if let Some(held) = orphan.as_mut().filter(|o| o.unsent.is_some()) {
             let late = Duration::from_millis(LATE_REPLY_WAIT_MS);
-            if tokio::time::timeout(late, store.queue.send(pending)).await.is_err() {
-                store.stats.calls.fetch_sub(1, Ordering::Relaxed);
-                store.stats.not_asked.fetch_add(1, Ordering::Relaxed);
-                return Err(CallError::QueueFull);
+            match tokio::time::timeout(late, store.queue.reserve()).await {
+                Ok(Ok(room)) => room.send(held.unsent.take().expect("held until now")),
+                _ => {
+                    store.stats.calls.fetch_sub(1, Ordering::Relaxed);
+                    store.stats.not_asked.fetch_add(1, Ordering::Relaxed);
+                    return Err(CallError::QueueFull);
+                }
             }
             let received = tokio::time::timeout(late, &mut reply).await;
             return match received {
@@ -88,9 +155,7 @@ impl Ticket<'_> {
         };
         store.received(received, false)
     }
-}
 
-impl SharedStore {
     /// A call not answered by its deadline (or run by the store too late
     /// to take a place): a failure of the store, unless a run of late
     /// calls is young (`late_is_busy`); then a check in a burst on its
@@ -157,7 +222,9 @@ impl SharedStore {
     fn submit_or_hold(&self, op: Op, timeout: Duration, hold: bool) -> Result<Ticket<'_>, CallError> {
         let deadline = tokio::time::Instant::now() + timeout;
         let (tx, rx) = oneshot::channel();
-        let unsent = match self.queue.try_send(Pending { op, reply: tx }) {
+        // Only a report (`hold`) can be orphaned: see `Orphan`.
+        let flag = hold.then(|| Arc::new(AtomicBool::new(false)));
+        let unsent = match self.queue.try_send(Pending { op, reply: tx, orphaned: flag.clone() }) {
             Ok(()) => None,
             Err(mpsc::error::TrySendError::Full(pending)) if hold => Some(pending),
             Err(_) => {
@@ -166,7 +233,8 @@ impl SharedStore {
             }
         };
         self.stats.calls.fetch_add(1, Ordering::Relaxed);
-        Ok(Ticket { store: self, reply: rx, deadline, request: false, patient: false, hot: None, unsent })
+        let orphan = flag.map(|flag| Orphan { store: self, flag, unsent, armed: true });
+        Ok(Ticket { orphan, store: self, reply: rx, deadline, request: false, patient: false, hot: None })
     }
 
     pub(super) async fn call_unchecked(&self, op: Op, timeout: Duration) -> Result<Reply, CallError> {
