@@ -38,20 +38,27 @@ fn read_reply_extras(stream: &mut std::os::unix::net::UnixStream) -> (u64, Respo
     (id, response, extras.degraded)
 }
 
-#[test]
-fn a_pipeline_of_checks_waits_for_a_slow_store_about_one_timeout_not_one_per_check() {
+/// A redis-server behind a proxy, and a daemon sharing it with `shared`
+/// added to its `[shared]` table and `rest` after it.
+fn daemon_behind_proxy(shared: &str, rest: &str) -> (RedisServer, Proxy, tempfile::TempDir, TestDaemon) {
     require_redis();
     let redis = RedisServer::tcp();
     let proxy = Proxy::new(redis.addr());
     let dir = tempfile::tempdir().unwrap();
     let secret = shared_secret(dir.path());
     let config = format!(
-        "secret = \"{}\"\n\n[shared]\nurl = \"{}\"\ntimeout_ms = {TIMEOUT_MS}\nbreaker_failures = 100\nhosts = 3\n\
-         probe_interval_ms = 50\nprobe_max_ms = 200\nheartbeat_ms = 60000\nhost_ttl_ms = 180000\n",
+        "secret = \"{}\"\n\n[shared]\nurl = \"{}\"\nbreaker_failures = 100\nhosts = 3\n\
+         probe_interval_ms = 50\nprobe_max_ms = 200\nheartbeat_ms = 60000\nhost_ttl_ms = 180000\n{shared}\n{rest}",
         secret.display(),
         proxy.url()
     );
     let daemon = TestDaemon::start_with(Some(&config), false);
+    (redis, proxy, dir, daemon)
+}
+
+#[test]
+fn a_pipeline_of_checks_waits_for_a_slow_store_about_one_timeout_not_one_per_check() {
+    let (_redis, proxy, _dir, daemon) = daemon_behind_proxy(&format!("timeout_ms = {TIMEOUT_MS}"), "");
     let mut stream = std::os::unix::net::UnixStream::connect(&daemon.socket).unwrap();
     // The store answers (not degraded) before the path is slowed.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -128,23 +135,14 @@ fn reports_held_for_queue_room_when_their_connection_closed_are_counted_in_the_s
 }
 
 fn orphaned_reports_lock_the_account(shared_extra: &str, delay_ms: u64) {
-    require_redis();
-    let redis = RedisServer::tcp();
-    let proxy = Proxy::new(redis.addr());
-    let dir = tempfile::tempdir().unwrap();
-    let secret = shared_secret(dir.path());
-    let config = format!(
-        "secret = \"{}\"\n\n[shared]\nurl = \"{}\"\ntimeout_ms = 1000\nbatch_max = 1\nbreaker_failures = 100\n\
-         hosts = 3\nprobe_interval_ms = 50\nprobe_max_ms = 200\nheartbeat_ms = 60000\nhost_ttl_ms = 180000\n{shared_extra}\n\
-         [responses]\njitter_percent = 0\n\
+    let (_redis, proxy, _dir, daemon) = daemon_behind_proxy(
+        &format!("timeout_ms = 1000\nbatch_max = 1\n{shared_extra}"),
+        "[responses]\njitter_percent = 0\n\
          [routes.h.rules.at_once]\nkind = \"failures\"\nkey = [\"account\"]\nthreshold = 1\n\
          window_secs = 600\nresponses = [\"deny\"]\nscope = \"host\"\n\
          [routes.t.rules.account]\nkind = \"failures\"\nkey = [\"account\"]\nthreshold = 14\n\
          window_secs = 600\nresponses = [\"deny\"]\nscope = \"global\"\n",
-        secret.display(),
-        proxy.url()
     );
-    let daemon = TestDaemon::start_with(Some(&config), false);
     let check = |peer: &str, account: &str| {
         let mut stream = std::os::unix::net::UnixStream::connect(&daemon.socket).unwrap();
         let mut frame = Vec::new();
