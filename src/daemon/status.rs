@@ -81,6 +81,7 @@ impl Daemon {
             ("shared.host_ttl_ms", c.host_ttl_ms),
             ("shared.late_reply_wait_ms", crate::shared::LATE_REPLY_WAIT_MS),
             ("shared.batches_in_flight_max", crate::shared::BATCHES_IN_FLIGHT_MAX as u64),
+            ("shared.orphans_waiting_max", crate::shared::ORPHANS_WAITING_MAX as u64),
             ("shared.hosts_learned_memory_ms", crate::shared::HOSTS_LEARNED_MEMORY_MS),
         ]
         .into_iter()

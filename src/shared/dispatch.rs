@@ -279,8 +279,12 @@ impl SharedStore {
                         ReplyError::Expired { .. } => CallError::Expired,
                         e => CallError::BadValue(e),
                     });
+                    let orphan = p.is_orphan();
                     if let Err(reply) = p.reply.send(reply) {
-                        self.stats.late_replies.fetch_add(1, Ordering::Relaxed);
+                        // An orphan's reply has nobody to be late for.
+                        if !orphan {
+                            self.stats.late_replies.fetch_add(1, Ordering::Relaxed);
+                        }
                         // A check answered on this host after all: the places
                         // it took in the store must not also hold.
                         let release = match &reply {

@@ -25,7 +25,7 @@ pub use connect::install_tls_provider;
 pub use ticket::Ticket;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -50,6 +50,12 @@ pub const LATE_REPLY_WAIT_MS: u64 = 1000;
 /// Batches one dispatcher keeps in flight on its connection: the driver
 /// pipelines them, and Redis runs each script whole.
 pub const BATCHES_IN_FLIGHT_MAX: usize = 4;
+
+/// Orphaned reports (`ticket::Orphan`: held for queue room when their
+/// connection went) waiting for room at once; past it they are lost. A
+/// client would have to close mid-run while the queue is full, again and
+/// again, to reach it; each waits `LATE_REPLY_WAIT_MS` at most.
+pub const ORPHANS_WAITING_MAX: usize = 4096;
 /// How long the learned host count remembers a host it no longer sees: a
 /// host restarting for a deploy still counts, so the share of each host
 /// does not jump up and down with every restart.
@@ -182,9 +188,11 @@ impl Pending {
     /// report whose caller gave up after waiting counted it on the share.
     fn wanted(&self) -> bool {
         // Closed first: an orphan's flag is set before its receiver goes.
-        !self.reply.is_closed()
-            || matches!(self.op.kind, b'C' | b'X')
-            || self.orphaned.as_ref().is_some_and(|o| o.load(Ordering::Acquire))
+        !self.reply.is_closed() || matches!(self.op.kind, b'C' | b'X') || self.is_orphan()
+    }
+
+    fn is_orphan(&self) -> bool {
+        self.orphaned.as_ref().is_some_and(|o| o.load(Ordering::Acquire))
     }
 }
 
@@ -232,6 +240,9 @@ pub struct SharedStore {
     degraded_since_us: AtomicU64,
     last_error: Mutex<Option<String>>,
     epoch: Instant,
+    /// Orphaned reports waiting for queue room (`ticket::Orphan`), at most
+    /// `ORPHANS_WAITING_MAX`.
+    orphans_waiting: Arc<AtomicUsize>,
 }
 
 impl SharedStore {
@@ -270,6 +281,7 @@ impl SharedStore {
             degraded_since_us: AtomicU64::new(crate::clock::Clock::System.now_us()),
             last_error: Mutex::new(None),
             epoch: Instant::now(),
+            orphans_waiting: Arc::new(AtomicUsize::new(0)),
             config,
         })
     }

@@ -3,7 +3,7 @@
 //! the deadline, and tells a busy store (an attacker's burst made it late)
 //! from a lost one (`late_is_busy`, `HotKeys`).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,13 +11,14 @@ use smallvec::SmallVec;
 use tokio::sync::{mpsc, oneshot};
 
 use super::script::{Op, Reply};
-use super::{hot, CallError, Pending, SharedStore, State, LATE_REPLY_WAIT_MS};
+use super::{hot, CallError, Pending, SharedStore, State, LATE_REPLY_WAIT_MS, ORPHANS_WAITING_MAX};
 use crate::unpoisoned::Unpoisoned;
 
 /// An op queued for the store (`SharedStore::submit`), its reply not yet
 /// waited for. Its deadline was fixed when it was submitted. Dropped
-/// unwaited, the op is not sent if it is still queued (but a late op's
-/// places are still given back if it was).
+/// unwaited, a check's op is still sent (its places are given back if it
+/// takes any) and a report's too (`Orphan`); any other is not sent if it
+/// is still queued.
 #[must_use = "an op's reply is waited for, or its breaker effects are lost"]
 pub struct Ticket<'s> {
     /// A report's guard. Declared first, so that a ticket dropped unwaited
@@ -38,12 +39,15 @@ pub struct Ticket<'s> {
 }
 
 /// A report's ticket dropped before its wait ended (its connection closed
-/// while replies were still being written, or was aborted at shutdown)
-/// leaves a report nobody will count on the share: its op is marked
-/// orphaned, so the dispatcher sends it though nobody waits for the reply,
-/// and a report still held for queue room is queued. Disarmed once the
-/// wait has an answer: then the store counted it, or the caller counts it
-/// on the share, and an op still queued is not sent.
+/// while replies were still being written, or was aborted) leaves a report
+/// nobody will count on the share: its op is marked orphaned, so the
+/// dispatcher sends it though nobody waits for the reply, and a report
+/// still held for queue room is queued, waiting up to `LATE_REPLY_WAIT_MS`
+/// for room, at most `ORPHANS_WAITING_MAX` of them at once (past that, or
+/// at shutdown, it is lost as before). Nobody hears the reply: a lockout it
+/// takes is the store's alone, refused to every host that asks. Disarmed
+/// once the wait has an answer: then the store counted it, or the caller
+/// counts it on the share, and an op still queued is not sent.
 struct Orphan<'s> {
     store: &'s SharedStore,
     flag: Arc<AtomicBool>,
@@ -65,15 +69,23 @@ impl Drop for Orphan<'_> {
             return;
         }
         self.flag.store(true, Ordering::Release);
+        // Before the reply channel closes (its close is no release), so
+        // that a dispatcher that sees it closed sees the flag too.
+        fence(Ordering::Release);
         let Some(pending) = self.unsent.take() else { return };
         let Err(mpsc::error::TrySendError::Full(pending)) = self.store.queue.try_send(pending) else { return };
         // No room yet: wait for it off this task, as `wait` would have.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let queue = self.store.queue.clone();
-            runtime.spawn(async move {
-                let _ = tokio::time::timeout(Duration::from_millis(LATE_REPLY_WAIT_MS), queue.send(pending)).await;
-            });
+        let waiting = &self.store.orphans_waiting;
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        if waiting.fetch_add(1, Ordering::Relaxed) >= ORPHANS_WAITING_MAX {
+            waiting.fetch_sub(1, Ordering::Relaxed);
+            return;
         }
+        let (queue, waiting) = (self.store.queue.clone(), waiting.clone());
+        runtime.spawn(async move {
+            let _ = tokio::time::timeout(Duration::from_millis(LATE_REPLY_WAIT_MS), queue.send(pending)).await;
+            waiting.fetch_sub(1, Ordering::Relaxed);
+        });
     }
 }
 
@@ -86,8 +98,13 @@ impl Ticket<'_> {
     /// The store's reply, or why there is none by the deadline: every
     /// counter and breaker effect of a call.
     pub async fn wait(self) -> Result<Reply, CallError> {
-        let Ticket { mut orphan, store, reply, deadline, request, patient, hot } = self;
-        let answer = store.answer(&mut orphan, reply, deadline, request, patient, hot).await;
+        let Ticket { orphan, store, reply, deadline, request, patient, hot } = self;
+        // `reply` bound before `orphan`: if this future is dropped while
+        // it waits, the orphan goes first, and marks the op before the
+        // reply channel closes.
+        let mut reply = reply;
+        let mut orphan = orphan;
+        let answer = store.answer(&mut orphan, &mut reply, deadline, request, patient, hot).await;
         if let Some(orphan) = orphan {
             orphan.disarm();
         }
@@ -102,7 +119,7 @@ impl SharedStore {
     async fn answer(
         &self,
         orphan: &mut Option<Orphan<'_>>,
-        mut reply: oneshot::Receiver<Result<Reply, CallError>>,
+        reply: &mut oneshot::Receiver<Result<Reply, CallError>>,
         deadline: tokio::time::Instant,
         request: bool,
         patient: bool,
@@ -119,7 +136,7 @@ impl SharedStore {
                     return Err(CallError::QueueFull);
                 }
             }
-            let received = tokio::time::timeout(late, &mut reply).await;
+            let received = tokio::time::timeout(late, &mut *reply).await;
             return match received {
                 Ok(received) => store.received(received, false),
                 Err(_) => {
@@ -129,7 +146,7 @@ impl SharedStore {
                 }
             };
         }
-        let received = match tokio::time::timeout_at(deadline, &mut reply).await {
+        let received = match tokio::time::timeout_at(deadline, &mut *reply).await {
             // A check the store ran too late (only checks expire) is late.
             Ok(Ok(Err(CallError::Expired))) => return store.late_check(request, hot),
             Ok(received) => return store.received(received, true),
@@ -144,7 +161,7 @@ impl SharedStore {
                 }
                 // A report's caller has its answer in a moment either way;
                 // its failure must be counted in the store or on the share.
-                match tokio::time::timeout(Duration::from_millis(LATE_REPLY_WAIT_MS), &mut reply).await {
+                match tokio::time::timeout(Duration::from_millis(LATE_REPLY_WAIT_MS), &mut *reply).await {
                     Ok(received) => received,
                     Err(_) => {
                         store.failed(&CallError::Timeout);
