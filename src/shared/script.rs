@@ -331,8 +331,18 @@ pub fn batch_eval_command(ops: &[&Op], checks_until_us: u64) -> redis::Cmd {
 }
 
 fn batch_command_of(name: &str, script: &str, ops: &[&Op], checks_until_us: u64) -> redis::Cmd {
-    let mut cmd = redis::cmd(name);
-    cmd.arg(script).arg(ops.iter().map(|op| op.keys.len()).sum::<usize>());
+    // Sized once: a batch's dozens of arguments would otherwise grow both
+    // of the command's buffers several times.
+    let args = 4 + ops.iter().map(|op| 3 + op.keys.len() + op.args.len()).sum::<usize>();
+    let bytes = name.len()
+        + script.len()
+        + 64
+        + ops
+            .iter()
+            .map(|op| 16 + op.keys.iter().map(String::len).chain(op.args.iter().map(Vec::len)).sum::<usize>())
+            .sum::<usize>();
+    let mut cmd = redis::Cmd::with_capacity(args, bytes);
+    cmd.arg(name).arg(script).arg(ops.iter().map(|op| op.keys.len()).sum::<usize>());
     for op in ops {
         cmd.arg(&op.keys);
     }
@@ -410,24 +420,51 @@ pub struct Reply {
     pub strings: Vec<String>,
 }
 
-/// Splits a batch's reply into one per op.
+/// Splits a batch's reply into one per op: an array of them, or, for a
+/// batch of packed ops only, their packed replies joined into one string.
 pub fn split_batch(value: Value, ops: usize) -> Result<Vec<Result<Reply, ReplyError>>, ReplyError> {
-    let Value::Array(items) = value else { return Err(ReplyError::Malformed("not an array")) };
-    if items.len() != ops {
-        return Err(ReplyError::Malformed("one reply per op"));
+    match value {
+        Value::Array(items) if items.len() == ops => Ok(items.into_iter().map(op_reply).collect()),
+        Value::Array(_) => Err(ReplyError::Malformed("one reply per op")),
+        Value::BulkString(bytes) => {
+            let mut rest = &bytes[..];
+            let replies = (0..ops).map(|_| take_packed(&mut rest)).collect::<Result<Vec<_>, _>>()?;
+            if !rest.is_empty() {
+                return Err(ReplyError::Malformed("one reply per op"));
+            }
+            Ok(replies)
+        }
+        _ => Err(ReplyError::Malformed("not an array")),
     }
-    Ok(items.into_iter().map(op_reply).collect())
+}
+
+/// Takes one packed reply off the front of `rest`: its length in bytes
+/// (uint32), then its int64s, all little-endian.
+fn take_packed(rest: &mut &[u8]) -> Result<Result<Reply, ReplyError>, ReplyError> {
+    let cut_short = ReplyError::Malformed("a packed reply cut short");
+    let (len, after) = rest.split_first_chunk::<4>().ok_or(cut_short.clone())?;
+    let len = u32::from_le_bytes(*len) as usize;
+    if after.len() < len {
+        return Err(cut_short);
+    }
+    *rest = &after[len..];
+    let bytes = &after[..len];
+    if bytes.len() % 8 != 0 {
+        return Ok(Err(ReplyError::Malformed("a packed reply is not whole int64s")));
+    }
+    let ints = bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes"))).collect();
+    Ok(reply_or_error(Reply { ints, strings: Vec::new() }))
 }
 
 fn op_reply(value: Value) -> Result<Reply, ReplyError> {
     let reply = match value {
-        // A packed op's reply: its int64s, little-endian.
         Value::BulkString(bytes) => {
-            if bytes.len() % 8 != 0 {
-                return Err(ReplyError::Malformed("a packed reply is not whole int64s"));
-            }
-            let ints = bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes"))).collect();
-            Reply { ints, strings: Vec::new() }
+            let mut rest = &bytes[..];
+            return match take_packed(&mut rest) {
+                Ok(reply) if rest.is_empty() => reply,
+                Ok(_) => Err(ReplyError::Malformed("bytes after a packed reply")),
+                Err(e) => Err(e),
+            };
         }
         Value::Array(items) => {
             let mut reply = Reply { ints: Vec::with_capacity(items.len()), strings: Vec::new() };
@@ -445,6 +482,11 @@ fn op_reply(value: Value) -> Result<Reply, ReplyError> {
         }
         _ => return Err(ReplyError::Malformed("an op's reply is not an array")),
     };
+    reply_or_error(reply)
+}
+
+/// An op's reply, or the error its first integer codes.
+fn reply_or_error(reply: Reply) -> Result<Reply, ReplyError> {
     match reply.ints.first() {
         Some(&-1) => Err(ReplyError::NotOurs(rule_index(&reply))),
         Some(&-2) => Err(ReplyError::WrongType(rule_index(&reply))),
@@ -644,22 +686,49 @@ mod tests {
         assert!(op.release_taken(&short).is_err(), "a short reply is an error, not a guess");
     }
 
+    /// A packed reply as the script writes it: its length in bytes, then
+    /// its int64s.
+    fn packed(ints: &[i64]) -> Vec<u8> {
+        let mut out = ((ints.len() * 8) as u32).to_le_bytes().to_vec();
+        ints.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
+        out
+    }
+
     #[test]
     fn a_packed_reply_is_read_as_int64s_and_a_ragged_one_is_an_error() {
-        let mut bytes = Vec::new();
-        for v in [1i64, 1_800_000_000_000_000, -7] {
-            bytes.extend_from_slice(&v.to_le_bytes());
+        let one = |bytes: Vec<u8>| split_batch(Value::Array(vec![Value::BulkString(bytes)]), 1).unwrap();
+        let bytes = packed(&[1, 1_800_000_000_000_000, -7]);
+        assert_eq!(one(bytes.clone())[0].as_ref().unwrap().ints, [1, 1_800_000_000_000_000, -7]);
+        let mut ragged = bytes.clone();
+        ragged.pop();
+        assert!(matches!(one(ragged)[0], Err(ReplyError::Malformed(_))), "cut short");
+        let mut unaligned = bytes.clone();
+        unaligned[0] -= 1;
+        assert!(matches!(one(unaligned)[0], Err(ReplyError::Malformed(_))), "not whole int64s");
+        assert!(matches!(one(vec![0; 3])[0], Err(ReplyError::Malformed(_))), "no length");
+        assert_eq!(one(packed(&[-1, 2]))[0], Err(ReplyError::NotOurs(2)));
+    }
+
+    #[test]
+    fn a_batch_of_packed_replies_in_one_string_splits_by_their_lengths() {
+        let batch = [packed(&[1, 2, 3]), packed(&[-4, 1_700]), packed(&[0])].concat();
+        let replies = split_batch(Value::BulkString(batch.clone()), 3).unwrap();
+        assert_eq!(replies[0].as_ref().unwrap().ints, [1, 2, 3]);
+        assert_eq!(replies[1], Err(ReplyError::Expired { store_now: 1_700 }));
+        assert_eq!(replies[2].as_ref().unwrap().ints, [0]);
+        for ops in [2, 4] {
+            assert!(split_batch(Value::BulkString(batch.clone()), ops).is_err(), "{ops} ops read from 3 replies");
         }
-        let replies = split_batch(Value::Array(vec![Value::BulkString(bytes.clone())]), 1).unwrap();
-        assert_eq!(replies[0].as_ref().unwrap().ints, [1, 1_800_000_000_000_000, -7]);
-        bytes.pop();
-        let ragged = split_batch(Value::Array(vec![Value::BulkString(bytes)]), 1).unwrap();
-        assert!(matches!(ragged[0], Err(ReplyError::Malformed(_))));
-        let mut theirs = Vec::new();
-        theirs.extend_from_slice(&(-1i64).to_le_bytes());
-        theirs.extend_from_slice(&2i64.to_le_bytes());
-        let theirs = split_batch(Value::Array(vec![Value::BulkString(theirs)]), 1).unwrap();
-        assert_eq!(theirs[0], Err(ReplyError::NotOurs(2)));
+        for cut in 1..batch.len() {
+            assert!(split_batch(Value::BulkString(batch[..cut].to_vec()), 3).is_err(), "cut at {cut}");
+        }
+        let mut unaligned = packed(&[5]);
+        unaligned[0] = 7;
+        unaligned.pop();
+        assert!(matches!(split_batch(Value::BulkString(unaligned), 1).unwrap()[0], Err(ReplyError::Malformed(_))));
+        let mut huge = u32::MAX.to_le_bytes().to_vec();
+        huge.extend_from_slice(&[0; 8]);
+        assert!(split_batch(Value::BulkString(huge), 1).is_err());
     }
 
     #[test]
