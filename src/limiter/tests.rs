@@ -391,3 +391,25 @@ fn facts_give_observation_what_the_decision_derived() {
         assert_eq!(record.client_id, None);
     }
 }
+
+/// A route of the most rules config allows: their answers outgrow the
+/// room kept on the stack for them, and each is still counted and heard.
+#[test]
+fn a_route_of_the_most_rules_allowed_decides_by_every_one_of_them() {
+    let mut config = String::from("[responses]\njitter_percent = 0\n");
+    for i in 0..crate::config::RULES_PER_ROUTE_MAX {
+        let threshold = if i == crate::config::RULES_PER_ROUTE_MAX - 1 { 2 } else { 100 };
+        config += &format!(
+            "[routes.t.rules.r{i:02}]\nkind = \"failures\"\nkey = [\"account\"]\nthreshold = {threshold}\nwindow_secs = 60\n"
+        );
+    }
+    let limiter = limiter(&config);
+    let first = check(&limiter, "alice", T0);
+    assert!(first.proceeds());
+    assert_eq!((first.remaining, &*first.rule), (1, "r15"), "the tightest rule is the last one");
+    limiter.report("t", &account("alice"), Outcome::Failure, None, T0).expect("a known route");
+    fail(&limiter, "alice", T0 + 1);
+    let refused = check(&limiter, "alice", T0 + 2);
+    assert_eq!((refused.decision, &*refused.rule), (Decision::Deny, "r15"), "{refused:?}");
+    assert_eq!(figures(&check(&limiter, "bob", T0 + 2)).3, 1, "another account is untouched");
+}

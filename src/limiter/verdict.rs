@@ -17,9 +17,14 @@ use crate::gcra::{GcraDecision, GcraSpec};
 use crate::keys::Key;
 use crate::protocol::{Decision, Reason, Verdict};
 
-/// A check's answers, one per rule, on the stack: config caps a route's
-/// rules, so this never allocates on the request path.
-pub(super) type Answers<'r> = SmallVec<[RuleAnswer<'r>; RULES_PER_ROUTE_MAX]>;
+/// A check's answers, one per rule, on the stack for a route of up to
+/// `ANSWERS_INLINE` rules (the shipped routes have at most 5); a longer
+/// route's spill to the heap. Room for all `RULES_PER_ROUTE_MAX` made
+/// every answer set 912 bytes to move, and a check or report waiting for
+/// the store (it holds one) too large for the allocator's fast path.
+pub(super) type Answers<'r> = SmallVec<[RuleAnswer<'r>; ANSWERS_INLINE]>;
+const ANSWERS_INLINE: usize = 8;
+const _: () = assert!(ANSWERS_INLINE <= RULES_PER_ROUTE_MAX);
 
 /// One rule's view of a request, before rules are combined.
 pub(super) struct RuleAnswer<'r> {
