@@ -278,7 +278,7 @@ impl Limiter {
             known,
             hits: deferred,
             device_key: device.is_some(),
-            op: Op::check(&rules),
+            op: Op::check(rules),
         }))
     }
 
@@ -481,10 +481,7 @@ impl Limiter {
                 per_account_max: known.per_account_max,
             });
         }
-        Ok((
-            facts,
-            ReportedLocally::Store(Box::new(StoreReport { prepared, answers, durable, op: Op::report(&rules) })),
-        ))
+        Ok((facts, ReportedLocally::Store(Box::new(StoreReport { prepared, answers, durable, op: Op::report(rules) }))))
     }
 
     /// A report's second half, from the store's reply. A key the report

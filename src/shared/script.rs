@@ -91,24 +91,25 @@ impl Op {
         Op { kind, args: vec![packed.0], keys }
     }
 
-    /// A check: `rules` failure and rate rules, each with its key.
-    pub fn check(rules: &[CheckRule]) -> Op {
+    /// A check: `rules` failure and rate rules, each with its key (moved
+    /// into the op, not copied).
+    pub fn check(rules: Vec<CheckRule>) -> Op {
         let mut p = Packed::with_rules(rules.len());
         let mut keys = Vec::with_capacity(rules.len());
         p.count(rules.len());
         for rule in rules {
-            match *rule {
-                CheckRule::Device { ref key } => {
+            match rule {
+                CheckRule::Device { key } => {
                     p.u8(b'd');
-                    keys.push(key.clone());
+                    keys.push(key);
                 }
-                CheckRule::Failures { ref key, scope, window_us, threshold, timeout_us, monitor } => {
+                CheckRule::Failures { key, scope, window_us, threshold, timeout_us, monitor } => {
                     p.u8(b'f').u8(scope).u64(window_us).u32(threshold).u64(timeout_us).u8(monitor as u8);
-                    keys.push(key.clone());
+                    keys.push(key);
                 }
-                CheckRule::Rate { ref key, scope, interval_us, tolerance_us, monitor } => {
+                CheckRule::Rate { key, scope, interval_us, tolerance_us, monitor } => {
                     p.u8(b'g').u8(scope).u64(interval_us).u64(tolerance_us).u8(monitor as u8);
-                    keys.push(key.clone());
+                    keys.push(key);
                 }
             }
         }
@@ -176,30 +177,31 @@ impl Op {
         Ok((!places.is_empty()).then(|| Op::release(&places)))
     }
 
-    pub fn report(rules: &[ReportRule]) -> Op {
+    /// A report: its rules, each with its keys (moved into the op).
+    pub fn report(rules: Vec<ReportRule>) -> Op {
         let mut p = Packed::with_rules(rules.len());
         let mut keys = Vec::with_capacity(rules.len() + 2);
         p.count(rules.len());
         for rule in rules {
-            match *rule {
-                ReportRule::Device { ref key } => {
+            match rule {
+                ReportRule::Device { key } => {
                     p.u8(b'd');
-                    keys.push(key.clone());
+                    keys.push(key);
                 }
-                ReportRule::Remember { ref key, ref count_key, ttl_us, per_account_max } => {
+                ReportRule::Remember { key, count_key, ttl_us, per_account_max } => {
                     p.u8(b'D').u64(ttl_us).u16(per_account_max);
-                    keys.push(key.clone());
-                    keys.push(count_key.clone());
+                    keys.push(key);
+                    keys.push(count_key);
                 }
-                ReportRule::Failures { ref key, ref index, scope, window_us, threshold, release, count, clear } => {
+                ReportRule::Failures { key, index, scope, window_us, threshold, release, count, clear } => {
                     p.u8(if index.is_some() { b'F' } else { b'f' }).u8(scope);
                     p.u64(window_us).u32(threshold).u8(release as u8).u8(count as u8).u8(clear as u8);
-                    keys.push(key.clone());
-                    keys.extend(index.iter().cloned());
+                    keys.push(key);
+                    keys.extend(index);
                 }
-                ReportRule::Rate { ref key, scope } => {
+                ReportRule::Rate { key, scope } => {
                     p.u8(b'g').u8(scope);
-                    keys.push(key.clone());
+                    keys.push(key);
                 }
             }
         }
@@ -598,7 +600,7 @@ mod tests {
         assert_eq!(op_slot(&one), Ok(Some(hash_slot(b"a"))));
         let two = Op::release(&[("tg:{a}:f:x".into(), 1), ("tg:{b}:f:x".into(), 1)]);
         assert_eq!(op_slot(&two), Err(()));
-        assert_eq!(op_slot(&Op::check(&[])), Ok(None));
+        assert_eq!(op_slot(&Op::check(vec![])), Ok(None));
     }
 
     #[test]
@@ -628,7 +630,7 @@ mod tests {
 
     #[test]
     fn a_check_packs_each_rules_numbers_in_the_scripts_formats() {
-        let op = Op::check(&[
+        let op = Op::check(vec![
             CheckRule::Device { key: "d".into() },
             CheckRule::Failures {
                 key: "f".into(),
@@ -662,7 +664,7 @@ mod tests {
             timeout_us: 1,
             monitor: false,
         };
-        let op = Op::check(&[
+        let op = Op::check(vec![
             CheckRule::Device { key: "dev".into() },
             failures("took", 10),
             failures("skipped", 20),
