@@ -81,7 +81,10 @@ impl SharedStore {
                     continue;
                 }
                 let permit = in_flight.clone().acquire_owned().await.expect("never closed");
-                let sent = std::mem::replace(&mut batch, Vec::with_capacity(store.config.batch_max));
+                // Sized to the batch, not to batch_max: a 64-op buffer for
+                // every batch was a large allocation on its own.
+                let mut sent = Vec::with_capacity(batch.len());
+                sent.append(&mut batch);
                 let store = store.clone();
                 tokio::spawn(async move {
                     store.send_batch(sent).await;
