@@ -691,3 +691,38 @@ fn an_abandoned_attempt_gives_back_its_place_in_the_store() {
     assert!(unlocked["cleared"].as_u64().unwrap() >= 1, "{unlocked}");
     assert_eq!(check(&daemons[0], &dave).decision, Decision::Allow, "the store's places went with the unlock");
 }
+
+/// A route of the most rules config allows, every one global: its
+/// answers outgrow the room kept inline for them on each host, and the
+/// store's reply to each check carries all sixteen rules. The tightest
+/// (the last) still decides, exactly, across two hosts.
+#[test]
+fn a_route_of_sixteen_global_rules_is_decided_by_the_store_rule_by_rule() {
+    require_redis();
+    let redis = RedisServer::unix();
+    let dir = tempfile::tempdir().unwrap();
+    let mut rules = String::from("[responses]\njitter_percent = 0\n");
+    for i in 0..tollgate::RULES_PER_ROUTE_MAX {
+        let threshold = if i + 1 == tollgate::RULES_PER_ROUTE_MAX { 2 } else { 100 };
+        rules += &format!(
+            "[routes.wide.rules.r{i:02}]\nkind = \"failures\"\nkey = [\"account\"]\nthreshold = {threshold}\nwindow_secs = 60\n"
+        );
+    }
+    let daemons = daemons(2, &redis.url(), &shared_secret(dir.path()), &rules);
+    let alice = subject("192.0.2.40", "alice");
+    for d in &daemons {
+        let answered = runtime().block_on(d.client().check_answered("wide", &alice));
+        assert!(!answered.degraded, "the store decides: {}", d.log());
+        let v = verdict(answered.answer);
+        assert_eq!((v.decision, v.rule.as_ref()), (Decision::Allow, "r15"), "{v:?}");
+        verdict(runtime().block_on(d.client().report("wide", &alice, Outcome::Failure)));
+    }
+    for d in &daemons {
+        let answered = runtime().block_on(d.client().check_answered("wide", &alice));
+        assert!(!answered.degraded, "the store decides: {}", d.log());
+        let v = verdict(answered.answer);
+        assert_eq!((v.decision, v.rule.as_ref()), (Decision::Deny, "r15"), "two failures, one on each host: {v:?}");
+    }
+    let bob = verdict(runtime().block_on(daemons[1].client().check("wide", &subject("192.0.2.40", "bob"))));
+    assert_eq!((bob.decision, bob.remaining), (Decision::Allow, 1), "another account is untouched");
+}

@@ -7,11 +7,12 @@
 -- its key count, its arguments. KEYS holds every op's keys in op order.
 -- The ops of the request path (check, report, release, merge) take one
 -- argument, their numbers packed little-endian (struct), and reply with one
--- string, its length in bytes (uint32) then int64s: a few hundred decimal arguments and integer replies per
--- batch cost the store more to convert than the decisions cost (measured:
--- docs/performance.md, "Shared mode"); a batch of them only replies with
--- those strings joined into one. The others take and
--- give plain values (the batch then replies with an array). An op that finds a value tollgate did not write answers
+-- string: its length in bytes (uint32), then int64s. A few hundred decimal
+-- arguments and integer replies per batch cost the store more to convert
+-- than the decisions cost (measured: docs/performance.md, "Shared mode").
+-- A batch of those ops only replies with their strings joined into one;
+-- any other op takes and gives plain values, and its batch replies with an
+-- array. An op that finds a value tollgate did not write answers
 -- {-code, rule} (1: not a tollgate value, 2: wrong type) and writes nothing;
 -- one the script fails on answers {-3, 0}; a check past the batch's
 -- deadline (the last argument) answers {-4, now}.
@@ -52,8 +53,8 @@ end
 local blob, at = '', 1
 
 -- struct formats made once per length in a batch: n int64s (a release's
--- windows, a reply), n doubles (the places of an entry), an entry's
--- header and n places. One
+-- windows), n doubles (the places of an entry), an entry's header and n
+-- places, and a reply's length and n int64s (beside `ints` below). One
 -- pack or unpack of the whole entry costs the script a fraction of one per
 -- place.
 local places_formats, entry_formats, int64s_formats = {}, {}, {}
