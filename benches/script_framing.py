@@ -12,15 +12,12 @@ minimal scripts that read each op's header and answer it at once, the
 way a decision would be framed:
 
 - today: the batch as the daemon sends it (four arguments an op: kind,
-  argument count, key count, the packed argument) and as decide.lua
-  answers it: each op's packed reply after its length, joined in one
-  string;
-- reply-per-op: the same batch, answered with an array of packed replies,
-  one an op;
+  argument count, key count, the packed argument), one packed reply an op;
 - one-argument: every op in one argument (kind, key count, argument
-  length, the packed argument), answered as today.
+  length, the packed argument), one packed reply an op;
+- one-reply: the same, and the batch's replies joined in one string.
 
-The captured batches are rewritten for the last one. Any SCRIPT given
+The captured batches are rewritten for the last two. Any SCRIPT given
 (for instance a copy of decide.lua that only reads its arguments) runs on the
 batches as captured, for comparison. Nothing is decided, so the replies
 are not checked beyond not being errors.
@@ -56,33 +53,21 @@ end
 return RETURN
 """
 
-# The batch as captured, each op answered at once; REPLY and RETURN as in
-# ONE_ARGUMENT.
-FOUR_ARGUMENTS = PROLOGUE + """local a, k = 2, 1
+MINIMAL = {
+    "today": PROLOGUE + """local a, k = 2, 1
 local replies = {}
 for o = 1, tonumber(ARGV[1]) do
   local kind = ARGV[a]
   local span_args, span_keys = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local blob = ARGV[a + 3]
-  local reply = ints((kind == 'C') and { 1, now } or { 0, now })
-  replies[o] = REPLY
+  replies[o] = ints((kind == 'C') and { 1, now } or { 0, now })
   a, k = a + 3 + span_args, k + span_keys
 end
-return RETURN
-"""
-
-JOINED = {"REPLY": "struct.pack('<I4', #reply) .. reply", "RETURN": "table.concat(replies)"}
-PER_OP = {"REPLY": "reply", "RETURN": "replies"}
-
-
-def framed(text, how):
-    return text.replace("REPLY", how["REPLY"]).replace("RETURN", how["RETURN"])
-
-
-MINIMAL = {
-    "today": framed(FOUR_ARGUMENTS, JOINED),
-    "reply-per-op": framed(FOUR_ARGUMENTS, PER_OP),
-    "one-argument": framed(ONE_ARGUMENT, JOINED),
+return replies
+""",
+    "one-argument": ONE_ARGUMENT.replace("REPLY", "reply").replace("RETURN", "replies"),
+    "one-reply": ONE_ARGUMENT.replace("REPLY", "struct.pack('<I4', #reply) .. reply").replace(
+        "RETURN", "table.concat(replies)"),
 }
 
 
@@ -109,7 +94,7 @@ def main():
     rounds = int(os.environ.get("ROUNDS", "5"))
     batches, _, ops = read_capture(capture)
     rewritten = [one_argument(b) for b in batches]
-    runs = [(name, text.encode(), rewritten if name == "one-argument" else batches) for name, text in MINIMAL.items()]
+    runs = [(name, text.encode(), batches if name == "today" else rewritten) for name, text in MINIMAL.items()]
     runs += [(path, open(path, "rb").read(), batches) for path in extra]
     with pinned_redis() as redis:
         costs = time_scripts(redis, runs, rounds)

@@ -7,12 +7,10 @@
 -- its key count, its arguments. KEYS holds every op's keys in op order.
 -- The ops of the request path (check, report, release, merge) take one
 -- argument, their numbers packed little-endian (struct), and reply with one
--- string: its length in bytes (uint32), then int64s. A few hundred decimal
--- arguments and integer replies per batch cost the store more to convert
--- than the decisions cost (measured: docs/performance.md, "Shared mode").
--- A batch of those ops only replies with their strings joined into one;
--- any other op takes and gives plain values, and its batch replies with an
--- array. An op that finds a value tollgate did not write answers
+-- string of int64s: a few hundred decimal arguments and integer replies per
+-- batch cost the store more to convert than the decisions cost (measured:
+-- docs/performance.md, "Shared mode"). The others take and give plain
+-- values. An op that finds a value tollgate did not write answers
 -- {-code, rule} (1: not a tollgate value, 2: wrong type) and writes nothing;
 -- one the script fails on answers {-3, 0}; a check past the batch's
 -- deadline (the last argument) answers {-4, now}.
@@ -53,8 +51,8 @@ end
 local blob, at = '', 1
 
 -- struct formats made once per length in a batch: n int64s (a release's
--- windows), n doubles (the places of an entry), an entry's header and n
--- places, and a reply's length and n int64s (beside `ints` below). One
+-- windows, a reply), n doubles (the places of an entry), an entry's
+-- header and n places. One
 -- pack or unpack of the whole entry costs the script a fraction of one per
 -- place.
 local places_formats, entry_formats, int64s_formats = {}, {}, {}
@@ -460,20 +458,14 @@ end
 
 local ops = { C = check, R = report, X = release, M = merge, U = unlock, H = heartbeat, J = join }
 local packed = { C = true, R = true, X = true, M = true }
-local reply_formats = {}
 local function ints(out)
-  local n = #out
-  local f = reply_formats[n]
-  if not f then f = '<I4' .. string.rep('i8', n); reply_formats[n] = f end
-  return struct.pack(f, 8 * n, unpack(out))
+  return struct.pack(int64s_format(#out), unpack(out))
 end
 local replies = {}
-local all_packed = true
 for o = 1, tonumber(ARGV[1]) do
   local kind = str()
   local op = ops[kind]
   if not op then return redis.error_reply('tollgate: unknown op ' .. tostring(kind)) end
-  all_packed = all_packed and packed[kind]
   -- An op that errs stops reading its own arguments; the next op's are
   -- found from the counts each op carries, so the batch stays aligned.
   local a0, k0 = a, k
@@ -488,8 +480,4 @@ for o = 1, tonumber(ARGV[1]) do
   if packed[kind] then reply = ints(reply) end
   replies[o] = reply
 end
--- A batch of packed ops (the request path's) answers with one string of
--- their replies: the store writes one value and the host reads one instead
--- of an array of many.
-if all_packed then return table.concat(replies) end
 return replies

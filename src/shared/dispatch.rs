@@ -266,7 +266,7 @@ impl SharedStore {
         self.stats.rtt_us_max.fetch_max(rtt, Ordering::Relaxed);
         let replies = match result {
             Ok(Ok(value)) => {
-                split_batch(value, &ops).map_err(|e| CallError::Failed(e.to_string())).inspect(|replies| {
+                split_batch(value, batch.len()).map_err(|e| CallError::Failed(e.to_string())).inspect(|replies| {
                     self.note_node_clock(&node, &ops, replies);
                 })
             }
