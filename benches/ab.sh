@@ -13,6 +13,9 @@
 # GEN=$A drives both daemons with the base build's load generator (a newer
 # generator's protocol version may be one the base daemon refuses).
 # CONFIG (optional) is TOML appended to each daemon's configuration.
+# STORE=1 runs both in shared mode: each run's daemon on a fresh
+# redis-server of its own (needs redis-server), with shared.sh's patient
+# [shared] lines (timeout_ms = 1000: the store decides every answer).
 # Prints one line per run ("A ..." / "B ...") with the daemon's CPU time
 # per request; take the medians. Bench
 # options after the script's name go to `tollgate bench` as they are; the
@@ -28,7 +31,25 @@ trap 'rm -rf "$work"' EXIT
 # shellcheck source=benches/lib.sh
 . "$(dirname "$0")/lib.sh"
 
+one_run() { # bin, dir, bench args...
+    local bin=$1 dir=$2
+    shift 2
+    if [ -z "${STORE:-}" ]; then
+        bench_fresh_daemon "$bin" "$dir" "${CONFIG:-}" "$route" "$duration" "$@"
+        return
+    fi
+    rm -rf "$work/store" && mkdir -p "$work/store"
+    start_redis "$work/store"
+    bench_fresh_daemon "$bin" "$dir" "secret = \"$work/secret\"
+${CONFIG:-}
+[shared]
+url = \"redis+unix://$work/store/r.sock\"
+timeout_ms = 1000
+hosts = 3" "$route" "$duration" "$@"
+    kill "$REDIS_PID" && wait "$REDIS_PID" 2>/dev/null || true
+}
+
 for _ in $(seq "$runs"); do
-    echo "A $(bench_fresh_daemon "$A" "$work/a" "${CONFIG:-}" "$route" "$duration" "$@")"
-    echo "B $(bench_fresh_daemon "$B" "$work/b" "${CONFIG:-}" "$route" "$duration" "$@")"
+    echo "A $(one_run "$A" "$work/a" "$@")"
+    echo "B $(one_run "$B" "$work/b" "$@")"
 done

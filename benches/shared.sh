@@ -8,10 +8,13 @@
 #         answer (timeout_ms = 1000): logins/s, p50/p99, and the CPU time
 #         the store (all its processes) and the daemon spent a login
 #         (/proc, user + system); logins/s per store core = 1 / store CPU;
+#   deep: the same with 16 in flight a connection (the local login
+#         A/B's shape): logins/s and the daemon's CPU a login;
 #   half: the same offered at half the full run's rate (--rate, paced),
 #         and a daemon without [shared] at that rate and at the full
 #         run's: the latency the store adds (shared minus local p50/p99),
-#         and the daemon's CPU a login with and without the store.
+#         and the daemon's CPU a login with and without the store (at
+#         the full run's rate too).
 # With one Redis, host-rule checks (the request route, 50 x 16 in
 # flight, 1M keys) on the shared daemon and on the local one, which must
 # be alike. Then the outages, with the shipped default timeout_ms (2): the store
@@ -32,7 +35,7 @@ BIN=$ROOT/target/release/tollgate
 cargo build --release --quiet --manifest-path "$ROOT/Cargo.toml"
 with_temp_dir tg-shared-bench
 
-LOGIN=(--route login --mix check-report --connections 50 --in-flight 1 --keys 100000)
+LOGIN=(--route login --mix check-report --connections 50 --keys 100000)
 ticks() { local t=0 pid; for pid in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$pid/stat"))); done; echo "$t"; }
 json() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 us_per() { # ticks, count
@@ -99,21 +102,22 @@ timeout_ms = 1000
 hosts = 3"
   SHARED=$(cat "$TMP/$store-d/pid")
   sock=$TMP/$store-d/t.sock
-  "$BIN" bench --socket "$sock" "${LOGIN[@]}" --duration 1s > /dev/null # warm up: script loaded, slots known
+  "$BIN" bench --socket "$sock" "${LOGIN[@]}" --in-flight 1 --duration 1s > /dev/null # warm up: script loaded, slots known
   for run in $(seq "$RUNS"); do
-    read -r full p50 p99 n st dt <<<"$(measure "$sock" "$SHARED" "${LOGIN[@]}")"
+    read -r full p50 p99 n st dt <<<"$(measure "$sock" "$SHARED" "${LOGIN[@]}" --in-flight 1)"
     p="${store}_run${run}"
     say "${p}_full_logins_per_s=$full"
     say "${p}_full_p50_us=$p50"
     say "${p}_full_p99_us=$p99"
     say "${p}_store_cpu_us_per_login=$(us_per "$st" $((n / 2)))"
     say "${p}_daemon_cpu_us_per_login=$(us_per "$dt" $((n / 2)))"
-    read -r _ lp50 lp99 _ _ _ <<<"$(measure "$TMP/local/t.sock" "$LOCAL" "${LOGIN[@]}" --rate "$full")"
+    read -r _ lp50 lp99 ln _ ldt <<<"$(measure "$TMP/local/t.sock" "$LOCAL" "${LOGIN[@]}" --in-flight 1 --rate "$full")"
     say "${p}_local_at_full_p50_us=$lp50"
     say "${p}_local_at_full_p99_us=$lp99"
+    say "${p}_local_at_full_daemon_cpu_us_per_login=$(us_per "$ldt" $((ln / 2)))"
     half=$((full / 2))
-    read -r _ hp50 hp99 hn _ hdt <<<"$(measure "$sock" "$SHARED" "${LOGIN[@]}" --rate "$half")"
-    read -r _ lp50 lp99 ln _ ldt <<<"$(measure "$TMP/local/t.sock" "$LOCAL" "${LOGIN[@]}" --rate "$half")"
+    read -r _ hp50 hp99 hn _ hdt <<<"$(measure "$sock" "$SHARED" "${LOGIN[@]}" --in-flight 1 --rate "$half")"
+    read -r _ lp50 lp99 ln _ ldt <<<"$(measure "$TMP/local/t.sock" "$LOCAL" "${LOGIN[@]}" --in-flight 1 --rate "$half")"
     say "${p}_half_logins_per_s=$half"
     say "${p}_half_p50_us=$hp50"
     say "${p}_half_p99_us=$hp99"
@@ -121,6 +125,11 @@ hosts = 3"
     say "${p}_local_at_half_p99_us=$lp99"
     say "${p}_half_daemon_cpu_us_per_login=$(us_per "$hdt" $((hn / 2)))"
     say "${p}_local_at_half_daemon_cpu_us_per_login=$(us_per "$ldt" $((ln / 2)))"
+    # 16 in flight a connection, the local login A/B's shape: the store's
+    # batches fill, and the daemon's CPU a login is what remains.
+    read -r deep _ _ dn _ ddt <<<"$(measure "$sock" "$SHARED" "${LOGIN[@]}" --in-flight 16)"
+    say "${p}_deep_logins_per_s=$deep"
+    say "${p}_deep_daemon_cpu_us_per_login=$(us_per "$ddt" $((dn / 2)))"
   done
   if [ "$store" = single ]; then
     # Host rules only (the request route): shared mode must cost them
