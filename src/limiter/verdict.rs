@@ -19,9 +19,9 @@ use crate::protocol::{Decision, Reason, Verdict};
 
 /// A check's answers, one per rule, on the stack for a route of up to
 /// `ANSWERS_INLINE` rules (the shipped routes have at most 5); a longer
-/// route's spill to the heap. Room for all `RULES_PER_ROUTE_MAX` made
-/// every answer set 912 bytes to move, and a check or report waiting for
-/// the store (it holds one) too large for the allocator's fast path.
+/// route's answers spill to the heap. Room for all `RULES_PER_ROUTE_MAX`
+/// made every answer set 912 bytes to move, and a check or report waiting
+/// for the store (it holds one) too large for the allocator's fast path.
 pub(super) type Answers<'r> = SmallVec<[RuleAnswer<'r>; ANSWERS_INLINE]>;
 const ANSWERS_INLINE: usize = 8;
 const _: () = assert!(ANSWERS_INLINE <= RULES_PER_ROUTE_MAX);
