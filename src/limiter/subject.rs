@@ -16,9 +16,12 @@ use crate::signals::{in_success_sample, tenant_draw};
 use crate::source::{forwarded_tail, prefix_of, Prefix};
 use smallvec::SmallVec;
 
-/// Keys ride in a check's plan, which the server moves around; four inline
-/// (every preset's count) keeps it small, a longer route spills to the heap.
-pub(super) type RuleKeys = SmallVec<[Option<Key>; 4]>;
+/// Keys ride in a check's plan, which the server moves around: room for
+/// the shipped routes' rules (login has 5) keeps it small and off the
+/// heap on every request; a longer route spills. At 4, every login check
+/// and report allocated its keys (5% of the daemon's CPU a login).
+pub(super) type RuleKeys = SmallVec<[Option<Key>; RULE_KEYS_INLINE]>;
+pub(super) const RULE_KEYS_INLINE: usize = 5;
 
 /// Per-request digests and source facts, computed at most once each.
 pub(super) struct SubjectKeys<'s, 'k> {

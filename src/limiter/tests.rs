@@ -413,3 +413,25 @@ fn a_route_of_the_most_rules_allowed_decides_by_every_one_of_them() {
     assert_eq!((refused.decision, &*refused.rule), (Decision::Deny, "r15"), "{refused:?}");
     assert_eq!(figures(&check(&limiter, "bob", T0 + 2)).3, 1, "another account is untouched");
 }
+
+#[test]
+fn the_shipped_routes_plan_checks_and_reports_without_spilling_their_keys() {
+    let limiter = limiter("");
+    let peer = Some("203.0.113.9".parse().expect("an address"));
+    let subject = Subject {
+        peer,
+        account: Some("alice"),
+        device: Some("laptop"),
+        tenant: Some("acme"),
+        client_id: Some("app"),
+        ..Subject::default()
+    };
+    for route in &limiter.routes {
+        assert!(route.rules.len() <= super::subject::RULE_KEYS_INLINE, "route {} has more rules than fit", route.name);
+        let plan = limiter.plan_check(&route.name, &subject, T0).expect("plans");
+        assert!(!plan.rule_keys.spilled(), "route {}'s check keys spill to the heap", route.name);
+        let report = super::Report { outcome: Some(Outcome::Failure), ..super::Report::default() };
+        let prepared = limiter.prepare_report(&route.name, &subject, &report, T0).expect("prepares");
+        assert!(!prepared.rule_keys.spilled(), "route {}'s report keys spill to the heap", route.name);
+    }
+}
