@@ -436,7 +436,7 @@ impl Limiter {
     ) -> Result<(Facts<'a>, ReportedLocally<'a>), RequestError> {
         let outcome = report.outcome;
         let prepared = self.prepare_report(route, subject, report, now_us)?;
-        let (route, facts) = (prepared.route, prepared.facts);
+        let (route, facts) = (prepared.facts.route, prepared.facts);
         let globals = route.rules.iter().zip(prepared.rule_keys.iter()).any(|(r, k)| r.global.is_some() && k.is_some());
         if !globals {
             let (verdict, durable) = self.report_here(&prepared, now_us);
@@ -494,12 +494,12 @@ impl Limiter {
         reply: &Reply,
         now_us: u64,
     ) -> Result<ReportStored<'a>, (Box<StoreReport<'a>>, ReplyError)> {
-        let parsed = match parse_report(report.prepared.route, &report.prepared.rule_keys, reply) {
+        let parsed = match parse_report(report.prepared.facts.route, &report.prepared.rule_keys, reply) {
             Ok(p) => p,
             Err(e) => return Err((report, e)),
         };
         let StoreReport { prepared, mut answers, mut durable, .. } = *report;
-        let route = prepared.route;
+        let route = prepared.facts.route;
         let store_now = parsed.store_now;
         let mut locked = Vec::new();
         for (i, found) in parsed.rules {
@@ -525,7 +525,7 @@ impl Limiter {
                     answer
                 }
                 (Found::Rate { tat }, Some(full @ Full::Rate { .. })) => {
-                    let spec = full_rate_spec(full, prepared.class);
+                    let spec = full_rate_spec(full, prepared.facts.class);
                     let (decision, _) = decide(spec, Some(tat), store_now, false);
                     rate_answer(rule, spec, decision)
                 }
@@ -544,7 +544,7 @@ impl Limiter {
         now_us: u64,
     ) -> (Verdict<'a>, Vec<Durable>) {
         let StoreReport { mut prepared, mut answers, mut durable, .. } = *report;
-        prepared.rule_keys = self.scoped_here(prepared.route, prepared.rule_keys, prepared.known);
+        prepared.rule_keys = self.scoped_here(prepared.facts.route, prepared.rule_keys, prepared.facts.known_device);
         self.report_rules(&prepared, Rules::Global, false, now_us, &mut answers, &mut durable);
         (combine(&answers), durable)
     }

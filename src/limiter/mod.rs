@@ -32,7 +32,7 @@ pub use observe::Facts;
 use std::sync::Arc;
 
 use crate::bans::BanTable;
-use crate::classes::{ClassTable, SourceClass};
+use crate::classes::ClassTable;
 use crate::config::Detector;
 use crate::config::{DeviceScope, ResponsePolicy};
 use crate::exemptions::ExemptionTable;
@@ -98,16 +98,15 @@ struct Derived {
 
 /// A report with its keys derived and its password judged.
 struct PreparedReport<'l> {
-    route: &'l Route,
+    /// The route, the client's class and whether this host knows the
+    /// device, as for a check (`CheckPlan`).
     facts: Facts<'l>,
     rule_keys: RuleKeys,
-    class: Option<SourceClass>,
     /// None: the attempt was abandoned (it settles its places, counts nothing).
     outcome: Option<Outcome>,
     repeated: bool,
     /// As in `CheckPlan`.
     device: Option<Key>,
-    known: bool,
     /// What spray detection has flagged of this subject.
     hits: Hits,
 }
@@ -351,7 +350,7 @@ impl Limiter {
             }
         }
         let facts = Facts::new(self, route, &mut keys, known);
-        Ok(PreparedReport { route, facts, rule_keys, class: facts.class, outcome, repeated, device, known, hits })
+        Ok(PreparedReport { facts, rule_keys, outcome, repeated, device, hits })
     }
 
     /// Counts a report on this host's tables for the rules of `which`. With
@@ -365,7 +364,7 @@ impl Limiter {
         answers: &mut Answers<'a>,
         durable: &mut Vec<Durable>,
     ) {
-        let PreparedReport { route, ref rule_keys, class, outcome, repeated, .. } = *report;
+        let PreparedReport { facts: Facts { route, class, .. }, ref rule_keys, outcome, repeated, .. } = *report;
         for (rule, key) in route.rules.iter().zip(rule_keys.iter().copied()) {
             let Some(key) = key else { continue };
             if !which.has(rule) {
