@@ -9,13 +9,13 @@ use crate::activity::Event;
 use crate::clock::ceil_ms;
 use crate::codec::RequestExtras;
 use crate::decision_log::Attempt;
-use crate::limiter::{CheckPlan, CheckedLocally, Facts, Limiter, Report, ReportedLocally, RequestError};
+use crate::limiter::{Begun, CheckPlan, Facts, Limiter, Pending, Report, RequestError};
 use crate::protocol::{Decision, ErrorCode, Outcome, Request, Response, Subject, Verdict};
 use crate::shared::Ticket;
 use crate::store::Durable;
 
 use super::listings::{lockouts_listed, lockouts_reply, samples_reply};
-use super::shared::{PendingCheck, PendingReport, Reported, SharedStart};
+use super::shared::{Reported, SharedStart};
 use super::{request_error, Daemon, Peer, LOG_TARGET};
 
 impl Daemon {
@@ -31,7 +31,7 @@ impl Daemon {
         peer: &Peer,
         now: u64,
     ) -> Started<'b, 'l> {
-        let request = match job {
+        let (subject, attempt, facts, begun) = match job {
             Job::Denied(operation) => {
                 if let Some(suppressed) = self.audit.admit(now) {
                     tracing::warn!(target: LOG_TARGET, uid = peer.uid, gid = peer.gid, operation, suppressed, "permission denied");
@@ -39,11 +39,6 @@ impl Daemon {
                 let message = format!("permission denied: uid {} may not {operation}", peer.uid);
                 return Started::Ready((Response::error(ErrorCode::PermissionDenied, message), Vec::new(), false));
             }
-            // Local and shared mode take one path: the limiter begins the
-            // request and decides it unless global rules need the store,
-            // whose op is then queued (`daemon/shared.rs`). Global rules
-            // exist only with `[shared]`, which also made `self.shared`,
-            // and a reload cannot change it.
             Job::Check { subject, plan } => {
                 let plan = match plan {
                     Ok(plan) => plan,
@@ -51,45 +46,42 @@ impl Daemon {
                 };
                 let attempt = Attempt::check(plan.password_tag());
                 let facts = plan.facts();
-                let (verdict, degraded) = match limiter.begin_check(plan, now) {
-                    CheckedLocally::Done(verdict) => (verdict, false),
-                    begun => {
-                        let store = self.shared.as_ref().expect("global rules come with their store");
-                        match self.start_check_shared(store, limiter, begun, now) {
-                            SharedStart::Done(verdict) => verdict,
-                            SharedStart::Waiting(ticket, check) => {
-                                return Started::Check { facts, subject, attempt, ticket, check };
-                            }
-                        }
-                    }
-                };
-                let reported = (verdict, Vec::new(), degraded);
-                return Started::Ready(self.answer(facts, &subject, Some(&attempt), reported, now));
+                (subject, Some(attempt), facts, limiter.begin_check(plan, now))
             }
             Job::Report { route, subject, report } => {
                 // An abandoned attempt (no outcome) has nothing to log.
                 let attempt =
                     report.outcome.map(|outcome| Attempt::report(outcome, report.password_digest, report.password_tag));
-                let (facts, begun) = match limiter.begin_report(route, &subject, &report, now) {
-                    Ok(begun) => begun,
+                match limiter.begin_report(route, &subject, &report, now) {
+                    Ok((facts, begun)) => (subject, attempt, facts, begun),
                     Err(e) => return Started::Ready((request_error(e), Vec::new(), false)),
-                };
-                let reported = match begun {
-                    ReportedLocally::Done(verdict, durable) => (verdict, durable, false),
-                    ReportedLocally::Store(begun) => {
-                        let store = self.shared.as_ref().expect("global rules come with their store");
-                        match self.start_report_shared(store, limiter, begun, now) {
-                            SharedStart::Done(reported) => reported,
-                            SharedStart::Waiting(ticket, report) => {
-                                return Started::Report { facts, subject, attempt, ticket, report };
-                            }
-                        }
-                    }
-                };
-                return Started::Ready(self.answer(facts, &subject, attempt.as_ref(), reported, now));
+                }
             }
-            Job::Other(request) => request,
+            Job::Other(request) => return self.other(limiter, request, peer, now),
         };
+        // Local and shared mode take one path: the limiter begins the
+        // request and decides it unless global rules need the store, whose
+        // op is then queued (`daemon/shared.rs`). Global rules exist only
+        // with `[shared]`, which also made `self.shared`, and a reload
+        // cannot change it.
+        let reported = match begun {
+            Begun::Done(verdict, durable) => (verdict, durable, false),
+            begun => {
+                let store = self.shared.as_ref().expect("global rules come with their store");
+                match self.start_shared(store, limiter, begun, now) {
+                    SharedStart::Done(reported) => reported,
+                    SharedStart::Waiting(ticket, pending) => {
+                        return Started::Waiting { facts, subject, attempt, ticket, pending };
+                    }
+                }
+            }
+        };
+        Started::Ready(self.answer(facts, &subject, attempt.as_ref(), reported, now))
+    }
+
+    /// Any request but a check or a report: answered at once, or (an
+    /// unlock, a ban, an unban) left for `finish`.
+    fn other<'b, 'l>(&self, limiter: &'l Limiter, request: Request<'b>, peer: &Peer, now: u64) -> Started<'b, 'l> {
         Started::Ready(match request {
             Request::Check { .. } | Request::Report { .. } | Request::Abandon { .. } => {
                 unreachable!("Job::new makes every check, report and abandon a job of its own")
@@ -142,12 +134,8 @@ impl Daemon {
     ) -> Answer<'l> {
         match started {
             Started::Ready(answer) => answer,
-            Started::Check { facts, subject, attempt, ticket, check } => {
-                let (verdict, degraded) = self.finish_check_shared(limiter, ticket, check, now).await;
-                self.answer(facts, &subject, Some(&attempt), (verdict, Vec::new(), degraded), now)
-            }
-            Started::Report { facts, subject, attempt, ticket, report } => {
-                let reported = self.finish_report_shared(limiter, ticket, report, now).await;
+            Started::Waiting { facts, subject, attempt, ticket, pending } => {
+                let reported = self.finish_shared(limiter, ticket, pending, now).await;
                 self.answer(facts, &subject, attempt.as_ref(), reported, now)
             }
             Started::Admin(request @ Request::Unlock { .. }) => self.unlock(limiter, request, peer, now).await,
@@ -287,24 +275,20 @@ impl Daemon {
 }
 
 /// A request begun by `Daemon::start`: answered, or waiting.
+// Not boxed: a waiting request is moved once, into the server's boxed
+// `Step::Waiting`; boxing it here too would be a second allocation per
+// store round trip.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Started<'b, 'l> {
     Ready(Answer<'l>),
-    /// A check whose global rules' op is queued to the store.
-    Check {
-        facts: Facts<'l>,
-        subject: Subject<'b>,
-        attempt: Attempt,
-        ticket: Ticket<'b>,
-        check: PendingCheck<'l>,
-    },
-    /// A report (or an abandoned attempt: no `attempt`) whose global
-    /// rules' op is queued to the store.
-    Report {
+    /// A check or report (an abandoned attempt: no `attempt`) whose
+    /// global rules' op is queued to the store.
+    Waiting {
         facts: Facts<'l>,
         subject: Subject<'b>,
         attempt: Option<Attempt>,
         ticket: Ticket<'b>,
-        report: PendingReport<'l>,
+        pending: Pending<'l>,
     },
     /// An unlock, ban or unban (admin, rare): answered whole by `finish`,
     /// which waits for the store or the state file before replying.

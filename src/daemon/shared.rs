@@ -11,7 +11,7 @@ use std::time::Duration;
 use smallvec::SmallVec;
 
 use super::Daemon;
-use crate::limiter::{CheckStored, CheckedLocally, Limiter, ReportStored, ReportedLocally, StoreReport};
+use crate::limiter::{Begun, Limiter, Pending, Stored};
 use crate::protocol::Verdict;
 use crate::shared::script::{Op, Reply};
 use crate::shared::{CallError, ProbeError, SharedStore, State, Ticket, HOSTS_LEARNED_MEMORY_MS, LOG_TARGET};
@@ -29,72 +29,64 @@ impl Daemon {
         self.shared.as_ref()
     }
 
-    /// A check's store half, begun by `Limiter::begin_check`: the op for
-    /// its global rules queued to the store (not waited for). Done here
-    /// for a known lockout, or if the store cannot be asked (this host's
-    /// degraded share).
-    pub(super) fn start_check_shared<'s, 'l>(
+    /// A check's or report's store half, begun by the limiter
+    /// (`Begun`): the op for its global rules queued to the store (not
+    /// waited for). Done here for a known lockout, or if the store cannot
+    /// be asked (this host's degraded share).
+    pub(super) fn start_shared<'s, 'l>(
         &self,
         store: &'s Arc<SharedStore>,
         limiter: &'l Limiter,
-        begun: CheckedLocally<'l>,
+        begun: Begun<'l>,
         now: u64,
-    ) -> SharedStart<(Verdict<'l>, bool), Ticket<'s>, PendingCheck<'l>> {
-        let mut check = match begun {
-            CheckedLocally::Done(verdict) => return SharedStart::Done((verdict, false)),
-            CheckedLocally::KnownLockout(verdict) => {
+    ) -> SharedStart<Reported<'l>, Ticket<'s>, Pending<'l>> {
+        let mut pending = match begun {
+            Begun::Done(verdict, durable) => return SharedStart::Done((verdict, durable, false)),
+            Begun::KnownLockout(verdict) => {
                 store.stats.known_lockout_refusals.fetch_add(1, Ordering::Relaxed);
                 // From memory either way; degraded when the store could
                 // not have been asked.
                 if !store.is_up() {
-                    return SharedStart::Done(degraded(store, verdict));
+                    return SharedStart::Done((degraded(store, verdict), Vec::new(), true));
                 }
-                return SharedStart::Done((verdict, false));
+                return SharedStart::Done((verdict, Vec::new(), false));
             }
-            CheckedLocally::Store(check) => check,
+            Begun::Store(pending) => pending,
         };
-        let op = std::mem::take(&mut check.op);
-        match store.submit(op) {
-            Ok(ticket) => SharedStart::Waiting(ticket, PendingCheck(CheckedLocally::Store(check))),
-            Err(e) => SharedStart::Done(self.check_answered(
-                store,
-                limiter,
-                PendingCheck(CheckedLocally::Store(check)),
-                (Err(e), &[]),
-                now,
-            )),
+        match store.submit(pending.take_op()) {
+            Ok(ticket) => SharedStart::Waiting(ticket, pending),
+            Err(e) => SharedStart::Done(self.answered(store, limiter, pending, (Err(e), &[]), now)),
         }
     }
 
-    /// A check's second half: the store's reply (or its absence by the
-    /// deadline), and the verdict from it or from this host's share.
-    pub(super) async fn finish_check_shared<'l>(
+    /// A check's or report's second half: the store's reply (or its
+    /// absence by the deadline), and the verdict from it or from this
+    /// host's share.
+    pub(super) async fn finish_shared<'l>(
         &self,
         limiter: &'l Limiter,
         ticket: Ticket<'_>,
-        check: PendingCheck<'l>,
+        pending: Pending<'l>,
         now: u64,
-    ) -> (Verdict<'l>, bool) {
-        let keys = ticket.key_hashes();
+    ) -> Reported<'l> {
+        // A check's keys, for marking the crowded ones (a report marks none).
+        let keys = if pending.is_check() { ticket.key_hashes() } else { SmallVec::new() };
         let reply = ticket.wait().await;
         let store = self.shared().expect("a ticket comes from the store");
-        self.check_answered(store, limiter, check, (reply, &keys), now)
+        self.answered(store, limiter, pending, (reply, &keys), now)
     }
 
-    fn check_answered<'l>(
+    fn answered<'l>(
         &self,
         store: &Arc<SharedStore>,
         limiter: &'l Limiter,
-        check: PendingCheck<'l>,
+        pending: Pending<'l>,
         (reply, keys): (Result<Reply, CallError>, &[u64]),
         now: u64,
-    ) -> (Verdict<'l>, bool) {
-        let PendingCheck(CheckedLocally::Store(check)) = check else {
-            unreachable!("a pending check waits for the store")
-        };
-        match reply {
-            Ok(reply) => match limiter.finish_check_stored(check, &reply, now) {
-                Ok(CheckStored { verdict, store_now, give_back, crowded }) => {
+    ) -> Reported<'l> {
+        let pending = match reply {
+            Ok(reply) => match limiter.finish_stored(pending, &reply, now) {
+                Ok(Stored { verdict, store_now, durable, locked, give_back, crowded }) => {
                     store.note_store_time(store_now, now);
                     // Others' attempts in flight there: the next late check
                     // on these keys is part of a burst, from whichever host.
@@ -105,101 +97,36 @@ impl Daemon {
                     if let Some(op) = give_back {
                         give_back_later(store, op);
                     }
-                    (verdict, false)
-                }
-                Err((check, e)) => {
-                    self.bad_store_value(store, &e.to_string(), now);
-                    degraded(store, limiter.finish_check_locally(check, now))
-                }
-            },
-            // Queued behind a burst on its own keys (another check of this
-            // host waited on one, or the store showed others' attempts in
-            // flight there): refused, so the burst cannot add this host's
-            // share to the store's limit. Its op still runs; the
-            // places a late admission takes are given back when its reply
-            // comes. A lone late check (`Late`) is answered on the share.
-            Err(CallError::Busy) => match limiter.finish_check_busy(check, now) {
-                Ok(verdict) => (verdict, false),
-                Err(check) => degraded(store, limiter.finish_check_locally(check, now)),
-            },
-            Err(e) => {
-                if let CallError::BadValue(e) = &e {
-                    self.bad_store_value(store, &e.to_string(), now);
-                }
-                degraded(store, limiter.finish_check_locally(check, now))
-            }
-        }
-    }
-
-    /// A report's store half, begun by `Limiter::begin_report`, as
-    /// `start_check_shared`.
-    pub(super) fn start_report_shared<'s, 'l>(
-        &self,
-        store: &'s Arc<SharedStore>,
-        limiter: &'l Limiter,
-        mut report: Box<StoreReport<'l>>,
-        now: u64,
-    ) -> SharedStart<Reported<'l>, Ticket<'s>, PendingReport<'l>> {
-        let op = std::mem::take(&mut report.op);
-        match store.submit(op) {
-            Ok(ticket) => SharedStart::Waiting(ticket, PendingReport(ReportedLocally::Store(report))),
-            Err(e) => SharedStart::Done(self.report_answered(
-                store,
-                limiter,
-                PendingReport(ReportedLocally::Store(report)),
-                Err(e),
-                now,
-            )),
-        }
-    }
-
-    /// A report's second half, as `finish_check_shared`.
-    pub(super) async fn finish_report_shared<'l>(
-        &self,
-        limiter: &'l Limiter,
-        ticket: Ticket<'_>,
-        report: PendingReport<'l>,
-        now: u64,
-    ) -> Reported<'l> {
-        let reply = ticket.wait().await;
-        let store = self.shared().expect("a ticket comes from the store");
-        self.report_answered(store, limiter, report, reply, now)
-    }
-
-    fn report_answered<'l>(
-        &self,
-        store: &Arc<SharedStore>,
-        limiter: &'l Limiter,
-        report: PendingReport<'l>,
-        reply: Result<Reply, CallError>,
-        now: u64,
-    ) -> Reported<'l> {
-        let PendingReport(ReportedLocally::Store(report)) = report else {
-            unreachable!("a pending report waits for the store")
-        };
-        match reply {
-            Ok(reply) => match limiter.finish_report_stored(report, &reply, now) {
-                Ok(ReportStored { verdict, store_now, durable, locked }) => {
-                    store.note_store_time(store_now, now);
                     for message in locked {
                         store.publish(limiter.shared_channel(), message);
                     }
-                    (verdict, durable, false)
+                    return (verdict, durable, false);
                 }
-                Err((report, e)) => {
+                Err((pending, e)) => {
                     self.bad_store_value(store, &e.to_string(), now);
-                    let (verdict, durable) = limiter.finish_report_locally(report, now);
-                    (degraded(store, verdict).0, durable, true)
+                    pending
                 }
+            },
+            // A check queued behind a burst on its own keys (another check
+            // of this host waited on one, or the store showed others'
+            // attempts in flight there): refused, so the burst cannot add
+            // this host's share to the store's limit. Its op still runs;
+            // the places a late admission takes are given back when its
+            // reply comes. A lone late check (`Late`) is answered on the
+            // share, as is a report.
+            Err(CallError::Busy) => match limiter.finish_busy(pending, now) {
+                Ok(verdict) => return (verdict, Vec::new(), false),
+                Err(pending) => pending,
             },
             Err(e) => {
                 if let CallError::BadValue(e) = &e {
                     self.bad_store_value(store, &e.to_string(), now);
                 }
-                let (verdict, durable) = limiter.finish_report_locally(report, now);
-                (degraded(store, verdict).0, durable, true)
+                pending
             }
-        }
+        };
+        let (verdict, durable) = limiter.finish_locally(pending, now);
+        (degraded(store, verdict), durable, true)
     }
 
     /// An unlock's store half: every global rule's entries of the account
@@ -312,18 +239,10 @@ pub(crate) enum SharedStart<D, T, P> {
     Waiting(T, P),
 }
 
-/// The limiter's half of a check waiting for the store (always
-/// `CheckedLocally::Store`: boxed, so a pending check stays small).
-pub(crate) struct PendingCheck<'l>(CheckedLocally<'l>);
-
-/// The limiter's half of a report waiting for the store (always
-/// `ReportedLocally::Store`).
-pub(crate) struct PendingReport<'l>(ReportedLocally<'l>);
-
-/// Counts an answer given on this host's degraded share, and flags it.
-fn degraded<'l>(store: &SharedStore, verdict: Verdict<'l>) -> (Verdict<'l>, bool) {
+/// Counts an answer given on this host's degraded share.
+fn degraded<'l>(store: &SharedStore, verdict: Verdict<'l>) -> Verdict<'l> {
     store.stats.degraded_answers.fetch_add(1, Ordering::Relaxed);
-    (verdict, true)
+    verdict
 }
 
 /// Sends an op nobody waits for (places to give back).

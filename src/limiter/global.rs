@@ -1,11 +1,12 @@
 //! Every check and report begins here (`begin_check`, `begin_report`), in
-//! local and shared mode alike: one without global rules (every request
-//! in local mode) is decided at once by the check and report paths. In
-//! shared mode one whose route has global rules is decided in two halves
-//! around one store call: the first does this host's rules and builds the
-//! op; the second reads the store's reply (`*_stored`) or, when the store
-//! did not answer in time, counts the global rules on this host's degraded
-//! tables (`*_locally`).
+//! local and shared mode alike, and each gives a `Begun`: one without
+//! global rules (every request in local mode) is decided at once by the
+//! check and report paths. In shared mode one whose route has global rules
+//! is decided in two halves around one store call: the first does this
+//! host's rules and builds the op (`Begun::Store`); the second reads the
+//! store's reply (`finish_stored`) or, when the store did not answer in
+//! time, counts the global rules on this host's degraded tables
+//! (`finish_locally`).
 //!
 //! The store's numbers are in the store's clock, so a global rule's answer
 //! is computed at the store's `now` (every figure in a verdict is a
@@ -55,16 +56,38 @@ pub struct StoreCheck<'l> {
     pub op: Op,
 }
 
-/// A check's first half (`begin_check`).
-pub enum CheckedLocally<'l> {
+/// A check's or report's first half (`begin_check`, `begin_report`).
+pub enum Begun<'l> {
     /// Decided on this host (no global rule for it, a ban, or a host rule
-    /// refused): nothing to ask the store.
-    Done(Verdict<'l>),
-    /// Refused from memory: the store said this key is locked.
+    /// refused), with the durable writes a report's reply waits for:
+    /// nothing to ask the store.
+    Done(Verdict<'l>, Vec<Durable>),
+    /// A check refused from memory: the store said this key is locked.
     KnownLockout(Verdict<'l>),
-    /// Boxed: a plan's keys and answers are a kilobyte, and the common
-    /// `Done` should not carry that size.
-    Store(Box<StoreCheck<'l>>),
+    /// This host's rules done, the global rules' op ready for the store.
+    Store(Pending<'l>),
+}
+
+/// A check or report waiting for the store. Boxed: its keys and answers
+/// are several hundred bytes, and the common `Begun::Done` should not
+/// carry that size.
+pub enum Pending<'l> {
+    Check(Box<StoreCheck<'l>>),
+    Report(Box<StoreReport<'l>>),
+}
+
+impl Pending<'_> {
+    /// The op to send, taken out (it is sent once).
+    pub fn take_op(&mut self) -> Op {
+        match self {
+            Pending::Check(check) => std::mem::take(&mut check.op),
+            Pending::Report(report) => std::mem::take(&mut report.op),
+        }
+    }
+
+    pub fn is_check(&self) -> bool {
+        matches!(self, Pending::Check(_))
+    }
 }
 
 /// A report after this host's rules, waiting for the store.
@@ -75,12 +98,17 @@ pub struct StoreReport<'l> {
     pub op: Op,
 }
 
-/// A check's second half from the store's reply.
-pub struct CheckStored<'l> {
+/// A check's or report's second half from the store's reply.
+pub struct Stored<'l> {
     pub verdict: Verdict<'l>,
     pub store_now: u64,
-    /// Sent when a rule on this host refused after the store admitted:
-    /// gives back the places the store took.
+    /// A report's writes the reply waits for.
+    pub durable: Vec<Durable>,
+    /// A report's message for the other hosts per key it locked:
+    /// `L <store key> <µs until it unlocks>`.
+    pub locked: Vec<String>,
+    /// A check's op to send when a rule on this host refused after the
+    /// store admitted: gives back the places the store took.
     pub give_back: Option<Op>,
     /// The failure rules (as places among the op's keys) whose places in flight
     /// are at least the admits left: a late check there could carry the
@@ -91,22 +119,10 @@ pub struct CheckStored<'l> {
     pub crowded: SmallVec<[usize; 4]>,
 }
 
-/// A report's second half from the store's reply.
-pub struct ReportStored<'l> {
-    pub verdict: Verdict<'l>,
-    pub store_now: u64,
-    /// Writes the reply waits for.
-    pub durable: Vec<Durable>,
-    /// A message for the other hosts per key this report locked:
-    /// `L <store key> <µs until it unlocks>`.
-    pub locked: Vec<String>,
-}
-
-/// A report's first half (`begin_report`).
-pub enum ReportedLocally<'l> {
-    /// Counted on this host alone (no global rule for it).
-    Done(Verdict<'l>, Vec<Durable>),
-    Store(Box<StoreReport<'l>>),
+impl<'l> Stored<'l> {
+    fn of_check(verdict: Verdict<'l>, store_now: u64, give_back: Option<Op>, crowded: SmallVec<[usize; 4]>) -> Self {
+        Stored { verdict, store_now, durable: Vec::new(), locked: Vec::new(), give_back, crowded }
+    }
 }
 
 impl Limiter {
@@ -214,18 +230,18 @@ impl Limiter {
     /// refuses at once; then this host's failure rules admit; then the op
     /// that takes the global rules' places and spends their rates, all or
     /// nothing, in the store.
-    pub fn begin_check<'a>(&'a self, plan: CheckPlan<'a>, now_us: u64) -> CheckedLocally<'a> {
+    pub fn begin_check<'a>(&'a self, plan: CheckPlan<'a>, now_us: u64) -> Begun<'a> {
         let globals =
             plan.facts.route.rules.iter().zip(plan.rule_keys.iter()).any(|(r, k)| r.global.is_some() && k.is_some());
         if !globals || plan.banned_until.is_some() {
-            return CheckedLocally::Done(self.decide_check(plan, now_us));
+            return Begun::Done(self.decide_check(plan, now_us), Vec::new());
         }
         let hits = self.plan_hits(&plan, now_us);
         let CheckPlan { facts, rule_keys, device, .. } = plan;
         let (route, class, known) = (facts.route, facts.class, facts.known_device);
         let mut answers = Answers::new();
         if self.known_lockout(route, &rule_keys, device.is_some(), now_us, &mut answers) {
-            return CheckedLocally::KnownLockout(combine(&answers));
+            return Begun::KnownLockout(combine(&answers));
         }
         let mut held = 0;
         // A device this host has not seen may be known to another: then the
@@ -236,7 +252,7 @@ impl Limiter {
             || self.judge_signals(route, &rule_keys, judged_now, now_us, true, &mut answers)
         {
             self.give_back(route, &rule_keys, held, now_us);
-            return CheckedLocally::Done(combine(&answers));
+            return Begun::Done(combine(&answers), Vec::new());
         }
         let mut rules = Vec::new();
         if let Some(device) = device {
@@ -269,7 +285,7 @@ impl Limiter {
                 }
             }
         }
-        CheckedLocally::Store(Box::new(StoreCheck {
+        Begun::Store(Pending::Check(Box::new(StoreCheck {
             route,
             rule_keys,
             class,
@@ -279,19 +295,59 @@ impl Limiter {
             hits: deferred,
             device_key: device.is_some(),
             op: Op::check(rules),
-        }))
+        })))
     }
 
-    /// A check's second half, from the store's reply. Returns the verdict,
-    /// the store's time, and an op to send if the store's places must be
-    /// given back (a rate rule on this host refused after the store
-    /// admitted).
-    pub fn finish_check_stored<'a>(
+    /// A check's or report's second half, from the store's reply. A check
+    /// may leave an op to send (`give_back`); a key a report locked is
+    /// remembered, and its lockout written to the state file (the reply
+    /// waits for it), so this host refuses it without the store and after
+    /// a restart. A reply that does not read as this op's gives the
+    /// pending half back, for `finish_locally`.
+    pub fn finish_stored<'a>(
+        &'a self,
+        pending: Pending<'a>,
+        reply: &Reply,
+        now_us: u64,
+    ) -> Result<Stored<'a>, (Pending<'a>, ReplyError)> {
+        match pending {
+            Pending::Check(check) => {
+                self.finish_check_stored(check, reply, now_us).map_err(|(c, e)| (Pending::Check(c), e))
+            }
+            Pending::Report(report) => {
+                self.finish_report_stored(report, reply, now_us).map_err(|(r, e)| (Pending::Report(r), e))
+            }
+        }
+    }
+
+    /// A check's or report's second half without the store: the global
+    /// rules are counted on this host's degraded tables (ceil(limit /
+    /// hosts)).
+    pub fn finish_locally<'a>(&'a self, pending: Pending<'a>, now_us: u64) -> (Verdict<'a>, Vec<Durable>) {
+        match pending {
+            Pending::Check(check) => (self.finish_check_locally(check, now_us), Vec::new()),
+            Pending::Report(report) => self.finish_report_locally(report, now_us),
+        }
+    }
+
+    /// A check the store has not answered in time while it still answers
+    /// others in time (busy, not away), refused (`finish_check_busy`); a
+    /// report, or a check no global rule enforces, back for
+    /// `finish_locally`: a report is counted wherever it can be.
+    pub fn finish_busy<'a>(&'a self, pending: Pending<'a>, now_us: u64) -> Result<Verdict<'a>, Pending<'a>> {
+        match pending {
+            Pending::Check(check) => self.finish_check_busy(check, now_us).map_err(Pending::Check),
+            report => Err(report),
+        }
+    }
+
+    /// A check's second half, from the store's reply (`finish_stored`).
+    fn finish_check_stored<'a>(
         &'a self,
         check: Box<StoreCheck<'a>>,
         reply: &Reply,
         now_us: u64,
-    ) -> Result<CheckStored<'a>, (Box<StoreCheck<'a>>, ReplyError)> {
+    ) -> Result<Stored<'a>, (Box<StoreCheck<'a>>, ReplyError)> {
         let parsed = match parse_check(check.route, &check.rule_keys, reply) {
             Ok(p) => p,
             Err(e) => return Err((check, e)),
@@ -352,7 +408,7 @@ impl Limiter {
         }
         if !parsed.admitted {
             self.give_back(route, &rule_keys, held, now_us);
-            return Ok(CheckStored { verdict: combine(&answers), store_now, give_back: None, crowded });
+            return Ok(Stored::of_check(combine(&answers), store_now, None, crowded));
         }
         let signals = if known_anywhere { Hits::default() } else { hits };
         if self.judge_signals(route, &rule_keys, signals, now_us, true, &mut answers)
@@ -367,14 +423,13 @@ impl Limiter {
                 })
                 .collect();
             let give_back = (!places.is_empty()).then(|| Op::release(&places));
-            return Ok(CheckStored { verdict: combine(&answers), store_now, give_back, crowded });
+            return Ok(Stored::of_check(combine(&answers), store_now, give_back, crowded));
         }
-        Ok(CheckStored { verdict: combine(&answers), store_now, give_back: None, crowded })
+        Ok(Stored::of_check(combine(&answers), store_now, None, crowded))
     }
 
-    /// A check's second half without the store: the global rules are
-    /// counted on this host's degraded tables (ceil(limit / hosts)).
-    pub fn finish_check_locally<'a>(&'a self, check: Box<StoreCheck<'a>>, now_us: u64) -> Verdict<'a> {
+    /// A check's second half without the store (`finish_locally`).
+    fn finish_check_locally<'a>(&'a self, check: Box<StoreCheck<'a>>, now_us: u64) -> Verdict<'a> {
         let StoreCheck { route, rule_keys, class, answers, held, known, hits, .. } = *check;
         let rule_keys = self.scoped_here(route, rule_keys, known);
         // Signal rules deferred for the store are judged on this host's
@@ -390,7 +445,7 @@ impl Limiter {
     /// store admits, the shares would let a burst past the limit. The
     /// check back if no global rule enforces (a monitored one refuses
     /// nothing), for the share.
-    pub fn finish_check_busy<'a>(
+    fn finish_check_busy<'a>(
         &'a self,
         check: Box<StoreCheck<'a>>,
         now_us: u64,
@@ -433,14 +488,14 @@ impl Limiter {
         subject: &Subject<'_>,
         report: &Report,
         now_us: u64,
-    ) -> Result<(Facts<'a>, ReportedLocally<'a>), RequestError> {
+    ) -> Result<(Facts<'a>, Begun<'a>), RequestError> {
         let outcome = report.outcome;
         let prepared = self.prepare_report(route, subject, report, now_us)?;
         let (route, facts) = (prepared.facts.route, prepared.facts);
         let globals = route.rules.iter().zip(prepared.rule_keys.iter()).any(|(r, k)| r.global.is_some() && k.is_some());
         if !globals {
             let (verdict, durable) = self.report_here(&prepared, now_us);
-            return Ok((facts, ReportedLocally::Done(verdict, durable)));
+            return Ok((facts, Begun::Done(verdict, durable)));
         }
         let mut answers = Answers::new();
         let mut durable = Vec::new();
@@ -481,19 +536,17 @@ impl Limiter {
                 per_account_max: known.per_account_max,
             });
         }
-        Ok((facts, ReportedLocally::Store(Box::new(StoreReport { prepared, answers, durable, op: Op::report(rules) }))))
+        let report = StoreReport { prepared, answers, durable, op: Op::report(rules) };
+        Ok((facts, Begun::Store(Pending::Report(Box::new(report)))))
     }
 
-    /// A report's second half, from the store's reply. A key the report
-    /// locked is remembered, and its lockout written to the state file
-    /// (the reply waits for it), so this host refuses it without the store
-    /// and after a restart.
-    pub fn finish_report_stored<'a>(
+    /// A report's second half, from the store's reply (`finish_stored`).
+    fn finish_report_stored<'a>(
         &'a self,
         report: Box<StoreReport<'a>>,
         reply: &Reply,
         now_us: u64,
-    ) -> Result<ReportStored<'a>, (Box<StoreReport<'a>>, ReplyError)> {
+    ) -> Result<Stored<'a>, (Box<StoreReport<'a>>, ReplyError)> {
         let parsed = match parse_report(report.prepared.facts.route, &report.prepared.rule_keys, reply) {
             Ok(p) => p,
             Err(e) => return Err((report, e)),
@@ -533,16 +586,12 @@ impl Limiter {
             };
             answers.push(self.escalate(rule, key, answer, now_us, false));
         }
-        Ok(ReportStored { verdict: combine(&answers), store_now, durable, locked })
+        Ok(Stored { verdict: combine(&answers), store_now, durable, locked, give_back: None, crowded: SmallVec::new() })
     }
 
-    /// A report's second half without the store: counted on this host's
-    /// degraded tables (their places were settled in the first half).
-    pub fn finish_report_locally<'a>(
-        &'a self,
-        report: Box<StoreReport<'a>>,
-        now_us: u64,
-    ) -> (Verdict<'a>, Vec<Durable>) {
+    /// A report's second half without the store (`finish_locally`): its
+    /// places were settled in the first half.
+    fn finish_report_locally<'a>(&'a self, report: Box<StoreReport<'a>>, now_us: u64) -> (Verdict<'a>, Vec<Durable>) {
         let StoreReport { mut prepared, mut answers, mut durable, .. } = *report;
         prepared.rule_keys = self.scoped_here(prepared.facts.route, prepared.rule_keys, prepared.facts.known_device);
         self.report_rules(&prepared, Rules::Global, false, now_us, &mut answers, &mut durable);

@@ -200,7 +200,7 @@ fn shared_mode_challenges_the_owner_on_a_device_known_to_another_host() {
     let laptop = who("owner@example.com", Some("laptop"), home);
     let plan = l.plan_check("login", &laptop, T0 + 20).expect("login");
     let checked = l.begin_check(plan, T0 + 20);
-    if let super::global::CheckedLocally::Done(v) = &checked {
+    if let super::global::Begun::Done(v, _) = &checked {
         panic!("decided before asking the store whether the device is known: {:?} by `{}`", v.decision, v.rule);
     }
 }
