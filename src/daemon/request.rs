@@ -9,7 +9,7 @@ use crate::activity::Event;
 use crate::clock::ceil_ms;
 use crate::codec::RequestExtras;
 use crate::decision_log::Attempt;
-use crate::limiter::{Begun, CheckPlan, Facts, Limiter, Pending, Report, RequestError};
+use crate::limiter::{AwaitingStore, Begun, CheckPlan, Facts, Limiter, Report, RequestError};
 use crate::protocol::{Decision, ErrorCode, Outcome, Request, Response, Subject, Verdict};
 use crate::shared::Ticket;
 use crate::store::Durable;
@@ -288,7 +288,7 @@ pub(crate) enum Started<'b, 'l> {
         subject: Subject<'b>,
         attempt: Option<Attempt>,
         ticket: Ticket<'b>,
-        pending: Pending<'l>,
+        pending: AwaitingStore<'l>,
     },
     /// An unlock, ban or unban (admin, rare): answered whole by `finish`,
     /// which waits for the store or the state file before replying.

@@ -11,7 +11,7 @@ use std::time::Duration;
 use smallvec::SmallVec;
 
 use super::Daemon;
-use crate::limiter::{Begun, Limiter, Pending, Stored};
+use crate::limiter::{AwaitingStore, Begun, Limiter, Stored};
 use crate::protocol::Verdict;
 use crate::shared::script::{Op, Reply};
 use crate::shared::{CallError, ProbeError, SharedStore, State, Ticket, HOSTS_LEARNED_MEMORY_MS, LOG_TARGET};
@@ -39,7 +39,7 @@ impl Daemon {
         limiter: &'l Limiter,
         begun: Begun<'l>,
         now: u64,
-    ) -> SharedStart<Reported<'l>, Ticket<'s>, Pending<'l>> {
+    ) -> SharedStart<Reported<'l>, Ticket<'s>, AwaitingStore<'l>> {
         let mut pending = match begun {
             Begun::Done(verdict, durable) => return SharedStart::Done((verdict, durable, false)),
             Begun::KnownLockout(verdict) => {
@@ -66,7 +66,7 @@ impl Daemon {
         &self,
         limiter: &'l Limiter,
         ticket: Ticket<'_>,
-        pending: Pending<'l>,
+        pending: AwaitingStore<'l>,
         now: u64,
     ) -> Reported<'l> {
         // A check's keys, for marking the crowded ones (a report marks none).
@@ -80,7 +80,7 @@ impl Daemon {
         &self,
         store: &Arc<SharedStore>,
         limiter: &'l Limiter,
-        pending: Pending<'l>,
+        pending: AwaitingStore<'l>,
         (reply, keys): (Result<Reply, CallError>, &[u64]),
         now: u64,
     ) -> Reported<'l> {

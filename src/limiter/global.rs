@@ -65,28 +65,28 @@ pub enum Begun<'l> {
     /// A check refused from memory: the store said this key is locked.
     KnownLockout(Verdict<'l>),
     /// This host's rules done, the global rules' op ready for the store.
-    Store(Pending<'l>),
+    Store(AwaitingStore<'l>),
 }
 
 /// A check or report waiting for the store. Boxed: its keys and answers
 /// are several hundred bytes, and the common `Begun::Done` should not
 /// carry that size.
-pub enum Pending<'l> {
+pub enum AwaitingStore<'l> {
     Check(Box<StoreCheck<'l>>),
     Report(Box<StoreReport<'l>>),
 }
 
-impl Pending<'_> {
+impl AwaitingStore<'_> {
     /// The op to send, taken out (it is sent once).
     pub fn take_op(&mut self) -> Op {
         match self {
-            Pending::Check(check) => std::mem::take(&mut check.op),
-            Pending::Report(report) => std::mem::take(&mut report.op),
+            AwaitingStore::Check(check) => std::mem::take(&mut check.op),
+            AwaitingStore::Report(report) => std::mem::take(&mut report.op),
         }
     }
 
     pub fn is_check(&self) -> bool {
-        matches!(self, Pending::Check(_))
+        matches!(self, AwaitingStore::Check(_))
     }
 }
 
@@ -285,7 +285,7 @@ impl Limiter {
                 }
             }
         }
-        Begun::Store(Pending::Check(Box::new(StoreCheck {
+        Begun::Store(AwaitingStore::Check(Box::new(StoreCheck {
             route,
             rule_keys,
             class,
@@ -306,16 +306,16 @@ impl Limiter {
     /// pending half back, for `finish_locally`.
     pub fn finish_stored<'a>(
         &'a self,
-        pending: Pending<'a>,
+        pending: AwaitingStore<'a>,
         reply: &Reply,
         now_us: u64,
-    ) -> Result<Stored<'a>, (Pending<'a>, ReplyError)> {
+    ) -> Result<Stored<'a>, (AwaitingStore<'a>, ReplyError)> {
         match pending {
-            Pending::Check(check) => {
-                self.finish_check_stored(check, reply, now_us).map_err(|(c, e)| (Pending::Check(c), e))
+            AwaitingStore::Check(check) => {
+                self.finish_check_stored(check, reply, now_us).map_err(|(c, e)| (AwaitingStore::Check(c), e))
             }
-            Pending::Report(report) => {
-                self.finish_report_stored(report, reply, now_us).map_err(|(r, e)| (Pending::Report(r), e))
+            AwaitingStore::Report(report) => {
+                self.finish_report_stored(report, reply, now_us).map_err(|(r, e)| (AwaitingStore::Report(r), e))
             }
         }
     }
@@ -323,10 +323,10 @@ impl Limiter {
     /// A check's or report's second half without the store: the global
     /// rules are counted on this host's degraded tables (ceil(limit /
     /// hosts)).
-    pub fn finish_locally<'a>(&'a self, pending: Pending<'a>, now_us: u64) -> (Verdict<'a>, Vec<Durable>) {
+    pub fn finish_locally<'a>(&'a self, pending: AwaitingStore<'a>, now_us: u64) -> (Verdict<'a>, Vec<Durable>) {
         match pending {
-            Pending::Check(check) => (self.finish_check_locally(check, now_us), Vec::new()),
-            Pending::Report(report) => self.finish_report_locally(report, now_us),
+            AwaitingStore::Check(check) => (self.finish_check_locally(check, now_us), Vec::new()),
+            AwaitingStore::Report(report) => self.finish_report_locally(report, now_us),
         }
     }
 
@@ -334,9 +334,13 @@ impl Limiter {
     /// others in time (busy, not away), refused (`finish_check_busy`); a
     /// report, or a check no global rule enforces, back for
     /// `finish_locally`: a report is counted wherever it can be.
-    pub fn finish_busy<'a>(&'a self, pending: Pending<'a>, now_us: u64) -> Result<Verdict<'a>, Pending<'a>> {
+    pub fn finish_busy<'a>(
+        &'a self,
+        pending: AwaitingStore<'a>,
+        now_us: u64,
+    ) -> Result<Verdict<'a>, AwaitingStore<'a>> {
         match pending {
-            Pending::Check(check) => self.finish_check_busy(check, now_us).map_err(Pending::Check),
+            AwaitingStore::Check(check) => self.finish_check_busy(check, now_us).map_err(AwaitingStore::Check),
             report => Err(report),
         }
     }
@@ -537,7 +541,7 @@ impl Limiter {
             });
         }
         let report = StoreReport { prepared, answers, durable, op: Op::report(rules) };
-        Ok((facts, Begun::Store(Pending::Report(Box::new(report)))))
+        Ok((facts, Begun::Store(AwaitingStore::Report(Box::new(report)))))
     }
 
     /// A report's second half, from the store's reply (`finish_stored`).

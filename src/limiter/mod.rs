@@ -25,7 +25,7 @@ mod verdict;
 mod write_back;
 
 pub use bans::BanChange;
-pub use global::{Begun, Pending, Stored};
+pub use global::{AwaitingStore, Begun, Stored};
 pub use maintenance::Restored;
 pub use observe::Facts;
 
