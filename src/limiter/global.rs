@@ -13,8 +13,8 @@
 //! duration); a known lockout is kept here until this host's `now` plus
 //! the store's remaining duration.
 
-use super::maintenance::unlocks_one_entry;
-use super::route::{Full, Route, Rule, Table};
+use super::route::{Full, Route, Table};
+use super::store_names::store_name;
 use super::store_reply::{
     entry_counts, full_rate_spec, is_locked, parse_check, parse_report, scope, store_failure_answer,
     store_knows_device, Found,
@@ -25,7 +25,6 @@ use super::{CheckPlan, Facts, Limiter, PreparedReport, Report, RequestError, Rul
 use crate::classes::SourceClass;
 use crate::failure_window::Settled;
 use crate::gcra::decide;
-use crate::keys::{Component, Key};
 use crate::protocol::{Outcome, Reason, Subject, Verdict};
 use crate::shared::script::{CheckRule, Op, Reply, ReplyError, ReportRule};
 use crate::signals::flags::Hits;
@@ -126,104 +125,6 @@ impl<'l> Stored<'l> {
 }
 
 impl Limiter {
-    /// Whether this limiter sends global rules to a shared store.
-    pub fn is_shared(&self) -> bool {
-        self.shared_prefix.is_some()
-    }
-
-    /// The store's name for a rule's entry: every key of one decision
-    /// shares the hash tag (the account's tag when the rule's key has the
-    /// account, so a login's rules live on one Cluster node).
-    pub(super) fn store_key(&self, rule: &Rule, key: Key) -> String {
-        let tag = if rule.key.contains(&Component::Account) { key.account_tag } else { key.tuple };
-        let kind = if matches!(rule.global, Some(Full::Rate { .. })) { "r" } else { "f" };
-        store_name(self.prefix(), tag, kind, &rule.id, Some(key.to_u128()))
-    }
-
-    fn prefix(&self) -> &str {
-        self.shared_prefix.as_deref().unwrap_or("tg")
-    }
-
-    /// The store's name for a device an account logged in from: any host's
-    /// success makes it known to all.
-    fn device_key(&self, route: &Route, device: Key) -> String {
-        store_name(self.prefix(), device.account_tag, "d", &route.name, Some(device.to_u128()))
-    }
-
-    /// An account's index of a rule's entries, for a rule keyed on the
-    /// account and something else: what an unlock of the account reads.
-    pub(super) fn index_key(&self, rule: &Rule, account_tag: u64) -> Option<String> {
-        if !rule.key.contains(&Component::Account) || rule.key.len() < 2 {
-            return None;
-        }
-        Some(store_name(self.prefix(), account_tag, "i", &rule.id, None))
-    }
-
-    /// The channel unlocks and lockouts are published on.
-    pub fn shared_channel(&self) -> String {
-        format!("{}:events", self.shared_prefix.as_deref().unwrap_or("tg"))
-    }
-
-    /// The store key logging recent unlock messages, replayed by a host
-    /// when it subscribes (`SharedStore::log_unlocks`).
-    pub fn shared_unlock_log(&self) -> String {
-        format!("{}:{{unlocks}}", self.shared_prefix.as_deref().unwrap_or("tg"))
-    }
-
-    /// How long a logged unlock can matter: the longest a known lockout
-    /// is held (two windows of the longest global failure rule).
-    pub fn unlock_log_keep_us(&self) -> u64 {
-        let longest = self
-            .routes
-            .iter()
-            .flat_map(|r| r.rules.iter())
-            .filter_map(|rule| match rule.global {
-                Some(Full::Failures(spec)) => Some(spec.window_us),
-                _ => None,
-            })
-            .max()
-            .unwrap_or(0);
-        longest.saturating_mul(2).max(60_000_000)
-    }
-
-    /// The store ops of an operator's unlock (what `unlock` does on this
-    /// host's tables, for the global rules): one entry with a source or on
-    /// an account-wide rule; every entry of the account (by its index)
-    /// without a source. This host forgets the keys as known lockouts.
-    pub fn unlock_ops(
-        &self,
-        route: &str,
-        account: &str,
-        source: Option<std::net::IpAddr>,
-        now_us: u64,
-    ) -> Result<Vec<Op>, RequestError> {
-        let route = self.route(route)?;
-        let subject = Subject { peer: source, account: Some(account), ..Subject::default() };
-        let mut keys = self.subject_keys(&route.name, &subject);
-        let tag = self.keys.account_tag(account);
-        let channel = self.shared_channel();
-        let mut ops = Vec::new();
-        for rule in &route.rules {
-            let Some(Full::Failures(spec)) = rule.global else { continue };
-            if !rule.key.contains(&Component::Account) {
-                continue;
-            }
-            if unlocks_one_entry(rule, source) {
-                let key = keys.key(&rule.key)?;
-                if let Some(known) = &route.known_lockouts {
-                    let mut known = known.of(key);
-                    if known.get(key.tuple, now_us).is_some_and(|s| s.value.rule == rule.tag) {
-                        known.remove(key.tuple);
-                    }
-                }
-                ops.push(Op::unlock(self.store_key(rule, key), spec.window_us, false, &channel));
-            } else if let (None, Some(index)) = (source, self.index_key(rule, tag)) {
-                ops.push(Op::unlock(index, spec.window_us, true, &channel));
-            }
-        }
-        Ok(ops)
-    }
-
     /// A check's first half, in local and shared mode alike: decided here
     /// (`decide_check`) when the route has no global rule for it or a ban
     /// refuses it, whatever the store would say. Otherwise a known lockout
@@ -600,47 +501,5 @@ impl Limiter {
         prepared.rule_keys = self.scoped_here(prepared.facts.route, prepared.rule_keys, prepared.facts.known_device);
         self.report_rules(&prepared, Rules::Global, false, now_us, &mut answers, &mut durable);
         (combine(&answers), durable)
-    }
-}
-
-/// A store key: `{prefix}:{{tag:016x}}:{kind}:{name}` and, for an entry,
-/// `:{digest:032x}`. Every request names two to five of them; `format!`'s
-/// padded hex was a tenth of the daemon's time in shared mode.
-fn store_name(prefix: &str, tag: u64, kind: &str, name: &str, digest: Option<u128>) -> String {
-    fn hex(out: &mut String, v: u128, digits: u32) {
-        for i in (0..digits).rev() {
-            out.push(char::from(b"0123456789abcdef"[((v >> (4 * i)) & 0xf) as usize]));
-        }
-    }
-    let mut out = String::with_capacity(prefix.len() + kind.len() + name.len() + 56);
-    out.push_str(prefix);
-    out.push_str(":{");
-    hex(&mut out, u128::from(tag), 16);
-    out.push_str("}:");
-    out.push_str(kind);
-    out.push(':');
-    out.push_str(name);
-    if let Some(digest) = digest {
-        out.push(':');
-        hex(&mut out, digest, 32);
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::store_name;
-
-    /// The names are the store's data: a host that named a key otherwise
-    /// would not share it. The same bytes `format!` made before.
-    #[test]
-    fn store_names_are_the_padded_hex_names_format_made() {
-        for (tag, digest) in [(0u64, 0u128), (0xdead_beef, 0xabc), (u64::MAX, u128::MAX), (1 << 60, 1 << 100)] {
-            assert_eq!(
-                store_name("tg", tag, "f", "login/source_failures", Some(digest)),
-                format!("tg:{{{tag:016x}}}:f:login/source_failures:{digest:032x}")
-            );
-            assert_eq!(store_name("acme", tag, "i", "login/x", None), format!("acme:{{{tag:016x}}}:i:login/x"));
-        }
     }
 }

@@ -19,6 +19,7 @@ mod observe;
 mod route;
 mod shards;
 mod status;
+mod store_names;
 mod store_reply;
 mod subject;
 mod verdict;
