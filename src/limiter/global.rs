@@ -233,8 +233,9 @@ impl Limiter {
 
     /// A check the store has not answered in time while it still answers
     /// others in time (busy, not away), refused (`finish_check_busy`); a
-    /// report, or a check no global rule enforces, back for
-    /// `finish_locally`: a report is counted wherever it can be.
+    /// check no global rule enforces back, for `finish_locally`. Only a
+    /// check's ticket watches for a burst on its keys, so a report is
+    /// never busy; were it, it would be counted on the share too.
     pub fn finish_busy<'a>(
         &'a self,
         pending: AwaitingStore<'a>,

@@ -1,7 +1,8 @@
 //! The shared store's names: each rule's entries, a device, an account's
 //! index, the channel and the unlock log, all under `[shared] key_prefix`;
-//! and an operator's unlock as store ops. Names only: what the ops do is
-//! in `global.rs` and the store's script.
+//! and an operator's unlock as store ops (forgetting the keys it names
+//! as known lockouts here). What a check's or report's ops do is in
+//! `global.rs` and the store's script.
 
 use super::maintenance::unlocks_one_entry;
 use super::route::{Full, Route, Rule};
