@@ -350,3 +350,44 @@ fn a_pending_write_back_does_not_relock_after_an_account_unlock_missed_live() {
     eprintln!("store entry TTL {} ms", redis.cmd(&["PTTL", &name]).trim());
     assert_eq!(vb.decision, Decision::Allow, "the store locked alice again after the operator's unlock");
 }
+
+/// After an operator's unlock, a link that keeps failing and coming back
+/// gives no fresh share per outage. A lockout taken on the share after
+/// the unlock loses its merge to the unlock's tombstone (its window began
+/// before it); the share keeps it, so the next outage in the window finds
+/// the key still locked there instead of a clean table.
+#[test]
+fn a_flapping_link_after_an_unlock_gives_one_share_not_one_per_outage() {
+    require_redis();
+    let redis = RedisServer::tcp();
+    let proxy = Proxy::new(redis.addr());
+    let dir = tempfile::tempdir().unwrap();
+    let secret = shared_secret(dir.path());
+    let extra = "timeout_ms = 100\nheartbeat_ms = 200\nprobe_interval_ms = 50\nprobe_max_ms = 200";
+    let a = TestDaemon::start_with(Some(&single_config(&proxy.url(), &secret, extra)), false);
+    let b = TestDaemon::start_with(Some(&single_config(&redis.url(), &secret, extra)), false);
+    let alice = subject("192.0.2.123", "alice");
+    // Each probe from its own address, so no rate rule refuses it.
+    let mut probes = (0u32..).map(|i| leak(format!("198.51.{}.{}", i / 250, i % 250 + 1)));
+    // The operator unlocks alice (on B): the account's tombstone.
+    let r = b.cli_json(&["unlock", "--route", "login", "--account", "alice"]);
+    let mut admitted = Vec::new();
+    for outage in 1..=3 {
+        proxy.set_mode(ProxyMode::Drop);
+        wait_until(&a, Duration::from_secs(10), "A degraded", || {
+            let probe = subject(probes.next().unwrap(), "ursula");
+            let answered = runtime().block_on(a.client().check_answered("login", &probe));
+            runtime().block_on(a.client().report("login", &probe, Outcome::Success));
+            answered.degraded && a.log().matches("shared store unreachable").count() >= outage
+        });
+        admitted.push(guesses_until_denied(&a, &alice, 10));
+        proxy.set_mode(ProxyMode::Pass);
+        // The first "reachable" line is the start's.
+        wait_until(&a, Duration::from_secs(10), "A written back", || {
+            a.log().matches("shared store reachable").count() > outage
+        });
+    }
+    eprintln!("unlock {r}; guesses admitted on A's share per outage: {admitted:?}");
+    // ceil(5 / 3): one share of source_failures for all three outages.
+    assert!(admitted.iter().sum::<usize>() <= 2, "a fresh share per outage: {admitted:?}\n{}", a.log());
+}
