@@ -53,24 +53,19 @@ impl Limiter {
         out
     }
 
-    /// The store has a lockout written back. If the store took it
-    /// (`applied`: no unlock made since), it leaves the degraded table and
-    /// is known here (refused from memory until it ends). If an unlock won,
-    /// a lockout refused here from memory meanwhile (`not_written_back`)
-    /// is forgotten, but the degraded table keeps it: the table is read
-    /// only while the store is away, and cleared it would give the next
-    /// outage in the window a fresh share, so a link that kept failing
-    /// after an unlock would give a share per outage. Only this host's own
-    /// unlock clears it (a message cannot: whoever can publish could reset
-    /// shares at will).
+    /// The store has a lockout written back: it leaves the degraded table
+    /// and, if the store took it (`applied`: no unlock made since), it is
+    /// known here (refused from memory until it ends).
     pub fn written_back(&self, lockout: &WriteBack, applied: bool, now_us: u64) {
         let route = &self.routes[lockout.route];
         let key = lockout.key;
+        self.clear_degraded_key(route, lockout.rule, key);
         if !applied {
+            // An unlock made since won: a lockout refused here from memory
+            // meanwhile (`not_written_back`) goes too.
             self.forget_known(route, lockout.rule, key);
             return;
         }
-        self.clear_degraded_key(route, lockout.rule, key);
         let until = now_us + lockout.lock_remaining_us;
         self.remember_lockout(route, lockout.rule, key, until, now_us);
         let _ = self.persist_known_lockout(route, lockout.rule, key, until);
