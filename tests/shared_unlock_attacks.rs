@@ -350,3 +350,77 @@ fn a_pending_write_back_does_not_relock_after_an_account_unlock_missed_live() {
     eprintln!("store entry TTL {} ms", redis.cmd(&["PTTL", &name]).trim());
     assert_eq!(vb.decision, Decision::Allow, "the store locked alice again after the operator's unlock");
 }
+
+/// A's login answer for `s`, reporting the real user's success when
+/// admitted: (decision, degraded).
+fn user_login(d: &TestDaemon, s: &Subject<'_>) -> (Decision, bool) {
+    let answered = runtime().block_on(d.client().check_answered("login", s));
+    let degraded = answered.degraded;
+    let decision = verdict(answered.answer).decision;
+    if decision == Decision::Allow {
+        runtime().block_on(d.client().report("login", s, Outcome::Success));
+    }
+    (decision, degraded)
+}
+
+/// An operator's unlock made after a stranger's failures locked the
+/// account on a degraded host's share reaches that share once the host is
+/// back: the owner is not refused there on a late reply, nor in the next
+/// outage. (A lockout whose merge loses to an unlock is cleared from the
+/// share; keeping it, to deny a fresh share per outage, kept this one.)
+#[test]
+fn an_unlock_after_a_strangers_failures_on_a_share_reaches_that_share() {
+    require_redis();
+    let redis = RedisServer::tcp();
+    let proxy = Proxy::new(redis.addr());
+    let dir = tempfile::tempdir().unwrap();
+    let secret = shared_secret(dir.path());
+    let extra = format!(
+        "timeout_ms = 100\nheartbeat_ms = 200\nprobe_interval_ms = 50\nprobe_max_ms = 200\n{COUNTING_RULES_ONLY}"
+    );
+    let a = TestDaemon::start_with(Some(&single_config(&proxy.url(), &secret, &extra)), false);
+    let b = TestDaemon::start_with(Some(&single_config(&redis.url(), &secret, &extra)), false);
+    let mut probes = (0u32..).map(|i| subject(leak(format!("100.64.{}.{}", i / 250, i % 250 + 1)), "ursula"));
+    let mut outage = |n: usize| {
+        proxy.set_mode(ProxyMode::Drop);
+        wait_until(&a, Duration::from_secs(10), "A degraded", || {
+            let probe = probes.next().unwrap();
+            let answered = runtime().block_on(a.client().check_answered("login", &probe));
+            runtime().block_on(a.client().report("login", &probe, Outcome::Success));
+            answered.degraded && a.log().matches("shared store unreachable").count() >= n
+        });
+    };
+    // While A is away, a stranger locks alice's account_failures (50) on
+    // A's share (ceil(50 / 3) = 17) from many networks.
+    outage(1);
+    let mut guesses = 0;
+    for i in 0..60u32 {
+        let s = subject(leak(format!("198.51.{i}.7")), "alice");
+        if check(&a, &s).decision != Decision::Allow {
+            break;
+        }
+        report(&a, &s, Outcome::Failure);
+        guesses += 1;
+    }
+    let owner = subject("203.0.113.9", "alice");
+    assert_eq!(user_login(&a, &owner).0, Decision::Deny, "the share locked alice after {guesses} guesses");
+    // The owner calls; the operator unlocks her on B; A comes back.
+    b.cli_json(&["unlock", "--route", "login", "--account", "alice"]);
+    proxy.set_mode(ProxyMode::Pass);
+    wait_until(&a, Duration::from_secs(10), "A written back", || a.log().matches("shared store reachable").count() > 1);
+    assert_eq!(user_login(&a, &owner), (Decision::Allow, false), "store up");
+    // One late reply, the store still up: answered on the share.
+    proxy.set_mode(ProxyMode::Delay(Duration::from_millis(300)));
+    let late = user_login(&a, &owner);
+    proxy.set_mode(ProxyMode::Pass);
+    std::thread::sleep(Duration::from_millis(600));
+    let outages = a.log().matches("shared store unreachable").count();
+    outage(outages + 1);
+    let next_outage = user_login(&a, &owner);
+    proxy.set_mode(ProxyMode::Pass);
+    assert_eq!(
+        (late.0, next_outage.0),
+        (Decision::Allow, Decision::Allow),
+        "alice, unlocked after the stranger's {guesses} failures, is refused on A's share"
+    );
+}
