@@ -179,6 +179,26 @@ fn single_config(url: &str, secret: &Path, extra: &str) -> String {
     format!("secret = \"{}\"\n\n[shared]\nurl = \"{url}\"\nhosts = 3\n{extra}\n", secret.display())
 }
 
+/// One store and two hosts of three sharing it: A reaches the store
+/// through a proxy (to cut, delay or restore), B directly.
+struct TwoHosts {
+    redis: RedisServer,
+    proxy: Proxy,
+    dir: tempfile::TempDir,
+    a: TestDaemon,
+    b: TestDaemon,
+}
+
+fn two_hosts(extra: &str) -> TwoHosts {
+    let redis = RedisServer::tcp();
+    let proxy = Proxy::new(redis.addr());
+    let dir = tempfile::tempdir().unwrap();
+    let secret = shared_secret(dir.path());
+    let a = TestDaemon::start_with(Some(&single_config(&proxy.url(), &secret, extra)), false);
+    let b = TestDaemon::start_with(Some(&single_config(&redis.url(), &secret, extra)), false);
+    TwoHosts { redis, proxy, dir, a, b }
+}
+
 /// An unlock heard while a write-back of the same key keeps failing is not
 /// undone by the failure: the host refuses from memory only while the key
 /// is still due, and the merge that lands loses to the unlock.
@@ -187,14 +207,9 @@ fn an_unlock_heard_during_a_failing_retry_is_not_undone() {
     use std::io::BufRead;
     use std::sync::{Arc, Mutex};
     require_redis();
-    let redis = RedisServer::tcp();
-    let proxy = Proxy::new(redis.addr());
-    let dir = tempfile::tempdir().unwrap();
-    let secret = shared_secret(dir.path());
     let extra =
         "timeout_ms = 1000\nconnect_timeout_ms = 3000\nheartbeat_ms = 100\nprobe_interval_ms = 50\nprobe_max_ms = 200";
-    let a = TestDaemon::start_with(Some(&single_config(&proxy.url(), &secret, extra)), false);
-    let b = TestDaemon::start_with(Some(&single_config(&redis.url(), &secret, extra)), false);
+    let TwoHosts { redis, proxy, dir: _dir, a, b } = two_hosts(extra);
     // Merges as the store sees them arrive (requests are not delayed).
     let merges: Arc<Mutex<Vec<Instant>>> = Arc::default();
     let mut monitor = std::process::Command::new("redis-cli")
@@ -310,13 +325,8 @@ fn an_unlock_heard_during_a_failing_retry_is_not_undone() {
 #[test]
 fn a_pending_write_back_does_not_relock_after_an_account_unlock_missed_live() {
     require_redis();
-    let redis = RedisServer::tcp();
-    let proxy = Proxy::new(redis.addr());
-    let dir = tempfile::tempdir().unwrap();
-    let secret = shared_secret(dir.path());
     let extra = "timeout_ms = 100\nheartbeat_ms = 2000\nprobe_interval_ms = 50\nprobe_max_ms = 200";
-    let a = TestDaemon::start_with(Some(&single_config(&proxy.url(), &secret, extra)), false);
-    let b = TestDaemon::start_with(Some(&single_config(&redis.url(), &secret, extra)), false);
+    let TwoHosts { redis, proxy, dir: _dir, a, b } = two_hosts(extra);
     let alice = subject("192.0.2.99", "alice");
     check(&b, &alice);
     report(&b, &alice, Outcome::Failure);
@@ -371,15 +381,10 @@ fn user_login(d: &TestDaemon, s: &Subject<'_>) -> (Decision, bool) {
 #[test]
 fn an_unlock_after_a_strangers_failures_on_a_share_reaches_that_share() {
     require_redis();
-    let redis = RedisServer::tcp();
-    let proxy = Proxy::new(redis.addr());
-    let dir = tempfile::tempdir().unwrap();
-    let secret = shared_secret(dir.path());
     let extra = format!(
         "timeout_ms = 100\nheartbeat_ms = 200\nprobe_interval_ms = 50\nprobe_max_ms = 200\n{COUNTING_RULES_ONLY}"
     );
-    let a = TestDaemon::start_with(Some(&single_config(&proxy.url(), &secret, &extra)), false);
-    let b = TestDaemon::start_with(Some(&single_config(&redis.url(), &secret, &extra)), false);
+    let TwoHosts { redis: _redis, proxy, dir: _dir, a, b } = two_hosts(&extra);
     let mut probes = (0u32..).map(|i| subject(leak(format!("100.64.{}.{}", i / 250, i % 250 + 1)), "ursula"));
     let mut outage = |n: usize| {
         proxy.set_mode(ProxyMode::Drop);
