@@ -20,6 +20,7 @@ use blake2::Blake2b;
 use siphasher::sip128::{Hasher128, SipHasher13};
 
 use self::recent::RecentDigests;
+pub use self::recent::RECENT_DIGESTS_SLOTS;
 use crate::source::PREFIX_BYTES;
 
 /// Bytes of secret key material. 32 bytes is BLAKE2b's recommended key size
@@ -494,18 +495,22 @@ mod tests {
         bytes[0] = 6;
         let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
         let prefix = d.prefix(&bytes);
-        let account = d.component(Component::Account, b"alice");
-        assert_eq!(hex(&prefix), "316f251e096abdd2f7b0e67da93cf331");
-        assert_eq!(hex(&account), "6afee3d8447aa31a14bb98ac809f09be");
-        let key = d.tuple(&[(Component::Account, account), (Component::Prefix, prefix)]);
-        assert_eq!(key.to_string(), "1aa37a44d8e3fe6a067a9f8e2a45f53d");
+        // Each twice: derived, then recalled.
+        for _ in 0..2 {
+            let account = d.component(Component::Account, b"alice");
+            assert_eq!(hex(&prefix), "316f251e096abdd2f7b0e67da93cf331");
+            assert_eq!(hex(&account), "6afee3d8447aa31a14bb98ac809f09be");
+            let key = d.tuple(&[(Component::Account, account), (Component::Prefix, prefix)]);
+            assert_eq!(key.to_string(), "1aa37a44d8e3fe6a067a9f8e2a45f53d");
+        }
     }
 
     #[test]
     fn a_recalled_digest_is_the_digest_derived() {
-        // Two secrets' derivers, inputs that repeat and crowd each other
-        // out of their slots, and slots written by both: every answer is
-        // the digest derived afresh, and repeats are answered from memory.
+        // Two secrets' derivers (each with its own table), inputs that
+        // repeat and crowd each other out of their slots, and one account
+        // with two prefixes: every answer is the digest derived afresh,
+        // and repeats are answered from memory.
         let (a, b) = (deriver(1), deriver(2));
         let mut recalled = 0;
         for i in 0..20_000u32 {
@@ -517,15 +522,19 @@ mod tests {
                 recalled += d.recent.recall(d.recall_tag(&pieces)).is_some() as u32;
                 let account = d.component(Component::Account, name.as_bytes());
                 assert_eq!(account, d.derived(&pieces));
-                let prefix = d.prefix(&[(i / 2) as u8; PREFIX_BYTES]);
-                let key = d.tuple(&[(Component::Account, account), (Component::Prefix, prefix)]);
-                let mut input = vec![TAG_TUPLE, 2, Component::Account as u8];
-                input.extend(account);
-                input.push(Component::Prefix as u8);
-                input.extend(prefix);
-                let mut expected = split(&d.derived(&[&input]));
-                expected.account_tag = account_tag_of(&account);
-                assert_eq!(key, expected, "{name}");
+                for network in [i / 2, i / 2 + 1] {
+                    let mut bytes = [0u8; PREFIX_BYTES];
+                    bytes[..4].copy_from_slice(&network.to_le_bytes());
+                    let prefix = d.prefix(&bytes);
+                    let key = d.tuple(&[(Component::Account, account), (Component::Prefix, prefix)]);
+                    let mut input = vec![TAG_TUPLE, 2, Component::Account as u8];
+                    input.extend(account);
+                    input.push(Component::Prefix as u8);
+                    input.extend(prefix);
+                    let mut expected = split(&d.derived(&[&input]));
+                    expected.account_tag = account_tag_of(&account);
+                    assert_eq!(key, expected, "{name} from network {network}");
+                }
             }
         }
         assert!(recalled > 15_000, "only {recalled} of the 20,000 repeats recalled");

@@ -50,7 +50,9 @@ impl RecentDigests {
     pub fn recall(&self, tag: u128) -> Option<[u8; 16]> {
         let slot = self.slot(tag);
         let before = slot.version.load(Ordering::Acquire);
-        if before & 1 == 1 {
+        // Odd: being written. Zero: never written (its all-zero words
+        // must not answer for a tag of zero).
+        if before & 1 == 1 || before == 0 {
             return None;
         }
         let words = [0, 1, 2, 3].map(|i| slot.words[i].load(Ordering::Relaxed));
@@ -99,6 +101,7 @@ mod tests {
     #[test]
     fn a_remembered_digest_is_recalled_until_its_slot_is_taken() {
         let recent = RecentDigests::new();
+        assert_eq!(recent.recall(0), None, "an unwritten slot answers for tag 0");
         assert_eq!(recent.recall(7), None);
         recent.remember(7, &[1; 16]);
         assert_eq!(recent.recall(7), Some([1; 16]));
