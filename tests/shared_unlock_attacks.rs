@@ -429,3 +429,41 @@ fn an_unlock_after_a_strangers_failures_on_a_share_reaches_that_share() {
         "alice, unlocked after the stranger's {guesses} failures, is refused on A's share"
     );
 }
+
+/// After an operator's unlock, a link that fails again and again in the
+/// unlock's window gives a degraded host one share, not one per outage: a
+/// lockout the share took after the unlock is aged from when the share
+/// began on the key, so its write-back is not beaten by the unlock, and
+/// the host then refuses it from memory in the next outage.
+#[test]
+fn a_flapping_link_after_an_unlock_gives_one_share_not_one_per_outage() {
+    require_redis();
+    let extra = "timeout_ms = 100\nheartbeat_ms = 200\nprobe_interval_ms = 50\nprobe_max_ms = 200";
+    let TwoHosts { redis: _redis, proxy, dir: _dir, a, b } = two_hosts(extra);
+    let alice = subject("192.0.2.123", "alice");
+    // Each probe from its own address, so no rate rule refuses it.
+    let mut probes = (0u32..).map(|i| leak(format!("198.51.{}.{}", i / 250, i % 250 + 1)));
+    // The operator unlocks alice (on B): the account's tombstone.
+    b.cli_json(&["unlock", "--route", "login", "--account", "alice"]);
+    std::thread::sleep(Duration::from_millis(50));
+    let mut admitted = Vec::new();
+    for outage in 1..=3 {
+        proxy.set_mode(ProxyMode::Drop);
+        wait_until(&a, Duration::from_secs(10), "A degraded", || {
+            let probe = subject(probes.next().unwrap(), "ursula");
+            let answered = runtime().block_on(a.client().check_answered("login", &probe));
+            runtime().block_on(a.client().report("login", &probe, Outcome::Success));
+            answered.degraded && a.log().matches("shared store unreachable").count() >= outage
+        });
+        admitted.push(guesses_until_denied(&a, &alice, 10));
+        proxy.set_mode(ProxyMode::Pass);
+        // The first "reachable" line is the start's.
+        wait_until(&a, Duration::from_secs(10), "A written back", || {
+            a.log().matches("shared store reachable").count() > outage
+        });
+    }
+    // ceil(5 / 3) on source_failures: one share for all three outages.
+    assert_eq!(admitted, [2, 0, 0], "a fresh share per outage\n{}", a.log());
+    // And the lockout the share took is the store's: B refuses it too.
+    assert_ne!(check(&b, &alice).decision, Decision::Allow, "B admits alice after A's share locked her");
+}

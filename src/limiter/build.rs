@@ -119,6 +119,7 @@ impl Limiter {
             keys,
             journal,
             attempt_timeout_us: config.attempt_timeout_ms * 1000,
+            share_starts: previous.map_or_else(Default::default, |p| p.share_starts.clone()),
         }
     }
 }
