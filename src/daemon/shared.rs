@@ -371,7 +371,6 @@ async fn write_back(daemon: &Arc<Daemon>, store: &Arc<SharedStore>, retrying: bo
         }
     }
     store.stats.written_back.fetch_add(written as u64, Ordering::Relaxed);
-    limiter.prune_share_starts(now);
     if let Some(e) = last_error {
         store.retry_write_back();
         if retrying {

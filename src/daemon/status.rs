@@ -83,7 +83,6 @@ impl Daemon {
             ("shared.batches_in_flight_max", crate::shared::BATCHES_IN_FLIGHT_MAX as u64),
             ("shared.orphans_waiting_max", crate::shared::ORPHANS_WAITING_MAX as u64),
             ("shared.hosts_learned_memory_ms", crate::shared::HOSTS_LEARNED_MEMORY_MS),
-            ("shared.share_starts_max", crate::limiter::SHARE_STARTS_MAX as u64),
         ]
         .into_iter()
         .map(|(name, value)| NamedLimit { name: name.into(), value })

@@ -105,6 +105,12 @@ pub struct FailureWindowTable {
     /// Failures of keys the table could not hold (full of lockouts), made
     /// at the first such failure.
     pub(super) overflow: Option<Box<OverflowSketch>>,
+    /// With `track_starts`, per slot: when its key's first failure was
+    /// counted on an empty count (0: not known, e.g. restored, or begun
+    /// from spilled failures). Shared mode's write-back ages a lockout
+    /// from it. Beside the slots, not in them: only a global rule's
+    /// table (its degraded share) pays the 8 bytes a slot.
+    starts: Option<Vec<u64>>,
 }
 
 impl FailureWindowTable {
@@ -125,7 +131,22 @@ impl FailureWindowTable {
             in_flight: ExpiringMap::new(entries_max),
             presumed: 0,
             overflow: None,
+            starts: None,
         }
+    }
+
+    /// Keeps when each entry's counting began (see `started_us`).
+    pub fn track_starts(&mut self) {
+        if self.starts.is_none() {
+            self.starts = Some(vec![0; self.slots.len()]);
+        }
+    }
+
+    /// When the key's entry began counting from nothing, if tracked and
+    /// known: none of its failures is older.
+    pub fn started_us(&self, key: Key) -> Option<u64> {
+        let (starts, i) = (self.starts.as_ref()?, self.find(key)?);
+        Some(starts[i as usize]).filter(|&us| us > 0)
     }
 
     pub fn spec(&self) -> WindowSpec {
@@ -168,7 +189,14 @@ impl FailureWindowTable {
         let (i, before) = match self.find(key) {
             Some(i) => (i, self.slots[i as usize].counts),
             // A key that spilled starts from its spilled failures.
-            None => (self.insert(key, now_us)?, self.spilled(key, now_us)),
+            None => {
+                let i = self.insert(key, now_us)?;
+                let spilled = self.spilled(key, now_us);
+                if let (Some(starts), 0, 0) = (&mut self.starts, spilled.previous, spilled.current) {
+                    starts[i as usize] = now_us;
+                }
+                (i, spilled)
+            }
         };
         let was_locked = self.spec.is_locked(before, now_us);
         let mut counts = self.spec.rolled(before, now_us);
@@ -417,6 +445,10 @@ impl FailureWindowTable {
             self.slots.push(slot);
             (self.slots.len() - 1) as u32
         };
+        if let Some(starts) = &mut self.starts {
+            starts.resize(self.slots.len(), 0);
+            starts[i as usize] = 0;
+        }
         let slots = &self.slots;
         self.index.insert_unique(key.hash_bits(), i, |&j| slots[j as usize].key.hash_bits());
         self.len += 1;

@@ -202,6 +202,39 @@ fn a_key_with_failures_in_the_table_and_the_sketch_reads_their_sum() {
     assert!(table.spec().is_locked(standing.counts, now));
 }
 
+#[test]
+fn a_tracked_entry_knows_when_it_began_counting_from_nothing() {
+    let now = 900 * WINDOW;
+    let mut untracked = FailureWindowTable::new(spec(5), 4);
+    untracked.record_failure(key(1), now).unwrap();
+    assert_eq!(untracked.started_us(key(1)), None, "only a global rule's share tracks");
+    let mut table = FailureWindowTable::new(spec(5), 1);
+    table.track_starts();
+    table.record_failure(key(1), now).unwrap();
+    table.record_failure(key(1), now + MINUTE).unwrap();
+    assert_eq!(table.started_us(key(1)), Some(now), "the first failure's instant stays");
+    table.clear(key(1));
+    assert_eq!(table.started_us(key(1)), None);
+    table.record_failure(key(1), now + 2 * MINUTE).unwrap();
+    assert_eq!(table.started_us(key(1)), Some(now + 2 * MINUTE), "a cleared entry begins again");
+    // Failures that spilled while the table was full of a lockout are of
+    // an unknown age: the entry that takes them in does not say it began
+    // now, however long after them it is made.
+    for _ in 0..4 {
+        table.record_failure(key(1), now + 2 * MINUTE).unwrap();
+    }
+    assert!(table.record_failure(key(2), now + 3 * MINUTE).is_err(), "full of a lockout");
+    table.count_overflow(key(2), now + 3 * MINUTE);
+    table.clear(key(1));
+    table.record_failure(key(2), now + 4 * MINUTE).unwrap();
+    assert_eq!(table.started_us(key(2)), None, "begun from spilled failures");
+    // Nor does an entry put back from the state file.
+    table.clear(key(2));
+    let counts = Counts { window: spec(5).window_index(now), previous: 0, current: 2 };
+    assert!(table.restore(key(3), counts, now + 5 * MINUTE).unwrap());
+    assert_eq!(table.started_us(key(3)), None, "restored");
+}
+
 #[derive(Clone, Debug)]
 enum AttemptOp {
     Check(u8),

@@ -119,7 +119,6 @@ impl Limiter {
             keys,
             journal,
             attempt_timeout_us: config.attempt_timeout_ms * 1000,
-            share_starts: previous.map_or_else(Default::default, |p| p.share_starts.clone()),
         }
     }
 }
@@ -273,6 +272,10 @@ pub(super) fn build_rule(
                 }
                 _ => Arc::new(Shards::new(entries_max, |cap| FailureWindowTable::new(spec, cap))),
             };
+            if global.is_some() {
+                // The degraded share's write-back is aged from its starts.
+                shards.each().for_each(|mut table| table.track_starts());
+            }
             Table::Failures { spec, cleared_by_success, shards }
         }
         RuleKind::Signal { detectors, .. } => Table::Signal { detectors, window_us: signal_cool_down_us },

@@ -338,7 +338,6 @@ impl Limiter {
     fn finish_check_locally<'a>(&'a self, check: Box<StoreCheck<'a>>, now_us: u64) -> Verdict<'a> {
         let StoreCheck { route, rule_keys, class, answers, held, known, hits, .. } = *check;
         let rule_keys = self.scoped_here(route, rule_keys, known);
-        self.note_share_start(route, &rule_keys, now_us);
         // Signal rules deferred for the store are judged on this host's
         // knowledge of the device, as every device-scoped rule is here.
         self.admit_then_spend(route, &rule_keys, class, Rules::Global, hits, answers, held, now_us)
@@ -501,7 +500,6 @@ impl Limiter {
     fn finish_report_locally<'a>(&'a self, report: Box<StoreReport<'a>>, now_us: u64) -> (Verdict<'a>, Vec<Durable>) {
         let StoreReport { mut prepared, mut answers, mut durable, .. } = *report;
         prepared.rule_keys = self.scoped_here(prepared.facts.route, prepared.rule_keys, prepared.facts.known_device);
-        self.note_share_start(prepared.facts.route, &prepared.rule_keys, now_us);
         self.report_rules(&prepared, Rules::Global, false, now_us, &mut answers, &mut durable);
         (combine(&answers), durable)
     }

@@ -24,7 +24,6 @@ mod store_reply;
 mod subject;
 mod verdict;
 mod write_back;
-pub use write_back::SHARE_STARTS_MAX;
 
 pub use bans::BanChange;
 pub use global::{AwaitingStore, Begun, Stored};
@@ -197,8 +196,6 @@ pub struct Limiter {
     /// `signals.success_sample`: the request path leaves the other
     /// accounts' IPv4 successes at their tenant's count.
     success_sample: u32,
-    /// When each key's degraded share began, for its write-back's age.
-    share_starts: Arc<write_back::ShareStarts>,
 }
 
 impl Limiter {

@@ -2,51 +2,12 @@
 //! returns (a merge: the later lockout wins, an unlock made since wins),
 //! and the lockouts the store reports kept in the state file.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-
 use super::route::{Full, Route, Table};
 use super::shards::shard_index;
-use super::subject::RuleKeys;
 use super::Limiter;
 use crate::keys::Key;
 use crate::shared::script::Op;
 use crate::store::{DeviceMap, DeviceRows, Durable};
-use crate::unpoisoned::Unpoisoned;
-
-/// Keys whose share start is kept, at most: past it (a flood of distinct
-/// keys in one outage) a new key's lockout is aged from its window's
-/// start, as after a restart. 65,536 keys is a few MiB.
-pub const SHARE_STARTS_MAX: usize = 65_536;
-
-/// When this host's degraded share of each global failure rule began on
-/// a key (its first check or report decided there): no lockout of the
-/// share on that key is older, so a write-back aged from it loses only to
-/// an operator's unlock made after that. Without it the age runs from the
-/// window's start, and a lockout the share took after an unlock, in the
-/// unlock's window, lost too: each outage gave the key a fresh share.
-/// Memory only, kept across reloads; dropped once written back.
-#[derive(Default)]
-pub(super) struct ShareStarts(Mutex<HashMap<(Arc<str>, Key), u64>>);
-
-impl ShareStarts {
-    /// The earliest instant noted stays (a key noted with no counts yet
-    /// may be noted again before its first).
-    fn note(&self, rule: &Arc<str>, key: Key, now_us: u64) {
-        let mut starts = self.0.locked();
-        if starts.len() < SHARE_STARTS_MAX || starts.contains_key(&(rule.clone(), key)) {
-            starts.entry((rule.clone(), key)).or_insert(now_us);
-        }
-    }
-
-    fn get(&self, rule: &Arc<str>, key: Key) -> Option<u64> {
-        self.0.locked().get(&(rule.clone(), key)).copied()
-    }
-
-    fn forget(&self, rule: &Arc<str>, key: Key) {
-        self.0.locked().remove(&(rule.clone(), key));
-    }
-}
 
 /// A lockout taken on a degraded table, to write back to the store.
 pub struct WriteBack {
@@ -58,43 +19,16 @@ pub struct WriteBack {
 }
 
 impl Limiter {
-    /// A check or report about to be decided on the degraded share: each
-    /// global failure rule notes when its share began on the key, if the
-    /// share counts nothing on it yet. Counts found there with no start
-    /// noted (a full map, a restart, counts from before shared mode) are of
-    /// an unknown age, and a start noted now would make them look young.
-    pub(super) fn note_share_start(&self, route: &Route, rule_keys: &RuleKeys, now_us: u64) {
-        for (rule, key) in route.rules.iter().zip(rule_keys.iter().copied()) {
-            let (Some(Full::Failures(_)), Table::Failures { shards, .. }, Some(key)) = (rule.global, &rule.table, key)
-            else {
-                continue;
-            };
-            let counts = shards.of(key).get(key, now_us);
-            if counts.previous == 0 && counts.current == 0 {
-                self.share_starts.note(&rule.id, key, now_us);
-            }
-        }
-    }
-
-    /// Forgets the share starts of keys the share no longer counts (after
-    /// a write-back: what the outage left).
-    pub fn prune_share_starts(&self, now_us: u64) {
-        let mut starts = self.share_starts.0.locked();
-        starts.retain(|(id, key), _| {
-            let rule = self.routes.iter().flat_map(|r| &r.rules).find(|r| r.id == *id);
-            let Some(Table::Failures { shards, .. }) = rule.map(|r| &r.table) else { return false };
-            let counts = shards.of(*key).get(*key, now_us);
-            counts.previous > 0 || counts.current > 0
-        });
-    }
-
     /// Every key locked on a global rule's degraded table: lockouts taken
     /// while the store was away (or before shared mode), each as a merge.
     /// A merge carries durations, not instants, so skew between this host
-    /// and the store does not move it; its age is counted from when the
-    /// share began on the key (`ShareStarts`), or if that is not known
-    /// from the start of the window the lockout was taken in, so an
-    /// operator's unlock made in the store after that wins.
+    /// and the store does not move it. Its age runs from when the share's
+    /// entry began counting from nothing (`started_us`): no failure it
+    /// holds is older, so an unlock made after that loses to it and one
+    /// made before wins. Not known (restored, begun from spilled
+    /// failures), from the start of the earliest window the counts hold.
+    /// Without it, a lockout the share took after an unlock, in the
+    /// unlock's window, lost too, and each outage gave a fresh share.
     pub fn degraded_lockouts(&self, now_us: u64) -> Vec<WriteBack> {
         let mut out = Vec::new();
         for (r, route) in self.routes.iter().enumerate() {
@@ -106,8 +40,8 @@ impl Limiter {
                     let spec = table.spec();
                     for (key, counts) in table.locked(now_us) {
                         let lock_remaining_us = spec.unlocks_at(counts, now_us) - now_us;
-                        let began_us =
-                            self.share_starts.get(&rule.id, key).unwrap_or(counts.window as u64 * spec.window_us);
+                        let earliest_window = (counts.window as u64).saturating_sub((counts.previous > 0) as u64);
+                        let began_us = table.started_us(key).unwrap_or(earliest_window * spec.window_us);
                         let age_us = now_us.saturating_sub(began_us);
                         let op = Op::merge(
                             self.store_key(rule, key),
@@ -132,7 +66,6 @@ impl Limiter {
         let route = &self.routes[lockout.route];
         let key = lockout.key;
         self.clear_degraded_key(route, lockout.rule, key);
-        self.share_starts.forget(&route.rules[lockout.rule].id, key);
         if !applied {
             // An unlock made since won: a lockout refused here from memory
             // meanwhile (`not_written_back`) goes too.
