@@ -66,7 +66,7 @@ async fn limits(daemon: &TestDaemon) -> Vec<(String, u64)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_lists_the_documented_limits_then_one_per_route_keeping_known_devices() {
     let documented = documented_limit_names();
-    assert_eq!(documented.len(), 27, "{documented:?}");
+    assert_eq!(documented.len(), 28, "{documented:?}");
 
     let signals = documented_signal_limit_names();
     assert_eq!(signals.len(), 25, "{signals:?}");
