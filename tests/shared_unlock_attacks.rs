@@ -199,6 +199,21 @@ fn two_hosts(extra: &str) -> TwoHosts {
     TwoHosts { redis, proxy, dir, a, b }
 }
 
+/// Cuts A's link to the store and waits until A has logged its `n`th
+/// outage and answers degraded. Each probe is another account's success
+/// from an address of its own, so no rule on the keys under test counts it.
+fn cut_until_degraded(a: &TestDaemon, proxy: &Proxy, n: usize) {
+    static PROBES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    proxy.set_mode(ProxyMode::Drop);
+    wait_until(a, Duration::from_secs(10), "A degraded", || {
+        let i = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let probe = subject(leak(format!("100.64.{}.{}", i / 250 % 250, i % 250 + 1)), "ursula");
+        let answered = runtime().block_on(a.client().check_answered("login", &probe));
+        runtime().block_on(a.client().report("login", &probe, Outcome::Success));
+        answered.degraded && a.log().matches("shared store unreachable").count() >= n
+    });
+}
+
 /// An unlock heard while a write-back of the same key keeps failing is not
 /// undone by the failure: the host refuses from memory only while the key
 /// is still due, and the merge that lands loses to the unlock.
@@ -385,16 +400,7 @@ fn an_unlock_after_a_strangers_failures_on_a_share_reaches_that_share() {
         "timeout_ms = 100\nheartbeat_ms = 200\nprobe_interval_ms = 50\nprobe_max_ms = 200\n{COUNTING_RULES_ONLY}"
     );
     let TwoHosts { redis: _redis, proxy, dir: _dir, a, b } = two_hosts(&extra);
-    let mut probes = (0u32..).map(|i| subject(leak(format!("100.64.{}.{}", i / 250, i % 250 + 1)), "ursula"));
-    let mut outage = |n: usize| {
-        proxy.set_mode(ProxyMode::Drop);
-        wait_until(&a, Duration::from_secs(10), "A degraded", || {
-            let probe = probes.next().unwrap();
-            let answered = runtime().block_on(a.client().check_answered("login", &probe));
-            runtime().block_on(a.client().report("login", &probe, Outcome::Success));
-            answered.degraded && a.log().matches("shared store unreachable").count() >= n
-        });
-    };
+    let outage = |n: usize| cut_until_degraded(&a, &proxy, n);
     // While A is away, a stranger locks alice's account_failures (50) on
     // A's share (ceil(50 / 3) = 17) from many networks.
     outage(1);
@@ -441,20 +447,12 @@ fn a_flapping_link_after_an_unlock_gives_one_share_not_one_per_outage() {
     let extra = "timeout_ms = 100\nheartbeat_ms = 200\nprobe_interval_ms = 50\nprobe_max_ms = 200";
     let TwoHosts { redis: _redis, proxy, dir: _dir, a, b } = two_hosts(extra);
     let alice = subject("192.0.2.123", "alice");
-    // Each probe from its own address, so no rate rule refuses it.
-    let mut probes = (0u32..).map(|i| leak(format!("198.51.{}.{}", i / 250, i % 250 + 1)));
     // The operator unlocks alice (on B): the account's tombstone.
     b.cli_json(&["unlock", "--route", "login", "--account", "alice"]);
     std::thread::sleep(Duration::from_millis(50));
     let mut admitted = Vec::new();
     for outage in 1..=3 {
-        proxy.set_mode(ProxyMode::Drop);
-        wait_until(&a, Duration::from_secs(10), "A degraded", || {
-            let probe = subject(probes.next().unwrap(), "ursula");
-            let answered = runtime().block_on(a.client().check_answered("login", &probe));
-            runtime().block_on(a.client().report("login", &probe, Outcome::Success));
-            answered.degraded && a.log().matches("shared store unreachable").count() >= outage
-        });
+        cut_until_degraded(&a, &proxy, outage);
         admitted.push(guesses_until_denied(&a, &alice, 10));
         proxy.set_mode(ProxyMode::Pass);
         // The first "reachable" line is the start's.
@@ -482,16 +480,7 @@ fn spilled_failures_from_before_an_unlock_do_not_win_a_later_merge() {
          [routes.login.rules.source_failures]\nentries_max = 16\n{COUNTING_RULES_ONLY}"
     );
     let TwoHosts { redis: _redis, proxy, dir: _dir, a, b } = two_hosts(&extra);
-    let mut probes = (0u32..).map(|i| subject(leak(format!("100.64.{}.{}", i / 250, i % 250 + 1)), "ursula"));
-    let mut outage = |n: usize| {
-        proxy.set_mode(ProxyMode::Drop);
-        wait_until(&a, Duration::from_secs(10), "A degraded", || {
-            let probe = probes.next().unwrap();
-            let answered = runtime().block_on(a.client().check_answered("login", &probe));
-            runtime().block_on(a.client().report("login", &probe, Outcome::Success));
-            answered.degraded && a.log().matches("shared store unreachable").count() >= n
-        });
-    };
+    let outage = |n: usize| cut_until_degraded(&a, &proxy, n);
     let alice = subject("192.0.2.123", "alice");
     outage(1);
     // Strangers fill every shard of A's source_failures share with lockouts.
