@@ -352,6 +352,43 @@ fn a_later_message_with_less_time_left_does_not_shorten_a_known_lockout() {
     assert_eq!(known_until(T0 + 50 * SECOND), Some((T0 + 112 * SECOND) / 1000));
 }
 
+/// A lockout on a global rule's share is written back aged from when its
+/// entry began counting (an unlock made after that loses to it); one
+/// restored from the state file, whose start is not known, from the start
+/// of the earliest window its counts hold: the previous one when it has
+/// counts, since the lockout rests on them too.
+#[test]
+fn a_write_back_is_aged_from_its_entrys_start_else_from_its_earliest_window() {
+    let config = format!(
+        "[shared]\nurl = \"redis+unix:///nonexistent/tollgate.sock\"\nhosts = 1\n{}",
+        rule("scope = \"global\"\n")
+    );
+    let limiter = limiter(&config);
+    let age_s = |who: &str, now_us: u64| {
+        let plan = limiter.plan_check("t", &account(who), now_us).expect("a known route");
+        let name = limiter.store_key(&plan.facts.route.rules[0], plan.rule_keys[0].expect("a key"));
+        let lockouts = limiter.degraded_lockouts(now_us);
+        let op = &lockouts.iter().find(|l| l.op.keys[0] == name).expect("written back").op;
+        // The merge's packed argument: window, threshold, lock left, age.
+        u64::from_le_bytes(op.args[0][20..28].try_into().expect("8 bytes")) / SECOND
+    };
+    for _ in 0..3 {
+        fail(&limiter, "alice", T0 + 10 * SECOND);
+    }
+    assert_eq!(age_s("alice", T0 + 30 * SECOND), 20, "from alice's first failure");
+    // 4 in the previous window, 1 in this one, half-way: 4 x 1/2 + 1 = 3.
+    let keys = KeyDeriver::new(&secret());
+    let bob = keys.tuple(&[(Component::Account, keys.component(Component::Account, b"bob"))]);
+    let row = PersistedEntry {
+        rule: "t/per_account".into(),
+        key: bob.to_u128(),
+        window_us: WINDOW,
+        counts: Counts { window: 100, previous: 4, current: 1 },
+    };
+    assert_eq!(limiter.restore(vec![row], T0 + 30 * SECOND).restored, 1);
+    assert_eq!(age_s("bob", T0 + 30 * SECOND), 90, "from the previous window's start");
+}
+
 /// Observation is given what the decision derived (`Facts`): the client's
 /// prefix as the rules resolved it, the account's tag, the device's digest
 /// and whether this host knows the device, as the limiter's own
