@@ -423,8 +423,10 @@ fn pipelined_large_lockouts_do_not_hold_up_another_clients_checks() {
          {MANY_LOCKOUTS}-entry lockouts replies: p50 {p50:?} p99 {p99:?} max {max:?}"
     );
     assert!(big_replies >= BIG_PIPELINERS as u64, "the pipeliners were served meanwhile: {big_replies} replies");
+    // A check held up would wait for whole replies; on 2 busy cores a
+    // tighter bound than half of one measures the machine, not the daemon.
     let one_reply = elapsed * BIG_PIPELINERS as u32 / big_replies as u32;
-    assert!(p99 < one_reply / 4, "check p99 {p99:?} against {one_reply:?} for one lockouts reply");
+    assert!(p99 < one_reply / 2, "check p99 {p99:?} against {one_reply:?} for one lockouts reply");
 }
 
 #[test]

@@ -59,6 +59,7 @@ fn known_devices_and_their_per_account_cap_survive_kill_9_and_sigterm() {
     std::thread::sleep(Duration::from_millis(800));
     daemon.kill9();
     daemon.spawn();
+    daemon.wait_for_log("tollgate listening");
     assert!(daemon.log().contains("known_devices=5"), "3 devices and 2 account counts: {}", daemon.log());
     let client = daemon.client();
     rt.block_on(async {

@@ -139,6 +139,16 @@ impl TestDaemon {
         }
     }
 
+    /// Waits up to 20 s until this start's log holds `needle`: the socket
+    /// accepts before the start-up line is written.
+    pub fn wait_for_log(&self, needle: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !std::fs::read_to_string(self.log_path()).unwrap_or_default().contains(needle) {
+            assert!(Instant::now() < deadline, "no {needle:?} in the log:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("running").id()
     }
