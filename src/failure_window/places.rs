@@ -41,17 +41,28 @@ pub struct Places {
 }
 
 impl Places {
-    fn cells(&self, now_us: u64) -> impl Iterator<Item = (u64, u32)> + '_ {
-        self.until_us.iter().zip(self.count.iter()).filter(move |(u, _)| **u > now_us).map(|(u, c)| (*u, *c))
+    /// The live places and when the first of them lapses (`now_us` if none
+    /// is live), in one pass over the cells: every check and report reads
+    /// both.
+    fn held(&self, now_us: u64) -> (u32, u64) {
+        let (mut live, mut first) = (0u32, None::<u64>);
+        for (&until, &count) in self.until_us.iter().zip(self.count.iter()) {
+            if until > now_us {
+                live = live.saturating_add(count);
+                first = Some(first.map_or(until, |f| f.min(until)));
+            }
+        }
+        (live, first.unwrap_or(now_us))
     }
 
     pub fn live(&self, now_us: u64) -> u32 {
-        self.cells(now_us).fold(0u32, |n, (_, c)| n.saturating_add(c))
+        self.held(now_us).0
     }
 
-    /// When the first live place lapses (`now_us` if none is live).
-    pub fn first_lapse(&self, now_us: u64) -> u64 {
-        self.cells(now_us).map(|(u, _)| u).min().unwrap_or(now_us)
+    /// `Standing` with these places in flight.
+    fn standing(&self, counts: Counts, now_us: u64) -> Standing {
+        let (in_flight, in_flight_until_us) = self.held(now_us);
+        Standing { counts, in_flight, in_flight_until_us }
     }
 
     /// When the last live place lapses: the map entry's own expiry.
@@ -94,8 +105,8 @@ impl Places {
         self.until_us[newest] = self.until_us[newest].max(until_us);
     }
 
-    /// Releases the newest live place, if any.
-    fn release(&mut self, now_us: u64) {
+    /// Releases the newest live place, if any; true if there was one.
+    fn release(&mut self, now_us: u64) -> bool {
         let newest = (0..PLACE_CELLS).filter(|&i| self.until_us[i] > now_us).max_by_key(|&i| self.until_us[i]);
         if let Some(i) = newest {
             self.count[i] -= 1;
@@ -103,6 +114,7 @@ impl Places {
                 self.until_us[i] = 0;
             }
         }
+        newest.is_some()
     }
 }
 
@@ -161,7 +173,7 @@ impl FailureWindowTable {
                 counts = self.spec.rolled(spilled, now_us);
             }
         }
-        (Standing { counts, in_flight: places.live(now_us), in_flight_until_us: places.first_lapse(now_us) }, places)
+        (places.standing(counts, now_us), places)
     }
 
     /// `check` on this rule, in one step: admits the attempt unless the
@@ -190,9 +202,7 @@ impl FailureWindowTable {
             }
             return (true, self.standing(key, now_us));
         }
-        let after =
-            Standing { in_flight: places.live(now_us), in_flight_until_us: places.first_lapse(now_us), ..before };
-        (true, after)
+        (true, places.standing(before.counts, now_us))
     }
 
     /// Marks one of the key's failures, counted in `now_us`'s window, as
@@ -238,8 +248,7 @@ impl FailureWindowTable {
     fn release_place(&mut self, key: Key, now_us: u64) -> bool {
         self.in_flight.update(key.tuple, now_us, |held| match held {
             Some(mut slot) => {
-                let released = slot.value.live(now_us) > 0;
-                slot.value.release(now_us);
+                let released = slot.value.release(now_us);
                 let live = slot.value.live(now_us) > 0;
                 slot.expires_us = slot.value.last_lapse(now_us);
                 (live.then_some(slot), released)
