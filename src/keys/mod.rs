@@ -329,8 +329,22 @@ impl KeyDeriver {
     fn recall_tag(&self, pieces: &[&[u8]]) -> u128 {
         use std::hash::Hasher;
         let mut hasher = SipHasher13::new_with_key(&self.recall_key);
-        for piece in pieces {
-            hasher.write(piece);
+        // The same tag as writing the pieces in turn, in one write when they
+        // fit: the hasher buffers each piece's tail, which costs more than
+        // the copy.
+        let mut input = [0u8; RECALL_INPUT_INLINE];
+        let len: usize = pieces.iter().map(|p| p.len()).sum();
+        if len <= input.len() {
+            let mut at = 0;
+            for piece in pieces {
+                input[at..at + piece.len()].copy_from_slice(piece);
+                at += piece.len();
+            }
+            hasher.write(&input[..len]);
+        } else {
+            for piece in pieces {
+                hasher.write(piece);
+            }
         }
         hasher.finish128().as_u128()
     }
@@ -409,6 +423,9 @@ impl KeyDeriver {
         account_tag_of(&self.component(Component::Account, account.as_bytes()))
     }
 }
+
+/// A recall tag's input up to this length is hashed in one write.
+const RECALL_INPUT_INLINE: usize = 128;
 
 /// A tuple's digest input at most: its tag and count, then a component
 /// byte and a digest for each component, every one at most once.
