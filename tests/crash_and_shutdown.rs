@@ -228,7 +228,8 @@ struct LoadResult {
     closed_at: Option<Instant>,
 }
 
-async fn stop_load(socket: PathBuf, c: u16) -> LoadResult {
+/// `progress` counts the replies read so far, for the test to wait on.
+async fn stop_load(socket: PathBuf, c: u16, progress: Arc<AtomicU64>) -> LoadResult {
     let stream = UnixStream::connect(&socket).await.unwrap();
     let (mut rd, mut wr) = stream.into_split();
     let writer = tokio::spawn(async move {
@@ -283,6 +284,7 @@ async fn stop_load(socket: PathBuf, c: u16) -> LoadResult {
                 assert_eq!(v.rule, "source_rate", "connection {c} check {id}");
             }
             result.replies += 1;
+            progress.store(result.replies, Ordering::Relaxed);
             at += end;
         }
         inbuf.drain(..at);
@@ -315,8 +317,17 @@ fn sigterm_under_pipelined_load_answers_in_order_exits_0_and_keeps_counters() {
             assert_eq!((v.decision, v.remaining), (Decision::Allow, 5 - n));
         }
     }
-    let loads: Vec<_> = (0..STOP_CONNECTIONS).map(|c| rt.spawn(stop_load(daemon.socket.clone(), c))).collect();
-    std::thread::sleep(Duration::from_millis(400));
+    let progress: Vec<Arc<AtomicU64>> = (0..STOP_CONNECTIONS).map(|_| Arc::default()).collect();
+    let loads: Vec<_> = (0..STOP_CONNECTIONS)
+        .map(|c| rt.spawn(stop_load(daemon.socket.clone(), c, progress[c as usize].clone())))
+        .collect();
+    // Every connection well under way (a fixed sleep left a connection of
+    // a loaded machine with no reply yet).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while progress.iter().any(|p| p.load(Ordering::Relaxed) <= 1000) {
+        assert!(Instant::now() < deadline, "the load did not get going: {progress:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let sigterm_at = Instant::now();
     let status = daemon.terminate();
     let exit_ms = sigterm_at.elapsed().as_millis();
