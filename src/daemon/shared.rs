@@ -348,7 +348,8 @@ async fn write_back(daemon: &Arc<Daemon>, store: &Arc<SharedStore>, retrying: bo
     // or the ones past it would be refused (QueueFull) and not written.
     for batch in lockouts.chunks(WRITE_BACK_BATCH.min(store.config.pending_max).max(1)) {
         let mut done = Vec::new();
-        let calls = batch.iter().map(|l| store.call_recovering(l.op.clone()));
+        let sent = daemon.clock().now_us();
+        let calls = batch.iter().map(|l| store.call_recovering(l.op(sent)));
         for (lockout, result) in batch.iter().zip(futures_util::future::join_all(calls).await) {
             match result {
                 // The merge's first integer: 1 if the store took it, 0 if

@@ -11,11 +11,34 @@ use crate::store::{DeviceMap, DeviceRows, Durable};
 
 /// A lockout taken on a degraded table, to write back to the store.
 pub struct WriteBack {
-    pub op: Op,
+    store_key: String,
+    index_key: Option<String>,
+    window_us: u64,
+    threshold: u32,
     route: usize,
     rule: usize,
     key: Key,
-    lock_remaining_us: u64,
+    /// When the share's entry began counting (see `degraded_lockouts`).
+    began_us: u64,
+    unlocks_at_us: u64,
+}
+
+impl WriteBack {
+    /// The merge, as sent at `now_us`: its age and the lock left are taken
+    /// then, not when the lockouts were listed. A write-back of thousands
+    /// goes out in batches, one after another; a later batch's merges
+    /// aged at the listing would claim failures younger than they are,
+    /// and an unlock made in between would lose to them.
+    pub fn op(&self, now_us: u64) -> Op {
+        Op::merge(
+            self.store_key.clone(),
+            self.index_key.clone(),
+            self.window_us,
+            self.threshold,
+            self.unlocks_at_us.saturating_sub(now_us),
+            now_us.saturating_sub(self.began_us),
+        )
+    }
 }
 
 impl Limiter {
@@ -39,19 +62,18 @@ impl Limiter {
                 for table in shards.each() {
                     let spec = table.spec();
                     for (key, counts) in table.locked(now_us) {
-                        let lock_remaining_us = spec.unlocks_at(counts, now_us) - now_us;
                         let earliest_window = (counts.window as u64).saturating_sub((counts.previous > 0) as u64);
-                        let began_us = table.started_us(key).unwrap_or(earliest_window * spec.window_us);
-                        let age_us = now_us.saturating_sub(began_us);
-                        let op = Op::merge(
-                            self.store_key(rule, key),
-                            self.index_key(rule, key.account_tag),
-                            full.window_us,
-                            full.threshold,
-                            lock_remaining_us,
-                            age_us,
-                        );
-                        out.push(WriteBack { op, route: r, rule: i, key, lock_remaining_us });
+                        out.push(WriteBack {
+                            store_key: self.store_key(rule, key),
+                            index_key: self.index_key(rule, key.account_tag),
+                            window_us: full.window_us,
+                            threshold: full.threshold,
+                            route: r,
+                            rule: i,
+                            key,
+                            began_us: table.started_us(key).unwrap_or(earliest_window * spec.window_us),
+                            unlocks_at_us: spec.unlocks_at(counts, now_us),
+                        });
                     }
                 }
             }
@@ -72,7 +94,7 @@ impl Limiter {
             self.forget_known(route, lockout.rule, key);
             return;
         }
-        let until = now_us + lockout.lock_remaining_us;
+        let until = lockout.unlocks_at_us;
         self.remember_lockout(route, lockout.rule, key, until, now_us);
         let _ = self.persist_known_lockout(route, lockout.rule, key, until);
     }
@@ -89,7 +111,7 @@ impl Limiter {
         if counts.previous == 0 && counts.current == 0 {
             return;
         }
-        self.remember_lockout(route, lockout.rule, lockout.key, now_us + lockout.lock_remaining_us, now_us);
+        self.remember_lockout(route, lockout.rule, lockout.key, lockout.unlocks_at_us, now_us);
     }
 
     /// Clears a key's entry on a global rule's degraded table (journaled).
