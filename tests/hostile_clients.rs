@@ -265,14 +265,18 @@ const MANY_LOCKOUTS: usize = 10_000;
 
 /// A daemon with `MANY_LOCKOUTS` lockouts in force: a route whose one rule
 /// locks an account at its first failure, and one failure per account,
-/// pipelined.
+/// pipelined. One worker thread: with two, a reply built on a worker
+/// would leave the other to answer checks, and a test of that could not
+/// fail.
 fn daemon_with_many_lockouts(rt: &tokio::runtime::Runtime) -> TestDaemon {
     let config = format!(
         "[routes.trips]\nfail_policy = \"open\"\n[routes.trips.rules.account_failures]\n\
          kind = \"failures\"\nkey = [\"account\"]\nthreshold = 1\nwindow_secs = 3600\nentries_max = {}\n",
         MANY_LOCKOUTS * 2
     );
-    let daemon = TestDaemon::start_with(Some(&config), true);
+    let mut daemon = TestDaemon::prepare(Some(&config), true);
+    daemon.env.push(("TOKIO_WORKER_THREADS".into(), "1".into()));
+    daemon.spawn();
     let started = Instant::now();
     let accounts: Vec<String> = (0..MANY_LOCKOUTS).map(|i| format!("victim{i}")).collect();
     let tripped = rt.block_on(pipeline(&daemon.socket, accounts.len(), 512, |i, out| {
