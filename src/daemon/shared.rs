@@ -342,15 +342,20 @@ async fn recover(daemon: &Arc<Daemon>, store: &Arc<SharedStore>) {
 async fn write_back(daemon: &Arc<Daemon>, store: &Arc<SharedStore>, retrying: bool) -> usize {
     let limiter = daemon.limiter().load_full();
     let now = daemon.clock().now_us();
+    let listed = std::time::Instant::now();
     let lockouts = limiter.degraded_lockouts(now);
     let (mut written, mut failed, mut last_error) = (0, 0, None);
     // A chunk's merges are queued together: no more than the queue holds,
     // or the ones past it would be refused (QueueFull) and not written.
     for batch in lockouts.chunks(WRITE_BACK_BATCH.min(store.config.pending_max).max(1)) {
         let mut done = Vec::new();
-        let sent = daemon.clock().now_us();
-        let calls = batch.iter().map(|l| store.call_recovering(l.op(sent)));
-        for (lockout, result) in batch.iter().zip(futures_util::future::join_all(calls).await) {
+        // Each chunk aged when it is sent; a lock that ran out meanwhile
+        // is not sent (its counts stay on the degraded table, as any
+        // unlocked entry's do).
+        let since_listing = listed.elapsed().as_micros() as u64;
+        let merges: Vec<_> = batch.iter().filter_map(|l| Some((l, l.op(since_listing)?))).collect();
+        let calls = merges.iter().map(|(_, op)| store.call_recovering(op.clone()));
+        for ((lockout, _), result) in merges.iter().zip(futures_util::future::join_all(calls).await) {
             match result {
                 // The merge's first integer: 1 if the store took it, 0 if
                 // an unlock made since the lockout won.

@@ -365,25 +365,27 @@ fn a_write_back_is_aged_from_its_entrys_start_else_from_its_earliest_window() {
     );
     let limiter = limiter(&config);
     // (lock left, age) in seconds of the merge listed at `listed_us` and
-    // sent at `sent_us`: the packed argument is window, threshold, lock
-    // left, age.
-    let merge_s = |who: &str, listed_us: u64, sent_us: u64| {
+    // sent `later_us` after: the packed argument is window, threshold,
+    // lock left, age. None if it is not sent.
+    let merge_s = |who: &str, listed_us: u64, later_us: u64| {
         let plan = limiter.plan_check("t", &account(who), listed_us).expect("a known route");
         let name = limiter.store_key(&plan.facts.route.rules[0], plan.rule_keys[0].expect("a key"));
         let lockouts = limiter.degraded_lockouts(listed_us);
-        let op = lockouts.iter().map(|l| l.op(sent_us)).find(|op| op.keys[0] == name).expect("written back");
+        let lockout = lockouts.iter().find(|l| l.op(0).expect("locked").keys[0] == name).expect("written back");
+        let op = lockout.op(later_us)?;
         let at = |from: usize| u64::from_le_bytes(op.args[0][from..from + 8].try_into().expect("8 bytes")) / SECOND;
-        (at(12), at(20))
+        Some((at(12), at(20)))
     };
-    let age_s = |who: &str, now_us: u64| merge_s(who, now_us, now_us).1;
+    let age_s = |who: &str, now_us: u64| merge_s(who, now_us, 0).expect("sent").1;
     for _ in 0..3 {
         fail(&limiter, "alice", T0 + 10 * SECOND);
     }
     assert_eq!(age_s("alice", T0 + 30 * SECOND), 20, "from alice's first failure");
     // Sent 7 s after it was listed (batches before it): 7 s older, 7 s
-    // less to run.
-    let (left, age) = merge_s("alice", T0 + 30 * SECOND, T0 + 30 * SECOND);
-    assert_eq!(merge_s("alice", T0 + 30 * SECOND, T0 + 37 * SECOND), (left - 7, age + 7));
+    // less to run; not sent once the lock has run out.
+    let (left, age) = merge_s("alice", T0 + 30 * SECOND, 0).expect("sent");
+    assert_eq!(merge_s("alice", T0 + 30 * SECOND, 7 * SECOND), Some((left - 7, age + 7)));
+    assert_eq!(merge_s("alice", T0 + 30 * SECOND, left * SECOND + SECOND), None);
     // 4 in the previous window, 1 in this one, half-way: 4 x 1/2 + 1 = 3.
     let keys = KeyDeriver::new(&secret());
     let bob = keys.tuple(&[(Component::Account, keys.component(Component::Account, b"bob"))]);

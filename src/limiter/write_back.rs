@@ -18,26 +18,34 @@ pub struct WriteBack {
     route: usize,
     rule: usize,
     key: Key,
-    /// When the share's entry began counting (see `degraded_lockouts`).
-    began_us: u64,
+    /// At the listing: how long since the share's entry began counting
+    /// (see `degraded_lockouts`), and how long the lock had left.
+    age_us: u64,
+    lock_remaining_us: u64,
     unlocks_at_us: u64,
 }
 
 impl WriteBack {
-    /// The merge, as sent at `now_us`: its age and the lock left are taken
-    /// then, not when the lockouts were listed. A write-back of thousands
-    /// goes out in batches, one after another; a later batch's merges
-    /// aged at the listing would claim failures younger than they are,
-    /// and an unlock made in between would lose to them.
-    pub fn op(&self, now_us: u64) -> Op {
-        Op::merge(
-            self.store_key.clone(),
-            self.index_key.clone(),
-            self.window_us,
-            self.threshold,
-            self.unlocks_at_us.saturating_sub(now_us),
-            now_us.saturating_sub(self.began_us),
-        )
+    /// The merge, sent `since_listing_us` after the lockouts were listed
+    /// (a monotonic clock's reading, so a step of the wall clock moves
+    /// neither): that much older, with that much less to run. A
+    /// write-back of thousands goes out in batches, one after another; a
+    /// later batch's merges aged at the listing would claim failures
+    /// younger than they are, and an unlock made in between would lose to
+    /// them. None once the lock has run out: nothing to merge, and the
+    /// store's "not taken" would read as an unlock winning.
+    pub fn op(&self, since_listing_us: u64) -> Option<Op> {
+        let lock_remaining_us = self.lock_remaining_us.saturating_sub(since_listing_us);
+        (lock_remaining_us > 0).then(|| {
+            Op::merge(
+                self.store_key.clone(),
+                self.index_key.clone(),
+                self.window_us,
+                self.threshold,
+                lock_remaining_us,
+                self.age_us.saturating_add(since_listing_us),
+            )
+        })
     }
 }
 
@@ -63,6 +71,8 @@ impl Limiter {
                     let spec = table.spec();
                     for (key, counts) in table.locked(now_us) {
                         let earliest_window = (counts.window as u64).saturating_sub((counts.previous > 0) as u64);
+                        let began_us = table.started_us(key).unwrap_or(earliest_window * spec.window_us);
+                        let unlocks_at_us = spec.unlocks_at(counts, now_us);
                         out.push(WriteBack {
                             store_key: self.store_key(rule, key),
                             index_key: self.index_key(rule, key.account_tag),
@@ -71,8 +81,9 @@ impl Limiter {
                             route: r,
                             rule: i,
                             key,
-                            began_us: table.started_us(key).unwrap_or(earliest_window * spec.window_us),
-                            unlocks_at_us: spec.unlocks_at(counts, now_us),
+                            age_us: now_us.saturating_sub(began_us),
+                            lock_remaining_us: unlocks_at_us - now_us,
+                            unlocks_at_us,
                         });
                     }
                 }
