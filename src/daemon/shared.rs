@@ -373,7 +373,10 @@ async fn write_back(daemon: &Arc<Daemon>, store: &Arc<SharedStore>, retrying: bo
         }
         written += done.len();
         for (lockout, applied) in done {
-            limiter.written_back(lockout, applied, now);
+            if !limiter.written_back(lockout, applied, now) {
+                // Counted on since it was listed: sent again next time.
+                store.retry_write_back();
+            }
         }
     }
     store.stats.written_back.fetch_add(written as u64, Ordering::Relaxed);

@@ -399,6 +399,39 @@ fn a_write_back_is_aged_from_its_entrys_start_else_from_its_earliest_window() {
     assert_eq!(age_s("bob", T0 + 30 * SECOND), 90, "from the previous window's start");
 }
 
+/// A written-back lockout leaves the degraded table only as it was
+/// listed: a failure this host counted on the key after the listing (it
+/// answers from that table until the write-back is done) is not the
+/// merge's, and stays for the next write-back.
+#[test]
+fn a_write_back_keeps_failures_counted_after_its_listing() {
+    let config = format!(
+        "[shared]\nurl = \"redis+unix:///nonexistent/tollgate.sock\"\nhosts = 1\n{}",
+        rule("scope = \"global\"\n")
+    );
+    let limiter = limiter(&config);
+    for who in ["alice", "bob"] {
+        for _ in 0..3 {
+            fail(&limiter, who, T0 + SECOND);
+        }
+    }
+    let name = |who: &str| {
+        let plan = limiter.plan_check("t", &account(who), T0).expect("a known route");
+        limiter.store_key(&plan.facts.route.rules[0], plan.rule_keys[0].expect("a key"))
+    };
+    let listed = limiter.degraded_lockouts(T0 + 2 * SECOND);
+    assert_eq!(listed.len(), 2);
+    limiter.report("t", &account("alice"), Outcome::Failure, None, T0 + 3 * SECOND).expect("reported");
+    let cleared: Vec<(String, bool)> = listed
+        .iter()
+        .map(|l| (l.op(0).expect("locked").keys[0].clone(), limiter.written_back(l, true, T0 + 2 * SECOND)))
+        .collect();
+    assert!(cleared.contains(&(name("bob"), true)) && cleared.contains(&(name("alice"), false)), "{cleared:?}");
+    let left: Vec<String> =
+        limiter.degraded_lockouts(T0 + 4 * SECOND).iter().map(|l| l.op(0).expect("locked").keys[0].clone()).collect();
+    assert_eq!(left, [name("alice")], "alice's fourth failure is written back next time");
+}
+
 /// Observation is given what the decision derived (`Facts`): the client's
 /// prefix as the rules resolved it, the account's tag, the device's digest
 /// and whether this host knows the device, as the limiter's own

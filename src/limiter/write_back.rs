@@ -5,6 +5,7 @@
 use super::route::{Full, Route, Table};
 use super::shards::shard_index;
 use super::Limiter;
+use crate::failure_window::Counts;
 use crate::keys::Key;
 use crate::shared::script::Op;
 use crate::store::{DeviceMap, DeviceRows, Durable};
@@ -23,6 +24,9 @@ pub struct WriteBack {
     age_us: u64,
     lock_remaining_us: u64,
     unlocks_at_us: u64,
+    /// The entry as listed: cleared once written back only if still so.
+    counts: Counts,
+    started_us: Option<u64>,
 }
 
 impl WriteBack {
@@ -84,6 +88,8 @@ impl Limiter {
                             age_us: now_us.saturating_sub(began_us),
                             lock_remaining_us: unlocks_at_us - now_us,
                             unlocks_at_us,
+                            counts: spec.rolled(counts, now_us),
+                            started_us: table.started_us(key),
                         });
                     }
                 }
@@ -94,20 +100,26 @@ impl Limiter {
 
     /// The store has a lockout written back: it leaves the degraded table
     /// and, if the store took it (`applied`: no unlock made since), it is
-    /// known here (refused from memory until it ends).
-    pub fn written_back(&self, lockout: &WriteBack, applied: bool, now_us: u64) {
+    /// known here (refused from memory until it ends). `now_us`: when the
+    /// lockouts were listed. False if the entry changed since (this host
+    /// counted more failures on it meanwhile, or it was cleared and began
+    /// again): it stays, for the next write-back to send.
+    pub fn written_back(&self, lockout: &WriteBack, applied: bool, now_us: u64) -> bool {
         let route = &self.routes[lockout.route];
         let key = lockout.key;
-        self.clear_degraded_key(route, lockout.rule, key);
+        if !self.clear_degraded_entry(lockout, now_us) {
+            return false;
+        }
         if !applied {
             // An unlock made since won: a lockout refused here from memory
             // meanwhile (`not_written_back`) goes too.
             self.forget_known(route, lockout.rule, key);
-            return;
+            return true;
         }
         let until = lockout.unlocks_at_us;
         self.remember_lockout(route, lockout.rule, key, until, now_us);
         let _ = self.persist_known_lockout(route, lockout.rule, key, until);
+        true
     }
 
     /// The store did not take a lockout written back (the merge failed):
@@ -125,14 +137,25 @@ impl Limiter {
         self.remember_lockout(route, lockout.rule, lockout.key, lockout.unlocks_at_us, now_us);
     }
 
-    /// Clears a key's entry on a global rule's degraded table (journaled).
-    fn clear_degraded_key(&self, route: &Route, rule_index: usize, key: Key) {
-        let rule = &route.rules[rule_index];
-        let (Some(Full::Failures(_)), Table::Failures { shards, .. }) = (rule.global, &rule.table) else { return };
+    /// Clears a written-back lockout's entry on its degraded table
+    /// (journaled), unless it changed since it was listed: false then.
+    /// Written back or not, failures counted after the listing (the host
+    /// still answers from this table until the write-back is done) are
+    /// not the merge's, and must not be lost with it.
+    fn clear_degraded_entry(&self, lockout: &WriteBack, listed_us: u64) -> bool {
+        let rule = &self.routes[lockout.route].rules[lockout.rule];
+        let (Some(Full::Failures(_)), Table::Failures { shards, .. }) = (rule.global, &rule.table) else {
+            return true;
+        };
+        let key = lockout.key;
         let mut table = shards.of(key);
+        if table.get(key, listed_us) != lockout.counts || table.started_us(key) != lockout.started_us {
+            return false;
+        }
         if table.clear(key).is_some() {
             self.journal.write(&rule.id, table.spec().window_us, vec![(key, None)]);
         }
+        true
     }
 
     /// Writes a lockout the store reported to the state file; the reply
