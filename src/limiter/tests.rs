@@ -352,6 +352,21 @@ fn a_later_message_with_less_time_left_does_not_shorten_a_known_lockout() {
     assert_eq!(known_until(T0 + 50 * SECOND), Some((T0 + 112 * SECOND) / 1000));
 }
 
+/// `rule`'s limiter with the rule global, its store never reached: every
+/// failure is counted on the share.
+fn global_limiter() -> Limiter {
+    limiter(&format!(
+        "[shared]\nurl = \"redis+unix:///nonexistent/tollgate.sock\"\nhosts = 1\n{}",
+        rule("scope = \"global\"\n")
+    ))
+}
+
+/// The store's name of `who`'s entry on `rule`'s one rule.
+fn store_name_of(limiter: &Limiter, who: &str) -> String {
+    let plan = limiter.plan_check("t", &account(who), T0).expect("a known route");
+    limiter.store_key(&plan.facts.route.rules[0], plan.rule_keys[0].expect("a key"))
+}
+
 /// A lockout on a global rule's share is written back aged from when its
 /// entry began counting (an unlock made after that loses to it); one
 /// restored from the state file, whose start is not known, from the start
@@ -359,17 +374,12 @@ fn a_later_message_with_less_time_left_does_not_shorten_a_known_lockout() {
 /// counts, since the lockout rests on them too.
 #[test]
 fn a_write_back_is_aged_from_its_entrys_start_else_from_its_earliest_window() {
-    let config = format!(
-        "[shared]\nurl = \"redis+unix:///nonexistent/tollgate.sock\"\nhosts = 1\n{}",
-        rule("scope = \"global\"\n")
-    );
-    let limiter = limiter(&config);
+    let limiter = global_limiter();
     // (lock left, age) in seconds of the merge listed at `listed_us` and
     // sent `later_us` after: the packed argument is window, threshold,
     // lock left, age. None if it is not sent.
     let merge_s = |who: &str, listed_us: u64, later_us: u64| {
-        let plan = limiter.plan_check("t", &account(who), listed_us).expect("a known route");
-        let name = limiter.store_key(&plan.facts.route.rules[0], plan.rule_keys[0].expect("a key"));
+        let name = store_name_of(&limiter, who);
         let lockouts = limiter.degraded_lockouts(listed_us);
         let lockout = lockouts.iter().find(|l| l.op(0).expect("locked").keys[0] == name).expect("written back");
         let op = lockout.op(later_us)?;
@@ -405,20 +415,13 @@ fn a_write_back_is_aged_from_its_entrys_start_else_from_its_earliest_window() {
 /// merge's, and stays for the next write-back.
 #[test]
 fn a_write_back_keeps_failures_counted_after_its_listing() {
-    let config = format!(
-        "[shared]\nurl = \"redis+unix:///nonexistent/tollgate.sock\"\nhosts = 1\n{}",
-        rule("scope = \"global\"\n")
-    );
-    let limiter = limiter(&config);
+    let limiter = global_limiter();
     for who in ["alice", "bob"] {
         for _ in 0..3 {
             fail(&limiter, who, T0 + SECOND);
         }
     }
-    let name = |who: &str| {
-        let plan = limiter.plan_check("t", &account(who), T0).expect("a known route");
-        limiter.store_key(&plan.facts.route.rules[0], plan.rule_keys[0].expect("a key"))
-    };
+    let name = |who: &str| store_name_of(&limiter, who);
     let listed = limiter.degraded_lockouts(T0 + 2 * SECOND);
     assert_eq!(listed.len(), 2);
     limiter.report("t", &account("alice"), Outcome::Failure, None, T0 + 3 * SECOND).expect("reported");
