@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::verdict::{combine, RuleAnswer};
-use super::Limiter;
+use super::{Begun, Limiter};
 use crate::classes::ClassTable;
 use crate::config::{Config, Rung};
 use crate::failure_window::Counts;
@@ -433,6 +433,34 @@ fn a_write_back_keeps_failures_counted_after_its_listing() {
     let left: Vec<String> =
         limiter.degraded_lockouts(T0 + 4 * SECOND).iter().map(|l| l.op(0).expect("locked").keys[0].clone()).collect();
     assert_eq!(left, [name("alice")], "alice's fourth failure is written back next time");
+}
+
+/// A write-back acts on the entry it listed, not on one begun after an
+/// operator's unlock on this host: a failed merge does not bring the
+/// unlocked lockout back as a known one, and an answered merge does not
+/// clear a new lockout that happens to count as many failures.
+#[test]
+fn a_write_back_never_acts_on_an_entry_begun_after_an_unlock() {
+    let limiter = global_limiter();
+    for _ in 0..3 {
+        fail(&limiter, "alice", T0 + SECOND);
+    }
+    let listed = limiter.degraded_lockouts(T0 + 2 * SECOND);
+    limiter.unlock("t", "alice", None, T0 + 3 * SECOND).expect("unlocked");
+    // A late failure after the unlock, then the merge fails.
+    limiter.report("t", &account("alice"), Outcome::Failure, None, T0 + 4 * SECOND).expect("reported");
+    limiter.not_written_back(&listed[0], T0 + 2 * SECOND);
+    let plan = limiter.plan_check("t", &account("alice"), T0 + 5 * SECOND).expect("a known route");
+    let begun = limiter.begin_check(plan, T0 + 5 * SECOND);
+    assert!(!matches!(begun, Begun::KnownLockout(_)), "the unlock stands: not refused from memory");
+    // Two more: a new lockout of as many failures as the one listed.
+    for _ in 0..2 {
+        limiter.report("t", &account("alice"), Outcome::Failure, None, T0 + 5 * SECOND).expect("reported");
+    }
+    assert!(!limiter.written_back(&listed[0], true, T0 + 2 * SECOND), "another entry");
+    let left: Vec<String> =
+        limiter.degraded_lockouts(T0 + 6 * SECOND).iter().map(|l| l.op(0).expect("locked").keys[0].clone()).collect();
+    assert_eq!(left, [store_name_of(&limiter, "alice")], "the new lockout is written back next time");
 }
 
 /// Observation is given what the decision derived (`Facts`): the client's

@@ -5,7 +5,7 @@
 use super::route::{Full, Route, Table};
 use super::shards::shard_index;
 use super::Limiter;
-use crate::failure_window::Counts;
+use crate::failure_window::{Counts, FailureWindowTable};
 use crate::keys::Key;
 use crate::shared::script::Op;
 use crate::store::{DeviceMap, DeviceRows, Durable};
@@ -30,6 +30,15 @@ pub struct WriteBack {
 }
 
 impl WriteBack {
+    /// Whether the entry it was listed from is still on `table`: counts,
+    /// and the same start (an unlock clears an entry, and failures after
+    /// it begin another). An entry of unknown start (restored, or begun
+    /// from spilled failures) is taken to be the same.
+    fn listed_entry_stands(&self, table: &FailureWindowTable, listed_us: u64) -> bool {
+        let counts = table.get(self.key, listed_us);
+        (counts.previous > 0 || counts.current > 0) && table.started_us(self.key) == self.started_us
+    }
+
     /// The merge, sent `since_listing_us` after the lockouts were listed
     /// (a monotonic clock's reading, so a step of the wall clock moves
     /// neither): that much older, with that much less to run. A
@@ -107,14 +116,16 @@ impl Limiter {
     pub fn written_back(&self, lockout: &WriteBack, applied: bool, now_us: u64) -> bool {
         let route = &self.routes[lockout.route];
         let key = lockout.key;
-        if !self.clear_degraded_entry(lockout, now_us) {
-            return false;
-        }
+        let cleared = self.clear_degraded_entry(lockout, now_us);
         if !applied {
             // An unlock made since won: a lockout refused here from memory
-            // meanwhile (`not_written_back`) goes too.
+            // meanwhile (`not_written_back`) goes too, whatever the entry
+            // counted since.
             self.forget_known(route, lockout.rule, key);
-            return true;
+            return cleared;
+        }
+        if !cleared {
+            return false;
         }
         let until = lockout.unlocks_at_us;
         self.remember_lockout(route, lockout.rule, key, until, now_us);
@@ -128,10 +139,10 @@ impl Limiter {
     pub fn not_written_back(&self, lockout: &WriteBack, now_us: u64) {
         let route = &self.routes[lockout.route];
         let Table::Failures { shards, .. } = &route.rules[lockout.rule].table else { return };
-        // Only while it is still due: an unlock on this host meanwhile
-        // cleared it, and must not be undone here.
-        let counts = shards.of(lockout.key).get(lockout.key, now_us);
-        if counts.previous == 0 && counts.current == 0 {
+        // Only while it is still the entry listed: an unlock on this host
+        // meanwhile cleared it (and failures since began another), and
+        // must not be undone here.
+        if !lockout.listed_entry_stands(&shards.of(lockout.key), now_us) {
             return;
         }
         self.remember_lockout(route, lockout.rule, lockout.key, lockout.unlocks_at_us, now_us);
@@ -149,7 +160,7 @@ impl Limiter {
         };
         let key = lockout.key;
         let mut table = shards.of(key);
-        if table.get(key, listed_us) != lockout.counts || table.started_us(key) != lockout.started_us {
+        if !lockout.listed_entry_stands(&table, listed_us) || table.get(key, listed_us) != lockout.counts {
             return false;
         }
         if table.clear(key).is_some() {
