@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# callgrind.sh: the daemon's instructions per check, repeatable where
+# callgrind.sh: the daemon's instructions per request, repeatable where
 # timings are not. Runs the daemon under valgrind's callgrind with
 # instrumentation off, prefills KEYS live keys, then counts only while
-# OPS checks run (CONNS connections x 16 in flight), and prints the total
-# per check and the costliest functions.
+# OPS operations of `tollgate bench` run (CONNS connections x 16 in
+# flight; ROUTE and MIX as its --route and --mix, default `request` and
+# `check`), and prints the total per request and the costliest functions.
 #
 #   bash benches/callgrind.sh                 # 100k keys, 200k checks
 #   KEYS=1000 OPS=100000 bash benches/callgrind.sh
+#   ROUTE=login MIX=check-report bash benches/callgrind.sh   # logins
 #
 # Needs valgrind (Debian: apt-get install valgrind); installs nothing.
 set -euo pipefail
@@ -14,6 +16,8 @@ set -euo pipefail
 KEYS=${KEYS:-100000}
 OPS=${OPS:-200000}
 CONNS=${CONNS:-4}
+ROUTE=${ROUTE:-request}
+MIX=${MIX:-check}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/.." && pwd)
 for bin in valgrind callgrind_control callgrind_annotate; do
@@ -41,9 +45,10 @@ valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$TMP/out" \
   "$BIN" serve --socket "$TMP/t.sock" --state "$TMP/s.redb" --config /dev/null >"$TMP/log" 2>&1 &
 VG=$!
 for _ in $(seq 300); do "$BIN" status --socket "$TMP/t.sock" >/dev/null 2>&1 && break; sleep 0.1; done
-"$BIN" bench --socket "$TMP/t.sock" --connections "$CONNS" --in-flight 16 --keys "$KEYS" --prefill --operations 0 --json >/dev/null
+LOAD=(--socket "$TMP/t.sock" --route "$ROUTE" --mix "$MIX" --connections "$CONNS" --in-flight 16 --keys "$KEYS")
+"$BIN" bench "${LOAD[@]}" --prefill --operations 0 --json >/dev/null
 callgrind_control -i on "$VG" >/dev/null 2>&1
-"$BIN" bench --socket "$TMP/t.sock" --connections "$CONNS" --in-flight 16 --keys "$KEYS" --operations "$OPS" --json >"$TMP/bench.json"
+"$BIN" bench "${LOAD[@]}" --operations "$OPS" --json >"$TMP/bench.json"
 callgrind_control -i off "$VG" >/dev/null 2>&1
 kill "$VG"
 wait "$VG" 2>/dev/null || true
@@ -52,7 +57,7 @@ total=$(callgrind_annotate "$TMP/out" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub
 python3 - "$TMP/bench.json" "$total" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1])); total = int(sys.argv[2])
-print(f"{r['requests']} checks ({r['refused']} refused), {total:,} daemon instructions: {total / r['requests']:,.0f} per check")
+print(f"{r['requests']} requests ({r['refused']} refused), {total:,} daemon instructions: {total / r['requests']:,.0f} per request")
 PY
 echo "costliest functions, inclusive:"
 callgrind_annotate --inclusive=yes "$TMP/out" 2>/dev/null | grep -E '^ *[0-9,]+ \(' | sed -n 2,25p | cut -c1-160
