@@ -341,47 +341,23 @@ async fn recover(daemon: &Arc<Daemon>, store: &Arc<SharedStore>) {
 /// logged at debug level only (the first was warned of).
 async fn write_back(daemon: &Arc<Daemon>, store: &Arc<SharedStore>, retrying: bool) -> usize {
     let limiter = daemon.limiter().load_full();
-    let now = daemon.clock().now_us();
     let listed = std::time::Instant::now();
-    let lockouts = limiter.degraded_lockouts(now);
-    let (mut written, mut failed, mut last_error) = (0, 0, None);
     // A chunk's merges are queued together: no more than the queue holds,
     // or the ones past it would be refused (QueueFull) and not written.
-    for batch in lockouts.chunks(WRITE_BACK_BATCH.min(store.config.pending_max).max(1)) {
-        let mut done = Vec::new();
-        // Each chunk aged when it is sent; a lock that ran out meanwhile
-        // is not sent (its counts stay on the degraded table, as any
-        // unlocked entry's do).
-        let since_listing = listed.elapsed().as_micros() as u64;
-        let merges: Vec<_> = batch.iter().filter_map(|l| Some((l, l.op(since_listing)?))).collect();
-        let calls = merges.iter().map(|(_, op)| store.call_recovering(op.clone()));
-        for ((lockout, _), result) in merges.iter().zip(futures_util::future::join_all(calls).await) {
-            match result {
-                // The merge's first integer: 1 if the store took it, 0 if
-                // an unlock made since the lockout won.
-                Ok(reply) => done.push((lockout, reply.ints.first() == Some(&1))),
-                Err(e) => {
-                    // Not in the store: this host refuses it from memory
-                    // (the degraded table is not read while the store
-                    // answers) and sends it again at the next heartbeat,
-                    // so the other hosts refuse it too.
-                    limiter.not_written_back(lockout, now);
-                    failed += 1;
-                    last_error = Some(e);
-                }
-            }
-        }
-        written += done.len();
-        for (lockout, applied) in done {
-            if !limiter.written_back(lockout, applied, now) {
-                // Counted on since it was listed: sent again next time.
-                store.retry_write_back();
-            }
-        }
+    let chunk = WRITE_BACK_BATCH.min(store.config.pending_max);
+    let mut pass = limiter.write_back_pass(daemon.clock().now_us(), chunk);
+    while let Some(merges) = pass.next_chunk(listed.elapsed().as_micros() as u64) {
+        let replies = futures_util::future::join_all(merges.into_iter().map(|op| store.call_recovering(op))).await;
+        // The merge's first integer: 1 if the store took it, 0 if an
+        // unlock made since the lockout won.
+        pass.answered(replies.into_iter().map(|reply| reply.map(|r| r.ints.first() == Some(&1))));
     }
-    store.stats.written_back.fetch_add(written as u64, Ordering::Relaxed);
-    if let Some(e) = last_error {
+    store.stats.written_back.fetch_add(pass.written as u64, Ordering::Relaxed);
+    if pass.retry {
         store.retry_write_back();
+    }
+    if let Some(e) = pass.last_error {
+        let failed = pass.failed;
         if retrying {
             tracing::debug!(target: LOG_TARGET, error = %e, failed, "lockouts still not written back");
         } else {
@@ -389,7 +365,7 @@ async fn write_back(daemon: &Arc<Daemon>, store: &Arc<SharedStore>, retrying: bo
                 "lockouts not written back; this host refuses them, and sends them again at each heartbeat");
         }
     }
-    written
+    pass.written
 }
 
 /// The supervisor: probes while the breaker is open, beats while it is

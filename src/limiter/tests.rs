@@ -10,6 +10,7 @@ use crate::config::{Config, Rung};
 use crate::failure_window::Counts;
 use crate::keys::{Component, KeyDeriver, Secret, SECRET_BYTES};
 use crate::protocol::{Decision, Outcome, Reason, Subject, Verdict};
+use crate::shared::script::Op;
 use crate::store::{Journal, PersistedEntry};
 
 const SECOND: u64 = 1_000_000;
@@ -433,6 +434,59 @@ fn a_write_back_keeps_failures_counted_after_its_listing() {
     let left: Vec<String> =
         limiter.degraded_lockouts(T0 + 4 * SECOND).iter().map(|l| l.op(0).expect("locked").keys[0].clone()).collect();
     assert_eq!(left, [name("alice")], "alice's fourth failure is written back next time");
+}
+
+/// A write-back goes out a chunk at a time, each chunk aged by the time
+/// measured as it is sent, so a later chunk claims no younger failures; a
+/// lock that has run out by then is not sent. What a failed merge or an
+/// entry counted on since its listing leaves is sent at the next
+/// heartbeat (`retry`); a pass with neither asks for none.
+#[test]
+fn a_write_back_pass_ages_each_chunk_as_it_is_sent_and_says_what_is_left() {
+    // (lock left, age) in whole seconds of a merge: its packed argument is
+    // window, threshold, lock left, age.
+    let seconds = |op: &Op| {
+        let at = |from: usize| u64::from_le_bytes(op.args[0][from..from + 8].try_into().expect("8 bytes")) / SECOND;
+        (at(12), at(20))
+    };
+    let limiter = global_limiter();
+    for who in ["alice", "bob", "carol"] {
+        for _ in 0..3 {
+            fail(&limiter, who, T0 + SECOND);
+        }
+    }
+    let mut pass = limiter.write_back_pass::<&str>(T0 + 2 * SECOND, 1);
+    let first = pass.next_chunk(0).expect("three to send");
+    let (left, age) = seconds(&first[0]);
+    assert_eq!(age, 1, "from the first failure to the listing");
+    pass.answered([Ok(true)]);
+    let second = pass.next_chunk(7 * SECOND).expect("two to send");
+    assert_eq!(seconds(&second[0]), (left - 7, age + 7), "sent 7 s after the listing");
+    pass.answered([Err("the store went away")]);
+    assert_eq!(pass.next_chunk((left + 1) * SECOND), Some(Vec::new()), "its lock has run out: nothing sent");
+    pass.answered([]);
+    assert_eq!(pass.next_chunk(0), None);
+    assert_eq!((pass.written, pass.failed, pass.last_error, pass.retry), (1, 1, Some("the store went away"), true));
+    let left_over: Vec<String> =
+        limiter.degraded_lockouts(T0 + 3 * SECOND).iter().map(|l| l.op(0).expect("locked").keys[0].clone()).collect();
+    assert_eq!(left_over.len(), 2, "the failed merge's and the unsent one's entries stay: {left_over:?}");
+    assert!(!left_over.contains(&first[0].keys[0]), "the merge taken is cleared here");
+
+    // An entry counted on after the listing: answered, yet sent again.
+    let limiter = global_limiter();
+    for _ in 0..3 {
+        fail(&limiter, "alice", T0 + SECOND);
+    }
+    let mut pass = limiter.write_back_pass::<&str>(T0 + 2 * SECOND, 64);
+    let merges = pass.next_chunk(0).expect("one to send");
+    limiter.report("t", &account("alice"), Outcome::Failure, None, T0 + 3 * SECOND).expect("reported");
+    pass.answered(merges.iter().map(|_| Ok(true)));
+    assert_eq!((pass.next_chunk(0), pass.written, pass.failed, pass.retry), (None, 1, 0, true));
+    let mut pass = limiter.write_back_pass::<&str>(T0 + 4 * SECOND, 64);
+    let merges = pass.next_chunk(0).expect("sent again");
+    pass.answered(merges.iter().map(|_| Ok(true)));
+    assert_eq!((pass.next_chunk(0), pass.written, pass.retry), (None, 1, false), "nothing left");
+    assert!(limiter.degraded_lockouts(T0 + 5 * SECOND).is_empty());
 }
 
 /// A write-back acts on the entry it listed, not on one begun after an

@@ -62,7 +62,97 @@ impl WriteBack {
     }
 }
 
+/// One write-back under way: the lockouts listed at `listed_us`, sent to
+/// the store a chunk at a time (`next_chunk`), each chunk's replies
+/// settled (`answered`) before the next is sent. The daemon's loop only
+/// sends; what is sent, and what each reply does here, is decided here.
+pub struct WriteBackPass<'l, E> {
+    limiter: &'l Limiter,
+    lockouts: Vec<WriteBack>,
+    chunk: usize,
+    listed_us: u64,
+    /// Where the next chunk starts in `lockouts`.
+    next: usize,
+    /// The chunk sent last: its lockouts' places in `lockouts`.
+    sent: Vec<usize>,
+    /// Merges the store answered (taken, or lost to an unlock made since).
+    pub written: usize,
+    /// Merges that failed, and the last failure.
+    pub failed: usize,
+    pub last_error: Option<E>,
+    /// Something is left to send at the next heartbeat: a merge failed, or
+    /// an entry counted on after its listing.
+    pub retry: bool,
+}
+
+impl<E> WriteBackPass<'_, E> {
+    /// The next chunk's merges, sent `since_listing_us` after the listing
+    /// (a monotonic clock's reading, so a wall-clock step moves nothing):
+    /// each aged by that much, and a lock that ran out meanwhile left out
+    /// (its counts stay on the degraded table, as any unlocked entry's
+    /// do). None when every lockout has been sent.
+    pub fn next_chunk(&mut self, since_listing_us: u64) -> Option<Vec<Op>> {
+        if self.next >= self.lockouts.len() {
+            return None;
+        }
+        let end = (self.next + self.chunk).min(self.lockouts.len());
+        self.sent.clear();
+        let mut ops = Vec::with_capacity(end - self.next);
+        for i in self.next..end {
+            if let Some(op) = self.lockouts[i].op(since_listing_us) {
+                self.sent.push(i);
+                ops.push(op);
+            }
+        }
+        self.next = end;
+        Some(ops)
+    }
+
+    /// The replies to the chunk sent last, in its order: Ok(true) if the
+    /// store took the merge, Ok(false) if an unlock made since won, Err if
+    /// it failed.
+    pub fn answered(&mut self, replies: impl IntoIterator<Item = Result<bool, E>>) {
+        let limiter = self.limiter;
+        for (&i, reply) in self.sent.iter().zip(replies) {
+            let lockout = &self.lockouts[i];
+            match reply {
+                Ok(applied) => {
+                    self.written += 1;
+                    self.retry |= !limiter.written_back(lockout, applied, self.listed_us);
+                }
+                Err(e) => {
+                    // Not in the store: this host refuses it from memory
+                    // (the degraded table is not read while the store
+                    // answers) and sends it again at the next heartbeat,
+                    // so the other hosts refuse it too.
+                    limiter.not_written_back(lockout, self.listed_us);
+                    self.failed += 1;
+                    self.last_error = Some(e);
+                    self.retry = true;
+                }
+            }
+        }
+    }
+}
+
 impl Limiter {
+    /// A write-back of every lockout on a global rule's degraded table
+    /// (`degraded_lockouts` at `now_us`), `chunk` merges at a time.
+    pub fn write_back_pass<E>(&self, now_us: u64, chunk: usize) -> WriteBackPass<'_, E> {
+        WriteBackPass {
+            limiter: self,
+            lockouts: self.degraded_lockouts(now_us),
+            chunk: chunk.max(1),
+            listed_us: now_us,
+            next: 0,
+            sent: Vec::new(),
+            written: 0,
+            failed: 0,
+            last_error: None,
+            retry: false,
+        }
+    }
+
     /// Every key locked on a global rule's degraded table: lockouts taken
     /// while the store was away (or before shared mode), each as a merge.
     /// A merge carries durations, not instants, so skew between this host
