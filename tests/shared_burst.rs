@@ -549,3 +549,43 @@ fn checks_answered_during_a_long_stall_leave_no_places_behind() {
     eprintln!("stranger: {proceeded} of 150 proceeded (all abandoned)");
     assert!(refused.iter().all(|r| r.1 == Decision::Allow), "the owner refused after a stall: {refused:?}");
 }
+
+/// A lone late check is answered on the host's share, and the reports of
+/// what the share admits are counted in the store, not on the share: a
+/// share that never fills. Once the store has locked the account, every
+/// late check is refused from memory, on the account ceiling too, which
+/// applies to unknown devices: a made-up device got every late guess
+/// through (a red team's finding). The store is made late by freezing it
+/// (SIGSTOP) for each check.
+#[test]
+fn late_checks_after_the_store_locked_the_account_are_refused_with_any_device() {
+    let mut hosts = Hosts::start_with(
+        1,
+        "[routes.login.rules.source_failures]\nenabled = false\n[routes.login.rules.account_failures]\nthreshold = 5",
+        "",
+    );
+    let (d, redis) = (&hosts.daemons[0], &mut hosts.redis);
+    let rt = runtime();
+    let attacker = Subject { device: Some("attacker-phone"), ..subject("203.0.113.50", "alice") };
+    for i in 0..5 {
+        let answered = rt.block_on(d.client().check_answered("login", &attacker));
+        assert!(!answered.degraded, "guess {i} answered by the store");
+        assert_eq!(verdict(answered.answer).decision, Decision::Allow, "guess {i}");
+        report(d, &attacker, Outcome::Failure);
+    }
+    let (mut admitted, mut on_the_share) = (0, 0);
+    for _ in 0..8 {
+        redis.pause();
+        let answered = rt.block_on(d.client().check_answered("login", &attacker));
+        redis.resume();
+        // Late, so answered on this host (or, were the key in a burst,
+        // refused as busy: a refusal too).
+        on_the_share += answered.degraded as usize;
+        if verdict(answered.answer).decision == Decision::Allow {
+            admitted += 1;
+            report(d, &attacker, Outcome::Failure);
+        }
+    }
+    assert!(on_the_share >= 6, "the freezes made the checks late: {on_the_share} of 8 answered here");
+    assert_eq!(admitted, 0, "late guesses admitted past the store's lockout at 5\n{}", d.log());
+}

@@ -336,11 +336,21 @@ impl Limiter {
 
     /// A check's second half without the store (`finish_locally`).
     fn finish_check_locally<'a>(&'a self, check: Box<StoreCheck<'a>>, now_us: u64) -> Verdict<'a> {
-        let StoreCheck { route, rule_keys, class, answers, held, known, hits, .. } = *check;
-        let rule_keys = self.scoped_here(route, rule_keys, known);
+        let StoreCheck { route, rule_keys, class, mut answers, held, known, hits, .. } = *check;
+        let scoped = self.scoped_here(route, rule_keys.clone(), known);
+        // A device-scoped rule's lockout the store told of is refused from
+        // memory here, now that this host decides device scope: the share
+        // it would be decided on never fills while the reports of the
+        // checks it admits are counted in the store, so a late check on an
+        // account the store has locked, with a made-up device, would be
+        // admitted every time (`begin_check` left these rules to the store).
+        if self.known_lockout(route, &scoped, false, now_us, &mut answers) {
+            self.give_back(route, &rule_keys, held, now_us);
+            return combine(&answers);
+        }
         // Signal rules deferred for the store are judged on this host's
         // knowledge of the device, as every device-scoped rule is here.
-        self.admit_then_spend(route, &rule_keys, class, Rules::Global, hits, answers, held, now_us)
+        self.admit_then_spend(route, &scoped, class, Rules::Global, hits, answers, held, now_us)
     }
 
     /// A check the store has not answered in time while it still answers

@@ -436,6 +436,35 @@ fn a_write_back_keeps_failures_counted_after_its_listing() {
     assert_eq!(left, [name("alice")], "alice's fourth failure is written back next time");
 }
 
+/// A check the store answers late is decided on this host's share; a
+/// lockout the store told of is refused from memory there on every rule
+/// this host then decides, device-scoped ones too. The share alone never
+/// fills (the reports of what it admits are counted in the store), so a
+/// late check on an account the store has locked, with a made-up device,
+/// was admitted every time: a red team's guesses without end.
+#[test]
+fn a_late_check_on_an_account_the_store_locked_is_refused_whatever_its_device() {
+    let limiter = limiter(
+        "[shared]\nurl = \"redis+unix:///nonexistent/tollgate.sock\"\nhosts = 3\n\
+         [routes.login.rules.source_failures]\nenabled = false\n",
+    );
+    let peer = Some("203.0.113.50".parse().expect("an address"));
+    let attacker = Subject { peer, account: Some("alice"), device: Some("attacker-phone"), ..Subject::default() };
+    let late_check = |limiter: &Limiter| {
+        let plan = limiter.plan_check("login", &attacker, T0).expect("login");
+        let Begun::Store(pending) = limiter.begin_check(plan, T0) else { panic!("the store decides its scope") };
+        limiter.finish_locally(pending, T0).0.into_owned()
+    };
+    assert!(late_check(&limiter).proceeds(), "nothing locked yet");
+    let plan = limiter.plan_check("login", &attacker, T0).expect("login");
+    let rules = &plan.facts.route.rules;
+    let i = rules.iter().position(|r| r.name == "account_failures").expect("a built-in rule");
+    let name = limiter.store_key(&rules[i], plan.rule_keys[i].expect("an unknown device's key"));
+    assert!(limiter.learn_known_lockout(&name, 600 * SECOND, T0), "the store locked alice");
+    let verdict = late_check(&limiter);
+    assert_eq!((verdict.decision, verdict.reason), (Decision::Deny, Reason::TooManyFailures));
+}
+
 /// A write-back goes out a chunk at a time, each chunk aged by the time
 /// measured as it is sent, so a later chunk claims no younger failures; a
 /// lock that has run out by then is not sent. What a failed merge or an
