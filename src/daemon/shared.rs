@@ -179,7 +179,7 @@ impl Daemon {
                             done += 1;
                             cleared += reply.ints.first().copied().unwrap_or(0).clamp(0, u32::MAX as i64) as u32;
                             for name in &reply.strings {
-                                limiter.forget_known_lockout(name, u64::MAX);
+                                limiter.forget_known_lockout(name, u64::MAX, self.clock().now_us());
                                 if source.is_none() {
                                     named.push(format!("U {name}"));
                                 }
@@ -204,7 +204,8 @@ impl Daemon {
         // account's known lockouts by its tag, this one now, the others
         // when they hear the message (logged above).
         if source.is_none() && done > 0 {
-            cleared += limiter.forget_account_lockouts(route, limiter.account_tag(account), u64::MAX);
+            cleared +=
+                limiter.forget_account_lockouts(route, limiter.account_tag(account), u64::MAX, self.clock().now_us());
             let (logging, at) = (store.clone(), stamp());
             tokio::spawn(async move { logging.log_unlocks(log, &named, at).await });
             store.publish(limiter.shared_channel(), first[0].clone());
@@ -299,8 +300,8 @@ async fn listen(daemon: Arc<Daemon>, store: Arc<SharedStore>) {
                 ["L", name, remaining] => {
                     remaining.parse::<u64>().is_ok_and(|r| limiter.learn_known_lockout(name, r, now))
                 }
-                ["U", name] => limiter.forget_known_lockout(name, before),
-                ["A", route, account_tag] => limiter.forget_account_lockouts_heard(route, account_tag, before),
+                ["U", name] => limiter.forget_known_lockout(name, before, now),
+                ["A", route, account_tag] => limiter.forget_account_lockouts_heard(route, account_tag, before, now),
                 _ => false,
             };
             if !understood {

@@ -51,6 +51,9 @@ pub struct StoreCheck<'l> {
     hits: Hits,
     /// Whether the op's first key is the device's (the rules' follow).
     device_key: bool,
+    /// When it began: a lockout its reply reports is not remembered after
+    /// an unlock heard since (`unlocked_since`).
+    begun_us: u64,
     /// The op to send.
     pub op: Op,
 }
@@ -94,6 +97,8 @@ pub struct StoreReport<'l> {
     pub(super) prepared: PreparedReport<'l>,
     answers: Answers<'l>,
     durable: Vec<Durable>,
+    /// As a check's (`StoreCheck::begun_us`).
+    begun_us: u64,
     pub op: Op,
 }
 
@@ -195,6 +200,7 @@ impl Limiter {
             known,
             hits: deferred,
             device_key: device.is_some(),
+            begun_us: now_us,
             op: Op::check(rules),
         })))
     }
@@ -273,7 +279,7 @@ impl Limiter {
             })
             .map(|(j, _)| j + usize::from(check.device_key))
             .collect();
-        let StoreCheck { route, rule_keys, class, mut answers, held, known, hits, .. } = *check;
+        let StoreCheck { route, rule_keys, class, mut answers, held, known, hits, begun_us, .. } = *check;
         let store_now = parsed.store_now;
         let known_anywhere = store_knows_device(route, &parsed.rules).unwrap_or(known);
         // The rules the store took a place on for this attempt, given back
@@ -298,7 +304,12 @@ impl Limiter {
                         entry.in_flight += 1;
                     }
                     let answer = store_failure_answer(rule, spec, refuses, entry, store_now);
-                    if refuses && !rule.monitor && answer.retry_after_us > 0 && is_locked(spec, entry, store_now) {
+                    if refuses
+                        && !rule.monitor
+                        && answer.retry_after_us > 0
+                        && is_locked(spec, entry, store_now)
+                        && !self.unlocked_since(route, i, key, begun_us)
+                    {
                         self.remember_lockout(route, i, key, now_us + answer.retry_after_us, now_us);
                     }
                     answer
@@ -452,7 +463,7 @@ impl Limiter {
                 per_account_max: known.per_account_max,
             });
         }
-        let report = StoreReport { prepared, answers, durable, op: Op::report(rules) };
+        let report = StoreReport { prepared, answers, durable, begun_us: now_us, op: Op::report(rules) };
         Ok((facts, Begun::Store(AwaitingStore::Report(Box::new(report)))))
     }
 
@@ -467,7 +478,7 @@ impl Limiter {
             Ok(p) => p,
             Err(e) => return Err((report, e)),
         };
-        let StoreReport { prepared, mut answers, mut durable, .. } = *report;
+        let StoreReport { prepared, mut answers, mut durable, begun_us, .. } = *report;
         let route = prepared.facts.route;
         let store_now = parsed.store_now;
         let mut locked = Vec::new();
@@ -482,7 +493,11 @@ impl Limiter {
                     let answer = store_failure_answer(rule, spec, now_locked, entry, store_now);
                     // A monitored rule refuses nothing, so there is no
                     // lockout to remember, persist or publish.
-                    if now_locked && answer.retry_after_us > 0 && !rule.monitor {
+                    if now_locked
+                        && answer.retry_after_us > 0
+                        && !rule.monitor
+                        && !self.unlocked_since(route, i, key, begun_us)
+                    {
                         let until = now_us + answer.retry_after_us;
                         self.remember_lockout(route, i, key, until, now_us);
                         if !was_locked {

@@ -3,6 +3,9 @@
 //! unlock here or on another host (by key, or by account after the store
 //! lost its index).
 
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
 use smallvec::SmallVec;
 
 use super::route::{Full, KnownLockout, Route};
@@ -15,6 +18,82 @@ use crate::expiring::Slot;
 use crate::failure_window::{Counts, Standing};
 use crate::keys::{Component, Key};
 use crate::protocol::{Lockout, Reason};
+use crate::unpoisoned::Unpoisoned;
+
+/// Unlocks remembered at most; past it, every lockout a reply reports is
+/// taken as unlocked lately until the window passes (errs towards the user:
+/// the store still refuses it while it answers).
+const RECENT_UNLOCKS_MAX: usize = 4096;
+
+/// How long an unlock heard is kept: longer than any reply is waited for
+/// (`timeout_ms`, `LATE_REPLY_WAIT_MS`), and than a long write-back's
+/// chunks take, one after another.
+const RECENT_UNLOCKS_KEEP_US: u64 = 60_000_000;
+
+/// Unlocks heard lately: this host's own, and other hosts' (`U`, `A`).
+/// A reply in flight when one was heard may report a lockout that its op
+/// found before the unlock ran in the store; remembered then, it would
+/// undo the unlock on this host, which would refuse the user from memory
+/// until the lockout ran out. So a lockout a reply reports is neither
+/// remembered, persisted nor published when an unlock of its key or
+/// account was heard after its op began (an op begun after the unlock
+/// was heard runs after it in the store, and its lockout is a new one):
+/// the store, which put the two in order, refuses it while it answers.
+/// Kept `RECENT_UNLOCKS_KEEP_US`. `L` messages
+/// are not held back: the channel orders them with the unlocks.
+pub(super) struct RecentUnlocks {
+    /// Shared mode: without a store there are no replies to hold back.
+    on: bool,
+    heard: Mutex<VecDeque<(u64, Unlocked)>>,
+}
+
+#[derive(Clone, PartialEq, Eq)]
+enum Unlocked {
+    /// A rule's entry (route, rule tag, key tuple).
+    Key(String, u16, u64),
+    /// Every rule keyed on an account, on a route.
+    Account(String, u64),
+    /// Too many to tell apart.
+    Everything,
+}
+
+impl RecentUnlocks {
+    /// Keeps what `previous` heard across a reload; none without `[shared]`.
+    pub(super) fn new(shared: Option<&crate::config::SharedConfig>, previous: Option<&RecentUnlocks>) -> RecentUnlocks {
+        let heard = previous.map(|p| p.heard.locked().clone()).unwrap_or_default();
+        RecentUnlocks { on: shared.is_some(), heard: Mutex::new(heard) }
+    }
+
+    fn heard(&self, unlocked: Unlocked, now_us: u64) {
+        if !self.on {
+            return;
+        }
+        let mut heard = self.heard.locked();
+        while heard.front().is_some_and(|(at, _)| at.saturating_add(RECENT_UNLOCKS_KEEP_US) < now_us) {
+            heard.pop_front();
+        }
+        if heard.len() >= RECENT_UNLOCKS_MAX {
+            heard.clear();
+            heard.push_back((now_us, Unlocked::Everything));
+            return;
+        }
+        heard.push_back((now_us, unlocked));
+    }
+
+    /// Whether an unlock of the key or its account was heard after
+    /// `since_us`.
+    fn covers(&self, route: &Route, rule: u16, key: Key, since_us: u64) -> bool {
+        let heard = self.heard.locked();
+        heard.iter().any(|(at, unlocked)| {
+            *at > since_us
+                && match unlocked {
+                    Unlocked::Key(r, tag, tuple) => *r == route.name && *tag == rule && *tuple == key.tuple,
+                    Unlocked::Account(r, tag) => *r == route.name && *tag == key.account_tag,
+                    Unlocked::Everything => true,
+                }
+        })
+    }
+}
 
 impl Limiter {
     /// Forgets every known lockout of the route's rules keyed on the
@@ -24,8 +103,9 @@ impl Limiter {
     /// gone after a flush). Only those learned at or before `before_us`
     /// (an unlock replayed from the log must not forget a newer lockout).
     /// How many were forgotten.
-    pub fn forget_account_lockouts(&self, route: &str, account_tag: u64, before_us: u64) -> u32 {
+    pub fn forget_account_lockouts(&self, route: &str, account_tag: u64, before_us: u64, now_us: u64) -> u32 {
         let Some(route) = self.routes.iter().find(|r| r.name == route) else { return 0 };
+        self.recent_unlocks.heard(Unlocked::Account(route.name.clone(), account_tag), now_us);
         let Some(known) = &route.known_lockouts else { return 0 };
         let rules: SmallVec<[u16; 8]> =
             route.rules.iter().filter(|r| r.key.contains(&Component::Account)).map(|r| r.tag).collect();
@@ -90,20 +170,27 @@ impl Limiter {
     }
 
     /// An account-wide unlock heard from another host.
-    pub fn forget_account_lockouts_heard(&self, route: &str, account_tag_hex: &str, before_us: u64) -> bool {
+    pub fn forget_account_lockouts_heard(
+        &self,
+        route: &str,
+        account_tag_hex: &str,
+        before_us: u64,
+        now_us: u64,
+    ) -> bool {
         let Ok(tag) = u64::from_str_radix(account_tag_hex, 16) else { return false };
         if !self.routes.iter().any(|r| r.name == route) {
             return false;
         }
-        self.forget_account_lockouts(route, tag, before_us);
+        self.forget_account_lockouts(route, tag, before_us, now_us);
         true
     }
 
     /// Forgets a known lockout by its store key name (an unlock here or
     /// on another host), if learned at or before `before_us`. True if the
     /// name is one of this limiter's.
-    pub fn forget_known_lockout(&self, name: &str, before_us: u64) -> bool {
+    pub fn forget_known_lockout(&self, name: &str, before_us: u64, now_us: u64) -> bool {
         let Some((route, rule, key)) = self.parse_store_key(name) else { return false };
+        self.recent_unlocks.heard(Unlocked::Key(route.name.clone(), route.rules[rule].tag, key.tuple), now_us);
         if let Some(known) = &route.known_lockouts {
             let mut known = known.of(key);
             if known
@@ -201,6 +288,14 @@ impl Limiter {
             answers.push(answer);
         }
         refused
+    }
+
+    /// Whether an unlock of `key` on the route's rule, or of its account,
+    /// was heard after `since_us` (when the op whose reply reports its
+    /// lockout began): the lockout is then not remembered (see
+    /// `RecentUnlocks`).
+    pub(super) fn unlocked_since(&self, route: &Route, rule_index: usize, key: Key, since_us: u64) -> bool {
+        self.recent_unlocks.covers(route, route.rules[rule_index].tag, key, since_us)
     }
 
     pub(super) fn remember_lockout(&self, route: &Route, rule_index: usize, key: Key, until_us: u64, now_us: u64) {

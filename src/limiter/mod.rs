@@ -184,6 +184,9 @@ pub struct Limiter {
     attempt_timeout_us: u64,
     /// Shared mode: the store's key prefix. Global rules go to the store.
     shared_prefix: Option<String>,
+    /// Shared mode: unlocks heard lately, so that a reply in flight across
+    /// one does not bring its lockout back (`known_lockouts.rs`).
+    recent_unlocks: Arc<known_lockouts::RecentUnlocks>,
     /// The hosts sharing the global rules' limits, for their degraded share.
     hosts: u32,
     /// Spray detection: where reports go, and the flags checks read.

@@ -465,6 +465,53 @@ fn a_late_check_on_an_account_the_store_locked_is_refused_whatever_its_device() 
     assert_eq!((verdict.decision, verdict.reason), (Decision::Deny, Reason::TooManyFailures));
 }
 
+/// An unlock heard while a merge was in flight (the merge ran in the store
+/// first, its answer came after the unlock's message) does not bring the
+/// lockout back on this host: neither the merge's answer nor a failed
+/// merge remembers it, by key or by account. An unlock heard long before
+/// the listing holds nothing back.
+#[test]
+fn an_unlock_heard_while_a_merge_is_in_flight_is_not_undone_by_its_answer() {
+    let locked_from_memory = |limiter: &Limiter, now_us: u64| {
+        let plan = limiter.plan_check("t", &account("alice"), now_us).expect("a known route");
+        matches!(limiter.begin_check(plan, now_us), Begun::KnownLockout(_))
+    };
+    let listing = |limiter: &Limiter| {
+        for _ in 0..3 {
+            fail(limiter, "alice", T0 + SECOND);
+        }
+        limiter.degraded_lockouts(T0 + 2 * SECOND).pop().expect("alice locked")
+    };
+    let tag = KeyDeriver::new(&secret()).account_tag("alice");
+    let now = T0 + 2 * SECOND + SECOND / 2;
+    let hear = |limiter: &Limiter, by_account: bool| {
+        if by_account {
+            limiter.forget_account_lockouts("t", tag, u64::MAX, now);
+        } else {
+            assert!(limiter.forget_known_lockout(&store_name_of(limiter, "alice"), u64::MAX, now));
+        }
+    };
+    for by_account in [false, true] {
+        let heard = if by_account { "an account's A message" } else { "a U message" };
+        let limiter = global_limiter();
+        let lockout = listing(&limiter);
+        hear(&limiter, by_account);
+        assert!(limiter.written_back(&lockout, true, T0 + 2 * SECOND), "cleared here");
+        assert!(!locked_from_memory(&limiter, now), "{heard}: the merge's answer undid the unlock");
+        let limiter = global_limiter();
+        let lockout = listing(&limiter);
+        hear(&limiter, by_account);
+        limiter.not_written_back(&lockout, T0 + 2 * SECOND);
+        assert!(!locked_from_memory(&limiter, now), "{heard}: a failed merge undid the unlock");
+    }
+    // Control: an unlock heard a minute before the listing.
+    let limiter = global_limiter();
+    limiter.forget_account_lockouts("t", tag, u64::MAX, T0 - 60 * SECOND);
+    let lockout = listing(&limiter);
+    assert!(limiter.written_back(&lockout, true, T0 + 2 * SECOND));
+    assert!(locked_from_memory(&limiter, T0 + 3 * SECOND), "the store took it: refused from memory");
+}
+
 /// A write-back goes out a chunk at a time, each chunk aged by the time
 /// measured as it is sent, so a later chunk claims no younger failures; a
 /// lock that has run out by then is not sent. What a failed merge or an

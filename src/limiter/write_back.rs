@@ -217,6 +217,11 @@ impl Limiter {
         if !cleared {
             return false;
         }
+        // An unlock heard since the listing may have run in the store after
+        // the merge: taken from the answer, the lockout would undo it here.
+        if self.unlocked_since(route, lockout.rule, key, now_us) {
+            return true;
+        }
         let until = lockout.unlocks_at_us;
         self.remember_lockout(route, lockout.rule, key, until, now_us);
         let _ = self.persist_known_lockout(route, lockout.rule, key, until);
@@ -232,7 +237,11 @@ impl Limiter {
         // Only while it is still the entry listed: an unlock on this host
         // meanwhile cleared it (and failures since began another), and
         // must not be undone here.
-        if !lockout.listed_entry_stands(&shards.of(lockout.key), now_us) {
+        // Nor after an unlock heard from another host since the listing,
+        // which clears nothing here.
+        if !lockout.listed_entry_stands(&shards.of(lockout.key), now_us)
+            || self.unlocked_since(route, lockout.rule, lockout.key, now_us)
+        {
             return;
         }
         self.remember_lockout(route, lockout.rule, lockout.key, lockout.unlocks_at_us, now_us);
