@@ -109,10 +109,10 @@ impl Limiter {
             signals_on: config.signals.is_some(),
             success_sample: config.signals.as_ref().map_or(1, |s| s.success_sample),
             shared_prefix: config.shared.as_ref().map(|s| s.key_prefix.clone()),
-            recent_unlocks: Arc::new(super::known_lockouts::RecentUnlocks::new(
-                config.shared.as_ref(),
-                previous.map(|p| &*p.recent_unlocks),
-            )),
+            recent_unlocks: super::known_lockouts::RecentUnlocks::for_limiter(
+                config.shared.is_some(),
+                previous.map(|p| &p.recent_unlocks),
+            ),
             hosts: hosts.max(1),
             routes,
             source: config.source.clone(),

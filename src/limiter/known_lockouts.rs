@@ -4,7 +4,7 @@
 //! lost its index).
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use smallvec::SmallVec;
 
@@ -20,9 +20,9 @@ use crate::keys::{Component, Key};
 use crate::protocol::{Lockout, Reason};
 use crate::unpoisoned::Unpoisoned;
 
-/// Unlocks remembered at most; past it, every lockout a reply reports is
-/// taken as unlocked lately until the window passes (errs towards the user:
-/// the store still refuses it while it answers).
+/// Unlocks remembered at most; past it the oldest are forgotten, so a
+/// flood of them (whoever can publish on the store can send any) costs at
+/// most the race this memory closes, never a lockout not remembered.
 const RECENT_UNLOCKS_MAX: usize = 4096;
 
 /// How long an unlock heard is kept: longer than any reply is waited for
@@ -53,31 +53,33 @@ enum Unlocked {
     Key(String, u16, u64),
     /// Every rule keyed on an account, on a route.
     Account(String, u64),
-    /// Too many to tell apart.
-    Everything,
 }
 
 impl RecentUnlocks {
-    /// Keeps what `previous` heard across a reload; none without `[shared]`.
-    pub(super) fn new(shared: Option<&crate::config::SharedConfig>, previous: Option<&RecentUnlocks>) -> RecentUnlocks {
-        let heard = previous.map(|p| p.heard.locked().clone()).unwrap_or_default();
-        RecentUnlocks { on: shared.is_some(), heard: Mutex::new(heard) }
+    /// One for a limiter: the previous one's while both are in shared mode
+    /// (a pass or a request begun on the old limiter must see an unlock
+    /// heard on the new one), a fresh one otherwise.
+    pub(super) fn for_limiter(shared: bool, previous: Option<&Arc<RecentUnlocks>>) -> Arc<RecentUnlocks> {
+        match previous {
+            Some(previous) if shared && previous.on => previous.clone(),
+            _ => Arc::new(RecentUnlocks { on: shared, heard: Mutex::new(VecDeque::new()) }),
+        }
     }
 
-    fn heard(&self, unlocked: Unlocked, now_us: u64) {
-        if !self.on {
+    /// An unlock made at `made_us` (when it was heard, for a live one; its
+    /// stamp, for one replayed from the log, which may be long before).
+    fn heard(&self, unlocked: Unlocked, made_us: u64, now_us: u64) {
+        let stale = |at: u64| at.saturating_add(RECENT_UNLOCKS_KEEP_US) < now_us;
+        if !self.on || stale(made_us) {
             return;
         }
         let mut heard = self.heard.locked();
-        while heard.front().is_some_and(|(at, _)| at.saturating_add(RECENT_UNLOCKS_KEEP_US) < now_us) {
+        // Replayed unlocks come out of time order: swept whole.
+        heard.retain(|(at, _)| !stale(*at));
+        while heard.len() >= RECENT_UNLOCKS_MAX {
             heard.pop_front();
         }
-        if heard.len() >= RECENT_UNLOCKS_MAX {
-            heard.clear();
-            heard.push_back((now_us, Unlocked::Everything));
-            return;
-        }
-        heard.push_back((now_us, unlocked));
+        heard.push_back((made_us, unlocked));
     }
 
     /// Whether an unlock of the key or its account was heard after
@@ -89,7 +91,6 @@ impl RecentUnlocks {
                 && match unlocked {
                     Unlocked::Key(r, tag, tuple) => *r == route.name && *tag == rule && *tuple == key.tuple,
                     Unlocked::Account(r, tag) => *r == route.name && *tag == key.account_tag,
-                    Unlocked::Everything => true,
                 }
         })
     }
@@ -105,7 +106,8 @@ impl Limiter {
     /// How many were forgotten.
     pub fn forget_account_lockouts(&self, route: &str, account_tag: u64, before_us: u64, now_us: u64) -> u32 {
         let Some(route) = self.routes.iter().find(|r| r.name == route) else { return 0 };
-        self.recent_unlocks.heard(Unlocked::Account(route.name.clone(), account_tag), now_us);
+        let made_us = before_us.min(now_us);
+        self.recent_unlocks.heard(Unlocked::Account(route.name.clone(), account_tag), made_us, now_us);
         let Some(known) = &route.known_lockouts else { return 0 };
         let rules: SmallVec<[u16; 8]> =
             route.rules.iter().filter(|r| r.key.contains(&Component::Account)).map(|r| r.tag).collect();
@@ -190,7 +192,8 @@ impl Limiter {
     /// name is one of this limiter's.
     pub fn forget_known_lockout(&self, name: &str, before_us: u64, now_us: u64) -> bool {
         let Some((route, rule, key)) = self.parse_store_key(name) else { return false };
-        self.recent_unlocks.heard(Unlocked::Key(route.name.clone(), route.rules[rule].tag, key.tuple), now_us);
+        let unlocked = Unlocked::Key(route.name.clone(), route.rules[rule].tag, key.tuple);
+        self.recent_unlocks.heard(unlocked, before_us.min(now_us), now_us);
         if let Some(known) = &route.known_lockouts {
             let mut known = known.of(key);
             if known

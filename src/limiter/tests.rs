@@ -512,6 +512,59 @@ fn an_unlock_heard_while_a_merge_is_in_flight_is_not_undone_by_its_answer() {
     assert!(locked_from_memory(&limiter, T0 + 3 * SECOND), "the store took it: refused from memory");
 }
 
+/// The unlocks a host keeps (so that a reply in flight across one does
+/// not undo it) undo nothing themselves: one replayed from the log is
+/// taken at its stamp, so an unlock made before a lockout leaves the
+/// lockout remembered; a flood of forged ones forgets the oldest rather
+/// than every lockout; and a reload keeps one memory, so a write-back on
+/// the old limiter sees an unlock heard on the new one (a red team's
+/// findings on the first version).
+#[test]
+fn the_unlocks_a_host_keeps_never_make_it_forget_a_lockout() {
+    let locked_from_memory = |limiter: &Limiter, now_us: u64| {
+        let plan = limiter.plan_check("t", &account("alice"), now_us).expect("a known route");
+        matches!(limiter.begin_check(plan, now_us), Begun::KnownLockout(_))
+    };
+    let listing = |limiter: &Limiter| {
+        for _ in 0..3 {
+            fail(limiter, "alice", T0 + SECOND);
+        }
+        limiter.degraded_lockouts(T0 + 2 * SECOND).pop().expect("alice locked")
+    };
+    let tag = KeyDeriver::new(&secret()).account_tag("alice");
+    let replayed_at = T0 + 2 * SECOND + SECOND / 2;
+    // Replayed from the log as the subscription comes back, made long before.
+    let limiter = global_limiter();
+    let lockout = listing(&limiter);
+    limiter.forget_account_lockouts("t", tag, T0 - 30 * SECOND, replayed_at);
+    assert!(limiter.forget_known_lockout(&store_name_of(&limiter, "alice"), T0 - 30 * SECOND, replayed_at));
+    assert!(limiter.written_back(&lockout, true, T0 + 2 * SECOND));
+    assert!(locked_from_memory(&limiter, T0 + 3 * SECOND), "an old unlock's replay forgot a newer lockout");
+    // 4,097 forged unlocks of other keys.
+    let limiter = global_limiter();
+    let lockout = listing(&limiter);
+    let alice = store_name_of(&limiter, "alice");
+    let (stem, _) = alice.rsplit_once(':').expect("a key");
+    for i in 0..4097u128 {
+        let forged = format!("{stem}:{:032x}", 0xdead_0000_0000_0000_0000_0000_0000_0000u128 + i);
+        assert!(limiter.forget_known_lockout(&forged, u64::MAX, replayed_at), "a forged name parses");
+    }
+    assert!(limiter.written_back(&lockout, true, T0 + 2 * SECOND));
+    assert!(locked_from_memory(&limiter, T0 + 3 * SECOND), "forged unlocks of others suppressed alice's lockout");
+    // An unlock heard on the limiter a reload built, a merge answered on
+    // the one before.
+    let old = global_limiter();
+    let lockout = listing(&old);
+    let text = format!(
+        "[shared]\nurl = \"redis+unix:///nonexistent/tollgate.sock\"\nhosts = 1\n{}",
+        rule("scope = \"global\"\n")
+    );
+    let new = old.reconfigured(&limiter_config(&text), Arc::new(ClassTable::default()), T0 + 2 * SECOND);
+    new.forget_account_lockouts("t", tag, u64::MAX, replayed_at);
+    assert!(old.written_back(&lockout, true, T0 + 2 * SECOND));
+    assert!(!locked_from_memory(&new, T0 + 3 * SECOND), "the unlock heard after the reload was undone");
+}
+
 /// A write-back goes out a chunk at a time, each chunk aged by the time
 /// measured as it is sent, so a later chunk claims no younger failures; a
 /// lock that has run out by then is not sent. What a failed merge or an
