@@ -13,7 +13,8 @@
 //! duration); a known lockout is kept here until this host's `now` plus
 //! the store's remaining duration.
 
-use super::route::{Full, Route, Table};
+use super::known_lockouts::DevicesDecided;
+use super::route::{Full, Route, Rule, Table};
 use super::store_names::store_name;
 use super::store_reply::{
     entry_counts, full_rate_spec, is_locked, parse_check, parse_report, scope, store_failure_answer,
@@ -129,6 +130,23 @@ impl<'l> Stored<'l> {
     }
 }
 
+/// A refusal while the store is busy or late: attempts in flight, a
+/// short wait, no rung climbed.
+pub(super) fn busy_answer(rule: &Rule, limit: u32) -> RuleAnswer<'_> {
+    RuleAnswer {
+        refused: true,
+        monitored: false,
+        reason: Reason::AttemptsInFlight,
+        rung: crate::config::Rung::Deny,
+        retry_after_us: BUSY_RETRY_AFTER_US,
+        delay_us: 0,
+        limit,
+        remaining: 0,
+        reset_us: 0,
+        rule: &rule.name,
+    }
+}
+
 impl Limiter {
     /// A check's first half, in local and shared mode alike: decided here
     /// (`decide_check`) when the route has no global rule for it or a ban
@@ -146,7 +164,8 @@ impl Limiter {
         let CheckPlan { facts, rule_keys, device, .. } = plan;
         let (route, class, known) = (facts.route, facts.class, facts.known_device);
         let mut answers = Answers::new();
-        if self.known_lockout(route, &rule_keys, device.is_some(), now_us, &mut answers) {
+        let devices = if device.is_some() { DevicesDecided::ByStore } else { DevicesDecided::Here };
+        if self.known_lockout(route, &rule_keys, devices, now_us, &mut answers) {
             return Begun::KnownLockout(combine(&answers));
         }
         let mut held = 0;
@@ -347,15 +366,16 @@ impl Limiter {
 
     /// A check's second half without the store (`finish_locally`).
     fn finish_check_locally<'a>(&'a self, check: Box<StoreCheck<'a>>, now_us: u64) -> Verdict<'a> {
-        let StoreCheck { route, rule_keys, class, mut answers, held, known, hits, .. } = *check;
+        let StoreCheck { route, rule_keys, class, mut answers, held, known, hits, device_key, .. } = *check;
         let scoped = self.scoped_here(route, rule_keys.clone(), known);
+        let devices = if device_key { DevicesDecided::HereStoreLate } else { DevicesDecided::Here };
         // A device-scoped rule's lockout the store told of is refused from
         // memory here, now that this host decides device scope: the share
         // it would be decided on never fills while the reports of the
         // checks it admits are counted in the store, so a late check on an
         // account the store has locked, with a made-up device, would be
         // admitted every time (`begin_check` left these rules to the store).
-        if self.known_lockout(route, &scoped, false, now_us, &mut answers) {
+        if self.known_lockout(route, &scoped, devices, now_us, &mut answers) {
             self.give_back(route, &rule_keys, held, now_us);
             return combine(&answers);
         }
@@ -390,18 +410,7 @@ impl Limiter {
             Some(Full::Failures(spec)) => (Reason::AttemptsInFlight, spec.threshold),
             _ => (Reason::RateLimited, 0),
         };
-        answers.push(RuleAnswer {
-            refused: true,
-            monitored: false,
-            reason,
-            rung: crate::config::Rung::Deny,
-            retry_after_us: BUSY_RETRY_AFTER_US,
-            delay_us: 0,
-            limit,
-            remaining: 0,
-            reset_us: 0,
-            rule: &rule.name,
-        });
+        answers.push(RuleAnswer { reason, ..busy_answer(rule, limit) });
         Ok(combine(&answers))
     }
 

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use smallvec::SmallVec;
 
+use super::global::busy_answer;
 use super::route::{Full, KnownLockout, Route};
 use super::subject::RuleKeys;
 use super::verdict::{failure_answer, Answers};
@@ -19,6 +20,19 @@ use crate::failure_window::{Counts, Standing};
 use crate::keys::{Component, Key};
 use crate::protocol::{Lockout, Reason};
 use crate::unpoisoned::Unpoisoned;
+
+/// Who decides whether a device-scoped rule applies to a check.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum DevicesDecided {
+    /// The store (a check with a device, before the store's answer): the
+    /// rule's lockout is not refused from memory.
+    ByStore,
+    /// This host (a check without a device, or the store away).
+    Here,
+    /// This host, for a check with a device the store answered late:
+    /// refused, briefly (see `known_lockout`).
+    HereStoreLate,
+}
 
 /// Unlocks remembered at most; past it the oldest are forgotten, so a
 /// flood of them (whoever can publish on the store can send any) costs at
@@ -261,7 +275,7 @@ impl Limiter {
         &'a self,
         route: &'a Route,
         keys: &RuleKeys,
-        store_decides_devices: bool,
+        devices: DevicesDecided,
         now_us: u64,
         answers: &mut Answers<'a>,
     ) -> bool {
@@ -272,11 +286,20 @@ impl Limiter {
             // Whether a device-scoped rule applies is the store's to say
             // (the account ceiling exempts a device any host has seen log
             // in): its lockout is not refused from memory.
-            if store_decides_devices && rule.devices != DeviceScope::All {
+            let device_scoped = rule.devices != DeviceScope::All;
+            if device_scoped && devices == DevicesDecided::ByStore {
                 continue;
             }
             let Some(slot) = known.of(key).get(key.tuple, now_us) else { continue };
             if slot.value.rule != rule.tag {
+                continue;
+            }
+            if device_scoped && devices == DevicesDecided::HereStoreLate {
+                // The device may be one another host saw the owner log in
+                // on (this host would not know): a short wait, no climb, as
+                // for a busy store, rather than the lockout's whole time.
+                answers.push(busy_answer(rule, spec.threshold));
+                refused = true;
                 continue;
             }
             let standing = Standing { counts: Counts::default(), in_flight: 0, in_flight_until_us: now_us };

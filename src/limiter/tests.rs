@@ -438,10 +438,11 @@ fn a_write_back_keeps_failures_counted_after_its_listing() {
 
 /// A check the store answers late is decided on this host's share; a
 /// lockout the store told of is refused from memory there on every rule
-/// this host then decides, device-scoped ones too. The share alone never
-/// fills (the reports of what it admits are counted in the store), so a
-/// late check on an account the store has locked, with a made-up device,
-/// was admitted every time: a red team's guesses without end.
+/// this host then decides, device-scoped ones too (briefly: see below).
+/// The share alone never fills (the reports of what it admits are counted
+/// in the store), so a late check on an account the store has locked,
+/// with a made-up device, was admitted every time: a red team's guesses
+/// without end.
 #[test]
 fn a_late_check_on_an_account_the_store_locked_is_refused_whatever_its_device() {
     let limiter = limiter(
@@ -461,8 +462,14 @@ fn a_late_check_on_an_account_the_store_locked_is_refused_whatever_its_device() 
     let i = rules.iter().position(|r| r.name == "account_failures").expect("a built-in rule");
     let name = limiter.store_key(&rules[i], plan.rule_keys[i].expect("an unknown device's key"));
     assert!(limiter.learn_known_lockout(&name, 600 * SECOND, T0), "the store locked alice");
-    let verdict = late_check(&limiter);
-    assert_eq!((verdict.decision, verdict.reason), (Decision::Deny, Reason::TooManyFailures));
+    // Refused as by a busy store: a device this host does not know may be
+    // one another host saw alice log in on, and she retries in a second
+    // (the store, answering in time, then knows it), not in ten minutes.
+    for _ in 0..3 {
+        let verdict = late_check(&limiter);
+        let seen = (verdict.decision, verdict.reason, verdict.retry_after_ms);
+        assert_eq!(seen, (Decision::Deny, Reason::AttemptsInFlight, 1000), "no rung climbed either");
+    }
 }
 
 /// An unlock heard while a merge was in flight (the merge ran in the store
