@@ -470,6 +470,19 @@ fn a_late_check_on_an_account_the_store_locked_is_refused_whatever_its_device() 
         let seen = (verdict.decision, verdict.reason, verdict.retry_after_ms);
         assert_eq!(seen, (Decision::Deny, Reason::AttemptsInFlight, 1000), "no rung climbed either");
     }
+    // A lockout on the rule for known devices, taken through a host that
+    // knows the device (a stolen cookie): refused on this one too.
+    let limiter = self::limiter(
+        "[shared]\nurl = \"redis+unix:///nonexistent/tollgate.sock\"\nhosts = 3\n\
+         [routes.login.rules.source_failures]\nenabled = false\n",
+    );
+    let plan = limiter.plan_check("login", &attacker, T0).expect("login");
+    let rules = &plan.facts.route.rules;
+    let i = rules.iter().position(|r| r.name == "known_device_failures").expect("a built-in rule");
+    let name = limiter.store_key(&rules[i], plan.rule_keys[i].expect("the store decides its scope: keyed"));
+    assert!(limiter.learn_known_lockout(&name, 600 * SECOND, T0), "the store locked (alice, the cookie)");
+    let verdict = late_check(&limiter);
+    assert_eq!((verdict.decision, verdict.reason), (Decision::Deny, Reason::AttemptsInFlight));
 }
 
 /// An unlock heard while a merge was in flight (the merge ran in the store
