@@ -293,8 +293,11 @@ async fn listen(daemon: Arc<Daemon>, store: Arc<SharedStore>) {
             let limiter = daemon.limiter().load();
             let now = daemon.clock().now_us();
             // A replayed unlock forgets only the lockouts learned before it.
-            // Its stamp is the store's time, made this host's.
-            let before = logged_at.map_or(u64::MAX, |at| (at as i64 - store.clock_offset_us()).max(0) as u64);
+            // Its stamp is the store's time, made this host's (saturating:
+            // whoever can write the log can stamp anything).
+            let before = logged_at.map_or(u64::MAX, |at| {
+                (at.min(i64::MAX as u64) as i64).saturating_sub(store.clock_offset_us()).max(0) as u64
+            });
             let words: Vec<&str> = message.split(' ').collect();
             let understood = match words.as_slice() {
                 ["L", name, remaining] => {
