@@ -485,6 +485,20 @@ fn a_late_check_on_an_account_the_store_locked_is_refused_whatever_its_device() 
     assert_eq!((verdict.decision, verdict.reason), (Decision::Deny, Reason::AttemptsInFlight));
 }
 
+/// Whether alice's check is refused from memory (a known lockout).
+fn locked_from_memory(limiter: &Limiter, now_us: u64) -> bool {
+    let plan = limiter.plan_check("t", &account("alice"), now_us).expect("a known route");
+    matches!(limiter.begin_check(plan, now_us), Begun::KnownLockout(_))
+}
+
+/// Alice locked on a global rule's share, listed for a write-back.
+fn listing(limiter: &Limiter) -> super::write_back::WriteBack {
+    for _ in 0..3 {
+        fail(limiter, "alice", T0 + SECOND);
+    }
+    limiter.degraded_lockouts(T0 + 2 * SECOND).pop().expect("alice locked")
+}
+
 /// An unlock heard while a merge was in flight (the merge ran in the store
 /// first, its answer came after the unlock's message) does not bring the
 /// lockout back on this host: neither the merge's answer nor a failed
@@ -492,16 +506,6 @@ fn a_late_check_on_an_account_the_store_locked_is_refused_whatever_its_device() 
 /// the listing holds nothing back.
 #[test]
 fn an_unlock_heard_while_a_merge_is_in_flight_is_not_undone_by_its_answer() {
-    let locked_from_memory = |limiter: &Limiter, now_us: u64| {
-        let plan = limiter.plan_check("t", &account("alice"), now_us).expect("a known route");
-        matches!(limiter.begin_check(plan, now_us), Begun::KnownLockout(_))
-    };
-    let listing = |limiter: &Limiter| {
-        for _ in 0..3 {
-            fail(limiter, "alice", T0 + SECOND);
-        }
-        limiter.degraded_lockouts(T0 + 2 * SECOND).pop().expect("alice locked")
-    };
     let tag = KeyDeriver::new(&secret()).account_tag("alice");
     let now = T0 + 2 * SECOND + SECOND / 2;
     let hear = |limiter: &Limiter, by_account: bool| {
@@ -541,16 +545,6 @@ fn an_unlock_heard_while_a_merge_is_in_flight_is_not_undone_by_its_answer() {
 /// findings on the first version).
 #[test]
 fn the_unlocks_a_host_keeps_never_make_it_forget_a_lockout() {
-    let locked_from_memory = |limiter: &Limiter, now_us: u64| {
-        let plan = limiter.plan_check("t", &account("alice"), now_us).expect("a known route");
-        matches!(limiter.begin_check(plan, now_us), Begun::KnownLockout(_))
-    };
-    let listing = |limiter: &Limiter| {
-        for _ in 0..3 {
-            fail(limiter, "alice", T0 + SECOND);
-        }
-        limiter.degraded_lockouts(T0 + 2 * SECOND).pop().expect("alice locked")
-    };
     let tag = KeyDeriver::new(&secret()).account_tag("alice");
     let replayed_at = T0 + 2 * SECOND + SECOND / 2;
     // Replayed from the log as the subscription comes back, made long before.
