@@ -368,17 +368,14 @@ impl Limiter {
     fn finish_check_locally<'a>(&'a self, check: Box<StoreCheck<'a>>, now_us: u64) -> Verdict<'a> {
         let StoreCheck { route, rule_keys, class, mut answers, held, known, hits, device_key, .. } = *check;
         let scoped = self.scoped_here(route, rule_keys.clone(), known);
-        // Every device-scoped rule's known lockout counts, whichever scope
-        // this host would give the device: another host, or the store,
-        // may know it (a stolen device cookie on a rule for known devices).
+        // `begin_check` left device-scoped rules' known lockouts to the
+        // store. Decided here, each refuses, whichever scope this host gives
+        // the device (another host may know it: the owner's, or a stolen
+        // cookie): the share never fills while the reports of what it
+        // admits count in the store, so a made-up device would pass a
+        // lockout the store holds on every late check.
         let (devices, lockout_keys) =
             if device_key { (DevicesDecided::HereStoreLate, &rule_keys) } else { (DevicesDecided::Here, &scoped) };
-        // A device-scoped rule's lockout the store told of is refused from
-        // memory here, now that this host decides device scope: the share
-        // it would be decided on never fills while the reports of the
-        // checks it admits are counted in the store, so a late check on an
-        // account the store has locked, with a made-up device, would be
-        // admitted every time (`begin_check` left these rules to the store).
         if self.known_lockout(route, lockout_keys, devices, now_us, &mut answers) {
             self.give_back(route, &rule_keys, held, now_us);
             return combine(&answers);

@@ -27,10 +27,10 @@ pub(super) enum DevicesDecided {
     /// The store (a check with a device, before the store's answer): the
     /// rule's lockout is not refused from memory.
     ByStore,
-    /// This host (a check without a device, or the store away).
+    /// This host (a check without a device).
     Here,
-    /// This host, for a check with a device the store answered late:
-    /// refused, briefly (see `known_lockout`).
+    /// This host, for a check with a device the store answered late or
+    /// not at all: refused, briefly (see `known_lockout`).
     HereStoreLate,
 }
 
@@ -53,8 +53,8 @@ const RECENT_UNLOCKS_KEEP_US: u64 = 60_000_000;
 /// account was heard after its op began (an op begun after the unlock
 /// was heard runs after it in the store, and its lockout is a new one):
 /// the store, which put the two in order, refuses it while it answers.
-/// Kept `RECENT_UNLOCKS_KEEP_US`. `L` messages
-/// are not held back: the channel orders them with the unlocks.
+/// `L` messages are not held back: the channel orders them with the
+/// unlocks.
 pub(super) struct RecentUnlocks {
     /// Shared mode: without a store there are no replies to hold back.
     on: bool,
