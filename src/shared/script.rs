@@ -422,13 +422,40 @@ pub struct Reply {
     pub strings: Vec<String>,
 }
 
-/// Splits a batch's reply into one per op.
+/// Splits a batch's reply into one per op: one string for a batch of
+/// packed ops only (each op's int64s behind their count, a u16), else one
+/// value an op.
 pub fn split_batch(value: Value, ops: usize) -> Result<Vec<Result<Reply, ReplyError>>, ReplyError> {
-    let Value::Array(items) = value else { return Err(ReplyError::Malformed("not an array")) };
+    let items = match value {
+        Value::BulkString(bytes) => return split_packed_batch(&bytes, ops),
+        Value::Array(items) => items,
+        _ => return Err(ReplyError::Malformed("not an array")),
+    };
     if items.len() != ops {
         return Err(ReplyError::Malformed("one reply per op"));
     }
     Ok(items.into_iter().map(op_reply).collect())
+}
+
+fn split_packed_batch(mut bytes: &[u8], ops: usize) -> Result<Vec<Result<Reply, ReplyError>>, ReplyError> {
+    let short = ReplyError::Malformed("a batch's packed reply is short");
+    let mut replies = Vec::with_capacity(ops);
+    for _ in 0..ops {
+        let (count, rest) = bytes.split_first_chunk::<2>().ok_or(short.clone())?;
+        let len = usize::from(u16::from_le_bytes(*count)) * 8;
+        let ints = rest.get(..len).ok_or(short.clone())?;
+        replies.push(checked(Reply { ints: int64s(ints), strings: Vec::new() }));
+        bytes = &rest[len..];
+    }
+    if !bytes.is_empty() {
+        return Err(ReplyError::Malformed("one reply per op"));
+    }
+    Ok(replies)
+}
+
+/// Little-endian int64s; `bytes` is whole int64s.
+fn int64s(bytes: &[u8]) -> Vec<i64> {
+    bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes"))).collect()
 }
 
 fn op_reply(value: Value) -> Result<Reply, ReplyError> {
@@ -438,8 +465,7 @@ fn op_reply(value: Value) -> Result<Reply, ReplyError> {
             if bytes.len() % 8 != 0 {
                 return Err(ReplyError::Malformed("a packed reply is not whole int64s"));
             }
-            let ints = bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes"))).collect();
-            Reply { ints, strings: Vec::new() }
+            Reply { ints: int64s(&bytes), strings: Vec::new() }
         }
         Value::Array(items) => {
             let mut reply = Reply { ints: Vec::with_capacity(items.len()), strings: Vec::new() };
@@ -457,6 +483,11 @@ fn op_reply(value: Value) -> Result<Reply, ReplyError> {
         }
         _ => return Err(ReplyError::Malformed("an op's reply is not an array")),
     };
+    checked(reply)
+}
+
+/// An op's reply, or the error its first integer codes.
+fn checked(reply: Reply) -> Result<Reply, ReplyError> {
     match reply.ints.first() {
         Some(&-1) => Err(ReplyError::NotOurs(rule_index(&reply))),
         Some(&-2) => Err(ReplyError::WrongType(rule_index(&reply))),
@@ -672,6 +703,27 @@ mod tests {
         theirs.extend_from_slice(&2i64.to_le_bytes());
         let theirs = split_batch(Value::Array(vec![Value::BulkString(theirs)]), 1).unwrap();
         assert_eq!(theirs[0], Err(ReplyError::NotOurs(2)));
+    }
+
+    /// A batch of packed ops only answers in one string: each op's int64s
+    /// behind their count. A count past the end, or bytes after the last
+    /// op, fail the batch.
+    #[test]
+    fn a_batch_answered_in_one_string_is_split_by_each_ops_count() {
+        let mut bytes = Vec::new();
+        for op in [&[1i64, 7][..], &[-4, 99], &[0]] {
+            bytes.extend_from_slice(&(op.len() as u16).to_le_bytes());
+            op.iter().for_each(|v| bytes.extend_from_slice(&v.to_le_bytes()));
+        }
+        let replies = split_batch(Value::BulkString(bytes.clone()), 3).unwrap();
+        assert_eq!(replies[0].as_ref().unwrap().ints, [1, 7]);
+        assert_eq!(replies[1], Err(ReplyError::Expired { store_now: 99 }));
+        assert_eq!(replies[2].as_ref().unwrap().ints, [0]);
+        assert!(split_batch(Value::BulkString(bytes.clone()), 4).is_err(), "an op past the end");
+        assert!(split_batch(Value::BulkString(bytes[..bytes.len() - 1].to_vec()), 3).is_err(), "short");
+        assert!(split_batch(Value::BulkString(bytes.clone()), 2).is_err(), "bytes after the last op");
+        bytes.push(0);
+        assert!(split_batch(Value::BulkString(bytes), 3).is_err(), "a stray byte");
     }
 
     /// The script on a real redis-server, in RESP2 and RESP3: each op of
