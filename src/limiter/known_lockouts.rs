@@ -3,7 +3,7 @@
 //! unlock here or on another host (by key, or by account after the store
 //! lost its index).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use smallvec::SmallVec;
@@ -58,10 +58,22 @@ const RECENT_UNLOCKS_KEEP_US: u64 = 60_000_000;
 pub(super) struct RecentUnlocks {
     /// Shared mode: without a store there are no replies to hold back.
     on: bool,
-    heard: Mutex<VecDeque<(u64, Unlocked)>>,
+    heard: Mutex<Heard>,
 }
 
-#[derive(Clone, PartialEq, Eq)]
+/// The unlocks heard, by what they unlocked (the latest stamp of each), so
+/// that asking costs two lookups whatever a flood of messages put there;
+/// and in the order they came, for forgetting the oldest.
+#[derive(Default)]
+struct Heard {
+    /// Each unlock's latest stamp, and the number of its last arrival.
+    latest: HashMap<Unlocked, (u64, u64)>,
+    /// (arrival number, stamp, unlock), oldest first.
+    arrivals: VecDeque<(u64, u64, Unlocked)>,
+    arrived: u64,
+}
+
+#[derive(Clone, PartialEq, Eq, Hash)]
 enum Unlocked {
     /// A rule's entry (route, rule tag, key tuple).
     Key(String, u16, u64),
@@ -76,7 +88,7 @@ impl RecentUnlocks {
     pub(super) fn for_limiter(shared: bool, previous: Option<&Arc<RecentUnlocks>>) -> Arc<RecentUnlocks> {
         match previous {
             Some(previous) if shared && previous.on => previous.clone(),
-            _ => Arc::new(RecentUnlocks { on: shared, heard: Mutex::new(VecDeque::new()) }),
+            _ => Arc::new(RecentUnlocks { on: shared, heard: Mutex::new(Heard::default()) }),
         }
     }
 
@@ -88,25 +100,31 @@ impl RecentUnlocks {
             return;
         }
         let mut heard = self.heard.locked();
-        // Replayed unlocks come out of time order: swept whole.
-        heard.retain(|(at, _)| !stale(*at));
-        while heard.len() >= RECENT_UNLOCKS_MAX {
-            heard.pop_front();
+        // The oldest arrivals go when stale or past the cap. A replayed
+        // unlock behind newer ones may outlive its minute: its stamp is
+        // older than any op still waiting, so it holds nothing back.
+        while heard.arrivals.front().is_some_and(|(_, at, _)| stale(*at)) || heard.arrivals.len() >= RECENT_UNLOCKS_MAX
+        {
+            let (number, _, gone) = heard.arrivals.pop_front().expect("not empty");
+            // Kept while a later arrival of the same unlock is.
+            if heard.latest.get(&gone).is_some_and(|&(_, last)| last == number) {
+                heard.latest.remove(&gone);
+            }
         }
-        heard.push_back((made_us, unlocked));
+        heard.arrived += 1;
+        let number = heard.arrived;
+        let latest = heard.latest.entry(unlocked.clone()).or_insert((made_us, number));
+        *latest = (latest.0.max(made_us), number);
+        heard.arrivals.push_back((number, made_us, unlocked));
     }
 
     /// Whether an unlock of the key or its account was heard after
     /// `since_us`.
-    fn covers(&self, route: &Route, rule: u16, key: Key, since_us: u64) -> bool {
+    fn covers(&self, route: &str, rule: u16, key: Key, since_us: u64) -> bool {
         let heard = self.heard.locked();
-        heard.iter().any(|(at, unlocked)| {
-            *at > since_us
-                && match unlocked {
-                    Unlocked::Key(r, tag, tuple) => *r == route.name && *tag == rule && *tuple == key.tuple,
-                    Unlocked::Account(r, tag) => *r == route.name && *tag == key.account_tag,
-                }
-        })
+        let after = |unlocked: Unlocked| heard.latest.get(&unlocked).is_some_and(|&(at, _)| at > since_us);
+        after(Unlocked::Key(route.to_string(), rule, key.tuple))
+            || after(Unlocked::Account(route.to_string(), key.account_tag))
     }
 }
 
@@ -321,7 +339,7 @@ impl Limiter {
     /// lockout began): the lockout is then not remembered (see
     /// `RecentUnlocks`).
     pub(super) fn unlocked_since(&self, route: &Route, rule_index: usize, key: Key, since_us: u64) -> bool {
-        self.recent_unlocks.covers(route, route.rules[rule_index].tag, key, since_us)
+        self.recent_unlocks.covers(&route.name, route.rules[rule_index].tag, key, since_us)
     }
 
     pub(super) fn remember_lockout(&self, route: &Route, rule_index: usize, key: Key, until_us: u64, now_us: u64) {
@@ -335,5 +353,44 @@ impl Limiter {
                 known.of(key).set(key.tuple, Slot { expires_us: until_us, value }, now_us);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SECOND: u64 = 1_000_000;
+
+    /// The memory answers by key whatever else it holds: an unlock heard
+    /// twice is kept while its later arrival is, the oldest arrivals go
+    /// past the cap or the minute, and an unlock of the account covers
+    /// each of its keys.
+    #[test]
+    fn the_unlocks_heard_are_kept_by_what_they_unlocked_and_forgotten_oldest_first() {
+        let memory = RecentUnlocks::for_limiter(true, None);
+        let key = |tuple: u64| Key { account_tag: 7, tuple };
+        let t0 = 100 * SECOND;
+        memory.heard(Unlocked::Key("login".into(), 1, 1), t0, t0);
+        memory.heard(Unlocked::Key("login".into(), 1, 1), t0 + SECOND, t0 + SECOND);
+        assert!(memory.covers("login", 1, key(1), t0 + SECOND / 2), "the later arrival's stamp");
+        assert!(!memory.covers("login", 2, key(1), 0) && !memory.covers("other", 1, key(1), 0));
+        // Forged unlocks of other keys, to the cap: the first arrival of
+        // key 1 goes, its second stays.
+        for i in 0..RECENT_UNLOCKS_MAX as u64 - 1 {
+            memory.heard(Unlocked::Key("login".into(), 1, 1000 + i), t0 + SECOND, t0 + SECOND);
+        }
+        assert!(memory.covers("login", 1, key(1), t0), "evicted with its first arrival");
+        memory.heard(Unlocked::Key("login".into(), 1, 9000), t0 + SECOND, t0 + SECOND);
+        assert!(!memory.covers("login", 1, key(1), 0), "the oldest goes past the cap");
+        assert_eq!(memory.heard.locked().latest.len(), RECENT_UNLOCKS_MAX);
+        // An account's unlock covers each key of the account; past the
+        // minute, the next unlock heard sweeps it.
+        memory.heard(Unlocked::Account("login".into(), 7), t0 + 2 * SECOND, t0 + 2 * SECOND);
+        assert!(memory.covers("login", 3, key(99), t0 + SECOND));
+        let later = t0 + 2 * SECOND + RECENT_UNLOCKS_KEEP_US + 1;
+        memory.heard(Unlocked::Key("login".into(), 1, 2), later, later);
+        assert!(!memory.covers("login", 3, key(99), 0), "stale after a minute");
+        assert_eq!(memory.heard.locked().latest.len(), 1);
     }
 }
