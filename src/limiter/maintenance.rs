@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use std::sync::MutexGuard;
 
-use super::route::{KnownLockout, Route, Rule, Table};
+use super::route::{Full, KnownLockout, Route, Rule, Table};
 use super::shards::{shard_index, Shards, SHARDS};
 use super::{Limiter, RequestError, IDENTIFIER_BYTES_MAX};
 use crate::clock::ceil_ms;
@@ -233,7 +233,17 @@ impl Limiter {
             if row.map == DeviceMap::KnownLockouts {
                 let lockouts = route.and_then(|r| r.known_lockouts.as_ref());
                 let index = shard_index(row.id);
-                let live = row.expires_us > now_us;
+                // Held no longer than two windows of its rule from now, as
+                // a lockout learned any other way: a row written while the
+                // clock ran ahead (or crafted) must not refuse for longer.
+                let longest = route.and_then(|r| r.rules.iter().find(|rule| rule.tag == row.value)).and_then(|rule| {
+                    match rule.global {
+                        Some(Full::Failures(spec)) => Some(spec.window_us.saturating_mul(2)),
+                        _ => None,
+                    }
+                });
+                let expires_us = longest.map_or(0, |longest| row.expires_us.min(now_us.saturating_add(longest)));
+                let live = expires_us > now_us;
                 if lockouts.is_none() || !live || usize::from(row.shard) != index {
                     let route: Arc<str> = row.route.as_str().into();
                     let rows = vec![(row.id, None)];
@@ -242,8 +252,8 @@ impl Limiter {
                 if let (Some(lockouts), true) = (lockouts, live) {
                     let mut table = lockouts.at(index);
                     let value = KnownLockout { rule: row.value, account_tag: 0, learned_us: 0 };
-                    table.restore(row.id, Slot { expires_us: row.expires_us, value }, now_us);
-                    if usize::from(row.shard) != index {
+                    table.restore(row.id, Slot { expires_us, value }, now_us);
+                    if usize::from(row.shard) != index || expires_us != row.expires_us {
                         table.mark_changed(row.id);
                     }
                     restored += 1;

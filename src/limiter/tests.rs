@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use super::route::Full;
 use super::verdict::{combine, RuleAnswer};
 use super::{Begun, Limiter};
 use crate::classes::ClassTable;
@@ -577,6 +578,30 @@ fn the_unlocks_a_host_keeps_never_make_it_forget_a_lockout() {
     new.forget_account_lockouts("t", tag, u64::MAX, replayed_at);
     assert!(old.written_back(&lockout, true, T0 + 2 * SECOND));
     assert!(!locked_from_memory(&new, T0 + 3 * SECOND), "the unlock heard after the reload was undone");
+}
+
+/// A known lockout restored from the state file is held no longer than
+/// two windows of its rule from the restart, as one learned any other way:
+/// a row written while the clock ran a month ahead (a red team's finding)
+/// refused for that month. A row of a rule no longer global goes.
+#[test]
+fn a_restored_known_lockout_is_held_no_longer_than_two_windows() {
+    let limiter = global_limiter();
+    let (route, rule, key) = limiter.parse_store_key(&store_name_of(&limiter, "alice")).expect("a rule's entry");
+    let Some(Full::Failures(spec)) = route.rules[rule].global else { panic!("a global failure rule") };
+    let row = |value| crate::store::PersistedDevice {
+        route: "t".into(),
+        map: crate::store::DeviceMap::KnownLockouts,
+        shard: super::shards::shard_index(key.tuple) as u8,
+        id: key.tuple,
+        expires_us: T0 + 30 * 24 * 3600 * SECOND,
+        value,
+    };
+    assert_eq!(limiter.restore_known_devices(vec![row(route.rules[rule].tag)], T0), 1);
+    assert!(locked_from_memory(&limiter, T0 + 2 * spec.window_us - SECOND), "held two windows");
+    assert!(!locked_from_memory(&limiter, T0 + 2 * spec.window_us + 1), "held for the month it claimed");
+    let limiter = global_limiter();
+    assert_eq!(limiter.restore_known_devices(vec![row(route.rules[rule].tag ^ 0x7f)], T0), 0, "no such rule");
 }
 
 /// A write-back goes out a chunk at a time, each chunk aged by the time
