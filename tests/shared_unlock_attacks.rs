@@ -513,3 +513,53 @@ fn spilled_failures_from_before_an_unlock_do_not_win_a_later_merge() {
         a.log()
     );
 }
+
+/// A lockout published (`L`) from a reply still on its way back when an
+/// operator unlocked reaches the channel after the unlock's `U`/`A`: no
+/// host learns it then, so none refuses the user from memory while the
+/// store holds nothing (a red team's finding: all three hosts refused for
+/// ten minutes). C's replies come back 300 ms late; its fifth failure runs
+/// in the store, then the unlock on A, then C reads its reply.
+#[test]
+fn a_lockout_published_from_a_reply_in_flight_does_not_undo_an_unlock() {
+    require_redis();
+    let redis = RedisServer::tcp();
+    let proxy = Proxy::new(redis.addr());
+    let dir = tempfile::tempdir().unwrap();
+    let secret = shared_secret(dir.path());
+    let extra = format!("timeout_ms = 1000\nconnect_timeout_ms = 3000\n{COUNTING_RULES_ONLY}");
+    let a = TestDaemon::start_with(Some(&single_config(&redis.url(), &secret, &extra)), false);
+    let b = TestDaemon::start_with(Some(&single_config(&redis.url(), &secret, &extra)), false);
+    let c = TestDaemon::start_with(Some(&single_config(&proxy.url(), &secret, &extra)), false);
+    let alice = subject("192.0.2.77", "alice");
+    let asks_store =
+        |d: &TestDaemon, s: &Subject<'_>| !runtime().block_on(d.client().check_answered("login", s)).degraded;
+    wait_until(&c, Duration::from_secs(10), "C asks the store", || asks_store(&c, &subject("100.64.9.9", "ursula")));
+    for _ in 0..4 {
+        assert_eq!(check(&b, &alice).decision, Decision::Allow);
+        report(&b, &alice, Outcome::Failure);
+    }
+    proxy.set_mode(ProxyMode::Delay(Duration::from_millis(300)));
+    assert_eq!(check(&c, &alice).decision, Decision::Allow);
+    let fifth = {
+        let (client, alice) = (c.client(), alice.clone());
+        std::thread::spawn(move || runtime().block_on(client.report("login", &alice, Outcome::Failure)))
+    };
+    // The fifth failure has run in the store; its reply is on its way to C.
+    std::thread::sleep(Duration::from_millis(100));
+    let unlocked = a.cli_json(&["unlock", "--route", "login", "--account", "alice"]);
+    let _ = fifth.join();
+    proxy.set_mode(ProxyMode::Pass);
+    // Long enough for C's `L` to reach every host.
+    std::thread::sleep(Duration::from_millis(1500));
+    let fresh = TestDaemon::start_with(Some(&single_config(&redis.url(), &secret, &extra)), false);
+    wait_until(&fresh, Duration::from_secs(10), "a fresh host asks the store", || {
+        asks_store(&fresh, &subject("100.64.9.10", "ursula"))
+    });
+    let store_says = check(&fresh, &alice).decision;
+    assert_eq!(store_says, Decision::Allow, "the store still locks alice ({unlocked}): the race was not run");
+    for (name, host) in [("A", &a), ("B", &b), ("C", &c)] {
+        let v = check(host, &alice);
+        assert_eq!(v.decision, Decision::Allow, "{name} refuses alice from memory after the unlock: {v:?}");
+    }
+}

@@ -292,17 +292,23 @@ async fn listen(daemon: Arc<Daemon>, store: Arc<SharedStore>) {
         .listen(&channel, &unlock_log, |message, logged_at| {
             let limiter = daemon.limiter().load();
             let now = daemon.clock().now_us();
+            // The store's time made this host's (saturating: whoever can
+            // write the log or publish can stamp anything).
+            let here = |store_us: u64| {
+                (store_us.min(i64::MAX as u64) as i64).saturating_sub(store.clock_offset_us()).max(0) as u64
+            };
             // A replayed unlock forgets only the lockouts learned before it.
-            // Its stamp is the store's time, made this host's (saturating:
-            // whoever can write the log can stamp anything).
-            let before = logged_at.map_or(u64::MAX, |at| {
-                (at.min(i64::MAX as u64) as i64).saturating_sub(store.clock_offset_us()).max(0) as u64
-            });
+            let before = logged_at.map_or(u64::MAX, here);
             let words: Vec<&str> = message.split(' ').collect();
             let understood = match words.as_slice() {
+                // A host of the previous version stamps no time.
                 ["L", name, remaining] => {
-                    remaining.parse::<u64>().is_ok_and(|r| limiter.learn_known_lockout(name, r, now))
+                    remaining.parse::<u64>().is_ok_and(|r| limiter.learn_known_lockout(name, r, None, now))
                 }
+                ["L", name, remaining, ran] => match (remaining.parse::<u64>(), ran.parse::<u64>()) {
+                    (Ok(r), Ok(ran)) => limiter.learn_known_lockout(name, r, Some(here(ran)), now),
+                    _ => false,
+                },
                 ["U", name] => limiter.forget_known_lockout(name, before, now),
                 ["A", route, account_tag] => limiter.forget_account_lockouts_heard(route, account_tag, before, now),
                 _ => false,

@@ -513,7 +513,10 @@ impl Limiter {
                         if !was_locked {
                             let write = self.persist_known_lockout(route, i, key, until);
                             durable.push(Durable::of_lockout(write, &rule.id));
-                            locked.push(format!("L {} {}", self.store_key(rule, key), answer.retry_after_us));
+                            // Stamped with the store's time of the op: a host
+                            // that heard an unlock after it forgets nothing.
+                            let name = self.store_key(rule, key);
+                            locked.push(format!("L {name} {} {store_now}", answer.retry_after_us));
                         }
                     }
                     answer

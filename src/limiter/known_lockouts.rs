@@ -19,6 +19,7 @@ use crate::expiring::Slot;
 use crate::failure_window::{Counts, Standing};
 use crate::keys::{Component, Key};
 use crate::protocol::{Lockout, Reason};
+use crate::shared::LATE_REPLY_WAIT_MS;
 use crate::unpoisoned::Unpoisoned;
 
 /// Who decides whether a device-scoped rule applies to a check.
@@ -53,8 +54,9 @@ const RECENT_UNLOCKS_KEEP_US: u64 = 60_000_000;
 /// account was heard after its op began (an op begun after the unlock
 /// was heard runs after it in the store, and its lockout is a new one):
 /// the store, which put the two in order, refuses it while it answers.
-/// `L` messages are not held back: the channel orders them with the
-/// unlocks.
+/// An `L` message is held back the same way, by the store's time of its
+/// op: it is published a reply's way back after the op ran, so it can
+/// reach the channel after an unlock the store ran later.
 pub(super) struct RecentUnlocks {
     /// Shared mode: without a store there are no replies to hold back.
     on: bool,
@@ -249,9 +251,23 @@ impl Limiter {
     }
 
     /// Learns a lockout another host took (published with its remaining
-    /// time): refused here from memory until it ends.
-    pub fn learn_known_lockout(&self, name: &str, remaining_us: u64, now_us: u64) -> bool {
+    /// time): refused here from memory until it ends. `ran_us`: when its
+    /// op ran in the store, in this host's time, if the message says. A
+    /// message is published a reply's way back after its op ran, so it
+    /// may come after an unlock the store ran later: such a lockout, or
+    /// one of unknown time with an unlock heard in the last minute, is
+    /// not learned (the store refuses a real one, a round trip later).
+    pub fn learn_known_lockout(&self, name: &str, remaining_us: u64, ran_us: Option<u64>, now_us: u64) -> bool {
         let Some((route, rule, key)) = self.parse_store_key(name) else { return false };
+        // The op's time in this host's clock is known to within a reply's
+        // way back (the offset is taken from replies).
+        let since = match ran_us {
+            Some(ran) => ran.saturating_sub(LATE_REPLY_WAIT_MS * 1000),
+            None => now_us.saturating_sub(RECENT_UNLOCKS_KEEP_US),
+        };
+        if self.unlocked_since(route, rule, key, since) {
+            return true;
+        }
         // No lockout of a sliding window outlasts its next window: a
         // message claiming longer (garbage, or a forgery by whoever can
         // publish on the store) is held no longer than that.

@@ -346,12 +346,39 @@ fn a_later_message_with_less_time_left_does_not_shorten_a_known_lockout() {
         limiter.list_known_lockouts(10, now_us, &mut out, &mut total);
         out.first().map(|l| l.until_ms)
     };
-    assert!(limiter.learn_known_lockout(&name, 100 * SECOND, T0));
-    assert!(limiter.learn_known_lockout(&name, 10 * SECOND, T0 + SECOND), "the echo, late");
+    assert!(limiter.learn_known_lockout(&name, 100 * SECOND, None, T0));
+    assert!(limiter.learn_known_lockout(&name, 10 * SECOND, None, T0 + SECOND), "the echo, late");
     assert_eq!(known_until(T0 + 50 * SECOND), Some((T0 + 100 * SECOND) / 1000), "kept the longer end");
     // A message that lengthens it is taken.
-    assert!(limiter.learn_known_lockout(&name, 110 * SECOND, T0 + 2 * SECOND));
+    assert!(limiter.learn_known_lockout(&name, 110 * SECOND, None, T0 + 2 * SECOND));
     assert_eq!(known_until(T0 + 50 * SECOND), Some((T0 + 112 * SECOND) / 1000));
+}
+
+/// A published lockout whose op ran in the store before an unlock this
+/// host heard is not learned (it would undo the unlock here); one whose op
+/// ran after it is, once past a reply's way back; one that says not when
+/// its op ran (a host of the previous version) is not learned within a
+/// minute of an unlock of its key or account.
+#[test]
+fn a_published_lockout_from_before_an_unlock_heard_is_not_learned() {
+    let tag = KeyDeriver::new(&secret()).account_tag("alice");
+    let limiter = global_limiter();
+    let name = store_name_of(&limiter, "alice");
+    let heard = T0 + 10 * SECOND;
+    assert!(limiter.forget_known_lockout(&name, u64::MAX, heard), "a U of alice's key");
+    assert!(limiter.learn_known_lockout(&name, 600 * SECOND, Some(heard - SECOND / 10), heard + SECOND / 10));
+    assert!(!locked_from_memory(&limiter, heard + SECOND), "ran before the unlock: learned");
+    assert!(limiter.learn_known_lockout(&name, 600 * SECOND, None, heard + 59 * SECOND));
+    assert!(!locked_from_memory(&limiter, heard + 59 * SECOND), "unstamped, within a minute of an unlock: learned");
+    assert!(limiter.learn_known_lockout(&name, 600 * SECOND, Some(heard + 2 * SECOND), heard + 3 * SECOND));
+    assert!(locked_from_memory(&limiter, heard + 3 * SECOND), "ran after the unlock: not learned");
+    // An account-wide unlock holds back each of the account's keys alike.
+    let limiter = global_limiter();
+    limiter.forget_account_lockouts("t", tag, u64::MAX, heard);
+    assert!(limiter.learn_known_lockout(&name, 600 * SECOND, Some(heard - SECOND), heard + SECOND));
+    assert!(!locked_from_memory(&limiter, heard + SECOND), "ran before the account's unlock: learned");
+    assert!(limiter.learn_known_lockout(&name, 600 * SECOND, None, heard + 61 * SECOND));
+    assert!(locked_from_memory(&limiter, heard + 61 * SECOND), "unstamped, past the minute: not learned");
 }
 
 /// `rule`'s limiter with the rule global, its store never reached: every
@@ -462,7 +489,7 @@ fn a_late_check_on_an_account_the_store_locked_is_refused_whatever_its_device() 
     let rules = &plan.facts.route.rules;
     let i = rules.iter().position(|r| r.name == "account_failures").expect("a built-in rule");
     let name = limiter.store_key(&rules[i], plan.rule_keys[i].expect("an unknown device's key"));
-    assert!(limiter.learn_known_lockout(&name, 600 * SECOND, T0), "the store locked alice");
+    assert!(limiter.learn_known_lockout(&name, 600 * SECOND, None, T0), "the store locked alice");
     // Refused as by a busy store: a device this host does not know may be
     // one another host saw alice log in on, and she retries in a second
     // (the store, answering in time, then knows it), not in ten minutes.
@@ -481,7 +508,7 @@ fn a_late_check_on_an_account_the_store_locked_is_refused_whatever_its_device() 
     let rules = &plan.facts.route.rules;
     let i = rules.iter().position(|r| r.name == "known_device_failures").expect("a built-in rule");
     let name = limiter.store_key(&rules[i], plan.rule_keys[i].expect("the store decides its scope: keyed"));
-    assert!(limiter.learn_known_lockout(&name, 600 * SECOND, T0), "the store locked (alice, the cookie)");
+    assert!(limiter.learn_known_lockout(&name, 600 * SECOND, None, T0), "the store locked (alice, the cookie)");
     let verdict = late_check(&limiter);
     assert_eq!((verdict.decision, verdict.reason), (Decision::Deny, Reason::AttemptsInFlight));
 }
