@@ -43,7 +43,7 @@ const RECENT_UNLOCKS_MAX: usize = 4096;
 /// How long an unlock heard is kept: longer than any reply is waited for
 /// (`timeout_ms`, `LATE_REPLY_WAIT_MS`), and than a long write-back's
 /// chunks take, one after another.
-const RECENT_UNLOCKS_KEEP_US: u64 = 60_000_000;
+pub(super) const RECENT_UNLOCKS_KEEP_US: u64 = 60_000_000;
 
 /// Unlocks heard lately: this host's own, and other hosts' (`U`, `A`).
 /// A reply in flight when one was heard may report a lockout that its op

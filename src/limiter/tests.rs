@@ -650,10 +650,13 @@ fn a_write_back_pass_ages_each_chunk_as_it_is_sent_and_says_what_is_left() {
             fail(&limiter, who, T0 + SECOND);
         }
     }
-    let mut pass = limiter.write_back_pass::<&str>(T0 + 2 * SECOND, 1);
+    // Listed 10 s before the three locks end, so one runs out mid-pass.
+    let (ends_in, _) = seconds(&limiter.degraded_lockouts(T0 + 2 * SECOND)[0].op(0).expect("locked"));
+    let listed = T0 + 2 * SECOND + (ends_in - 10) * SECOND;
+    let mut pass = limiter.write_back_pass::<&str>(listed, 1);
     let first = pass.next_chunk(0).expect("three to send");
     let (left, age) = seconds(&first[0]);
-    assert_eq!(age, 1, "from the first failure to the listing");
+    assert_eq!((left, age), (10, ends_in - 9), "from the first failure to the listing");
     pass.answered([Ok(true)]);
     let second = pass.next_chunk(7 * SECOND).expect("two to send");
     assert_eq!(seconds(&second[0]), (left - 7, age + 7), "sent 7 s after the listing");
@@ -663,7 +666,7 @@ fn a_write_back_pass_ages_each_chunk_as_it_is_sent_and_says_what_is_left() {
     assert_eq!(pass.next_chunk(0), None);
     assert_eq!((pass.written, pass.failed, pass.last_error, pass.retry), (1, 1, Some("the store went away"), true));
     let left_over: Vec<String> =
-        limiter.degraded_lockouts(T0 + 3 * SECOND).iter().map(|l| l.op(0).expect("locked").keys[0].clone()).collect();
+        limiter.degraded_lockouts(listed + SECOND).iter().map(|l| l.op(0).expect("locked").keys[0].clone()).collect();
     assert_eq!(left_over.len(), 2, "the failed merge's and the unsent one's entries stay: {left_over:?}");
     assert!(!left_over.contains(&first[0].keys[0]), "the merge taken is cleared here");
 
@@ -682,6 +685,28 @@ fn a_write_back_pass_ages_each_chunk_as_it_is_sent_and_says_what_is_left() {
     pass.answered(merges.iter().map(|_| Ok(true)));
     assert_eq!((pass.next_chunk(0), pass.written, pass.retry), (None, 1, false), "nothing left");
     assert!(limiter.degraded_lockouts(T0 + 5 * SECOND).is_empty());
+
+    // A pass still sending half a minute after its listing (a slow
+    // store) stops: what is left is refused from memory and listed again.
+    let limiter = global_limiter();
+    for who in ["alice", "bob"] {
+        for _ in 0..3 {
+            fail(&limiter, who, T0 + SECOND);
+        }
+    }
+    let mut pass = limiter.write_back_pass::<&str>(T0 + 2 * SECOND, 1);
+    let first = pass.next_chunk(0).expect("two to send");
+    pass.answered([Ok(true)]);
+    assert_eq!(pass.next_chunk(31 * SECOND), None, "past the pass's half minute");
+    assert!(pass.retry, "the rest is sent at the next heartbeat");
+    let left_over = limiter.degraded_lockouts(T0 + 33 * SECOND);
+    assert_eq!(left_over.len(), 1, "the unsent one stays listed");
+    assert_ne!(left_over[0].op(0).expect("locked").keys[0], first[0].keys[0]);
+    let refused = ["alice", "bob"].iter().filter(|who| {
+        let plan = limiter.plan_check("t", &account(who), T0 + 33 * SECOND).expect("a known route");
+        matches!(limiter.begin_check(plan, T0 + 33 * SECOND), Begun::KnownLockout(_))
+    });
+    assert_eq!(refused.count(), 2, "each refused from memory meanwhile");
 }
 
 /// A write-back acts on the entry it listed, not on one begun after an

@@ -2,6 +2,7 @@
 //! returns (a merge: the later lockout wins, an unlock made since wins),
 //! and the lockouts the store reports kept in the state file.
 
+use super::known_lockouts::RECENT_UNLOCKS_KEEP_US;
 use super::route::{Full, Route, Table};
 use super::shards::shard_index;
 use super::Limiter;
@@ -9,6 +10,11 @@ use crate::failure_window::{Counts, FailureWindowTable};
 use crate::keys::Key;
 use crate::shared::script::Op;
 use crate::store::{DeviceMap, DeviceRows, Durable};
+
+/// How long one write-back pass sends merges: well within the time the
+/// unlocks heard are kept (`RECENT_UNLOCKS_KEEP_US`), which a late chunk's
+/// replies are checked against.
+const WRITE_BACK_PASS_MAX_US: u64 = RECENT_UNLOCKS_KEEP_US / 2;
 
 /// A lockout taken on a degraded table, to write back to the store.
 pub struct WriteBack {
@@ -93,6 +99,18 @@ impl<E> WriteBackPass<'_, E> {
     /// do). None when every lockout has been sent.
     pub fn next_chunk(&mut self, since_listing_us: u64) -> Option<Vec<Op>> {
         if self.next >= self.lockouts.len() {
+            return None;
+        }
+        // A pass against a slow store may run long; the unlocks its
+        // replies are checked against are kept only so long. What is left
+        // is refused from memory here, as a failed merge is, and listed
+        // afresh at the next heartbeat.
+        if since_listing_us > WRITE_BACK_PASS_MAX_US {
+            for lockout in &self.lockouts[self.next..] {
+                self.limiter.not_written_back(lockout, self.listed_us);
+            }
+            self.next = self.lockouts.len();
+            self.retry = true;
             return None;
         }
         let end = (self.next + self.chunk).min(self.lockouts.len());
