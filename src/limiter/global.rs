@@ -179,7 +179,7 @@ impl Limiter {
             self.give_back(route, &rule_keys, held, now_us);
             return Begun::Done(combine(&answers), Vec::new());
         }
-        let mut rules = Vec::new();
+        let mut rules: SmallVec<[CheckRule; 4]> = SmallVec::new();
         if let Some(device) = device {
             rules.push(CheckRule::Device { key: self.device_key(route, device) });
         }
@@ -437,7 +437,7 @@ impl Limiter {
         let mut answers = Answers::new();
         let mut durable = Vec::new();
         self.report_rules(&prepared, Rules::Host, true, now_us, &mut answers, &mut durable);
-        let mut rules = Vec::new();
+        let mut rules: SmallVec<[ReportRule; 4]> = SmallVec::new();
         if let Some(device) = prepared.device {
             rules.push(ReportRule::Device { key: self.device_key(route, device) });
         }
@@ -451,13 +451,15 @@ impl Limiter {
                     // store's place, if any, is released by the op.
                     // A failure presumed here is taken back: the op counts.
                     let settled_here = shards.of(key).settle(key, now_us, false);
+                    let count = outcome == Some(Outcome::Failure) && !prepared.repeated;
                     rules.push(ReportRule::Failures {
                         key: name,
-                        index: self.index_key(rule, key.account_tag),
+                        // Only a failure counted writes the account's index.
+                        index: if count { self.index_key(rule, key.account_tag) } else { None },
                         window_us: spec.window_us,
                         threshold: spec.threshold,
                         release: settled_here == Settled::Nothing,
-                        count: outcome == Some(Outcome::Failure) && !prepared.repeated,
+                        count,
                         clear: outcome == Some(Outcome::Success) && *cleared_by_success,
                         scope,
                     });
