@@ -9,6 +9,7 @@ use crate::config::DeviceScope;
 use crate::failure_window::{Counts, Standing};
 use crate::protocol::Reason;
 use crate::shared::script::{Ints, Reply, ReplyError, Scope, StoreEntry};
+use smallvec::SmallVec;
 
 /// Whether the store knows the check's device, read from how it scoped the
 /// global rules (a rule for unknown devices skipped, or one for known
@@ -99,11 +100,14 @@ pub(super) enum Found {
     },
 }
 
+/// What the store said of each global rule: a login has three, inline.
+pub(super) type FoundRules = SmallVec<[(usize, Found); 4]>;
+
 pub(super) struct Parsed {
     pub(super) admitted: bool,
     pub(super) store_now: u64,
     /// (rule index in the route, what the store said), in op order.
-    pub(super) rules: Vec<(usize, Found)>,
+    pub(super) rules: FoundRules,
 }
 
 pub(super) fn global_rules<'r>(route: &'r Route, keys: &'r RuleKeys) -> impl Iterator<Item = (usize, &'r Rule)> + 'r {
@@ -120,8 +124,8 @@ fn read_rules(
     keys: &RuleKeys,
     ints: &mut Ints<'_>,
     mut read: impl FnMut(&Rule, &mut Ints<'_>) -> Result<Found, ReplyError>,
-) -> Result<Vec<(usize, Found)>, ReplyError> {
-    let mut rules = Vec::new();
+) -> Result<FoundRules, ReplyError> {
+    let mut rules = FoundRules::new();
     for (i, rule) in global_rules(route, keys) {
         let found = if ints.peek()? == 2 {
             ints.next()?;
