@@ -103,12 +103,10 @@ impl<E> WriteBackPass<'_, E> {
         }
         // A pass against a slow store may run long; the unlocks its
         // replies are checked against are kept only so long. What is left
-        // is refused from memory here, as a failed merge is, and listed
-        // afresh at the next heartbeat.
+        // stays on the share, listed afresh at the next heartbeat. It is
+        // not refused from memory meanwhile: an unlock the store holds may
+        // have cleared it (the shares' bound still holds).
         if since_listing_us > WRITE_BACK_PASS_MAX_US {
-            for lockout in &self.lockouts[self.next..] {
-                self.limiter.not_written_back(lockout, self.listed_us);
-            }
             self.next = self.lockouts.len();
             self.retry = true;
             return None;
@@ -255,10 +253,12 @@ impl Limiter {
         // Only while it is still the entry listed: an unlock on this host
         // meanwhile cleared it (and failures since began another), and
         // must not be undone here.
-        // Nor after an unlock heard from another host since the listing,
-        // which clears nothing here.
+        // Nor after an unlock heard from another host since the entry
+        // began counting, which clears nothing here: the store would take
+        // the unlock over the merge, and so does this host.
+        let began_us = now_us.saturating_sub(lockout.age_us);
         if !lockout.listed_entry_stands(&shards.of(lockout.key), now_us)
-            || self.unlocked_since(route, lockout.rule, lockout.key, now_us)
+            || self.unlocked_since(route, lockout.rule, lockout.key, began_us)
         {
             return;
         }
