@@ -292,21 +292,23 @@ async fn listen(daemon: Arc<Daemon>, store: Arc<SharedStore>) {
         .listen(&channel, &unlock_log, |message, logged_at| {
             let limiter = daemon.limiter().load();
             let now = daemon.clock().now_us();
-            // The store's time made this host's (saturating: whoever can
-            // write the log or publish can stamp anything).
-            let here = |store_us: u64| {
-                (store_us.min(i64::MAX as u64) as i64).saturating_sub(store.clock_offset_us()).max(0) as u64
-            };
             // A replayed unlock forgets only the lockouts learned before it.
-            let before = logged_at.map_or(u64::MAX, here);
+            // Its stamp is the store's time, made this host's (saturating:
+            // whoever can write the log can stamp anything).
+            let before = logged_at.map_or(u64::MAX, |at| {
+                (at.min(i64::MAX as u64) as i64).saturating_sub(store.clock_offset_us()).max(0) as u64
+            });
             let words: Vec<&str> = message.split(' ').collect();
             let understood = match words.as_slice() {
-                // A host of the previous version stamps no time.
+                // Unstamped: as a host of the previous version sends it (every
+                // host sends this form too, for those).
                 ["L", name, remaining] => {
                     remaining.parse::<u64>().is_ok_and(|r| limiter.learn_known_lockout(name, r, None, now))
                 }
                 ["L", name, remaining, ran] => match (remaining.parse::<u64>(), ran.parse::<u64>()) {
-                    (Ok(r), Ok(ran)) => limiter.learn_known_lockout(name, r, Some(here(ran)), now),
+                    (Ok(r), Ok(ran)) => {
+                        limiter.learn_known_lockout(name, r, Some(store.host_time_of(name, ran, now)), now)
+                    }
                     _ => false,
                 },
                 ["U", name] => limiter.forget_known_lockout(name, before, now),

@@ -38,6 +38,28 @@ impl SharedStore {
         }
     }
 
+    /// A time in the store's clock, for a key named `name`, as this host's
+    /// (`now_us` is its time now). In a Cluster each node has its own
+    /// clock: the one of the node holding the key, once a reply from it
+    /// gave its offset; else the store's last reply's.
+    pub fn host_time_of(&self, name: &str, store_us: u64, now_us: u64) -> u64 {
+        let store_us = store_us.min(i64::MAX as u64) as i64;
+        let node_offset = self.is_cluster().then(|| {
+            let slot = super::script::hash_slot(name.as_bytes());
+            let node = self.nodes.locked().name_of(slot).map(str::to_string)?;
+            self.node_clocks.locked().get(&node).copied()
+        });
+        match node_offset.flatten() {
+            // The offset is to this store's running clock: how long ago
+            // that was, taken from now.
+            Some(offset) => {
+                let ago = self.micros() as i64 - store_us.saturating_sub(offset);
+                (now_us as i64).saturating_sub(ago).max(0) as u64
+            }
+            None => store_us.saturating_sub(self.clock_offset_us()).max(0) as u64,
+        }
+    }
+
     /// Learns a node's clock from a batch's replies: a check's or
     /// report's (its second integer is the store's time), or an expired
     /// check's.
@@ -310,5 +332,41 @@ impl SharedStore {
             }
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use redis::Value;
+
+    use super::*;
+    use crate::config::Config;
+
+    /// A published store time is made this host's with the clock of the
+    /// node holding the key: a Cluster's nodes may disagree, and the last
+    /// reply's offset may be another node's (a red team's finding).
+    #[test]
+    fn a_store_time_is_made_this_hosts_by_its_keys_node_clock() {
+        let text = "[shared]\nnodes = [\"redis://127.0.0.1:7000\"]\n";
+        let config = Config::build(Config::parse(text).expect("parses")).expect("valid");
+        let store = SharedStore::new(config.shared.expect("shared"));
+        let slots = |port: i64| {
+            Value::Array(vec![
+                Value::Int(0),
+                Value::Int(16383),
+                Value::Array(vec![Value::BulkString(b"127.0.0.1".to_vec()), Value::Int(port)]),
+            ])
+        };
+        store.nodes.locked().remap(&Value::Array(vec![slots(7000)])).expect("a slot map");
+        let name = "tg:{00000000deadbeef}:f:login/x:00";
+        let now = 1_000_000_000;
+        // The last reply (another node's, say) put the store 5 s ahead.
+        store.note_store_time(now + 5_000_000, now);
+        assert_eq!(store.host_time_of(name, now + 5_000_000, now), now, "no offset of its node yet");
+        // Its node runs 2 s behind this host: its time `t` is this host's `t + 2 s`.
+        let node_now = now - 2_000_000;
+        store.node_clocks.locked().insert("127.0.0.1:7000".into(), node_now as i64 - store.micros() as i64);
+        let got = store.host_time_of(name, node_now - 300_000, now);
+        assert!(got.abs_diff(now - 300_000) < 50_000, "{got} is not 300 ms ago");
     }
 }
