@@ -517,7 +517,10 @@ impl Limiter {
                             durable.push(Durable::of_lockout(write, &rule.id));
                             // Stamped with the store's time of the op: a host
                             // that heard an unlock after it forgets nothing.
+                            // Also unstamped, for hosts of the previous
+                            // version, which read only that form.
                             let name = self.store_key(rule, key);
+                            locked.push(format!("L {name} {}", answer.retry_after_us));
                             locked.push(format!("L {name} {} {store_now}", answer.retry_after_us));
                         }
                     }
