@@ -262,7 +262,8 @@ pub(super) async fn join_at_start(daemon: &Arc<Daemon>, fingerprint: &str) -> Re
     let Some(store) = daemon.shared() else { return Ok(()) };
     store.start();
     match store.connect(fingerprint).await {
-        Ok(()) => {
+        Ok(store_now) => {
+            store.note_store_time(store_now, daemon.clock().now_us());
             store.breaker().probe_succeeded();
             recover(daemon, store).await;
             Ok(())
@@ -405,7 +406,10 @@ pub(super) async fn supervise(daemon: Arc<Daemon>, fingerprint: String, host: St
                     continue;
                 }
                 match store.connect(&fingerprint).await {
-                    Ok(()) => {
+                    Ok(store_now) => {
+                        // Known before the replay and the write-back that
+                        // `recover` runs read store times.
+                        store.note_store_time(store_now, daemon.clock().now_us());
                         store.breaker().probe_succeeded();
                         recover(&daemon, &store).await;
                     }

@@ -13,9 +13,9 @@ use crate::unpoisoned::Unpoisoned;
 
 impl SharedStore {
     /// Drops the connection and makes a new one, loads the script and
-    /// checks the secret's fingerprint. Bounded by `connect_timeout_ms`
-    /// per step. Off the request path (the supervisor).
-    pub async fn connect(&self, fingerprint: &str) -> Result<(), ProbeError> {
+    /// checks the secret's fingerprint; the store's time. Bounded by
+    /// `connect_timeout_ms` per step. Off the request path (the supervisor).
+    pub async fn connect(&self, fingerprint: &str) -> Result<u64, ProbeError> {
         *self.connection.locked() = None;
         let connect_timeout = Duration::from_millis(self.config.connect_timeout_ms);
         let mut connection = if self.is_cluster() {
@@ -63,7 +63,7 @@ impl SharedStore {
     /// another is. At every connection and every heartbeat: after a flush
     /// the running hosts write it back within a heartbeat, so a host keyed
     /// otherwise cannot claim the store. Bounded by `connect_timeout_ms`.
-    pub async fn assert_fingerprint(&self, fingerprint: &str) -> Result<(), ProbeError> {
+    pub async fn assert_fingerprint(&self, fingerprint: &str) -> Result<u64, ProbeError> {
         let connect_timeout = Duration::from_millis(self.config.connect_timeout_ms);
         let join = Op::join(format!("{}:{{meta}}", self.config.key_prefix), fingerprint);
         let reply = self.call_unchecked(join, connect_timeout).await.map_err(|e| match e {
@@ -81,7 +81,8 @@ impl SharedStore {
                 self.config.url
             )));
         }
-        Ok(())
+        // The store's time, for the clock offset before the first heartbeat.
+        Ok(reply.ints.get(1).map_or(0, |&t| t.max(0) as u64))
     }
 
     /// A client for the configured store, with its credentials (read from
