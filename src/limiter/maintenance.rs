@@ -236,11 +236,13 @@ impl Limiter {
                 // Held no longer than two windows of its rule from now, as
                 // a lockout learned any other way: a row written while the
                 // clock ran ahead (or crafted) must not refuse for longer.
-                let longest = route.and_then(|r| r.rules.iter().find(|rule| rule.tag == row.value)).and_then(|rule| {
-                    match rule.global {
-                        Some(Full::Failures(spec)) => Some(spec.window_us.saturating_mul(2)),
+                // Found among the global failure rules only: a 16-bit tag
+                // may be shared with a host rule.
+                let longest = route.and_then(|r| {
+                    r.rules.iter().find_map(|rule| match rule.global {
+                        Some(Full::Failures(spec)) if rule.tag == row.value => Some(spec.window_us.saturating_mul(2)),
                         _ => None,
-                    }
+                    })
                 });
                 let expires_us = longest.map_or(0, |longest| row.expires_us.min(now_us.saturating_add(longest)));
                 let live = expires_us > now_us;
