@@ -261,9 +261,12 @@ fn give_back_later(store: &Arc<SharedStore>, op: Op) {
 pub(super) async fn join_at_start(daemon: &Arc<Daemon>, fingerprint: &str) -> Result<(), String> {
     let Some(store) = daemon.shared() else { return Ok(()) };
     store.start();
+    // Read before the join: the offset errs towards the store's clock
+    // being ahead, which holds a published lockout back, never forward.
+    let asked_us = daemon.clock().now_us();
     match store.connect(fingerprint).await {
         Ok(store_now) => {
-            store.note_store_time(store_now, daemon.clock().now_us());
+            store.note_store_time(store_now, asked_us);
             store.breaker().probe_succeeded();
             recover(daemon, store).await;
             Ok(())
@@ -284,42 +287,49 @@ pub(super) async fn join_at_start(daemon: &Arc<Daemon>, fingerprint: &str) -> Re
 /// from memory until it ends; an unlock forgets it. Lossy (a message sent
 /// while this host is not subscribed is not heard): the store still
 /// refuses such a key on the next check, one round trip later.
-async fn listen(daemon: Arc<Daemon>, store: Arc<SharedStore>) {
+async fn listen(daemon: Arc<Daemon>, store: Arc<SharedStore>, replayed: tokio::sync::oneshot::Sender<()>) {
     let (channel, unlock_log) = {
         let limiter = daemon.limiter().load();
         (limiter.shared_channel(), limiter.shared_unlock_log())
     };
     let result = store
-        .listen(&channel, &unlock_log, |message, logged_at| {
-            let limiter = daemon.limiter().load();
-            let now = daemon.clock().now_us();
-            // A replayed unlock forgets only the lockouts learned before it.
-            // Its stamp is the store's time, made this host's (saturating:
-            // whoever can write the log can stamp anything).
-            let before = logged_at.map_or(u64::MAX, |at| {
-                (at.min(i64::MAX as u64) as i64).saturating_sub(store.clock_offset_us()).max(0) as u64
-            });
-            let words: Vec<&str> = message.split(' ').collect();
-            let understood = match words.as_slice() {
-                // Unstamped: as a host of the previous version sends it (every
-                // host sends this form too, for those).
-                ["L", name, remaining] => {
-                    remaining.parse::<u64>().is_ok_and(|r| limiter.learn_known_lockout(name, r, None, now))
-                }
-                ["L", name, remaining, ran] => match (remaining.parse::<u64>(), ran.parse::<u64>()) {
-                    (Ok(r), Ok(ran)) => {
-                        limiter.learn_known_lockout(name, r, Some(store.host_time_of(name, ran, now)), now)
+        .listen(
+            &channel,
+            &unlock_log,
+            || {
+                let _ = replayed.send(());
+            },
+            |message, logged_at| {
+                let limiter = daemon.limiter().load();
+                let now = daemon.clock().now_us();
+                // A replayed unlock forgets only the lockouts learned before it.
+                // Its stamp is the store's time, made this host's (saturating:
+                // whoever can write the log can stamp anything).
+                let before = logged_at.map_or(u64::MAX, |at| {
+                    (at.min(i64::MAX as u64) as i64).saturating_sub(store.clock_offset_us()).max(0) as u64
+                });
+                let words: Vec<&str> = message.split(' ').collect();
+                let understood = match words.as_slice() {
+                    // Unstamped: as a host of the previous version sends it (every
+                    // host sends this form too, for those).
+                    ["L", name, remaining] => {
+                        remaining.parse::<u64>().is_ok_and(|r| limiter.learn_known_lockout(name, r, None, now))
                     }
+                    ["L", name, remaining, ran] => match (remaining.parse::<u64>(), ran.parse::<u64>()) {
+                        (Ok(r), Ok(ran)) => {
+                            limiter.learn_known_lockout(name, r, Some(store.host_time_of(name, ran, now)), now)
+                        }
+                        _ => false,
+                    },
+                    ["U", name] => limiter.forget_known_lockout(name, before, now),
+                    ["A", route, account_tag] => limiter.forget_account_lockouts_heard(route, account_tag, before, now),
                     _ => false,
-                },
-                ["U", name] => limiter.forget_known_lockout(name, before, now),
-                ["A", route, account_tag] => limiter.forget_account_lockouts_heard(route, account_tag, before, now),
-                _ => false,
-            };
-            if !understood {
-                store.stats.messages_ignored.fetch_add(1, Ordering::Relaxed);
-            }
-        })
+                };
+                if !understood {
+                    store.stats.messages_ignored.fetch_add(1, Ordering::Relaxed);
+                }
+            },
+        )
         .await;
     if let Err(e) = result {
         tracing::warn!(target: LOG_TARGET, error = %e, "not subscribed to the other hosts' lockouts; will retry");
@@ -330,13 +340,20 @@ async fn listen(daemon: Arc<Daemon>, store: Arc<SharedStore>) {
 async fn recover(daemon: &Arc<Daemon>, store: &Arc<SharedStore>) {
     // A new subscription on a new connection: the old one may be a
     // black-holed socket that never ends by itself.
-    {
+    let log_read = {
         let mut listener = daemon.listener.locked();
         if let Some(old) = listener.take() {
             old.abort();
         }
-        *listener = Some(tokio::spawn(listen(daemon.clone(), store.clone())));
-    }
+        let (replayed, log_read) = tokio::sync::oneshot::channel();
+        *listener = Some(tokio::spawn(listen(daemon.clone(), store.clone(), replayed)));
+        log_read
+    };
+    // The unlocks logged while this host was away are heard first: a merge
+    // that fails is refused from memory unless an unlock since its entry
+    // began was heard. Each of the listener's two steps waits at most
+    // `connect_timeout_ms`.
+    let _ = tokio::time::timeout(Duration::from_millis(2 * store.config.connect_timeout_ms), log_read).await;
     store.publish_state();
     let since = store.degraded_since_us();
     let written = write_back(daemon, store, false).await;
@@ -405,11 +422,13 @@ pub(super) async fn supervise(daemon: Arc<Daemon>, fingerprint: String, host: St
                 if now < store.breaker().next_probe_us() {
                     continue;
                 }
+                let asked_us = daemon.clock().now_us();
                 match store.connect(&fingerprint).await {
                     Ok(store_now) => {
                         // Known before the replay and the write-back that
-                        // `recover` runs read store times.
-                        store.note_store_time(store_now, daemon.clock().now_us());
+                        // `recover` runs read store times; read before the
+                        // join, as at start.
+                        store.note_store_time(store_now, asked_us);
                         store.breaker().probe_succeeded();
                         recover(&daemon, &store).await;
                     }
@@ -447,7 +466,8 @@ pub(super) async fn supervise(daemon: Arc<Daemon>, fingerprint: String, host: St
                 {
                     let mut listener = daemon.listener.locked();
                     if listener.as_ref().is_none_or(|l| l.is_finished()) {
-                        *listener = Some(tokio::spawn(listen(daemon.clone(), store.clone())));
+                        let (replayed, _) = tokio::sync::oneshot::channel();
+                        *listener = Some(tokio::spawn(listen(daemon.clone(), store.clone(), replayed)));
                     }
                 }
                 // A failover or resharding moves slots between nodes: the

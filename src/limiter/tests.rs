@@ -739,6 +739,18 @@ fn a_failed_merge_does_not_undo_an_unlock_heard_before_its_listing() {
     let listed = limiter.degraded_lockouts(T0 + 3 * SECOND);
     limiter.not_written_back(&listed[0], T0 + 3 * SECOND);
     assert!(locked_from_memory(&limiter, T0 + 4 * SECOND), "a failed merge is refused from memory");
+    // An entry begun longer ago than the unlocks heard are kept may have
+    // lost to one no longer kept: not refused from memory, still listed.
+    let limiter = global_limiter();
+    for at in [1, 1, 61, 61] {
+        fail(&limiter, "alice", T0 + at * SECOND);
+    }
+    let late = T0 + 62 * SECOND;
+    let listed = limiter.degraded_lockouts(late);
+    assert!(!listed.is_empty(), "still locked on the share");
+    limiter.not_written_back(&listed[0], late);
+    assert!(!locked_from_memory(&limiter, late + SECOND), "an entry older than the unlocks kept was remembered");
+    assert_eq!(limiter.degraded_lockouts(late + SECOND).len(), 1, "listed again");
 }
 
 /// A write-back acts on the entry it listed, not on one begun after an

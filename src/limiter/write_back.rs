@@ -256,8 +256,12 @@ impl Limiter {
         // Nor after an unlock heard from another host since the entry
         // began counting, which clears nothing here: the store would take
         // the unlock over the merge, and so does this host.
+        // The unlocks heard are kept a minute: an entry begun longer ago
+        // may have lost to one no longer kept, so it is not refused from
+        // memory (it stays listed; the shares' bound holds meanwhile).
         let began_us = now_us.saturating_sub(lockout.age_us);
         if !lockout.listed_entry_stands(&shards.of(lockout.key), now_us)
+            || lockout.age_us >= RECENT_UNLOCKS_KEEP_US
             || self.unlocked_since(route, lockout.rule, lockout.key, began_us)
         {
             return;

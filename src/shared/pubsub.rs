@@ -49,12 +49,14 @@ impl SharedStore {
     /// `heard` with each message, until the connection ends. Once
     /// subscribed, first replays the unlocks logged in `unlock_log`: those
     /// published while this host was not listening (the store restarted,
-    /// this host was down) among them. Hearing an unlock again only
-    /// forgets known lockouts, which the store still refuses if it knows.
+    /// this host was down) among them, then calls `replayed`. Hearing an
+    /// unlock again only forgets known lockouts, which the store still
+    /// refuses if it knows.
     pub async fn listen(
         &self,
         channel: &str,
         unlock_log: &str,
+        replayed: impl FnOnce(),
         mut heard: impl FnMut(&str, Option<u64>),
     ) -> Result<(), String> {
         use futures_util::StreamExt;
@@ -81,6 +83,7 @@ impl SharedStore {
                 Err(_) => tracing::warn!(target: LOG_TARGET, "reading the unlock log timed out"),
             }
         }
+        replayed();
         let mut messages = pubsub.into_on_message();
         while let Some(message) = messages.next().await {
             if let Ok(text) = std::str::from_utf8(message.get_payload_bytes()) {
