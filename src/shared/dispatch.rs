@@ -53,7 +53,7 @@ impl SharedStore {
             // The offset is to this store's running clock: how long ago
             // that was, taken from now.
             Some(offset) => {
-                let ago = self.micros() as i64 - store_us.saturating_sub(offset);
+                let ago = (self.micros() as i64).saturating_sub(store_us.saturating_sub(offset));
                 (now_us as i64).saturating_sub(ago).max(0) as u64
             }
             None => store_us.saturating_sub(self.clock_offset_us()).max(0) as u64,
