@@ -375,7 +375,8 @@ async fn write_back(daemon: &Arc<Daemon>, store: &Arc<SharedStore>, retrying: bo
     // A chunk's merges are queued together: no more than the queue holds,
     // or the ones past it would be refused (QueueFull) and not written.
     let chunk = WRITE_BACK_BATCH.min(store.config.pending_max);
-    let mut pass = limiter.write_back_pass(daemon.clock().now_us(), chunk);
+    let tried = std::mem::take(&mut *store.write_back_tried.locked());
+    let mut pass = limiter.write_back_pass(daemon.clock().now_us(), chunk, &tried);
     while let Some(merges) = pass.next_chunk(listed.elapsed().as_micros() as u64) {
         let replies = futures_util::future::join_all(merges.into_iter().map(|op| store.call_recovering(op))).await;
         // The merge's first integer: 1 if the store took it, 0 if an
@@ -383,6 +384,7 @@ async fn write_back(daemon: &Arc<Daemon>, store: &Arc<SharedStore>, retrying: bo
         pass.answered(replies.into_iter().map(|reply| reply.map(|r| r.ints.first() == Some(&1))));
     }
     store.stats.written_back.fetch_add(pass.written as u64, Ordering::Relaxed);
+    *store.write_back_tried.locked() = std::mem::take(&mut pass.tried);
     if pass.retry {
         store.retry_write_back();
     }

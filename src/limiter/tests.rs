@@ -653,7 +653,7 @@ fn a_write_back_pass_ages_each_chunk_as_it_is_sent_and_says_what_is_left() {
     // Listed 10 s before the three locks end, so one runs out mid-pass.
     let (ends_in, _) = seconds(&limiter.degraded_lockouts(T0 + 2 * SECOND)[0].op(0).expect("locked"));
     let listed = T0 + 2 * SECOND + (ends_in - 10) * SECOND;
-    let mut pass = limiter.write_back_pass::<&str>(listed, 1);
+    let mut pass = limiter.write_back_pass::<&str>(listed, 1, &Default::default());
     let first = pass.next_chunk(0).expect("three to send");
     let (left, age) = seconds(&first[0]);
     assert_eq!((left, age), (10, ends_in - 9), "from the first failure to the listing");
@@ -675,12 +675,12 @@ fn a_write_back_pass_ages_each_chunk_as_it_is_sent_and_says_what_is_left() {
     for _ in 0..3 {
         fail(&limiter, "alice", T0 + SECOND);
     }
-    let mut pass = limiter.write_back_pass::<&str>(T0 + 2 * SECOND, 64);
+    let mut pass = limiter.write_back_pass::<&str>(T0 + 2 * SECOND, 64, &Default::default());
     let merges = pass.next_chunk(0).expect("one to send");
     limiter.report("t", &account("alice"), Outcome::Failure, None, T0 + 3 * SECOND).expect("reported");
     pass.answered(merges.iter().map(|_| Ok(true)));
     assert_eq!((pass.next_chunk(0), pass.written, pass.failed, pass.retry), (None, 1, 0, true));
-    let mut pass = limiter.write_back_pass::<&str>(T0 + 4 * SECOND, 64);
+    let mut pass = limiter.write_back_pass::<&str>(T0 + 4 * SECOND, 64, &Default::default());
     let merges = pass.next_chunk(0).expect("sent again");
     pass.answered(merges.iter().map(|_| Ok(true)));
     assert_eq!((pass.next_chunk(0), pass.written, pass.retry), (None, 1, false), "nothing left");
@@ -696,7 +696,7 @@ fn a_write_back_pass_ages_each_chunk_as_it_is_sent_and_says_what_is_left() {
             fail(&limiter, who, T0 + SECOND);
         }
     }
-    let mut pass = limiter.write_back_pass::<&str>(T0 + 2 * SECOND, 1);
+    let mut pass = limiter.write_back_pass::<&str>(T0 + 2 * SECOND, 1, &Default::default());
     let first = pass.next_chunk(0).expect("two to send");
     pass.answered([Ok(true)]);
     assert_eq!(pass.next_chunk(31 * SECOND), None, "past the pass's half minute");
@@ -714,6 +714,34 @@ fn a_write_back_pass_ages_each_chunk_as_it_is_sent_and_says_what_is_left() {
         })
         .collect();
     assert_eq!(refused, [taken], "only the one the store took is refused from memory");
+}
+
+/// A pass cut short hands on what it sent; the next sends the lockouts
+/// it never reached first, so a store slow for pass after pass, failing
+/// the same front merges, still gets every lockout (a red team's note).
+#[test]
+fn a_pass_after_one_cut_short_sends_what_that_never_reached_first() {
+    let limiter = global_limiter();
+    for who in ["alice", "bob", "carol"] {
+        for _ in 0..3 {
+            fail(&limiter, who, T0 + SECOND);
+        }
+    }
+    let mut pass = limiter.write_back_pass::<&str>(T0 + 2 * SECOND, 1, &Default::default());
+    let first = pass.next_chunk(0).expect("three to send")[0].keys[0].clone();
+    pass.answered([Err("timed out")]);
+    assert_eq!(pass.next_chunk(31 * SECOND), None, "cut short");
+    assert_eq!(pass.tried, [first.clone()].into_iter().collect());
+    let mut next = limiter.write_back_pass::<&str>(T0 + 33 * SECOND, 1, &pass.tried);
+    let order: Vec<String> = std::iter::from_fn(|| {
+        let chunk = next.next_chunk(0)?;
+        next.answered(chunk.iter().map(|_| Err("timed out")));
+        Some(chunk[0].keys[0].clone())
+    })
+    .collect();
+    assert_eq!(order.len(), 3);
+    assert_eq!(order[2], first, "the one tried before goes last: {order:?}");
+    assert!(next.tried.is_empty(), "a pass not cut short hands nothing on");
 }
 
 /// A merge that failed does not bring back, as a known lockout, one an

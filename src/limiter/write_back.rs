@@ -3,6 +3,8 @@
 //! and the lockouts the store reports kept in the state file.
 
 use super::known_lockouts::RECENT_UNLOCKS_KEEP_US;
+use std::collections::HashSet;
+
 use super::route::{Full, Route, Table};
 use super::shards::shard_index;
 use super::Limiter;
@@ -89,6 +91,9 @@ pub struct WriteBackPass<'l, E> {
     /// Something is left to send at the next heartbeat: a merge failed, or
     /// an entry counted on after its listing.
     pub retry: bool,
+    /// When the pass was cut short: the store names it sent, for the next
+    /// pass to send last.
+    pub tried: HashSet<String>,
 }
 
 impl<E> WriteBackPass<'_, E> {
@@ -107,6 +112,7 @@ impl<E> WriteBackPass<'_, E> {
         // not refused from memory meanwhile: an unlock the store holds may
         // have cleared it (the shares' bound still holds).
         if since_listing_us > WRITE_BACK_PASS_MAX_US {
+            self.tried = self.lockouts[..self.next].iter().map(|l| l.store_key.clone()).collect();
             self.next = self.lockouts.len();
             self.retry = true;
             return None;
@@ -154,10 +160,18 @@ impl<E> WriteBackPass<'_, E> {
 impl Limiter {
     /// A write-back of every lockout on a global rule's degraded table
     /// (`degraded_lockouts` at `now_us`), `chunk` merges at a time.
-    pub fn write_back_pass<E>(&self, now_us: u64, chunk: usize) -> WriteBackPass<'_, E> {
+    /// `tried`: the store names a pass cut short before this one sent
+    /// (`WriteBackPass::tried`), sent after the others: the lockouts it
+    /// never reached go first, so a store slow for many passes still gets
+    /// every one.
+    pub fn write_back_pass<E>(&self, now_us: u64, chunk: usize, tried: &HashSet<String>) -> WriteBackPass<'_, E> {
+        let mut lockouts = self.degraded_lockouts(now_us);
+        if !tried.is_empty() {
+            lockouts.sort_by_key(|l| tried.contains(&l.store_key));
+        }
         WriteBackPass {
             limiter: self,
-            lockouts: self.degraded_lockouts(now_us),
+            lockouts,
             chunk: chunk.max(1),
             listed_us: now_us,
             next: 0,
@@ -166,6 +180,7 @@ impl Limiter {
             failed: 0,
             last_error: None,
             retry: false,
+            tried: HashSet::new(),
         }
     }
 

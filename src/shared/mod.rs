@@ -24,7 +24,7 @@ mod ticket;
 pub use connect::install_tls_provider;
 pub use ticket::Ticket;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -222,6 +222,9 @@ pub struct SharedStore {
     /// A merge failed (timed out, say): the write-back is tried again at
     /// the next heartbeat (`take_write_back_retry`).
     write_back_retry: AtomicBool,
+    /// The store names a write-back cut short sent: the next sends them
+    /// last (`Limiter::write_back_pass`).
+    pub write_back_tried: Mutex<HashSet<String>>,
     pub stats: SharedStats,
     /// Hosts counted for degraded limits (ceil(limit / N)).
     hosts_in_force: AtomicU32,
@@ -272,6 +275,7 @@ impl SharedStore {
             refreshing_slots: AtomicBool::new(false),
             write_back_due: AtomicBool::new(false),
             write_back_retry: AtomicBool::new(false),
+            write_back_tried: Mutex::new(HashSet::new()),
             stats: SharedStats::default(),
             hosts_in_force: AtomicU32::new(hosts),
             hosts_live: AtomicU32::new(0),
