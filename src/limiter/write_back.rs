@@ -2,9 +2,9 @@
 //! returns (a merge: the later lockout wins, an unlock made since wins),
 //! and the lockouts the store reports kept in the state file.
 
-use super::known_lockouts::RECENT_UNLOCKS_KEEP_US;
 use std::collections::HashSet;
 
+use super::known_lockouts::RECENT_UNLOCKS_KEEP_US;
 use super::route::{Full, Route, Table};
 use super::shards::shard_index;
 use super::Limiter;

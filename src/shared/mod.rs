@@ -316,7 +316,11 @@ impl SharedStore {
         self.clock_offset_us.load(Ordering::Relaxed)
     }
 
+    /// A store time of 0 (none in the reply) leaves the offset as it was.
     pub fn note_store_time(&self, store_now_us: u64, local_now_us: u64) {
+        if store_now_us == 0 {
+            return;
+        }
         self.clock_offset_us.store(store_now_us as i64 - local_now_us as i64, Ordering::Relaxed);
     }
 
