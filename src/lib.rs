@@ -84,7 +84,7 @@ pub use tat_table::TatTable;
 
 // Who a request is from, and the digests every identifier becomes.
 pub use classes::{fuzz_class_file, ClassTable, SourceClass};
-pub use keys::{Component, Key, KeyDeriver, Secret, SECRET_BYTES};
+pub use keys::{Component, Derivation, Key, KeyDeriver, Secret, SECRET_BYTES};
 pub use source::{
     canonical, forwarded_tail, Prefix, SourcePolicy, FORWARDED_FOR_BYTES_MAX, FORWARDED_HOPS_MAX, IPV4_PREFIX_LEN_MIN,
     IPV6_PREFIX_LEN_MAX, IPV6_PREFIX_LEN_MIN,

@@ -236,6 +236,37 @@ fn a_host_with_another_secret_refuses_to_join() {
     let _ = &mut second;
 }
 
+/// Hosts that would name one account's keys differently never share a
+/// store: a host made to keep BLAKE2b keys (a state file from before key
+/// derivations) is refused by a store the newest derivation joined, with
+/// the setting that fixes it, which its file, still without rows, takes.
+#[test]
+fn a_host_with_the_same_secret_and_another_key_derivation_refuses_to_join() {
+    require_redis();
+    let redis = RedisServer::unix();
+    let dir = tempfile::tempdir().unwrap();
+    let secret = shared_secret(dir.path());
+    let first = daemons(1, &redis.url(), &secret, "");
+    let older = format!("key_derivation = 1\n{}", shared_config(&redis.url(), &secret, ""));
+    let mut second = TestDaemon::prepare(Some(&older), false);
+    let status = second.serve_command().output().expect("run serve");
+    assert!(!status.status.success(), "a host deriving keys otherwise must not join");
+    let stderr = String::from_utf8_lossy(&status.stderr);
+    assert!(stderr.contains("use key derivation 2, and this host's uses 1: set key_derivation = 2"), "{stderr}");
+    std::fs::write(
+        second.config.as_ref().unwrap(),
+        shared_config(&redis.url(), &secret, "").replace("[shared]", "key_derivation = 2\n[shared]"),
+    )
+    .unwrap();
+    second.spawn();
+    // Both hosts now count one account's failures under one name.
+    let yusuf = subject("192.0.2.95", "yusuf");
+    for _ in 0..5 {
+        report(&first[0], &yusuf, Outcome::Failure);
+    }
+    assert_eq!(check(&second, &yusuf).decision, Decision::Deny, "the lockout is the store's, seen by both");
+}
+
 #[test]
 fn garbage_at_a_key_degrades_that_decision_only() {
     require_redis();

@@ -288,8 +288,12 @@ fn random_bit_flips_never_panic_and_never_silently_change_a_lockout() {
         }
         let dir = trial_dir(&secret_path, &bytes);
         let state = dir.path().join("state.redb");
-        let keyed =
-            |discard_corrupt| OpenOptions { discard_corrupt, key_fingerprint: Some(fingerprint), key_is_new: false };
+        let keyed = |discard_corrupt| OpenOptions {
+            discard_corrupt,
+            key_fingerprint: Some(fingerprint),
+            key_is_new: false,
+            key_derivation: None,
+        };
         let what = format!("trial {trial} ({flips} bits)");
         // Directly, on a copy: either every row it loads is one that was
         // written (a damaged row is dropped and counted), or it refuses.
@@ -396,7 +400,12 @@ fn a_state_file_is_never_paired_with_another_secret_key() {
     let fingerprint = Secret::load(&new_secret).unwrap().unwrap().fingerprint();
     Store::open_with(
         &state,
-        OpenOptions { discard_corrupt: false, key_fingerprint: Some(fingerprint), key_is_new: false },
+        OpenOptions {
+            discard_corrupt: false,
+            key_fingerprint: Some(fingerprint),
+            key_is_new: false,
+            key_derivation: None,
+        },
     )
     .unwrap();
 }
@@ -490,4 +499,41 @@ fn a_known_device_ttl_shortened_by_reload_applies_at_once() {
     daemon.advance("120s");
     let v = verdict(rt.block_on(client.check(LOGIN, &home)));
     assert_eq!((v.decision, v.rule.as_ref()), (Decision::Deny, "account_failures"), "no longer known: {v:?}");
+}
+
+/// A lockout in a state file from before key derivations were recorded
+/// (BLAKE2b keys, no `key_derivation` in its `meta`) is still a lockout
+/// after the upgrade: the file keeps its derivation for life, and asking
+/// for another is refused while it holds rows.
+#[test]
+fn a_lockout_written_before_key_derivations_is_still_a_lockout_after_the_upgrade() {
+    let mut daemon = TestDaemon::start_with(Some("key_derivation = 1\n"), true);
+    let rt = runtime();
+    let (eve, alice) = (eve(), subject("192.0.2.7", "alice"));
+    fail_five_times(&daemon, &eve);
+    assert_eq!(verdict(rt.block_on(daemon.client().check(LOGIN, &eve))).decision, Decision::Deny);
+    daemon.kill9();
+    // What the previous version left: the same rows, without the record.
+    {
+        let db = redb::Database::open(&daemon.state).unwrap();
+        let txn = db.begin_write().unwrap();
+        let meta: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("meta");
+        let removed = txn.open_table(meta).unwrap().remove("key_derivation").unwrap().map(|v| v.value());
+        assert_eq!(removed, Some(1));
+        txn.commit().unwrap();
+    }
+    let config = daemon.config.clone().unwrap();
+    std::fs::write(&config, "").unwrap();
+    daemon.spawn();
+    daemon.wait_for_log("key_derivation=1");
+    let check = |who| verdict(rt.block_on(daemon.client().check(LOGIN, who)));
+    assert_eq!(check(&eve).decision, Decision::Deny, "the lockout holds:\n{}", daemon.log());
+    assert_eq!(check(&alice).decision, Decision::Allow);
+    assert_eq!(daemon.terminate().code(), Some(0));
+    // Asked for the newest while it holds rows: refused in one line.
+    std::fs::write(&config, "key_derivation = 2\n").unwrap();
+    let output = daemon.serve_command().output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(stderr.contains("holds rows made with key derivation 1, and the configuration asks for 2"), "{stderr}");
 }

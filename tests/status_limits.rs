@@ -66,7 +66,7 @@ async fn limits(daemon: &TestDaemon) -> Vec<(String, u64)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_lists_the_documented_limits_then_one_per_route_keeping_known_devices() {
     let documented = documented_limit_names();
-    assert_eq!(documented.len(), 28, "{documented:?}");
+    assert_eq!(documented.len(), 29, "{documented:?}");
 
     let signals = documented_signal_limit_names();
     assert_eq!(signals.len(), 25, "{signals:?}");
@@ -85,6 +85,9 @@ async fn status_lists_the_documented_limits_then_one_per_route_keeping_known_dev
     assert_eq!(names, expected);
     // The most any `Activity` list or `Samples` reply carries, as documented.
     assert!(all.contains(&("activity.listed_max".to_string(), 10_000)), "{all:?}");
+    // A new state file's key derivation, which remembers no digests.
+    assert!(all.contains(&("key_derivation".to_string(), 2)), "{all:?}");
+    assert!(all.contains(&("recent_digests_slots".to_string(), 0)), "{all:?}");
 
     // On (the default): its limits after the daemon's own.
     let daemon = TestDaemon::start();
@@ -167,7 +170,7 @@ async fn status_shows_the_limits_a_reload_applied_and_keeps_those_it_did_not() {
     assert_eq!(value(&all, "signals.narrow_spray.threshold"), Some(21));
 
     daemon.reload_with(
-        "attempt_timeout_ms = 20000\nsnapshot_interval_ms = 5000\n\
+        "attempt_timeout_ms = 20000\nsnapshot_interval_ms = 5000\nkey_derivation = 1\n\
          [server]\nconnections_max = 100\n[signals]\nqueue_max = 2000\nnarrow_spray.threshold = 30\n",
     );
     let status = daemon.cli_json(&["status"]);
@@ -177,6 +180,7 @@ async fn status_shows_the_limits_a_reload_applied_and_keeps_those_it_did_not() {
     assert_eq!(value(&all, "signals.narrow_spray.threshold"), Some(30), "applied by the reload");
     assert_eq!(value(&all, "snapshot_interval_ms"), Some(1000), "needs a restart: the running value");
     assert_eq!(value(&all, "connections_max"), Some(500), "needs a restart: the running value");
+    assert_eq!(value(&all, "key_derivation"), Some(2), "the state file's, kept by a reload");
     assert_eq!(value(&all, "signals.queue_max"), Some(1000), "the queue is made at start: the running value");
     assert!(daemon.log().contains("need a restart"), "{}", daemon.log());
 }

@@ -20,6 +20,7 @@ pub struct RawConfig {
     pub socket: Option<PathBuf>,
     pub state: Option<PathBuf>,
     pub secret: Option<PathBuf>,
+    pub key_derivation: Option<u64>,
     pub snapshot_interval_ms: Option<u64>,
     pub attempt_timeout_ms: Option<u64>,
     #[serde(default)]

@@ -455,6 +455,9 @@ pub struct Config {
     pub socket: PathBuf,
     pub state: PathBuf,
     pub secret: PathBuf,
+    /// How identifiers become keys, asked of the state file (`None`: a
+    /// new file's is the newest, an existing file keeps its own).
+    pub key_derivation: Option<crate::keys::Derivation>,
     pub snapshot_interval_ms: u64,
     /// See `ATTEMPT_TIMEOUT_MS_DEFAULT`.
     pub attempt_timeout_ms: u64,

@@ -1,5 +1,6 @@
 //! What a reload applies and what it keeps: a few settings are set up once,
-//! at start (the socket, state and secret paths, `[server]`, `[activity]`,
+//! at start (the socket, state and secret paths, the key derivation,
+//! `[server]`, `[activity]`,
 //! `[metrics]`, spray detection's queue), so a reloaded file's values for
 //! them are replaced by the running ones and named in the reload's warning.
 
@@ -7,7 +8,8 @@ use super::Config;
 
 impl Config {
     /// Carries over from `running` what a reload does not apply: the
-    /// socket, state and secret paths, `snapshot_interval_ms`, `[server]`,
+    /// socket, state and secret paths, `key_derivation`,
+    /// `snapshot_interval_ms`, `[server]`,
     /// `[activity]`, `[metrics]` and `signals.queue_max` (each set up once,
     /// at start). Returns the names of
     /// those this file changes, for the reload's warning. (`[shared]` and
@@ -23,6 +25,7 @@ impl Config {
         keep("socket", self.socket != running.socket);
         keep("state", self.state != running.state);
         keep("secret", self.secret != running.secret);
+        keep("key_derivation", self.key_derivation != running.key_derivation);
         keep("snapshot_interval_ms", self.snapshot_interval_ms != running.snapshot_interval_ms);
         keep("[server]", self.server != running.server);
         keep("[activity]", self.activity != running.activity);
@@ -36,6 +39,7 @@ impl Config {
         self.socket.clone_from(&running.socket);
         self.state.clone_from(&running.state);
         self.secret.clone_from(&running.secret);
+        self.key_derivation = running.key_derivation;
         self.snapshot_interval_ms = running.snapshot_interval_ms;
         self.server.clone_from(&running.server);
         self.activity.clone_from(&running.activity);

@@ -40,12 +40,13 @@ fn unknown_keys_are_refused_with_their_name() {
 #[test]
 fn every_invalid_value_is_reported_at_once() {
     let raw = Config::parse(
-        "snapshot_interval_ms = 0\n[source]\nipv6_prefix_len = 128\n[routes.login.rules.source_failures]\nthreshold = 0\n[routes.token.rules.x]\nkind = \"rate\"\nkey = [\"client_id\"]\nlimit = 5\n",
+        "snapshot_interval_ms = 0\nkey_derivation = 3\n[source]\nipv6_prefix_len = 128\n[routes.login.rules.source_failures]\nthreshold = 0\n[routes.token.rules.x]\nkind = \"rate\"\nkey = [\"client_id\"]\nlimit = 5\n",
     )
     .unwrap();
     let errors = Config::build(raw).unwrap_err().0;
     let joined = errors.join("\n");
     assert!(joined.contains("snapshot_interval_ms"), "{joined}");
+    assert!(joined.contains("key_derivation: must be 1 (BLAKE2b) or 2 (SipHash-2-4)"), "{joined}");
     assert!(joined.contains("source.ipv6_prefix_len"), "{joined}");
     assert!(joined.contains("routes.login.rules.source_failures.threshold"), "{joined}");
     assert!(joined.contains("routes.token.rules.x.key: never key on client_id alone"), "{joined}");

@@ -143,6 +143,7 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
         anyhow::bail!("cannot listen on {}: it is in use by a running daemon", config.socket.display());
     }
     let (secret, store, loaded) = open_state(&config, args.discard_corrupt_state)?;
+    let key_derivation = store.key_derivation();
     let stats = Arc::new(StoreStats::default());
     let (journal, writer) = store.start_writer(stats.clone());
     // Spray detection runs even while `[signals]` is off, idle, so that a
@@ -151,7 +152,7 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
         .signals
         .clone()
         .unwrap_or_else(|| Config::default().signals.expect("built-in defaults have spray detection on"));
-    let keys = KeyDeriver::new(&secret);
+    let keys = KeyDeriver::with_derivation(&secret, key_derivation);
     let (link, pump) = crate::signals::pump::channel(&signals_config, &keys);
     let limiter =
         Limiter::new(&config, Arc::new(load_classes(&config)?), keys, journal).with_signals(Some(link.clone()));
@@ -191,7 +192,12 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
     let notifier = open_notifier();
 
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    join_shared_store(&runtime, &daemon, &config, &secret)?;
+    join_shared_store(
+        &runtime,
+        &daemon,
+        &config,
+        crate::shared::store_fingerprint(secret.fingerprint(), key_derivation),
+    )?;
     let (listener, our_socket) = listen(&runtime, &config)?;
     // The metrics listener: bound now, so a port in use stops the start.
     let metrics = match &config.metrics {
@@ -217,6 +223,7 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
         bans = restored.bans,
         damaged_rows = restored.damaged_rows,
         manual_clock = daemon.clock.is_manual(),
+        key_derivation = key_derivation.number(),
         "tollgate listening"
     );
     // Ready: listening, state loaded. Then keep systemd's watchdog fed from
@@ -249,16 +256,15 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
 }
 
 /// Shared mode: connects to the store before listening (a store joined
-/// with another secret stops the start with the reason), then keeps a
-/// supervisor running for the daemon's life.
+/// with another secret or key derivation stops the start with the
+/// reason), then keeps a supervisor running for the daemon's life.
 fn join_shared_store(
     runtime: &tokio::runtime::Runtime,
     daemon: &Arc<Daemon>,
     config: &Config,
-    secret: &Secret,
+    fingerprint: String,
 ) -> anyhow::Result<()> {
     let Some(shared) = &config.shared else { return Ok(()) };
-    let fingerprint = format!("{:016x}", secret.fingerprint());
     runtime.block_on(super::shared::join_at_start(daemon, &fingerprint)).map_err(anyhow::Error::msg)?;
     // One id per daemon that stays the same across its restarts, so the
     // store counts a restarted host once: the host name and the socket
@@ -289,8 +295,12 @@ fn open_state(config: &Config, discard_corrupt: bool) -> anyhow::Result<(Secret,
         Some(secret) => (secret, false),
         None => (Secret::generate(&config.secret)?, true),
     };
-    let options =
-        OpenOptions { discard_corrupt, key_fingerprint: Some(secret.fingerprint()), key_is_new: secret_is_new };
+    let options = OpenOptions {
+        discard_corrupt,
+        key_fingerprint: Some(secret.fingerprint()),
+        key_is_new: secret_is_new,
+        key_derivation: config.key_derivation,
+    };
     let opened = match Store::open_with(&config.state, options) {
         Err(StoreError::KeyMismatch { path, found, .. }) if secret_is_new => anyhow::bail!(
             "secret key file {} is missing, and state file {} holds state made with a secret key (key fingerprint {found:016x}): restore the secret key file, or start with --discard-corrupt-state to move the state file aside and start empty with a new key",

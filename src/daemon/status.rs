@@ -234,7 +234,15 @@ impl Daemon {
                 limit("bans_held", limiter.bans_held() as u64),
                 limit("ban_for_ms_max", crate::bans::BAN_FOR_MS_MAX),
                 limit("ban_reason_bytes_max", crate::bans::BAN_REASON_BYTES_MAX as u64),
-                limit("recent_digests_slots", crate::keys::RECENT_DIGESTS_SLOTS as u64),
+                limit("key_derivation", limiter.key_derivation().number()),
+                // Only BLAKE2b's digests are remembered.
+                limit(
+                    "recent_digests_slots",
+                    match limiter.key_derivation() {
+                        crate::keys::Derivation::Blake2b => crate::keys::RECENT_DIGESTS_SLOTS as u64,
+                        crate::keys::Derivation::SipHash => 0,
+                    },
+                ),
             ]
             .into_iter()
             .chain(Self::shared_limits(&config))

@@ -12,6 +12,12 @@ use crate::protocol::Subject;
 use crate::shared::script::Op;
 
 impl Limiter {
+    /// How this limiter's keys (and so its store names) are derived: its
+    /// state file's derivation.
+    pub fn key_derivation(&self) -> crate::keys::Derivation {
+        self.keys.derivation()
+    }
+
     /// Whether this limiter sends global rules to a shared store.
     pub fn is_shared(&self) -> bool {
         self.shared_prefix.is_some()

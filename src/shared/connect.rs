@@ -9,6 +9,7 @@ use super::{
     CallError, Connection, ProbeError, SharedStore, CLUSTER_RETRY_WAIT_MAX_MS, CLUSTER_RETRY_WAIT_MIN_MS,
     LATE_REPLY_WAIT_MS, LOG_TARGET,
 };
+use crate::keys::Derivation;
 use crate::unpoisoned::Unpoisoned;
 
 impl SharedStore {
@@ -74,6 +75,15 @@ impl SharedStore {
             e => ProbeError::Unreachable(e.to_string()),
         })?;
         let recorded = reply.strings.first().map(String::as_str).unwrap_or("");
+        let (secret, derivation) = split_fingerprint(recorded);
+        if recorded != fingerprint && secret == split_fingerprint(fingerprint).0 {
+            return Err(ProbeError::Refused(format!(
+                "shared store {} was joined by hosts whose state files use key derivation {derivation}, and this host's \
+                 uses {}: set key_derivation = {derivation} in this host's configuration (a state file without rows takes it)",
+                self.config.url,
+                split_fingerprint(fingerprint).1
+            )));
+        }
         if recorded != fingerprint {
             return Err(ProbeError::Refused(format!(
                 "shared store {} was joined with another secret key (fingerprint {recorded}, this host's is {fingerprint}): \
@@ -182,4 +192,21 @@ impl SharedStore {
 /// daemon in the same process) is not an error.
 pub fn install_tls_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// What a host records in the store (and checks there): its secret's
+/// fingerprint, then `/k` and the key derivation unless it is BLAKE2b's,
+/// so hosts that would name one account's keys differently never share a
+/// store, and a BLAKE2b host's record is the bare fingerprint that hosts
+/// from before derivations write and check.
+pub fn store_fingerprint(secret_fingerprint: u64, derivation: Derivation) -> String {
+    match derivation {
+        Derivation::Blake2b => format!("{secret_fingerprint:016x}"),
+        other => format!("{secret_fingerprint:016x}/k{}", other.number()),
+    }
+}
+
+/// A recorded fingerprint's secret part and key derivation number.
+fn split_fingerprint(recorded: &str) -> (&str, &str) {
+    recorded.split_once("/k").unwrap_or((recorded, "1"))
 }

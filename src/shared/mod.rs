@@ -21,7 +21,7 @@ mod pubsub;
 pub mod script;
 mod ticket;
 
-pub use connect::install_tls_provider;
+pub use connect::{install_tls_provider, store_fingerprint};
 pub use ticket::Ticket;
 
 use std::collections::{HashMap, HashSet};

@@ -54,6 +54,7 @@ use std::sync::{Arc, Mutex};
 use redb::Database;
 
 use crate::failure_window::Counts;
+use crate::keys::Derivation;
 
 mod journal;
 mod schema;
@@ -64,7 +65,7 @@ mod writer;
 
 pub use journal::{Durable, Journal};
 
-use schema::{CELLS, DEVICES, ENTRIES, SCHEMA_VERSION};
+use schema::{CELLS, DEVICES, ENTRIES, SCHEMA_VERSION, SCHEMA_VERSION_DERIVED};
 use start_checks::{lock_for_life, read_bans, read_rows};
 
 /// redb's page cache. The file holds at most the tables' caps of 12-byte
@@ -79,12 +80,16 @@ pub enum StoreError {
     Open { path: PathBuf, message: String },
     #[error("state file {path} is corrupt or unreadable: {message}; start with --discard-corrupt-state to move it aside and start empty")]
     Corrupt { path: PathBuf, message: String },
-    #[error("state file {path}: schema version {found} is not {SCHEMA_VERSION}")]
+    #[error("state file {path}: schema version {found} is not one this version reads ({SCHEMA_VERSION} or {SCHEMA_VERSION_DERIVED}): it was written by a newer tollgate")]
     Schema { path: PathBuf, found: u64 },
     #[error("state file {path} was written with another secret key (key fingerprint {found:016x}, the secret key file's is {expected:016x}): restore the secret key file it was written with, or start with --discard-corrupt-state to move the state file aside and start empty")]
     KeyMismatch { path: PathBuf, found: u64, expected: u64 },
     #[error("state file {path} holds rows from before key fingerprints were recorded, and its secret key file is missing: restore the secret key file it was written with, or start with --discard-corrupt-state to move the state file aside and start empty")]
     KeyMissing { path: PathBuf },
+    #[error("state file {path} holds rows made with key derivation {found}, and the configuration asks for {wanted}: a file keeps its derivation while it holds rows; remove key_derivation from the configuration, or start with --discard-corrupt-state to move the state file aside and start empty")]
+    DerivationMismatch { path: PathBuf, found: u64, wanted: u64 },
+    #[error("state file {path} names key derivation {found}, which this version does not know: it was written by a newer tollgate")]
+    DerivationUnknown { path: PathBuf, found: u64 },
 }
 
 /// Why a write is not (known to be) in the state file a restart opens.
@@ -157,6 +162,10 @@ pub struct OpenOptions {
     /// but no fingerprint cannot adopt it, since its rows were made with a
     /// key that is lost.
     pub key_is_new: bool,
+    /// The configuration's `key_derivation`: taken by a new file, or by
+    /// one without rows; a file with rows of another is refused. `None`: a
+    /// new file takes the newest, any other keeps its own.
+    pub key_derivation: Option<Derivation>,
 }
 
 /// One persisted failure entry.
@@ -292,14 +301,16 @@ pub struct Store {
     path: PathBuf,
     /// Written into a fresh file when the state is rewritten from memory.
     key_fingerprint: Option<u64>,
+    /// The key derivation the file's rows are made with (`prepare`
+    /// decides it); a fresh file from a rewrite records it too.
+    key_derivation: Derivation,
 }
 
 impl Store {
     /// Opens (or creates) the state file without a key check (tests and
     /// tools; the daemon uses `open_with`).
     pub fn open(path: &Path, discard_corrupt: bool) -> Result<Store, StoreError> {
-        Self::open_with(path, OpenOptions { discard_corrupt, key_fingerprint: None, key_is_new: false })
-            .map(|opened| opened.store)
+        Self::open_with(path, OpenOptions { discard_corrupt, ..OpenOptions::default() }).map(|opened| opened.store)
     }
 
     /// Opens the state file, creating it only if it does not exist, and
@@ -311,6 +322,11 @@ impl Store {
         let mut opened = Self::open_unlocked(path, options)?;
         opened.store._lock = Some(lock);
         Ok(opened)
+    }
+
+    /// The key derivation this file's rows are made with.
+    pub fn key_derivation(&self) -> Derivation {
+        self.key_derivation
     }
 
     /// Every persisted failure entry whose check matches.

@@ -52,8 +52,24 @@ pub(super) const BANS: TableDefinition<&str, &[u8]> = TableDefinition::new("bans
 /// reason's bytes and the row's check (u64), all little-endian.
 const BAN_FIXED_BYTES: usize = 8 + 8 + 4;
 pub(super) const SCHEMA_VERSION: u64 = 3;
+/// Schema 3's tables with keys of a derivation other than BLAKE2b: a
+/// version before derivations refuses the file instead of deriving
+/// BLAKE2b keys that match none of its rows (every lockout unenforced).
+/// A BLAKE2b file stays schema 3, which those versions read rightly.
+pub(super) const SCHEMA_VERSION_DERIVED: u64 = 4;
+
+/// The schema a file whose keys are made by `derivation` records.
+pub(super) fn schema_of(derivation: crate::keys::Derivation) -> u64 {
+    match derivation {
+        crate::keys::Derivation::Blake2b => SCHEMA_VERSION,
+        _ => SCHEMA_VERSION_DERIVED,
+    }
+}
 /// `meta` key of the secret key's fingerprint (`Secret::fingerprint`).
 pub(super) const META_KEY_FINGERPRINT: &str = "key_fingerprint";
+/// `meta` key of the key derivation the rows are made with
+/// (`Derivation::number`); absent in a file from before it was recorded.
+pub(super) const META_KEY_DERIVATION: &str = "key_derivation";
 /// Shared mode: the host count last learned from the store, so a restart
 /// while the store is away shares the limits as the hosts last did, not by
 /// `hosts_when_unknown`.

@@ -16,8 +16,9 @@ use std::time::Duration;
 use redb::{Database, ReadableTable};
 
 use super::schema::{
-    device_check, entry_check, migrate_to_v3, read_ban_row, read_cell_chunk, CellKey, DeviceKey, DeviceValue, EntryRow,
-    BANS, CELLS, DEVICES, ENTRIES, META, META_HOSTS_LEARNED, META_KEY_FINGERPRINT, SCHEMA_VERSION,
+    device_check, entry_check, migrate_to_v3, read_ban_row, read_cell_chunk, schema_of, CellKey, DeviceKey,
+    DeviceValue, EntryRow, BANS, CELLS, DEVICES, ENTRIES, META, META_HOSTS_LEARNED, META_KEY_DERIVATION,
+    META_KEY_FINGERPRINT, SCHEMA_VERSION, SCHEMA_VERSION_DERIVED,
 };
 use super::writer::rewrite_path;
 use super::{
@@ -25,6 +26,7 @@ use super::{
     StoreError, CACHE_BYTES,
 };
 use crate::failure_window::Counts;
+use crate::keys::Derivation;
 use crate::unpoisoned::UnpoisonedRw;
 
 /// Longest a start spends checking and reading the state file before it
@@ -47,24 +49,28 @@ const GUARDED_THREAD: &str = "tollgate-open-state";
 
 impl Store {
     pub(super) fn open_unlocked(path: &Path, options: OpenOptions) -> Result<Opened, StoreError> {
-        match Self::try_open(path, options.key_fingerprint, options.key_is_new) {
+        match Self::try_open(path, options) {
             Ok(opened) => Ok(opened),
-            Err(e @ (StoreError::Corrupt { .. } | StoreError::KeyMismatch { .. } | StoreError::KeyMissing { .. }))
-                if options.discard_corrupt =>
-            {
+            Err(
+                e @ (StoreError::Corrupt { .. }
+                | StoreError::KeyMismatch { .. }
+                | StoreError::KeyMissing { .. }
+                | StoreError::DerivationMismatch { .. }),
+            ) if options.discard_corrupt => {
                 let aside = unused_path(path.with_extension(format!("corrupt-{}", std::process::id())));
                 std::fs::rename(path, &aside).map_err(|e| StoreError::Open {
                     path: path.into(),
                     message: format!("cannot move the damaged file aside: {e}"),
                 })?;
                 tracing::warn!(target: super::LOG_TARGET, state = %path.display(), moved_to = %aside.display(), error = %e, "discarded the state file; starting empty");
-                Self::try_open(path, options.key_fingerprint, options.key_is_new)
+                Self::try_open(path, options)
             }
             Err(e) => Err(e),
         }
     }
 
-    fn try_open(path: &Path, key_fingerprint: Option<u64>, key_is_new: bool) -> Result<Opened, StoreError> {
+    fn try_open(path: &Path, options: OpenOptions) -> Result<Opened, StoreError> {
+        let key_fingerprint = options.key_fingerprint;
         // A rewrite that a crash interrupted left only a partial fresh file;
         // the state file itself is whole (the swap is a rename).
         let _ = std::fs::remove_file(rewrite_path(path));
@@ -76,8 +82,9 @@ impl Store {
             // Only a missing file is a fresh start.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let db = open_database(path).map_err(|e| open_err(e.to_string()))?;
-                let loaded = prepare(&db, path, key_fingerprint, key_is_new)?;
-                return Ok(Opened { store: Store { _lock: None, db, path: path.into(), key_fingerprint }, loaded });
+                let (loaded, key_derivation) = prepare(&db, path, options)?;
+                let store = Store { _lock: None, db, path: path.into(), key_fingerprint, key_derivation };
+                return Ok(Opened { store, loaded });
             }
             Err(e) => return Err(open_err(e.to_string())),
             Ok(meta) if meta.len() == 0 => {
@@ -108,7 +115,7 @@ impl Store {
                 }
                 Err(e) => return Err(StoreError::corrupt(&at, e)),
             }
-            prepare(&db, &at, key_fingerprint, key_is_new).map(|_| ())
+            prepare(&db, &at, options).map(|_| ())
         })?;
         let at = path.to_path_buf();
         let opened = guarded(path, move || {
@@ -118,11 +125,11 @@ impl Store {
                 }
                 other => StoreError::corrupt(&at, other),
             })?;
-            let loaded = prepare(&db, &at, key_fingerprint, key_is_new)?;
+            let (loaded, key_derivation) = prepare(&db, &at, options)?;
             if loaded.damaged_rows > 0 {
                 tracing::warn!(target: super::LOG_TARGET, state = %at.display(), rows = loaded.damaged_rows, "state file rows failed their check (a damaged disk); dropped and deleted");
             }
-            Ok(Opened { store: Store { _lock: None, db, path: at, key_fingerprint }, loaded })
+            Ok(Opened { store: Store { _lock: None, db, path: at, key_fingerprint, key_derivation }, loaded })
         });
         // The copy passed every check, so what fails now is the disk (full,
         // read-only, an I/O error), not the file: never a reason to discard
@@ -216,16 +223,19 @@ where
     Ok((read, damaged))
 }
 
-/// In one write transaction: checks the schema (migrating older ones) and
-/// the key fingerprint, reads every row, and deletes the rows whose check
-/// fails. Nothing is committed unless all of it succeeds.
-fn prepare(db: &Database, path: &Path, key_fingerprint: Option<u64>, key_is_new: bool) -> Result<Loaded, StoreError> {
+/// In one write transaction: checks the schema (migrating older ones),
+/// the key fingerprint and the key derivation, reads every row, and
+/// deletes the rows whose check fails. Nothing is committed unless all of
+/// it succeeds.
+fn prepare(db: &Database, path: &Path, options: OpenOptions) -> Result<(Loaded, Derivation), StoreError> {
+    let OpenOptions { key_fingerprint, key_is_new, key_derivation: wanted, .. } = options;
     let corrupt = |e: &dyn std::fmt::Display| StoreError::corrupt(path, e);
     let mut txn = db.begin_write().map_err(|e| corrupt(&e))?;
     txn.set_two_phase_commit(true);
     let loaded = {
         let mut meta = txn.open_table(META).map_err(|e| corrupt(&e))?;
         let found = meta.get("schema_version").map_err(|e| corrupt(&e))?.map(|v| v.value());
+        let made_now = found.is_none();
         match found {
             None => {
                 meta.insert("schema_version", SCHEMA_VERSION).map_err(|e| corrupt(&e))?;
@@ -235,7 +245,7 @@ fn prepare(db: &Database, path: &Path, key_fingerprint: Option<u64>, key_is_new:
                 meta.insert("schema_version", SCHEMA_VERSION).map_err(|e| corrupt(&e))?;
                 tracing::info!(target: super::LOG_TARGET, state = %path.display(), rows = migrated, "state file migrated from schema {old} to {SCHEMA_VERSION}");
             }
-            Some(SCHEMA_VERSION) => {}
+            Some(SCHEMA_VERSION | SCHEMA_VERSION_DERIVED) => {}
             Some(found) => return Err(StoreError::Schema { path: path.into(), found }),
         }
         let mut entries = txn.open_table(ENTRIES).map_err(|e| corrupt(&e))?;
@@ -257,8 +267,43 @@ fn prepare(db: &Database, path: &Path, key_fingerprint: Option<u64>, key_is_new:
             bans.remove(network.as_str()).map_err(|e| corrupt(&e))?;
         }
         let loaded = Loaded { bans: banned, damaged_rows: loaded.damaged_rows + damaged_bans.len(), ..loaded };
+        // Rows keyed by derived digests (bans are keyed by network).
+        let rows = loaded.entries.len() + loaded.devices.len() + loaded.cells.len();
+        let recorded = match meta.get(META_KEY_DERIVATION).map_err(|e| corrupt(&e))?.map(|v| v.value()) {
+            Some(n) => {
+                Some(Derivation::from_number(n).ok_or(StoreError::DerivationUnknown { path: path.into(), found: n })?)
+            }
+            None => None,
+        };
+        // A file from before derivations were recorded made its rows with
+        // BLAKE2b; a file made now takes the configured or the newest.
+        let own = match (recorded, made_now) {
+            (Some(recorded), _) => recorded,
+            (None, true) => wanted.unwrap_or(Derivation::NEWEST),
+            (None, false) if found == Some(SCHEMA_VERSION_DERIVED) => {
+                return Err(StoreError::corrupt(path, "schema 4 names no key derivation"));
+            }
+            (None, false) => Derivation::Blake2b,
+        };
+        let derivation = match wanted {
+            Some(wanted) if wanted != own && rows > 0 => {
+                return Err(StoreError::DerivationMismatch {
+                    path: path.into(),
+                    found: own.number(),
+                    wanted: wanted.number(),
+                })
+            }
+            // Nothing is keyed yet: nothing is lost by changing.
+            Some(wanted) => wanted,
+            None => own,
+        };
+        // Recorded by the daemon, and in any file made now; a tool opening
+        // an older file leaves it as it was.
+        if key_fingerprint.is_some() || made_now {
+            meta.insert(META_KEY_DERIVATION, derivation.number()).map_err(|e| corrupt(&e))?;
+            meta.insert("schema_version", schema_of(derivation)).map_err(|e| corrupt(&e))?;
+        }
         if let Some(expected) = key_fingerprint {
-            let rows = loaded.entries.len() + loaded.devices.len() + loaded.cells.len();
             let found = meta.get(META_KEY_FINGERPRINT).map_err(|e| corrupt(&e))?.map(|v| v.value());
             match found {
                 Some(found) if found == expected => {}
@@ -277,7 +322,8 @@ fn prepare(db: &Database, path: &Path, key_fingerprint: Option<u64>, key_is_new:
             }
         }
         let hosts_learned = meta.get(META_HOSTS_LEARNED).map_err(|e| corrupt(&e))?.map(|v| v.value());
-        Loaded { hosts_learned: hosts_learned.and_then(|n| u32::try_from(n).ok()).filter(|n| *n > 0), ..loaded }
+        let hosts_learned = hosts_learned.and_then(|n| u32::try_from(n).ok()).filter(|n| *n > 0);
+        (Loaded { hosts_learned, ..loaded }, derivation)
     };
     txn.commit().map_err(|e| corrupt(&e))?;
     Ok(loaded)

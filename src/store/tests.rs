@@ -8,7 +8,7 @@ use redb::ReadableTable;
 use super::schema::{ENTRIES_V1, ENTRIES_V2, META};
 use super::start_checks::{guarded_for, unused_path};
 use super::*;
-use crate::keys::Key;
+use crate::keys::{Derivation, Key};
 
 #[test]
 fn committed_entries_survive_reopening_and_removals_stick() {
@@ -118,8 +118,12 @@ fn a_schema_2_file_is_migrated_with_checks_and_adopts_the_key_it_is_opened_with(
         window_us: 60_000_000,
         counts: Counts { window: 7, previous: 2, current: 5 },
     }];
-    let keyed =
-        |fingerprint| OpenOptions { discard_corrupt: false, key_fingerprint: Some(fingerprint), key_is_new: false };
+    let keyed = |fingerprint| OpenOptions {
+        discard_corrupt: false,
+        key_fingerprint: Some(fingerprint),
+        key_is_new: false,
+        key_derivation: None,
+    };
     let opened = Store::open_with(&path, keyed(0xA)).unwrap();
     assert_eq!((&opened.loaded.entries, opened.loaded.damaged_rows), (&expected, 0));
     drop(opened);
@@ -155,7 +159,8 @@ fn a_schema_2_file_with_rows_refuses_a_key_made_just_now() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.redb");
     schema_2_file(&path, Key { account_tag: 9, tuple: 8 }.to_u128());
-    let new_key = OpenOptions { discard_corrupt: false, key_fingerprint: Some(0xC), key_is_new: true };
+    let new_key =
+        OpenOptions { discard_corrupt: false, key_fingerprint: Some(0xC), key_is_new: true, key_derivation: None };
     let err = Store::open_with(&path, new_key).err().expect("refused");
     assert!(matches!(err, StoreError::KeyMissing { .. }), "{err}");
     assert!(err.to_string().contains("--discard-corrupt-state"), "{err}");
@@ -171,6 +176,7 @@ fn a_file_without_rows_adopts_any_key_and_with_the_flag_another_keys_file_is_mov
         discard_corrupt,
         key_fingerprint: Some(fingerprint),
         key_is_new: false,
+        key_derivation: None,
     };
     drop(Store::open_with(&path, keyed(1, false)).unwrap());
     drop(Store::open_with(&path, keyed(2, false)).expect("nothing to lose"));
@@ -300,10 +306,83 @@ fn the_learned_host_count_survives_a_restart_and_a_rewrite() {
     journal.rewrite_begin();
     journal.rewrite_end().wait_blocking().unwrap();
     writer.stop();
-    let opened =
-        Store::open_with(&path, OpenOptions { discard_corrupt: false, key_fingerprint: None, key_is_new: false })
-            .unwrap();
+    let opened = Store::open_with(
+        &path,
+        OpenOptions { discard_corrupt: false, key_fingerprint: None, key_is_new: false, key_derivation: None },
+    )
+    .unwrap();
     assert_eq!(opened.loaded.hosts_learned, Some(4), "a rewrite kept the learned count");
+}
+
+/// A file's rows are keyed by the derivation it was made with, for life:
+/// a file from before derivations were recorded is BLAKE2b's, a new one
+/// the newest (or the configured), a rewrite keeps it, and a file with
+/// rows never changes it.
+#[test]
+fn a_state_file_keeps_the_key_derivation_its_rows_were_made_with() {
+    let dir = tempfile::tempdir().unwrap();
+    let opening = |wanted, discard_corrupt| OpenOptions {
+        discard_corrupt,
+        key_fingerprint: Some(0xA),
+        key_is_new: false,
+        key_derivation: wanted,
+    };
+    let derivation =
+        |path: &Path, wanted| Store::open_with(path, opening(wanted, false)).map(|o| o.store.key_derivation());
+    // From before derivations, with rows: BLAKE2b, whatever is asked unless
+    // it is BLAKE2b; the refusal leaves the file as it was.
+    let old = dir.path().join("old.redb");
+    schema_2_file(&old, 5);
+    let before = std::fs::read(&old).unwrap();
+    let err = derivation(&old, Some(Derivation::SipHash)).expect_err("rows of another derivation");
+    assert!(matches!(err, StoreError::DerivationMismatch { found: 1, wanted: 2, .. }), "{err}");
+    assert_eq!(std::fs::read(&old).unwrap(), before);
+    assert_eq!(derivation(&old, None).unwrap(), Derivation::Blake2b);
+    assert_eq!(derivation(&old, Some(Derivation::Blake2b)).unwrap(), Derivation::Blake2b);
+    assert_eq!(derivation(&old, None).unwrap(), Derivation::Blake2b, "recorded");
+    // With the flag, moved aside: the new file takes what is asked.
+    let opened = Store::open_with(&old, opening(Some(Derivation::SipHash), true)).unwrap();
+    assert_eq!((opened.store.key_derivation(), opened.loaded.entries.len()), (Derivation::SipHash, 0));
+    drop(opened);
+    // New: the newest, or the configured; kept while empty only if asked.
+    let new = dir.path().join("new.redb");
+    assert_eq!(derivation(&new, None).unwrap(), Derivation::NEWEST);
+    assert_eq!(derivation(&new, None).unwrap(), Derivation::NEWEST);
+    assert_eq!(derivation(&new, Some(Derivation::Blake2b)).unwrap(), Derivation::Blake2b, "no rows: nothing to lose");
+    assert_eq!(derivation(&new, None).unwrap(), Derivation::Blake2b);
+    // A file of the newest with a row, rewritten from memory: still the newest.
+    let fresh = dir.path().join("fresh.redb");
+    let store = Store::open_with(&fresh, opening(None, false)).unwrap().store;
+    let (journal, writer) = store.start_writer(Arc::default());
+    let rule: Arc<str> = "login/account_failures".into();
+    let row = (Key { account_tag: 1, tuple: 2 }, Some(Counts { window: 7, previous: 0, current: 5 }));
+    journal.write_durably(&rule, 60_000_000, vec![row]).wait_blocking().unwrap();
+    // A rewrite collects the rows from memory (here, the one row).
+    journal.rewrite_begin();
+    journal.write(&rule, 60_000_000, vec![row]);
+    journal.rewrite_end().wait_blocking().unwrap();
+    writer.stop();
+    assert_eq!(derivation(&fresh, None).unwrap(), Derivation::NEWEST, "the rewrite recorded it");
+    // Schema 4 for SipHash keys (a version before derivations refuses the
+    // file rather than match none of its rows), 3 for BLAKE2b's.
+    let schema = |path: &Path| {
+        let db = Store::open(path, false).unwrap().db;
+        let txn = db.begin_read().unwrap();
+        txn.open_table(META).unwrap().get("schema_version").unwrap().unwrap().value()
+    };
+    assert_eq!((schema(&fresh), schema(&new), schema(&old)), (4, 3, 4));
+    let err = derivation(&fresh, Some(Derivation::Blake2b)).expect_err("rows of the newest");
+    assert!(matches!(err, StoreError::DerivationMismatch { found: 2, wanted: 1, .. }), "{err}");
+    // A number this version does not know is refused, not guessed.
+    {
+        let db = Database::create(dir.path().join("future.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(META).unwrap().insert("schema_version", SCHEMA_VERSION).unwrap();
+        txn.open_table(META).unwrap().insert("key_derivation", 9).unwrap();
+        txn.commit().unwrap();
+    }
+    let err = derivation(&dir.path().join("future.redb"), None).expect_err("unknown");
+    assert!(matches!(err, StoreError::DerivationUnknown { found: 9, .. }), "{err}");
 }
 
 #[test]

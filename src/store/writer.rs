@@ -17,10 +17,11 @@ use redb::Database;
 
 use super::journal::{Ack, Edit, Journal, Message};
 use super::schema::{
-    cell_chunk_bytes, device_check, entry_row, CellKey, DeviceKey, DeviceValue, BANS, CELLS, DEVICES, ENTRIES, META,
-    META_KEY_FINGERPRINT, SCHEMA_VERSION,
+    cell_chunk_bytes, device_check, entry_row, schema_of, CellKey, DeviceKey, DeviceValue, BANS, CELLS, DEVICES,
+    ENTRIES, META, META_KEY_DERIVATION, META_KEY_FINGERPRINT,
 };
 use super::{open_database, CellRows, DeviceRows, Store, StoreStats, WriteError};
+use crate::keys::Derivation;
 use crate::unpoisoned::Unpoisoned;
 
 /// Messages drained into one transaction at most; bounds a commit's size.
@@ -62,7 +63,7 @@ impl Writer {
 
 fn run_writer(store: Store, rx: Receiver<Message>, stats: Arc<StoreStats>) {
     let path = store.path.clone();
-    let key_fingerprint = store.key_fingerprint;
+    let (key_fingerprint, key_derivation) = (store.key_fingerprint, store.key_derivation);
     let fresh = rewrite_path(&path);
     // None after a failed commit: a database that saw an I/O error mid-commit
     // may not match memory any more, so nothing more is written to it; the
@@ -160,7 +161,7 @@ fn run_writer(store: Store, rx: Receiver<Message>, stats: Arc<StoreStats>) {
                 rewriting = true;
                 let _ = std::fs::remove_file(&fresh);
                 match open_database(&fresh).map_err(WriteError::from).and_then(|open| {
-                    init_fresh(&open, key_fingerprint, &meta)?;
+                    init_fresh(&open, key_fingerprint, key_derivation, &meta)?;
                     Ok(open)
                 }) {
                     Ok(open) => {
@@ -245,7 +246,7 @@ fn store_meta(db: &Database) -> Vec<(String, u64)> {
         for row in table.iter()? {
             let (key, value) = row?;
             let key = key.value();
-            if key != "schema_version" && key != META_KEY_FINGERPRINT {
+            if key != "schema_version" && key != META_KEY_FINGERPRINT && key != META_KEY_DERIVATION {
                 values.push((key.to_string(), value.value()));
             }
         }
@@ -254,7 +255,12 @@ fn store_meta(db: &Database) -> Vec<(String, u64)> {
     read().unwrap_or_default()
 }
 
-fn init_fresh(db: &Database, key_fingerprint: Option<u64>, values: &[(String, u64)]) -> Result<(), WriteError> {
+fn init_fresh(
+    db: &Database,
+    key_fingerprint: Option<u64>,
+    key_derivation: Derivation,
+    values: &[(String, u64)],
+) -> Result<(), WriteError> {
     let mut txn = db.begin_write()?;
     // Two-phase: after a crash, redb otherwise falls back to the older
     // commit slot when the newer one reads as damaged, silently rolling
@@ -262,10 +268,13 @@ fn init_fresh(db: &Database, key_fingerprint: Option<u64>, values: &[(String, u6
     txn.set_two_phase_commit(true);
     {
         let mut meta = txn.open_table(META)?;
-        meta.insert("schema_version", SCHEMA_VERSION)?;
+        meta.insert("schema_version", schema_of(key_derivation))?;
         if let Some(fingerprint) = key_fingerprint {
             meta.insert(META_KEY_FINGERPRINT, fingerprint)?;
         }
+        // Always, whatever the old file's `meta` gave: a fresh file
+        // without it would read as made with BLAKE2b.
+        meta.insert(META_KEY_DERIVATION, key_derivation.number())?;
         for (key, value) in values {
             meta.insert(key.as_str(), *value)?;
         }

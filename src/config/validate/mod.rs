@@ -21,6 +21,13 @@ impl Config {
         let state = raw.state.unwrap_or_else(|| STATE_PATH_DEFAULT.into());
         let secret =
             raw.secret.unwrap_or_else(|| state.parent().unwrap_or_else(|| Path::new(".")).join(SECRET_FILE_NAME));
+        let key_derivation = raw.key_derivation.and_then(|n| {
+            let derivation = crate::keys::Derivation::from_number(n);
+            if derivation.is_none() {
+                errors.push("key_derivation: must be 1 (BLAKE2b) or 2 (SipHash-2-4)".to_string());
+            }
+            derivation
+        });
         let snapshot_interval_ms = raw.snapshot_interval_ms.unwrap_or(SNAPSHOT_INTERVAL_MS_DEFAULT);
         if !(1..=SNAPSHOT_INTERVAL_MS_MAX).contains(&snapshot_interval_ms) {
             errors.push(format!("snapshot_interval_ms: must be 1..={SNAPSHOT_INTERVAL_MS_MAX}"));
@@ -65,6 +72,7 @@ impl Config {
                 socket: raw.socket.unwrap_or_else(|| SOCKET_PATH_DEFAULT.into()),
                 state,
                 secret,
+                key_derivation,
                 snapshot_interval_ms,
                 attempt_timeout_ms,
                 source,
