@@ -29,7 +29,7 @@ use tollgate::Journal;
 use tollgate::Limiter;
 use tollgate::SourcePolicy;
 use tollgate::{in_success_sample, Prefix, ReportEvent, SignalEvent, Signals};
-use tollgate::{Component, Key, KeyDeriver, Secret};
+use tollgate::{Component, Derivation, Key, KeyDeriver, Secret};
 use tollgate::{FailureWindowTable, WindowSpec};
 use tollgate::{GcraSpec, GcraTable};
 
@@ -132,6 +132,16 @@ fn bench_keys(c: &mut Criterion) {
     group.bench_function("component_prefix", |b| b.iter(|| deriver.prefix(&policy.prefix(black_box(ip)).to_bytes())));
     group.bench_function("tuple_account_prefix", |b| {
         b.iter(|| deriver.tuple(black_box(&[(Component::Account, account), (Component::Prefix, prefix)])))
+    });
+    // A state file from before key derivations: BLAKE2b, each input
+    // distinct (a repeat would be recalled from memory).
+    let blake2b = KeyDeriver::with_derivation(&Secret::from_bytes([7; 32]), Derivation::Blake2b);
+    let mut n = 0u64;
+    group.bench_function("component_account_blake2b", |b| {
+        b.iter(|| {
+            n += 1;
+            blake2b.component(Component::Account, black_box(&n.to_le_bytes()))
+        })
     });
     // What every report carrying the client's password tag pays.
     group.bench_function("password_tag", |b| b.iter(|| deriver.password_tag(black_box(&[9; 16]))));
