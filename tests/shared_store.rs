@@ -237,34 +237,43 @@ fn a_host_with_another_secret_refuses_to_join() {
 }
 
 /// Hosts that would name one account's keys differently never share a
-/// store: a host made to keep BLAKE2b keys (a state file from before key
-/// derivations) is refused by a store the newest derivation joined, with
-/// the setting that fixes it, which its file, still without rows, takes.
+/// store. A deployment whose hosts keep BLAKE2b keys (state files from
+/// before key derivations): a host added with a new state file learns
+/// their derivation from the store and counts with them; one set to
+/// another is refused, naming the setting, which its file, still without
+/// rows, takes. A new file whose store cannot be asked stops the start.
 #[test]
-fn a_host_with_the_same_secret_and_another_key_derivation_refuses_to_join() {
+fn a_new_host_takes_the_stores_key_derivation_and_one_set_otherwise_is_refused() {
     require_redis();
     let redis = RedisServer::unix();
     let dir = tempfile::tempdir().unwrap();
     let secret = shared_secret(dir.path());
-    let first = daemons(1, &redis.url(), &secret, "");
-    let older = format!("key_derivation = 1\n{}", shared_config(&redis.url(), &secret, ""));
-    let mut second = TestDaemon::prepare(Some(&older), false);
-    let status = second.serve_command().output().expect("run serve");
-    assert!(!status.status.success(), "a host deriving keys otherwise must not join");
-    let stderr = String::from_utf8_lossy(&status.stderr);
-    assert!(stderr.contains("use key derivation 2, and this host's uses 1: set key_derivation = 2"), "{stderr}");
-    std::fs::write(
-        second.config.as_ref().unwrap(),
-        shared_config(&redis.url(), &secret, "").replace("[shared]", "key_derivation = 2\n[shared]"),
-    )
-    .unwrap();
-    second.spawn();
-    // Both hosts now count one account's failures under one name.
+    let with = |setting: &str| format!("{setting}\n{}", shared_config(&redis.url(), &secret, ""));
+    let first = TestDaemon::start_with(Some(&with("key_derivation = 1")), false);
+    let added = TestDaemon::start_with(Some(&with("")), false);
+    added.wait_for_log("key_derivation=1");
     let yusuf = subject("192.0.2.95", "yusuf");
     for _ in 0..5 {
-        report(&first[0], &yusuf, Outcome::Failure);
+        report(&first, &yusuf, Outcome::Failure);
     }
-    assert_eq!(check(&second, &yusuf).decision, Decision::Deny, "the lockout is the store's, seen by both");
+    assert_eq!(check(&added, &yusuf).decision, Decision::Deny, "one name for the account on both hosts");
+
+    let mut other = TestDaemon::prepare(Some(&with("key_derivation = 2")), false);
+    let status = other.serve_command().output().expect("run serve");
+    assert!(!status.status.success(), "a host deriving keys otherwise must not join");
+    let stderr = String::from_utf8_lossy(&status.stderr);
+    assert!(stderr.contains("use key derivation 1, and this host's uses 2: set key_derivation = 1"), "{stderr}");
+    std::fs::write(other.config.as_ref().unwrap(), with("key_derivation = 1")).unwrap();
+    other.spawn();
+    assert_eq!(check(&other, &yusuf).decision, Decision::Deny, "its file, without rows, took the setting");
+
+    // A new state file, and no store to ask: not started on a guess.
+    let gone = format!("{}\n", shared_config("redis+unix:///nonexistent/r.sock", &secret, ""));
+    let unasked = TestDaemon::prepare(Some(&gone), false);
+    let status = unasked.serve_command().output().expect("run serve");
+    let stderr = String::from_utf8_lossy(&status.stderr);
+    assert!(!status.status.success() && stderr.contains("cannot learn which key derivation"), "{stderr}");
+    assert!(!unasked.state.exists(), "no state file made on a guess");
 }
 
 #[test]

@@ -20,7 +20,7 @@ use crate::classes::{ClassFileError, ClassTable};
 use crate::cli::{CheckConfigArgs, ServeArgs};
 use crate::clock::Clock;
 use crate::config::{Config, ConfigError, CONFIG_PATH_DEFAULT};
-use crate::keys::{KeyDeriver, Secret};
+use crate::keys::{Derivation, KeyDeriver, Secret};
 use crate::limiter::{Limiter, Restored};
 use crate::notify::{self, Notifier};
 use crate::server;
@@ -177,8 +177,12 @@ fn start(args: ServeArgs, config: Config) -> anyhow::Result<()> {
     }
     daemon.set_spray(super::Spray { engine: pump.engine(), link });
     if let Some(log_config) = &config.decision_log {
-        let log = crate::decision_log::DecisionLog::start(log_config, clock.clone(), secret.fingerprint())
-            .map_err(|e| anyhow::anyhow!("decision log {}: {e}", log_config.path.display()))?;
+        let log = crate::decision_log::DecisionLog::start(
+            log_config,
+            clock.clone(),
+            secret.digests_fingerprint(key_derivation),
+        )
+        .map_err(|e| anyhow::anyhow!("decision log {}: {e}", log_config.path.display()))?;
         tracing::info!(target: START_LOG_TARGET, path = %log_config.path.display(), "decision log on");
         daemon.set_decision_log(log);
     }
@@ -295,11 +299,18 @@ fn open_state(config: &Config, discard_corrupt: bool) -> anyhow::Result<(Secret,
         Some(secret) => (secret, false),
         None => (Secret::generate(&config.secret)?, true),
     };
+    let key_derivation = match (config.key_derivation, &config.shared) {
+        (Some(derivation), _) => Some(derivation),
+        (None, Some(shared)) if config.state.symlink_metadata().is_err() => {
+            Some(store_derivation(shared, secret.fingerprint())?)
+        }
+        (None, _) => None,
+    };
     let options = OpenOptions {
         discard_corrupt,
         key_fingerprint: Some(secret.fingerprint()),
         key_is_new: secret_is_new,
-        key_derivation: config.key_derivation,
+        key_derivation,
     };
     let opened = match Store::open_with(&config.state, options) {
         Err(StoreError::KeyMismatch { path, found, .. }) if secret_is_new => anyhow::bail!(
@@ -318,6 +329,27 @@ fn open_state(config: &Config, discard_corrupt: bool) -> anyhow::Result<(Secret,
         secret.save(&config.secret)?;
     }
     Ok((secret, opened.store, opened.loaded))
+}
+
+/// With `[shared]` and no `key_derivation`, a state file to be made takes
+/// the derivation the store's hosts use, learned before it is made: a
+/// host added to a running deployment then names accounts as they do. A
+/// store that cannot be asked stops the start rather than guess: a wrong
+/// guess would be refused by the store later, leaving the host counting
+/// alone on its share.
+fn store_derivation(shared: &crate::config::SharedConfig, secret_fingerprint: u64) -> anyhow::Result<Derivation> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let store = crate::shared::SharedStore::new(shared.clone());
+    runtime
+        .block_on(async {
+            store.start();
+            store.derivation_in_use(secret_fingerprint).await
+        })
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "cannot learn which key derivation the shared store's hosts use ({e}): start again once the store answers, or set key_derivation"
+            )
+        })
 }
 
 /// What start-up put back in the tables, for the "listening" line.

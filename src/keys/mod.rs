@@ -196,6 +196,22 @@ impl Secret {
         u64::from_le_bytes(hash.finalize_fixed().into())
     }
 
+    /// What a decision log records to tell whose digests it holds: the
+    /// fingerprint under BLAKE2b keys (as logs always recorded), another
+    /// value under another derivation, so a replay never mixes the two.
+    pub fn digests_fingerprint(&self, derivation: Derivation) -> u64 {
+        match derivation {
+            Derivation::Blake2b => self.fingerprint(),
+            other => {
+                let mut hash = Blake2b::<U8>::default();
+                Update::update(&mut hash, FINGERPRINT_DOMAIN);
+                Update::update(&mut hash, &self.0);
+                Update::update(&mut hash, &[other as u8]);
+                u64::from_le_bytes(hash.finalize_fixed().into())
+            }
+        }
+    }
+
     fn parse_hex(text: &str) -> Option<Secret> {
         if text.len() != SECRET_BYTES * 2 || !text.is_ascii() {
             return None;
@@ -767,5 +783,8 @@ mod tests {
         assert_ne!(a.fingerprint(), Secret::from_bytes([2; SECRET_BYTES]).fingerprint());
         let component = deriver(1).component(Component::Account, b"");
         assert_ne!(a.fingerprint().to_le_bytes(), component[..8]);
+        // A decision log's: the fingerprint for BLAKE2b keys, else another.
+        assert_eq!(a.digests_fingerprint(Derivation::Blake2b), a.fingerprint());
+        assert_ne!(a.digests_fingerprint(Derivation::SipHash), a.fingerprint());
     }
 }

@@ -17,6 +17,33 @@ impl SharedStore {
     /// checks the secret's fingerprint; the store's time. Bounded by
     /// `connect_timeout_ms` per step. Off the request path (the supervisor).
     pub async fn connect(&self, fingerprint: &str) -> Result<u64, ProbeError> {
+        self.open_connection().await?;
+        self.assert_fingerprint(fingerprint).await
+    }
+
+    /// The key derivation the store's hosts use, for a host whose state
+    /// file is new (the file takes it): the store's record when it holds
+    /// this secret's, the newest when it holds none (claimed for it, as a
+    /// first join does). Another secret's record says nothing: the join
+    /// refuses it. Bounded by `connect_timeout_ms` per step.
+    pub async fn derivation_in_use(&self, secret_fingerprint: u64) -> Result<Derivation, ProbeError> {
+        self.open_connection().await?;
+        let newest = store_fingerprint(secret_fingerprint, Derivation::NEWEST);
+        let (recorded, _) = self.join(&newest).await?;
+        let (secret, derivation) = split_fingerprint(&recorded);
+        if recorded == newest || secret != split_fingerprint(&newest).0 {
+            return Ok(Derivation::NEWEST);
+        }
+        derivation.parse().ok().and_then(Derivation::from_number).ok_or_else(|| {
+            ProbeError::Refused(format!(
+                "shared store {} names key derivation {derivation}, which this version does not know",
+                self.config.url
+            ))
+        })
+    }
+
+    /// Drops the connection and makes a new one, and loads the script.
+    async fn open_connection(&self) -> Result<(), ProbeError> {
         *self.connection.locked() = None;
         let connect_timeout = Duration::from_millis(self.config.connect_timeout_ms);
         let mut connection = if self.is_cluster() {
@@ -56,7 +83,7 @@ impl SharedStore {
             Err(e) => return Err(ProbeError::Unreachable(e)),
         }
         *self.connection.locked() = Some(connection);
-        self.assert_fingerprint(fingerprint).await
+        Ok(())
     }
 
     /// Records this host's secret fingerprint in the store if none is
@@ -65,16 +92,8 @@ impl SharedStore {
     /// the running hosts write it back within a heartbeat, so a host keyed
     /// otherwise cannot claim the store. Bounded by `connect_timeout_ms`.
     pub async fn assert_fingerprint(&self, fingerprint: &str) -> Result<u64, ProbeError> {
-        let connect_timeout = Duration::from_millis(self.config.connect_timeout_ms);
-        let join = Op::join(format!("{}:{{meta}}", self.config.key_prefix), fingerprint);
-        let reply = self.call_unchecked(join, connect_timeout).await.map_err(|e| match e {
-            CallError::BadValue(_) => ProbeError::Refused(format!(
-                "the store holds a key {}:{{meta}} tollgate did not write; choose another key_prefix",
-                self.config.key_prefix
-            )),
-            e => ProbeError::Unreachable(e.to_string()),
-        })?;
-        let recorded = reply.strings.first().map(String::as_str).unwrap_or("");
+        let (recorded, store_now) = self.join(fingerprint).await?;
+        let recorded = recorded.as_str();
         let (secret, derivation) = split_fingerprint(recorded);
         if recorded != fingerprint && secret == split_fingerprint(fingerprint).0 {
             return Err(ProbeError::Refused(format!(
@@ -91,8 +110,24 @@ impl SharedStore {
                 self.config.url
             )));
         }
-        // The store's time, for the clock offset before the first heartbeat.
-        Ok(reply.ints.get(1).map_or(0, |&t| t.max(0) as u64))
+        Ok(store_now)
+    }
+
+    /// Records `fingerprint` in the store if none is; the one recorded,
+    /// and the store's time (for the clock offset before the first
+    /// heartbeat).
+    async fn join(&self, fingerprint: &str) -> Result<(String, u64), ProbeError> {
+        let connect_timeout = Duration::from_millis(self.config.connect_timeout_ms);
+        let join = Op::join(format!("{}:{{meta}}", self.config.key_prefix), fingerprint);
+        let reply = self.call_unchecked(join, connect_timeout).await.map_err(|e| match e {
+            CallError::BadValue(_) => ProbeError::Refused(format!(
+                "the store holds a key {}:{{meta}} tollgate did not write; choose another key_prefix",
+                self.config.key_prefix
+            )),
+            e => ProbeError::Unreachable(e.to_string()),
+        })?;
+        let recorded = reply.strings.first().cloned().unwrap_or_default();
+        Ok((recorded, reply.ints.get(1).map_or(0, |&t| t.max(0) as u64)))
     }
 
     /// A client for the configured store, with its credentials (read from

@@ -86,7 +86,7 @@ pub enum StoreError {
     KeyMismatch { path: PathBuf, found: u64, expected: u64 },
     #[error("state file {path} holds rows from before key fingerprints were recorded, and its secret key file is missing: restore the secret key file it was written with, or start with --discard-corrupt-state to move the state file aside and start empty")]
     KeyMissing { path: PathBuf },
-    #[error("state file {path} holds rows made with key derivation {found}, and the configuration asks for {wanted}: a file keeps its derivation while it holds rows; remove key_derivation from the configuration, or start with --discard-corrupt-state to move the state file aside and start empty")]
+    #[error("state file {path} holds rows made with key derivation {found}, and the configuration asks for {wanted}: a file keeps its derivation while it holds rows (its lockouts among them); remove key_derivation from the configuration")]
     DerivationMismatch { path: PathBuf, found: u64, wanted: u64 },
     #[error("state file {path} names key derivation {found}, which this version does not know: it was written by a newer tollgate")]
     DerivationUnknown { path: PathBuf, found: u64 },

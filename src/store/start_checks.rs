@@ -51,12 +51,9 @@ impl Store {
     pub(super) fn open_unlocked(path: &Path, options: OpenOptions) -> Result<Opened, StoreError> {
         match Self::try_open(path, options) {
             Ok(opened) => Ok(opened),
-            Err(
-                e @ (StoreError::Corrupt { .. }
-                | StoreError::KeyMismatch { .. }
-                | StoreError::KeyMissing { .. }
-                | StoreError::DerivationMismatch { .. }),
-            ) if options.discard_corrupt => {
+            Err(e @ (StoreError::Corrupt { .. } | StoreError::KeyMismatch { .. } | StoreError::KeyMissing { .. }))
+                if options.discard_corrupt =>
+            {
                 let aside = unused_path(path.with_extension(format!("corrupt-{}", std::process::id())));
                 std::fs::rename(path, &aside).map_err(|e| StoreError::Open {
                     path: path.into(),
@@ -279,6 +276,9 @@ fn prepare(db: &Database, path: &Path, options: OpenOptions) -> Result<(Loaded, 
         // BLAKE2b; a file made now takes the configured or the newest.
         let own = match (recorded, made_now) {
             (Some(recorded), _) => recorded,
+            // Rows and no schema: not a file tollgate made now. Taken for
+            // the oldest derivation, whose keys they most likely are.
+            (None, true) if rows > 0 => Derivation::Blake2b,
             (None, true) => wanted.unwrap_or(Derivation::NEWEST),
             (None, false) if found == Some(SCHEMA_VERSION_DERIVED) => {
                 return Err(StoreError::corrupt(path, "schema 4 names no key derivation"));

@@ -336,13 +336,31 @@ fn a_state_file_keeps_the_key_derivation_its_rows_were_made_with() {
     let before = std::fs::read(&old).unwrap();
     let err = derivation(&old, Some(Derivation::SipHash)).expect_err("rows of another derivation");
     assert!(matches!(err, StoreError::DerivationMismatch { found: 1, wanted: 2, .. }), "{err}");
-    assert_eq!(std::fs::read(&old).unwrap(), before);
+    assert!(std::fs::read(&old).unwrap() == before, "a refused file is not written to");
     assert_eq!(derivation(&old, None).unwrap(), Derivation::Blake2b);
     assert_eq!(derivation(&old, Some(Derivation::Blake2b)).unwrap(), Derivation::Blake2b);
     assert_eq!(derivation(&old, None).unwrap(), Derivation::Blake2b, "recorded");
-    // With the flag, moved aside: the new file takes what is asked.
-    let opened = Store::open_with(&old, opening(Some(Derivation::SipHash), true)).unwrap();
-    assert_eq!((opened.store.key_derivation(), opened.loaded.entries.len()), (Derivation::SipHash, 0));
+    // Not even with the flag: that would throw its lockouts away.
+    let before = std::fs::read(&old).unwrap();
+    let err = Store::open_with(&old, opening(Some(Derivation::SipHash), true)).err().expect("refused");
+    assert!(matches!(err, StoreError::DerivationMismatch { .. }) && !err.to_string().contains("--discard"), "{err}");
+    assert!(std::fs::read(&old).unwrap() == before, "left as it was");
+    // Rows without a schema version (not a file made now): BLAKE2b's.
+    let bare = dir.path().join("bare.redb");
+    {
+        let db = Database::create(&bare).unwrap();
+        let txn = db.begin_write().unwrap();
+        let row = super::schema::entry_row(
+            "login/source_failures",
+            5,
+            60_000_000,
+            Counts { window: 7, previous: 0, current: 5 },
+        );
+        txn.open_table(ENTRIES).unwrap().insert(("login/source_failures", 5u128), row).unwrap();
+        txn.commit().unwrap();
+    }
+    let opened = Store::open_with(&bare, opening(None, false)).unwrap();
+    assert_eq!((opened.store.key_derivation(), opened.loaded.entries.len()), (Derivation::Blake2b, 1));
     drop(opened);
     // New: the newest, or the configured; kept while empty only if asked.
     let new = dir.path().join("new.redb");
@@ -370,7 +388,7 @@ fn a_state_file_keeps_the_key_derivation_its_rows_were_made_with() {
         let txn = db.begin_read().unwrap();
         txn.open_table(META).unwrap().get("schema_version").unwrap().unwrap().value()
     };
-    assert_eq!((schema(&fresh), schema(&new), schema(&old)), (4, 3, 4));
+    assert_eq!((schema(&fresh), schema(&new), schema(&old)), (4, 3, 3));
     let err = derivation(&fresh, Some(Derivation::Blake2b)).expect_err("rows of the newest");
     assert!(matches!(err, StoreError::DerivationMismatch { found: 2, wanted: 1, .. }), "{err}");
     // A number this version does not know is refused, not guessed.

@@ -312,7 +312,7 @@ pub fn replay_files(config: &Config, classes: Arc<ClassTable>, files: &[PathBuf]
                 } else {
                     file.problems.push(ProblemReport {
                         offset: 0,
-                        what: "written under a different secret than the first file (its digests do not match): \
+                        what: "written under a different secret or key derivation than the first file (its digests do not match): \
                                not replayed"
                             .into(),
                         torn_tail: false,
