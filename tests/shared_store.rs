@@ -249,6 +249,15 @@ fn a_new_host_takes_the_stores_key_derivation_and_one_set_otherwise_is_refused()
     let dir = tempfile::tempdir().unwrap();
     let secret = shared_secret(dir.path());
     let with = |setting: &str| format!("{setting}\n{}", shared_config(&redis.url(), &secret, ""));
+    // Asking writes nothing: a start that fails after it (its class file
+    // is missing) leaves the empty store unclaimed.
+    let doomed = TestDaemon::prepare(Some(&with("")), false);
+    let missing_classes = doomed.dir.path().join("missing.csv");
+    let config = format!("{}\n[source]\nclass_file = \"{}\"\n", with(""), missing_classes.display());
+    std::fs::write(doomed.config.as_ref().unwrap(), config).unwrap();
+    let status = doomed.serve_command().output().expect("run serve");
+    assert!(!status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
+    assert_eq!(redis.cmd(&["EXISTS", "tg:{meta}"]).trim(), "0", "the store was claimed by a start that failed");
     let first = TestDaemon::start_with(Some(&with("key_derivation = 1")), false);
     let added = TestDaemon::start_with(Some(&with("")), false);
     added.wait_for_log("key_derivation=1");
@@ -267,13 +276,28 @@ fn a_new_host_takes_the_stores_key_derivation_and_one_set_otherwise_is_refused()
     other.spawn();
     assert_eq!(check(&other, &yusuf).decision, Decision::Deny, "its file, without rows, took the setting");
 
-    // A new state file, and no store to ask: not started on a guess.
-    let gone = format!("{}\n", shared_config("redis+unix:///nonexistent/r.sock", &secret, ""));
-    let unasked = TestDaemon::prepare(Some(&gone), false);
-    let status = unasked.serve_command().output().expect("run serve");
+    // Without its secret file, a new host is refused before it makes one
+    // (or a state file) under a secret of its own.
+    let keyless = TestDaemon::prepare(None, false);
+    let missing = keyless.dir.path().join("secret");
+    let config = format!(
+        "secret = \"{}\"\n{}",
+        missing.display(),
+        shared_config(&redis.url(), &secret, "").split_once('\n').unwrap().1
+    );
+    std::fs::write(keyless.dir.path().join("tollgate.toml"), config).unwrap();
+    let status =
+        keyless.serve_command().arg("--config").arg(keyless.dir.path().join("tollgate.toml")).output().unwrap();
     let stderr = String::from_utf8_lossy(&status.stderr);
-    assert!(!status.status.success() && stderr.contains("cannot learn which key derivation"), "{stderr}");
-    assert!(!unasked.state.exists(), "no state file made on a guess");
+    assert!(!status.status.success() && stderr.contains("another secret key"), "{stderr}");
+    assert!(!missing.exists() && !keyless.state.exists(), "nothing left behind");
+
+    // A new state file, and no store to ask: degraded on the newest, as
+    // any host starts while the store is away, and says so.
+    let gone = shared_config("redis+unix:///nonexistent/r.sock", &secret, "");
+    let unasked = TestDaemon::start_with(Some(&gone), false);
+    unasked.wait_for_log("key_derivation=2");
+    assert!(unasked.log().contains("cannot learn the shared store's key derivation"), "{}", unasked.log());
 }
 
 #[test]

@@ -293,6 +293,7 @@ fn random_bit_flips_never_panic_and_never_silently_change_a_lockout() {
             key_fingerprint: Some(fingerprint),
             key_is_new: false,
             key_derivation: None,
+            new_file_derivation: None,
         };
         let what = format!("trial {trial} ({flips} bits)");
         // Directly, on a copy: either every row it loads is one that was
@@ -405,6 +406,7 @@ fn a_state_file_is_never_paired_with_another_secret_key() {
             key_fingerprint: Some(fingerprint),
             key_is_new: false,
             key_derivation: None,
+            new_file_derivation: None,
         },
     )
     .unwrap();

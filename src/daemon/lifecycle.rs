@@ -299,18 +299,29 @@ fn open_state(config: &Config, discard_corrupt: bool) -> anyhow::Result<(Secret,
         Some(secret) => (secret, false),
         None => (Secret::generate(&config.secret)?, true),
     };
-    let key_derivation = match (config.key_derivation, &config.shared) {
-        (Some(derivation), _) => Some(derivation),
-        (None, Some(shared)) if config.state.symlink_metadata().is_err() => {
-            Some(store_derivation(shared, secret.fingerprint())?)
+    // With `[shared]`, a file made now (missing, or moved aside by the
+    // flag) takes the store's hosts' derivation unless one is set.
+    let new_file_derivation = match (config.key_derivation, &config.shared) {
+        (None, Some(shared)) => {
+            let missing =
+                matches!(std::fs::metadata(&config.state), Err(e) if e.kind() == std::io::ErrorKind::NotFound);
+            if missing {
+                Some(store_derivation(shared, secret.fingerprint())?)
+            } else if discard_corrupt {
+                // The file may be sound and stay: no reason to stop here.
+                store_derivation(shared, secret.fingerprint()).ok()
+            } else {
+                None
+            }
         }
-        (None, _) => None,
+        _ => None,
     };
     let options = OpenOptions {
         discard_corrupt,
         key_fingerprint: Some(secret.fingerprint()),
         key_is_new: secret_is_new,
-        key_derivation,
+        key_derivation: config.key_derivation,
+        new_file_derivation,
     };
     let opened = match Store::open_with(&config.state, options) {
         Err(StoreError::KeyMismatch { path, found, .. }) if secret_is_new => anyhow::bail!(
@@ -332,24 +343,40 @@ fn open_state(config: &Config, discard_corrupt: bool) -> anyhow::Result<(Secret,
 }
 
 /// With `[shared]` and no `key_derivation`, a state file to be made takes
-/// the derivation the store's hosts use, learned before it is made: a
-/// host added to a running deployment then names accounts as they do. A
-/// store that cannot be asked stops the start rather than guess: a wrong
-/// guess would be refused by the store later, leaving the host counting
-/// alone on its share.
+/// the derivation the store's hosts use, read (never written) before it
+/// is made: a host added to a running deployment then names accounts as
+/// they do. A store holding none is read again after a heartbeat (a
+/// flush the running hosts write back within one); still none, the
+/// newest. A store holding another secret's stops the start, before a
+/// file or a secret is written. A store that cannot be reached leaves
+/// the newest, with a warning: the host starts degraded, as any host
+/// does then, and is refused when it connects if the others differ.
 fn store_derivation(shared: &crate::config::SharedConfig, secret_fingerprint: u64) -> anyhow::Result<Derivation> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let store = crate::shared::SharedStore::new(shared.clone());
-    runtime
-        .block_on(async {
-            store.start();
-            store.derivation_in_use(secret_fingerprint).await
-        })
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "cannot learn which key derivation the shared store's hosts use ({e}): start again once the store answers, or set key_derivation"
-            )
-        })
+    let heartbeat = Duration::from_millis(shared.heartbeat_ms);
+    let learned = runtime.block_on(async {
+        store.start();
+        match store.derivation_in_use(secret_fingerprint).await? {
+            Some(derivation) => Ok(derivation),
+            None => {
+                tokio::time::sleep(heartbeat).await;
+                Ok(store.derivation_in_use(secret_fingerprint).await?.unwrap_or(Derivation::NEWEST))
+            }
+        }
+    });
+    drop(store);
+    // Nothing of the peek may hold the start (a resolver's lookup).
+    runtime.shutdown_timeout(Duration::from_millis(shared.connect_timeout_ms));
+    match learned {
+        Ok(derivation) => Ok(derivation),
+        Err(crate::shared::ProbeError::Refused(why)) => Err(anyhow::anyhow!(why)),
+        Err(e) => {
+            tracing::warn!(target: START_LOG_TARGET, error = %e, key_derivation = Derivation::NEWEST.number(),
+                "cannot learn the shared store's key derivation; a new state file takes the newest (if the other hosts use another, this host is refused when it connects: set key_derivation)");
+            Ok(Derivation::NEWEST)
+        }
+    }
 }
 
 /// What start-up put back in the tables, for the "listening" line.

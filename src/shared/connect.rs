@@ -22,19 +22,39 @@ impl SharedStore {
     }
 
     /// The key derivation the store's hosts use, for a host whose state
-    /// file is new (the file takes it): the store's record when it holds
-    /// this secret's, the newest when it holds none (claimed for it, as a
-    /// first join does). Another secret's record says nothing: the join
-    /// refuses it. Bounded by `connect_timeout_ms` per step.
-    pub async fn derivation_in_use(&self, secret_fingerprint: u64) -> Result<Derivation, ProbeError> {
+    /// file is about to be made (the file takes it), read without writing:
+    /// the store's record, or `None` when it holds none (a new deployment,
+    /// or a flush the running hosts have not yet written back: read again
+    /// after a heartbeat). A record of another secret is refused here,
+    /// before this host writes a file or a secret. Bounded by
+    /// `connect_timeout_ms` per step.
+    pub async fn derivation_in_use(&self, secret_fingerprint: u64) -> Result<Option<Derivation>, ProbeError> {
         self.open_connection().await?;
-        let newest = store_fingerprint(secret_fingerprint, Derivation::NEWEST);
-        let (recorded, _) = self.join(&newest).await?;
-        let (secret, derivation) = split_fingerprint(&recorded);
-        if recorded == newest || secret != split_fingerprint(&newest).0 {
-            return Ok(Derivation::NEWEST);
+        let connect_timeout = Duration::from_millis(self.config.connect_timeout_ms);
+        // Through the script, as every op: the documented ACL user may run
+        // nothing else.
+        let read = Op::read_fingerprint(format!("{}:{{meta}}", self.config.key_prefix));
+        let reply = self.call_unchecked(read, connect_timeout).await.map_err(|e| match e {
+            CallError::BadValue(_) => ProbeError::Refused(format!(
+                "the store holds a key {}:{{meta}} tollgate did not write; choose another key_prefix",
+                self.config.key_prefix
+            )),
+            e => ProbeError::Unreachable(e.to_string()),
+        })?;
+        let recorded = reply.strings.first().cloned().unwrap_or_default();
+        if recorded.is_empty() {
+            return Ok(None);
         }
-        derivation.parse().ok().and_then(Derivation::from_number).ok_or_else(|| {
+        let (secret, derivation) = split_fingerprint(&recorded);
+        let ours = format!("{secret_fingerprint:016x}");
+        if secret != ours {
+            return Err(ProbeError::Refused(format!(
+                "shared store {} was joined with another secret key (fingerprint {secret}, this host's is {ours}): \
+                 copy the secret file from a host that is already in, or set [shared] key_prefix to another prefix",
+                self.config.url
+            )));
+        }
+        derivation.parse().ok().and_then(Derivation::from_number).map(Some).ok_or_else(|| {
             ProbeError::Refused(format!(
                 "shared store {} names key derivation {derivation}, which this version does not know",
                 self.config.url

@@ -456,7 +456,16 @@ local function join()
   return { 0, now, got[1] or '', got[2] or '' }
 end
 
-local ops = { C = check, R = report, X = release, M = merge, U = unlock, H = heartbeat, J = join }
+-- FINGERPRINT: the one recorded ('' if none), writing nothing: what a
+-- host about to make a state file reads to take the hosts' derivation.
+local function fingerprint()
+  local kn = key()
+  local kind = redis.call('TYPE', kn)['ok']
+  if kind ~= 'none' and kind ~= 'hash' then return { -2, 1 } end
+  return { 0, now, redis.call('HMGET', kn, 'fingerprint')[1] or '' }
+end
+
+local ops = { C = check, R = report, X = release, M = merge, U = unlock, H = heartbeat, J = join, F = fingerprint }
 local packed = { C = true, R = true, X = true, M = true }
 local function ints(out)
   return struct.pack(int64s_format(#out), unpack(out))

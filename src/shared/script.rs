@@ -260,6 +260,13 @@ impl Op {
         op
     }
 
+    /// Reads the recorded fingerprint, writing nothing.
+    pub fn read_fingerprint(key: String) -> Op {
+        let mut op = Op::new(b'F');
+        op.keys.push(key);
+        op
+    }
+
     pub fn join(key: String, fingerprint: &str) -> Op {
         let mut op = Op::new(b'J');
         op.arg(fingerprint);

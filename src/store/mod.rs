@@ -164,8 +164,11 @@ pub struct OpenOptions {
     pub key_is_new: bool,
     /// The configuration's `key_derivation`: taken by a new file, or by
     /// one without rows; a file with rows of another is refused. `None`: a
-    /// new file takes the newest, any other keeps its own.
+    /// new file takes `new_file_derivation`, any other keeps its own.
     pub key_derivation: Option<Derivation>,
+    /// What a file made now takes without `key_derivation` (the shared
+    /// store's hosts'); `None`: the newest.
+    pub new_file_derivation: Option<Derivation>,
 }
 
 /// One persisted failure entry.

@@ -225,7 +225,7 @@ where
 /// deletes the rows whose check fails. Nothing is committed unless all of
 /// it succeeds.
 fn prepare(db: &Database, path: &Path, options: OpenOptions) -> Result<(Loaded, Derivation), StoreError> {
-    let OpenOptions { key_fingerprint, key_is_new, key_derivation: wanted, .. } = options;
+    let OpenOptions { key_fingerprint, key_is_new, key_derivation: wanted, new_file_derivation, .. } = options;
     let corrupt = |e: &dyn std::fmt::Display| StoreError::corrupt(path, e);
     let mut txn = db.begin_write().map_err(|e| corrupt(&e))?;
     txn.set_two_phase_commit(true);
@@ -279,7 +279,7 @@ fn prepare(db: &Database, path: &Path, options: OpenOptions) -> Result<(Loaded, 
             // Rows and no schema: not a file tollgate made now. Taken for
             // the oldest derivation, whose keys they most likely are.
             (None, true) if rows > 0 => Derivation::Blake2b,
-            (None, true) => wanted.unwrap_or(Derivation::NEWEST),
+            (None, true) => wanted.or(new_file_derivation).unwrap_or(Derivation::NEWEST),
             (None, false) if found == Some(SCHEMA_VERSION_DERIVED) => {
                 return Err(StoreError::corrupt(path, "schema 4 names no key derivation"));
             }

@@ -123,6 +123,7 @@ fn a_schema_2_file_is_migrated_with_checks_and_adopts_the_key_it_is_opened_with(
         key_fingerprint: Some(fingerprint),
         key_is_new: false,
         key_derivation: None,
+        new_file_derivation: None,
     };
     let opened = Store::open_with(&path, keyed(0xA)).unwrap();
     assert_eq!((&opened.loaded.entries, opened.loaded.damaged_rows), (&expected, 0));
@@ -159,8 +160,13 @@ fn a_schema_2_file_with_rows_refuses_a_key_made_just_now() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.redb");
     schema_2_file(&path, Key { account_tag: 9, tuple: 8 }.to_u128());
-    let new_key =
-        OpenOptions { discard_corrupt: false, key_fingerprint: Some(0xC), key_is_new: true, key_derivation: None };
+    let new_key = OpenOptions {
+        discard_corrupt: false,
+        key_fingerprint: Some(0xC),
+        key_is_new: true,
+        key_derivation: None,
+        new_file_derivation: None,
+    };
     let err = Store::open_with(&path, new_key).err().expect("refused");
     assert!(matches!(err, StoreError::KeyMissing { .. }), "{err}");
     assert!(err.to_string().contains("--discard-corrupt-state"), "{err}");
@@ -177,6 +183,7 @@ fn a_file_without_rows_adopts_any_key_and_with_the_flag_another_keys_file_is_mov
         key_fingerprint: Some(fingerprint),
         key_is_new: false,
         key_derivation: None,
+        new_file_derivation: None,
     };
     drop(Store::open_with(&path, keyed(1, false)).unwrap());
     drop(Store::open_with(&path, keyed(2, false)).expect("nothing to lose"));
@@ -308,7 +315,13 @@ fn the_learned_host_count_survives_a_restart_and_a_rewrite() {
     writer.stop();
     let opened = Store::open_with(
         &path,
-        OpenOptions { discard_corrupt: false, key_fingerprint: None, key_is_new: false, key_derivation: None },
+        OpenOptions {
+            discard_corrupt: false,
+            key_fingerprint: None,
+            key_is_new: false,
+            key_derivation: None,
+            new_file_derivation: None,
+        },
     )
     .unwrap();
     assert_eq!(opened.loaded.hosts_learned, Some(4), "a rewrite kept the learned count");
@@ -326,6 +339,7 @@ fn a_state_file_keeps_the_key_derivation_its_rows_were_made_with() {
         key_fingerprint: Some(0xA),
         key_is_new: false,
         key_derivation: wanted,
+        new_file_derivation: None,
     };
     let derivation =
         |path: &Path, wanted| Store::open_with(path, opening(wanted, false)).map(|o| o.store.key_derivation());
