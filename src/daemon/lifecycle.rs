@@ -308,8 +308,11 @@ fn open_state(config: &Config, discard_corrupt: bool) -> anyhow::Result<(Secret,
             if missing {
                 Some(store_derivation(shared, secret.fingerprint())?)
             } else if discard_corrupt {
-                // The file may be sound and stay: no reason to stop here.
-                store_derivation(shared, secret.fingerprint()).ok()
+                // The file may be sound and stay: no reason to stop here
+                // (the join refuses what this would have).
+                store_derivation(shared, secret.fingerprint())
+                    .inspect_err(|e| tracing::warn!(target: START_LOG_TARGET, error = %e, "shared store"))
+                    .ok()
             } else {
                 None
             }
@@ -342,26 +345,40 @@ fn open_state(config: &Config, discard_corrupt: bool) -> anyhow::Result<(Secret,
     Ok((secret, opened.store, opened.loaded))
 }
 
+/// How long a host about to make a state file keeps asking a store it
+/// cannot reach for its hosts' key derivation, and how often.
+const STORE_DERIVATION_ASKED_FOR_MS: u64 = 5_000;
+const STORE_DERIVATION_ASK_EVERY_MS: u64 = 500;
+
 /// With `[shared]` and no `key_derivation`, a state file to be made takes
 /// the derivation the store's hosts use, read (never written) before it
 /// is made: a host added to a running deployment then names accounts as
-/// they do. A store holding none is read again after a heartbeat (a
-/// flush the running hosts write back within one); still none, the
-/// newest. A store holding another secret's stops the start, before a
+/// they do. A store holding none (a new deployment) gives the newest;
+/// right after a flush, before the running hosts write theirs back
+/// (within a heartbeat), that guess may be refused at the join, which
+/// says what to set. A store holding another secret's stops the start, before a
 /// file or a secret is written. A store that cannot be reached leaves
 /// the newest, with a warning: the host starts degraded, as any host
 /// does then, and is refused when it connects if the others differ.
 fn store_derivation(shared: &crate::config::SharedConfig, secret_fingerprint: u64) -> anyhow::Result<Derivation> {
+    use crate::shared::ProbeError;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let store = crate::shared::SharedStore::new(shared.clone());
-    let heartbeat = Duration::from_millis(shared.heartbeat_ms);
     let learned = runtime.block_on(async {
         store.start();
-        match store.derivation_in_use(secret_fingerprint).await? {
-            Some(derivation) => Ok(derivation),
-            None => {
-                tokio::time::sleep(heartbeat).await;
-                Ok(store.derivation_in_use(secret_fingerprint).await?.unwrap_or(Derivation::NEWEST))
+        let asking_since = tokio::time::Instant::now();
+        loop {
+            match store.derivation_in_use(secret_fingerprint).await {
+                Ok(Some(derivation)) => return Ok(derivation),
+                Ok(None) => return Ok(Derivation::NEWEST),
+                // A host started just before its store (boot order): ask
+                // again for a while before starting on a guess.
+                Err(ProbeError::Unreachable(_))
+                    if asking_since.elapsed() < Duration::from_millis(STORE_DERIVATION_ASKED_FOR_MS) =>
+                {
+                    tokio::time::sleep(Duration::from_millis(STORE_DERIVATION_ASK_EVERY_MS)).await;
+                }
+                Err(e) => return Err(e),
             }
         }
     });
@@ -370,7 +387,7 @@ fn store_derivation(shared: &crate::config::SharedConfig, secret_fingerprint: u6
     runtime.shutdown_timeout(Duration::from_millis(shared.connect_timeout_ms));
     match learned {
         Ok(derivation) => Ok(derivation),
-        Err(crate::shared::ProbeError::Refused(why)) => Err(anyhow::anyhow!(why)),
+        Err(ProbeError::Refused(why)) => Err(anyhow::anyhow!(why)),
         Err(e) => {
             tracing::warn!(target: START_LOG_TARGET, error = %e, key_derivation = Derivation::NEWEST.number(),
                 "cannot learn the shared store's key derivation; a new state file takes the newest (if the other hosts use another, this host is refused when it connects: set key_derivation)");
