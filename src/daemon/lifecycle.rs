@@ -356,10 +356,11 @@ const STORE_DERIVATION_ASK_EVERY_MS: u64 = 500;
 /// they do. A store holding none (a new deployment) gives the newest;
 /// right after a flush, before the running hosts write theirs back
 /// (within a heartbeat), that guess may be refused at the join, which
-/// says what to set. A store holding another secret's stops the start, before a
-/// file or a secret is written. A store that cannot be reached leaves
-/// the newest, with a warning: the host starts degraded, as any host
-/// does then, and is refused when it connects if the others differ.
+/// says what to set. A store holding another secret's stops the start,
+/// before a file or a secret is written. A store that cannot be reached
+/// is asked again for a while (a host booted before it), then leaves the
+/// newest, with a warning: the host starts degraded, as any host does
+/// then, and is refused when it connects if the others differ.
 fn store_derivation(shared: &crate::config::SharedConfig, secret_fingerprint: u64) -> anyhow::Result<Derivation> {
     use crate::shared::ProbeError;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
