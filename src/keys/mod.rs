@@ -422,46 +422,14 @@ impl KeyDeriver {
     fn half(&self, which: usize, pieces: &[&[u8]]) -> u64 {
         use std::hash::Hasher;
         let mut hasher = siphasher::sip::SipHasher24::new_with_key(&self.halves_keys[which]);
-        // One write when the pieces fit (the same hash as a write each:
-        // SipHash reads its input as one string).
-        let mut input = [0u8; RECALL_INPUT_INLINE];
-        let len: usize = pieces.iter().map(|p| p.len()).sum();
-        if len <= input.len() {
-            let mut at = 0;
-            for piece in pieces {
-                input[at..at + piece.len()].copy_from_slice(piece);
-                at += piece.len();
-            }
-            hasher.write(&input[..len]);
-        } else {
-            for piece in pieces {
-                hasher.write(piece);
-            }
-        }
+        write_pieces(&mut hasher, pieces);
         hasher.finish()
     }
 
     /// The tag a digest of these pieces is remembered under.
     fn recall_tag(&self, pieces: &[&[u8]]) -> u128 {
-        use std::hash::Hasher;
         let mut hasher = SipHasher13::new_with_key(&self.recall_key);
-        // The same tag as writing the pieces in turn, in one write when they
-        // fit: the hasher buffers each piece's tail, which costs more than
-        // the copy.
-        let mut input = [0u8; RECALL_INPUT_INLINE];
-        let len: usize = pieces.iter().map(|p| p.len()).sum();
-        if len <= input.len() {
-            let mut at = 0;
-            for piece in pieces {
-                input[at..at + piece.len()].copy_from_slice(piece);
-                at += piece.len();
-            }
-            hasher.write(&input[..len]);
-        } else {
-            for piece in pieces {
-                hasher.write(piece);
-            }
-        }
+        write_pieces(&mut hasher, pieces);
         hasher.finish128().as_u128()
     }
 
@@ -553,8 +521,28 @@ impl KeyDeriver {
     }
 }
 
-/// A recall tag's input up to this length is hashed in one write.
-const RECALL_INPUT_INLINE: usize = 128;
+/// Pieces of a SipHash input up to this length are hashed in one write.
+const PIECES_INLINE: usize = 128;
+
+/// Writes the pieces in turn: in one write when they fit, the same hash
+/// (SipHash reads its input as one string) without the hasher buffering
+/// each piece's tail, which costs more than the copy.
+fn write_pieces(hasher: &mut impl std::hash::Hasher, pieces: &[&[u8]]) {
+    let mut input = [0u8; PIECES_INLINE];
+    let len: usize = pieces.iter().map(|p| p.len()).sum();
+    if len <= input.len() {
+        let mut at = 0;
+        for piece in pieces {
+            input[at..at + piece.len()].copy_from_slice(piece);
+            at += piece.len();
+        }
+        hasher.write(&input[..len]);
+    } else {
+        for piece in pieces {
+            hasher.write(piece);
+        }
+    }
+}
 
 /// A tuple's digest input at most: its tag and count, then a component
 /// byte and a digest for each component, every one at most once.

@@ -30,17 +30,9 @@ impl SharedStore {
     /// `connect_timeout_ms` per step.
     pub async fn derivation_in_use(&self, secret_fingerprint: u64) -> Result<Option<Derivation>, ProbeError> {
         self.open_connection().await?;
-        let connect_timeout = Duration::from_millis(self.config.connect_timeout_ms);
         // Through the script, as every op: the documented ACL user may run
         // nothing else.
-        let read = Op::read_fingerprint(format!("{}:{{meta}}", self.config.key_prefix));
-        let reply = self.call_unchecked(read, connect_timeout).await.map_err(|e| match e {
-            CallError::BadValue(_) => ProbeError::Refused(format!(
-                "the store holds a key {}:{{meta}} tollgate did not write; choose another key_prefix",
-                self.config.key_prefix
-            )),
-            e => ProbeError::Unreachable(e.to_string()),
-        })?;
+        let reply = self.call_meta(Op::read_fingerprint(self.meta_key())).await?;
         let recorded = reply.strings.first().cloned().unwrap_or_default();
         if recorded.is_empty() {
             return Ok(None);
@@ -137,17 +129,26 @@ impl SharedStore {
     /// and the store's time (for the clock offset before the first
     /// heartbeat).
     async fn join(&self, fingerprint: &str) -> Result<(String, u64), ProbeError> {
+        let reply = self.call_meta(Op::join(self.meta_key(), fingerprint)).await?;
+        let recorded = reply.strings.first().cloned().unwrap_or_default();
+        Ok((recorded, reply.ints.get(1).map_or(0, |&t| t.max(0) as u64)))
+    }
+
+    fn meta_key(&self) -> String {
+        format!("{}:{{meta}}", self.config.key_prefix)
+    }
+
+    /// An op on the meta key, bounded by `connect_timeout_ms`; a value
+    /// there that is not ours is refused.
+    async fn call_meta(&self, op: Op) -> Result<super::Reply, ProbeError> {
         let connect_timeout = Duration::from_millis(self.config.connect_timeout_ms);
-        let join = Op::join(format!("{}:{{meta}}", self.config.key_prefix), fingerprint);
-        let reply = self.call_unchecked(join, connect_timeout).await.map_err(|e| match e {
+        self.call_unchecked(op, connect_timeout).await.map_err(|e| match e {
             CallError::BadValue(_) => ProbeError::Refused(format!(
                 "the store holds a key {}:{{meta}} tollgate did not write; choose another key_prefix",
                 self.config.key_prefix
             )),
             e => ProbeError::Unreachable(e.to_string()),
-        })?;
-        let recorded = reply.strings.first().cloned().unwrap_or_default();
-        Ok((recorded, reply.ints.get(1).map_or(0, |&t| t.max(0) as u64)))
+        })
     }
 
     /// A client for the configured store, with its credentials (read from
