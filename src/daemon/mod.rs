@@ -13,6 +13,7 @@ mod listings;
 mod request;
 mod scrape;
 mod shared;
+mod state_file;
 mod status;
 
 pub use lifecycle::{check_config, serve};
