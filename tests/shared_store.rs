@@ -241,7 +241,8 @@ fn a_host_with_another_secret_refuses_to_join() {
 /// before key derivations): a host added with a new state file learns
 /// their derivation from the store and counts with them; one set to
 /// another is refused, naming the setting, which its file, still without
-/// rows, takes. A new file whose store cannot be asked stops the start.
+/// rows, takes. A new file whose store cannot be reached starts degraded
+/// on the newest, and says so.
 #[test]
 fn a_new_host_takes_the_stores_key_derivation_and_one_set_otherwise_is_refused() {
     require_redis();
