@@ -36,12 +36,19 @@ pub fn leak(s: String) -> &'static str {
 /// One attempt as an auth server makes it: check; if it may proceed, hash
 /// the password (a sleep), then report a failure. True if it was tried.
 pub async fn guess(client: Client, route: &str, subject: Subject<'static>, hash: Duration) -> bool {
-    if !client.check(route, &subject).await.proceeds() {
-        return false;
+    guess_answered(client, route, subject, hash).await.is_some()
+}
+
+/// `guess`: `None` if not tried, else whether its check was answered on
+/// the host's degraded share rather than by the store.
+pub async fn guess_answered(client: Client, route: &str, subject: Subject<'static>, hash: Duration) -> Option<bool> {
+    let answered = client.check_answered(route, &subject).await;
+    if !answered.answer.proceeds() {
+        return None;
     }
     tokio::time::sleep(hash).await;
     verdict(client.report(route, &subject, Outcome::Failure).await);
-    true
+    Some(answered.degraded)
 }
 
 /// `n` login attempts at once, each on its own connection, spread round
@@ -52,18 +59,32 @@ pub fn race_logins(
     hash: Duration,
     subject: impl Fn(usize) -> Subject<'static>,
 ) -> usize {
+    race_logins_answered(daemons, n, hash, subject).0
+}
+
+/// `race_logins`: how many passwords were tried, and how many of those
+/// checks were answered on a host's degraded share.
+pub fn race_logins_answered(
+    daemons: &[TestDaemon],
+    n: usize,
+    hash: Duration,
+    subject: impl Fn(usize) -> Subject<'static>,
+) -> (usize, usize) {
     let rt = runtime();
     let clients: Vec<Client> = (0..n).map(|i| daemons[i % daemons.len()].client()).collect();
     rt.block_on(async {
         let mut tasks = Vec::new();
         for (i, client) in clients.into_iter().enumerate() {
-            tasks.push(tokio::spawn(guess(client, "login", subject(i), hash)));
+            tasks.push(tokio::spawn(guess_answered(client, "login", subject(i), hash)));
         }
-        let mut tried = 0;
+        let (mut tried, mut on_share) = (0, 0);
         for t in tasks {
-            tried += t.await.unwrap() as usize;
+            if let Some(degraded) = t.await.unwrap() {
+                tried += 1;
+                on_share += degraded as usize;
+            }
         }
-        tried
+        (tried, on_share)
     })
 }
 
