@@ -9,7 +9,8 @@ use std::time::Duration;
 use tollgate::client::Client;
 use tollgate::protocol::{Outcome, Subject, Verdict};
 
-use super::{runtime, verdict, TestDaemon};
+use super::redis::{require_redis, RedisServer};
+use super::{ip, runtime, subject, verdict, TestDaemon};
 
 /// What argon2 costs a real auth server between its check and its report.
 pub const PASSWORD_HASH: Duration = Duration::from_millis(100);
@@ -106,4 +107,77 @@ pub fn wait_until(daemon: &TestDaemon, within: Duration, what: &str, mut done: i
         assert!(std::time::Instant::now() < deadline, "{what}:\n{}", daemon.log());
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// `n` hosts with the shipped `[shared]` defaults but for the host count
+/// (3 for three, so a degraded share would be ceil(5 / 3) = 2 and show),
+/// and `top` and `shared` lines.
+pub fn hosts_with(n: usize, url: &str, secret: &Path, top: &str, shared: &str) -> Vec<TestDaemon> {
+    let config =
+        format!("secret = \"{}\"\n{top}\n[shared]\nurl = \"{url}\"\nhosts = {n}\n{shared}\n", secret.display());
+    let daemons: Vec<TestDaemon> = (0..n).map(|_| TestDaemon::start_with(Some(&config), false)).collect();
+    // The store answers each host before the burst (a first call on a
+    // loaded machine may miss its 2 ms).
+    for d in &daemons {
+        wait_until(d, Duration::from_secs(10), "the store answers", || {
+            !runtime().block_on(d.client().check_answered("login", &subject("192.0.2.250", "warmup"))).degraded
+        });
+    }
+    daemons
+}
+
+/// One test at a time: a burst is the attacker's, not the sum of four
+/// tests' bursts on two cores (a run of late calls longer than busy_max is
+/// an overloaded store, and the shares answer).
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Hosts on their own store, this test alone on the machine. Fields
+/// drop in order: the daemons before their store.
+pub struct Hosts {
+    pub daemons: Vec<TestDaemon>,
+    pub redis: RedisServer,
+    _dir: tempfile::TempDir,
+    _alone: std::sync::MutexGuard<'static, ()>,
+}
+
+impl Hosts {
+    pub fn start() -> Hosts {
+        Hosts::start_with(3, "", "")
+    }
+
+    pub fn start_with(n: usize, top: &str, shared: &str) -> Hosts {
+        require_redis();
+        let alone = one_at_a_time();
+        let redis = RedisServer::unix();
+        let dir = tempfile::tempdir().unwrap();
+        let daemons = hosts_with(n, &redis.url(), &shared_secret(dir.path()), top, shared);
+        Hosts { daemons, redis, _dir: dir, _alone: alone }
+    }
+}
+
+/// Runs of each burst: "every run" is the promise, so more than one.
+pub const RUNS: usize = 3;
+
+/// Bursts with the store answering in time between them (a heartbeat,
+/// each second, at least `busy_max_ms` after the last late call): each is a
+/// burst of its own. Back to back, they are one run of late calls, and a
+/// run longer than busy_max is a store overloaded, answered on the shares
+/// (the documented bound, not the exact one).
+pub fn between_bursts(run: usize) {
+    if run > 0 {
+        quiet();
+    }
+}
+
+/// A quiet moment: the run of late calls before it ends.
+pub fn quiet() {
+    std::thread::sleep(Duration::from_millis(1600));
+}
+
+pub fn subject_of(peer: &str, account: &'static str) -> Subject<'static> {
+    Subject { peer: Some(ip(peer)), account: Some(account), ..Subject::default() }
 }
