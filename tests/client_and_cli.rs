@@ -102,11 +102,7 @@ fn a_timeout_from_a_daemon_that_just_answered_is_busy_and_does_not_proceed() {
     let client = Client::new(ClientConfig::new(&daemon.socket).busy_max(Duration::from_millis(300)));
     let alice = subject("198.51.100.7", "alice");
     assert!(rt.block_on(client.check("login", &alice)).proceeds());
-    let stop = |signal: &str| {
-        let ok = std::process::Command::new("kill").args([signal, &daemon.pid().to_string()]).status().unwrap();
-        assert!(ok.success());
-    };
-    stop("-STOP");
+    daemon.freeze();
     let (burst, lone) = rt.block_on(async {
         let burst = futures_util::future::join(client.check("login", &alice), client.check("login", &alice)).await;
         (burst, client.check("login", &subject("198.51.100.8", "erin")).await)
@@ -119,7 +115,7 @@ fn a_timeout_from_a_daemon_that_just_answered_is_busy_and_does_not_proceed() {
     assert!(lone.proceeds(), "a lone login fails open");
     std::thread::sleep(Duration::from_millis(350));
     let down = rt.block_on(futures_util::future::join(client.check("login", &alice), client.check("login", &alice)));
-    stop("-CONT");
+    daemon.thaw();
     assert!(matches!(down.0, Answer::Unavailable { error: ClientError::Timeout(_), .. }), "{down:?}");
     assert!(down.0.proceeds() && down.1.proceeds(), "login fails open once the daemon is late for busy_max");
 }

@@ -38,6 +38,88 @@ fn the_rust_client_with_its_default_deadline_lets_at_most_five_of_300_proceed() 
     }
 }
 
+/// Bursts closer together than busy_max, each on a fresh account, as an
+/// attacker spraying one account after another would send them. No timely
+/// answer came busy_max after the client's last timeout, so its run of
+/// late calls never ended; once that run was older than busy_max, every
+/// late check was taken for an overloaded daemon and failed open on
+/// `login`, whole bursts of guesses on a fresh account with no check at
+/// all. A daemon that answered this client in time within busy_max is
+/// busy, not down.
+#[test]
+fn bursts_closer_than_busy_max_on_fresh_accounts_are_each_held_to_the_bound() {
+    let hosts = Hosts::start();
+    let rt = runtime();
+    let clients: Vec<Arc<Client>> =
+        hosts.daemons.iter().map(|d| Arc::new(Client::new(ClientConfig::new(&d.socket)))).collect();
+    rt.block_on(async {
+        for client in &clients {
+            answered_in_time(client).await;
+        }
+    });
+    let busy_max = ClientConfig::new("unused").busy_max;
+    let mut late_bursts = 0;
+    for run in 0..8 {
+        let account = leak(format!("dave-{run}"));
+        let subject = Subject { peer: Some(ip("198.51.100.10")), account: Some(account), ..Subject::default() };
+        let (proceeded, busy) = rt.block_on(burst_through(&clients, &subject, false));
+        eprintln!("burst {run}: {proceeded} proceeded, {busy} refused by the client as busy");
+        late_bursts += (busy > 0) as usize;
+        assert!(proceeded <= 5 + 3 * 2, "burst {run}: the client let {proceeded} of 300 proceed, bound 11");
+        std::thread::sleep(busy_max * 2 / 5);
+    }
+    // Else the daemon was never late and the test proved nothing.
+    assert!(late_bursts >= 2, "only {late_bursts} of 8 bursts met a late daemon");
+}
+
+/// The same rule against one real daemon, frozen and thawed (SIGSTOP,
+/// SIGCONT) for exact timing: a burst, an answer in time too soon to end
+/// the run, then a burst once the run is older than busy_max. Before, that
+/// burst failed open; now it is busy. Frozen for busy_max with nothing
+/// answered in time, the daemon is down and `login` fails open as before.
+#[test]
+fn a_daemon_that_answered_in_time_within_busy_max_is_busy_in_an_old_run() {
+    // Exact timing: not beside another test's burst.
+    let _alone = one_at_a_time();
+    let daemon = TestDaemon::start();
+    let rt = runtime();
+    let busy_max = Duration::from_millis(600);
+    let client = Client::new(ClientConfig::new(&daemon.socket).busy_max(busy_max));
+    let alice = subject("198.51.100.7", "alice");
+    let burst =
+        || rt.block_on(futures_util::future::join(client.check("login", &alice), client.check("login", &alice)));
+    let started = std::time::Instant::now();
+    assert!(rt.block_on(client.check("login", &subject("192.0.2.1", "warm"))).proceeds());
+    daemon.freeze();
+    let first = burst();
+    daemon.thaw();
+    assert!(matches!(first.0, Answer::Unavailable { error: ClientError::Busy(_), .. }), "{first:?}");
+    std::thread::sleep(Duration::from_millis(200));
+    // Thawed, a loaded machine may still miss one 5 ms deadline.
+    let answered_in_time = (0..20).any(|_| {
+        let bob = rt.block_on(client.check("login", &subject("192.0.2.2", "bob")));
+        matches!(bob, Answer::Verdict(_)) || {
+            std::thread::sleep(Duration::from_millis(10));
+            false
+        }
+    });
+    assert!(answered_in_time, "the thawed daemon never answered in time");
+    std::thread::sleep((busy_max + Duration::from_millis(50)).saturating_sub(started.elapsed()));
+    daemon.freeze();
+    let late = burst();
+    std::thread::sleep(busy_max + Duration::from_millis(50));
+    let gone = burst();
+    daemon.thaw();
+    for a in [&late.0, &late.1] {
+        assert!(matches!(a, Answer::Unavailable { error: ClientError::Busy(_), .. }), "the run older: {late:?}");
+        assert!(!a.proceeds());
+    }
+    for a in [&gone.0, &gone.1] {
+        assert!(matches!(a, Answer::Unavailable { error: ClientError::Timeout(_), .. }), "down: {gone:?}");
+        assert!(a.proceeds(), "login fails open once nothing is answered in time for busy_max");
+    }
+}
+
 /// 300 guesses at once on `subject`, round robin over `clients` (after
 /// warming each up, if `warm`): how many proceeded, and how many the
 /// client refused as busy.

@@ -18,7 +18,8 @@ pub enum ClientError {
     #[error("tollgate did not answer within {0:?}")]
     Timeout(Duration),
     /// No answer within the timeout from a daemon that has answered this
-    /// client, in a run of timeouts younger than `ClientConfig::busy_max`,
+    /// client, in a run of timeouts younger than `ClientConfig::busy_max`
+    /// or within `busy_max` of its last answer in time,
     /// for a check that another check on the same account (or address)
     /// overlapped on this client: a burst, and the daemon is busy, not
     /// down. The attempt does not proceed,

@@ -48,9 +48,9 @@ pub struct Client {
     /// plus one; 0 never): a daemon never heard from is not busy.
     last_answered_us: AtomicU64,
     /// The current run of timeouts: (when it began, the last one; 0 none),
-    /// µs as above. A daemon late at a stretch for longer than `busy_max`
-    /// is down or overloaded, not busy with a burst: the fail policy
-    /// applies again, so a flood cannot keep every login refused.
+    /// µs as above. A daemon late at a stretch for longer than `busy_max`,
+    /// with no call answered in time within it, is down or overloaded,
+    /// not busy with a burst: the fail policy applies again.
     late_run: Mutex<(u64, u64)>,
     /// The checks waiting, per account (or address).
     bursts: crate::burst::Bursts,
@@ -339,12 +339,15 @@ impl Client {
     }
 
     /// A call the daemon was late for: it joins the run of late calls, and
-    /// is `Busy` while the run is younger than `busy_max` from a daemon
-    /// that has answered this client, else `Timeout`.
+    /// is `Busy` from a daemon that has answered this client while the run
+    /// is younger than `busy_max` or the daemon answered a call in time
+    /// within `busy_max`; else `Timeout`. A daemon that still answers in
+    /// time is not down: an attacker's bursts closer together than
+    /// `busy_max` would otherwise age one run past it and fail open.
     fn late(&self, timeout: Duration) -> ClientError {
         let busy_max_us = self.config.busy_max.as_micros() as u64;
         let last = self.last_answered_us.load(Ordering::Relaxed);
-        let run_young = {
+        let busy = {
             // The time is read under the lock: read before it, a task could
             // start the run after this one's instant.
             let mut run = self.late_run.locked();
@@ -353,9 +356,9 @@ impl Client {
                 run.0 = now;
             }
             run.1 = run.1.max(now);
-            now.saturating_sub(run.0) < busy_max_us
+            now.saturating_sub(run.0) < busy_max_us || now.saturating_sub(last) < busy_max_us
         };
-        if last > 0 && run_young {
+        if last > 0 && busy {
             ClientError::Busy(timeout)
         } else {
             ClientError::Timeout(timeout)

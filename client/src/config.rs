@@ -36,8 +36,8 @@ pub struct ClientConfig {
     /// steps down one version at a time by itself.
     pub protocol_version: u8,
     /// A timeout in a run of timeouts (ended only by a timely answer this
-    /// long after its last timeout) younger than this, from a daemon that
-    /// has answered this client, is
+    /// long after its last timeout) younger than this, or this soon after
+    /// an answer in time, from a daemon that has answered this client, is
     /// `ClientError::Busy` (the attempt does not proceed), not an outage
     /// for the fail policy. Zero: every timeout is an outage.
     pub busy_max: Duration,

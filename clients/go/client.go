@@ -73,8 +73,9 @@ type Config struct {
 	Socket string
 	// Timeout bounds each call (a sooner context deadline wins).
 	Timeout time.Duration
-	// BusyMax: a timeout in a run of timeouts younger than this, from a
-	// daemon that has answered this client, for a check overlapped by
+	// BusyMax: a timeout in a run of timeouts younger than this (or this
+	// soon after an answer in time), from a daemon that has answered this
+	// client, for a check overlapped by
 	// another on the same account (or address), is ErrBusy and never
 	// proceeds. Zero: every timeout is an outage.
 	BusyMax time.Duration
@@ -247,8 +248,8 @@ type Client struct {
 	// started, plus one; 0 never): a daemon never heard from is not busy.
 	lastAnswered atomic.Uint64
 	// lateRun: the current run of timeouts (when it began, the last one;
-	// 0 none). A daemon late for longer than BusyMax is down or overloaded:
-	// the fail policy applies again, so a flood cannot keep logins refused.
+	// 0 none). A daemon late for longer than BusyMax, with no call answered
+	// in time within it, is down or overloaded: the fail policy applies.
 	lateMu  sync.Mutex
 	lateRun [2]uint64
 	bursts  *bursts
@@ -403,8 +404,9 @@ func (c *Client) nowUs() uint64 { return uint64(time.Since(c.started)/time.Micro
 
 // deadlineKind classifies a check its caller's deadline cut short: the
 // caller's doing (ErrDeadline, never proceeds) unless the client's own
-// timeouts already show an outage: a run of them older than BusyMax, or any
-// run from a daemon that never answered this client. Then it is ErrTimeout
+// timeouts already show an outage: a run of them older than BusyMax with no
+// answer in time within BusyMax, or any run from a daemon that never
+// answered this client. Then it is ErrTimeout
 // and the policy applies, so a lone user whose requests carry short
 // deadlines is not refused for a whole outage. A daemon with no run of
 // timeouts is taken for healthy, even one not heard from yet (a fresh
@@ -414,10 +416,19 @@ func (c *Client) deadlineKind() ErrorKind {
 	c.lateMu.Lock()
 	now, run := c.nowUs(), c.lateRun
 	c.lateMu.Unlock()
-	if run[1] != 0 && (last == 0 || now-run[0] >= uint64(c.cfg.BusyMax/time.Microsecond)) {
+	busyMaxUs := uint64(c.cfg.BusyMax / time.Microsecond)
+	if run[1] != 0 && (last == 0 || (now-run[0] >= busyMaxUs && since(now, last) >= busyMaxUs)) {
 		return ErrTimeout
 	}
 	return ErrDeadline
+}
+
+// since is now - then in µs, 0 for a then read after now.
+func since(now, then uint64) uint64 {
+	if then > now {
+		return 0
+	}
+	return now - then
 }
 
 func callerEndedKind(ctxErr error) ErrorKind {
@@ -468,7 +479,10 @@ func (c *Client) call(ctx context.Context, cancellable bool, req *request) (*res
 		if now > c.lateRun[1] {
 			c.lateRun[1] = now
 		}
-		young := now-c.lateRun[0] < busyMaxUs
+		// A daemon that answered in time within BusyMax is busy, not
+		// down: bursts closer together than BusyMax would otherwise age
+		// one run past it and fail open.
+		young := now-c.lateRun[0] < busyMaxUs || since(now, last) < busyMaxUs
 		c.lateMu.Unlock()
 		if last > 0 && young {
 			err.Kind = ErrBusy

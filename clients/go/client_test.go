@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -369,6 +370,65 @@ func TestABusyDaemonRefusesBurstsButNotALoneUser(t *testing.T) {
 	for _, a := range answers {
 		if a.Err == nil || a.Err.Kind != ErrBusy || a.Proceeds() {
 			t.Fatalf("a burst on one account is busy: %+v", a.Err)
+		}
+	}
+}
+
+// Bursts closer together than BusyMax: the answer between them comes too
+// soon to end the run, which grows older than BusyMax; a late burst then
+// must still not proceed.
+func TestADaemonThatAnsweredInTimeWithinBusyMaxIsBusyInAnOldRun(t *testing.T) {
+	var silent atomic.Bool
+	f := startFake(t, func(version uint8, id uint64, _ uint32) []byte {
+		if silent.Load() {
+			return nil
+		}
+		return frameOf(version, id, verdictBody(version, Allow))
+	})
+	c := fakeClient(t, f, func(cfg *Config) {
+		cfg.Timeout = 30 * time.Millisecond
+		cfg.BusyMax = 600 * time.Millisecond
+	})
+	ctx := context.Background()
+	burst := func() []Answer {
+		answers := make([]Answer, 2)
+		var wg sync.WaitGroup
+		for i := range answers {
+			wg.Add(1)
+			go func(i int) {
+				defer wg.Done()
+				answers[i] = c.Check(ctx, "login", alice)
+			}(i)
+		}
+		wg.Wait()
+		return answers
+	}
+	started := time.Now()
+	if a := c.Check(ctx, "login", alice); a.Kind != AnswerVerdict {
+		t.Fatalf("%+v", a)
+	}
+	silent.Store(true)
+	for _, a := range burst() {
+		if a.Err == nil || a.Err.Kind != ErrBusy {
+			t.Fatalf("a first burst: %+v", a.Err)
+		}
+	}
+	silent.Store(false)
+	time.Sleep(200 * time.Millisecond)
+	if a := c.Check(ctx, "login", Subject{Account: Some("bob")}); a.Kind != AnswerVerdict {
+		t.Fatalf("answered in time: %+v", a)
+	}
+	time.Sleep(650*time.Millisecond - time.Since(started))
+	silent.Store(true)
+	for _, a := range burst() {
+		if a.Err == nil || a.Err.Kind != ErrBusy || a.Proceeds() {
+			t.Fatalf("answered in time within BusyMax, the run older: %+v", a.Err)
+		}
+	}
+	time.Sleep(650 * time.Millisecond)
+	for _, a := range burst() {
+		if a.Err == nil || a.Err.Kind != ErrTimeout || !a.Proceeds() {
+			t.Fatalf("nothing in time for BusyMax: an outage: %+v", a.Err)
 		}
 	}
 }

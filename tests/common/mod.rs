@@ -153,6 +153,32 @@ impl TestDaemon {
         self.child.as_ref().expect("running").id()
     }
 
+    /// SIGSTOP, returning once every thread has stopped: a thread running
+    /// when the signal came can still answer a request sent after `kill`
+    /// returned.
+    pub fn freeze(&self) {
+        let pid = self.pid();
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGSTOP).unwrap();
+        let stopped = || {
+            std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().all(|task| {
+                let stat = std::fs::read_to_string(task.unwrap().path().join("stat")).unwrap_or_default();
+                // The state follows the command name's closing parenthesis.
+                stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('T'))
+            })
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !stopped() {
+            assert!(Instant::now() < deadline, "the daemon's threads did not all stop");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// SIGCONT after `freeze`.
+    pub fn thaw(&self) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid() as i32), nix::sys::signal::Signal::SIGCONT)
+            .unwrap();
+    }
+
     /// `kill -9`: no snapshot, no cleanup.
     pub fn kill9(&mut self) {
         let mut child = self.child.take().expect("running");

@@ -15,7 +15,7 @@ import { BUILTIN_FAIL_POLICIES, forwardedTail } from "./policies.js";
 
 /** Per call: a stalled daemon costs a login a few ms before the fail policy decides. */
 export const CALL_TIMEOUT_DEFAULT_MS = 5;
-/** A run of timeouts from a daemon that has answered, younger than this, is a busy daemon. */
+/** A run of timeouts from a daemon that has answered, younger than this (or this soon after an answer in time), is a busy daemon. */
 export const BUSY_MAX_DEFAULT_MS = 1000;
 /** Idle connections kept for reuse. */
 export const POOL_CONNECTIONS_MAX = 64;
@@ -281,7 +281,9 @@ export class Client {
     const now = this.#nowUs();
     if (run.lastUs === 0) run.startUs = now;
     run.lastUs = Math.max(run.lastUs, now);
-    const runYoung = now - run.startUs < busyMaxUs;
+    // A daemon that answered in time within busy_max is busy, not down: bursts closer together
+    // than busy_max would otherwise age one run past it and fail open.
+    const runYoung = now - run.startUs < busyMaxUs || now - this.#lastAnsweredUs < busyMaxUs;
     const message = result === TIMED_OUT ? `tollgate did not answer within ${this.#config.timeoutMs} ms` : result.error.message;
     const kind = this.#lastAnsweredUs > 0 && runYoung ? "busy" : "timeout";
     return { error: new ClientError(kind, message) };

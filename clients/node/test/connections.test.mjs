@@ -212,6 +212,30 @@ test("the busy rule: a timely answer busy_max after the run's last timeout ends 
   assert.equal(e.error.kind, "timeout", "busy_max 0: every timeout is an outage");
 });
 
+test("the busy rule: a daemon that answered in time within busy_max is busy in an old run", async (t) => {
+  // Bursts closer together than busy_max: the answer between them comes too soon to end the run,
+  // which grows older than busy_max; a late burst then must still not proceed.
+  let silent = false;
+  const daemon = await fakeDaemon((r) => (silent ? null : allowAll(r)));
+  t.after(() => daemon.close());
+  const client = new Client({ socket: daemon.path, timeoutMs: 30, busyMaxMs: 600 });
+  const started = performance.now();
+  await client.check("login", alice);
+  silent = true;
+  const first = await Promise.all([client.check("login", alice), client.check("login", alice)]);
+  assert.deepEqual(first.map((x) => x.error.kind), ["busy", "busy"]);
+  silent = false;
+  await sleep(200);
+  assert.equal((await client.check("login", { account: "bob" })).kind, "verdict");
+  await sleep(Math.max(0, 650 - (performance.now() - started)));
+  silent = true;
+  const late = await Promise.all([client.check("login", alice), client.check("login", alice)]);
+  for (const x of late) assert.deepEqual([x.error.kind, x.proceeds()], ["busy", false], "answered in time within busy_max");
+  await sleep(650);
+  const gone = await Promise.all([client.check("login", alice), client.check("login", alice)]);
+  for (const x of gone) assert.deepEqual([x.error.kind, x.proceeds()], ["timeout", true], "nothing in time for busy_max");
+});
+
 test("bad replies break the connection: over 8 MiB, trailing bytes, another id", async (t) => {
   let mode = "big";
   const daemon = await fakeDaemon(({ version, id }) => {

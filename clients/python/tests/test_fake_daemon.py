@@ -172,6 +172,34 @@ class Timeouts(unittest.TestCase):
             later = self.overlapping_checks(client, [SUBJECT] * 2)
             self.assertEqual({a.error.kind for a in later}, {"timeout"})
 
+    def test_a_daemon_that_answered_in_time_within_busy_max_is_busy_in_an_old_run(self):
+        # Bursts closer together than busy_max: the answer between them
+        # comes too soon to end the run, which grows older than busy_max;
+        # a late burst then must still not proceed.
+        answering = {"on": True}
+
+        def handler(daemon, version, request_id, variant, body):
+            return verdict_payload(version, request_id) if answering["on"] else None
+
+        with FakeDaemon(handler) as daemon, client_for(daemon, timeout=0.03, busy_max=0.6) as client:
+            started = time.monotonic()
+            client.check("login", SUBJECT)
+            answering["on"] = False
+            first = self.overlapping_checks(client, [SUBJECT] * 2)
+            self.assertEqual({a.error.kind for a in first}, {"busy"})
+            answering["on"] = True
+            time.sleep(0.2)
+            self.assertIsInstance(client.check("login", Subject(account="bob")), VerdictAnswer)
+            answered = time.monotonic()
+            time.sleep(max(0.0, 0.65 - (answered - started)))
+            answering["on"] = False
+            late = self.overlapping_checks(client, [SUBJECT] * 2)
+            self.assertEqual({a.error.kind for a in late}, {"busy"}, "answered in time within busy_max")
+            self.assertFalse(any(a.proceeds for a in late))
+            time.sleep(0.65)
+            gone = self.overlapping_checks(client, [SUBJECT] * 2)
+            self.assertEqual({a.error.kind for a in gone}, {"timeout"}, "nothing in time for busy_max")
+
 
 def decision_daemon(decision, delay_ms=0):
     def handler(daemon, version, request_id, variant, body):

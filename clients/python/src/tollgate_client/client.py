@@ -244,9 +244,9 @@ class _ClientCore:
         # 0: never). A daemon never heard from is not busy.
         self._last_answered_us = 0
         # The current run of timeouts: when it began and its last one (0:
-        # none). A daemon late at a stretch for longer than busy_max is down,
-        # not busy: the fail policy applies again, so a flood cannot keep
-        # every login refused.
+        # none). A daemon late at a stretch for longer than busy_max, with
+        # nothing answered in time within it, is down, not busy: the fail
+        # policy applies again.
         self._late_run = [0, 0]
         self._late_lock = threading.Lock()
         self._bursts = Bursts()
@@ -296,8 +296,9 @@ class _ClientCore:
         return Unavailable(policy, error, within)
 
     def _timed_out(self) -> ClientError:
-        """Records a timeout in the current run: Busy while the run is
-        younger than busy_max at a daemon that has answered this client."""
+        """Records a timeout in the current run: Busy at a daemon that has
+        answered this client while the run is younger than busy_max or the
+        daemon answered in time within busy_max."""
         with self._late_lock:
             # Read under the lock: read before it, another thread could
             # start the run after this one's instant.
@@ -306,7 +307,11 @@ class _ClientCore:
             if run[1] == 0:
                 run[0] = now
             run[1] = max(run[1], now)
-            run_young = now - run[0] < int(self.config.busy_max * 1_000_000)
+            busy_max_us = int(self.config.busy_max * 1_000_000)
+            # A daemon that answered in time within busy_max is busy, not
+            # down: bursts closer together than busy_max would otherwise
+            # age one run past it and fail open.
+            run_young = now - run[0] < busy_max_us or now - self._last_answered_us < busy_max_us
             answered_before = self._last_answered_us > 0
         if answered_before and run_young:
             # The plain timeout message: _failed adds the busy part if it stays busy.

@@ -28,9 +28,9 @@ public final class Client implements AutoCloseable {
     private volatile long lastAnsweredUs;
     /**
      * The current run of timeouts, when it began and its last one (0: none).
-     * A daemon late at a stretch for longer than busy_max is down or
-     * overloaded, not busy with a burst: the fail policy applies again, so a
-     * flood cannot keep every login refused.
+     * A daemon late at a stretch for longer than busy_max, with nothing
+     * answered in time within it, is down or overloaded, not busy with a
+     * burst: the fail policy applies again.
      */
     private long runStartUs;
     private long runLastUs;
@@ -206,7 +206,10 @@ public final class Client implements AutoCloseable {
                 long now = nowUs();
                 if (runLastUs == 0) runStartUs = now;
                 runLastUs = Math.max(runLastUs, now);
-                runYoung = now - runStartUs < busyMaxUs;
+                // A daemon that answered in time within busyMax is busy, not
+                // down: bursts closer together than busyMax would otherwise
+                // age one run past it and fail open.
+                runYoung = now - runStartUs < busyMaxUs || now - last < busyMaxUs;
             }
             // A socket that could not be created or connected for any reason
             // but an unreachable daemon (see Connection.unreachable: a full

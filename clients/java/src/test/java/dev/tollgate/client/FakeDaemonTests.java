@@ -135,6 +135,29 @@ final class FakeDaemonTests {
             Expect.that(old.stream().allMatch(a -> kind(a) == ClientError.Kind.TIMEOUT && a.proceeds()),
                     "late for longer than busy_max: the policy applies again: " + old);
         }
+        // Bursts closer together than busy_max: the answer between them comes
+        // too soon to end the run, which grows older than busy_max; a late
+        // burst then must still not proceed.
+        try (FakeDaemon daemon = new FakeDaemon(answering);
+                Client client = new Client(ClientConfig.of(daemon.socket).timeout(Duration.ofMillis(30)).busyMax(Duration.ofMillis(600)))) {
+            long started = System.nanoTime();
+            client.check("login", subject("warm"));
+            daemon.handler = f -> null;
+            List<Answer> first = together(client, List.of(subject("alice"), subject("alice")));
+            Expect.that(first.stream().allMatch(a -> kind(a) == ClientError.Kind.BUSY), "a first burst: " + first);
+            daemon.handler = answering;
+            Thread.sleep(200);
+            Expect.that(client.check("login", subject("bob")).verdict().isPresent(), "answered in time");
+            Thread.sleep(Math.max(0, 650 - (System.nanoTime() - started) / 1_000_000));
+            daemon.handler = f -> null;
+            List<Answer> late = together(client, List.of(subject("alice"), subject("alice")));
+            Expect.that(late.stream().allMatch(a -> kind(a) == ClientError.Kind.BUSY && !a.proceeds()),
+                    "answered in time within busy_max, the run older: busy: " + late);
+            Thread.sleep(650);
+            List<Answer> gone = together(client, List.of(subject("alice"), subject("alice")));
+            Expect.that(gone.stream().allMatch(a -> kind(a) == ClientError.Kind.TIMEOUT && a.proceeds()),
+                    "nothing in time for busy_max: an outage: " + gone);
+        }
         try (FakeDaemon daemon = new FakeDaemon(answering);
                 Client client = new Client(ClientConfig.of(daemon.socket).timeout(Duration.ofMillis(60)).busyMax(Duration.ZERO)
                         .staticBudget("registration", 10, Duration.ofHours(1), 10)
