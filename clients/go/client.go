@@ -20,7 +20,8 @@ const (
 	// ms before the fail policy decides.
 	CallTimeoutDefault = 5 * time.Millisecond
 	// BusyMaxDefault: how long a run of timeouts from a daemon that has
-	// answered this client is taken for a busy daemon, not a lost one.
+	// answered this client (and how long after an answer in time) is taken
+	// for a busy daemon, not a lost one.
 	BusyMaxDefault = time.Second
 	// PoolConnectionsMax idle connections are kept for reuse.
 	PoolConnectionsMax = 64

@@ -75,8 +75,9 @@ class ClientConfig:
     static_budgets: Dict[str, gcra.GcraSpec] = dataclasses.field(default_factory=dict)
     # Sent on a new connection; a daemon refusing it steps the connection down.
     protocol_version: int = PROTOCOL_VERSION
-    # A timeout in a run of timeouts younger than this, from a daemon that
-    # has answered this client, is Busy; 0: every timeout is an outage.
+    # A timeout in a run of timeouts younger than this (or this soon after an
+    # answer in time), from a daemon that has answered this client, is Busy;
+    # 0: every timeout is an outage.
     busy_max: float = BUSY_MAX_DEFAULT
     password_key: Optional[bytes] = None
 

@@ -12,9 +12,9 @@ public record ClientError(Kind kind, String message) {
         TIMEOUT,
         /**
          * A timeout the client takes for a busy daemon: from a daemon that has
-         * answered this client, in a run of timeouts younger than busy_max,
-         * for a check another check on the same account (or address)
-         * overlapped. Never proceeds: a guess let through because the limiter
+         * answered this client, in a run of timeouts younger than busy_max
+         * or within busy_max of an answer in time, for a check another check
+         * on the same account (or address) overlapped. Never proceeds: a guess let through because the limiter
          * was slow is a guess with no limit at all.
          */
         BUSY,
