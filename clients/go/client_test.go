@@ -357,21 +357,26 @@ func TestABusyDaemonRefusesBurstsButNotALoneUser(t *testing.T) {
 		// Taken for busy first, then downgraded: the message is a plain timeout's.
 		t.Fatalf("a timeout downgraded from busy says busy: %v", a.Err)
 	}
-	answers := make([]Answer, 3)
+	for _, a := range together(c, 3, alice) {
+		if a.Err == nil || a.Err.Kind != ErrBusy || a.Proceeds() {
+			t.Fatalf("a burst on one account is busy: %+v", a.Err)
+		}
+	}
+}
+
+// together is n login checks on s at once.
+func together(c *Client, n int, s Subject) []Answer {
+	answers := make([]Answer, n)
 	var wg sync.WaitGroup
 	for i := range answers {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			answers[i] = c.Check(ctx, "login", alice)
+			answers[i] = c.Check(context.Background(), "login", s)
 		}(i)
 	}
 	wg.Wait()
-	for _, a := range answers {
-		if a.Err == nil || a.Err.Kind != ErrBusy || a.Proceeds() {
-			t.Fatalf("a burst on one account is busy: %+v", a.Err)
-		}
-	}
+	return answers
 }
 
 // Bursts closer together than BusyMax: the answer between them comes too
@@ -390,19 +395,7 @@ func TestADaemonThatAnsweredInTimeWithinBusyMaxIsBusyInAnOldRun(t *testing.T) {
 		cfg.BusyMax = 600 * time.Millisecond
 	})
 	ctx := context.Background()
-	burst := func() []Answer {
-		answers := make([]Answer, 2)
-		var wg sync.WaitGroup
-		for i := range answers {
-			wg.Add(1)
-			go func(i int) {
-				defer wg.Done()
-				answers[i] = c.Check(ctx, "login", alice)
-			}(i)
-		}
-		wg.Wait()
-		return answers
-	}
+	burst := func() []Answer { return together(c, 2, alice) }
 	if a := c.Check(ctx, "login", alice); a.Kind != AnswerVerdict {
 		t.Fatalf("%+v", a)
 	}
