@@ -25,7 +25,7 @@ pub enum ClientError {
     /// down. The attempt does not proceed,
     /// whatever the route's fail policy: a guess let through because the
     /// limiter was slow is a guess with no limit at all.
-    #[error("tollgate is busy: no answer within {0:?}, late for less than busy_max")]
+    #[error("tollgate is busy: no answer within {0:?}, answered in time lately")]
     Busy(Duration),
     #[error("unexpected reply from tollgate: {0}")]
     Protocol(String),

@@ -277,7 +277,7 @@ class _ClientCore:
             if burst is None or not burst.in_burst():
                 error = CallTimeout(str(error))
             else:
-                error = Busy("{}, late for less than busy_max".format(error))
+                error = Busy("{}, busy: the daemon answered in time lately".format(error))
         # Only a check is an attempt: a report must not spend a second unit
         # of the static budget.
         return self._unavailable(route, error, spend=isinstance(request, Check))
