@@ -1,10 +1,10 @@
 // A stand-in daemon on a temp Unix socket for tests that need one to
 // misbehave: speak only version 1, fall silent, answer with bad frames.
 
-import { mkdtempSync } from "node:fs";
+import { mkdtempSync, rmSync } from "node:fs";
 import net from "node:net";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
 
 /** One reply frame: the envelope, then `message` bytes. */
 export function frame(version, id, message) {
@@ -51,7 +51,8 @@ export function errorMessage(code, message) {
  * request; `connections` counts the open ones.
  */
 export async function fakeDaemon(respond, { backlog } = {}) {
-  const path = join(mkdtempSync(join(tmpdir(), "tollgate-fake-")), "fake.sock");
+  const dir = mkdtempSync(join(tmpdir(), "tollgate-fake-"));
+  const path = join(dir, "fake.sock");
   const daemon = { path, requests: [], connections: 0, accepted: 0, respond };
   const sockets = new Set();
   daemon.server = net.createServer((socket) => {
@@ -80,7 +81,10 @@ export async function fakeDaemon(respond, { backlog } = {}) {
   daemon.close = () =>
     new Promise((resolve) => {
       for (const s of sockets) s.destroy();
-      daemon.server.close(resolve);
+      daemon.server.close(() => {
+        rmSync(dir, { recursive: true, force: true });
+        resolve();
+      });
     });
   return daemon;
 }
@@ -121,9 +125,10 @@ export async function fakeDaemonThread({ backlog } = {}) {
       while (Atomics.load(held, 1) === 0) await sleep(1);
     },
     release,
-    close: () => {
+    close: async () => {
       release();
-      return worker.terminate();
+      await worker.terminate();
+      rmSync(dirname(path), { recursive: true, force: true });
     },
   };
 }

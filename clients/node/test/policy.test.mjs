@@ -2,13 +2,14 @@
 // fail policies against a socket nobody listens on, Answer, the guard.
 
 import assert from "node:assert/strict";
-import { mkdtempSync } from "node:fs";
+import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
-import { test } from "node:test";
+import { dirname, join } from "node:path";
+import { after, test } from "node:test";
 import { Answer, BUILTIN_FAIL_POLICIES, Client, ClientError, forwardedTail, gcraDecide, gcraSpec } from "../index.js";
 
 const deadSocket = join(mkdtempSync(join(tmpdir(), "tollgate-node-")), "nobody.sock");
+after(() => rmSync(dirname(deadSocket), { recursive: true, force: true }));
 const subject = { peer: "198.51.100.7", account: "alice" };
 
 test("forwarded_tail keeps whole entries of the last 4096 bytes", () => {
