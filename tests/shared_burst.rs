@@ -36,6 +36,45 @@ fn three_hosts_admit_five_of_300_parallel_guesses_on_one_account_and_address() {
     }
 }
 
+/// Bursts closer together than `busy_max_ms`, each on a fresh account,
+/// make one run of late calls that grows old. Before, once it was older
+/// than busy_max every late call was a failure: the breaker opened, the
+/// shares answered hundreds of checks a burst, and up to 5 + 3 x 2 were
+/// tried. A store that answered checks in time within busy_max is busy,
+/// not away: each burst is held by the store.
+#[test]
+fn bursts_closer_than_busy_max_are_each_held_by_the_store() {
+    let hosts = Hosts::start();
+    let daemons = &hosts.daemons;
+    let timeouts =
+        || -> u64 { daemons.iter().map(|d| d.cli_json(&["status"])["shared"]["timeouts"].as_u64().unwrap()).sum() };
+    let (mut late_bursts, mut before) = (0, timeouts());
+    for burst in 0..8 {
+        let account = leak(format!("close-{burst}"));
+        let seen = race_logins_seen(daemons, 300, PASSWORD_HASH, |_| subject("198.51.100.9", account));
+        let by_store = seen.tried - seen.tried_on_share;
+        eprintln!("burst {burst}: {} tried, {} checks answered on a share", seen.tried, seen.on_share);
+        assert!(by_store <= 5, "burst {burst}: the store admitted {by_store} of 300, limit 5\n{}", daemons[0].log());
+        // A host's first late check of a burst may be alone on its keys
+        // there, and is answered on its share: one a host.
+        assert!(
+            seen.on_share <= 3,
+            "burst {burst}: {} checks answered on a share\n{}",
+            seen.on_share,
+            daemons[0].log()
+        );
+        let now = timeouts();
+        late_bursts += (now > before) as usize;
+        before = now;
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Else the store was never late, and the test proves nothing.
+    assert!(late_bursts >= 3, "only {late_bursts} of 8 bursts made the store late");
+    for d in daemons {
+        assert!(!d.log().contains("shared store unreachable"), "the breaker opened:\n{}", d.log());
+    }
+}
+
 #[test]
 fn three_hosts_admit_fifty_of_150_parallel_guesses_from_150_addresses() {
     let hosts = Hosts::start();

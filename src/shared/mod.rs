@@ -122,12 +122,12 @@ pub enum CallError {
     NodeAway(String),
     #[error("no reply within the timeout")]
     Timeout,
-    /// A check with no reply within the timeout, in a run of late calls
-    /// younger than `busy_max_ms` (`SharedStore::late_is_busy`), while
-    /// another check of this host waits on one of its keys: part of a
-    /// burst on them, queued, not lost. The caller refuses rather than
-    /// answer on its share, and the breaker does not move.
-    #[error("the store is busy: no reply within the timeout, late for less than busy_max_ms")]
+    /// A check with no reply within the timeout from a busy store
+    /// (`SharedStore::late_is_busy`), while another check of this host
+    /// waits on one of its keys: part of a burst on them, queued, not
+    /// lost. The caller refuses rather than answer on its share, and the
+    /// breaker does not move.
+    #[error("the store is busy: no reply within the timeout, amid a burst on the check's keys")]
     Busy,
     /// The same, for a check alone on its keys: answered on the share, as
     /// for a store away, but the breaker does not move.
@@ -208,6 +208,9 @@ pub struct SharedStore {
     last_success_us: AtomicU64,
     /// The current run of late request calls.
     late_run: Mutex<LateRun>,
+    /// When the store last replied to a batch, late or not (`micros`), 0
+    /// never; a cluster's are its nodes' (`Nodes::replied_us`).
+    replied_us: AtomicU64,
     /// The keys this host's checks wait on.
     hot: hot::HotKeys,
     state: AtomicU8,
@@ -264,6 +267,7 @@ impl SharedStore {
             connection: Mutex::new(None),
             last_success_us: AtomicU64::new(0),
             late_run: Mutex::new(LateRun::default()),
+            replied_us: AtomicU64::new(0),
             hot: hot::HotKeys::default(),
             state: AtomicU8::new(State::Open.to_u8()),
             breaker: Mutex::new(breaker),

@@ -28,11 +28,16 @@ pub struct NodeBreaker {
     /// 0 while closed; while open, when the next call may go (a probe).
     open_until_us: u64,
     probe_delay_us: u64,
+    /// When the node last replied to a batch, late or not, 0 never: a
+    /// late call on its slots is busy within `busy_max` of it
+    /// (`LateRun::late`). The node's own, so a frozen node's late calls
+    /// are lost while the others reply.
+    replied_us: u64,
 }
 
 impl NodeBreaker {
     fn new(probe_delay_min_us: u64) -> NodeBreaker {
-        NodeBreaker { failures_in_a_row: 0, open_until_us: 0, probe_delay_us: probe_delay_min_us }
+        NodeBreaker { failures_in_a_row: 0, open_until_us: 0, probe_delay_us: probe_delay_min_us, replied_us: 0 }
     }
 
     pub fn is_open(&self) -> bool {
@@ -56,7 +61,7 @@ impl NodeBreaker {
     /// True if this closed the breaker.
     fn succeeded(&mut self, probe_delay_min_us: u64) -> bool {
         let was_open = self.is_open();
-        *self = NodeBreaker::new(probe_delay_min_us);
+        *self = NodeBreaker { replied_us: self.replied_us, ..NodeBreaker::new(probe_delay_min_us) };
         was_open
     }
 
@@ -116,6 +121,19 @@ impl Nodes {
     /// The node serving `slot`, by its address, if known.
     pub fn name_of(&self, slot: u16) -> Option<&str> {
         self.node_of(slot).map(|n| self.nodes[n].0.as_str())
+    }
+
+    /// `slot`'s node replied to a batch at `now_us`.
+    pub fn replied(&mut self, slot: u16, now_us: u64) {
+        if let Some(n) = self.node_of(slot) {
+            self.nodes[n].1.replied_us = now_us;
+        }
+    }
+
+    /// When `slot`'s node last replied: 0 never, or for a slot no node
+    /// was seen serving.
+    pub fn replied_us(&self, slot: u16) -> u64 {
+        self.node_of(slot).map_or(0, |n| self.nodes[n].1.replied_us)
     }
 
     /// A call on `slot` was answered (true) or failed.
@@ -240,6 +258,23 @@ mod tests {
         assert_eq!(nodes.outcome(7000, true, 316), Change::Closed("127.0.0.1:7001".into()));
         assert!(nodes.admit(7000, 317));
         assert!(nodes.open().is_empty());
+    }
+
+    /// One node's replies make its own late calls busy, not another's: a
+    /// frozen node's slots still go to the shares.
+    #[test]
+    fn a_reply_is_its_nodes_alone() {
+        let mut nodes = Nodes::new(1, 100, 1000);
+        nodes.replied(0, 40);
+        assert_eq!(nodes.replied_us(0), 0, "no map yet: never");
+        nodes.remap(&three()).unwrap();
+        nodes.replied(100, 50);
+        assert_eq!((nodes.replied_us(5460), nodes.replied_us(5461), nodes.replied_us(16383)), (50, 0, 0));
+        assert_eq!(nodes.outcome(0, false, 60), Change::Opened("127.0.0.1:7000".into()));
+        assert_eq!(nodes.outcome(0, true, 70), Change::Closed("127.0.0.1:7000".into()));
+        assert_eq!(nodes.replied_us(0), 50, "a breaker closing keeps it");
+        nodes.remap(&Value::Array(vec![range(0, 16383, 7000)])).unwrap();
+        assert_eq!(nodes.replied_us(16383), 50, "a node kept by a new map keeps it");
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::time::Duration;
 use smallvec::SmallVec;
 use tokio::sync::{mpsc, oneshot};
 
-use super::script::{Op, Reply};
+use super::script::{op_slot, Op, Reply};
 use super::{hot, CallError, Pending, SharedStore, State, LATE_REPLY_WAIT_MS, ORPHANS_WAITING_MAX};
 use crate::unpoisoned::Unpoisoned;
 
@@ -36,6 +36,9 @@ pub struct Ticket<'s> {
     patient: bool,
     /// A check's keys, counted in flight while it waits.
     hot: Option<hot::HotGuard<'s>>,
+    /// In a cluster, a request's slot: its node's replies are the ones
+    /// that make its lateness busy.
+    slot: Option<u16>,
 }
 
 /// A report's ticket dropped before its wait ended (its connection closed
@@ -98,13 +101,13 @@ impl Ticket<'_> {
     /// The store's reply, or why there is none by the deadline: every
     /// counter and breaker effect of a call.
     pub async fn wait(self) -> Result<Reply, CallError> {
-        let Ticket { orphan, store, reply, deadline, request, patient, hot } = self;
+        let Ticket { orphan, store, reply, deadline, request, patient, hot, slot } = self;
         // `reply` bound before `orphan`: if this future is dropped while
         // it waits, the orphan goes first, and marks the op before the
         // reply channel closes.
         let mut reply = reply;
         let mut orphan = orphan;
-        let answer = store.answer(&mut orphan, &mut reply, deadline, request, patient, hot).await;
+        let answer = store.answer(&mut orphan, &mut reply, deadline, request.then_some(slot), patient, hot).await;
         if let Some(orphan) = orphan {
             orphan.disarm();
         }
@@ -115,13 +118,13 @@ impl Ticket<'_> {
 impl SharedStore {
     /// `Ticket::wait`'s body. A held report stays in `orphan` until the
     /// queue has room for it, so that if this is dropped first the orphan
-    /// queues it.
+    /// queues it. `request`: a request's call, and its slot in a cluster.
     async fn answer(
         &self,
         orphan: &mut Option<Orphan<'_>>,
         reply: &mut oneshot::Receiver<Result<Reply, CallError>>,
         deadline: tokio::time::Instant,
-        request: bool,
+        request: Option<Option<u16>>,
         patient: bool,
         hot: Option<hot::HotGuard<'_>>,
     ) -> Result<Reply, CallError> {
@@ -155,7 +158,7 @@ impl SharedStore {
                     return store.late_check(request, hot);
                 }
                 store.stats.timeouts.fetch_add(1, Ordering::Relaxed);
-                if !(request && store.late_is_busy()) {
+                if !request.is_some_and(|slot| store.late_is_busy(slot)) {
                     store.failed(&CallError::Timeout);
                     return Err(CallError::Timeout);
                 }
@@ -177,9 +180,9 @@ impl SharedStore {
     /// to take a place): a failure of the store, unless a run of late
     /// calls is young (`late_is_busy`); then a check in a burst on its
     /// keys is `Busy` and any other `Late`, and the breaker does not move.
-    fn late_check(&self, request: bool, hot: Option<hot::HotGuard<'_>>) -> Result<Reply, CallError> {
+    fn late_check(&self, request: Option<Option<u16>>, hot: Option<hot::HotGuard<'_>>) -> Result<Reply, CallError> {
         self.stats.timeouts.fetch_add(1, Ordering::Relaxed);
-        if !(request && self.late_is_busy()) {
+        if !request.is_some_and(|slot| self.late_is_busy(slot)) {
             self.failed(&CallError::Timeout);
             return Err(CallError::Timeout);
         }
@@ -211,6 +214,7 @@ impl SharedStore {
         }
         let (check, patient) = (op.kind == b'C', op.kind == b'R');
         let hot = check.then(|| self.hot.enter(&op.keys));
+        let slot = if self.is_cluster() { op_slot(&op).ok().flatten() } else { None };
         // A report is held until the queue has room: never sent, its
         // failure would be counted only on the share, which the store does
         // not read while it answers.
@@ -219,7 +223,7 @@ impl SharedStore {
             // A check queued behind a full queue, in a burst on its keys, is
             // refused like a late one. A report that found no room is
             // counted on the share: it was never sent.
-            Err(CallError::QueueFull) if hot.as_ref().is_some_and(|h| h.in_burst()) && self.late_is_busy() => {
+            Err(CallError::QueueFull) if hot.as_ref().is_some_and(|h| h.in_burst()) && self.late_is_busy(slot) => {
                 return Err(CallError::Busy)
             }
             Err(e) => return Err(e),
@@ -227,6 +231,7 @@ impl SharedStore {
         ticket.request = true;
         ticket.patient = patient;
         ticket.hot = hot;
+        ticket.slot = slot;
         Ok(ticket)
     }
 
@@ -251,7 +256,7 @@ impl SharedStore {
         };
         self.stats.calls.fetch_add(1, Ordering::Relaxed);
         let orphan = flag.map(|flag| Orphan { store: self, flag, unsent, armed: true });
-        Ok(Ticket { orphan, store: self, reply: rx, deadline, request: false, patient: false, hot: None })
+        Ok(Ticket { orphan, store: self, reply: rx, deadline, request: false, patient: false, hot: None, slot: None })
     }
 
     pub(super) async fn call_unchecked(&self, op: Op, timeout: Duration) -> Result<Reply, CallError> {
@@ -318,17 +323,27 @@ impl SharedStore {
     /// A request's call is late: whether the store is busy (the call is
     /// refused, and the breaker does not move) rather than lost or
     /// overloaded (a failure, and the share answers). Busy while the
-    /// breaker is closed and the run of late calls this one belongs to
-    /// (`LateRun`: it ends only with a timely answer, a heartbeat's too) is
-    /// younger than `busy_max_ms`: an attacker's burst is held exactly,
-    /// while a store late at a stretch for longer (frozen, dead, or kept
-    /// saturated by a flood) turns the hosts to their shares, so no one can
-    /// keep every login refused. In a cluster a frozen node's late calls
-    /// make such a run too, and its slots go to the shares.
-    pub fn late_is_busy(&self) -> bool {
+    /// breaker is closed and either the run of late calls this one belongs
+    /// to (`LateRun`: it ends only with a timely answer, a heartbeat's too)
+    /// is younger than `busy_max_ms`, or the store (the node serving
+    /// `slot`, in a cluster) replied to a batch, late or not, within
+    /// `busy_max_ms` (`SharedStore::replied`): a store that answers, even
+    /// late, is busy, and an attacker's bursts are held exactly however
+    /// closely spaced. A store that replies to nothing for longer (frozen
+    /// or dead) turns the hosts to their shares. A flood that keeps the
+    /// store late refuses only checks in a burst on their own keys; a lone
+    /// late check is answered on the share (`CallError::Late`). In a
+    /// cluster a frozen node replies to nothing while the others do, and
+    /// its slots go to the shares.
+    pub fn late_is_busy(&self, slot: Option<u16>) -> bool {
         let busy_max_us = self.config.busy_max_ms.saturating_mul(1000);
-        let young = self.late_run.locked().late(self.micros(), busy_max_us);
-        young && self.state() == State::Closed
+        let replied_us = match slot {
+            Some(slot) => self.nodes.locked().replied_us(slot),
+            None if self.is_cluster() => 0,
+            None => self.replied_us.load(Ordering::Relaxed),
+        };
+        let busy = self.late_run.locked().late(self.micros(), busy_max_us, replied_us);
+        busy && self.state() == State::Closed
     }
 }
 

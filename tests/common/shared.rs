@@ -43,13 +43,20 @@ pub async fn guess(client: Client, route: &str, subject: Subject<'static>, hash:
 /// `guess`: `None` if not tried, else whether its check was answered on
 /// the host's degraded share rather than by the store.
 pub async fn guess_answered(client: Client, route: &str, subject: Subject<'static>, hash: Duration) -> Option<bool> {
+    let (tried, degraded) = guess_seen(client, route, subject, hash).await;
+    tried.then_some(degraded)
+}
+
+/// `guess`: whether it was tried, and whether its check, tried or not,
+/// was answered on the host's degraded share.
+pub async fn guess_seen(client: Client, route: &str, subject: Subject<'static>, hash: Duration) -> (bool, bool) {
     let answered = client.check_answered(route, &subject).await;
     if !answered.answer.proceeds() {
-        return None;
+        return (false, answered.degraded);
     }
     tokio::time::sleep(hash).await;
     verdict(client.report(route, &subject, Outcome::Failure).await);
-    Some(answered.degraded)
+    (true, answered.degraded)
 }
 
 /// `n` login attempts at once, each on its own connection, spread round
@@ -71,21 +78,41 @@ pub fn race_logins_answered(
     hash: Duration,
     subject: impl Fn(usize) -> Subject<'static>,
 ) -> (usize, usize) {
+    let seen = race_logins_seen(daemons, n, hash, subject);
+    (seen.tried, seen.tried_on_share)
+}
+
+/// What a race of logins saw.
+pub struct Seen {
+    pub tried: usize,
+    /// Tried, their checks answered on a host's degraded share.
+    pub tried_on_share: usize,
+    /// Checks answered on a share, tried or refused.
+    pub on_share: usize,
+}
+
+/// `race_logins`, and which checks were answered on a share.
+pub fn race_logins_seen(
+    daemons: &[TestDaemon],
+    n: usize,
+    hash: Duration,
+    subject: impl Fn(usize) -> Subject<'static>,
+) -> Seen {
     let rt = runtime();
     let clients: Vec<Client> = (0..n).map(|i| daemons[i % daemons.len()].client()).collect();
     rt.block_on(async {
         let mut tasks = Vec::new();
         for (i, client) in clients.into_iter().enumerate() {
-            tasks.push(tokio::spawn(guess_answered(client, "login", subject(i), hash)));
+            tasks.push(tokio::spawn(guess_seen(client, "login", subject(i), hash)));
         }
-        let (mut tried, mut on_share) = (0, 0);
+        let mut seen = Seen { tried: 0, tried_on_share: 0, on_share: 0 };
         for t in tasks {
-            if let Some(degraded) = t.await.unwrap() {
-                tried += 1;
-                on_share += degraded as usize;
-            }
+            let (tried, degraded) = t.await.unwrap();
+            seen.tried += tried as usize;
+            seen.tried_on_share += (tried && degraded) as usize;
+            seen.on_share += degraded as usize;
         }
-        (tried, on_share)
+        seen
     })
 }
 
@@ -164,9 +191,9 @@ pub const RUNS: usize = 3;
 
 /// Bursts with the store answering in time between them (a heartbeat,
 /// each second, at least `busy_max_ms` after the last late call): each is a
-/// burst of its own. Back to back, they are one run of late calls, and a
-/// run longer than busy_max is a store overloaded, answered on the shares
-/// (the documented bound, not the exact one).
+/// burst of its own, its run of late calls young. Closer together they
+/// are one run, busy while the store answers checks in time between them
+/// (`bursts_closer_than_busy_max_are_each_held_by_the_store`).
 pub fn between_bursts(run: usize) {
     if run > 0 {
         quiet();
