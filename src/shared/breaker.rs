@@ -124,9 +124,10 @@ impl Breaker {
 /// when the store answers a call in time `busy_max` or more after the
 /// run's last late call: quiet gaps do not end it, so a frozen store's
 /// sparse calls make one run that grows old. A store late at a stretch
-/// for longer than `busy_max`, that replied to nothing within `busy_max`
-/// either, is lost, not busy with a burst (`SharedStore::late_is_busy`).
-/// Pure: the time is passed in.
+/// for longer than `busy_max` is lost or overloaded, not busy with a
+/// burst, but to a check in a burst on its keys while the store still
+/// replies (`replied_lately`, `SharedStore::late_is_busy`). Pure: the time
+/// is passed in.
 #[derive(Debug, Default)]
 pub struct LateRun {
     start_us: u64,
@@ -134,22 +135,27 @@ pub struct LateRun {
     last_us: u64,
 }
 
+/// Whether a store that last replied at `replied_us` (0 never), late or
+/// not, replied within `busy_max_us` of `now_us`: a late check in a burst
+/// on its keys is then busy however old its run, so bursts spaced closer
+/// than `busy_max` (one run, grown old) are each held exactly, not
+/// answered on the shares (5 + 3 x 2 tried, not 5). A frozen store replies
+/// to nothing, so it is lost after `busy_max`. Lone late checks and
+/// reports are not excused by it: a store kept late for longer is lost to
+/// them, so its breaker can open and the shares count what they admit.
+pub fn replied_lately(now_us: u64, busy_max_us: u64, replied_us: u64) -> bool {
+    replied_us != 0 && now_us.saturating_sub(replied_us) < busy_max_us
+}
+
 impl LateRun {
     /// A call is late at `now_us`: whether its run is younger than
-    /// `busy_max_us`, or the store (the call's node, in a cluster) replied,
-    /// late or not, within `busy_max_us` (at `replied_us`, 0 never). The
-    /// second: bursts spaced closer than `busy_max` keep one run going,
-    /// the answers between them too soon to end it; without it the run
-    /// grows old, the third burst meets a store taken for lost, and the
-    /// shares answer it (5 + 3 x 2 tried, not 5). A frozen store replies
-    /// to nothing, so it is still lost after `busy_max`.
-    pub fn late(&mut self, now_us: u64, busy_max_us: u64, replied_us: u64) -> bool {
+    /// `busy_max_us`.
+    pub fn late(&mut self, now_us: u64, busy_max_us: u64) -> bool {
         if self.last_us == 0 {
             self.start_us = now_us;
         }
         self.last_us = now_us.max(1);
-        let replied = replied_us != 0 && now_us.saturating_sub(replied_us) < busy_max_us;
-        now_us.saturating_sub(self.start_us) < busy_max_us || replied
+        now_us.saturating_sub(self.start_us) < busy_max_us
     }
 
     /// A call was answered in time at `now_us`.
@@ -171,31 +177,27 @@ mod tests {
     fn a_run_of_late_calls_is_young_for_busy_max_and_ends_only_with_a_timely_answer() {
         let mut run = LateRun::default();
         let max = 500;
-        assert!(run.late(1_000, max, 0));
+        assert!(run.late(1_000, max));
         run.answered(1_200, max);
-        assert!(run.late(1_499, max, 0), "an answer amid the burst does not end its run");
-        assert!(!run.late(1_500, max, 0), "the run has lasted busy_max");
-        assert!(!run.late(9_000, max, 0), "a quiet gap without an answer does not end it (a frozen store)");
+        assert!(run.late(1_499, max), "an answer amid the burst does not end its run");
+        assert!(!run.late(1_500, max), "the run has lasted busy_max");
+        assert!(!run.late(9_000, max), "a quiet gap without an answer does not end it (a frozen store)");
         run.answered(9_499, max);
-        assert!(!run.late(9_600, max, 0), "an answer sooner than busy_max after the last late call does not end it");
+        assert!(!run.late(9_600, max), "an answer sooner than busy_max after the last late call does not end it");
         run.answered(10_100, max);
-        assert!(run.late(10_200, max, 0), "an answer busy_max after the last late call ended it: a new run");
-        assert!(!LateRun::default().late(0, 0, 0), "busy_max 0: never busy");
-        assert!(!LateRun::default().late(10, 0, 10), "busy_max 0: never busy, replied or not");
+        assert!(run.late(10_200, max), "an answer busy_max after the last late call ended it: a new run");
+        assert!(!LateRun::default().late(0, 0), "busy_max 0: never busy");
     }
 
-    /// Bursts closer together than busy_max make one run that grows old,
-    /// but a store that replied within busy_max is busy, not lost; one
-    /// that replied to nothing for busy_max is.
+    /// A reply within busy_max, late or not, shows a store that is there;
+    /// one that replied to nothing for busy_max (frozen) is not.
     #[test]
-    fn an_old_run_is_busy_while_the_store_replied_within_busy_max() {
-        let mut run = LateRun::default();
-        let max = 500;
-        assert!(run.late(1_000, max, 900));
-        run.answered(1_300, max);
-        assert!(!run.late(1_600, max, 0), "the run is old");
-        assert!(run.late(1_600, max, 1_300), "replied 300 before: busy");
-        assert!(!run.late(1_800, max, 1_300), "replied 500 before: lost (a frozen store)");
+    fn a_store_replied_lately_within_busy_max_of_its_last_reply() {
+        assert!(replied_lately(1_600, 500, 1_300), "replied 300 before");
+        assert!(!replied_lately(1_800, 500, 1_300), "replied 500 before: a frozen store");
+        assert!(!replied_lately(100, 500, 0), "never replied");
+        assert!(!replied_lately(10, 0, 10), "busy_max 0: never");
+        assert!(replied_lately(1_000, 500, 1_001), "a reply stamped after now (a race) is lately");
     }
 
     #[test]

@@ -181,14 +181,13 @@ impl SharedStore {
         let _ = tokio::time::timeout(deadline, futures_util::future::join_all(sends)).await;
     }
 
-    /// The store (`slot`'s node, in a cluster) replied to a batch, late or
-    /// not: it is there, and a late call on it is busy
-    /// (`SharedStore::late_is_busy`).
+    /// The store (and `slot`'s node, in a cluster) replied to a batch,
+    /// late or not: it is there (`breaker::replied_lately`).
     fn replied(&self, slot: Option<u16>) {
         let now = self.micros().max(1);
-        match slot {
-            Some(slot) => self.nodes.locked().replied(slot, now),
-            None => self.replied_us.store(now, Ordering::Relaxed),
+        self.replied_us.store(now, Ordering::Relaxed);
+        if let Some(slot) = slot {
+            self.nodes.locked().replied(slot, now);
         }
     }
 
@@ -299,8 +298,8 @@ impl SharedStore {
         self.stats.rtt_us_max.fetch_max(rtt, Ordering::Relaxed);
         let replies = match result {
             Ok(Ok(value)) => {
-                self.replied(slot);
                 split_batch(value, batch.len()).map_err(|e| CallError::Failed(e.to_string())).inspect(|replies| {
+                    self.replied(slot);
                     self.note_node_clock(&node, &ops, replies);
                 })
             }

@@ -209,7 +209,7 @@ pub struct SharedStore {
     /// The current run of late request calls.
     late_run: Mutex<LateRun>,
     /// When the store last replied to a batch, late or not (`micros`), 0
-    /// never; a cluster's are its nodes' (`Nodes::replied_us`).
+    /// never; a cluster's nodes' too (`Nodes::replied_us`).
     replied_us: AtomicU64,
     /// The keys this host's checks wait on.
     hot: hot::HotKeys,

@@ -130,10 +130,10 @@ impl Nodes {
         }
     }
 
-    /// When `slot`'s node last replied: 0 never, or for a slot no node
-    /// was seen serving.
-    pub fn replied_us(&self, slot: u16) -> u64 {
-        self.node_of(slot).map_or(0, |n| self.nodes[n].1.replied_us)
+    /// When `slot`'s node last replied (0 never); None for a slot no
+    /// node was seen serving.
+    pub fn replied_us(&self, slot: u16) -> Option<u64> {
+        self.node_of(slot).map(|n| self.nodes[n].1.replied_us)
     }
 
     /// A call on `slot` was answered (true) or failed.
@@ -266,15 +266,16 @@ mod tests {
     fn a_reply_is_its_nodes_alone() {
         let mut nodes = Nodes::new(1, 100, 1000);
         nodes.replied(0, 40);
-        assert_eq!(nodes.replied_us(0), 0, "no map yet: never");
+        assert_eq!(nodes.replied_us(0), None, "no map yet: no node to ask");
         nodes.remap(&three()).unwrap();
         nodes.replied(100, 50);
-        assert_eq!((nodes.replied_us(5460), nodes.replied_us(5461), nodes.replied_us(16383)), (50, 0, 0));
+        let each = (nodes.replied_us(5460), nodes.replied_us(5461), nodes.replied_us(16383));
+        assert_eq!(each, (Some(50), Some(0), Some(0)));
         assert_eq!(nodes.outcome(0, false, 60), Change::Opened("127.0.0.1:7000".into()));
         assert_eq!(nodes.outcome(0, true, 70), Change::Closed("127.0.0.1:7000".into()));
-        assert_eq!(nodes.replied_us(0), 50, "a breaker closing keeps it");
+        assert_eq!(nodes.replied_us(0), Some(50), "a breaker closing keeps it");
         nodes.remap(&Value::Array(vec![range(0, 16383, 7000)])).unwrap();
-        assert_eq!(nodes.replied_us(16383), 50, "a node kept by a new map keeps it");
+        assert_eq!(nodes.replied_us(16383), Some(50), "a node kept by a new map keeps it");
     }
 
     #[test]

@@ -10,6 +10,7 @@ use std::time::Duration;
 use smallvec::SmallVec;
 use tokio::sync::{mpsc, oneshot};
 
+use super::breaker::replied_lately;
 use super::script::{op_slot, Op, Reply};
 use super::{hot, CallError, Pending, SharedStore, State, LATE_REPLY_WAIT_MS, ORPHANS_WAITING_MAX};
 use crate::unpoisoned::Unpoisoned;
@@ -158,7 +159,7 @@ impl SharedStore {
                     return store.late_check(request, hot);
                 }
                 store.stats.timeouts.fetch_add(1, Ordering::Relaxed);
-                if !request.is_some_and(|slot| store.late_is_busy(slot)) {
+                if !request.is_some_and(|slot| store.late_is_busy(slot, false)) {
                     store.failed(&CallError::Timeout);
                     return Err(CallError::Timeout);
                 }
@@ -177,19 +178,17 @@ impl SharedStore {
     }
 
     /// A call not answered by its deadline (or run by the store too late
-    /// to take a place): a failure of the store, unless a run of late
-    /// calls is young (`late_is_busy`); then a check in a burst on its
-    /// keys is `Busy` and any other `Late`, and the breaker does not move.
+    /// to take a place): a failure of the store, unless it is busy
+    /// (`late_is_busy`); then a check in a burst on its keys is `Busy` and
+    /// any other `Late`, and the breaker does not move.
     fn late_check(&self, request: Option<Option<u16>>, hot: Option<hot::HotGuard<'_>>) -> Result<Reply, CallError> {
         self.stats.timeouts.fetch_add(1, Ordering::Relaxed);
-        if !request.is_some_and(|slot| self.late_is_busy(slot)) {
+        let in_burst = hot.as_ref().is_some_and(|h| h.in_burst());
+        if !request.is_some_and(|slot| self.late_is_busy(slot, in_burst)) {
             self.failed(&CallError::Timeout);
             return Err(CallError::Timeout);
         }
-        Err(match hot {
-            Some(hot) if hot.in_burst() => CallError::Busy,
-            _ => CallError::Late,
-        })
+        Err(if in_burst { CallError::Busy } else { CallError::Late })
     }
 
     /// One op, answered by the store within the timeout, or an error and
@@ -223,7 +222,9 @@ impl SharedStore {
             // A check queued behind a full queue, in a burst on its keys, is
             // refused like a late one. A report that found no room is
             // counted on the share: it was never sent.
-            Err(CallError::QueueFull) if hot.as_ref().is_some_and(|h| h.in_burst()) && self.late_is_busy(slot) => {
+            Err(CallError::QueueFull)
+                if hot.as_ref().is_some_and(|h| h.in_burst()) && self.late_is_busy(slot, true) =>
+            {
                 return Err(CallError::Busy)
             }
             Err(e) => return Err(e),
@@ -323,27 +324,30 @@ impl SharedStore {
     /// A request's call is late: whether the store is busy (the call is
     /// refused, and the breaker does not move) rather than lost or
     /// overloaded (a failure, and the share answers). Busy while the
-    /// breaker is closed and either the run of late calls this one belongs
-    /// to (`LateRun`: it ends only with a timely answer, a heartbeat's too)
-    /// is younger than `busy_max_ms`, or the store (the node serving
-    /// `slot`, in a cluster) replied to a batch, late or not, within
-    /// `busy_max_ms` (`SharedStore::replied`): a store that answers, even
-    /// late, is busy, and an attacker's bursts are held exactly however
-    /// closely spaced. A store that replies to nothing for longer (frozen
-    /// or dead) turns the hosts to their shares. A flood that keeps the
-    /// store late refuses only checks in a burst on their own keys; a lone
-    /// late check is answered on the share (`CallError::Late`). In a
-    /// cluster a frozen node replies to nothing while the others do, and
-    /// its slots go to the shares.
-    pub fn late_is_busy(&self, slot: Option<u16>) -> bool {
+    /// breaker is closed and the run of late calls this one belongs to
+    /// (`LateRun`: it ends only with a timely answer, a heartbeat's too) is
+    /// younger than `busy_max_ms`: an attacker's burst is held exactly,
+    /// while a store late at a stretch for longer (frozen, dead, or kept
+    /// saturated by a flood) turns the hosts to their shares, so no one can
+    /// keep every login refused. A check `in_burst` on its keys is busy
+    /// also while the store (the node serving `slot`, in a cluster)
+    /// replied to a batch, late or not, within `busy_max_ms`
+    /// (`replied_lately`), so bursts closer together than that are each
+    /// held exactly; refused, such a check admits nothing.
+    pub fn late_is_busy(&self, slot: Option<u16>, in_burst: bool) -> bool {
         let busy_max_us = self.config.busy_max_ms.saturating_mul(1000);
-        let replied_us = match slot {
-            Some(slot) => self.nodes.locked().replied_us(slot),
-            None if self.is_cluster() => 0,
-            None => self.replied_us.load(Ordering::Relaxed),
-        };
-        let busy = self.late_run.locked().late(self.micros(), busy_max_us, replied_us);
+        let now = self.micros();
+        let young = self.late_run.locked().late(now, busy_max_us);
+        let busy = young || (in_burst && replied_lately(now, busy_max_us, self.replied_us(slot)));
         busy && self.state() == State::Closed
+    }
+
+    /// When the store last replied to a batch (`replied_lately`): in a
+    /// cluster, the node serving `slot` if the slot map names it (a frozen
+    /// node's slots are not kept busy by the others' replies), else any.
+    fn replied_us(&self, slot: Option<u16>) -> u64 {
+        let node = slot.and_then(|slot| self.nodes.locked().replied_us(slot));
+        node.unwrap_or_else(|| self.replied_us.load(Ordering::Relaxed))
     }
 }
 
