@@ -75,6 +75,80 @@ fn bursts_closer_than_busy_max_are_each_held_by_the_store() {
     }
 }
 
+/// A flood kept up on one account, from many addresses, with a flood on
+/// other accounts keeping the store late: the account's key is in a burst
+/// for as long as it lasts. Its owner's late checks are refused as busy
+/// only while that burst is young (busy_max): an older one is a flood, not
+/// an attacker's burst, and then her late checks go to the share as for a
+/// store away. Refused for it, anyone could keep her out: with any reply
+/// from the store excusing a check in a burst, she was refused for the
+/// whole flood.
+#[test]
+fn a_flood_kept_up_on_an_account_refuses_its_owner_as_busy_no_longer_than_busy_max() {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    let hosts = Hosts::start_with(1, "", "");
+    let d = &hosts.daemons[0];
+    let rt = runtime();
+    let client = Arc::new(Client::new(ClientConfig::new(&d.socket).timeout(Duration::from_secs(10))));
+    let stop = Arc::new(AtomicBool::new(false));
+    let answers = rt.block_on(async {
+        let flood: Vec<_> = (0..48)
+            .map(|i| {
+                let (client, stop) = (client.clone(), stop.clone());
+                tokio::spawn(async move {
+                    for n in 0.. {
+                        if stop.load(Relaxed) {
+                            break;
+                        }
+                        // Half on her account, half on four others, each
+                        // check given back at once so no places fill: every
+                        // check has company on its account, none is lone.
+                        let peer = leak(format!("10.8.{i}.{}", 1 + n % 200));
+                        let account = if i % 2 == 0 { "erin" } else { leak(format!("other-{}", i % 4)) };
+                        let subject = subject_of(peer, account);
+                        if client.check("login", &subject).await.proceeds() {
+                            let _ = client.abandon("login", &subject).await;
+                        }
+                    }
+                })
+            })
+            .collect();
+        let started = Instant::now();
+        let erin = subject_of("192.0.2.33", "erin");
+        let mut answers = Vec::new();
+        while started.elapsed() < Duration::from_millis(3000) {
+            let asked = started.elapsed();
+            let answered = client.check_answered("login", &erin).await;
+            let v = verdict(answered.answer);
+            if v.decision == Decision::Allow {
+                verdict(client.report("login", &erin, Outcome::Success).await);
+            }
+            answers.push((asked, answered.degraded, v.decision, v.reason));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        stop.store(true, Relaxed);
+        for t in flood {
+            t.await.unwrap();
+        }
+        answers
+    });
+    // The longest run of her checks the store's side refused as in flight.
+    let (mut longest, mut began) = (Duration::ZERO, None);
+    for &(at, degraded, decision, reason) in &answers {
+        if !degraded && decision == Decision::Deny && reason == Reason::AttemptsInFlight {
+            let since = *began.get_or_insert(at);
+            longest = longest.max(at - since);
+        } else {
+            began = None;
+        }
+    }
+    let refused = answers.iter().filter(|a| a.2 != Decision::Allow).count();
+    let shared = answers.iter().filter(|a| a.1).count();
+    eprintln!("erin: {} checks, {refused} refused, {shared} on the share, longest busy run {longest:?}", answers.len());
+    assert!(refused + shared > 0, "the store was never late for her: the test proves nothing");
+    assert!(longest < Duration::from_millis(500 + 500), "refused as busy for {longest:?}: {answers:?}");
+}
+
 #[test]
 fn three_hosts_admit_fifty_of_150_parallel_guesses_from_150_addresses() {
     let hosts = Hosts::start();

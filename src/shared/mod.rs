@@ -268,7 +268,7 @@ impl SharedStore {
             last_success_us: AtomicU64::new(0),
             late_run: Mutex::new(LateRun::default()),
             replied_us: AtomicU64::new(0),
-            hot: hot::HotKeys::default(),
+            hot: hot::HotKeys::new(config.busy_max_ms.saturating_mul(1000)),
             state: AtomicU8::new(State::Open.to_u8()),
             breaker: Mutex::new(breaker),
             nodes: Mutex::new(Nodes::new(
