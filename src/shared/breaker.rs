@@ -137,7 +137,8 @@ pub struct LateRun {
 
 /// Whether a store that last replied at `replied_us` (0 never), late or
 /// not, replied within `busy_max_us` of `now_us`: a late check in a burst
-/// on its keys is then busy however old its run, so bursts spaced closer
+/// on its keys is then busy however old its run (for its requester's
+/// first `busy_max`, `BusyRuns`), so bursts spaced closer
 /// than `busy_max` (one run, grown old) are each held exactly, not
 /// answered on the shares (5 + 3 x 2 tried, not 5). A frozen store replies
 /// to nothing, so it is lost after `busy_max`. Lone late checks and

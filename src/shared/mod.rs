@@ -13,6 +13,7 @@
 //! and only dropping it and connecting again finds out.
 
 pub mod breaker;
+pub mod busy_runs;
 mod connect;
 mod dispatch;
 pub mod hot;
@@ -213,6 +214,8 @@ pub struct SharedStore {
     replied_us: AtomicU64,
     /// The keys this host's checks wait on.
     hot: hot::HotKeys,
+    /// How long each requester has been refused as busy.
+    busy_runs: busy_runs::BusyRuns,
     state: AtomicU8,
     breaker: Mutex<Breaker>,
     /// In a cluster: which node serves each slot, and a breaker per node.
@@ -268,7 +271,8 @@ impl SharedStore {
             last_success_us: AtomicU64::new(0),
             late_run: Mutex::new(LateRun::default()),
             replied_us: AtomicU64::new(0),
-            hot: hot::HotKeys::new(config.busy_max_ms.saturating_mul(1000)),
+            hot: hot::HotKeys::default(),
+            busy_runs: busy_runs::BusyRuns::default(),
             state: AtomicU8::new(State::Open.to_u8()),
             breaker: Mutex::new(breaker),
             nodes: Mutex::new(Nodes::new(

@@ -183,12 +183,12 @@ impl SharedStore {
     /// any other `Late`, and the breaker does not move.
     fn late_check(&self, request: Option<Option<u16>>, hot: Option<hot::HotGuard<'_>>) -> Result<Reply, CallError> {
         self.stats.timeouts.fetch_add(1, Ordering::Relaxed);
-        let burst_age_us = hot.as_ref().and_then(|h| h.burst_age_us());
-        if !request.is_some_and(|slot| self.late_is_busy(slot, burst_age_us)) {
+        let requester = hot.as_ref().filter(|h| h.in_burst()).map(|h| h.requester());
+        if !request.is_some_and(|slot| self.late_is_busy(slot, requester)) {
             self.failed(&CallError::Timeout);
             return Err(CallError::Timeout);
         }
-        Err(if burst_age_us.is_some() { CallError::Busy } else { CallError::Late })
+        Err(if requester.is_some() { CallError::Busy } else { CallError::Late })
     }
 
     /// One op, answered by the store within the timeout, or an error and
@@ -223,10 +223,7 @@ impl SharedStore {
             // refused like a late one. A report that found no room is
             // counted on the share: it was never sent.
             Err(CallError::QueueFull)
-                if hot
-                    .as_ref()
-                    .and_then(|h| h.burst_age_us())
-                    .is_some_and(|age| self.late_is_busy(slot, Some(age))) =>
+                if hot.as_ref().is_some_and(|h| h.in_burst() && self.late_is_busy(slot, Some(h.requester()))) =>
             {
                 return Err(CallError::Busy)
             }
@@ -332,21 +329,28 @@ impl SharedStore {
     /// younger than `busy_max_ms`: an attacker's burst is held exactly,
     /// while a store late at a stretch for longer (frozen, dead, or kept
     /// saturated by a flood) turns the hosts to their shares, so no one can
-    /// keep every login refused. A check in a burst on its keys younger
-    /// than `busy_max_ms` (`burst_age_us`: its keys hot afresh) is busy
-    /// also while the store (the node serving `slot`, in a cluster)
-    /// replied to a batch, late or not, within `busy_max_ms`
+    /// keep every login refused. A check in a burst on its keys (its
+    /// `requester`) is busy also while the store (the node serving `slot`,
+    /// in a cluster) replied to a batch, late or not, within `busy_max_ms`
     /// (`replied_lately`): bursts closer together than that, each on fresh
     /// keys, are each held exactly, and refused, such a check admits
-    /// nothing. A flood kept up on one account is an old burst there: the
-    /// owner's late checks on it are refused no longer than before.
-    pub fn late_is_busy(&self, slot: Option<u16>, burst_age_us: Option<u64>) -> bool {
+    /// nothing. Either way, only while its requester has been refused as
+    /// busy for less than `busy_max_ms` (`BusyRuns`): no flood on a user's
+    /// keys, kept up or in turns, refuses her for longer.
+    pub fn late_is_busy(&self, slot: Option<u16>, requester: Option<u64>) -> bool {
         let busy_max_us = self.config.busy_max_ms.saturating_mul(1000);
         let now = self.micros();
         let young = self.late_run.locked().late(now, busy_max_us);
-        let young_burst = burst_age_us.is_some_and(|age| age < busy_max_us);
-        let busy = young || (young_burst && replied_lately(now, busy_max_us, self.replied_us(slot)));
-        busy && self.state() == State::Closed
+        if self.state() != State::Closed {
+            return false;
+        }
+        match requester {
+            None => young,
+            Some(requester) => {
+                (young || replied_lately(now, busy_max_us, self.replied_us(slot)))
+                    && self.busy_runs.excused(requester, now, busy_max_us)
+            }
+        }
     }
 
     /// When the store last replied to a batch (`replied_lately`): in a
