@@ -84,7 +84,7 @@ impl Daemon {
             ("shared.orphans_waiting_max", crate::shared::ORPHANS_WAITING_MAX as u64),
             ("shared.hosts_learned_memory_ms", crate::shared::HOSTS_LEARNED_MEMORY_MS),
             ("shared.busy_requesters_max", crate::shared::busy_runs::REQUESTERS_MAX as u64),
-            ("shared.busy_quiet_ms", c.busy_max_ms.saturating_mul(crate::shared::busy_runs::BUSY_QUIET_FACTOR)),
+            ("shared.busy_window_ms", c.busy_max_ms.saturating_mul(crate::shared::busy_runs::BUSY_WINDOW_FACTOR)),
         ]
         .into_iter()
         .map(|(name, value)| NamedLimit { name: name.into(), value })

@@ -125,8 +125,8 @@ impl Breaker {
 /// run's last late call: quiet gaps do not end it, so a frozen store's
 /// sparse calls make one run that grows old. A store late at a stretch
 /// for longer than `busy_max` is lost or overloaded, not busy with a
-/// burst, but to a check in a burst on its keys while the store still
-/// replies (`replied_lately`, `SharedStore::late_is_busy`). Pure: the time
+/// burst, but to a check in a burst on its keys, or a report, while the
+/// store still replies (`replied_lately`, `SharedStore::lateness`). Pure: the time
 /// is passed in.
 #[derive(Debug, Default)]
 pub struct LateRun {
@@ -137,13 +137,13 @@ pub struct LateRun {
 
 /// Whether a store that last replied at `replied_us` (0 never), late or
 /// not, replied within `busy_max_us` of `now_us`: a late check in a burst
-/// on its keys is then busy however old its run (for its requester's
-/// first `busy_max`, `BusyRuns`), so bursts spaced closer
-/// than `busy_max` (one run, grown old) are each held exactly, not
-/// answered on the shares (5 + 3 x 2 tried, not 5). A frozen store replies
-/// to nothing, so it is lost after `busy_max`. Lone late checks and
-/// reports are not excused by it: a store kept late for longer is lost to
-/// them, so its breaker can open and the shares count what they admit.
+/// on its keys is then busy however old its run (`SharedStore::lateness`),
+/// so bursts spaced closer than `busy_max` (one run, grown old) are each
+/// held exactly, not answered on the shares (5 + 3 x 2 tried, not 5), and
+/// a late report is waited for. A frozen store replies to nothing, so it
+/// is lost after `busy_max`. Lone late checks are not excused by it: a
+/// store kept late for longer is lost to them, so its breaker can open
+/// and the shares count what they admit.
 pub fn replied_lately(now_us: u64, busy_max_us: u64, replied_us: u64) -> bool {
     replied_us != 0 && now_us.saturating_sub(replied_us) < busy_max_us
 }

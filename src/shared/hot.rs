@@ -63,11 +63,11 @@ impl Default for HotKeys {
 }
 
 impl HotKeys {
-    /// Counts a check on `keys` waiting until the guard drops.
-    pub fn enter<'h>(&'h self, keys: &[String]) -> HotGuard<'h> {
+    /// Counts a check on `keys` waiting until the guard drops; the first
+    /// `devices` of them are a device's.
+    pub fn enter<'h>(&'h self, keys: &[String], devices: usize) -> HotGuard<'h> {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-        let mut company = false;
-        let hashes: SmallVec<[u64; 6]> = keys
+        let mut hashes: SmallVec<[u64; 6]> = keys
             .iter()
             .map(|k| {
                 let mut h = self.hasher.build_hasher();
@@ -75,14 +75,24 @@ impl HotKeys {
                 h.finish()
             })
             .collect();
-        for &h in &hashes {
+        // Its requester, waited on like a key of its own (last): its keys
+        // but a device's, which the guesser sets as he likes.
+        let mut requester = self.hasher.build_hasher();
+        requester.write_u8(b'r');
+        hashes.iter().skip(devices).for_each(|&h| requester.write_u64(h));
+        hashes.push(requester.finish());
+        let (mut company, mut own) = (false, false);
+        let last = hashes.len() - 1;
+        for (i, &h) in hashes.iter().enumerate() {
             let mut shard = self.shard(h);
             let entry = shard.entries.entry(h).or_default();
-            company |= entry.waiting > 0;
+            if entry.waiting > 0 {
+                *(if i == last { &mut own } else { &mut company }) = true;
+            }
             entry.waiting += 1;
             entry.newest = entry.newest.max(seq);
         }
-        HotGuard { hot: self, hashes, seq, company }
+        HotGuard { hot: self, hashes, seq, company, own }
     }
 
     /// The store said other attempts are in flight on these keys: crowded
@@ -115,6 +125,14 @@ impl HotKeys {
     }
 }
 
+/// A late check's burst (`SharedStore::lateness`).
+#[derive(Clone, Copy, Debug)]
+pub struct Burst {
+    pub requester: u64,
+    /// Its requester's own (`HotGuard::own_burst`).
+    pub own: bool,
+}
+
 /// A check's keys, counted waiting while it lives.
 pub struct HotGuard<'h> {
     hot: &'h HotKeys,
@@ -122,33 +140,47 @@ pub struct HotGuard<'h> {
     seq: u64,
     /// Another check waited on one of its keys when it came.
     company: bool,
+    /// Another check of its requester waited when it came.
+    own: bool,
 }
 
 impl HotGuard<'_> {
     /// Whether its keys are in a burst: another check of this host waited
     /// on one of them while it did (before or after it came), or the
     /// store's word marks one crowded now.
-    pub fn in_burst(&self) -> bool {
+    fn in_burst(&self) -> bool {
         let now = self.hot.now_us();
         self.company
-            || self.hashes.iter().any(|&h| {
+            || self.own
+            || self.hashes().iter().any(|&h| {
                 let shard = self.hot.shard(h);
                 shard.entries.get(&h).is_some_and(|e| e.newest > self.seq || e.crowded_until_us > now)
             })
     }
 
-    pub fn hashes(&self) -> &[u64] {
-        &self.hashes
+    /// The burst it is in, if any.
+    pub fn burst(&self) -> Option<Burst> {
+        self.in_burst().then(|| Burst { requester: self.requester(), own: self.own_burst() })
     }
 
-    /// Its requester: its whole set of keys (account, address, device),
-    /// one hash (`BusyRuns`).
+    /// Whether the burst is its requester's own: another check with the
+    /// same keys (a device's aside) waited while it did. A user makes one
+    /// attempt at a time; parallel ones on one account and address are a
+    /// guesser's, held by the store however long he keeps them up.
+    pub fn own_burst(&self) -> bool {
+        let requester = self.requester();
+        self.own || self.hot.shard(requester).entries.get(&requester).is_some_and(|e| e.newest > self.seq)
+    }
+
+    /// Its keys' hashes (without the requester's).
+    pub fn hashes(&self) -> &[u64] {
+        &self.hashes[..self.hashes.len() - 1]
+    }
+
+    /// Its requester: its keys but a device's (account, address), one
+    /// hash (`BusyRuns`).
     pub fn requester(&self) -> u64 {
-        let mut h = self.hot.hasher.build_hasher();
-        for &k in &self.hashes {
-            h.write_u64(k);
-        }
-        h.finish()
+        self.hashes[self.hashes.len() - 1]
     }
 }
 
@@ -178,18 +210,18 @@ mod tests {
     #[test]
     fn a_key_is_in_a_burst_when_checks_overlap_on_it_or_the_store_says_so() {
         let hot = HotKeys::default();
-        let a = hot.enter(&["k1".into(), "account".into()]);
+        let a = hot.enter(&["k1".into(), "account".into()], 0);
         assert!(!a.in_burst(), "alone");
-        let b = hot.enter(&["k2".into(), "account".into()]);
+        let b = hot.enter(&["k2".into(), "account".into()], 0);
         assert!(b.in_burst(), "came while a waited on the account key");
         drop(b);
         assert!(a.in_burst(), "b came while a waited, even if b is answered now");
         drop(a);
-        let c = hot.enter(&["k3".into()]);
+        let c = hot.enter(&["k3".into()], 0);
         assert!(!c.in_burst());
         hot.mark_crowded(c.hashes(), 60_000_000);
         assert!(c.in_burst(), "the store's word");
-        let ended = hot.enter(&["k4".into()]);
+        let ended = hot.enter(&["k4".into()], 0);
         hot.mark_crowded(ended.hashes(), 0);
         assert!(!ended.in_burst(), "a mark that has ended");
         drop((c, ended));
@@ -197,15 +229,19 @@ mod tests {
     }
 
     #[test]
-    fn a_requester_is_its_checks_whole_set_of_keys() {
+    fn a_requester_is_its_keys_but_a_devices_and_its_own_burst_is_its_own_checks() {
         let hot = HotKeys::default();
-        let a = hot.enter(&["account".into(), "address".into()]);
-        let b = hot.enter(&["account".into(), "address".into()]);
-        let c = hot.enter(&["account".into(), "elsewhere".into()]);
-        let d = hot.enter(&["account".into(), "address".into(), "device".into()]);
-        assert_eq!(a.requester(), b.requester());
-        assert_ne!(a.requester(), c.requester());
-        assert_ne!(a.requester(), d.requester());
+        let keys = |k: &[&str]| k.iter().map(|k| k.to_string()).collect::<Vec<_>>();
+        let a = hot.enter(&keys(&["account", "address"]), 0);
+        let other = hot.enter(&keys(&["account", "elsewhere"]), 0);
+        assert!(a.in_burst() && !a.own_burst(), "her account from elsewhere: a burst, not hers");
+        assert_ne!(a.requester(), other.requester());
+        let device = hot.enter(&keys(&["cookie", "account", "address"]), 1);
+        assert_eq!(a.requester(), device.requester(), "a device's key is no part of it");
+        assert!(device.own_burst(), "came while a waited");
+        assert!(a.own_burst(), "device came while a waited");
+        drop((a, other, device));
+        assert_eq!(held(&hot), 0);
     }
 
     #[test]

@@ -124,7 +124,7 @@ pub enum CallError {
     #[error("no reply within the timeout")]
     Timeout,
     /// A check with no reply within the timeout from a busy store
-    /// (`SharedStore::late_is_busy`), while another check of this host
+    /// (`SharedStore::lateness`), while another check of this host
     /// waits on one of its keys: part of a burst on them, queued, not
     /// lost. The caller refuses rather than answer on its share, and the
     /// breaker does not move.

@@ -125,6 +125,13 @@ impl Op {
         Op::packed(b'C', p, keys)
     }
 
+    /// How many of a check's keys, first, are a device's
+    /// (`CheckRule::Device`, first when there is one; the packed rule
+    /// kinds follow a count byte).
+    pub fn check_devices(&self) -> usize {
+        (self.kind == b'C' && self.args.first().and_then(|a| a.get(1)) == Some(&b'd')) as usize
+    }
+
     /// A check's rules in order, read back from its packed argument (only
     /// when a reply comes late, so a check carries nothing more).
     fn check_shapes(&self) -> Result<Vec<Shape>, ReplyError> {

@@ -1,7 +1,7 @@
 //! A call to the store, from its queueing to its reply: `submit` queues
 //! an op and returns a ticket, `Ticket::wait` waits for the reply until
 //! the deadline, and tells a busy store (an attacker's burst made it late)
-//! from a lost one (`late_is_busy`, `HotKeys`).
+//! from a lost one (`lateness`, `HotKeys`).
 
 use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::Arc;
@@ -159,7 +159,7 @@ impl SharedStore {
                     return store.late_check(request, hot);
                 }
                 store.stats.timeouts.fetch_add(1, Ordering::Relaxed);
-                if !request.is_some_and(|slot| store.late_is_busy(slot, None)) {
+                if !request.is_some_and(|slot| store.waits_for_late_report(slot)) {
                     store.failed(&CallError::Timeout);
                     return Err(CallError::Timeout);
                 }
@@ -179,16 +179,19 @@ impl SharedStore {
 
     /// A call not answered by its deadline (or run by the store too late
     /// to take a place): a failure of the store, unless it is busy
-    /// (`late_is_busy`); then a check in a burst on its keys is `Busy` and
-    /// any other `Late`, and the breaker does not move.
+    /// (`lateness`); then a check in a burst on its keys may be `Busy`,
+    /// and any other is `Late`, and the breaker does not move.
     fn late_check(&self, request: Option<Option<u16>>, hot: Option<hot::HotGuard<'_>>) -> Result<Reply, CallError> {
         self.stats.timeouts.fetch_add(1, Ordering::Relaxed);
-        let requester = hot.as_ref().filter(|h| h.in_burst()).map(|h| h.requester());
-        if !request.is_some_and(|slot| self.late_is_busy(slot, requester)) {
-            self.failed(&CallError::Timeout);
-            return Err(CallError::Timeout);
+        let burst = hot.as_ref().and_then(|h| h.burst());
+        match request.map_or(Lateness::Lost, |slot| self.lateness(slot, burst)) {
+            Lateness::Busy => Err(CallError::Busy),
+            Lateness::Late => Err(CallError::Late),
+            Lateness::Lost => {
+                self.failed(&CallError::Timeout);
+                Err(CallError::Timeout)
+            }
         }
-        Err(if requester.is_some() { CallError::Busy } else { CallError::Late })
     }
 
     /// One op, answered by the store within the timeout, or an error and
@@ -212,7 +215,7 @@ impl SharedStore {
             return Err(CallError::NotAsked(state.name()));
         }
         let (check, patient) = (op.kind == b'C', op.kind == b'R');
-        let hot = check.then(|| self.hot.enter(&op.keys));
+        let hot = check.then(|| self.hot.enter(&op.keys, op.check_devices()));
         let slot = if self.is_cluster() { op_slot(&op).ok().flatten() } else { None };
         // A report is held until the queue has room: never sent, its
         // failure would be counted only on the share, which the store does
@@ -223,7 +226,10 @@ impl SharedStore {
             // refused like a late one. A report that found no room is
             // counted on the share: it was never sent.
             Err(CallError::QueueFull)
-                if hot.as_ref().is_some_and(|h| h.in_burst() && self.late_is_busy(slot, Some(h.requester()))) =>
+                if hot
+                    .as_ref()
+                    .and_then(|h| h.burst())
+                    .is_some_and(|b| self.lateness(slot, Some(b)) == Lateness::Busy) =>
             {
                 return Err(CallError::Busy)
             }
@@ -321,36 +327,57 @@ impl SharedStore {
         self.hot.mark_crowded(key_hashes, self.config.busy_max_ms.saturating_mul(1000));
     }
 
-    /// A request's call is late: whether the store is busy (the call is
-    /// refused, and the breaker does not move) rather than lost or
-    /// overloaded (a failure, and the share answers). Busy while the
-    /// breaker is closed and the run of late calls this one belongs to
-    /// (`LateRun`: it ends only with a timely answer, a heartbeat's too) is
-    /// younger than `busy_max_ms`: an attacker's burst is held exactly,
-    /// while a store late at a stretch for longer (frozen, dead, or kept
-    /// saturated by a flood) turns the hosts to their shares, so no one can
-    /// keep every login refused. A check in a burst on its keys (its
-    /// `requester`) is busy also while the store (the node serving `slot`,
-    /// in a cluster) replied to a batch, late or not, within `busy_max_ms`
-    /// (`replied_lately`): bursts closer together than that, each on fresh
-    /// keys, are each held exactly, and refused, such a check admits
-    /// nothing. Either way, only while its requester has been refused as
-    /// busy for less than `busy_max_ms` (`BusyRuns`): no flood on a user's
-    /// keys, kept up or in turns, refuses her for longer.
-    pub fn late_is_busy(&self, slot: Option<u16>, requester: Option<u64>) -> bool {
+    /// A request's call is late: whether the store is busy (the breaker
+    /// does not move) rather than lost or overloaded (`Lost`: a failure,
+    /// and the share answers). Busy while the breaker is closed and the
+    /// run of late calls this one belongs to (`LateRun`: it ends only with
+    /// a timely answer, a heartbeat's too) is younger than `busy_max_ms`:
+    /// then a lone call is `Late` (a check answered on the share, a report
+    /// waited for), so a store late at a stretch for longer (frozen, dead,
+    /// or kept saturated) turns the hosts to their shares and no one can
+    /// keep every login refused. A check in a `burst` on its keys is
+    /// `Busy`, refused and admitting nothing, while the run is young or
+    /// the store (the node serving `slot`, in a cluster) replied to a
+    /// batch, late or not, within `busy_max_ms` (`replied_lately`: bursts
+    /// closer together than that are each held exactly): for as long as
+    /// the burst is its requester's own (parallel guesses), else for
+    /// `busy_max_ms` a window (`BusyRuns`), and then as a lone call, so no
+    /// flood on a user's keys keeps her refused.
+    pub fn lateness(&self, slot: Option<u16>, burst: Option<hot::Burst>) -> Lateness {
+        let Some((young, there)) = self.busy_now(slot) else { return Lateness::Lost };
+        if let Some(burst) = burst {
+            let busy_max_us = self.config.busy_max_ms.saturating_mul(1000);
+            if there && (burst.own || self.busy_runs.excused(burst.requester, self.micros(), busy_max_us)) {
+                return Lateness::Busy;
+            }
+        }
+        if young {
+            Lateness::Late
+        } else {
+            Lateness::Lost
+        }
+    }
+
+    /// A request's report is late: whether to wait for its reply (up to
+    /// `LATE_REPLY_WAIT_MS`) rather than count it a failure. While the
+    /// store is busy as to a check in a burst: a report waited for is
+    /// counted once, in the store, and a burst's reports, late behind
+    /// its checks, opened the breaker when its run had grown old.
+    pub fn waits_for_late_report(&self, slot: Option<u16>) -> bool {
+        self.busy_now(slot).is_some_and(|(young, there)| young || there)
+    }
+
+    /// With the breaker closed, whether the run of late calls is young
+    /// (counting this late call in it), and whether the store is there:
+    /// young, or it replied to a batch within `busy_max_ms`.
+    fn busy_now(&self, slot: Option<u16>) -> Option<(bool, bool)> {
         let busy_max_us = self.config.busy_max_ms.saturating_mul(1000);
         let now = self.micros();
         let young = self.late_run.locked().late(now, busy_max_us);
         if self.state() != State::Closed {
-            return false;
+            return None;
         }
-        match requester {
-            None => young,
-            Some(requester) => {
-                (young || replied_lately(now, busy_max_us, self.replied_us(slot)))
-                    && self.busy_runs.excused(requester, now, busy_max_us)
-            }
-        }
+        Some((young, young || replied_lately(now, busy_max_us, self.replied_us(slot))))
     }
 
     /// When the store last replied to a batch (`replied_lately`): in a
@@ -360,6 +387,18 @@ impl SharedStore {
         let node = slot.and_then(|slot| self.nodes.locked().replied_us(slot));
         node.unwrap_or_else(|| self.replied_us.load(Ordering::Relaxed))
     }
+}
+
+/// What a request's late call is (`SharedStore::lateness`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lateness {
+    /// A busy store, to a check in a burst: refused.
+    Busy,
+    /// A busy store, to a lone call: a check answered on the share, a
+    /// report's reply waited for.
+    Late,
+    /// A store lost or overloaded: a failure.
+    Lost,
 }
 
 /// How long a request's ticket waits for the store: `timeout_ms` less the

@@ -1,0 +1,312 @@
+//! Shared mode's busy refusals as the attacker who wants a user kept
+//! out would use them: one real daemon on a real redis-server, default
+//! `[shared]` settings, floods that keep the store late. A late check in
+//! a burst on its keys is refused as busy while the store is there; none
+//! of these floods may keep her refused for longer than `busy_max_ms`.
+//! The guesser's side: `shared_burst.rs`.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::shared::*;
+use common::*;
+use tollgate::client::{Client, ClientConfig};
+use tollgate::protocol::{Decision, Outcome, Reason};
+
+/// A flood kept up on one account, from many addresses, with a flood on
+/// other accounts keeping the store late: the account's key is in a burst
+/// for as long as it lasts. Its owner's late checks are refused as busy
+/// only while that burst is young (busy_max): an older one is a flood, not
+/// an attacker's burst, and then her late checks go to the share as for a
+/// store away. Refused for it, anyone could keep her out: with any reply
+/// from the store excusing a check in a burst, she was refused for the
+/// whole flood.
+#[test]
+fn a_flood_kept_up_on_an_account_refuses_its_owner_as_busy_no_longer_than_busy_max() {
+    let hosts = Hosts::start_with(1, "", "");
+    let d = &hosts.daemons[0];
+    let rt = runtime();
+    let client = Arc::new(Client::new(ClientConfig::new(&d.socket).timeout(Duration::from_secs(10))));
+    let stop = Arc::new(AtomicBool::new(false));
+    let answers = rt.block_on(async {
+        let flood = flood(&client, &stop, |i, n| leak(format!("10.8.{i}.{}", 1 + n % 200)));
+        let started = Instant::now();
+        let erin = subject_of("192.0.2.33", "erin");
+        let mut answers = Vec::new();
+        while started.elapsed() < Duration::from_millis(3000) {
+            let asked = started.elapsed();
+            let answered = client.check_answered("login", &erin).await;
+            let v = verdict(answered.answer);
+            if v.decision == Decision::Allow {
+                verdict(client.report("login", &erin, Outcome::Success).await);
+            }
+            answers.push((asked, answered.degraded, v.decision, v.reason));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        stop.store(true, Relaxed);
+        for t in flood {
+            t.await.unwrap();
+        }
+        answers
+    });
+    // The longest run of her checks the store's side refused as in flight.
+    let (mut longest, mut began) = (Duration::ZERO, None);
+    for &(at, degraded, decision, reason) in &answers {
+        if !degraded && decision == Decision::Deny && reason == Reason::AttemptsInFlight {
+            let since = *began.get_or_insert(at);
+            longest = longest.max(at - since);
+        } else {
+            began = None;
+        }
+    }
+    let refused = answers.iter().filter(|a| a.2 != Decision::Allow).count();
+    let shared = answers.iter().filter(|a| a.1).count();
+    eprintln!("erin: {} checks, {refused} refused, {shared} on the share, longest busy run {longest:?}", answers.len());
+    assert!(refused + shared > 0, "the store was never late for her: the test proves nothing");
+    assert!(longest < Duration::from_millis(500 + 500), "refused as busy for {longest:?}: {answers:?}");
+}
+
+/// A flood of checks on other accounts makes the store late for everyone:
+/// a user alone on her keys is not refused for it (her late check is
+/// answered on the share, as before), only checks in a burst on their own
+/// keys are. Else an attacker's pulsed floods would refuse every login
+/// (a red team's finding).
+#[test]
+fn a_flood_on_other_accounts_does_not_refuse_a_user_alone_on_her_keys() {
+    let hosts = Hosts::start_with(1, "", "");
+    let d = &hosts.daemons[0];
+    let rt = runtime();
+    let client = Arc::new(Client::new(ClientConfig::new(&d.socket).timeout(Duration::from_secs(10))));
+    let (refused, late) = rt.block_on(async {
+        let flood: Vec<_> = (0..2000)
+            .map(|i| {
+                let client = client.clone();
+                tokio::spawn(async move {
+                    let account = leak(format!("flood-{i}"));
+                    let _ = client
+                        .check("login", &subject_of(leak(format!("10.9.{}.{}", i / 200, 1 + i % 200)), account))
+                        .await;
+                })
+            })
+            .collect();
+        let (mut refused, mut late) = (0, 0);
+        let erin = subject_of("192.0.2.33", "erin");
+        for _ in 0..50 {
+            let answered = client.check_answered("login", &erin).await;
+            late += answered.degraded as usize;
+            let v = verdict(answered.answer);
+            refused += (v.decision != Decision::Allow) as usize;
+            // She logs in: her attempt's place is settled.
+            verdict(client.report("login", &erin, Outcome::Success).await);
+        }
+        for t in flood {
+            t.await.unwrap();
+        }
+        (refused, late)
+    });
+    eprintln!("erin: {late} of 50 checks late (answered on the share), {refused} refused");
+    assert_eq!(refused, 0, "erin was refused {refused} times of 50 during a flood on other accounts");
+}
+
+/// One unreported check by a stranger on erin's account (from his own
+/// address) holds a place on the account-wide key for the attempt
+/// timeout. Before, every reply showing a place in flight marked the key
+/// crowded, and erin's late check was refused as busy where a lone user's
+/// is answered on the share (a red team's finding). A key is crowded only
+/// when its places in flight are at least the admits left.
+#[test]
+fn one_held_place_makes_a_lone_users_late_check_refused_as_busy() {
+    let mut hosts = Hosts::start_with(1, "", "");
+    let d = &hosts.daemons[0];
+    let rt = runtime();
+    let client = d.client();
+    let mut outcome = Vec::new();
+    for (victim, stranger) in [("frank", false), ("erin", true)] {
+        quiet();
+        let own = subject_of("192.0.2.33", victim);
+        if stranger {
+            // The stranger: one check on her account, never reported.
+            let v = verdict(rt.block_on(client.check("login", &subject_of("203.0.113.9", victim))));
+            assert_eq!(v.decision, Decision::Allow);
+        }
+        // Her own timely login (or the stranger's next check): the reply
+        // shows a place in flight on her account key.
+        let v = verdict(rt.block_on(client.check("login", &own)));
+        assert_eq!(v.decision, Decision::Allow);
+        verdict(rt.block_on(client.report("login", &own, Outcome::Success)));
+        // The store is late for a moment (any flood on other accounts).
+        hosts.redis.pause();
+        let answered = rt.block_on(client.check_answered("login", &own));
+        hosts.redis.resume();
+        let v = verdict(answered.answer);
+        eprintln!(
+            "{victim} (stranger's place: {stranger}): {:?} {:?} degraded={}",
+            v.decision, v.reason, answered.degraded
+        );
+        outcome.push((victim, v.decision, v.reason));
+    }
+    assert_eq!(outcome[0].1, Decision::Allow, "control: a lone late check is answered on the share");
+    assert_eq!(
+        outcome[1].1,
+        Decision::Allow,
+        "erin, alone on her keys but for one place a stranger left 30 s ago, refused: {:?}",
+        outcome[1]
+    );
+}
+
+/// The same through pulsed floods on other accounts (each shorter than
+/// busy_max, a quiet second between), the stranger checking her account
+/// every 300 ms (refused by the store once his address holds 5 places:
+/// free, and a refusal marked every key of the check). Erin logs in
+/// (check, success) every 10 ms while a pulse runs; frank does the same
+/// without a stranger's place. Before: erin refused 6 times of 8.
+/// Erin's check and the stranger's never wait at the same time: two
+/// checks on her account at once are a burst on it, not a lone user, and
+/// refused as such (seen about one run in six before they took turns).
+#[test]
+fn one_held_place_and_pulsed_floods_on_other_accounts_refuse_a_lone_user() {
+    let hosts = Hosts::start_with(1, "", "");
+    let d = &hosts.daemons[0];
+    let rt = runtime();
+    let client = Arc::new(Client::new(ClientConfig::new(&d.socket).timeout(Duration::from_secs(10))));
+    let turns = Arc::new(tokio::sync::Mutex::new(()));
+    let mut results = Vec::new();
+    for (account, stranger) in [("frank", false), ("erin", true)] {
+        if stranger {
+            quiet();
+            let v = verdict(rt.block_on(client.check("login", &subject_of("203.0.113.9", account))));
+            assert_eq!(v.decision, Decision::Allow);
+        }
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let refresher = stranger.then(|| {
+            let (client, stop, turns) = (client.clone(), stop.clone(), turns.clone());
+            rt.spawn(async move {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let turn = turns.lock().await;
+                    let _ = client.check("login", &subject_of("203.0.113.9", account)).await;
+                    drop(turn);
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+            })
+        });
+        let (mut refused, mut late, mut tries) = (0, 0, 0);
+        for pulse in 0..5 {
+            quiet();
+            let (r, l, t) = rt.block_on(async {
+                let flood: Vec<_> = (0..400)
+                    .map(|i| {
+                        let client = client.clone();
+                        tokio::spawn(async move {
+                            let a = leak(format!("flood-{account}-{pulse}-{i}"));
+                            let peer = leak(format!("10.9.{}.{}", i / 200, 1 + i % 200));
+                            let _ = client.check("login", &subject_of(peer, a)).await;
+                        })
+                    })
+                    .collect();
+                let (mut refused, mut late, mut tries) = (0, 0, 0);
+                let me = subject_of("192.0.2.33", account);
+                while !flood.iter().all(|t| t.is_finished()) {
+                    tries += 1;
+                    let turn = turns.lock().await;
+                    let answered = client.check_answered("login", &me).await;
+                    drop(turn);
+                    late += answered.degraded as usize;
+                    let v = verdict(answered.answer);
+                    if v.decision != Decision::Allow {
+                        refused += 1;
+                    } else {
+                        verdict(client.report("login", &me, Outcome::Success).await);
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                for t in flood {
+                    t.await.unwrap();
+                }
+                (refused, late, tries)
+            });
+            refused += r;
+            late += l;
+            tries += t;
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(r) = refresher {
+            rt.block_on(r).unwrap();
+        }
+        eprintln!("{account} (stranger's place: {stranger}): {tries} logins during 5 pulses, {late} answered on the share, {refused} refused");
+        results.push((account, refused, late, tries));
+    }
+    assert_eq!(results[0].1, 0, "control: {results:?}");
+    assert_eq!(results[1].1, 0, "erin refused during pulsed floods on other accounts: {results:?}");
+}
+
+/// A flood kept up on erin's account, each check from a fresh address (a
+/// fresh requester, refused as busy in turn), while she tries every 1.1 s
+/// from her one address, with `busy_max_ms` = 100. A requester's busy
+/// refusals made a stretch that ended after 10 x busy_max without a late
+/// check in a burst: each try of hers after such a pause began a new one
+/// and was refused (a red team's finding: 38 of 60 tries, 5.2 s apart at
+/// the default busy_max). Now a requester is refused as busy for
+/// busy_max in a window of 120 x busy_max, 12 s here: once.
+#[test]
+fn a_user_who_pauses_between_tries_is_refused_as_busy_once_a_window() {
+    let hosts = Hosts::start_with(1, "", "busy_max_ms = 100");
+    let d = &hosts.daemons[0];
+    let rt = runtime();
+    let client = Arc::new(Client::new(ClientConfig::new(&d.socket).timeout(Duration::from_secs(10))));
+    let stop = Arc::new(AtomicBool::new(false));
+    let answers = rt.block_on(async {
+        let flood = flood(&client, &stop, |i, n| leak(format!("10.{i}.{}.{}", n / 250 % 250, 1 + n % 250)));
+        let erin = subject_of("192.0.2.33", "erin");
+        let mut answers = Vec::new();
+        for _ in 0..6 {
+            tokio::time::sleep(Duration::from_millis(1100)).await;
+            let answered = client.check_answered("login", &erin).await;
+            let v = verdict(answered.answer);
+            if v.decision == Decision::Allow {
+                verdict(client.report("login", &erin, Outcome::Success).await);
+            }
+            answers.push((answered.degraded, v.decision, v.reason));
+        }
+        stop.store(true, Relaxed);
+        for t in flood {
+            t.await.unwrap();
+        }
+        answers
+    });
+    let busy = answers.iter().filter(|a| !a.0 && a.1 == Decision::Deny && a.2 == Reason::AttemptsInFlight).count();
+    let late = busy + answers.iter().filter(|a| a.0).count();
+    eprintln!("erin: {answers:?}");
+    assert!(late >= 3, "the store was late for only {late} of her 6 tries: the test proves little");
+    assert!(busy <= 1, "refused as busy {busy} times of 6: {answers:?}");
+}
+
+/// 48 connections checking as fast as they can until `stop`: half on
+/// erin's account, half on four others, from `peer(connection, n)`, each
+/// check given back at once so no places fill. Every check has company
+/// on its account; none is lone.
+fn flood(
+    client: &Arc<Client>,
+    stop: &Arc<AtomicBool>,
+    peer: fn(usize, usize) -> &'static str,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..48)
+        .map(|i| {
+            let (client, stop) = (client.clone(), stop.clone());
+            tokio::spawn(async move {
+                for n in 0.. {
+                    if stop.load(Relaxed) {
+                        break;
+                    }
+                    let account = if i % 2 == 0 { "erin" } else { leak(format!("other-{}", i % 4)) };
+                    let subject = subject_of(peer(i, n), account);
+                    if client.check("login", &subject).await.proceeds() {
+                        let _ = client.abandon("login", &subject).await;
+                    }
+                }
+            })
+        })
+        .collect()
+}
