@@ -36,6 +36,35 @@ fn three_hosts_admit_five_of_300_parallel_guesses_on_one_account_and_address() {
     }
 }
 
+/// A guesser who sends each guess with a cookie of its own, and again a
+/// second later: a known-device rule's key names the cookie, so each
+/// check was a requester of its own and his burst never his own. Each was
+/// refused as busy once, and the second wave went to the shares: 7 and 8
+/// tried (a red team's finding). A requester leaves out every key that
+/// names a device.
+#[test]
+fn a_burst_with_a_cookie_per_guess_is_still_the_guessers_own() {
+    let hosts = Hosts::start();
+    let daemons = &hosts.daemons;
+    for run in 0..RUNS {
+        between_bursts(run);
+        let account = leak(format!("cookies-{run}"));
+        let (mut by_store, mut on_share) = (0, 0);
+        for wave in 0..2 {
+            let seen = race_logins_seen(daemons, 300, PASSWORD_HASH, |i| Subject {
+                device: Some(leak(format!("cookie-{run}-{i}"))),
+                ..subject_of("198.51.100.7", account)
+            });
+            eprintln!("run {run} wave {wave}: {} tried, {} checks answered on a share", seen.tried, seen.on_share);
+            by_store += seen.tried - seen.tried_on_share;
+            on_share += seen.on_share;
+            std::thread::sleep(Duration::from_millis(1000));
+        }
+        assert!(by_store <= 5, "run {run}: the store admitted {by_store} in two waves, limit 5\n{}", daemons[0].log());
+        assert!(on_share <= 2 * 3, "run {run}: {on_share} checks answered on a share\n{}", daemons[0].log());
+    }
+}
+
 /// Bursts closer together than `busy_max_ms`, each on a fresh account,
 /// make one run of late calls that grows old. Before, once it was older
 /// than busy_max every late call was a failure: the breaker opened, the

@@ -125,8 +125,8 @@ impl Breaker {
 /// run's last late call: quiet gaps do not end it, so a frozen store's
 /// sparse calls make one run that grows old. A store late at a stretch
 /// for longer than `busy_max` is lost or overloaded, not busy with a
-/// burst, but to a check in a burst on its keys, or a report, while the
-/// store still replies (`replied_lately`, `SharedStore::lateness`). Pure: the time
+/// burst, but to a check in a burst on its keys while the
+/// store still replies (`replying`, `SharedStore::lateness`). Pure: the time
 /// is passed in.
 #[derive(Debug, Default)]
 pub struct LateRun {
@@ -135,17 +135,21 @@ pub struct LateRun {
     last_us: u64,
 }
 
-/// Whether a store that last replied at `replied_us` (0 never), late or
-/// not, replied within `busy_max_us` of `now_us`: a late check in a burst
+/// Whether a store that has owed a reply since `owing_since_us` (the
+/// first batch sent after its last reply, late or not; 0 none) is there:
+/// it has owed one for less than `busy_max_us`. A late check in a burst
 /// on its keys is then busy however old its run (`SharedStore::lateness`),
 /// so bursts spaced closer than `busy_max` (one run, grown old) are each
-/// held exactly, not answered on the shares (5 + 3 x 2 tried, not 5), and
-/// a late report is waited for. A frozen store replies to nothing, so it
-/// is lost after `busy_max`. Lone late checks are not excused by it: a
-/// store kept late for longer is lost to them, so its breaker can open
-/// and the shares count what they admit.
-pub fn replied_lately(now_us: u64, busy_max_us: u64, replied_us: u64) -> bool {
-    replied_us != 0 && now_us.saturating_sub(replied_us) < busy_max_us
+/// held exactly, not answered on the shares (5 + 3 x 2 tried, not 5). A
+/// frozen store is lost `busy_max` after
+/// the first batch it left unanswered; an idle one owes nothing, so a
+/// burst after a quiet second finds it there (measured by its last reply,
+/// that burst's first late checks were failures and opened the breaker).
+/// Lone late checks are not excused by it: a store kept late for longer
+/// is lost to them, so its breaker can open and the shares count what
+/// they admit.
+pub fn replying(now_us: u64, busy_max_us: u64, owing_since_us: u64) -> bool {
+    busy_max_us > 0 && (owing_since_us == 0 || now_us.saturating_sub(owing_since_us) < busy_max_us)
 }
 
 impl LateRun {
@@ -190,15 +194,16 @@ mod tests {
         assert!(!LateRun::default().late(0, 0), "busy_max 0: never busy");
     }
 
-    /// A reply within busy_max, late or not, shows a store that is there;
-    /// one that replied to nothing for busy_max (frozen) is not.
+    /// A store owing a reply for less than busy_max is there; one that
+    /// left a batch unanswered for busy_max (frozen) is not; an idle one
+    /// owes none.
     #[test]
-    fn a_store_replied_lately_within_busy_max_of_its_last_reply() {
-        assert!(replied_lately(1_600, 500, 1_300), "replied 300 before");
-        assert!(!replied_lately(1_800, 500, 1_300), "replied 500 before: a frozen store");
-        assert!(!replied_lately(100, 500, 0), "never replied");
-        assert!(!replied_lately(10, 0, 10), "busy_max 0: never");
-        assert!(replied_lately(1_000, 500, 1_001), "a reply stamped after now (a race) is lately");
+    fn a_store_is_replying_until_it_owes_a_reply_for_busy_max() {
+        assert!(replying(1_600, 500, 1_300), "owed for 300");
+        assert!(!replying(1_800, 500, 1_300), "owed for 500: a frozen store");
+        assert!(replying(100_000, 500, 0), "owes none: idle, however long");
+        assert!(!replying(10, 0, 0), "busy_max 0: never");
+        assert!(replying(1_000, 500, 1_001), "owed from after now (a race)");
     }
 
     #[test]

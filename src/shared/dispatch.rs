@@ -181,13 +181,22 @@ impl SharedStore {
         let _ = tokio::time::timeout(deadline, futures_util::future::join_all(sends)).await;
     }
 
-    /// The store (and `slot`'s node, in a cluster) replied to a batch,
-    /// late or not: it is there (`breaker::replied_lately`).
-    fn replied(&self, slot: Option<u16>) {
+    /// A batch goes to the store (and `slot`'s node, in a cluster): owed
+    /// from now, unless one already is (`breaker::replying`).
+    fn sent(&self, slot: Option<u16>) {
         let now = self.micros().max(1);
-        self.replied_us.store(now, Ordering::Relaxed);
+        let _ = self.owing_since_us.compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed);
         if let Some(slot) = slot {
-            self.nodes.locked().replied(slot, now);
+            self.nodes.locked().sent(slot, now);
+        }
+    }
+
+    /// The store (and `slot`'s node) replied to a batch, late or not: it
+    /// owes none.
+    fn replied(&self, slot: Option<u16>) {
+        self.owing_since_us.store(0, Ordering::Relaxed);
+        if let Some(slot) = slot {
+            self.nodes.locked().replied(slot);
         }
     }
 
@@ -273,6 +282,7 @@ impl SharedStore {
             None => String::new(),
         };
         let started = Instant::now();
+        self.sent(slot);
         let result = tokio::time::timeout(Duration::from_millis(LATE_REPLY_WAIT_MS), async {
             let checks_until_us = self.checks_until_us(&node);
             let cmd = batch_command(&self.sha, &ops, checks_until_us);

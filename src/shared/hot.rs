@@ -63,9 +63,9 @@ impl Default for HotKeys {
 }
 
 impl HotKeys {
-    /// Counts a check on `keys` waiting until the guard drops; the first
-    /// `devices` of them are a device's.
-    pub fn enter<'h>(&'h self, keys: &[String], devices: usize) -> HotGuard<'h> {
+    /// Counts a check on `keys` waiting until the guard drops; those of
+    /// `device_keys` (a bit each, by index) name a device.
+    pub fn enter<'h>(&'h self, keys: &[String], device_keys: u64) -> HotGuard<'h> {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         let mut hashes: SmallVec<[u64; 6]> = keys
             .iter()
@@ -79,7 +79,11 @@ impl HotKeys {
         // but a device's, which the guesser sets as he likes.
         let mut requester = self.hasher.build_hasher();
         requester.write_u8(b'r');
-        hashes.iter().skip(devices).for_each(|&h| requester.write_u64(h));
+        for (i, &h) in hashes.iter().enumerate() {
+            if device_keys & (1 << i.min(63)) == 0 {
+                requester.write_u64(h);
+            }
+        }
         hashes.push(requester.finish());
         let (mut company, mut own) = (false, false);
         let last = hashes.len() - 1;
@@ -101,7 +105,9 @@ impl HotKeys {
         let now = self.now_us();
         for &h in hashes {
             let mut shard = self.shard(h);
-            if shard.entries.len() >= MARKED_PER_SHARD_MAX {
+            // A key already held (a check waits on it) is marked whatever
+            // the bound.
+            if !shard.entries.contains_key(&h) && shard.entries.len() >= MARKED_PER_SHARD_MAX {
                 if now.saturating_sub(shard.last_sweep_us) < SWEEP_INTERVAL_US {
                     continue;
                 }
@@ -236,8 +242,8 @@ mod tests {
         let other = hot.enter(&keys(&["account", "elsewhere"]), 0);
         assert!(a.in_burst() && !a.own_burst(), "her account from elsewhere: a burst, not hers");
         assert_ne!(a.requester(), other.requester());
-        let device = hot.enter(&keys(&["cookie", "account", "address"]), 1);
-        assert_eq!(a.requester(), device.requester(), "a device's key is no part of it");
+        let device = hot.enter(&keys(&["cookie", "account", "address", "account+cookie"]), 0b1001);
+        assert_eq!(a.requester(), device.requester(), "a device's keys are no part of it");
         assert!(device.own_burst(), "came while a waited");
         assert!(a.own_burst(), "device came while a waited");
         drop((a, other, device));

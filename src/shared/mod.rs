@@ -209,9 +209,10 @@ pub struct SharedStore {
     last_success_us: AtomicU64,
     /// The current run of late request calls.
     late_run: Mutex<LateRun>,
-    /// When the store last replied to a batch, late or not (`micros`), 0
-    /// never; a cluster's nodes' too (`Nodes::replied_us`).
-    replied_us: AtomicU64,
+    /// Since when the store has owed a reply (`micros`: the first batch
+    /// sent after its last reply, late or not), 0 none; a cluster's nodes'
+    /// too (`Nodes::owing_since_us`).
+    owing_since_us: AtomicU64,
     /// The keys this host's checks wait on.
     hot: hot::HotKeys,
     /// How long each requester has been refused as busy.
@@ -270,7 +271,7 @@ impl SharedStore {
             connection: Mutex::new(None),
             last_success_us: AtomicU64::new(0),
             late_run: Mutex::new(LateRun::default()),
-            replied_us: AtomicU64::new(0),
+            owing_since_us: AtomicU64::new(0),
             hot: hot::HotKeys::default(),
             busy_runs: busy_runs::BusyRuns::default(),
             state: AtomicU8::new(State::Open.to_u8()),

@@ -28,16 +28,16 @@ pub struct NodeBreaker {
     /// 0 while closed; while open, when the next call may go (a probe).
     open_until_us: u64,
     probe_delay_us: u64,
-    /// When the node last replied to a batch, late or not, 0 never: a
-    /// late call on its slots is busy within `busy_max` of it
-    /// (`LateRun::late`). The node's own, so a frozen node's late calls
-    /// are lost while the others reply.
-    replied_us: u64,
+    /// Since when the node has owed a reply (the first batch sent to it
+    /// after its last reply), 0 none: a late call on its slots is busy
+    /// while that is under `busy_max` (`breaker::replying`). The node's
+    /// own, so a frozen node's late calls are lost while the others reply.
+    owing_since_us: u64,
 }
 
 impl NodeBreaker {
     fn new(probe_delay_min_us: u64) -> NodeBreaker {
-        NodeBreaker { failures_in_a_row: 0, open_until_us: 0, probe_delay_us: probe_delay_min_us, replied_us: 0 }
+        NodeBreaker { failures_in_a_row: 0, open_until_us: 0, probe_delay_us: probe_delay_min_us, owing_since_us: 0 }
     }
 
     pub fn is_open(&self) -> bool {
@@ -61,7 +61,7 @@ impl NodeBreaker {
     /// True if this closed the breaker.
     fn succeeded(&mut self, probe_delay_min_us: u64) -> bool {
         let was_open = self.is_open();
-        *self = NodeBreaker { replied_us: self.replied_us, ..NodeBreaker::new(probe_delay_min_us) };
+        *self = NodeBreaker { owing_since_us: self.owing_since_us, ..NodeBreaker::new(probe_delay_min_us) };
         was_open
     }
 
@@ -123,17 +123,28 @@ impl Nodes {
         self.node_of(slot).map(|n| self.nodes[n].0.as_str())
     }
 
-    /// `slot`'s node replied to a batch at `now_us`.
-    pub fn replied(&mut self, slot: u16, now_us: u64) {
+    /// A batch went to `slot`'s node at `now_us`: owed from then, unless
+    /// one already is.
+    pub fn sent(&mut self, slot: u16, now_us: u64) {
         if let Some(n) = self.node_of(slot) {
-            self.nodes[n].1.replied_us = now_us;
+            let owing = &mut self.nodes[n].1.owing_since_us;
+            if *owing == 0 {
+                *owing = now_us;
+            }
         }
     }
 
-    /// When `slot`'s node last replied (0 never); None for a slot no
-    /// node was seen serving.
-    pub fn replied_us(&self, slot: u16) -> Option<u64> {
-        self.node_of(slot).map(|n| self.nodes[n].1.replied_us)
+    /// `slot`'s node replied to a batch: it owes none.
+    pub fn replied(&mut self, slot: u16) {
+        if let Some(n) = self.node_of(slot) {
+            self.nodes[n].1.owing_since_us = 0;
+        }
+    }
+
+    /// Since when `slot`'s node has owed a reply (0 none); None for a slot
+    /// no node was seen serving.
+    pub fn owing_since_us(&self, slot: u16) -> Option<u64> {
+        self.node_of(slot).map(|n| self.nodes[n].1.owing_since_us)
     }
 
     /// A call on `slot` was answered (true) or failed.
@@ -265,17 +276,20 @@ mod tests {
     #[test]
     fn a_reply_is_its_nodes_alone() {
         let mut nodes = Nodes::new(1, 100, 1000);
-        nodes.replied(0, 40);
-        assert_eq!(nodes.replied_us(0), None, "no map yet: no node to ask");
+        nodes.sent(0, 40);
+        assert_eq!(nodes.owing_since_us(0), None, "no map yet: no node to ask");
         nodes.remap(&three()).unwrap();
-        nodes.replied(100, 50);
-        let each = (nodes.replied_us(5460), nodes.replied_us(5461), nodes.replied_us(16383));
-        assert_eq!(each, (Some(50), Some(0), Some(0)));
+        nodes.sent(100, 50);
+        nodes.sent(100, 55);
+        let each = (nodes.owing_since_us(5460), nodes.owing_since_us(5461), nodes.owing_since_us(16383));
+        assert_eq!(each, (Some(50), Some(0), Some(0)), "owed since the first batch unanswered");
         assert_eq!(nodes.outcome(0, false, 60), Change::Opened("127.0.0.1:7000".into()));
         assert_eq!(nodes.outcome(0, true, 70), Change::Closed("127.0.0.1:7000".into()));
-        assert_eq!(nodes.replied_us(0), Some(50), "a breaker closing keeps it");
+        assert_eq!(nodes.owing_since_us(0), Some(50), "a breaker closing keeps it");
         nodes.remap(&Value::Array(vec![range(0, 16383, 7000)])).unwrap();
-        assert_eq!(nodes.replied_us(16383), Some(50), "a node kept by a new map keeps it");
+        assert_eq!(nodes.owing_since_us(16383), Some(50), "a node kept by a new map keeps it");
+        nodes.replied(16383);
+        assert_eq!(nodes.owing_since_us(0), Some(0), "a reply: owes none");
     }
 
     #[test]

@@ -18,6 +18,10 @@ pub struct Op {
     pub kind: u8,
     pub args: Args,
     pub keys: Keys,
+    /// A check's keys (a bit each, by index) that name a device: no part
+    /// of its requester (`HotKeys::enter`), since the guesser sets his
+    /// cookie as he likes. Not sent.
+    pub device_keys: u64,
 }
 
 /// An op's arguments: one packed on the request path, held inline (a
@@ -96,7 +100,7 @@ impl Op {
     }
 
     fn packed(kind: u8, packed: Packed, keys: Keys) -> Op {
-        Op { kind, args: smallvec::smallvec![packed.0], keys }
+        Op { kind, args: smallvec::smallvec![packed.0], keys, device_keys: 0 }
     }
 
     /// A check: `rules` failure and rate rules, each with its key (moved
@@ -123,13 +127,6 @@ impl Op {
             }
         }
         Op::packed(b'C', p, keys)
-    }
-
-    /// How many of a check's keys, first, are a device's
-    /// (`CheckRule::Device`, first when there is one; the packed rule
-    /// kinds follow a count byte).
-    pub fn check_devices(&self) -> usize {
-        (self.kind == b'C' && self.args.first().and_then(|a| a.get(1)) == Some(&b'd')) as usize
     }
 
     /// A check's rules in order, read back from its packed argument (only
@@ -786,6 +783,7 @@ mod tests {
                 kind: b'C',
                 args: smallvec::smallvec![vec![1]],
                 keys: smallvec::smallvec!["tg:{a}:f:login/x:00".into()],
+                device_keys: 0,
             };
             let ops = [Op::release(&[("tg:{a}:f:login/y:00".into(), 60_000_000)]), unreadable, Op::check(vec![])];
             let ops: Vec<&Op> = ops.iter().collect();

@@ -10,7 +10,7 @@ use std::time::Duration;
 use smallvec::SmallVec;
 use tokio::sync::{mpsc, oneshot};
 
-use super::breaker::replied_lately;
+use super::breaker::replying;
 use super::script::{op_slot, Op, Reply};
 use super::{hot, CallError, Pending, SharedStore, State, LATE_REPLY_WAIT_MS, ORPHANS_WAITING_MAX};
 use crate::unpoisoned::Unpoisoned;
@@ -159,7 +159,7 @@ impl SharedStore {
                     return store.late_check(request, hot);
                 }
                 store.stats.timeouts.fetch_add(1, Ordering::Relaxed);
-                if !request.is_some_and(|slot| store.waits_for_late_report(slot)) {
+                if !request.is_some_and(|slot| store.lateness(slot, None) == Lateness::Late) {
                     store.failed(&CallError::Timeout);
                     return Err(CallError::Timeout);
                 }
@@ -215,7 +215,7 @@ impl SharedStore {
             return Err(CallError::NotAsked(state.name()));
         }
         let (check, patient) = (op.kind == b'C', op.kind == b'R');
-        let hot = check.then(|| self.hot.enter(&op.keys, op.check_devices()));
+        let hot = check.then(|| self.hot.enter(&op.keys, op.device_keys));
         let slot = if self.is_cluster() { op_slot(&op).ok().flatten() } else { None };
         // A report is held until the queue has room: never sent, its
         // failure would be counted only on the share, which the store does
@@ -337,9 +337,9 @@ impl SharedStore {
     /// or kept saturated) turns the hosts to their shares and no one can
     /// keep every login refused. A check in a `burst` on its keys is
     /// `Busy`, refused and admitting nothing, while the run is young or
-    /// the store (the node serving `slot`, in a cluster) replied to a
-    /// batch, late or not, within `busy_max_ms` (`replied_lately`: bursts
-    /// closer together than that are each held exactly): for as long as
+    /// the store (the node serving `slot`, in a cluster) has owed a reply
+    /// for less than `busy_max_ms` (`replying`: bursts closer together
+    /// than that, or after a quiet moment, are each held exactly): for as long as
     /// the burst is its requester's own (parallel guesses), else for
     /// `busy_max_ms` a window (`BusyRuns`), and then as a lone call, so no
     /// flood on a user's keys keeps her refused.
@@ -358,18 +358,9 @@ impl SharedStore {
         }
     }
 
-    /// A request's report is late: whether to wait for its reply (up to
-    /// `LATE_REPLY_WAIT_MS`) rather than count it a failure. While the
-    /// store is busy as to a check in a burst: a report waited for is
-    /// counted once, in the store, and a burst's reports, late behind
-    /// its checks, opened the breaker when its run had grown old.
-    pub fn waits_for_late_report(&self, slot: Option<u16>) -> bool {
-        self.busy_now(slot).is_some_and(|(young, there)| young || there)
-    }
-
     /// With the breaker closed, whether the run of late calls is young
     /// (counting this late call in it), and whether the store is there:
-    /// young, or it replied to a batch within `busy_max_ms`.
+    /// young, or it has owed a reply for less than `busy_max_ms`.
     fn busy_now(&self, slot: Option<u16>) -> Option<(bool, bool)> {
         let busy_max_us = self.config.busy_max_ms.saturating_mul(1000);
         let now = self.micros();
@@ -377,15 +368,15 @@ impl SharedStore {
         if self.state() != State::Closed {
             return None;
         }
-        Some((young, young || replied_lately(now, busy_max_us, self.replied_us(slot))))
+        Some((young, young || replying(now, busy_max_us, self.owing_since_us(slot))))
     }
 
-    /// When the store last replied to a batch (`replied_lately`): in a
-    /// cluster, the node serving `slot` if the slot map names it (a frozen
-    /// node's slots are not kept busy by the others' replies), else any.
-    fn replied_us(&self, slot: Option<u16>) -> u64 {
-        let node = slot.and_then(|slot| self.nodes.locked().replied_us(slot));
-        node.unwrap_or_else(|| self.replied_us.load(Ordering::Relaxed))
+    /// Since when the store has owed a reply (`replying`): in a cluster,
+    /// the node serving `slot` if the slot map names it (a frozen node's
+    /// slots are not kept busy by the others' replies), else any.
+    fn owing_since_us(&self, slot: Option<u16>) -> u64 {
+        let node = slot.and_then(|slot| self.nodes.locked().owing_since_us(slot));
+        node.unwrap_or_else(|| self.owing_since_us.load(Ordering::Relaxed))
     }
 }
 
