@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use common::shared::*;
 use common::*;
 use tollgate::client::{Client, ClientConfig};
-use tollgate::protocol::{Decision, Outcome, Reason};
+use tollgate::protocol::{Decision, Outcome, Reason, Subject};
 
 /// A flood kept up on one account, from many addresses, with a flood on
 /// other accounts keeping the store late: the account's key is in a burst
@@ -283,6 +283,60 @@ fn a_user_who_pauses_between_tries_is_refused_as_busy_once_a_window() {
     eprintln!("erin: {answers:?}");
     assert!(late >= 3, "the store was late for only {late} of her 6 tries: the test proves little");
     assert!(busy <= 1, "refused as busy {busy} times of 6: {answers:?}");
+}
+
+/// `reauth` counts failures per (account, device) only. With every key
+/// that names a device left out of a requester, every reauth check of a
+/// host had the same requester (none left), so a flood of parallel
+/// checks on an attacker's own account and cookie made every user's late
+/// reauth check part of a burst of its own, refused for the whole flood
+/// (a red team's finding). When every key names what the requester
+/// chooses, the requester is all of them.
+#[test]
+fn a_flood_on_anothers_reauth_key_does_not_refuse_a_user_as_busy() {
+    let hosts = Hosts::start_with(1, "", "");
+    let d = &hosts.daemons[0];
+    let rt = runtime();
+    let client = Arc::new(Client::new(ClientConfig::new(&d.socket).timeout(Duration::from_secs(10))));
+    let stop = Arc::new(AtomicBool::new(false));
+    let answers = rt.block_on(async {
+        let flood: Vec<_> = (0..48)
+            .map(|_| {
+                let (client, stop) = (client.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let mallory = Subject { device: Some("his-cookie"), ..subject_of("10.8.0.1", "mallory") };
+                    while !stop.load(Relaxed) {
+                        if client.check("reauth", &mallory).await.proceeds() {
+                            let _ = client.abandon("reauth", &mallory).await;
+                        }
+                    }
+                })
+            })
+            .collect();
+        let erin = Subject { device: Some("her-cookie"), ..subject_of("192.0.2.33", "erin") };
+        let mut answers = Vec::new();
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_millis(2000) {
+            let answered = client.check_answered("reauth", &erin).await;
+            let v = verdict(answered.answer);
+            if v.decision == Decision::Allow {
+                verdict(client.report("reauth", &erin, Outcome::Success).await);
+            }
+            let busy = !answered.degraded && v.reason == Reason::AttemptsInFlight && v.reset_ms == 0;
+            answers.push((answered.degraded, v.decision, busy));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        stop.store(true, Relaxed);
+        for t in flood {
+            t.await.unwrap();
+        }
+        answers
+    });
+    let busy = answers.iter().filter(|a| a.1 == Decision::Deny && a.2).count();
+    let late = busy + answers.iter().filter(|a| a.0).count();
+    eprintln!("erin: {} reauth checks, {late} late, {busy} refused as busy", answers.len());
+    assert!(late > 0, "the store was never late for her: the test proves nothing");
+    assert!(busy == 0, "refused as busy {busy} times of {}, alone on her keys", answers.len());
 }
 
 /// 48 connections checking as fast as they can until `stop`: half on

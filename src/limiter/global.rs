@@ -181,16 +181,16 @@ impl Limiter {
             return Begun::Done(combine(&answers), Vec::new());
         }
         let mut rules: SmallVec<[CheckRule; 4]> = SmallVec::new();
-        // Which keys name a device (`Op::device_keys`).
-        let mut device_keys = 0u64;
+        // Which keys name what the requester chooses (`Op::chosen_keys`).
+        let mut chosen_keys = 0u64;
         if let Some(device) = device {
-            device_keys |= 1;
+            chosen_keys |= 1;
             rules.push(CheckRule::Device { key: self.device_key(route, device) });
         }
         for (rule, key) in route.rules.iter().zip(rule_keys.iter().copied()) {
             let (Some(full), Some(key)) = (rule.global, key) else { continue };
-            if rule.key.contains(&Component::Device) {
-                device_keys |= 1 << rules.len().min(63);
+            if rule.key.iter().any(|c| matches!(c, Component::Device | Component::ClientId)) {
+                chosen_keys |= 1 << rules.len().min(63);
             }
             let name = self.store_key(rule, key);
             let scope = scope(rule, device.is_some());
@@ -227,7 +227,7 @@ impl Limiter {
             hits: deferred,
             device_key: device.is_some(),
             begun_us: now_us,
-            op: Op { device_keys, ..Op::check(rules) },
+            op: Op { chosen_keys, ..Op::check(rules) },
         })))
     }
 

@@ -141,10 +141,11 @@ pub struct LateRun {
 /// on its keys is then busy however old its run (`SharedStore::lateness`),
 /// so bursts spaced closer than `busy_max` (one run, grown old) are each
 /// held exactly, not answered on the shares (5 + 3 x 2 tried, not 5). A
-/// frozen store is lost `busy_max` after
-/// the first batch it left unanswered; an idle one owes nothing, so a
-/// burst after a quiet second finds it there (measured by its last reply,
-/// that burst's first late checks were failures and opened the breaker).
+/// frozen store is lost `busy_max` after the first batch sent after its
+/// last reply (a reply clears batches still in flight too); an idle one
+/// owes nothing, so a burst after a quiet second finds it there (measured
+/// by its last reply, that burst's first late checks were failures and
+/// opened the breaker).
 /// Lone late checks are not excused by it: a store kept late for longer
 /// is lost to them, so its breaker can open and the shares count what
 /// they admit.

@@ -64,8 +64,9 @@ impl Default for HotKeys {
 
 impl HotKeys {
     /// Counts a check on `keys` waiting until the guard drops; those of
-    /// `device_keys` (a bit each, by index) name a device.
-    pub fn enter<'h>(&'h self, keys: &[String], device_keys: u64) -> HotGuard<'h> {
+    /// `chosen_keys` (a bit each, by index) name what the requester
+    /// chooses (`Op::chosen_keys`).
+    pub fn enter<'h>(&'h self, keys: &[String], chosen_keys: u64) -> HotGuard<'h> {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         let mut hashes: SmallVec<[u64; 6]> = keys
             .iter()
@@ -76,11 +77,15 @@ impl HotKeys {
             })
             .collect();
         // Its requester, waited on like a key of its own (last): its keys
-        // but a device's, which the guesser sets as he likes.
+        // but those naming what it chooses (a cookie, a client id), or all
+        // of them if they all do (`reauth`: its limit is per account and
+        // device, and so is its requester).
+        let chosen = |i: usize| chosen_keys & (1 << i.min(63)) != 0;
+        let all_chosen = (0..hashes.len()).all(chosen);
         let mut requester = self.hasher.build_hasher();
         requester.write_u8(b'r');
         for (i, &h) in hashes.iter().enumerate() {
-            if device_keys & (1 << i.min(63)) == 0 {
+            if all_chosen || !chosen(i) {
                 requester.write_u64(h);
             }
         }
@@ -247,6 +252,11 @@ mod tests {
         assert!(device.own_burst(), "came while a waited");
         assert!(a.own_burst(), "device came while a waited");
         drop((a, other, device));
+        let erin = hot.enter(&keys(&["erin+cookie"]), 0b1);
+        let frank = hot.enter(&keys(&["frank+cookie"]), 0b1);
+        assert!(!erin.own_burst() && !frank.own_burst(), "keys all chosen: the requester is all of them");
+        assert_ne!(erin.requester(), frank.requester());
+        drop((erin, frank));
         assert_eq!(held(&hot), 0);
     }
 

@@ -18,10 +18,11 @@ pub struct Op {
     pub kind: u8,
     pub args: Args,
     pub keys: Keys,
-    /// A check's keys (a bit each, by index) that name a device: no part
-    /// of its requester (`HotKeys::enter`), since the guesser sets his
-    /// cookie as he likes. Not sent.
-    pub device_keys: u64,
+    /// A check's keys (a bit each, by index) that name what the requester
+    /// chooses, a device cookie or an OAuth client id: no part of its
+    /// requester (`HotKeys::enter`), or a guesser would make each guess a
+    /// requester of its own. Not sent.
+    pub chosen_keys: u64,
 }
 
 /// An op's arguments: one packed on the request path, held inline (a
@@ -100,7 +101,7 @@ impl Op {
     }
 
     fn packed(kind: u8, packed: Packed, keys: Keys) -> Op {
-        Op { kind, args: smallvec::smallvec![packed.0], keys, device_keys: 0 }
+        Op { kind, args: smallvec::smallvec![packed.0], keys, chosen_keys: 0 }
     }
 
     /// A check: `rules` failure and rate rules, each with its key (moved
@@ -783,7 +784,7 @@ mod tests {
                 kind: b'C',
                 args: smallvec::smallvec![vec![1]],
                 keys: smallvec::smallvec!["tg:{a}:f:login/x:00".into()],
-                device_keys: 0,
+                chosen_keys: 0,
             };
             let ops = [Op::release(&[("tg:{a}:f:login/y:00".into(), 60_000_000)]), unreadable, Op::check(vec![])];
             let ops: Vec<&Op> = ops.iter().collect();

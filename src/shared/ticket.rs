@@ -215,7 +215,7 @@ impl SharedStore {
             return Err(CallError::NotAsked(state.name()));
         }
         let (check, patient) = (op.kind == b'C', op.kind == b'R');
-        let hot = check.then(|| self.hot.enter(&op.keys, op.device_keys));
+        let hot = check.then(|| self.hot.enter(&op.keys, op.chosen_keys));
         let slot = if self.is_cluster() { op_slot(&op).ok().flatten() } else { None };
         // A report is held until the queue has room: never sent, its
         // failure would be counted only on the share, which the store does
