@@ -281,7 +281,7 @@ fn a_user_who_pauses_between_tries_is_refused_as_busy_once_a_window() {
     let busy = answers.iter().filter(|a| a.1 == Decision::Deny && a.4).count();
     let late = busy + answers.iter().filter(|a| a.0).count();
     eprintln!("erin: {answers:?}");
-    assert!(late >= 3, "the store was late for only {late} of her 6 tries: the test proves little");
+    assert!(late >= 2, "the store was late for only {late} of her 6 tries: the test proves little");
     assert!(busy <= 1, "refused as busy {busy} times of 6: {answers:?}");
 }
 
@@ -316,7 +316,7 @@ fn a_flood_on_anothers_reauth_key_does_not_refuse_a_user_as_busy() {
         let erin = Subject { device: Some("her-cookie"), ..subject_of("192.0.2.33", "erin") };
         let mut answers = Vec::new();
         let started = Instant::now();
-        while started.elapsed() < Duration::from_millis(2000) {
+        while started.elapsed() < Duration::from_millis(3000) {
             let answered = client.check_answered("reauth", &erin).await;
             let v = verdict(answered.answer);
             if v.decision == Decision::Allow {

@@ -159,9 +159,22 @@ impl SharedStore {
                     return store.late_check(request, hot);
                 }
                 store.stats.timeouts.fetch_add(1, Ordering::Relaxed);
-                if !request.is_some_and(|slot| store.lateness(slot, None) == Lateness::Late) {
-                    store.failed(&CallError::Timeout);
-                    return Err(CallError::Timeout);
+                let lateness = request.map(|slot| (store.lateness(slot, None), store.replying_now(slot)));
+                match lateness {
+                    Some((Lateness::Late, _)) => {}
+                    // A store still replying, its run grown old under a
+                    // burst (the report late behind the burst's checks):
+                    // counted on the share now, and, orphaned, in the store
+                    // when it runs; the breaker does not move. Three such
+                    // reports, failures, opened it amid close bursts.
+                    Some((_, true)) => {
+                        drop(orphan.take());
+                        return Err(CallError::Late);
+                    }
+                    _ => {
+                        store.failed(&CallError::Timeout);
+                        return Err(CallError::Timeout);
+                    }
                 }
                 // A report's caller has its answer in a moment either way;
                 // its failure must be counted in the store or on the share.
@@ -356,6 +369,11 @@ impl SharedStore {
         } else {
             Lateness::Lost
         }
+    }
+
+    /// Whether the store (`slot`'s node) is there (`busy_now`).
+    fn replying_now(&self, slot: Option<u16>) -> bool {
+        self.busy_now(slot).is_some_and(|(_, there)| there)
     }
 
     /// With the breaker closed, whether the run of late calls is young
