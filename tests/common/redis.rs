@@ -362,6 +362,67 @@ impl RedisServer {
     pub fn cmd(&self, args: &[&str]) -> String {
         redis_cli(&self.cli_target(), args)
     }
+
+    /// A store that is slow but there, until the guard drops: another
+    /// client's script keeps the server busy for `busy`, then lets it
+    /// breathe for `idle`, over and over. A call caught behind it is late
+    /// while replies keep coming, which a flood of checks makes only
+    /// sometimes (once not at all in a fresh-clone CI run). Unix socket,
+    /// no password.
+    pub fn stall(&self, busy: Duration, idle: Duration) -> Stalls {
+        let Addr::Unix(path) = self.addr.clone() else { panic!("stall: a Unix-socket server") };
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stalls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (s, n) = (stop.clone(), stalls.clone());
+        let thread = std::thread::spawn(move || {
+            let mut stream = UnixStream::connect(&path).expect("stall: connect");
+            // The server's own clock, so the busy time is the server's.
+            let script = "local t = redis.call('TIME') local t0 = t[1] * 1000000 + t[2] \
+                          repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - t0 >= tonumber(ARGV[1])";
+            let micros = busy.as_micros().to_string();
+            let mut command = Vec::new();
+            for arg in ["EVAL", script, "0", &micros] {
+                command.extend_from_slice(format!("${}\r\n{arg}\r\n", arg.len()).as_bytes());
+            }
+            let command = [b"*4\r\n".as_slice(), &command].concat();
+            while !s.load(std::sync::atomic::Ordering::Relaxed) {
+                stream.write_all(&command).expect("stall: send");
+                let mut reply = [0u8; 64];
+                let got = stream.read(&mut reply).expect("stall: reply");
+                assert!(
+                    reply[..got].starts_with(b"$-1") || reply[..got].starts_with(b"_"),
+                    "stall: {:?}",
+                    String::from_utf8_lossy(&reply[..got])
+                );
+                n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                std::thread::sleep(idle);
+            }
+        });
+        Stalls { stop, stalls, thread: Some(thread) }
+    }
+}
+
+/// `RedisServer::stall`'s guard: the stalls end when it drops.
+pub struct Stalls {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    stalls: Arc<std::sync::atomic::AtomicUsize>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Stalls {
+    /// How many stalls the server has run so far.
+    pub fn count(&self) -> usize {
+        self.stalls.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Drop for Stalls {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 impl Drop for RedisServer {
