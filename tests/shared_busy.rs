@@ -27,10 +27,7 @@ use tollgate::protocol::{Decision, Outcome, Reason, Subject, Verdict};
 /// check in a burst, she was refused for the whole flood.
 #[test]
 fn a_flood_kept_up_on_an_account_refuses_its_owner_as_busy_no_longer_than_busy_max() {
-    let hosts = Hosts::start_with(1, "", "");
-    let d = &hosts.daemons[0];
-    let rt = runtime();
-    let client = Arc::new(Client::new(ClientConfig::new(&d.socket).timeout(Duration::from_secs(10))));
+    let (hosts, rt, client) = one_host("");
     let stop = Arc::new(AtomicBool::new(false));
     let stalls = hosts.redis.stall(Duration::from_millis(10), Duration::from_millis(5));
     let answers = rt.block_on(async {
@@ -73,10 +70,7 @@ fn a_flood_kept_up_on_an_account_refuses_its_owner_as_busy_no_longer_than_busy_m
 /// (a red team's finding).
 #[test]
 fn a_flood_on_other_accounts_does_not_refuse_a_user_alone_on_her_keys() {
-    let hosts = Hosts::start_with(1, "", "");
-    let d = &hosts.daemons[0];
-    let rt = runtime();
-    let client = Arc::new(Client::new(ClientConfig::new(&d.socket).timeout(Duration::from_secs(10))));
+    let (hosts, rt, client) = one_host("");
     let stalls = hosts.redis.stall(Duration::from_millis(10), Duration::from_millis(5));
     let (refused, late) = rt.block_on(async {
         let flood: Vec<_> = (0..2000)
@@ -170,10 +164,7 @@ fn one_held_place_makes_a_lone_users_late_check_refused_as_busy() {
 /// refused as such (seen about one run in six before they took turns).
 #[test]
 fn one_held_place_and_pulsed_floods_on_other_accounts_refuse_a_lone_user() {
-    let hosts = Hosts::start_with(1, "", "");
-    let d = &hosts.daemons[0];
-    let rt = runtime();
-    let client = Arc::new(Client::new(ClientConfig::new(&d.socket).timeout(Duration::from_secs(10))));
+    let (_hosts, rt, client) = one_host("");
     let turns = Arc::new(tokio::sync::Mutex::new(()));
     let mut results = Vec::new();
     for (account, stranger) in [("frank", false), ("erin", true)] {
@@ -254,10 +245,7 @@ fn one_held_place_and_pulsed_floods_on_other_accounts_refuse_a_lone_user() {
 /// busy_max in a window of 120 x busy_max, 12 s here: once.
 #[test]
 fn a_user_who_pauses_between_tries_is_refused_as_busy_once_a_window() {
-    let hosts = Hosts::start_with(1, "", "busy_max_ms = 100");
-    let d = &hosts.daemons[0];
-    let rt = runtime();
-    let client = Arc::new(Client::new(ClientConfig::new(&d.socket).timeout(Duration::from_secs(10))));
+    let (hosts, rt, client) = one_host("busy_max_ms = 100");
     let stop = Arc::new(AtomicBool::new(false));
     let stalls = hosts.redis.stall(Duration::from_millis(10), Duration::from_millis(5));
     let answers = rt.block_on(async {
@@ -297,10 +285,7 @@ fn a_user_who_pauses_between_tries_is_refused_as_busy_once_a_window() {
 /// chooses, the requester is all of them.
 #[test]
 fn a_flood_on_anothers_reauth_key_does_not_refuse_a_user_as_busy() {
-    let hosts = Hosts::start_with(1, "", "");
-    let d = &hosts.daemons[0];
-    let rt = runtime();
-    let client = Arc::new(Client::new(ClientConfig::new(&d.socket).timeout(Duration::from_secs(10))));
+    let (hosts, rt, client) = one_host("");
     let stop = Arc::new(AtomicBool::new(false));
     let stalls = hosts.redis.stall(Duration::from_millis(10), Duration::from_millis(5));
     let answers = rt.block_on(async {
@@ -381,4 +366,12 @@ fn refused_as_busy(degraded: bool, v: &Verdict<'_>) -> bool {
         && v.reason == Reason::AttemptsInFlight
         && v.reset_ms == 0
         && v.retry_after_ms == 1000
+}
+
+/// One daemon on its own store, a runtime, and a client that waits long
+/// enough to see every answer (its deadline is not what is tested).
+fn one_host(shared: &str) -> (Hosts, tokio::runtime::Runtime, Arc<Client>) {
+    let hosts = Hosts::start_with(1, "", shared);
+    let client = Client::new(ClientConfig::new(&hosts.daemons[0].socket).timeout(Duration::from_secs(10)));
+    (hosts, runtime(), Arc::new(client))
 }
