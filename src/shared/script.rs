@@ -91,11 +91,12 @@ impl Packed {
 }
 
 impl Op {
-    fn new(kind: u8) -> Op {
-        Op { kind, ..Op::default() }
+    /// An op on one key, its arguments added with `arg`.
+    fn keyed(kind: u8, key: String) -> Op {
+        Op { kind, keys: smallvec::smallvec![key], ..Op::default() }
     }
 
-    fn arg(&mut self, v: impl ToString) -> &mut Op {
+    fn arg(mut self, v: impl ToString) -> Op {
         self.args.push(v.to_string().into_bytes());
         self
     }
@@ -252,31 +253,20 @@ impl Op {
     /// Unlocks one entry, or with `indexed` every entry an account's index
     /// lists; the script publishes each unlocked key on `channel`.
     pub fn unlock(key: String, window_us: u64, indexed: bool, channel: &str) -> Op {
-        let mut op = Op::new(b'U');
-        op.arg(window_us).arg(indexed as u8).arg(channel);
-        op.keys.push(key);
-        op
+        Op::keyed(b'U', key).arg(window_us).arg(indexed as u8).arg(channel)
     }
 
     pub fn heartbeat(key: String, host: &str, ttl_us: u64) -> Op {
-        let mut op = Op::new(b'H');
-        op.arg(host).arg(ttl_us);
-        op.keys.push(key);
-        op
+        Op::keyed(b'H', key).arg(host).arg(ttl_us)
     }
 
     /// Reads the recorded fingerprint, writing nothing.
     pub fn read_fingerprint(key: String) -> Op {
-        let mut op = Op::new(b'F');
-        op.keys.push(key);
-        op
+        Op::keyed(b'F', key)
     }
 
     pub fn join(key: String, fingerprint: &str) -> Op {
-        let mut op = Op::new(b'J');
-        op.arg(fingerprint);
-        op.keys.push(key);
-        op
+        Op::keyed(b'J', key).arg(fingerprint)
     }
 }
 
