@@ -226,3 +226,78 @@ fn a_flood_on_other_accounts_through_the_shipped_client_lets_a_lone_user_proceed
     eprintln!("erin: {timed_out} of 50 timed out (failing open), {stopped} stopped");
     assert_eq!(stopped, 0, "erin's login was stopped {stopped} times of 50 by a flood on other accounts");
 }
+
+/// A trickle of checks on erin's account from other addresses (one every
+/// 20 ms, each from a fresh one, given back at once) while the daemon is
+/// late 40 ms of every 100 (frozen and thawed: a loaded host). Every check
+/// of hers has company on her account, so each timeout was busy and she
+/// was refused for as long as the trickle lasted: 27 of 27 tries over 8 s
+/// (a red team's finding). A burst not her own refuses her for busy_max
+/// a window; then her timeouts follow the fail policy.
+#[test]
+fn a_trickle_on_her_account_from_elsewhere_refuses_her_as_busy_no_longer_than_busy_max() {
+    let _alone = one_at_a_time();
+    let daemon = Arc::new(TestDaemon::start());
+    let rt = runtime();
+    let client = Arc::new(Client::new(ClientConfig::new(&daemon.socket)));
+    let busy_max = client.config().busy_max;
+    let erin = subject_of("192.0.2.33", "erin");
+    assert!(rt.block_on(client.check("login", &erin)).proceeds(), "the client has had an answer");
+    rt.block_on(client.report("login", &erin, Outcome::Success));
+    // Her next try is a moment away, not a straggler of this one.
+    std::thread::sleep(Duration::from_millis(100));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let loaded = {
+        let (daemon, stop) = (daemon.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                daemon.freeze();
+                std::thread::sleep(Duration::from_millis(40));
+                daemon.thaw();
+                std::thread::sleep(Duration::from_millis(60));
+            }
+        })
+    };
+    let busy_at = rt.block_on(async {
+        let trickle = {
+            let (client, stop) = (client.clone(), stop.clone());
+            tokio::spawn(async move {
+                for n in 0.. {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        break;
+                    }
+                    let (client, mallory) =
+                        (client.clone(), subject_of(leak(format!("10.6.{}.{}", n / 250 % 250, 1 + n % 250)), "erin"));
+                    tokio::spawn(async move {
+                        if client.check("login", &mallory).await.proceeds() {
+                            let _ = client.abandon("login", &mallory).await;
+                        }
+                    });
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+        };
+        let started = std::time::Instant::now();
+        let (mut busy_at, mut tries) = (Vec::new(), 0);
+        while started.elapsed() < Duration::from_secs(5) {
+            tries += 1;
+            let answer = client.check("login", &erin).await;
+            if matches!(answer, Answer::Unavailable { error: ClientError::Busy(_), .. }) {
+                busy_at.push(started.elapsed());
+            } else if answer.proceeds() {
+                let _ = client.report("login", &erin, Outcome::Success).await;
+            }
+            // Out of step with the freezes: 53 to 149 ms.
+            tokio::time::sleep(Duration::from_millis(53 + tries * 37 % 97)).await;
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        trickle.await.unwrap();
+        eprintln!("erin: {tries} tries, refused by the client as busy at {busy_at:?}");
+        busy_at
+    });
+    loaded.join().unwrap();
+    daemon.thaw();
+    let span = busy_at.last().zip(busy_at.first()).map_or(Duration::ZERO, |(last, first)| *last - *first);
+    assert!(!busy_at.is_empty(), "the daemon was never late for her: the test proves nothing");
+    assert!(span <= busy_max, "refused as busy over {span:?}, busy_max {busy_max:?}: {busy_at:?}");
+}

@@ -5,6 +5,13 @@
 //! burst, scheduled late). A lone user's timeout during a flood on other
 //! accounts is an outage for the fail policy, not a refusal: the daemon
 //! makes the same distinction for its store.
+//!
+//! Parallel checks on one account and address are a guesser's, refused
+//! for as long as they last (`BurstGuard::own_burst`). A burst on her
+//! account that is not her own (others' checks, from other addresses)
+//! refuses her for at most `busy_max` in a window of `BUSY_WINDOW_FACTOR`
+//! x `busy_max` (`BusyWindow`): else anyone who kept checking her account
+//! kept her out. Past that her timeout follows the fail policy.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
@@ -21,9 +28,17 @@ const BURST_GAP_US: u64 = 50_000;
 /// Entries kept before the ended ones are swept (those with no check
 /// waiting and none started within `BURST_GAP_US`).
 const SWEEP_AT: usize = 1024;
+/// A requester's window, in multiples of `busy_max`: refused as busy in
+/// others' bursts for at most 1/120 of the time, as the daemon does.
+const BUSY_WINDOW_FACTOR: u64 = 120;
+/// Requesters whose windows one client remembers. Past it a new requester
+/// is not excused: a flood of distinct keys cannot make room to refuse a
+/// user again.
+const BUSY_REQUESTERS_MAX: usize = 4096;
 
-/// Per subject key (a hash of the route and the account, or the address):
-/// checks waiting on it, the newest of them, and when it started. An
+/// Per key (a hash of the route and the account, or the address; or of
+/// the route, account and address, a requester): checks waiting on it,
+/// the newest of them, and when it started. An
 /// entry lives while a check on it waits and `BURST_GAP_US` after the last
 /// one started (swept past `SWEEP_AT` entries), so the map is bounded by
 /// the calls of that span.
@@ -56,40 +71,62 @@ impl Default for Bursts {
 impl Bursts {
     /// Counts a check on `subject` waiting until the guard drops.
     pub(crate) fn enter<'b>(&'b self, route: &str, subject: &Subject<'_>) -> BurstGuard<'b> {
-        let mut h = self.hasher.build_hasher();
+        let (mut h, mut r) = (self.hasher.build_hasher(), self.hasher.build_hasher());
         h.write(route.as_bytes());
-        match (subject.account, subject.peer) {
-            (Some(account), _) => {
+        r.write(route.as_bytes());
+        let requester = match (subject.account, subject.peer) {
+            (Some(account), peer) => {
                 h.write_u8(1);
                 h.write(account.as_bytes());
+                r.write_u8(3);
+                r.write(account.as_bytes());
+                peer.map(|peer| {
+                    r.write(peer.to_string().as_bytes());
+                    r.finish()
+                })
             }
             (None, Some(peer)) => {
                 h.write_u8(2);
                 h.write(peer.to_string().as_bytes());
+                None
             }
-            (None, None) => h.write_u8(0),
-        }
+            (None, None) => {
+                h.write_u8(0);
+                None
+            }
+        };
         let key = h.finish();
+        let requester = requester.filter(|&r| r != key).unwrap_or(key);
         let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
         let mut entries = self.entries.locked();
         let now = self.epoch.elapsed().as_micros() as u64 + BURST_GAP_US;
-        if entries.len() >= SWEEP_AT && !entries.contains_key(&key) {
+        if entries.len() >= SWEEP_AT && !(entries.contains_key(&key) && entries.contains_key(&requester)) {
             entries.retain(|_, e| e.waiting > 0 || now - e.started_us < BURST_GAP_US);
         }
-        let entry = entries.entry(key).or_default();
-        let company = entry.waiting > 0 || (entry.started_us > 0 && now - entry.started_us < BURST_GAP_US);
-        entry.waiting += 1;
-        entry.newest = seq;
-        entry.started_us = now;
-        BurstGuard { bursts: self, key, seq, company }
+        let company = enter(&mut entries, key, seq, now);
+        let own_company = if requester == key { company } else { enter(&mut entries, requester, seq, now) };
+        BurstGuard { bursts: self, key, requester, seq, company, own_company }
     }
+}
+
+/// One check more waiting on `key`: whether another was waiting, or
+/// started within `BURST_GAP_US` before it.
+fn enter(entries: &mut HashMap<u64, Entry>, key: u64, seq: u64, now: u64) -> bool {
+    let entry = entries.entry(key).or_default();
+    let company = entry.waiting > 0 || (entry.started_us > 0 && now - entry.started_us < BURST_GAP_US);
+    entry.waiting += 1;
+    entry.newest = seq;
+    entry.started_us = now;
+    company
 }
 
 pub(crate) struct BurstGuard<'b> {
     bursts: &'b Bursts,
     key: u64,
+    requester: u64,
     seq: u64,
     company: bool,
+    own_company: bool,
 }
 
 impl BurstGuard<'_> {
@@ -99,14 +136,62 @@ impl BurstGuard<'_> {
         let entries = self.bursts.entries.locked();
         self.company || entries.get(&self.key).is_some_and(|e| e.newest > self.seq)
     }
+
+    /// `in_burst` on its requester: another check on the same account
+    /// from the same address (a guesser's parallel guesses).
+    pub(crate) fn own_burst(&self) -> bool {
+        let entries = self.bursts.entries.locked();
+        self.own_company || entries.get(&self.requester).is_some_and(|e| e.newest > self.seq)
+    }
+
+    /// The check's requester, for `BusyWindow::excused`.
+    pub(crate) fn requester(&self) -> u64 {
+        self.requester
+    }
 }
 
 impl Drop for BurstGuard<'_> {
     fn drop(&mut self) {
         let mut entries = self.bursts.entries.locked();
-        if let Some(entry) = entries.get_mut(&self.key) {
-            entry.waiting -= 1;
+        let keys = [self.key, self.requester];
+        let keys = if self.requester == self.key { &keys[..1] } else { &keys[..] };
+        for key in keys {
+            if let Some(entry) = entries.get_mut(key) {
+                entry.waiting -= 1;
+            }
         }
+    }
+}
+
+/// Per requester, when its window's first busy refusal in a burst not its
+/// own was (µs since the client started).
+#[derive(Default)]
+pub(crate) struct BusyWindow {
+    first_us: Mutex<HashMap<u64, u64>>,
+}
+
+impl BusyWindow {
+    /// A timeout of `requester`'s, in a burst not its own, from a busy
+    /// daemon at `now_us`: whether it may be refused as busy, within
+    /// `busy_max_us` of its window's first refusal.
+    pub(crate) fn excused(&self, requester: u64, now_us: u64, busy_max_us: u64) -> bool {
+        let window_us = busy_max_us.saturating_mul(BUSY_WINDOW_FACTOR);
+        let mut first_us = self.first_us.locked();
+        if let Some(first) = first_us.get_mut(&requester) {
+            if now_us.saturating_sub(*first) < window_us {
+                return now_us.saturating_sub(*first) < busy_max_us;
+            }
+            *first = now_us;
+            return busy_max_us > 0;
+        }
+        if first_us.len() >= BUSY_REQUESTERS_MAX {
+            first_us.retain(|_, first| now_us.saturating_sub(*first) < window_us);
+            if first_us.len() >= BUSY_REQUESTERS_MAX {
+                return false;
+            }
+        }
+        first_us.insert(requester, now_us);
+        busy_max_us > 0
     }
 }
 
@@ -132,6 +217,51 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_micros(BURST_GAP_US + 10_000));
         let later = bursts.enter("login", &erin);
         assert!(!later.in_burst(), "erin's next try, a moment later, is alone");
+    }
+
+    #[test]
+    fn a_burst_is_a_requesters_own_only_from_its_account_and_address() {
+        let bursts = Bursts::default();
+        let at =
+            |peer: &str| Subject { account: Some("alice"), peer: Some(peer.parse().unwrap()), ..Subject::default() };
+        let (guesser, again, other) = (
+            bursts.enter("login", &at("10.0.0.1")),
+            bursts.enter("login", &at("10.0.0.1")),
+            bursts.enter("login", &at("10.0.0.2")),
+        );
+        assert!(guesser.own_burst() && again.own_burst(), "one address's parallel checks");
+        assert!(other.in_burst() && !other.own_burst(), "another address in the account's burst");
+        assert_eq!(guesser.requester(), again.requester());
+        drop((guesser, again, other));
+        std::thread::sleep(std::time::Duration::from_micros(BURST_GAP_US + 10_000));
+        let peer = |p: &str| Subject { peer: Some(p.parse().unwrap()), ..Subject::default() };
+        let (a, b) = (bursts.enter("login", &peer("10.0.0.3")), bursts.enter("login", &peer("10.0.0.3")));
+        assert!(a.own_burst() && b.own_burst(), "without an account, the address is the requester");
+        drop((a, b));
+        assert!(bursts.entries.lock().unwrap().values().all(|e| e.waiting == 0), "every entry left");
+    }
+
+    #[test]
+    fn a_requester_is_excused_for_busy_max_a_window() {
+        let window = BusyWindow::default();
+        let busy_max = 1_000;
+        assert!(window.excused(7, 10_000, busy_max), "its first refusal");
+        assert!(window.excused(7, 10_999, busy_max), "within busy_max of it");
+        assert!(!window.excused(7, 11_000, busy_max), "past busy_max");
+        assert!(!window.excused(7, 10_000 + 119 * busy_max, busy_max), "the window lasts 120 x busy_max");
+        assert!(window.excused(7, 10_000 + 120 * busy_max, busy_max), "a new window");
+        assert!(!window.excused(8, 0, 0), "busy_max 0 excuses nothing");
+    }
+
+    #[test]
+    fn a_full_busy_window_excuses_no_newcomer_until_windows_end() {
+        let window = BusyWindow::default();
+        for r in 0..BUSY_REQUESTERS_MAX as u64 {
+            assert!(window.excused(r, 0, 1_000));
+        }
+        assert!(!window.excused(u64::MAX, 1_000, 1_000), "full of live windows");
+        assert!(window.excused(u64::MAX, 120_000, 1_000), "the ended ones swept");
+        assert_eq!(window.first_us.lock().unwrap().len(), 1);
     }
 
     #[test]

@@ -52,8 +52,11 @@ pub struct Client {
     /// with no call answered in time within it, is down or overloaded,
     /// not busy with a burst: the fail policy applies again.
     late_run: Mutex<(u64, u64)>,
-    /// The checks waiting, per account (or address).
+    /// The checks waiting, per account (or address) and per requester.
     bursts: crate::burst::Bursts,
+    /// Per requester, how long it has been refused as busy in others'
+    /// bursts.
+    busy_window: crate::burst::BusyWindow,
 }
 
 impl Client {
@@ -67,6 +70,7 @@ impl Client {
             last_answered_us: AtomicU64::new(0),
             late_run: Mutex::new((0, 0)),
             bursts: Default::default(),
+            busy_window: Default::default(),
         }
     }
 
@@ -152,8 +156,11 @@ impl Client {
         let result = match self.call_with_extras(request, extras).await {
             // Busy stops a login only in a burst on its account: a lone
             // user's timeout during a flood on others is an outage for the
-            // fail policy, not a refusal.
-            Err(ClientError::Busy(t)) if !burst.as_ref().is_some_and(|b| b.in_burst()) => Err(ClientError::Timeout(t)),
+            // fail policy, not a refusal. A burst not its own (others'
+            // checks on her account) stops it for busy_max a window only.
+            Err(ClientError::Busy(t)) if !burst.as_ref().is_some_and(|b| self.busy_in(b)) => {
+                Err(ClientError::Timeout(t))
+            }
             other => other,
         };
         drop(burst);
@@ -164,6 +171,15 @@ impl Client {
             Err(error) => (self.unavailable(route, error, spend), false),
         };
         Answered { answer, degraded }
+    }
+
+    /// Whether a busy timeout of the check `burst` counts stays busy: its
+    /// own burst (parallel checks on one account and address), or a burst
+    /// on its account within its requester's `BusyWindow`.
+    fn busy_in(&self, burst: &crate::burst::BurstGuard<'_>) -> bool {
+        let now_us = self.started.elapsed().as_micros() as u64 + 1;
+        let busy_max_us = self.config.busy_max.as_micros() as u64;
+        burst.own_burst() || (burst.in_burst() && self.busy_window.excused(burst.requester(), now_us, busy_max_us))
     }
 
     /// The route's fail policy; for a closed route, whether the static
