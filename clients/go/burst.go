@@ -6,8 +6,19 @@ package tollgate
 // client at the same time, or started less than burstGap before it. A lone
 // user's timeout during a flood on other accounts is an outage for the
 // fail policy, not a refusal.
+//
+// A burst on her account is not always hers, though: anyone can check her
+// account from other addresses. So each check also has a requester key
+// (route, account and address). Parallel checks on one account and one
+// address are a guesser's, and are refused as busy for as long as they
+// last. A check in a burst on her account that is not her own (others'
+// checks, from other addresses) is refused as busy for at most BusyMax in
+// a window of 120 x BusyMax per requester (busyWindows), so nobody can
+// keep her out by checking her account; past that her timeout follows the
+// fail policy.
 
 import (
+	"strconv"
 	"sync"
 	"time"
 )
@@ -20,12 +31,21 @@ const burstGap = 50 * time.Millisecond
 // burstSweepAt is the entry count past which ended entries are swept.
 const burstSweepAt = 1024
 
+// busyWindowSpans: a requester's busy window lasts this many BusyMax, of
+// which only the first BusyMax refuses a check in others' burst.
+const busyWindowSpans = 120
+
+// busyRequestersMax bounds the requesters with a busy window.
+const busyRequestersMax = 4096
+
 type burstEntry struct {
 	waiting uint32
 	newest  uint64
 	started time.Duration // since bursts.epoch, plus burstGap (0 is never a start)
 }
 
+// bursts holds burst keys and requester keys in one map (their tags keep
+// them apart), with the same bookkeeping for both.
 type bursts struct {
 	mu      sync.Mutex
 	entries map[string]*burstEntry
@@ -37,40 +57,55 @@ func newBursts() *bursts {
 	return &bursts{entries: make(map[string]*burstEntry), epoch: time.Now()}
 }
 
-// burstGuard is one check counted as waiting until leave.
+// burstGuard is one check counted as waiting until leave, on its burst key
+// and its requester key (the same key when the subject lacks an account or
+// an address).
 type burstGuard struct {
-	bursts  *bursts
-	key     string
-	seq     uint64
-	company bool
+	bursts    *bursts
+	key       string
+	requester string
+	seq       uint64
+	company   bool
+	// ownCompany: company on the requester key.
+	ownCompany bool
+}
+
+// keyOf joins a tag and fields with their lengths, so that no two
+// different lists of fields (nor tags) make the same key.
+func keyOf(tag byte, fields ...string) string {
+	b := []byte{tag}
+	for _, f := range fields {
+		b = append(b, '|')
+		b = strconv.AppendInt(b, int64(len(f)), 10)
+		b = append(b, ':')
+		b = append(b, f...)
+	}
+	return string(b)
 }
 
 func burstKey(route string, s *Subject) string {
 	switch {
 	case s.Account != nil:
-		return route + "\x00a" + *s.Account
+		return keyOf('1', route, *s.Account)
 	case s.Peer.IsValid():
-		return route + "\x00p" + s.Peer.String()
+		return keyOf('2', route, s.Peer.String())
 	default:
-		return route + "\x00-"
+		return keyOf('0', route)
 	}
 }
 
-func (b *bursts) enter(route string, s *Subject) *burstGuard {
-	key := burstKey(route, s)
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.seq++
-	now := time.Since(b.epoch) + burstGap
-	if len(b.entries) >= burstSweepAt {
-		if _, ok := b.entries[key]; !ok {
-			for k, e := range b.entries {
-				if e.waiting == 0 && now-e.started >= burstGap {
-					delete(b.entries, k)
-				}
-			}
-		}
+// requesterKey is who asks: the route, account and address when the
+// subject has both, else its burst key.
+func requesterKey(route string, s *Subject) string {
+	if s.Account != nil && s.Peer.IsValid() {
+		return keyOf('3', route, *s.Account, s.Peer.String())
 	}
+	return burstKey(route, s)
+}
+
+// join counts one more check waiting on key started at now (seq); whether
+// it has company there. Called with b.mu held.
+func (b *bursts) join(key string, now time.Duration) bool {
 	e := b.entries[key]
 	if e == nil {
 		e = &burstEntry{}
@@ -80,16 +115,53 @@ func (b *bursts) enter(route string, s *Subject) *burstGuard {
 	e.waiting++
 	e.newest = b.seq
 	e.started = now
-	return &burstGuard{bursts: b, key: key, seq: b.seq, company: company}
+	return company
+}
+
+func (b *bursts) enter(route string, s *Subject) *burstGuard {
+	key, requester := burstKey(route, s), requesterKey(route, s)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.seq++
+	now := time.Since(b.epoch) + burstGap
+	if len(b.entries) >= burstSweepAt {
+		_, hasKey := b.entries[key]
+		_, hasRequester := b.entries[requester]
+		if !hasKey || !hasRequester {
+			for k, e := range b.entries {
+				if e.waiting == 0 && now-e.started >= burstGap {
+					delete(b.entries, k)
+				}
+			}
+		}
+	}
+	g := &burstGuard{bursts: b, key: key, requester: requester, seq: b.seq}
+	g.company = b.join(key, now)
+	if requester == key {
+		g.ownCompany = g.company
+	} else {
+		g.ownCompany = b.join(requester, now)
+	}
+	return g
 }
 
 // inBurst: another check on its key waited while it did (before or after
 // it came), or started within burstGap before it.
 func (g *burstGuard) inBurst() bool {
+	return g.busyOn(g.key, g.company)
+}
+
+// ownBurst is inBurst on its requester key: another check on the same
+// account from the same address (or, lacking either, on its burst key).
+func (g *burstGuard) ownBurst() bool {
+	return g.busyOn(g.requester, g.ownCompany)
+}
+
+func (g *burstGuard) busyOn(key string, company bool) bool {
 	g.bursts.mu.Lock()
 	defer g.bursts.mu.Unlock()
-	e := g.bursts.entries[g.key]
-	return g.company || (e != nil && e.newest > g.seq)
+	e := g.bursts.entries[key]
+	return company || (e != nil && e.newest > g.seq)
 }
 
 func (g *burstGuard) leave() {
@@ -98,4 +170,52 @@ func (g *burstGuard) leave() {
 	if e := g.bursts.entries[g.key]; e != nil {
 		e.waiting--
 	}
+	if g.requester != g.key {
+		if e := g.bursts.entries[g.requester]; e != nil {
+			e.waiting--
+		}
+	}
+}
+
+// busyWindows: per requester, when its window's first busy refusal came
+// (a monotonic time since the client started). A check in others' burst
+// on its account is busy only in the first BusyMax of that window, so
+// checks on her account from other addresses cannot keep her out; the
+// window, 120 x BusyMax, keeps her from being refused again right after.
+type busyWindows struct {
+	mu    sync.Mutex
+	first map[string]time.Duration
+}
+
+func newBusyWindows() *busyWindows {
+	return &busyWindows{first: make(map[string]time.Duration)}
+}
+
+// excused: whether a timeout of requester's in others' burst, at now, may
+// still be refused as busy (its window started then if none was open).
+func (w *busyWindows) excused(requester string, now, busyMax time.Duration) bool {
+	window := busyWindowSpans * busyMax
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if first, ok := w.first[requester]; ok {
+		if now-first < window {
+			return now-first < busyMax
+		}
+		w.first[requester] = now
+		return busyMax > 0
+	}
+	if len(w.first) >= busyRequestersMax {
+		for k, first := range w.first {
+			if now-first >= window {
+				delete(w.first, k)
+			}
+		}
+		// Still full: every window is live. A flood of new keys must not
+		// push one out, or its requester would be refused afresh.
+		if len(w.first) >= busyRequestersMax {
+			return false
+		}
+	}
+	w.first[requester] = now
+	return busyMax > 0
 }

@@ -78,7 +78,9 @@ type Config struct {
 	// soon after an answer in time), from a daemon that has answered this
 	// client, for a check overlapped by
 	// another on the same account (or address), is ErrBusy and never
-	// proceeds. Zero: every timeout is an outage.
+	// proceeds: for as long as it lasts when the other is from the same
+	// address too, else for at most BusyMax in 120 x BusyMax per account
+	// and address. Zero: every timeout is an outage.
 	BusyMax time.Duration
 	// FailPolicies per route; others get DefaultFailPolicy.
 	FailPolicies      map[string]FailPolicy
@@ -254,6 +256,8 @@ type Client struct {
 	lateMu  sync.Mutex
 	lateRun [2]uint64
 	bursts  *bursts
+	// busy: each requester's busy window, for checks in others' bursts.
+	busy *busyWindows
 	// afterWrite, in tests, holds a call between its write and its read;
 	// beforeConnect, one about to dial.
 	afterWrite, beforeConnect func()
@@ -268,7 +272,7 @@ func NewClient(cfg Config) (*Client, error) {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = CallTimeoutDefault
 	}
-	c := &Client{cfg: cfg, started: time.Now(), budgetTats: map[string]uint64{}, budgets: map[string]gcraSpec{}, bursts: newBursts()}
+	c := &Client{cfg: cfg, started: time.Now(), budgetTats: map[string]uint64{}, budgets: map[string]gcraSpec{}, bursts: newBursts(), busy: newBusyWindows()}
 	c.cfg.FailPolicies = make(map[string]FailPolicy, len(cfg.FailPolicies))
 	for route, policy := range cfg.FailPolicies {
 		c.cfg.FailPolicies[route] = policy
@@ -365,7 +369,12 @@ func (c *Client) decide(ctx context.Context, cancellable bool, req *request) Ans
 	resp, err := c.call(ctx, cancellable, req)
 	// Busy stops a login only in a burst on its account: a lone user's
 	// timeout during a flood on others is an outage for the fail policy.
-	if err != nil && err.Kind == ErrBusy && (burst == nil || !burst.inBurst()) {
+	// Parallel checks on one account from one address are a guesser's,
+	// refused for as long as they last. A burst on her account that is not
+	// her own (others' checks, from other addresses) refuses her for at
+	// most BusyMax in a window of 120 x BusyMax, so nobody can keep her out
+	// by checking her account; past that her timeout follows the policy.
+	if err != nil && err.Kind == ErrBusy && !c.staysBusy(burst) {
 		err.Kind = ErrTimeout
 	}
 	if burst != nil {
@@ -379,6 +388,19 @@ func (c *Client) decide(ctx context.Context, cancellable bool, req *request) Ans
 	default:
 		return Answer{Kind: AnswerRejected, Rejected: resp.errorReply}
 	}
+}
+
+// staysBusy: whether a busy timeout of the check burst guards is refused
+// as busy (else it is a plain timeout). The window is asked only for a
+// burst not its own, so a guesser's own bursts never start one.
+func (c *Client) staysBusy(burst *burstGuard) bool {
+	if burst == nil {
+		return false
+	}
+	if burst.ownBurst() {
+		return true
+	}
+	return burst.inBurst() && c.busy.excused(burst.requester, time.Since(c.started), c.cfg.BusyMax)
 }
 
 // unavailable applies the route's fail policy; for a closed route, whether

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -186,6 +187,102 @@ func TestBursts(t *testing.T) {
 	time.Sleep(burstGap + 10*time.Millisecond)
 	if later := b.enter("login", &erin); later.inBurst() {
 		t.Fatal("a moment later, alone")
+	}
+}
+
+// Checks on one account from one address are their own burst; from two
+// addresses, a burst on the account that is neither's own.
+func TestOwnBursts(t *testing.T) {
+	b := newBursts()
+	elsewhere := Subject{Peer: netip.MustParseAddr("203.0.113.9"), Account: alice.Account}
+	first := b.enter("login", &alice)
+	other := b.enter("login", &elsewhere)
+	if !first.inBurst() || !other.inBurst() {
+		t.Fatal("overlapping on alice's account: a burst")
+	}
+	if first.ownBurst() || other.ownBurst() {
+		t.Fatal("from two addresses: neither's own")
+	}
+	second := b.enter("login", &alice)
+	if !first.ownBurst() || !second.ownBurst() || other.ownBurst() {
+		t.Fatal("two on alice from one address are each other's own")
+	}
+	first.leave()
+	second.leave()
+	other.leave()
+	if g := b.enter("login", &alice); !g.ownBurst() {
+		t.Fatal("started just after her own: own")
+	} else {
+		g.leave()
+	}
+
+	// Without an account, the address is both keys.
+	b = newBursts()
+	peerOnly := Subject{Peer: alice.Peer}
+	lone := b.enter("login", &peerOnly)
+	if lone.inBurst() || lone.ownBurst() {
+		t.Fatal("alone")
+	}
+	again := b.enter("login", &peerOnly)
+	if !lone.ownBurst() || !again.ownBurst() || !again.inBurst() {
+		t.Fatal("two on one address are each other's own")
+	}
+	lone.leave()
+	again.leave()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.entries) != 1 || b.entries[burstKey("login", &peerOnly)].waiting != 0 {
+		t.Fatalf("one key entered once and left: %d entries", len(b.entries))
+	}
+	if requesterKey("login", &alice) == burstKey("login", &alice) {
+		t.Fatal("a requester key is never a burst key")
+	}
+}
+
+func TestBusyWindows(t *testing.T) {
+	const busyMax = 10 * time.Millisecond
+	w := newBusyWindows()
+	at := func(d time.Duration) time.Duration { return 5*time.Second + d }
+	if !w.excused("her", at(0), busyMax) {
+		t.Fatal("the first refusal is excused")
+	}
+	if !w.excused("her", at(busyMax-time.Microsecond), busyMax) {
+		t.Fatal("still within busyMax")
+	}
+	if w.excused("her", at(busyMax), busyMax) || w.excused("her", at(busyWindowSpans*busyMax-time.Microsecond), busyMax) {
+		t.Fatal("past busyMax, in the window: not excused")
+	}
+	if !w.excused("her", at(busyWindowSpans*busyMax), busyMax) {
+		t.Fatal("the window ended: a new one")
+	}
+	if !w.excused("her", at(busyWindowSpans*busyMax+busyMax/2), busyMax) || w.excused("her", at(busyWindowSpans*busyMax+busyMax), busyMax) {
+		t.Fatal("the new window refuses for busyMax only")
+	}
+	if newBusyWindows().excused("her", at(0), 0) {
+		t.Fatal("busyMax 0: never excused")
+	}
+
+	// Bounded: a flood of requesters cannot push out live windows.
+	w = newBusyWindows()
+	for i := 0; i < busyRequestersMax; i++ {
+		if !w.excused("flood"+strconv.Itoa(i), at(0), busyMax) {
+			t.Fatal("room left")
+		}
+	}
+	if w.excused("her", at(busyMax/2), busyMax) {
+		t.Fatal("full of live windows: a new requester is not excused")
+	}
+	if !w.excused("flood0", at(busyMax/2), busyMax) {
+		t.Fatal("a requester with a live window still has it")
+	}
+	if len(w.first) != busyRequestersMax {
+		t.Fatalf("%d windows", len(w.first))
+	}
+	if !w.excused("her", at(busyWindowSpans*busyMax), busyMax) {
+		t.Fatal("the windows ended: room")
+	}
+	if len(w.first) != 1 {
+		t.Fatalf("%d windows: the ended ones dropped", len(w.first))
 	}
 }
 
@@ -377,6 +474,86 @@ func together(c *Client, n int, s Subject) []Answer {
 	}
 	wg.Wait()
 	return answers
+}
+
+// at is one login check for each subject, all at once.
+func at(c *Client, subjects ...Subject) []Answer {
+	answers := make([]Answer, len(subjects))
+	var wg sync.WaitGroup
+	for i := range answers {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			answers[i] = c.Check(context.Background(), "login", subjects[i])
+		}(i)
+	}
+	wg.Wait()
+	return answers
+}
+
+// Others checking her account from other addresses while the daemon is
+// busy: her overlapped check is busy only for BusyMax from her first
+// refusal; a guesser's checks from one address stay busy.
+func TestABurstFromOtherAddressesIsBusyOnlyForBusyMax(t *testing.T) {
+	var silent atomic.Bool
+	f := startFake(t, func(version uint8, id uint64, _ uint32) []byte {
+		if silent.Load() {
+			return nil
+		}
+		return frameOf(version, id, verdictBody(version, Allow))
+	})
+	const busyMax = 400 * time.Millisecond
+	c := fakeClient(t, f, func(cfg *Config) {
+		cfg.Timeout = 30 * time.Millisecond
+		cfg.BusyMax = busyMax
+	})
+	ctx := context.Background()
+	her := alice
+	his := Subject{Peer: netip.MustParseAddr("203.0.113.9"), Account: alice.Account}
+	if a := c.Check(ctx, "login", her); a.Kind != AnswerVerdict {
+		t.Fatalf("%+v", a)
+	}
+	// Apart by more than burstGap, so that no check below is its
+	// requester's own burst with the one before.
+	apart := func() { time.Sleep(burstGap + 10*time.Millisecond) }
+	apart()
+	silent.Store(true)
+	started := time.Now()
+	var refused time.Time
+	for i := 0; i < 2; i++ {
+		if i > 0 {
+			apart()
+		}
+		for _, a := range at(c, her, his) {
+			if a.Err == nil || a.Err.Kind != ErrBusy || a.Proceeds() {
+				t.Fatalf("overlap %d, within BusyMax of the first refusal: %+v", i, a.Err)
+			}
+		}
+		if i == 0 {
+			refused = time.Now()
+		}
+	}
+	if time.Since(started) >= busyMax {
+		t.Skip("too slow a host to be within BusyMax")
+	}
+	// Past BusyMax since those refusals; an answer in time keeps the
+	// daemon busy (not down) for the late checks.
+	time.Sleep(busyMax + 20*time.Millisecond - time.Since(refused))
+	silent.Store(false)
+	if a := c.Check(ctx, "login", Subject{Account: Some("bob")}); a.Kind != AnswerVerdict {
+		t.Fatalf("answered in time: %+v", a)
+	}
+	silent.Store(true)
+	for _, a := range at(c, her, his) {
+		if a.Err == nil || a.Err.Kind != ErrTimeout || !a.Proceeds() {
+			t.Fatalf("in her window past BusyMax: a plain timeout: %+v", a.Err)
+		}
+	}
+	for _, a := range at(c, his, his) {
+		if a.Err == nil || a.Err.Kind != ErrBusy || a.Proceeds() {
+			t.Fatalf("his own burst stays busy: %+v", a.Err)
+		}
+	}
 }
 
 // Bursts closer together than BusyMax: the answer between them comes too

@@ -65,7 +65,8 @@ func TestOversizedRequestsAreRefusedBeforeSending(t *testing.T) {
 	c.bursts.mu.Lock()
 	entries := len(c.bursts.entries)
 	c.bursts.mu.Unlock()
-	if entries != 1 {
+	// The sent check's burst key and its requester key.
+	if entries != 2 {
 		t.Fatalf("%d burst entries: a refused check never enters the table", entries)
 	}
 

@@ -4,7 +4,7 @@
 // verdict. Mirrors client/src/client.rs.
 
 import { Attempt } from "./attempt.js";
-import { Bursts } from "./bursts.js";
+import { Bursts, BusyWindows } from "./bursts.js";
 import {
   encodeRequest, decodeResponse, refusalBeforeSending, DecodeError, FRAME_HEADER_BYTES, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
 } from "./codec.js";
@@ -92,6 +92,8 @@ export class Client {
   /** The current run of timeouts: when it began and its last one (0: none). */
   #lateRun = { startUs: 0, lastUs: 0 };
   #bursts = new Bursts();
+  /** Per requester, its busy window for checks in others' bursts on its account. */
+  #busyWindows = new BusyWindows();
   #closed = false;
 
   /**
@@ -204,9 +206,19 @@ export class Client {
       result = await this.#call(request);
       // Busy stops a login only in a burst on its account: a lone user's
       // timeout during a flood on others is an outage for the fail policy.
+      // Parallel checks on one account and address are a guesser's: busy for
+      // as long as they last. A burst on her account that is not her own
+      // (others' checks, from other addresses) keeps her timeout busy for at
+      // most busy_max in a window of 120 x busy_max, so nobody can keep her
+      // out by checking her account; past that it follows the fail policy.
+      // Only such a check asks the window: her own bursts never start one.
       // #call gives a busy timeout the plain message: only one that stays busy says so.
       if (result.error?.kind === "busy") {
-        result = burst?.inBurst()
+        const busy =
+          burst !== null &&
+          (burst.ownBurst() ||
+            (burst.inBurst() && this.#busyWindows.excused(burst.requester, this.#nowUs(), this.#config.busyMaxMs * 1000)));
+        result = busy
           ? { error: new ClientError("busy", `tollgate is busy: ${result.error.message}`) }
           : { error: new ClientError("timeout", result.error.message) };
       }

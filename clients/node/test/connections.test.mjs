@@ -119,6 +119,34 @@ test("the busy rule: a burst on one account after the daemon answered never proc
   for (const x of [c, d]) assert.deepEqual([x.error.kind, x.proceeds()], ["timeout", true]);
 });
 
+test("the busy rule: a burst on her account from other addresses is busy for busy_max only", async (t) => {
+  // Checks on alice's account from another address, overlapping hers, while the daemon is late:
+  // busy at first, but past busy_max from those refusals her timeouts follow the fail policy.
+  let silent = false;
+  const daemon = await fakeDaemon((r) => (silent ? null : allowAll(r)));
+  t.after(() => daemon.close());
+  const client = new Client({ socket: daemon.path, timeoutMs: 20, busyMaxMs: 250 });
+  const mallory = { peer: "203.0.113.66", account: "alice" };
+  // The daemon answers once, on another account (a check on alice now would make hers a straggler of it: her own burst).
+  let answered;
+  for (let i = 0; i < 50 && (answered = await client.check("login", { account: "bob" })).kind !== "verdict"; i++) await sleep(10);
+  assert.equal(answered.kind, "verdict", "the daemon answered once (a cold start may miss 20 ms)");
+  silent = true;
+  const first = await Promise.all([client.check("login", alice), client.check("login", mallory)]);
+  for (const x of first) assert.deepEqual([x.error.kind, x.proceeds()], ["busy", false], "busy the first time");
+  await sleep(270); // busy_max past those refusals
+  silent = false;
+  // An answer in time: the daemon is busy, not down, so the late run would still say busy.
+  assert.equal((await client.check("login", { account: "erin" })).kind, "verdict");
+  silent = true;
+  const again = await Promise.all([client.check("login", alice), client.check("login", mallory)]);
+  for (const x of again) assert.deepEqual([x.error.kind, x.proceeds()], ["timeout", true], "past busy_max in her window");
+  for (const x of again) assert.equal(x.error.message, "tollgate did not answer within 20 ms");
+  // Her own burst (one account and one address) is still busy: it is a guesser's.
+  const own = await Promise.all([client.check("login", alice), client.check("login", alice)]);
+  for (const x of own) assert.deepEqual([x.error.kind, x.proceeds()], ["busy", false], "an own burst, whatever the window");
+});
+
 test("a full accept queue (EAGAIN) is a late daemon: timeout or busy, never connect", async (t) => {
   const daemon = await fakeDaemonThread({ backlog: 1 });
   const fillers = [];

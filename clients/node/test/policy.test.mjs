@@ -1,5 +1,6 @@
 // The logic that needs no daemon: forwarded_tail, the static budget's GCRA,
-// fail policies against a socket nobody listens on, Answer, the guard.
+// fail policies against a socket nobody listens on, Answer, the guard,
+// bursts and the busy window of requesters.
 
 import assert from "node:assert/strict";
 import { mkdtempSync, rmSync } from "node:fs";
@@ -7,6 +8,7 @@ import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { after, test } from "node:test";
 import { Answer, BUILTIN_FAIL_POLICIES, Client, ClientError, forwardedTail, gcraDecide, gcraSpec } from "../index.js";
+import { BUSY_REQUESTERS_MAX, Bursts, BusyWindows, burstKeys } from "../lib/bursts.js";
 
 const deadSocket = join(mkdtempSync(join(tmpdir(), "tollgate-node-")), "nobody.sock");
 after(() => rmSync(dirname(deadSocket), { recursive: true, force: true }));
@@ -113,4 +115,72 @@ test("bad input is the caller's error, not an outage", async () => {
   await assert.rejects(client.check("login", subject, { password: "x" }), /passwordKey/);
   assert.throws(() => new Client({ socket: deadSocket, protocolVersion: 6 }), RangeError);
   assert.throws(() => new Client({ socket: deadSocket, failPolicies: { login: "shut" } }), RangeError);
+});
+
+test("bursts: overlapping checks on one account and address are each other's own burst; from other addresses, not", () => {
+  const bursts = new Bursts();
+  const mallory = { peer: "203.0.113.66", account: "alice" };
+  const first = bursts.enter("login", subject);
+  assert.deepEqual([first.inBurst(), first.ownBurst()], [false, false], "alone");
+  const second = bursts.enter("login", subject);
+  for (const g of [first, second]) assert.deepEqual([g.inBurst(), g.ownBurst()], [true, true], "same account and peer");
+  first.leave();
+  second.leave();
+
+  const other = new Bursts();
+  const hers = other.enter("login", subject);
+  const his = other.enter("login", mallory);
+  for (const g of [hers, his]) assert.deepEqual([g.inBurst(), g.ownBurst()], [true, false], "same account, other peers");
+  assert.notEqual(hers.requester, his.requester);
+  hers.leave();
+  his.leave();
+  assert.equal(other.size, 3, "one burst key and two requester keys");
+
+  const peers = new Bursts();
+  const anon = { peer: "198.51.100.9" };
+  const a = peers.enter("login", anon);
+  const b = peers.enter("login", anon);
+  for (const g of [a, b]) assert.deepEqual([g.inBurst(), g.ownBurst()], [true, true], "no account: keyed on the peer");
+  const c = peers.enter("login", { peer: "198.51.100.10" });
+  assert.deepEqual([c.inBurst(), c.ownBurst()], [false, false], "another peer");
+  for (const g of [a, b, c]) g.leave();
+  assert.equal(peers.size, 2, "the requester is the burst key, entered once");
+});
+
+test("bursts: a requester key never equals a burst key", () => {
+  const { key, requester } = burstKeys("login", subject);
+  assert.notEqual(key, requester);
+  assert.equal(burstKeys("login", { account: "alice" }).key, key, "the burst key is the route and account");
+  assert.equal(burstKeys("login", { account: "alice" }).requester, key, "without a peer, the burst key");
+  assert.equal(burstKeys("login", { peer: "198.51.100.7" }).requester, burstKeys("login", { peer: "198.51.100.7" }).key);
+  // An account that looks like an account and a peer joined is still its own key.
+  assert.notEqual(burstKeys("login", { account: "alice\u0000198.51.100.7" }).key, requester);
+});
+
+test("the busy window: busy_max excused from the first refusal, again after 120 x busy_max", () => {
+  const windows = new BusyWindows();
+  const busyMax = 10_000; // µs
+  const t0 = 5_000_000;
+  assert.equal(windows.excused("her", t0, busyMax), true, "the first refusal");
+  assert.equal(windows.excused("her", t0 + busyMax - 1, busyMax), true, "just before busy_max");
+  assert.equal(windows.excused("her", t0 + busyMax, busyMax), false, "busy_max after the first");
+  assert.equal(windows.excused("her", t0 + 120 * busyMax - 1, busyMax), false, "still in the window");
+  assert.equal(windows.excused("other", t0 + busyMax, busyMax), true, "each requester has its own window");
+  assert.equal(windows.excused("her", t0 + 120 * busyMax, busyMax), true, "a new window");
+  assert.equal(windows.excused("her", t0 + 121 * busyMax - 1, busyMax), true);
+  assert.equal(windows.excused("her", t0 + 121 * busyMax, busyMax), false);
+  assert.equal(new BusyWindows().excused("her", t0, 0), false, "busy_max 0 excuses nothing");
+});
+
+test("the busy window is bounded: a new requester finds no room while every window is live", () => {
+  const windows = new BusyWindows();
+  const busyMax = 10_000;
+  const t0 = 1_000_000;
+  for (let i = 0; i < BUSY_REQUESTERS_MAX; i++) assert.equal(windows.excused(`r${i}`, t0 + i, busyMax), true);
+  assert.equal(windows.size, BUSY_REQUESTERS_MAX);
+  assert.equal(windows.excused("new", t0 + BUSY_REQUESTERS_MAX, busyMax), false, "full of live windows");
+  assert.equal(windows.excused("r0", t0 + 1, busyMax), true, "a kept requester still has its window");
+  const ended = t0 + 120 * busyMax + BUSY_REQUESTERS_MAX;
+  assert.equal(windows.excused("new", ended, busyMax), true, "the ended windows dropped");
+  assert.equal(windows.size, 1);
 });

@@ -68,6 +68,33 @@ class AsyncCalls(unittest.IsolatedAsyncioTestCase):
             self.assertEqual((lone.error.kind, lone.proceeds), ("timeout", True))
             client.close()
 
+    async def test_a_burst_on_one_account_from_other_addresses_is_busy_for_busy_max_only(self):
+        answering = threading.Event()
+        answering.set()
+
+        def handler(daemon, version, request_id, variant, body):
+            return verdict_payload(version, request_id) if answering.is_set() else None
+
+        victim = Subject(peer="198.51.100.7", account="alice")
+        other = Subject(peer="203.0.113.9", account="alice")
+        with FakeDaemon(handler) as daemon:
+            client = client_for(daemon, timeout=0.03, busy_max=0.5)
+            self.assertIsInstance(await client.check("login", Subject(account="bob")), VerdictAnswer)
+            answering.clear()
+            first = await asyncio.gather(client.check("login", victim), client.check("login", other))
+            refused = time.monotonic()
+            self.assertEqual([(a.error.kind, a.proceeds) for a in first], [("busy", False)] * 2)
+            await asyncio.sleep(0.55)
+            answering.set()
+            self.assertIsInstance(await client.check("login", Subject(account="bob")), VerdictAnswer)
+            answering.clear()
+            self.assertGreaterEqual(time.monotonic() - refused, 0.5)
+            again = await asyncio.gather(client.check("login", victim), client.check("login", other))
+            self.assertEqual([(a.error.kind, a.proceeds) for a in again], [("timeout", True)] * 2)
+            own = await asyncio.gather(client.check("login", victim), client.check("login", victim))
+            self.assertEqual([(a.error.kind, a.proceeds) for a in own], [("busy", False)] * 2)
+            client.close()
+
     async def test_a_dead_socket_gets_the_fail_policy(self):
         client = AsyncClient("/nonexistent/t.sock")
         self.assertTrue((await client.check("login", SUBJECT)).proceeds)

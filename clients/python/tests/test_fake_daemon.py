@@ -201,6 +201,38 @@ class Timeouts(unittest.TestCase):
             gone = self.overlapping_checks(client, [SUBJECT] * 2)
             self.assertEqual({a.error.kind for a in gone}, {"timeout"}, "nothing in time for busy_max")
 
+    def test_a_burst_on_one_account_from_other_addresses_is_busy_for_busy_max_only(self):
+        # Someone checking her account from other addresses while the daemon
+        # is late: each requester is refused as busy at first, then, past
+        # busy_max since those refusals, her timeout follows the fail policy
+        # although the daemon still counts as busy (it answered in time
+        # within busy_max).
+        answering = {"on": True}
+
+        def handler(daemon, version, request_id, variant, body):
+            return verdict_payload(version, request_id) if answering["on"] else None
+
+        victim = Subject(peer="198.51.100.7", account="alice")
+        other = Subject(peer="203.0.113.9", account="alice")
+        with FakeDaemon(handler) as daemon, client_for(daemon, timeout=0.03, busy_max=0.5) as client:
+            self.assertIsInstance(client.check("login", Subject(account="bob")), VerdictAnswer)
+            answering["on"] = False
+            first = self.overlapping_checks(client, [victim, other])
+            refused = time.monotonic()
+            self.assertEqual([a.error.kind for a in first], ["busy", "busy"], "within busy_max of the first refusal")
+            self.assertFalse(any(a.proceeds for a in first))
+            time.sleep(0.55)
+            answering["on"] = True
+            self.assertIsInstance(client.check("login", Subject(account="bob")), VerdictAnswer)
+            answering["on"] = False
+            self.assertGreaterEqual(time.monotonic() - refused, 0.5)
+            again = self.overlapping_checks(client, [victim, other])
+            self.assertEqual([(a.error.kind, a.proceeds) for a in again], [("timeout", True)] * 2)
+            self.assertTrue(all("busy" not in str(a.error) for a in again))
+            # Her own parallel checks (one account, one address) stay busy.
+            own = self.overlapping_checks(client, [victim, victim])
+            self.assertEqual([(a.error.kind, a.proceeds) for a in own], [("busy", False)] * 2)
+
 
 def decision_daemon(decision, delay_ms=0):
     def handler(daemon, version, request_id, variant, body):

@@ -26,7 +26,14 @@ from tollgate_client import (
     VerdictAnswer,
     forwarded_tail,
 )
-from tollgate_client.burst import BURST_GAP_US, SWEEP_AT, Bursts
+from tollgate_client.burst import (
+    BURST_GAP_US,
+    BUSY_REQUESTERS_MAX,
+    BUSY_WINDOW_FACTOR,
+    SWEEP_AT,
+    Bursts,
+    BusyWindows,
+)
 from tollgate_client.gcra import decide
 
 SECOND = 1_000_000
@@ -128,6 +135,71 @@ class BurstDetection(unittest.TestCase):
         time.sleep((BURST_GAP_US + 10_000) / 1e6)
         bursts.enter("login", Subject(account="new")).leave()
         self.assertEqual(len(bursts), 1)
+
+    def test_overlapping_checks_on_one_account_and_address_are_each_others_own_burst(self):
+        bursts = Bursts()
+        first = bursts.enter("login", SUBJECT)
+        self.assertFalse(first.own_burst() or first.in_burst())
+        second = bursts.enter("login", SUBJECT)
+        self.assertTrue(first.own_burst() and second.own_burst())
+        self.assertTrue(first.in_burst() and second.in_burst())
+        first.leave()
+        second.leave()
+        self.assertTrue(all(e.waiting == 0 for e in bursts._entries.values()), "both keys left")
+
+    def test_overlapping_checks_on_one_account_from_two_addresses_are_a_burst_neither_owns(self):
+        bursts = Bursts()
+        victim = bursts.enter("login", Subject(peer="198.51.100.7", account="alice"))
+        other = bursts.enter("login", Subject(peer="203.0.113.9", account="alice"))
+        self.assertTrue(victim.in_burst() and other.in_burst())
+        self.assertFalse(victim.own_burst() or other.own_burst())
+        self.assertNotEqual(victim.requester, Bursts.key("login", SUBJECT), "the requester key is its own")
+        # A third from the victim's address makes hers an own burst.
+        again = bursts.enter("login", Subject(peer="198.51.100.7", account="alice"))
+        self.assertTrue(victim.own_burst() and again.own_burst())
+        self.assertFalse(other.own_burst())
+
+    def test_a_check_without_account_is_own_with_another_on_its_address(self):
+        bursts = Bursts()
+        a = bursts.enter("login", Subject(peer="10.0.0.1"))
+        b = bursts.enter("login", Subject(peer="10.0.0.1", device="d"))
+        self.assertTrue(a.own_burst() and b.own_burst())
+        self.assertEqual(len(bursts), 1, "one key, entered once")
+        a.leave()
+        self.assertEqual(bursts._entries[Bursts.key("login", Subject(peer="10.0.0.1"))].waiting, 1, "not counted twice")
+        b.leave()
+
+
+class BusyWindow(unittest.TestCase):
+    BUSY_MAX = 10_000  # µs: 10 ms
+
+    def test_busy_for_busy_max_then_not_until_the_window_ends(self):
+        windows = BusyWindows()
+        start = 1_000
+        self.assertTrue(windows.excused("alice", start, self.BUSY_MAX), "the first refusal")
+        self.assertTrue(windows.excused("alice", start + self.BUSY_MAX - 1, self.BUSY_MAX))
+        self.assertFalse(windows.excused("alice", start + self.BUSY_MAX, self.BUSY_MAX))
+        window_end = start + BUSY_WINDOW_FACTOR * self.BUSY_MAX
+        self.assertFalse(windows.excused("alice", window_end - 1, self.BUSY_MAX))
+        self.assertTrue(windows.excused("erin", window_end - 1, self.BUSY_MAX), "each requester has her own")
+        self.assertTrue(windows.excused("alice", window_end, self.BUSY_MAX), "a new window")
+        self.assertTrue(windows.excused("alice", window_end + self.BUSY_MAX - 1, self.BUSY_MAX))
+        self.assertFalse(windows.excused("alice", window_end + self.BUSY_MAX, self.BUSY_MAX))
+
+    def test_busy_max_zero_excuses_nothing(self):
+        windows = BusyWindows()
+        self.assertFalse(windows.excused("alice", 1_000, 0))
+        self.assertFalse(windows.excused("alice", 1_000, 0))
+
+    def test_the_map_is_bounded_and_a_flood_cannot_make_room(self):
+        windows = BusyWindows()
+        for n in range(BUSY_REQUESTERS_MAX):
+            self.assertTrue(windows.excused(n, 1_000, self.BUSY_MAX))
+        window = BUSY_WINDOW_FACTOR * self.BUSY_MAX
+        self.assertFalse(windows.excused("new", 1_000 + window - 1, self.BUSY_MAX), "all windows live")
+        self.assertEqual(len(windows), BUSY_REQUESTERS_MAX)
+        self.assertTrue(windows.excused("new", 1_000 + window, self.BUSY_MAX), "the ended ones dropped")
+        self.assertEqual(len(windows), 1)
 
 
 def verdict(decision, retry_after_ms=0, delay_ms=0):

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple, Union
 
 from . import gcra
 from .answers import Answer, FailPolicy, Rejected, Unavailable, VerdictAnswer
-from .burst import BurstGuard, Bursts
+from .burst import BurstGuard, Bursts, BusyWindows
 from .errors import Busy, CallTimeout, ClientError, ConnectError, ConnectionClosed, ConnectionFailed, ProtocolError
 from .forwarded import forwarded_tail
 from .passwords import PASSWORD_KEY_BYTES
@@ -77,7 +77,9 @@ class ClientConfig:
     protocol_version: int = PROTOCOL_VERSION
     # A timeout in a run of timeouts younger than this (or this soon after an
     # answer in time), from a daemon that has answered this client, is Busy;
-    # 0: every timeout is an outage.
+    # 0: every timeout is an outage. In a burst on its account that is not
+    # its own (the others' checks come from other addresses), a check is
+    # Busy for at most busy_max in a window of 120 x busy_max.
     busy_max: float = BUSY_MAX_DEFAULT
     password_key: Optional[bytes] = None
 
@@ -251,6 +253,8 @@ class _ClientCore:
         self._late_run = [0, 0]
         self._late_lock = threading.Lock()
         self._bursts = Bursts()
+        # Per requester, when a burst not her own first refused her as busy.
+        self._busy_windows = BusyWindows()
 
     def _refused_before_sending(self, request: Request) -> Optional[Rejected]:
         """A request the daemon would refuse for its size, refused here: it
@@ -272,9 +276,24 @@ class _ClientCore:
     def _failed(self, route: str, request: Request, error: ClientError, burst: Optional[BurstGuard]) -> Unavailable:
         if isinstance(error, Busy):
             # Busy stops a login only in a burst on its account: a lone
-            # user's timeout during a flood on others is an outage. The
+            # user's timeout during a flood on others is an outage. Parallel
+            # checks on one account from one address are a guesser's own
+            # burst, refused for as long as they last. A burst on her
+            # account that is not her own (others' checks, from other
+            # addresses) refuses her as busy for at most busy_max in a
+            # window of 120 x busy_max, so nobody can keep her out by
+            # checking her account; past that her timeout follows the fail
+            # policy. Only a burst not her own opens her window. The
             # message says busy only when the error stays busy.
-            if burst is None or not burst.in_burst():
+            if burst is None or not (
+                burst.own_burst()
+                or (
+                    burst.in_burst()
+                    and self._busy_windows.excused(
+                        burst.requester, self._now_us(), int(self.config.busy_max * 1_000_000)
+                    )
+                )
+            ):
                 error = CallTimeout(str(error))
             else:
                 error = Busy("{}, busy: the daemon answered in time lately".format(error))

@@ -10,6 +10,16 @@ import java.util.Map;
  * this client at the same time, or started less than {@link #BURST_GAP_US}
  * before it. A lone user's timeout during a flood on other accounts is an
  * outage for the fail policy, not a refusal.
+ *
+ * <p>Each check is also counted under its requester (the route, the account
+ * and the address together; without both, the burst key itself), so that a
+ * burst of one's own can be told from one made by others. Parallel checks on
+ * one account from one address are a guesser's: refused as busy for as long
+ * as they last. A check in a burst on her account that is not her own (the
+ * others' checks come from other addresses) is refused as busy for at most
+ * busy_max in a window of 120 x busy_max ({@link Windows}), so nobody can
+ * keep her out by checking her account; past that her timeout follows the
+ * fail policy.
  */
 final class Bursts {
     /** Checks on one key this close together are one burst: shorter than a person's next try, longer than a loaded host's scheduling delay. */
@@ -28,29 +38,53 @@ final class Bursts {
     private final long epochNanos = System.nanoTime();
     private long seq;
 
-    /** Counts a check on the subject as waiting until the guard closes. */
-    Guard enter(String route, Subject subject) {
-        String key;
-        if (subject.account() != null) {
-            key = route + "\u0000a" + subject.account();
-        } else if (subject.peer() != null) {
-            key = route + "\u0000p" + subject.peer().getHostAddress();
-        } else {
-            key = route + "\u0000";
+    /** The burst key: the route and the account, or without one the address. Tagged so no key of one kind equals one of another. */
+    static String burstKey(String route, Subject subject) {
+        if (subject.account() != null) return "1\u0000" + route + "\u0000" + subject.account();
+        if (subject.peer() != null) return "2\u0000" + route + "\u0000" + subject.peer().getHostAddress();
+        return "0\u0000" + route;
+    }
+
+    /**
+     * The requester key: the route, the account and the address when the
+     * subject has both (a tag of its own, so it never equals a burst key);
+     * otherwise the burst key, which then names the requester as well as
+     * anything can.
+     */
+    static String requesterKey(String route, Subject subject) {
+        if (subject.account() != null && subject.peer() != null) {
+            return "3\u0000" + route + "\u0000" + subject.account() + "\u0000" + subject.peer().getHostAddress();
         }
+        return burstKey(route, subject);
+    }
+
+    /** Counts a check on the subject as waiting, under its burst key and its requester key, until the guard closes. */
+    Guard enter(String route, Subject subject) {
+        String key = burstKey(route, subject);
+        String requester = requesterKey(route, subject);
+        boolean same = requester.equals(key);
         synchronized (entries) {
             long mySeq = ++seq;
             long now = (System.nanoTime() - epochNanos) / 1000 + BURST_GAP_US;
-            if (entries.size() >= SWEEP_AT && !entries.containsKey(key)) {
+            if (entries.size() >= SWEEP_AT && (!entries.containsKey(key) || !entries.containsKey(requester))) {
                 entries.values().removeIf(e -> e.waiting == 0 && now - e.startedUs >= BURST_GAP_US);
             }
-            Entry entry = entries.computeIfAbsent(key, k -> new Entry());
-            boolean company = entry.waiting > 0 || (entry.startedUs > 0 && now - entry.startedUs < BURST_GAP_US);
-            entry.waiting++;
-            entry.newest = mySeq;
-            entry.startedUs = now;
-            return new Guard(key, mySeq, company);
+            boolean company = join(key, mySeq, now);
+            // The same key is entered once: counted twice, a lone check
+            // would be its own company.
+            boolean own = same ? company : join(requester, mySeq, now);
+            return new Guard(key, requester, mySeq, company, own);
         }
+    }
+
+    /** Under the lock: joins the key's entry and tells whether it had company. */
+    private boolean join(String key, long mySeq, long now) {
+        Entry entry = entries.computeIfAbsent(key, k -> new Entry());
+        boolean company = entry.waiting > 0 || (entry.startedUs > 0 && now - entry.startedUs < BURST_GAP_US);
+        entry.waiting++;
+        entry.newest = mySeq;
+        entry.startedUs = now;
+        return company;
     }
 
     int size() {
@@ -61,21 +95,43 @@ final class Bursts {
 
     final class Guard implements AutoCloseable {
         private final String key;
+        private final String requester;
         private final long seq;
         private final boolean company;
+        private final boolean ownCompany;
         private boolean closed;
 
-        private Guard(String key, long seq, boolean company) {
+        private Guard(String key, String requester, long seq, boolean company, boolean ownCompany) {
             this.key = key;
+            this.requester = requester;
             this.seq = seq;
             this.company = company;
+            this.ownCompany = ownCompany;
+        }
+
+        /** Its requester key, for the busy windows. */
+        String requester() {
+            return requester;
         }
 
         /** Whether another check on its key waited while it did (before or after it came), or started within BURST_GAP_US before it. */
         boolean inBurst() {
+            return had(key, company);
+        }
+
+        /**
+         * {@link #inBurst} on its requester key: another check by the same
+         * requester (route, account and address) waited while it did, or
+         * started within BURST_GAP_US before it.
+         */
+        boolean ownBurst() {
+            return had(requester, ownCompany);
+        }
+
+        private boolean had(String k, boolean before) {
             synchronized (entries) {
-                Entry e = entries.get(key);
-                return company || (e != null && e.newest > seq);
+                Entry e = entries.get(k);
+                return before || (e != null && e.newest > seq);
             }
         }
 
@@ -86,6 +142,58 @@ final class Bursts {
                 closed = true;
                 Entry e = entries.get(key);
                 if (e != null) e.waiting--;
+                if (!requester.equals(key)) {
+                    Entry r = entries.get(requester);
+                    if (r != null) r.waiting--;
+                }
+            }
+        }
+    }
+
+    /**
+     * Per requester key, when its window's first busy refusal came (µs,
+     * the caller's monotonic clock). A check in a burst on an account that
+     * is not its own burst is refused as busy for at most busy_max in a
+     * window of 120 x busy_max: others trickling checks on her account
+     * from other addresses cannot keep her out, past busy_max her timeout
+     * follows the fail policy. Bounded by {@link #BUSY_REQUESTERS_MAX}.
+     */
+    static final class Windows {
+        /** Requesters kept; a flood of distinct keys past it is not excused. */
+        static final int BUSY_REQUESTERS_MAX = 4096;
+        /** A window is this many busy_max long. */
+        static final long WINDOW_BUSY_MAXES = 120;
+
+        private final Map<String, Long> firsts = new HashMap<>();
+
+        /**
+         * Whether the requester's timeout may stay busy at {@code nowUs}:
+         * within busy_max of its window's first refusal. A window that has
+         * ended starts again now.
+         */
+        boolean excused(String requester, long nowUs, long busyMaxUs) {
+            long window = busyMaxUs > Long.MAX_VALUE / WINDOW_BUSY_MAXES ? Long.MAX_VALUE : busyMaxUs * WINDOW_BUSY_MAXES;
+            synchronized (firsts) {
+                Long first = firsts.get(requester);
+                if (first != null) {
+                    if (nowUs - first < window) return nowUs - first < busyMaxUs;
+                    firsts.put(requester, nowUs);
+                    return busyMaxUs > 0;
+                }
+                if (firsts.size() >= BUSY_REQUESTERS_MAX) {
+                    firsts.values().removeIf(f -> nowUs - f >= window);
+                    // Still full: every window is live, and a flood of
+                    // distinct keys must not make room by evicting them.
+                    if (firsts.size() >= BUSY_REQUESTERS_MAX) return false;
+                }
+                firsts.put(requester, nowUs);
+                return busyMaxUs > 0;
+            }
+        }
+
+        int size() {
+            synchronized (firsts) {
+                return firsts.size();
             }
         }
     }

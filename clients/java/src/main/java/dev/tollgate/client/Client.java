@@ -36,6 +36,8 @@ public final class Client implements AutoCloseable {
     private long runLastUs;
     private final Object runLock = new Object();
     private final Bursts bursts = new Bursts();
+    /** Per requester, its busy window: how long a burst made by others may keep it out. */
+    private final Bursts.Windows busyWindows = new Bursts.Windows();
 
     public Client(ClientConfig config) {
         this.config = config.copy();
@@ -135,10 +137,19 @@ public final class Client implements AutoCloseable {
             error = failed.error;
             // Busy stops a login only in a burst on its account: a lone
             // user's timeout during a flood on others is an outage.
+            // Parallel checks on one account from one address are a
+            // guesser's: refused for as long as they last. A burst on her
+            // account that is not her own (others' checks, from other
+            // addresses) refuses her as busy for at most busy_max in a
+            // window of 120 x busy_max, so nobody can keep her out by
+            // checking her account; past that her timeout follows the fail
+            // policy. Her own bursts start no window.
             // The call gives a busy timeout the plain timeout message: only
             // one that stays busy says so, a downgraded one is a timeout.
             if (error.kind() == ClientError.Kind.BUSY) {
-                error = burst != null && burst.inBurst()
+                boolean busy = burst != null && (burst.ownBurst()
+                        || (burst.inBurst() && busyWindows.excused(burst.requester(), nowUs(), config.busyMax.toNanos() / 1000)));
+                error = busy
                         ? new ClientError(ClientError.Kind.BUSY, error.message() + " (busy)")
                         : new ClientError(ClientError.Kind.TIMEOUT, error.message());
             }
@@ -217,7 +228,8 @@ public final class Client implements AutoCloseable {
             // it failed: one run, the same busy rule.
             String message = "tollgate did not answer within " + config.timeout.toMillis() + " ms"
                     + (e.getMessage().equals(Connection.NO_ANSWER) ? "" : " (connecting: " + e.getMessage() + ")");
-            // Busy only if decide() finds the check in a burst; it adds " (busy)" then.
+            // Busy only if decide() finds the check in its own burst, or in
+            // one on its account within its busy window; it adds " (busy)" then.
             if (last > 0 && runYoung) throw new CallFailed(ClientError.Kind.BUSY, message);
             throw new CallFailed(ClientError.Kind.TIMEOUT, message);
         }
@@ -309,6 +321,11 @@ public final class Client implements AutoCloseable {
             throw new CallFailed(ClientError.Kind.PROTOCOL, "reply id " + Long.toUnsignedString(reply.id()) + " for request " + id);
         }
         return reply;
+    }
+
+    /** Requesters with a busy window now (for tests). */
+    int busyWindows() {
+        return busyWindows.size();
     }
 
     /** Keys in the burst table now (for tests). */

@@ -19,6 +19,7 @@ final class FakeDaemonTests {
         stepDown();
         timeouts();
         busy();
+        busyFromOtherAddresses();
         badReplies();
         pool();
         guard();
@@ -168,6 +169,50 @@ final class FakeDaemonTests {
             daemon.handler = f -> null;
             List<Answer> burst = together(client, List.of(subject("alice"), subject("alice")));
             Expect.that(burst.stream().allMatch(a -> kind(a) == ClientError.Kind.TIMEOUT), "busy_max 0: every timeout is an outage");
+        }
+    }
+
+    /**
+     * Checks on one account from other addresses are a burst on it, but
+     * not the requester's own: busy for at most busy_max of a window, then
+     * plain timeouts, so nobody can keep her out by checking her account.
+     */
+    private static void busyFromOtherAddresses() throws Exception {
+        Expect.group("the busy rule: others' bursts");
+        FakeDaemon.Handler answering = FakeDaemon.speaking(5);
+        Subject victim = Subject.of(InetAddress.getByName("198.51.100.7"), "alice");
+        Subject other = Subject.of(InetAddress.getByName("203.0.113.66"), "alice");
+        long busyMaxMs = 400;
+        try (FakeDaemon daemon = new FakeDaemon(answering);
+                Client client = new Client(ClientConfig.of(daemon.socket).timeout(Duration.ofMillis(60)).busyMax(Duration.ofMillis(busyMaxMs)))) {
+            Expect.that(client.check("login", subject("warm")).verdict().isPresent(), "answered once");
+            daemon.handler = f -> null;
+            List<Answer> first = together(client, List.of(victim, other));
+            // Both refusals came by now: busy_max is timed from here.
+            long refused = System.nanoTime();
+            Expect.that(first.stream().allMatch(a -> kind(a) == ClientError.Kind.BUSY && !a.proceeds()),
+                    "one account from two addresses, late: busy the first time: " + first);
+            Expect.equal(2, client.busyWindows(), "a window per requester");
+            Thread.sleep(Bursts.BURST_GAP_US / 1000 + 10);
+            List<Answer> own = together(client, List.of(victim, victim));
+            Expect.that(own.stream().allMatch(a -> kind(a) == ClientError.Kind.BUSY && !a.proceeds()),
+                    "one account from one address: its own burst, busy: " + own);
+            Expect.equal(2, client.busyWindows(), "an own burst starts no window");
+            // A timely answer busy_max after the refusals: the daemon is
+            // busy, not down, so only the windows can make these timeouts.
+            daemon.handler = answering;
+            Thread.sleep(Math.max(0, busyMaxMs + 50 - (System.nanoTime() - refused) / 1_000_000));
+            Expect.that(client.check("login", subject("warm")).verdict().isPresent(), "answered in time");
+            daemon.handler = f -> null;
+            List<Answer> again = together(client, List.of(victim, other));
+            Expect.that(again.stream().allMatch(a -> kind(a) == ClientError.Kind.TIMEOUT && a.proceeds()),
+                    "past busy_max of their windows: plain timeouts, login proceeds: " + again);
+            Expect.that(again.stream().allMatch(a -> ((Answer.Unavailable) a).error().message().equals("tollgate did not answer within 60 ms")),
+                    "with the plain timeout message: " + again);
+            Thread.sleep(Bursts.BURST_GAP_US / 1000 + 10);
+            List<Answer> ownAgain = together(client, List.of(victim, victim));
+            Expect.that(ownAgain.stream().allMatch(a -> kind(a) == ClientError.Kind.BUSY && !a.proceeds()),
+                    "her own burst is still busy past the window's busy_max: " + ownAgain);
         }
     }
 

@@ -15,6 +15,8 @@ final class LogicTests {
         forwardedTail();
         gcra();
         bursts();
+        ownBursts();
+        busyWindows();
         answers();
         deadSocket();
     }
@@ -98,6 +100,79 @@ final class LogicTests {
         Thread.sleep(Bursts.BURST_GAP_US / 1000 + 10);
         many.enter("login", Subject.EMPTY.withAccount("new")).close();
         Expect.equal(1, many.size(), "ended entries are swept past the bound");
+    }
+
+    private static void ownBursts() throws Exception {
+        Expect.group("own bursts");
+        Bursts bursts = new Bursts();
+        InetAddress a = InetAddress.getByName("192.0.2.1");
+        InetAddress b = InetAddress.getByName("192.0.2.2");
+        Bursts.Guard first = bursts.enter("login", Subject.of(a, "alice"));
+        Expect.that(!first.inBurst() && !first.ownBurst(), "alone at first");
+        Bursts.Guard second = bursts.enter("login", Subject.of(a, "alice"));
+        Expect.that(first.inBurst() && second.inBurst(), "one account and address: a burst");
+        Expect.that(first.ownBurst() && second.ownBurst(), "one account and address: each the other's own burst");
+        Expect.equal(2, bursts.size(), "a burst key and a requester key");
+        first.close();
+        second.close();
+        Thread.sleep(Bursts.BURST_GAP_US / 1000 + 10);
+        Bursts.Guard mine = bursts.enter("login", Subject.of(a, "alice"));
+        Bursts.Guard theirs = bursts.enter("login", Subject.of(b, "alice"));
+        Expect.that(mine.inBurst() && theirs.inBurst(), "one account, two addresses: a burst");
+        Expect.that(!mine.ownBurst() && !theirs.ownBurst(), "one account, two addresses: neither's own");
+        mine.close();
+        theirs.close();
+        Thread.sleep(Bursts.BURST_GAP_US / 1000 + 10);
+        Bursts.Guard p1 = bursts.enter("login", Subject.of(b, null));
+        Bursts.Guard p2 = bursts.enter("login", Subject.of(b, null));
+        Expect.that(p1.ownBurst() && p2.ownBurst(), "without an account, keyed on the address: own with another on it");
+        Expect.equal(p1.requester(), Bursts.burstKey("login", Subject.of(b, null)), "without an account the requester is the burst key");
+        p1.close();
+        p2.close();
+        Thread.sleep(Bursts.BURST_GAP_US / 1000 + 10);
+        Bursts.Guard lone = bursts.enter("login", Subject.of(b, null));
+        Expect.that(!lone.ownBurst() && !lone.inBurst(), "entered once, not counted twice: alone");
+        lone.close();
+        Bursts.Guard onlyAccount = bursts.enter("login", Subject.EMPTY.withAccount("erin"));
+        Expect.that(!onlyAccount.ownBurst(), "an account without an address, alone");
+        onlyAccount.close();
+        Subject both = Subject.of(a, "alice");
+        Expect.that(!Bursts.requesterKey("login", both).equals(Bursts.burstKey("login", both)), "a requester key is never its burst key");
+        Expect.that(!Bursts.requesterKey("login", both).equals(Bursts.requesterKey("reauth", both)), "another route is another requester");
+        Bursts many = new Bursts();
+        // Two entries a check: filled to the bound whatever a slow loop swept on the way.
+        for (int n = 0; many.size() < Bursts.SWEEP_AT; n++) many.enter("login", Subject.of(a, "a" + n)).close();
+        Thread.sleep(Bursts.BURST_GAP_US / 1000 + 10);
+        many.enter("login", Subject.of(a, "new")).close();
+        Expect.equal(2, many.size(), "ended requester entries are swept too");
+    }
+
+    private static void busyWindows() {
+        Expect.group("busy windows");
+        long busyMax = 10_000;
+        long window = 120 * busyMax;
+        Bursts.Windows windows = new Bursts.Windows();
+        long t0 = 5_000_000;
+        Expect.that(windows.excused("r", t0, busyMax), "the first refusal is excused");
+        Expect.that(windows.excused("r", t0 + busyMax - 1, busyMax), "excused just before busy_max");
+        Expect.that(!windows.excused("r", t0 + busyMax, busyMax), "not excused at busy_max");
+        Expect.that(!windows.excused("r", t0 + window - 1, busyMax), "nor later in the window");
+        Expect.that(windows.excused("s", t0 + busyMax, busyMax), "another requester has its own window");
+        Expect.that(windows.excused("r", t0 + window, busyMax), "excused again once the window has ended");
+        Expect.that(windows.excused("r", t0 + window + busyMax - 1, busyMax), "the new window counts from then");
+        Expect.that(!windows.excused("r", t0 + window + busyMax, busyMax), "and ends its busy_max the same way");
+        Bursts.Windows none = new Bursts.Windows();
+        Expect.that(!none.excused("r", t0, 0), "busy_max 0: never excused");
+        Expect.that(!none.excused("r", t0, 0), "busy_max 0: nor again");
+        Bursts.Windows full = new Bursts.Windows();
+        for (int n = 0; n < Bursts.Windows.BUSY_REQUESTERS_MAX; n++) full.excused("r" + n, t0 + n, busyMax);
+        Expect.equal(Bursts.Windows.BUSY_REQUESTERS_MAX, full.size(), "filled");
+        long lastStart = t0 + Bursts.Windows.BUSY_REQUESTERS_MAX - 1;
+        Expect.that(!full.excused("new", lastStart + busyMax, busyMax), "full of live windows: a new requester is not excused");
+        Expect.equal(Bursts.Windows.BUSY_REQUESTERS_MAX, full.size(), "no live window evicted");
+        Expect.that(full.excused("r0", t0 + busyMax - 1, busyMax), "a known requester still has its window");
+        Expect.that(full.excused("new", lastStart + window, busyMax), "once they have ended: excused");
+        Expect.equal(1, full.size(), "the ended windows dropped");
     }
 
     private static Verdict verdict(Decision decision, long retryAfterMs, long delayMs) {
