@@ -232,8 +232,11 @@ fn a_flood_on_other_accounts_through_the_shipped_client_lets_a_lone_user_proceed
 /// late 40 ms of every 100 (frozen and thawed: a loaded host). Every check
 /// of hers has company on her account, so each timeout was busy and she
 /// was refused for as long as the trickle lasted: 27 of 27 tries over 8 s
-/// (a red team's finding). A burst not her own refuses her for busy_max
-/// a window; then her timeouts follow the fail policy.
+/// (a red team's finding). A burst not her own refuses her, known by her
+/// success, for busy_max a window; then her timeouts follow the fail
+/// policy. A guesser's other address, one check at a time beside her,
+/// has no success there: his timeouts stay busy, never a guess let
+/// through unchecked.
 #[test]
 fn a_trickle_on_her_account_from_elsewhere_refuses_her_as_busy_no_longer_than_busy_max() {
     let _alone = one_at_a_time();
@@ -277,6 +280,24 @@ fn a_trickle_on_her_account_from_elsewhere_refuses_her_as_busy_no_longer_than_bu
                 }
             })
         };
+        let guesser = {
+            let (client, stop) = (client.clone(), stop.clone());
+            tokio::spawn(async move {
+                let (mut busy, mut unchecked, mut n) = (0, 0, 0u64);
+                let him = subject_of("10.5.0.1", "erin");
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    match client.check("login", &him).await {
+                        Answer::Unavailable { error: ClientError::Busy(_), .. } => busy += 1,
+                        Answer::Unavailable { .. } => unchecked += 1,
+                        answer if answer.proceeds() => drop(client.abandon("login", &him).await),
+                        _ => {}
+                    }
+                    n += 1;
+                    tokio::time::sleep(Duration::from_millis(53 + n * 41 % 89)).await;
+                }
+                (busy, unchecked)
+            })
+        };
         let started = std::time::Instant::now();
         let (mut busy_at, mut tries) = (Vec::new(), 0);
         while started.elapsed() < Duration::from_secs(5) {
@@ -292,7 +313,11 @@ fn a_trickle_on_her_account_from_elsewhere_refuses_her_as_busy_no_longer_than_bu
         }
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         trickle.await.unwrap();
+        let (busy, unchecked) = guesser.await.unwrap();
         eprintln!("erin: {tries} tries, refused by the client as busy at {busy_at:?}");
+        eprintln!("the guesser's other address: {busy} busy, {unchecked} let through unchecked");
+        assert!(busy > 0, "the daemon was never late for the guesser");
+        assert_eq!(unchecked, 0, "guesses let through with no check");
         busy_at
     });
     loaded.join().unwrap();

@@ -7,11 +7,15 @@
 //! makes the same distinction for its store.
 //!
 //! Parallel checks on one account and address are a guesser's, refused
-//! for as long as they last (`BurstGuard::own_burst`). A burst on her
-//! account that is not her own (others' checks, from other addresses)
-//! refuses her for at most `busy_max` in a window of `BUSY_WINDOW_FACTOR`
-//! x `busy_max` (`BusyWindow`): else anyone who kept checking her account
-//! kept her out. Past that her timeout follows the fail policy.
+//! for as long as they last (`BurstGuard::own_burst`). A user who has
+//! logged in from her address through this client (`KnownRequesters`)
+//! is refused in a burst on her account that is not her own (others'
+//! checks, from other addresses) for at most `busy_max` in a window of
+//! `BUSY_WINDOW_FACTOR` x `busy_max` (`BusyWindow`), then her timeout
+//! follows the fail policy: else anyone who kept checking her account
+//! kept her out. Anyone else in a burst on the account (a guesser's
+//! other addresses, a botnet) stays busy: a late guess that failed open
+//! would be admitted with no check at all.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
@@ -35,6 +39,11 @@ const BUSY_WINDOW_FACTOR: u64 = 120;
 /// is not excused: a flood of distinct keys cannot make room to refuse a
 /// user again.
 const BUSY_REQUESTERS_MAX: usize = 4096;
+
+/// How long a success makes its requester known, and how many one
+/// client remembers (the oldest forgotten first when full).
+const KNOWN_FOR_US: u64 = 30 * 24 * 3600 * 1_000_000;
+const KNOWN_REQUESTERS_MAX: usize = 65_536;
 
 /// Per key (a hash of the route and the account, or the address; or of
 /// the route, account and address, a requester): checks waiting on it,
@@ -69,25 +78,33 @@ impl Default for Bursts {
 }
 
 impl Bursts {
-    /// Counts a check on `subject` waiting until the guard drops.
-    pub(crate) fn enter<'b>(&'b self, route: &str, subject: &Subject<'_>) -> BurstGuard<'b> {
+    /// A check's burst key (route and account, or address) and requester
+    /// key (route, account and address; the burst key without both).
+    /// Each field is written with its length, so no two subjects' fields
+    /// run together into one key ("bob" at 192.0.2.5 is not "bob1" at
+    /// 92.0.2.5).
+    pub(crate) fn keys(&self, route: &str, subject: &Subject<'_>) -> (u64, u64) {
+        let field = |h: &mut std::collections::hash_map::DefaultHasher, bytes: &[u8]| {
+            h.write_usize(bytes.len());
+            h.write(bytes);
+        };
         let (mut h, mut r) = (self.hasher.build_hasher(), self.hasher.build_hasher());
-        h.write(route.as_bytes());
-        r.write(route.as_bytes());
+        field(&mut h, route.as_bytes());
+        field(&mut r, route.as_bytes());
         let requester = match (subject.account, subject.peer) {
             (Some(account), peer) => {
                 h.write_u8(1);
-                h.write(account.as_bytes());
+                field(&mut h, account.as_bytes());
                 r.write_u8(3);
-                r.write(account.as_bytes());
+                field(&mut r, account.as_bytes());
                 peer.map(|peer| {
-                    r.write(peer.to_string().as_bytes());
+                    field(&mut r, peer.to_string().as_bytes());
                     r.finish()
                 })
             }
             (None, Some(peer)) => {
                 h.write_u8(2);
-                h.write(peer.to_string().as_bytes());
+                field(&mut h, peer.to_string().as_bytes());
                 None
             }
             (None, None) => {
@@ -96,7 +113,12 @@ impl Bursts {
             }
         };
         let key = h.finish();
-        let requester = requester.filter(|&r| r != key).unwrap_or(key);
+        (key, requester.filter(|&r| r != key).unwrap_or(key))
+    }
+
+    /// Counts a check on `subject` waiting until the guard drops.
+    pub(crate) fn enter<'b>(&'b self, route: &str, subject: &Subject<'_>) -> BurstGuard<'b> {
+        let (key, requester) = self.keys(route, subject);
         let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
         let mut entries = self.entries.locked();
         let now = self.epoch.elapsed().as_micros() as u64 + BURST_GAP_US;
@@ -115,7 +137,9 @@ fn enter(entries: &mut HashMap<u64, Entry>, key: u64, seq: u64, now: u64) -> boo
     let entry = entries.entry(key).or_default();
     let company = entry.waiting > 0 || (entry.started_us > 0 && now - entry.started_us < BURST_GAP_US);
     entry.waiting += 1;
-    entry.newest = seq;
+    // Sequence numbers are taken before the lock: a later-numbered check
+    // may have entered first.
+    entry.newest = entry.newest.max(seq);
     entry.started_us = now;
     company
 }
@@ -194,6 +218,30 @@ impl BusyWindow {
         busy_max_us > 0
     }
 }
+/// Per requester, when a success was last reported through this client
+/// (µs since the client started).
+#[derive(Default)]
+pub(crate) struct KnownRequesters {
+    last_us: Mutex<HashMap<u64, u64>>,
+}
+
+impl KnownRequesters {
+    pub(crate) fn succeeded(&self, requester: u64, now_us: u64) {
+        let mut last_us = self.last_us.locked();
+        if last_us.len() >= KNOWN_REQUESTERS_MAX && !last_us.contains_key(&requester) {
+            last_us.retain(|_, last| now_us.saturating_sub(*last) < KNOWN_FOR_US);
+            if last_us.len() >= KNOWN_REQUESTERS_MAX {
+                let oldest = last_us.iter().min_by_key(|(_, last)| **last).map(|(r, _)| *r);
+                last_us.remove(&oldest.expect("full, so not empty"));
+            }
+        }
+        last_us.insert(requester, now_us);
+    }
+
+    pub(crate) fn known(&self, requester: u64, now_us: u64) -> bool {
+        self.last_us.locked().get(&requester).is_some_and(|last| now_us.saturating_sub(*last) < KNOWN_FOR_US)
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -262,6 +310,36 @@ mod tests {
         assert!(!window.excused(u64::MAX, 1_000, 1_000), "full of live windows");
         assert!(window.excused(u64::MAX, 120_000, 1_000), "the ended ones swept");
         assert_eq!(window.first_us.lock().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn fields_do_not_run_together_into_one_key() {
+        let bursts = Bursts::default();
+        let at = |account, peer: &str| Subject {
+            account: Some(account),
+            peer: Some(peer.parse().unwrap()),
+            ..Subject::default()
+        };
+        assert_ne!(bursts.keys("login", &at("bob", "192.0.2.5")), bursts.keys("login", &at("bob1", "92.0.2.5")));
+        assert_ne!(bursts.keys("login", &at("bob", "2001:db8::1")), bursts.keys("login", &at("bob200", "1:db8::1")));
+        assert_eq!(bursts.keys("login", &at("bob", "192.0.2.5")), bursts.keys("login", &at("bob", "192.0.2.5")));
+    }
+
+    #[test]
+    fn a_success_makes_its_requester_known_for_a_while_and_the_table_is_bounded() {
+        let known = KnownRequesters::default();
+        assert!(!known.known(1, 0));
+        known.succeeded(1, 10);
+        assert!(known.known(1, 10 + KNOWN_FOR_US - 1) && !known.known(1, 10 + KNOWN_FOR_US));
+        for r in 2..=KNOWN_REQUESTERS_MAX as u64 {
+            known.succeeded(r, 100 + r);
+        }
+        known.succeeded(1, 200_000);
+        assert!(known.known(2, 300_000), "an update makes no room");
+        known.succeeded(u64::MAX, 300_000);
+        assert!(!known.known(2, 300_000), "full: the oldest forgotten");
+        assert!(known.known(1, 300_000) && known.known(u64::MAX, 300_000));
+        assert_eq!(known.last_us.lock().unwrap().len(), KNOWN_REQUESTERS_MAX);
     }
 
     #[test]

@@ -57,6 +57,8 @@ pub struct Client {
     /// Per requester, how long it has been refused as busy in others'
     /// bursts.
     busy_window: crate::burst::BusyWindow,
+    /// Requesters a success was reported for through this client.
+    known: crate::burst::KnownRequesters,
 }
 
 impl Client {
@@ -71,6 +73,7 @@ impl Client {
             late_run: Mutex::new((0, 0)),
             bursts: Default::default(),
             busy_window: Default::default(),
+            known: Default::default(),
         }
     }
 
@@ -151,13 +154,19 @@ impl Client {
         let spend = matches!(request, Request::Check { .. });
         let burst = match request {
             Request::Check { route, subject } => Some(self.bursts.enter(route, subject)),
+            // The auth server found the password right: her address is hers.
+            Request::Report { route, subject, outcome: Outcome::Success, .. } => {
+                self.known.succeeded(self.bursts.keys(route, subject).1, self.now_us());
+                None
+            }
             _ => None,
         };
         let result = match self.call_with_extras(request, extras).await {
             // Busy stops a login only in a burst on its account: a lone
             // user's timeout during a flood on others is an outage for the
             // fail policy, not a refusal. A burst not its own (others'
-            // checks on her account) stops it for busy_max a window only.
+            // checks on her account) stops a known user's for busy_max a
+            // window only.
             Err(ClientError::Busy(t)) if !burst.as_ref().is_some_and(|b| self.busy_in(b)) => {
                 Err(ClientError::Timeout(t))
             }
@@ -175,11 +184,18 @@ impl Client {
 
     /// Whether a busy timeout of the check `burst` counts stays busy: its
     /// own burst (parallel checks on one account and address), or a burst
-    /// on its account within its requester's `BusyWindow`.
+    /// on its account, for a known requester within its `BusyWindow`.
     fn busy_in(&self, burst: &crate::burst::BurstGuard<'_>) -> bool {
-        let now_us = self.started.elapsed().as_micros() as u64 + 1;
-        let busy_max_us = self.config.busy_max.as_micros() as u64;
-        burst.own_burst() || (burst.in_burst() && self.busy_window.excused(burst.requester(), now_us, busy_max_us))
+        let (now_us, busy_max_us) = (self.now_us(), self.config.busy_max.as_micros() as u64);
+        let requester = burst.requester();
+        burst.own_burst()
+            || (burst.in_burst()
+                && (!self.known.known(requester, now_us) || self.busy_window.excused(requester, now_us, busy_max_us)))
+    }
+
+    /// µs since the client started, never 0.
+    fn now_us(&self) -> u64 {
+        self.started.elapsed().as_micros() as u64 + 1
     }
 
     /// The route's fail policy; for a closed route, whether the static

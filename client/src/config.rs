@@ -40,8 +40,8 @@ pub struct ClientConfig {
     /// an answer in time, from a daemon that has answered this client, is
     /// `ClientError::Busy` (the attempt does not proceed), not an outage
     /// for the fail policy, in a burst on its account: its own, or others'
-    /// for at most this long in 120 times this (`burst`). Zero: every
-    /// timeout is an outage.
+    /// (for a requester with a success through this client, at most this
+    /// long in 120 times this: `burst`). Zero: every timeout is an outage.
     pub busy_max: Duration,
 }
 
