@@ -11,13 +11,17 @@ package tollgate
 // account from other addresses. So each check also has a requester key
 // (route, account and address). Parallel checks on one account and one
 // address are a guesser's, and are refused as busy for as long as they
-// last. A check in a burst on her account that is not her own (others'
-// checks, from other addresses) is refused as busy for at most BusyMax in
-// a window of 120 x BusyMax per requester (busyWindows), so nobody can
-// keep her out by checking her account; past that her timeout follows the
-// fail policy.
+// last. A user who has logged in from this address through this client
+// (knownRequesters) is refused as busy in others' bursts on her account
+// (checks from other addresses) for at most BusyMax in a window of
+// 120 x BusyMax per requester (busyWindows), so nobody can keep her out by
+// checking her account; past that her timeout follows the fail policy.
+// Anyone else in a burst on the account (a guesser's other addresses, a
+// botnet) stays busy for as long as the burst lasts: a late guess that
+// failed open would be admitted with no check at all.
 
 import (
+	"math"
 	"strconv"
 	"sync"
 	"time"
@@ -37,6 +41,12 @@ const busyWindowSpans = 120
 
 // busyRequestersMax bounds the requesters with a busy window.
 const busyRequestersMax = 4096
+
+// knownFor: a requester's success keeps it known this long.
+const knownFor = 30 * 24 * time.Hour
+
+// knownRequestersMax bounds the known requesters.
+const knownRequestersMax = 65536
 
 type burstEntry struct {
 	waiting uint32
@@ -178,10 +188,11 @@ func (g *burstGuard) leave() {
 }
 
 // busyWindows: per requester, when its window's first busy refusal came
-// (a monotonic time since the client started). A check in others' burst
-// on its account is busy only in the first BusyMax of that window, so
-// checks on her account from other addresses cannot keep her out; the
-// window, 120 x BusyMax, keeps her from being refused again right after.
+// (a monotonic time since the client started). A known requester's check
+// in others' burst on its account is busy only in the first BusyMax of
+// that window, so checks on her account from other addresses cannot keep
+// her out; the window, 120 x BusyMax, keeps her from being refused again
+// right after.
 type busyWindows struct {
 	mu    sync.Mutex
 	first map[string]time.Duration
@@ -194,7 +205,7 @@ func newBusyWindows() *busyWindows {
 // excused: whether a timeout of requester's in others' burst, at now, may
 // still be refused as busy (its window started then if none was open).
 func (w *busyWindows) excused(requester string, now, busyMax time.Duration) bool {
-	window := busyWindowSpans * busyMax
+	window := busyWindow(busyMax)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if first, ok := w.first[requester]; ok {
@@ -218,4 +229,61 @@ func (w *busyWindows) excused(requester string, now, busyMax time.Duration) bool
 	}
 	w.first[requester] = now
 	return busyMax > 0
+}
+
+// busyWindow is busyWindowSpans x busyMax, saturating: a huge BusyMax is a
+// window that never ends, not one that wraps around to the past.
+func busyWindow(busyMax time.Duration) time.Duration {
+	if busyMax > math.MaxInt64/busyWindowSpans {
+		return math.MaxInt64
+	}
+	if busyMax < math.MinInt64/busyWindowSpans {
+		return math.MinInt64
+	}
+	return busyWindowSpans * busyMax
+}
+
+// knownRequesters: per requester, when a success was last reported through
+// this client for it (a monotonic time since the client started). Only a
+// known requester leaves busy in others' bursts on its account after its
+// window's BusyMax: she has logged in from that address before, while a
+// guesser's other addresses (or a botnet's) have not, and their late
+// guesses must not fail open unchecked.
+type knownRequesters struct {
+	mu   sync.Mutex
+	last map[string]time.Duration
+}
+
+func newKnownRequesters() *knownRequesters {
+	return &knownRequesters{last: make(map[string]time.Duration)}
+}
+
+// succeeded records a success of requester's at now. When the map is full
+// and requester is new, the expired entries go, else the oldest one: a
+// success is rare next to checks, so one scan then is cheap enough.
+func (k *knownRequesters) succeeded(requester string, now time.Duration) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if _, ok := k.last[requester]; !ok && len(k.last) >= knownRequestersMax {
+		oldest, oldestAt := "", time.Duration(0)
+		for key, last := range k.last {
+			if now-last >= knownFor {
+				delete(k.last, key)
+			} else if oldest == "" || last < oldestAt {
+				oldest, oldestAt = key, last
+			}
+		}
+		if len(k.last) >= knownRequestersMax {
+			delete(k.last, oldest)
+		}
+	}
+	k.last[requester] = now
+}
+
+// known: whether requester had a success reported within knownFor of now.
+func (k *knownRequesters) known(requester string, now time.Duration) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	last, ok := k.last[requester]
+	return ok && now-last < knownFor
 }

@@ -79,8 +79,10 @@ type Config struct {
 	// client, for a check overlapped by
 	// another on the same account (or address), is ErrBusy and never
 	// proceeds: for as long as it lasts when the other is from the same
-	// address too, else for at most BusyMax in 120 x BusyMax per account
-	// and address. Zero: every timeout is an outage.
+	// address too, or when no success was reported through this client
+	// for its account and address (in the last 30 days); else for at most
+	// BusyMax in 120 x BusyMax per account and address. Zero: every
+	// timeout is an outage.
 	BusyMax time.Duration
 	// FailPolicies per route; others get DefaultFailPolicy.
 	FailPolicies      map[string]FailPolicy
@@ -258,6 +260,9 @@ type Client struct {
 	bursts  *bursts
 	// busy: each requester's busy window, for checks in others' bursts.
 	busy *busyWindows
+	// known: the requesters with a success reported through this client;
+	// only they leave busy in others' bursts.
+	known *knownRequesters
 	// afterWrite, in tests, holds a call between its write and its read;
 	// beforeConnect, one about to dial.
 	afterWrite, beforeConnect func()
@@ -272,7 +277,7 @@ func NewClient(cfg Config) (*Client, error) {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = CallTimeoutDefault
 	}
-	c := &Client{cfg: cfg, started: time.Now(), budgetTats: map[string]uint64{}, budgets: map[string]gcraSpec{}, bursts: newBursts(), busy: newBusyWindows()}
+	c := &Client{cfg: cfg, started: time.Now(), budgetTats: map[string]uint64{}, budgets: map[string]gcraSpec{}, bursts: newBursts(), busy: newBusyWindows(), known: newKnownRequesters()}
 	c.cfg.FailPolicies = make(map[string]FailPolicy, len(cfg.FailPolicies))
 	for route, policy := range cfg.FailPolicies {
 		c.cfg.FailPolicies[route] = policy
@@ -346,6 +351,12 @@ func (c *Client) decide(ctx context.Context, cancellable bool, req *request) Ans
 	if refused := refuseLocally(c.cfg.ProtocolVersion, req); refused != nil {
 		return Answer{Kind: AnswerRejected, Rejected: refused}
 	}
+	// A success makes its requester known (whatever becomes of the report:
+	// the auth server found the password right), so that her timeouts in
+	// others' bursts on her account may leave busy after BusyMax.
+	if req.kind == requestReport && req.outcome == Success {
+		c.known.succeeded(requesterKey(req.route, &req.subject), time.Since(c.started))
+	}
 	// Only a check is an attempt: a report of its outcome must not spend a
 	// second unit of the static budget.
 	spend := req.kind == requestCheck
@@ -370,10 +381,14 @@ func (c *Client) decide(ctx context.Context, cancellable bool, req *request) Ans
 	// Busy stops a login only in a burst on its account: a lone user's
 	// timeout during a flood on others is an outage for the fail policy.
 	// Parallel checks on one account from one address are a guesser's,
-	// refused for as long as they last. A burst on her account that is not
-	// her own (others' checks, from other addresses) refuses her for at
-	// most BusyMax in a window of 120 x BusyMax, so nobody can keep her out
-	// by checking her account; past that her timeout follows the policy.
+	// refused for as long as they last. A user who has logged in from this
+	// address through this client is refused as busy in a burst on her
+	// account that is not her own (others' checks, from other addresses)
+	// for at most BusyMax in a window of 120 x BusyMax, so nobody can keep
+	// her out by checking her account; past that her timeout follows the
+	// policy. Anyone else in a burst on the account (a guesser's other
+	// addresses, a botnet) stays busy: a late guess that failed open would
+	// be admitted with no check at all.
 	if err != nil && err.Kind == ErrBusy && !c.staysBusy(burst) {
 		err.Kind = ErrTimeout
 	}
@@ -392,7 +407,8 @@ func (c *Client) decide(ctx context.Context, cancellable bool, req *request) Ans
 
 // staysBusy: whether a busy timeout of the check burst guards is refused
 // as busy (else it is a plain timeout). The window is asked only for a
-// burst not its own, so a guesser's own bursts never start one.
+// known requester in a burst not its own, so neither a guesser's own
+// bursts nor an unknown requester ever start one.
 func (c *Client) staysBusy(burst *burstGuard) bool {
 	if burst == nil {
 		return false
@@ -400,7 +416,11 @@ func (c *Client) staysBusy(burst *burstGuard) bool {
 	if burst.ownBurst() {
 		return true
 	}
-	return burst.inBurst() && c.busy.excused(burst.requester, time.Since(c.started), c.cfg.BusyMax)
+	if !burst.inBurst() {
+		return false
+	}
+	now := time.Since(c.started)
+	return !c.known.known(burst.requester, now) || c.busy.excused(burst.requester, now, c.cfg.BusyMax)
 }
 
 // unavailable applies the route's fail policy; for a closed route, whether

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"io"
+	"math"
 	"net"
 	"net/netip"
 	"path/filepath"
@@ -286,6 +287,105 @@ func TestBusyWindows(t *testing.T) {
 	}
 }
 
+// A huge BusyMax makes a window that never ends, not a negative one.
+func TestBusyWindowSaturates(t *testing.T) {
+	if got := busyWindow(10 * time.Millisecond); got != busyWindowSpans*10*time.Millisecond {
+		t.Fatalf("window %v", got)
+	}
+	huge := time.Duration(math.MaxInt64 / 100)
+	if got := busyWindow(huge); got != math.MaxInt64 {
+		t.Fatalf("window of %v: %v, want saturated", huge, got)
+	}
+	if got := busyWindow(math.MaxInt64); got != math.MaxInt64 {
+		t.Fatalf("window of the largest BusyMax: %v", got)
+	}
+	w := newBusyWindows()
+	for _, now := range []time.Duration{time.Second, time.Second + huge/2, time.Second + huge + 1} {
+		excused := w.excused("her", now, huge)
+		if want := now == time.Second || now == time.Second+huge/2; excused != want {
+			t.Fatalf("at %v: excused %v, want %v (one window that never ends)", now, excused, want)
+		}
+	}
+}
+
+func TestKnownRequesters(t *testing.T) {
+	k := newKnownRequesters()
+	at := func(d time.Duration) time.Duration { return 5*time.Second + d }
+	if k.known("her", at(0)) {
+		t.Fatal("unknown before a success")
+	}
+	k.succeeded("her", at(0))
+	if !k.known("her", at(0)) || !k.known("her", at(knownFor-time.Microsecond)) {
+		t.Fatal("known after a success")
+	}
+	if k.known("him", at(0)) {
+		t.Fatal("another requester stays unknown")
+	}
+	if k.known("her", at(knownFor)) {
+		t.Fatal("not known past knownFor")
+	}
+	k.succeeded("her", at(knownFor))
+	if !k.known("her", at(knownFor+time.Hour)) {
+		t.Fatal("a new success makes her known again")
+	}
+
+	// Bounded: when full, a new requester's success evicts the oldest.
+	k = newKnownRequesters()
+	for i := 0; i < knownRequestersMax; i++ {
+		k.succeeded("user"+strconv.Itoa(i), at(time.Duration(i)*time.Microsecond))
+	}
+	k.succeeded("user0", at(time.Hour)) // an update needs no room
+	if len(k.last) != knownRequestersMax || !k.known("user1", at(time.Hour)) {
+		t.Fatalf("an update evicted: %d entries", len(k.last))
+	}
+	k.succeeded("her", at(time.Hour))
+	if len(k.last) != knownRequestersMax || !k.known("her", at(time.Hour)) {
+		t.Fatalf("%d entries, her known: %v", len(k.last), k.known("her", at(time.Hour)))
+	}
+	if k.known("user1", at(time.Hour)) || !k.known("user0", at(time.Hour)) || !k.known("user2", at(time.Hour)) {
+		t.Fatal("the oldest (user1; user0 was updated) is the one evicted")
+	}
+	// Expired entries go first, all of them, before any live one.
+	k.succeeded("user3", at(knownFor))
+	k.succeeded("late", at(knownFor+time.Hour/2))
+	if len(k.last) != 4 || !k.known("user0", at(knownFor+time.Hour/2)) || !k.known("her", at(knownFor+time.Hour/2)) ||
+		!k.known("user3", at(knownFor+time.Hour/2)) || !k.known("late", at(knownFor+time.Hour/2)) {
+		t.Fatalf("%d entries: the expired ones dropped, the live ones kept", len(k.last))
+	}
+}
+
+// A success reported through the client makes its requester known, even
+// when the report gets no answer; a failure does not.
+func TestReportedSuccessesMakeRequestersKnown(t *testing.T) {
+	c := deadClient(t, nil)
+	ctx := context.Background()
+	bob := Subject{Peer: alice.Peer, Account: Some("bob")}
+	peerOnly := Subject{Peer: netip.MustParseAddr("198.51.100.7")}
+	now := func() time.Duration { return time.Since(c.started) }
+	c.Report(ctx, "login", bob, Failure)
+	if a := c.Report(ctx, "login", alice, Success); a.Kind != AnswerUnavailable {
+		t.Fatalf("a dead daemon: %+v", a)
+	}
+	c.Report(ctx, "login", peerOnly, Success)
+	if !c.known.known(requesterKey("login", &alice), now()) {
+		t.Fatal("her success makes her known")
+	}
+	if !c.known.known(burstKey("login", &peerOnly), now()) {
+		t.Fatal("without an account, the address is known")
+	}
+	other := Subject{Peer: netip.MustParseAddr("203.0.113.9"), Account: alice.Account}
+	for what, key := range map[string]string{
+		"a failure":           requesterKey("login", &bob),
+		"another address":     requesterKey("login", &other),
+		"another route":       requesterKey("reauth", &alice),
+		"the account's burst": burstKey("login", &alice),
+	} {
+		if c.known.known(key, now()) {
+			t.Fatalf("%s is not known", what)
+		}
+	}
+}
+
 // fakeDaemon answers each request frame with reply(version, id, kind);
 // a nil reply is silence. It records each request's version and kind.
 type fakeDaemon struct {
@@ -493,8 +593,21 @@ func at(c *Client, subjects ...Subject) []Answer {
 
 // Others checking her account from other addresses while the daemon is
 // busy: her overlapped check is busy only for BusyMax from her first
-// refusal; a guesser's checks from one address stay busy.
+// refusal, once she has logged in from her address through this client;
+// the others' (unknown) checks, and a guesser's from one address, stay
+// busy.
 func TestABurstFromOtherAddressesIsBusyOnlyForBusyMax(t *testing.T) {
+	burstFromOtherAddresses(t, true)
+}
+
+// The same sequence with no success reported for her address: her check
+// in the burst on her account stays busy past BusyMax (she could be a
+// guesser's other address), and no window is ever started.
+func TestABurstFromUnknownAddressesStaysBusy(t *testing.T) {
+	burstFromOtherAddresses(t, false)
+}
+
+func burstFromOtherAddresses(t *testing.T, herSuccess bool) {
 	var silent atomic.Bool
 	f := startFake(t, func(version uint8, id uint64, _ uint32) []byte {
 		if silent.Load() {
@@ -502,9 +615,11 @@ func TestABurstFromOtherAddressesIsBusyOnlyForBusyMax(t *testing.T) {
 		}
 		return frameOf(version, id, verdictBody(version, Allow))
 	})
-	const busyMax = 400 * time.Millisecond
+	// BusyMax is far longer than the refusals below take even on a slow,
+	// shared host (two overlaps of one Timeout each, burstGap apart).
+	const busyMax = 1500 * time.Millisecond
 	c := fakeClient(t, f, func(cfg *Config) {
-		cfg.Timeout = 30 * time.Millisecond
+		cfg.Timeout = 40 * time.Millisecond
 		cfg.BusyMax = busyMax
 	})
 	ctx := context.Background()
@@ -512,6 +627,11 @@ func TestABurstFromOtherAddressesIsBusyOnlyForBusyMax(t *testing.T) {
 	his := Subject{Peer: netip.MustParseAddr("203.0.113.9"), Account: alice.Account}
 	if a := c.Check(ctx, "login", her); a.Kind != AnswerVerdict {
 		t.Fatalf("%+v", a)
+	}
+	if herSuccess {
+		if a := c.Report(ctx, "login", her, Success); a.Kind != AnswerVerdict {
+			t.Fatalf("%+v", a)
+		}
 	}
 	// Apart by more than burstGap, so that no check below is its
 	// requester's own burst with the one before.
@@ -533,8 +653,8 @@ func TestABurstFromOtherAddressesIsBusyOnlyForBusyMax(t *testing.T) {
 			refused = time.Now()
 		}
 	}
-	if time.Since(started) >= busyMax {
-		t.Skip("too slow a host to be within BusyMax")
+	if took := time.Since(started); took >= busyMax {
+		t.Fatalf("the refusals took %v, past BusyMax %v", took, busyMax)
 	}
 	// Past BusyMax since those refusals; an answer in time keeps the
 	// daemon busy (not down) for the late checks.
@@ -544,15 +664,26 @@ func TestABurstFromOtherAddressesIsBusyOnlyForBusyMax(t *testing.T) {
 		t.Fatalf("answered in time: %+v", a)
 	}
 	silent.Store(true)
-	for _, a := range at(c, her, his) {
-		if a.Err == nil || a.Err.Kind != ErrTimeout || !a.Proceeds() {
-			t.Fatalf("in her window past BusyMax: a plain timeout: %+v", a.Err)
-		}
+	answers := at(c, her, his)
+	if a := answers[0]; herSuccess && (a.Err == nil || a.Err.Kind != ErrTimeout || !a.Proceeds()) {
+		t.Fatalf("known, in her window past BusyMax: a plain timeout: %+v", a.Err)
+	} else if !herSuccess && (a.Err == nil || a.Err.Kind != ErrBusy || a.Proceeds()) {
+		t.Fatalf("unknown, past BusyMax: still busy: %+v", a.Err)
+	}
+	if a := answers[1]; a.Err == nil || a.Err.Kind != ErrBusy || a.Proceeds() {
+		t.Fatalf("an address that never logged in stays busy: %+v", a.Err)
 	}
 	for _, a := range at(c, his, his) {
 		if a.Err == nil || a.Err.Kind != ErrBusy || a.Proceeds() {
 			t.Fatalf("his own burst stays busy: %+v", a.Err)
 		}
+	}
+	// Only a known requester in others' burst starts a window.
+	c.busy.mu.Lock()
+	defer c.busy.mu.Unlock()
+	_, herWindow := c.busy.first[requesterKey("login", &her)]
+	if len(c.busy.first) != map[bool]int{true: 1, false: 0}[herSuccess] || herWindow != herSuccess {
+		t.Fatalf("%d windows (hers: %v)", len(c.busy.first), herWindow)
 	}
 }
 

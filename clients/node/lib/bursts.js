@@ -10,7 +10,12 @@
 // check in a burst on her account that is not her own (others' checks, from
 // other addresses) is refused as busy for at most busy_max in a window of
 // 120 x busy_max (BusyWindows), so nobody can keep her out by checking her
-// account; past that her timeout follows the fail policy.
+// account; past that her timeout follows the fail policy. Only a requester
+// this client has seen log in successfully (KnownRequesters: a success
+// reported from that address on that account) may leave busy that way:
+// anyone else in a burst on the account (a guesser's other addresses, a
+// botnet) stays busy, since a late guess that failed open would be admitted
+// with no check at all.
 
 /** Checks on one key this close together are one burst, even if they do not overlap. */
 export const BURST_GAP_US = 50_000;
@@ -20,6 +25,10 @@ const SWEEP_AT = 1024;
 export const BUSY_WINDOW_FACTOR = 120;
 /** Requesters whose busy windows are kept; a new one finds no room while all of theirs are live. */
 export const BUSY_REQUESTERS_MAX = 4096;
+/** A requester's last reported success counts this long (µs, the client's clock): 30 days. */
+export const KNOWN_FOR_US = 30 * 24 * 3600 * 1_000_000;
+/** Requesters with a success kept; when full, the expired and then the oldest make room. */
+export const KNOWN_REQUESTERS_MAX = 65536;
 
 /**
  * A check's burst key (the route and the account, or without one the
@@ -136,5 +145,51 @@ export class BusyWindows {
 
   get size() {
     return this.#first.size;
+  }
+}
+
+/**
+ * Per requester key, when this client last reported a success for it (a
+ * monotonic time in the unit of KNOWN_FOR_US, as the busy window's). A user
+ * who has logged in from this address through this client is refused as
+ * busy in others' bursts on her account for at most busy_max a window, then
+ * her timeout follows the fail policy; a requester never seen to succeed
+ * stays busy in a burst, since its late guess failing open would be
+ * admitted with no check at all. At most KNOWN_REQUESTERS_MAX are kept: a
+ * new one first drops the expired, then, if still full, the oldest (one
+ * scan, rarely). Synchronous calls on one event loop need no lock.
+ */
+export class KnownRequesters {
+  #last = new Map();
+
+  /** Records a success reported for `requester` at `now`. */
+  succeeded(requester, now) {
+    if (!this.#last.has(requester) && this.#last.size >= KNOWN_REQUESTERS_MAX) {
+      for (const [k, t] of this.#last) {
+        if (now - t >= KNOWN_FOR_US) this.#last.delete(k);
+      }
+      if (this.#last.size >= KNOWN_REQUESTERS_MAX) {
+        let oldest = null;
+        let oldestAt = Infinity;
+        for (const [k, t] of this.#last) {
+          if (t < oldestAt) {
+            oldest = k;
+            oldestAt = t;
+          }
+        }
+        this.#last.delete(oldest);
+      }
+    }
+    this.#last.set(requester, now);
+  }
+
+  /** Whether `requester` had a success reported less than KNOWN_FOR_US before `now`. */
+  known(requester, now) {
+    const last = this.#last.get(requester);
+    return last !== undefined && now - last < KNOWN_FOR_US;
+  }
+
+  get size() {
+    return this.#last.size;
   }
 }

@@ -4,7 +4,7 @@
 // verdict. Mirrors client/src/client.rs.
 
 import { Attempt } from "./attempt.js";
-import { Bursts, BusyWindows } from "./bursts.js";
+import { Bursts, BusyWindows, KnownRequesters, burstKeys } from "./bursts.js";
 import {
   encodeRequest, decodeResponse, refusalBeforeSending, DecodeError, FRAME_HEADER_BYTES, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
 } from "./codec.js";
@@ -94,6 +94,8 @@ export class Client {
   #bursts = new Bursts();
   /** Per requester, its busy window for checks in others' bursts on its account. */
   #busyWindows = new BusyWindows();
+  /** Per requester, its last success reported through this client: only these leave busy after their window. */
+  #knownRequesters = new KnownRequesters();
   #closed = false;
 
   /**
@@ -196,6 +198,12 @@ export class Client {
     // What the daemon would refuse is refused here, before any I/O: sent, an
     // oversized frame breaks the connection mid-write, which would pass for
     // an outage (and fail open). Nothing proceeds, is spent or is held.
+    // A success the auth server reports makes its requester (this route,
+    // account and address) known, whatever the daemon answers or even if
+    // the call fails: the password was right. Keyed as a check's requester.
+    if (request.type === "report" && request.outcome === "success") {
+      this.#knownRequesters.succeeded(burstKeys(route, request.subject ?? {}).requester, this.#nowUs());
+    }
     const refusal = refusalBeforeSending(given, frame.length - FRAME_HEADER_BYTES);
     if (refusal) return new Answer({ kind: "rejected", error: refusal });
     // Only a check is an attempt: its report must not spend the static budget twice.
@@ -211,13 +219,22 @@ export class Client {
       // (others' checks, from other addresses) keeps her timeout busy for at
       // most busy_max in a window of 120 x busy_max, so nobody can keep her
       // out by checking her account; past that it follows the fail policy.
-      // Only such a check asks the window: her own bursts never start one.
+      // That leave is only for a requester this client has seen log in
+      // (a success reported from this address on this account): anyone
+      // else in a burst on the account (a guesser's other addresses, a
+      // botnet) stays busy, since a late guess that failed open would be
+      // admitted with no check at all. Only a known requester's check in a
+      // burst not its own asks the window: unknown requesters and own
+      // bursts never start one.
       // #call gives a busy timeout the plain message: only one that stays busy says so.
       if (result.error?.kind === "busy") {
+        const now = this.#nowUs();
         const busy =
           burst !== null &&
           (burst.ownBurst() ||
-            (burst.inBurst() && this.#busyWindows.excused(burst.requester, this.#nowUs(), this.#config.busyMaxMs * 1000)));
+            (burst.inBurst() &&
+              (!this.#knownRequesters.known(burst.requester, now) ||
+                this.#busyWindows.excused(burst.requester, now, this.#config.busyMaxMs * 1000))));
         result = busy
           ? { error: new ClientError("busy", `tollgate is busy: ${result.error.message}`) }
           : { error: new ClientError("timeout", result.error.message) };

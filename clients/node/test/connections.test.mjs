@@ -119,18 +119,25 @@ test("the busy rule: a burst on one account after the daemon answered never proc
   for (const x of [c, d]) assert.deepEqual([x.error.kind, x.proceeds()], ["timeout", true]);
 });
 
-test("the busy rule: a burst on her account from other addresses is busy for busy_max only", async (t) => {
-  // Checks on alice's account from another address, overlapping hers, while the daemon is late:
-  // busy at first, but past busy_max from those refusals her timeouts follow the fail policy.
+/**
+ * Checks on alice's account from her address and another (mallory's),
+ * overlapping, while the daemon is late and has answered before; then again
+ * once busy_max has passed since those refusals. With `herSuccess`, a
+ * success for alice from her address is reported through the client first.
+ */
+async function overlapTwice(t, { herSuccess }) {
   let silent = false;
   const daemon = await fakeDaemon((r) => (silent ? null : allowAll(r)));
   t.after(() => daemon.close());
   const client = new Client({ socket: daemon.path, timeoutMs: 20, busyMaxMs: 250 });
+  t.after(() => client.close());
   const mallory = { peer: "203.0.113.66", account: "alice" };
   // The daemon answers once, on another account (a check on alice now would make hers a straggler of it: her own burst).
   let answered;
   for (let i = 0; i < 50 && (answered = await client.check("login", { account: "bob" })).kind !== "verdict"; i++) await sleep(10);
   assert.equal(answered.kind, "verdict", "the daemon answered once (a cold start may miss 20 ms)");
+  // A report is no check: it is in no burst, whatever it answers.
+  if (herSuccess) assert.equal((await client.report("login", alice, "success")).kind, "verdict");
   silent = true;
   const first = await Promise.all([client.check("login", alice), client.check("login", mallory)]);
   for (const x of first) assert.deepEqual([x.error.kind, x.proceeds()], ["busy", false], "busy the first time");
@@ -140,11 +147,28 @@ test("the busy rule: a burst on her account from other addresses is busy for bus
   assert.equal((await client.check("login", { account: "erin" })).kind, "verdict");
   silent = true;
   const again = await Promise.all([client.check("login", alice), client.check("login", mallory)]);
-  for (const x of again) assert.deepEqual([x.error.kind, x.proceeds()], ["timeout", true], "past busy_max in her window");
-  for (const x of again) assert.equal(x.error.message, "tollgate did not answer within 20 ms");
+  return { client, again };
+}
+
+test("the busy rule: a burst on her account from other addresses is busy for busy_max only once she has logged in", async (t) => {
+  // She logged in from her address through this client: others' checks on her account, overlapping hers while
+  // the daemon is late, keep her busy at first, but past busy_max from those refusals her timeout follows the
+  // fail policy. The other address never logged in: it stays busy (a guesser's, as far as anyone knows).
+  const { client, again } = await overlapTwice(t, { herSuccess: true });
+  const [hers, his] = again;
+  assert.deepEqual([hers.error.kind, hers.proceeds()], ["timeout", true], "past busy_max in her window");
+  assert.equal(hers.error.message, "tollgate did not answer within 20 ms");
+  assert.deepEqual([his.error.kind, his.proceeds()], ["busy", false], "an address never seen to log in stays busy");
   // Her own burst (one account and one address) is still busy: it is a guesser's.
   const own = await Promise.all([client.check("login", alice), client.check("login", alice)]);
   for (const x of own) assert.deepEqual([x.error.kind, x.proceeds()], ["busy", false], "an own burst, whatever the window");
+});
+
+test("the busy rule: without a success from her address, a burst on her account stays busy past busy_max", async (t) => {
+  // A guesser's other address (or a botnet) gets no window: a late guess that failed open would be admitted unchecked.
+  const { again } = await overlapTwice(t, { herSuccess: false });
+  for (const x of again) assert.deepEqual([x.error.kind, x.proceeds()], ["busy", false], "unknown requesters stay busy");
+  for (const x of again) assert.match(x.error.message, /busy/);
 });
 
 test("a full accept queue (EAGAIN) is a late daemon: timeout or busy, never connect", async (t) => {

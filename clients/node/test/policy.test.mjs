@@ -1,6 +1,6 @@
 // The logic that needs no daemon: forwarded_tail, the static budget's GCRA,
 // fail policies against a socket nobody listens on, Answer, the guard,
-// bursts and the busy window of requesters.
+// bursts, the busy window of requesters and the known requesters.
 
 import assert from "node:assert/strict";
 import { mkdtempSync, rmSync } from "node:fs";
@@ -8,7 +8,9 @@ import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { after, test } from "node:test";
 import { Answer, BUILTIN_FAIL_POLICIES, Client, ClientError, forwardedTail, gcraDecide, gcraSpec } from "../index.js";
-import { BUSY_REQUESTERS_MAX, Bursts, BusyWindows, burstKeys } from "../lib/bursts.js";
+import {
+  BUSY_REQUESTERS_MAX, Bursts, BusyWindows, KNOWN_FOR_US, KNOWN_REQUESTERS_MAX, KnownRequesters, burstKeys,
+} from "../lib/bursts.js";
 
 const deadSocket = join(mkdtempSync(join(tmpdir(), "tollgate-node-")), "nobody.sock");
 after(() => rmSync(dirname(deadSocket), { recursive: true, force: true }));
@@ -147,14 +149,23 @@ test("bursts: overlapping checks on one account and address are each other's own
   assert.equal(peers.size, 2, "the requester is the burst key, entered once");
 });
 
-test("bursts: a requester key never equals a burst key", () => {
+test("bursts: the keys of different accounts and addresses never collide", () => {
   const { key, requester } = burstKeys("login", subject);
-  assert.notEqual(key, requester);
   assert.equal(burstKeys("login", { account: "alice" }).key, key, "the burst key is the route and account");
   assert.equal(burstKeys("login", { account: "alice" }).requester, key, "without a peer, the burst key");
   assert.equal(burstKeys("login", { peer: "198.51.100.7" }).requester, burstKeys("login", { peer: "198.51.100.7" }).key);
-  // An account that looks like an account and a peer joined is still its own key.
-  assert.notEqual(burstKeys("login", { account: "alice\u0000198.51.100.7" }).key, requester);
+  assert.equal(burstKeys("login", { ...subject }).requester, requester, "the same account and peer, the same requester");
+  // An account or address holding a separator cannot pass for another account and address.
+  for (const sep of ["|", "\u0000", '","', "\\", ","]) {
+    const a = burstKeys("login", { account: `alice${sep}x`, peer: "y" }).requester;
+    const b = burstKeys("login", { account: "alice", peer: `x${sep}y` }).requester;
+    assert.notEqual(a, b, `separator ${JSON.stringify(sep)}`);
+  }
+  assert.notEqual(burstKeys("login", { account: "alice\u0000198.51.100.7" }).key, key, "an account is its own burst key");
+  assert.notEqual(burstKeys("lo", { account: "gin|alice" }).key, key, "a route cannot spill into the account");
+  assert.notEqual(burstKeys("login", { account: "bob", peer: "198.51.100.7" }).requester, requester, "another account, another requester");
+  assert.notEqual(burstKeys("login", { account: "alice", peer: "203.0.113.66" }).requester, requester, "another peer, another requester");
+  assert.notEqual(burstKeys("password_reset", subject).requester, requester, "another route, another requester");
 });
 
 test("the busy window: busy_max excused from the first refusal, again after 120 x busy_max", () => {
@@ -183,4 +194,39 @@ test("the busy window is bounded: a new requester finds no room while every wind
   const ended = t0 + 120 * busyMax + BUSY_REQUESTERS_MAX;
   assert.equal(windows.excused("new", ended, busyMax), true, "the ended windows dropped");
   assert.equal(windows.size, 1);
+});
+
+test("known requesters: known after a success, for KNOWN_FOR only", () => {
+  const known = new KnownRequesters();
+  const t0 = 7_000_000;
+  assert.equal(known.known("her", t0), false, "unknown");
+  known.succeeded("her", t0);
+  assert.equal(known.known("her", t0), true, "after a success");
+  assert.equal(known.known("him", t0), false, "only her");
+  assert.equal(known.known("her", t0 + KNOWN_FOR_US - 1), true, "just before KNOWN_FOR");
+  assert.equal(known.known("her", t0 + KNOWN_FOR_US), false, "KNOWN_FOR after the success");
+  known.succeeded("her", t0 + KNOWN_FOR_US);
+  assert.equal(known.known("her", t0 + 2 * KNOWN_FOR_US - 1), true, "a new success counts from itself");
+  assert.equal(KNOWN_FOR_US, 30 * 24 * 3600 * 1e6, "30 days");
+});
+
+test("known requesters are bounded: the oldest or an expired one makes room, an update takes none", () => {
+  const known = new KnownRequesters();
+  const t0 = 1_000_000;
+  for (let i = 0; i < KNOWN_REQUESTERS_MAX; i++) known.succeeded(`r${i}`, t0 + i);
+  assert.equal(known.size, KNOWN_REQUESTERS_MAX);
+  // An update of a kept requester evicts nobody, and makes it the newest.
+  known.succeeded("r0", t0 + KNOWN_REQUESTERS_MAX);
+  assert.equal(known.size, KNOWN_REQUESTERS_MAX);
+  for (const r of ["r0", "r1", `r${KNOWN_REQUESTERS_MAX - 1}`]) assert.equal(known.known(r, t0 + KNOWN_REQUESTERS_MAX), true, r);
+  // A new one when full and none expired: the oldest (r1; r0 was updated) goes.
+  const now = t0 + KNOWN_REQUESTERS_MAX + 1;
+  known.succeeded("new", now);
+  assert.equal(known.size, KNOWN_REQUESTERS_MAX);
+  assert.deepEqual(["new", "r0", "r1", "r2"].map((r) => known.known(r, now)), [true, true, false, true]);
+  // Expired entries make room first: all but r0 (updated) and the newcomer are KNOWN_FOR old here.
+  const later = t0 + KNOWN_REQUESTERS_MAX - 1 + KNOWN_FOR_US;
+  known.succeeded("newer", later);
+  assert.equal(known.size, 3, "the expired dropped, no live one");
+  assert.deepEqual(["r0", "new", "newer", "r2"].map((r) => known.known(r, later)), [true, true, true, false]);
 });

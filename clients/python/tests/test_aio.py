@@ -68,7 +68,7 @@ class AsyncCalls(unittest.IsolatedAsyncioTestCase):
             self.assertEqual((lone.error.kind, lone.proceeds), ("timeout", True))
             client.close()
 
-    async def test_a_burst_on_one_account_from_other_addresses_is_busy_for_busy_max_only(self):
+    async def overlap_from_two_addresses_twice(self, known):
         answering = threading.Event()
         answering.set()
 
@@ -80,6 +80,8 @@ class AsyncCalls(unittest.IsolatedAsyncioTestCase):
         with FakeDaemon(handler) as daemon:
             client = client_for(daemon, timeout=0.03, busy_max=0.5)
             self.assertIsInstance(await client.check("login", Subject(account="bob")), VerdictAnswer)
+            if known:
+                self.assertIsInstance(await client.report("login", victim, True), VerdictAnswer)
             answering.clear()
             first = await asyncio.gather(client.check("login", victim), client.check("login", other))
             refused = time.monotonic()
@@ -90,10 +92,19 @@ class AsyncCalls(unittest.IsolatedAsyncioTestCase):
             answering.clear()
             self.assertGreaterEqual(time.monotonic() - refused, 0.5)
             again = await asyncio.gather(client.check("login", victim), client.check("login", other))
-            self.assertEqual([(a.error.kind, a.proceeds) for a in again], [("timeout", True)] * 2)
             own = await asyncio.gather(client.check("login", victim), client.check("login", victim))
             self.assertEqual([(a.error.kind, a.proceeds) for a in own], [("busy", False)] * 2)
             client.close()
+            return again
+
+    async def test_a_burst_on_one_account_from_other_addresses_is_busy_for_busy_max_only(self):
+        # Only the address a success was reported for leaves busy.
+        again = await self.overlap_from_two_addresses_twice(known=True)
+        self.assertEqual([(a.error.kind, a.proceeds) for a in again], [("timeout", True), ("busy", False)])
+
+    async def test_a_burst_on_one_account_from_unknown_addresses_stays_busy(self):
+        again = await self.overlap_from_two_addresses_twice(known=False)
+        self.assertEqual([(a.error.kind, a.proceeds) for a in again], [("busy", False)] * 2)
 
     async def test_a_dead_socket_gets_the_fail_policy(self):
         client = AsyncClient("/nonexistent/t.sock")

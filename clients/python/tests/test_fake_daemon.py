@@ -201,12 +201,12 @@ class Timeouts(unittest.TestCase):
             gone = self.overlapping_checks(client, [SUBJECT] * 2)
             self.assertEqual({a.error.kind for a in gone}, {"timeout"}, "nothing in time for busy_max")
 
-    def test_a_burst_on_one_account_from_other_addresses_is_busy_for_busy_max_only(self):
-        # Someone checking her account from other addresses while the daemon
-        # is late: each requester is refused as busy at first, then, past
-        # busy_max since those refusals, her timeout follows the fail policy
-        # although the daemon still counts as busy (it answered in time
-        # within busy_max).
+    def overlap_from_two_addresses_twice(self, known):
+        # Someone checking her account from another address while the daemon
+        # is late: each requester is refused as busy at first; past busy_max
+        # since those refusals (the daemon still counts as busy: it answered
+        # in time within busy_max) the same overlap again. With `known`, a
+        # success was reported first for her account and address.
         answering = {"on": True}
 
         def handler(daemon, version, request_id, variant, body):
@@ -216,6 +216,8 @@ class Timeouts(unittest.TestCase):
         other = Subject(peer="203.0.113.9", account="alice")
         with FakeDaemon(handler) as daemon, client_for(daemon, timeout=0.03, busy_max=0.5) as client:
             self.assertIsInstance(client.check("login", Subject(account="bob")), VerdictAnswer)
+            if known:
+                self.assertIsInstance(client.report("login", victim, True), VerdictAnswer)
             answering["on"] = False
             first = self.overlapping_checks(client, [victim, other])
             refused = time.monotonic()
@@ -227,11 +229,25 @@ class Timeouts(unittest.TestCase):
             answering["on"] = False
             self.assertGreaterEqual(time.monotonic() - refused, 0.5)
             again = self.overlapping_checks(client, [victim, other])
-            self.assertEqual([(a.error.kind, a.proceeds) for a in again], [("timeout", True)] * 2)
-            self.assertTrue(all("busy" not in str(a.error) for a in again))
             # Her own parallel checks (one account, one address) stay busy.
             own = self.overlapping_checks(client, [victim, victim])
             self.assertEqual([(a.error.kind, a.proceeds) for a in own], [("busy", False)] * 2)
+            return again
+
+    def test_a_burst_on_one_account_from_other_addresses_is_busy_for_busy_max_only(self):
+        # She logged in from her address through this client: past busy_max
+        # her timeout follows the fail policy; the other address, never seen
+        # succeeding, stays busy.
+        again = self.overlap_from_two_addresses_twice(known=True)
+        self.assertEqual([(a.error.kind, a.proceeds) for a in again], [("timeout", True), ("busy", False)])
+        self.assertNotIn("busy", str(again[0].error))
+
+    def test_a_burst_on_one_account_from_unknown_addresses_stays_busy(self):
+        # No success reported for either address (a guesser's two
+        # addresses): past busy_max both stay busy, so no late guess fails
+        # open.
+        again = self.overlap_from_two_addresses_twice(known=False)
+        self.assertEqual([(a.error.kind, a.proceeds) for a in again], [("busy", False)] * 2)
 
 
 def decision_daemon(decision, delay_ms=0):

@@ -30,9 +30,12 @@ from tollgate_client.burst import (
     BURST_GAP_US,
     BUSY_REQUESTERS_MAX,
     BUSY_WINDOW_FACTOR,
+    KNOWN_FOR_US,
+    KNOWN_REQUESTERS_MAX,
     SWEEP_AT,
     Bursts,
     BusyWindows,
+    KnownRequesters,
 )
 from tollgate_client.gcra import decide
 
@@ -200,6 +203,57 @@ class BusyWindow(unittest.TestCase):
         self.assertEqual(len(windows), BUSY_REQUESTERS_MAX)
         self.assertTrue(windows.excused("new", 1_000 + window, self.BUSY_MAX), "the ended ones dropped")
         self.assertEqual(len(windows), 1)
+
+
+class KnownRequester(unittest.TestCase):
+    def test_known_after_a_success_until_known_for_ends(self):
+        known = KnownRequesters()
+        self.assertFalse(known.known("alice", 1_000), "never succeeded")
+        known.succeeded("alice", 1_000)
+        self.assertTrue(known.known("alice", 1_000))
+        self.assertTrue(known.known("alice", 1_000 + KNOWN_FOR_US - 1))
+        self.assertFalse(known.known("alice", 1_000 + KNOWN_FOR_US))
+        self.assertFalse(known.known("erin", 1_000), "each requester her own")
+        known.succeeded("alice", 1_000 + KNOWN_FOR_US)
+        self.assertTrue(known.known("alice", 1_000 + KNOWN_FOR_US), "a new success renews it")
+
+    def test_the_map_is_bounded_and_a_new_success_evicts_the_oldest(self):
+        known = KnownRequesters()
+        for n in range(KNOWN_REQUESTERS_MAX):
+            known.succeeded(n, 1_000 + n)
+        known.succeeded(5, 10_000_000)
+        self.assertEqual(len(known), KNOWN_REQUESTERS_MAX, "an update needs no room")
+        self.assertTrue(known.known(0, 10_000_000), "nothing evicted by an update")
+        known.succeeded("new", 10_000_000)
+        self.assertEqual(len(known), KNOWN_REQUESTERS_MAX)
+        self.assertFalse(known.known(0, 10_000_000), "the oldest made room")
+        self.assertTrue(known.known(1, 10_000_000) and known.known("new", 10_000_000))
+        self.assertTrue(known.known(5, 10_000_000))
+
+    def test_a_full_map_first_drops_the_expired(self):
+        known = KnownRequesters()
+        known.succeeded("stale", 1_000)
+        known.succeeded("staler", 500)
+        for n in range(KNOWN_REQUESTERS_MAX - 2):
+            known.succeeded(n, KNOWN_FOR_US)
+        now = 1_000 + KNOWN_FOR_US
+        known.succeeded("new", now)
+        self.assertEqual(len(known), KNOWN_REQUESTERS_MAX - 1, "both expired ones dropped")
+        self.assertTrue(all(known.known(n, now) for n in (0, KNOWN_REQUESTERS_MAX - 3, "new")))
+
+
+class KnownRequesterOfReports(unittest.TestCase):
+    def test_a_success_reported_makes_its_requester_known_even_if_the_call_fails(self):
+        client = Client(ClientConfig("/nonexistent/t.sock"))
+        victim = Subject(peer="198.51.100.7", account="alice")
+        requester = Bursts.requester("login", victim)
+        client.report("login", victim, False)
+        self.assertFalse(client._known.known(requester, client._now_us()), "a failure is not a login")
+        client.report("login", victim, True)
+        self.assertTrue(client._known.known(requester, client._now_us()))
+        self.assertFalse(client._known.known(Bursts.requester("login", Subject(peer="203.0.113.9", account="alice")), client._now_us()))
+        client.report("login", Subject(account="bob"), "success")
+        self.assertTrue(client._known.known(Bursts.key("login", Subject(account="bob")), client._now_us()), "the burst key without a peer")
 
 
 def verdict(decision, retry_after_ms=0, delay_ms=0):

@@ -25,13 +25,12 @@ from .client import (
     _bounded,
     _check_reply,
     _ClientCore,
-    _outcome,
     _refuses_version,
     _unreached,
 )
 from .errors import CallTimeout, ClientError, ConnectionClosed, ConnectionFailed, ProtocolError
 from .passwords import password_tag
-from .protocol import PROTOCOL_VERSION_MIN, RESPONSE_PAYLOAD_BYTES_MAX, Abandon, Check, Outcome, Report, Request, Response, Subject
+from .protocol import PROTOCOL_VERSION_MIN, RESPONSE_PAYLOAD_BYTES_MAX, Abandon, Check, Outcome, Request, Response, Subject
 
 
 class _AsyncConnection:
@@ -74,8 +73,7 @@ class AsyncClient(_ClientCore):
         password_digest: Optional[bytes] = None,
         password_tag: Optional[bytes] = None,
     ) -> Answer:
-        request = Report(route, _bounded(subject), _outcome(outcome), password_digest, password_tag)
-        return await self._decide(route, request)
+        return await self._decide(route, self._report_request(route, subject, outcome, password_digest, password_tag))
 
     async def abandon(self, route: str, subject: Subject) -> Answer:
         return await self._decide(route, Abandon(route, _bounded(subject)))

@@ -12,7 +12,11 @@ burst, refused for as long as they last. A check in a burst on her account
 that is not her own (others' checks, from other addresses) is refused as
 busy for at most busy_max in a window of 120 x busy_max (`BusyWindows`),
 so nobody can keep her out by checking her account; past that her timeout
-follows the fail policy."""
+follows the fail policy. That way out is only for a requester this client
+has seen log in (`KnownRequesters`: a success reported through it within
+KNOWN_FOR): anyone else in a burst on the account (a guesser's other
+addresses, a botnet) stays busy, since a late guess that failed open would
+be admitted with no check at all."""
 
 import threading
 import time
@@ -32,6 +36,11 @@ BUSY_REQUESTERS_MAX = 4096
 # A requester's busy window, in busy_max: refused as busy for at most
 # busy_max of it.
 BUSY_WINDOW_FACTOR = 120
+# How long a requester's last reported success keeps her known (µs): 30 days.
+KNOWN_FOR_US = 30 * 24 * 3600 * 1_000_000
+# Known requesters remembered at once; past it the stale, else the oldest,
+# make room.
+KNOWN_REQUESTERS_MAX = 65536
 
 
 def _now_us() -> int:
@@ -185,3 +194,39 @@ class BusyWindows:
     def __len__(self) -> int:
         with self._lock:
             return len(self._first)
+
+
+class KnownRequesters:
+    """Per requester key, when a success was last reported through this
+    client for it (µs on the client's monotonic clock). Only a user who has
+    logged in from this address may leave busy in others' bursts on her
+    account after her busy window; a requester never seen succeeding (a
+    guesser's other addresses) stays busy, since a late guess that failed
+    open would be admitted with no check at all."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: Dict[Hashable, int] = {}
+
+    def succeeded(self, requester: Hashable, now_us: int) -> None:
+        """Records a success reported for the requester at `now_us`. A new
+        requester in a full map first drops the entries older than
+        KNOWN_FOR_US, else the oldest one; an update needs no room."""
+        with self._lock:
+            if requester not in self._last and len(self._last) >= KNOWN_REQUESTERS_MAX:
+                self._last = {k: t for k, t in self._last.items() if now_us - t < KNOWN_FOR_US}
+                if len(self._last) >= KNOWN_REQUESTERS_MAX:
+                    # Rare: one scan for the oldest is enough.
+                    del self._last[min(self._last, key=self._last.__getitem__)]
+            self._last[requester] = now_us
+
+    def known(self, requester: Hashable, now_us: int) -> bool:
+        """Whether a success was reported for the requester less than
+        KNOWN_FOR_US before `now_us`."""
+        with self._lock:
+            last = self._last.get(requester)
+            return last is not None and now_us - last < KNOWN_FOR_US
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._last)

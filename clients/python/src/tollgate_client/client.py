@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple, Union
 
 from . import gcra
 from .answers import Answer, FailPolicy, Rejected, Unavailable, VerdictAnswer
-from .burst import BurstGuard, Bursts, BusyWindows
+from .burst import BurstGuard, Bursts, BusyWindows, KnownRequesters
 from .errors import Busy, CallTimeout, ClientError, ConnectError, ConnectionClosed, ConnectionFailed, ProtocolError
 from .forwarded import forwarded_tail
 from .passwords import PASSWORD_KEY_BYTES
@@ -78,8 +78,10 @@ class ClientConfig:
     # A timeout in a run of timeouts younger than this (or this soon after an
     # answer in time), from a daemon that has answered this client, is Busy;
     # 0: every timeout is an outage. In a burst on its account that is not
-    # its own (the others' checks come from other addresses), a check is
-    # Busy for at most busy_max in a window of 120 x busy_max.
+    # its own (the others' checks come from other addresses), a check whose
+    # account and address had a success reported through this client is
+    # Busy for at most busy_max in a window of 120 x busy_max; any other
+    # stays Busy.
     busy_max: float = BUSY_MAX_DEFAULT
     password_key: Optional[bytes] = None
 
@@ -255,6 +257,9 @@ class _ClientCore:
         self._bursts = Bursts()
         # Per requester, when a burst not her own first refused her as busy.
         self._busy_windows = BusyWindows()
+        # Per requester, when a success was last reported through this
+        # client: only those may leave busy after their window.
+        self._known = KnownRequesters()
 
     def _refused_before_sending(self, request: Request) -> Optional[Rejected]:
         """A request the daemon would refuse for its size, refused here: it
@@ -269,6 +274,23 @@ class _ClientCore:
     def _now_us(self) -> int:
         return (time.monotonic_ns() - self._started) // 1000 + 1
 
+    def _report_request(
+        self,
+        route: str,
+        subject: Subject,
+        outcome: Union[Outcome, bool, str],
+        password_digest: Optional[bytes],
+        password_tag: Optional[bytes],
+    ) -> Report:
+        """The report to send. A success makes its requester known, whatever
+        the daemon answers or even if the call fails: the password was
+        right, so her timeouts in others' bursts may follow the fail policy
+        after her busy window."""
+        request = Report(route, _bounded(subject), _outcome(outcome), password_digest, password_tag)
+        if request.outcome == Outcome.SUCCESS:
+            self._known.succeeded(Bursts.requester(route, request.subject), self._now_us())
+        return request
+
     def _enter(self, route: str, request: Request) -> Optional[BurstGuard]:
         # Only a check can be busy: the burst it is in decides.
         return self._bursts.enter(route, request.subject) if isinstance(request, Check) else None
@@ -278,19 +300,26 @@ class _ClientCore:
             # Busy stops a login only in a burst on its account: a lone
             # user's timeout during a flood on others is an outage. Parallel
             # checks on one account from one address are a guesser's own
-            # burst, refused for as long as they last. A burst on her
-            # account that is not her own (others' checks, from other
-            # addresses) refuses her as busy for at most busy_max in a
-            # window of 120 x busy_max, so nobody can keep her out by
-            # checking her account; past that her timeout follows the fail
-            # policy. Only a burst not her own opens her window. The
-            # message says busy only when the error stays busy.
+            # burst, refused for as long as they last. A user who has
+            # logged in from this address (a success reported through this
+            # client) is refused as busy in others' bursts on her account
+            # for at most busy_max in a window of 120 x busy_max, so nobody
+            # can keep her out by checking her account; past that her
+            # timeout follows the fail policy. Anyone else in a burst on
+            # the account (a guesser's other addresses, a botnet) stays
+            # busy: a late guess that failed open would be admitted with no
+            # check at all. Only a known requester in a burst not her own
+            # opens a window. The message says busy only when the error
+            # stays busy.
             if burst is None or not (
                 burst.own_burst()
                 or (
                     burst.in_burst()
-                    and self._busy_windows.excused(
-                        burst.requester, self._now_us(), int(self.config.busy_max * 1_000_000)
+                    and (
+                        not self._known.known(burst.requester, self._now_us())
+                        or self._busy_windows.excused(
+                            burst.requester, self._now_us(), int(self.config.busy_max * 1_000_000)
+                        )
                     )
                 )
             ):
@@ -405,8 +434,7 @@ class Client(_ClientCore):
     ) -> Answer:
         """How the credential check ended (True or Outcome.SUCCESS: it
         succeeded), with the same subject as the check."""
-        request = Report(route, _bounded(subject), _outcome(outcome), password_digest, password_tag)
-        return self._decide(route, request)
+        return self._decide(route, self._report_request(route, subject, outcome, password_digest, password_tag))
 
     def abandon(self, route: str, subject: Subject) -> Answer:
         """The attempt an allowed check admitted ended without an outcome.

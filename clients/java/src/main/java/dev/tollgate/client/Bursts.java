@@ -15,11 +15,14 @@ import java.util.Map;
  * and the address together; without both, the burst key itself), so that a
  * burst of one's own can be told from one made by others. Parallel checks on
  * one account from one address are a guesser's: refused as busy for as long
- * as they last. A check in a burst on her account that is not her own (the
- * others' checks come from other addresses) is refused as busy for at most
- * busy_max in a window of 120 x busy_max ({@link Windows}), so nobody can
- * keep her out by checking her account; past that her timeout follows the
- * fail policy.
+ * as they last. A user who has logged in from her address through this
+ * client ({@link Known}) is refused as busy in others' bursts on her account
+ * (their checks come from other addresses) for at most busy_max in a window
+ * of 120 x busy_max ({@link Windows}), so nobody can keep her out by checking
+ * her account; past that her timeout follows the fail policy. Anyone else in
+ * a burst on the account (a guesser's other addresses, a botnet) stays busy
+ * however long it lasts: a late guess that failed open would be admitted
+ * with no check at all.
  */
 final class Bursts {
     /** Checks on one key this close together are one burst: shorter than a person's next try, longer than a loaded host's scheduling delay. */
@@ -152,11 +155,12 @@ final class Bursts {
 
     /**
      * Per requester key, when its window's first busy refusal came (µs,
-     * the caller's monotonic clock). A check in a burst on an account that
-     * is not its own burst is refused as busy for at most busy_max in a
-     * window of 120 x busy_max: others trickling checks on her account
-     * from other addresses cannot keep her out, past busy_max her timeout
-     * follows the fail policy. Bounded by {@link #BUSY_REQUESTERS_MAX}.
+     * the caller's monotonic clock). A known requester ({@link Known}) in
+     * a burst on her account that is not her own is refused as busy for at
+     * most busy_max in a window of 120 x busy_max: others trickling checks
+     * on her account from other addresses cannot keep her out, past
+     * busy_max her timeout follows the fail policy. Only known requesters
+     * get a window. Bounded by {@link #BUSY_REQUESTERS_MAX}.
      */
     static final class Windows {
         /** Requesters kept; a flood of distinct keys past it is not excused. */
@@ -194,6 +198,61 @@ final class Bursts {
         int size() {
             synchronized (firsts) {
                 return firsts.size();
+            }
+        }
+    }
+
+    /**
+     * Per requester key, when a success was last reported for it through
+     * this client (µs, the same monotonic clock as {@link Windows}). Only a
+     * requester known this way may leave busy once its window's busy_max is
+     * spent: she has logged in from this address before, while a guesser's
+     * other addresses have not, and a late guess that failed open would be
+     * admitted with no check at all. Bounded by {@link #KNOWN_REQUESTERS_MAX}.
+     */
+    static final class Known {
+        /** Requesters kept; past it the expired ones go, then the oldest. */
+        static final int KNOWN_REQUESTERS_MAX = 65536;
+        /** A success is remembered this long (30 days, in µs). */
+        static final long KNOWN_FOR_US = 30L * 24 * 60 * 60 * 1_000_000;
+
+        private final Map<String, Long> lasts = new HashMap<>();
+
+        /** Records a success reported for the requester at {@code nowUs}. */
+        void succeeded(String requester, long nowUs) {
+            synchronized (lasts) {
+                // An update needs no room.
+                if (lasts.size() >= KNOWN_REQUESTERS_MAX && !lasts.containsKey(requester)) {
+                    lasts.values().removeIf(t -> nowUs - t >= KNOWN_FOR_US);
+                    if (lasts.size() >= KNOWN_REQUESTERS_MAX) {
+                        // Still full: the least recent success makes room
+                        // (one scan; rare, as it takes 65536 users a month).
+                        String oldest = null;
+                        long oldestAt = Long.MAX_VALUE;
+                        for (Map.Entry<String, Long> e : lasts.entrySet()) {
+                            if (oldest == null || e.getValue() < oldestAt) {
+                                oldest = e.getKey();
+                                oldestAt = e.getValue();
+                            }
+                        }
+                        lasts.remove(oldest);
+                    }
+                }
+                lasts.put(requester, nowUs);
+            }
+        }
+
+        /** Whether a success was reported for the requester less than {@link #KNOWN_FOR_US} before {@code nowUs}. */
+        boolean known(String requester, long nowUs) {
+            synchronized (lasts) {
+                Long last = lasts.get(requester);
+                return last != null && nowUs - last < KNOWN_FOR_US;
+            }
+        }
+
+        int size() {
+            synchronized (lasts) {
+                return lasts.size();
             }
         }
     }

@@ -38,6 +38,8 @@ public final class Client implements AutoCloseable {
     private final Bursts bursts = new Bursts();
     /** Per requester, its busy window: how long a burst made by others may keep it out. */
     private final Bursts.Windows busyWindows = new Bursts.Windows();
+    /** Per requester, when a success was last reported for it: only such a requester may leave busy past its window's busy_max. */
+    private final Bursts.Known knownRequesters = new Bursts.Known();
 
     public Client(ClientConfig config) {
         this.config = config.copy();
@@ -128,6 +130,11 @@ public final class Client implements AutoCloseable {
         // Only a check is an attempt: a report of its outcome must not spend
         // a second unit of the static budget.
         boolean spend = request.kind() == Request.Kind.CHECK;
+        if (request.kind() == Request.Kind.REPORT && request.outcome() == Outcome.SUCCESS) {
+            // The auth server says the password was right: whatever the
+            // daemon answers (or if it cannot), this requester is a user.
+            knownRequesters.succeeded(Bursts.requesterKey(route, request.subject()), nowUs());
+        }
         Bursts.Guard burst = spend ? bursts.enter(route, request.subject()) : null;
         Codec.Reply reply = null;
         ClientError error = null;
@@ -138,17 +145,29 @@ public final class Client implements AutoCloseable {
             // Busy stops a login only in a burst on its account: a lone
             // user's timeout during a flood on others is an outage.
             // Parallel checks on one account from one address are a
-            // guesser's: refused for as long as they last. A burst on her
-            // account that is not her own (others' checks, from other
-            // addresses) refuses her as busy for at most busy_max in a
-            // window of 120 x busy_max, so nobody can keep her out by
-            // checking her account; past that her timeout follows the fail
-            // policy. Her own bursts start no window.
+            // guesser's: refused for as long as they last. A user who has
+            // logged in from this address through this client is refused
+            // as busy in others' bursts on her account (their checks come
+            // from other addresses) for at most busy_max in a window of
+            // 120 x busy_max, so nobody can keep her out by checking her
+            // account; past that her timeout follows the fail policy.
+            // Anyone else in a burst on the account (a guesser's other
+            // addresses, a botnet) stays busy: a late guess that failed
+            // open would be admitted with no check at all. Own bursts and
+            // unknown requesters start no window.
             // The call gives a busy timeout the plain timeout message: only
             // one that stays busy says so, a downgraded one is a timeout.
             if (error.kind() == ClientError.Kind.BUSY) {
-                boolean busy = burst != null && (burst.ownBurst()
-                        || (burst.inBurst() && busyWindows.excused(burst.requester(), nowUs(), config.busyMax.toNanos() / 1000)));
+                boolean busy = false;
+                if (burst != null) {
+                    if (burst.ownBurst()) {
+                        busy = true;
+                    } else if (burst.inBurst()) {
+                        long now = nowUs();
+                        busy = !knownRequesters.known(burst.requester(), now)
+                                || busyWindows.excused(burst.requester(), now, config.busyMax.toNanos() / 1000);
+                    }
+                }
                 error = busy
                         ? new ClientError(ClientError.Kind.BUSY, error.message() + " (busy)")
                         : new ClientError(ClientError.Kind.TIMEOUT, error.message());
@@ -229,7 +248,8 @@ public final class Client implements AutoCloseable {
             String message = "tollgate did not answer within " + config.timeout.toMillis() + " ms"
                     + (e.getMessage().equals(Connection.NO_ANSWER) ? "" : " (connecting: " + e.getMessage() + ")");
             // Busy only if decide() finds the check in its own burst, or in
-            // one on its account within its busy window; it adds " (busy)" then.
+            // one on its account with its requester unknown or within its
+            // busy window; it adds " (busy)" then.
             if (last > 0 && runYoung) throw new CallFailed(ClientError.Kind.BUSY, message);
             throw new CallFailed(ClientError.Kind.TIMEOUT, message);
         }
@@ -326,6 +346,11 @@ public final class Client implements AutoCloseable {
     /** Requesters with a busy window now (for tests). */
     int busyWindows() {
         return busyWindows.size();
+    }
+
+    /** Requesters known by a reported success now (for tests). */
+    int knownRequesters() {
+        return knownRequesters.size();
     }
 
     /** Keys in the burst table now (for tests). */

@@ -174,30 +174,39 @@ final class FakeDaemonTests {
 
     /**
      * Checks on one account from other addresses are a burst on it, but
-     * not the requester's own: busy for at most busy_max of a window, then
-     * plain timeouts, so nobody can keep her out by checking her account.
+     * not the requester's own: a requester with a success reported through
+     * the client is busy for at most busy_max of a window, then has plain
+     * timeouts, so nobody can keep her out by checking her account; an
+     * unknown one (a guesser's other address) stays busy.
      */
     private static void busyFromOtherAddresses() throws Exception {
         Expect.group("the busy rule: others' bursts");
         FakeDaemon.Handler answering = FakeDaemon.speaking(5);
         Subject victim = Subject.of(InetAddress.getByName("198.51.100.7"), "alice");
         Subject other = Subject.of(InetAddress.getByName("203.0.113.66"), "alice");
+        Subject fresh = Subject.of(InetAddress.getByName("192.0.2.44"), "alice");
         long busyMaxMs = 400;
         try (FakeDaemon daemon = new FakeDaemon(answering);
                 Client client = new Client(ClientConfig.of(daemon.socket).timeout(Duration.ofMillis(60)).busyMax(Duration.ofMillis(busyMaxMs)))) {
             Expect.that(client.check("login", subject("warm")).verdict().isPresent(), "answered once");
+            Expect.that(client.report("login", victim, Outcome.SUCCESS).verdict().isPresent(), "her success reported");
+            Expect.that(client.report("login", fresh, Outcome.SUCCESS).verdict().isPresent(), "the fresh address's success reported");
+            Expect.that(client.report("login", other, Outcome.FAILURE).verdict().isPresent(), "a failure reported");
+            Expect.equal(2, client.knownRequesters(), "only successes make a requester known");
             daemon.handler = f -> null;
             List<Answer> first = together(client, List.of(victim, other));
             // Both refusals came by now: busy_max is timed from here.
             long refused = System.nanoTime();
             Expect.that(first.stream().allMatch(a -> kind(a) == ClientError.Kind.BUSY && !a.proceeds()),
                     "one account from two addresses, late: busy the first time: " + first);
-            Expect.equal(2, client.busyWindows(), "a window per requester");
+            Expect.equal(1, client.busyWindows(), "a window for the known requester only");
             Thread.sleep(Bursts.BURST_GAP_US / 1000 + 10);
-            List<Answer> own = together(client, List.of(victim, victim));
+            // A known address with no window yet: were its own burst to
+            // start one, the count would show it.
+            List<Answer> own = together(client, List.of(fresh, fresh));
             Expect.that(own.stream().allMatch(a -> kind(a) == ClientError.Kind.BUSY && !a.proceeds()),
                     "one account from one address: its own burst, busy: " + own);
-            Expect.equal(2, client.busyWindows(), "an own burst starts no window");
+            Expect.equal(1, client.busyWindows(), "an own burst starts no window");
             // A timely answer busy_max after the refusals: the daemon is
             // busy, not down, so only the windows can make these timeouts.
             daemon.handler = answering;
@@ -205,14 +214,38 @@ final class FakeDaemonTests {
             Expect.that(client.check("login", subject("warm")).verdict().isPresent(), "answered in time");
             daemon.handler = f -> null;
             List<Answer> again = together(client, List.of(victim, other));
-            Expect.that(again.stream().allMatch(a -> kind(a) == ClientError.Kind.TIMEOUT && a.proceeds()),
-                    "past busy_max of their windows: plain timeouts, login proceeds: " + again);
-            Expect.that(again.stream().allMatch(a -> ((Answer.Unavailable) a).error().message().equals("tollgate did not answer within 60 ms")),
-                    "with the plain timeout message: " + again);
+            Answer hers = again.get(0);
+            Answer theirs = again.get(1);
+            Expect.that(kind(hers) == ClientError.Kind.TIMEOUT && hers.proceeds(),
+                    "past busy_max of her window: a plain timeout, her login proceeds: " + hers);
+            Expect.that(hers instanceof Answer.Unavailable u && u.error().message().equals("tollgate did not answer within 60 ms"),
+                    "with the plain timeout message: " + hers);
+            Expect.that(kind(theirs) == ClientError.Kind.BUSY && !theirs.proceeds(),
+                    "the address with no success stays busy: " + theirs);
             Thread.sleep(Bursts.BURST_GAP_US / 1000 + 10);
             List<Answer> ownAgain = together(client, List.of(victim, victim));
             Expect.that(ownAgain.stream().allMatch(a -> kind(a) == ClientError.Kind.BUSY && !a.proceeds()),
                     "her own burst is still busy past the window's busy_max: " + ownAgain);
+        }
+        // The same sequence with no success reported: a guesser's other
+        // addresses are never let through late, however long it lasts.
+        try (FakeDaemon daemon = new FakeDaemon(answering);
+                Client client = new Client(ClientConfig.of(daemon.socket).timeout(Duration.ofMillis(60)).busyMax(Duration.ofMillis(busyMaxMs)))) {
+            Expect.that(client.check("login", subject("warm")).verdict().isPresent(), "answered once");
+            daemon.handler = f -> null;
+            List<Answer> first = together(client, List.of(victim, other));
+            long refused = System.nanoTime();
+            Expect.that(first.stream().allMatch(a -> kind(a) == ClientError.Kind.BUSY && !a.proceeds()),
+                    "unknown, one account from two addresses: busy: " + first);
+            Expect.equal(0, client.busyWindows(), "unknown requesters start no window");
+            daemon.handler = answering;
+            Thread.sleep(Math.max(0, busyMaxMs + 50 - (System.nanoTime() - refused) / 1_000_000));
+            Expect.that(client.check("login", subject("warm")).verdict().isPresent(), "answered in time");
+            daemon.handler = f -> null;
+            List<Answer> again = together(client, List.of(victim, other));
+            Expect.that(again.stream().allMatch(a -> kind(a) == ClientError.Kind.BUSY && !a.proceeds()),
+                    "no success reported: still busy past busy_max: " + again);
+            Expect.equal(0, client.busyWindows(), "still no window");
         }
     }
 

@@ -17,6 +17,7 @@ final class LogicTests {
         bursts();
         ownBursts();
         busyWindows();
+        knownRequesters();
         answers();
         deadSocket();
     }
@@ -173,6 +174,44 @@ final class LogicTests {
         Expect.that(full.excused("r0", t0 + busyMax - 1, busyMax), "a known requester still has its window");
         Expect.that(full.excused("new", lastStart + window, busyMax), "once they have ended: excused");
         Expect.equal(1, full.size(), "the ended windows dropped");
+    }
+
+    private static void knownRequesters() {
+        Expect.group("known requesters");
+        long day = 24L * 60 * 60 * 1_000_000;
+        long forUs = Bursts.Known.KNOWN_FOR_US;
+        Expect.equal(30 * day, forUs, "known for 30 days");
+        Bursts.Known known = new Bursts.Known();
+        long t0 = 7_000_000;
+        Expect.that(!known.known("r", t0), "unknown: not known");
+        known.succeeded("r", t0);
+        Expect.that(known.known("r", t0), "after a success: known");
+        Expect.that(known.known("r", t0 + forUs - 1), "known just before KNOWN_FOR");
+        Expect.that(!known.known("r", t0 + forUs), "not known at KNOWN_FOR");
+        Expect.that(!known.known("s", t0), "another requester is not known by it");
+        known.succeeded("r", t0 + forUs);
+        Expect.that(known.known("r", t0 + 2 * forUs - 1), "a new success counts from then");
+        int max = Bursts.Known.KNOWN_REQUESTERS_MAX;
+        Bursts.Known full = new Bursts.Known();
+        for (int n = 0; n < max; n++) full.succeeded("r" + n, t0 + n);
+        Expect.equal(max, full.size(), "filled");
+        long last = t0 + max - 1;
+        full.succeeded("r5", last + 1);
+        Expect.equal(max, full.size(), "an update of an existing entry needs no room");
+        Expect.that(full.known("r0", last + 1), "and evicts nothing");
+        full.succeeded("new", last + 2);
+        Expect.equal(max, full.size(), "still bounded");
+        Expect.that(full.known("new", last + 2), "a new success is known");
+        Expect.that(!full.known("r0", last + 2), "it evicted the oldest");
+        Expect.that(full.known("r1", last + 2) && full.known("r5", last + 2), "and only it");
+        full.succeeded("newer", last + 3);
+        Expect.that(!full.known("r1", last + 3) && full.known("r2", last + 3), "the next oldest goes next");
+        Expect.that(full.known("r5", last + 3), "an updated entry is not the oldest any more");
+        Bursts.Known expiring = new Bursts.Known();
+        for (int n = 0; n < max; n++) expiring.succeeded("r" + n, n < 3 ? t0 : t0 + forUs);
+        expiring.succeeded("new", t0 + forUs + 10);
+        Expect.equal(max - 2, expiring.size(), "full: the expired entries are dropped first");
+        Expect.that(expiring.known("new", t0 + forUs + 10) && expiring.known("r3", t0 + forUs + 10), "and nothing live");
     }
 
     private static Verdict verdict(Decision decision, long retryAfterMs, long delayMs) {
