@@ -44,6 +44,7 @@ const BUSY_REQUESTERS_MAX: usize = 4096;
 /// client remembers (the oldest forgotten first when full).
 const KNOWN_FOR_US: u64 = 30 * 24 * 3600 * 1_000_000;
 const KNOWN_REQUESTERS_MAX: usize = 65_536;
+const KNOWN_PER_ACCOUNT_MAX: usize = 16;
 
 /// Per key (a hash of the route and the account, or the address; or of
 /// the route, account and address, a requester): checks waiting on it,
@@ -78,49 +79,57 @@ impl Default for Bursts {
 }
 
 impl Bursts {
-    /// A check's burst key (route and account, or address) and requester
-    /// key (route, account and address; the burst key without both).
-    /// Each field is written with its length, so no two subjects' fields
-    /// run together into one key ("bob" at 192.0.2.5 is not "bob1" at
-    /// 92.0.2.5).
-    pub(crate) fn keys(&self, route: &str, subject: &Subject<'_>) -> (u64, u64) {
-        let field = |h: &mut std::collections::hash_map::DefaultHasher, bytes: &[u8]| {
+    /// A check's burst key (route and account, or address), requester key
+    /// (route, tenant, account, address and forwarded-for: behind a proxy
+    /// the address is the proxy's, and the header tells its users apart;
+    /// the burst key without an account or either address) and account
+    /// key (route, tenant, account), for `KnownRequesters`. Each field is
+    /// written with its length, so no two subjects' fields run together
+    /// into one key ("bob" at 192.0.2.5 is not "bob1" at 92.0.2.5).
+    pub(crate) fn keys(&self, route: &str, subject: &Subject<'_>) -> Keys {
+        let field = |h: &mut std::collections::hash_map::DefaultHasher, bytes: Option<&[u8]>| {
+            h.write_u8(bytes.is_some() as u8);
+            let bytes = bytes.unwrap_or_default();
             h.write_usize(bytes.len());
             h.write(bytes);
         };
-        let (mut h, mut r) = (self.hasher.build_hasher(), self.hasher.build_hasher());
-        field(&mut h, route.as_bytes());
-        field(&mut r, route.as_bytes());
-        let requester = match (subject.account, subject.peer) {
-            (Some(account), peer) => {
+        let peer = subject.peer.map(|peer| peer.to_string());
+        let (mut h, mut a) = (self.hasher.build_hasher(), self.hasher.build_hasher());
+        field(&mut h, Some(route.as_bytes()));
+        match (subject.account, &peer) {
+            (Some(account), _) => {
                 h.write_u8(1);
-                field(&mut h, account.as_bytes());
-                r.write_u8(3);
-                field(&mut r, account.as_bytes());
-                peer.map(|peer| {
-                    field(&mut r, peer.to_string().as_bytes());
-                    r.finish()
-                })
+                field(&mut h, Some(account.as_bytes()));
             }
             (None, Some(peer)) => {
                 h.write_u8(2);
-                field(&mut h, peer.to_string().as_bytes());
-                None
+                field(&mut h, Some(peer.as_bytes()));
             }
-            (None, None) => {
-                h.write_u8(0);
-                None
-            }
-        };
-        let key = h.finish();
-        (key, requester.filter(|&r| r != key).unwrap_or(key))
+            (None, None) => h.write_u8(0),
+        }
+        let burst = h.finish();
+        a.write_u8(4);
+        for f in [Some(route), subject.tenant, subject.account] {
+            field(&mut a, f.map(str::as_bytes));
+        }
+        let account = a.finish();
+        let mut r = self.hasher.build_hasher();
+        r.write_u8(3);
+        for f in [Some(route), subject.tenant, subject.account, peer.as_deref(), subject.forwarded_for] {
+            field(&mut r, f.map(str::as_bytes));
+        }
+        let addressed = subject.account.is_some() && (peer.is_some() || subject.forwarded_for.is_some());
+        let requester = Some(r.finish()).filter(|&r| addressed && r != burst).unwrap_or(burst);
+        Keys { burst, requester, account }
     }
 
     /// Counts a check on `subject` waiting until the guard drops.
     pub(crate) fn enter<'b>(&'b self, route: &str, subject: &Subject<'_>) -> BurstGuard<'b> {
-        let (key, requester) = self.keys(route, subject);
-        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+        let Keys { burst: key, requester, .. } = self.keys(route, subject);
         let mut entries = self.entries.locked();
+        // Numbered under the lock, so a check that entered later has the
+        // higher number and is seen by `in_burst`.
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
         let now = self.epoch.elapsed().as_micros() as u64 + BURST_GAP_US;
         if entries.len() >= SWEEP_AT && !(entries.contains_key(&key) && entries.contains_key(&requester)) {
             entries.retain(|_, e| e.waiting > 0 || now - e.started_us < BURST_GAP_US);
@@ -131,15 +140,21 @@ impl Bursts {
     }
 }
 
+/// A subject's keys (`Bursts::keys`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Keys {
+    pub burst: u64,
+    pub requester: u64,
+    pub account: u64,
+}
+
 /// One check more waiting on `key`: whether another was waiting, or
 /// started within `BURST_GAP_US` before it.
 fn enter(entries: &mut HashMap<u64, Entry>, key: u64, seq: u64, now: u64) -> bool {
     let entry = entries.entry(key).or_default();
     let company = entry.waiting > 0 || (entry.started_us > 0 && now - entry.started_us < BURST_GAP_US);
     entry.waiting += 1;
-    // Sequence numbers are taken before the lock: a later-numbered check
-    // may have entered first.
-    entry.newest = entry.newest.max(seq);
+    entry.newest = seq;
     entry.started_us = now;
     company
 }
@@ -219,27 +234,68 @@ impl BusyWindow {
     }
 }
 /// Per requester, when a success was last reported through this client
-/// (µs since the client started).
+/// (µs since the client started), at most `KNOWN_PER_ACCOUNT_MAX` per
+/// account. Evicted least recent first, in constant time: oldest-first
+/// by a scan let anyone with one account of his own, logging in from
+/// 65,536 fresh addresses, push every user out, each push a scan of the
+/// whole map under the lock; capped per account he needs 4,096 accounts.
 #[derive(Default)]
 pub(crate) struct KnownRequesters {
-    last_us: Mutex<HashMap<u64, u64>>,
+    inner: Mutex<Known>,
+}
+
+#[derive(Default)]
+struct Known {
+    /// Requester: (last success, its recency tick, its account key).
+    entries: HashMap<u64, (u64, u64, u64)>,
+    /// Recency tick: requester, oldest first.
+    by_recency: std::collections::BTreeMap<u64, u64>,
+    /// Account key: its requesters, least recent first.
+    by_account: HashMap<u64, std::collections::VecDeque<u64>>,
+    tick: u64,
+}
+
+impl Known {
+    fn forget(&mut self, requester: u64) {
+        if let Some((_, tick, account)) = self.entries.remove(&requester) {
+            self.by_recency.remove(&tick);
+            if let Some(list) = self.by_account.get_mut(&account) {
+                list.retain(|&r| r != requester);
+                if list.is_empty() {
+                    self.by_account.remove(&account);
+                }
+            }
+        }
+    }
 }
 
 impl KnownRequesters {
-    pub(crate) fn succeeded(&self, requester: u64, now_us: u64) {
-        let mut last_us = self.last_us.locked();
-        if last_us.len() >= KNOWN_REQUESTERS_MAX && !last_us.contains_key(&requester) {
-            last_us.retain(|_, last| now_us.saturating_sub(*last) < KNOWN_FOR_US);
-            if last_us.len() >= KNOWN_REQUESTERS_MAX {
-                let oldest = last_us.iter().min_by_key(|(_, last)| **last).map(|(r, _)| *r);
-                last_us.remove(&oldest.expect("full, so not empty"));
+    pub(crate) fn succeeded(&self, keys: Keys, now_us: u64) {
+        let mut known = self.inner.locked();
+        let Keys { requester, account, .. } = keys;
+        if known.entries.contains_key(&requester) {
+            known.forget(requester);
+        } else {
+            let full_account =
+                known.by_account.get(&account).and_then(|l| (l.len() >= KNOWN_PER_ACCOUNT_MAX).then(|| l[0]));
+            if let Some(least) = full_account {
+                known.forget(least);
+            }
+            if known.entries.len() >= KNOWN_REQUESTERS_MAX {
+                let least = known.by_recency.first_key_value().map(|(_, &r)| r);
+                known.forget(least.expect("full, so not empty"));
             }
         }
-        last_us.insert(requester, now_us);
+        known.tick += 1;
+        let tick = known.tick;
+        known.entries.insert(requester, (now_us, tick, account));
+        known.by_recency.insert(tick, requester);
+        known.by_account.entry(account).or_default().push_back(requester);
     }
 
     pub(crate) fn known(&self, requester: u64, now_us: u64) -> bool {
-        self.last_us.locked().get(&requester).is_some_and(|last| now_us.saturating_sub(*last) < KNOWN_FOR_US)
+        let known = self.inner.locked();
+        known.entries.get(&requester).is_some_and(|(last, ..)| now_us.saturating_sub(*last) < KNOWN_FOR_US)
     }
 }
 
@@ -315,31 +371,65 @@ mod tests {
     #[test]
     fn fields_do_not_run_together_into_one_key() {
         let bursts = Bursts::default();
-        let at = |account, peer: &str| Subject {
+        let s = |tenant, account, peer: &str, xff| Subject {
+            tenant,
             account: Some(account),
             peer: Some(peer.parse().unwrap()),
+            forwarded_for: xff,
             ..Subject::default()
         };
-        assert_ne!(bursts.keys("login", &at("bob", "192.0.2.5")), bursts.keys("login", &at("bob1", "92.0.2.5")));
-        assert_ne!(bursts.keys("login", &at("bob", "2001:db8::1")), bursts.keys("login", &at("bob200", "1:db8::1")));
-        assert_eq!(bursts.keys("login", &at("bob", "192.0.2.5")), bursts.keys("login", &at("bob", "192.0.2.5")));
+        let requester = |subject: Subject<'_>| bursts.keys("login", &subject).requester;
+        assert_ne!(requester(s(None, "bob", "192.0.2.5", None)), requester(s(None, "bob1", "92.0.2.5", None)));
+        assert_ne!(requester(s(None, "bob", "2001:db8::1", None)), requester(s(None, "bob200", "1:db8::1", None)));
+        assert_ne!(requester(s(Some("a"), "bc", "192.0.2.5", None)), requester(s(Some("ab"), "c", "192.0.2.5", None)));
+        assert_ne!(
+            requester(s(Some("a"), "bob", "192.0.2.5", None)),
+            requester(s(Some("b"), "bob", "192.0.2.5", None))
+        );
+        assert_ne!(
+            requester(s(None, "bob", "10.0.0.1", Some("1.2.3.4"))),
+            requester(s(None, "bob", "10.0.0.1", Some("5.6.7.8")))
+        );
+        assert_ne!(requester(s(None, "bob", "10.0.0.1", None)), requester(s(None, "bob", "10.0.0.1", Some(""))));
+        assert_eq!(requester(s(None, "bob", "192.0.2.5", None)), requester(s(None, "bob", "192.0.2.5", None)));
+        let tenants = [s(Some("a"), "bob", "192.0.2.5", None), s(Some("b"), "bob", "192.0.2.5", None)];
+        let [a, b] = tenants.map(|t| bursts.keys("login", &t));
+        assert_eq!(a.burst, b.burst, "one account name, one burst, whatever the tenant");
+        assert_ne!(a.account, b.account);
     }
 
     #[test]
     fn a_success_makes_its_requester_known_for_a_while_and_the_table_is_bounded() {
         let known = KnownRequesters::default();
+        let keys = |requester, account| Keys { burst: 0, requester, account };
         assert!(!known.known(1, 0));
-        known.succeeded(1, 10);
+        known.succeeded(keys(1, 1), 10);
         assert!(known.known(1, 10 + KNOWN_FOR_US - 1) && !known.known(1, 10 + KNOWN_FOR_US));
         for r in 2..=KNOWN_REQUESTERS_MAX as u64 {
-            known.succeeded(r, 100 + r);
+            known.succeeded(keys(r, r), 100 + r);
         }
-        known.succeeded(1, 200_000);
+        known.succeeded(keys(2, 2), 200_000);
         assert!(known.known(2, 300_000), "an update makes no room");
-        known.succeeded(u64::MAX, 300_000);
-        assert!(!known.known(2, 300_000), "full: the oldest forgotten");
-        assert!(known.known(1, 300_000) && known.known(u64::MAX, 300_000));
-        assert_eq!(known.last_us.lock().unwrap().len(), KNOWN_REQUESTERS_MAX);
+        known.succeeded(keys(u64::MAX, u64::MAX), 300_000);
+        assert!(!known.known(1, 300_000), "full: the least recent forgotten");
+        assert!(known.known(2, 300_000) && known.known(3, 300_000) && known.known(u64::MAX, 300_000));
+        assert_eq!(known.inner.lock().unwrap().entries.len(), KNOWN_REQUESTERS_MAX);
+    }
+
+    #[test]
+    fn an_account_keeps_its_sixteen_most_recent_requesters() {
+        let known = KnownRequesters::default();
+        let keys = |requester, account| Keys { burst: 0, requester, account };
+        known.succeeded(keys(1000, 9), 0);
+        for r in 0..=KNOWN_PER_ACCOUNT_MAX as u64 {
+            known.succeeded(keys(r, 7), r);
+        }
+        assert!(!known.known(0, 100), "the account's least recent forgotten");
+        assert!((1..=KNOWN_PER_ACCOUNT_MAX as u64).all(|r| known.known(r, 100)));
+        assert!(known.known(1000, 100), "another account's kept");
+        known.succeeded(keys(1, 7), 200);
+        known.succeeded(keys(99, 7), 300);
+        assert!(known.known(1, 400) && !known.known(2, 400), "a success makes its requester recent again");
     }
 
     #[test]

@@ -156,7 +156,7 @@ impl Client {
             Request::Check { route, subject } => Some(self.bursts.enter(route, subject)),
             // The auth server found the password right: her address is hers.
             Request::Report { route, subject, outcome: Outcome::Success, .. } => {
-                self.known.succeeded(self.bursts.keys(route, subject).1, self.now_us());
+                self.known.succeeded(self.bursts.keys(route, subject), self.now_us());
                 None
             }
             _ => None,
