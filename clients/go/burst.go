@@ -9,9 +9,10 @@ package tollgate
 //
 // A burst on her account is not always hers, though: anyone can check her
 // account from other addresses. So each check also has a requester key
-// (route, account and address). Parallel checks on one account and one
-// address are a guesser's, and are refused as busy for as long as they
-// last. A user who has logged in from this address through this client
+// (route, tenant, account, address and X-Forwarded-For: behind a reverse
+// proxy the address is the proxy's, and only the forwarded header tells
+// her from an attacker). Parallel checks on one account from one requester
+// are a guesser's, and are refused as busy for as long as they last. A user who has logged in from this address through this client
 // (knownRequesters) is refused as busy in others' bursts on her account
 // (checks from other addresses) for at most BusyMax in a window of
 // 120 x BusyMax per requester (busyWindows), so nobody can keep her out by
@@ -21,6 +22,7 @@ package tollgate
 // failed open would be admitted with no check at all.
 
 import (
+	"container/list"
 	"math"
 	"strconv"
 	"sync"
@@ -47,6 +49,9 @@ const knownFor = 30 * 24 * time.Hour
 
 // knownRequestersMax bounds the known requesters.
 const knownRequestersMax = 65536
+
+// knownPerAccountMax bounds the known requesters of one account.
+const knownPerAccountMax = 16
 
 type burstEntry struct {
 	waiting uint32
@@ -85,12 +90,25 @@ type burstGuard struct {
 func keyOf(tag byte, fields ...string) string {
 	b := []byte{tag}
 	for _, f := range fields {
-		b = append(b, '|')
-		b = strconv.AppendInt(b, int64(len(f)), 10)
-		b = append(b, ':')
-		b = append(b, f...)
+		b = appendField(b, f)
 	}
 	return string(b)
+}
+
+func appendField(b []byte, f string) []byte {
+	b = append(b, '|')
+	b = strconv.AppendInt(b, int64(len(f)), 10)
+	b = append(b, ':')
+	return append(b, f...)
+}
+
+// appendOptional is appendField for a field that may be absent: absent is
+// "|-", which no present field (a length first) makes, not even an empty one.
+func appendOptional(b []byte, f *string) []byte {
+	if f == nil {
+		return append(b, '|', '-')
+	}
+	return appendField(b, *f)
 }
 
 func burstKey(route string, s *Subject) string {
@@ -104,13 +122,38 @@ func burstKey(route string, s *Subject) string {
 	}
 }
 
-// requesterKey is who asks: the route, account and address when the
-// subject has both, else its burst key.
+// requesterKey is who asks: the route, tenant, account, address and
+// X-Forwarded-For (as sent, bounded) when the subject has an account and
+// an address or a forwarded header, else its burst key. Behind a reverse
+// proxy every user's address is the proxy's: without the forwarded header
+// an attacker's checks on her account would be her own burst. The tenant
+// keeps one account name in two tenants two requesters.
 func requesterKey(route string, s *Subject) string {
-	if s.Account != nil && s.Peer.IsValid() {
-		return keyOf('3', route, *s.Account, s.Peer.String())
+	if s.Account == nil || (!s.Peer.IsValid() && s.ForwardedFor == nil) {
+		return burstKey(route, s)
 	}
-	return burstKey(route, s)
+	var peer *string
+	if s.Peer.IsValid() {
+		peer = Some(s.Peer.String())
+	}
+	b := appendField([]byte{'3'}, route)
+	b = appendOptional(b, s.Tenant)
+	b = appendField(b, *s.Account)
+	b = appendOptional(b, peer)
+	b = appendOptional(b, s.ForwardedFor)
+	return string(b)
+}
+
+// accountKey is whose account a requester's success is on: route, tenant
+// and account; without an account the requester is an address (or the
+// route alone) and is its own group.
+func accountKey(route string, s *Subject) string {
+	if s.Account == nil {
+		return requesterKey(route, s)
+	}
+	b := appendField([]byte{'4'}, route)
+	b = appendOptional(b, s.Tenant)
+	return string(appendField(b, *s.Account))
 }
 
 // join counts one more check waiting on key started at now (seq); whether
@@ -249,41 +292,87 @@ func busyWindow(busyMax time.Duration) time.Duration {
 // window's BusyMax: she has logged in from that address before, while a
 // guesser's other addresses (or a botnet's) have not, and their late
 // guesses must not fail open unchecked.
+//
+// Bounded per account (knownPerAccountMax) and in all
+// (knownRequestersMax), each evicting its least recent success. An
+// attacker logging in to his own account from fresh addresses could
+// otherwise push every user out with 65,536 logins; capped per account he
+// needs 4,096 accounts of his own. Eviction takes the front of a recency
+// list (and a scan of one account's 16 at most), never a scan of the whole
+// map under the lock.
 type knownRequesters struct {
-	mu   sync.Mutex
-	last map[string]time.Duration
+	mu sync.Mutex
+	// entries: requester key -> its element in order.
+	entries map[string]*list.Element
+	// order: every *knownEntry, least recent success first.
+	order *list.List
+	// accounts: account key -> its entries, least recent first.
+	accounts map[string][]*knownEntry
+}
+
+type knownEntry struct {
+	requester string
+	account   string
+	last      time.Duration
 }
 
 func newKnownRequesters() *knownRequesters {
-	return &knownRequesters{last: make(map[string]time.Duration)}
+	return &knownRequesters{entries: make(map[string]*list.Element), order: list.New(), accounts: make(map[string][]*knownEntry)}
 }
 
-// succeeded records a success of requester's at now. When the map is full
-// and requester is new, the expired entries go, else the oldest one: a
-// success is rare next to checks, so one scan then is cheap enough.
-func (k *knownRequesters) succeeded(requester string, now time.Duration) {
+// succeeded records a success of requester's (on account) at now, making
+// it the most recent one, globally and in its account.
+func (k *knownRequesters) succeeded(requester, account string, now time.Duration) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if _, ok := k.last[requester]; !ok && len(k.last) >= knownRequestersMax {
-		oldest, oldestAt := "", time.Duration(0)
-		for key, last := range k.last {
-			if now-last >= knownFor {
-				delete(k.last, key)
-			} else if oldest == "" || last < oldestAt {
-				oldest, oldestAt = key, last
-			}
-		}
-		if len(k.last) >= knownRequestersMax {
-			delete(k.last, oldest)
+	if el, ok := k.entries[requester]; ok {
+		e := el.Value.(*knownEntry)
+		e.last = now
+		k.order.MoveToBack(el)
+		k.dropFromAccount(e)
+		k.accounts[e.account] = append(k.accounts[e.account], e)
+		return
+	}
+	if mine := k.accounts[account]; len(mine) >= knownPerAccountMax {
+		k.remove(mine[0])
+	}
+	if k.order.Len() >= knownRequestersMax {
+		k.remove(k.order.Front().Value.(*knownEntry))
+	}
+	e := &knownEntry{requester: requester, account: account, last: now}
+	k.entries[requester] = k.order.PushBack(e)
+	k.accounts[account] = append(k.accounts[account], e)
+}
+
+// remove forgets e everywhere. Called with k.mu held.
+func (k *knownRequesters) remove(e *knownEntry) {
+	k.order.Remove(k.entries[e.requester])
+	delete(k.entries, e.requester)
+	k.dropFromAccount(e)
+	if len(k.accounts[e.account]) == 0 {
+		delete(k.accounts, e.account)
+	}
+}
+
+// dropFromAccount takes e out of its account's list (16 at most), keeping
+// the order of the others. Called with k.mu held.
+func (k *knownRequesters) dropFromAccount(e *knownEntry) {
+	mine := k.accounts[e.account]
+	for i, other := range mine {
+		if other == e {
+			copy(mine[i:], mine[i+1:])
+			mine[len(mine)-1] = nil
+			k.accounts[e.account] = mine[:len(mine)-1]
+			return
 		}
 	}
-	k.last[requester] = now
 }
 
 // known: whether requester had a success reported within knownFor of now.
+// An expired entry stays until evicted.
 func (k *knownRequesters) known(requester string, now time.Duration) bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	last, ok := k.last[requester]
-	return ok && now-last < knownFor
+	el, ok := k.entries[requester]
+	return ok && now-el.Value.(*knownEntry).last < knownFor
 }

@@ -79,10 +79,11 @@ type Config struct {
 	// client, for a check overlapped by
 	// another on the same account (or address), is ErrBusy and never
 	// proceeds: for as long as it lasts when the other is from the same
-	// address too, or when no success was reported through this client
-	// for its account and address (in the last 30 days); else for at most
-	// BusyMax in 120 x BusyMax per account and address. Zero: every
-	// timeout is an outage.
+	// address and X-Forwarded-For too, or when no success was reported
+	// through this client for its tenant, account, address and
+	// X-Forwarded-For (in the last 30 days, and among the last 16 of its
+	// account); else for at most BusyMax in 120 x BusyMax per requester.
+	// Zero: every timeout is an outage.
 	BusyMax time.Duration
 	// FailPolicies per route; others get DefaultFailPolicy.
 	FailPolicies      map[string]FailPolicy
@@ -355,7 +356,7 @@ func (c *Client) decide(ctx context.Context, cancellable bool, req *request) Ans
 	// the auth server found the password right), so that her timeouts in
 	// others' bursts on her account may leave busy after BusyMax.
 	if req.kind == requestReport && req.outcome == Success {
-		c.known.succeeded(requesterKey(req.route, &req.subject), time.Since(c.started))
+		c.known.succeeded(requesterKey(req.route, &req.subject), accountKey(req.route, &req.subject), time.Since(c.started))
 	}
 	// Only a check is an attempt: a report of its outcome must not spend a
 	// second unit of the static budget.
@@ -376,24 +377,24 @@ func (c *Client) decide(ctx context.Context, cancellable bool, req *request) Ans
 	var burst *burstGuard
 	if spend {
 		burst = c.bursts.enter(req.route, &req.subject)
+		// Deferred, so that a panic in the call cannot leave it waiting.
+		defer burst.leave()
 	}
 	resp, err := c.call(ctx, cancellable, req)
 	// Busy stops a login only in a burst on its account: a lone user's
 	// timeout during a flood on others is an outage for the fail policy.
-	// Parallel checks on one account from one address are a guesser's,
-	// refused for as long as they last. A user who has logged in from this
-	// address through this client is refused as busy in a burst on her
-	// account that is not her own (others' checks, from other addresses)
-	// for at most BusyMax in a window of 120 x BusyMax, so nobody can keep
-	// her out by checking her account; past that her timeout follows the
-	// policy. Anyone else in a burst on the account (a guesser's other
-	// addresses, a botnet) stays busy: a late guess that failed open would
-	// be admitted with no check at all.
+	// Parallel checks on one account from one address (and one
+	// X-Forwarded-For, as behind a proxy every address is the proxy's) are
+	// a guesser's, refused for as long as they last. A user who has logged
+	// in from this address through this client is refused as busy in a
+	// burst on her account that is not her own (others' checks, from other
+	// addresses) for at most BusyMax in a window of 120 x BusyMax, so
+	// nobody can keep her out by checking her account; past that her
+	// timeout follows the policy. Anyone else in a burst on the account (a
+	// guesser's other addresses, a botnet) stays busy: a late guess that
+	// failed open would be admitted with no check at all.
 	if err != nil && err.Kind == ErrBusy && !c.staysBusy(burst) {
 		err.Kind = ErrTimeout
-	}
-	if burst != nil {
-		burst.leave()
 	}
 	switch {
 	case err != nil:

@@ -235,8 +235,92 @@ func TestOwnBursts(t *testing.T) {
 	if len(b.entries) != 1 || b.entries[burstKey("login", &peerOnly)].waiting != 0 {
 		t.Fatalf("one key entered once and left: %d entries", len(b.entries))
 	}
-	if requesterKey("login", &alice) == burstKey("login", &alice) {
-		t.Fatal("a requester key is never a burst key")
+}
+
+// Behind a reverse proxy every check has the proxy's address: two users of
+// one account are told apart by X-Forwarded-For, so an attacker's checks on
+// her account are not her own burst.
+func TestOwnBurstsBehindAProxy(t *testing.T) {
+	b := newBursts()
+	proxy := netip.MustParseAddr("10.0.0.1")
+	her := Subject{Peer: proxy, Account: alice.Account, ForwardedFor: Some("192.0.2.5")}
+	his := Subject{Peer: proxy, Account: alice.Account, ForwardedFor: Some("203.0.113.9")}
+	first := b.enter("login", &her)
+	other := b.enter("login", &his)
+	if !first.inBurst() || !other.inBurst() || first.ownBurst() || other.ownBurst() {
+		t.Fatal("one account from two forwarded addresses: a burst, neither's own")
+	}
+	second := b.enter("login", &her)
+	if !first.ownBurst() || !second.ownBurst() || other.ownBurst() {
+		t.Fatal("one account from one forwarded address: her own")
+	}
+	first.leave()
+	second.leave()
+	other.leave()
+	// Without a peer, the forwarded header alone makes the requester.
+	b = newBursts()
+	herNoPeer := Subject{Account: alice.Account, ForwardedFor: Some("192.0.2.5")}
+	hisNoPeer := Subject{Account: alice.Account, ForwardedFor: Some("203.0.113.9")}
+	g, h := b.enter("login", &herNoPeer), b.enter("login", &hisNoPeer)
+	if !g.inBurst() || g.ownBurst() || h.ownBurst() {
+		t.Fatal("no peer, two forwarded addresses: a burst, neither's own")
+	}
+	g.leave()
+	h.leave()
+}
+
+// Requester keys of subjects that differ in any of route, tenant, account,
+// address or X-Forwarded-For differ, wherever the field boundaries fall,
+// and an absent field is not an empty one.
+func TestRequesterKeysDoNotCollide(t *testing.T) {
+	peer := func(s string) netip.Addr { return netip.MustParseAddr(s) }
+	pairs := []struct {
+		what string
+		a, b Subject
+	}{
+		{"account/peer boundary",
+			Subject{Account: Some("bob"), Peer: peer("192.0.2.5")},
+			Subject{Account: Some("bob1"), Peer: peer("92.0.2.5")}},
+		{"tenant/account boundary",
+			Subject{Tenant: Some("a"), Account: Some("bc"), Peer: alice.Peer},
+			Subject{Tenant: Some("ab"), Account: Some("c"), Peer: alice.Peer}},
+		{"two tenants",
+			Subject{Tenant: Some("one"), Account: alice.Account, Peer: alice.Peer},
+			Subject{Tenant: Some("two"), Account: alice.Account, Peer: alice.Peer}},
+		{"no tenant vs an empty one",
+			Subject{Account: alice.Account, Peer: alice.Peer},
+			Subject{Tenant: Some(""), Account: alice.Account, Peer: alice.Peer}},
+		{"two forwarded addresses",
+			Subject{Account: alice.Account, Peer: alice.Peer, ForwardedFor: Some("192.0.2.5")},
+			Subject{Account: alice.Account, Peer: alice.Peer, ForwardedFor: Some("192.0.2.6")}},
+		{"no forwarded header vs an empty one",
+			Subject{Account: alice.Account, Peer: alice.Peer},
+			Subject{Account: alice.Account, Peer: alice.Peer, ForwardedFor: Some("")}},
+		{"forwarded header alone vs address alone",
+			Subject{Account: alice.Account, ForwardedFor: Some("192.0.2.5")},
+			Subject{Account: alice.Account, Peer: peer("192.0.2.5")}},
+		{"account/forwarded boundary, no peer",
+			Subject{Account: Some("bob"), ForwardedFor: Some("1x")},
+			Subject{Account: Some("bob1"), ForwardedFor: Some("x")}},
+	}
+	for _, p := range pairs {
+		if requesterKey("login", &p.a) == requesterKey("login", &p.b) {
+			t.Errorf("%s: one requester key", p.what)
+		}
+	}
+	if requesterKey("login", &alice) == requesterKey("reauth", &alice) {
+		t.Error("two routes: one requester key")
+	}
+	// Without an address and a forwarded header, the requester is the
+	// account's burst key, as before, whatever the tenant.
+	accountOnly := Subject{Account: alice.Account, Tenant: Some("one")}
+	if requesterKey("login", &accountOnly) != burstKey("login", &accountOnly) {
+		t.Error("an account alone: the burst key")
+	}
+	// The burst key has neither tenant nor forwarded header.
+	withAll := Subject{Account: alice.Account, Peer: alice.Peer, Tenant: Some("one"), ForwardedFor: Some("192.0.2.5")}
+	if burstKey("login", &withAll) != burstKey("login", &Subject{Account: alice.Account}) {
+		t.Error("the burst key is route and account only")
 	}
 }
 
@@ -314,7 +398,7 @@ func TestKnownRequesters(t *testing.T) {
 	if k.known("her", at(0)) {
 		t.Fatal("unknown before a success")
 	}
-	k.succeeded("her", at(0))
+	k.succeeded("her", "alice", at(0))
 	if !k.known("her", at(0)) || !k.known("her", at(knownFor-time.Microsecond)) {
 		t.Fatal("known after a success")
 	}
@@ -324,33 +408,69 @@ func TestKnownRequesters(t *testing.T) {
 	if k.known("her", at(knownFor)) {
 		t.Fatal("not known past knownFor")
 	}
-	k.succeeded("her", at(knownFor))
+	k.succeeded("her", "alice", at(knownFor))
 	if !k.known("her", at(knownFor+time.Hour)) {
 		t.Fatal("a new success makes her known again")
 	}
+	if k.order.Len() != 1 || len(k.entries) != 1 || len(k.accounts["alice"]) != 1 {
+		t.Fatal("an update is one entry")
+	}
+}
 
-	// Bounded: when full, a new requester's success evicts the oldest.
-	k = newKnownRequesters()
+// 17 successes on one account from 17 addresses: the first is forgotten,
+// another account's requester is not.
+func TestKnownRequestersPerAccount(t *testing.T) {
+	k := newKnownRequesters()
+	at := func(d time.Duration) time.Duration { return 5*time.Second + d }
+	k.succeeded("bob@home", "bob", at(0))
+	for i := 0; i < knownPerAccountMax; i++ {
+		k.succeeded("alice@"+strconv.Itoa(i), "alice", at(time.Duration(i+1)*time.Second))
+	}
+	if !k.known("alice@0", at(time.Hour)) {
+		t.Fatal("16 of one account: all kept")
+	}
+	// An update makes alice@0 her most recent: alice@1 is next to go.
+	k.succeeded("alice@0", "alice", at(time.Minute))
+	k.succeeded("alice@new", "alice", at(time.Hour))
+	if k.known("alice@1", at(time.Hour)) {
+		t.Fatal("the 17th of one account forgets its least recent")
+	}
+	for _, r := range []string{"alice@0", "alice@2", "alice@15", "alice@new", "bob@home"} {
+		if !k.known(r, at(time.Hour)) {
+			t.Fatalf("%s forgotten", r)
+		}
+	}
+	if len(k.accounts["alice"]) != knownPerAccountMax || k.order.Len() != knownPerAccountMax+1 || len(k.entries) != knownPerAccountMax+1 {
+		t.Fatalf("%d of alice's, %d in all", len(k.accounts["alice"]), k.order.Len())
+	}
+}
+
+// When full, a new requester's success evicts the least recently
+// succeeded one (an update makes an old entry recent again); an update
+// needs no room.
+func TestKnownRequestersGlobalCap(t *testing.T) {
+	k := newKnownRequesters()
+	at := func(d time.Duration) time.Duration { return 5*time.Second + d }
 	for i := 0; i < knownRequestersMax; i++ {
-		k.succeeded("user"+strconv.Itoa(i), at(time.Duration(i)*time.Microsecond))
+		k.succeeded("user"+strconv.Itoa(i), "account"+strconv.Itoa(i), at(time.Duration(i)*time.Microsecond))
 	}
-	k.succeeded("user0", at(time.Hour)) // an update needs no room
-	if len(k.last) != knownRequestersMax || !k.known("user1", at(time.Hour)) {
-		t.Fatalf("an update evicted: %d entries", len(k.last))
+	k.succeeded("user0", "account0", at(time.Hour)) // an update needs no room
+	if k.order.Len() != knownRequestersMax || !k.known("user1", at(time.Hour)) {
+		t.Fatalf("an update evicted: %d entries", k.order.Len())
 	}
-	k.succeeded("her", at(time.Hour))
-	if len(k.last) != knownRequestersMax || !k.known("her", at(time.Hour)) {
-		t.Fatalf("%d entries, her known: %v", len(k.last), k.known("her", at(time.Hour)))
+	k.succeeded("her", "alice", at(time.Hour))
+	if k.order.Len() != knownRequestersMax || len(k.entries) != knownRequestersMax || !k.known("her", at(time.Hour)) {
+		t.Fatalf("%d entries, her known: %v", k.order.Len(), k.known("her", at(time.Hour)))
 	}
 	if k.known("user1", at(time.Hour)) || !k.known("user0", at(time.Hour)) || !k.known("user2", at(time.Hour)) {
-		t.Fatal("the oldest (user1; user0 was updated) is the one evicted")
+		t.Fatal("the least recent (user1; user0 was updated) is the one evicted")
 	}
-	// Expired entries go first, all of them, before any live one.
-	k.succeeded("user3", at(knownFor))
-	k.succeeded("late", at(knownFor+time.Hour/2))
-	if len(k.last) != 4 || !k.known("user0", at(knownFor+time.Hour/2)) || !k.known("her", at(knownFor+time.Hour/2)) ||
-		!k.known("user3", at(knownFor+time.Hour/2)) || !k.known("late", at(knownFor+time.Hour/2)) {
-		t.Fatalf("%d entries: the expired ones dropped, the live ones kept", len(k.last))
+	if _, ok := k.accounts["account1"]; ok {
+		t.Fatal("the evicted entry left its account's list")
+	}
+	k.succeeded("him", "bob", at(time.Hour))
+	if k.known("user2", at(time.Hour)) || !k.known("user3", at(time.Hour)) {
+		t.Fatal("then the next least recent")
 	}
 }
 
@@ -383,6 +503,30 @@ func TestReportedSuccessesMakeRequestersKnown(t *testing.T) {
 		if c.known.known(key, now()) {
 			t.Fatalf("%s is not known", what)
 		}
+	}
+
+	// The requester is the subject as sent: its tenant and its
+	// X-Forwarded-For cut to the tail; a report refused before sending
+	// records nothing.
+	proxied := Subject{Peer: netip.MustParseAddr("10.0.0.1"), Account: Some("carol"), Tenant: Some("acme"),
+		ForwardedFor: Some(strings.Repeat("10.9.9.9, ", 5000) + "192.0.2.1")}
+	c.Report(ctx, "login", proxied, Success)
+	sent := bounded(proxied)
+	if !c.known.known(requesterKey("login", &sent), now()) {
+		t.Fatal("her success behind the proxy makes her known")
+	}
+	otherTenant, otherForwarded := sent, sent
+	otherTenant.Tenant = Some("other")
+	otherForwarded.ForwardedFor = Some("192.0.2.2")
+	if c.known.known(requesterKey("login", &otherTenant), now()) || c.known.known(requesterKey("login", &otherForwarded), now()) {
+		t.Fatal("another tenant or forwarded address is not known")
+	}
+	tooLong := Subject{Peer: alice.Peer, Account: Some(strings.Repeat("x", IdentifierBytesMax+1))}
+	if a := c.Report(ctx, "login", tooLong, Success); a.Kind != AnswerRejected {
+		t.Fatalf("refused before sending: %+v", a)
+	}
+	if c.known.known(requesterKey("login", &tooLong), now()) {
+		t.Fatal("a report refused before sending records no success")
 	}
 }
 
@@ -597,17 +741,24 @@ func at(c *Client, subjects ...Subject) []Answer {
 // the others' (unknown) checks, and a guesser's from one address, stay
 // busy.
 func TestABurstFromOtherAddressesIsBusyOnlyForBusyMax(t *testing.T) {
-	burstFromOtherAddresses(t, true)
+	burstFromOtherAddresses(t, true, false)
+}
+
+// The same behind a reverse proxy: every check has the proxy's address,
+// and X-Forwarded-For tells her from the others, so their checks on her
+// account are not her own burst.
+func TestABurstFromOtherForwardedAddressesIsBusyOnlyForBusyMax(t *testing.T) {
+	burstFromOtherAddresses(t, true, true)
 }
 
 // The same sequence with no success reported for her address: her check
 // in the burst on her account stays busy past BusyMax (she could be a
 // guesser's other address), and no window is ever started.
 func TestABurstFromUnknownAddressesStaysBusy(t *testing.T) {
-	burstFromOtherAddresses(t, false)
+	burstFromOtherAddresses(t, false, false)
 }
 
-func burstFromOtherAddresses(t *testing.T, herSuccess bool) {
+func burstFromOtherAddresses(t *testing.T, herSuccess, behindProxy bool) {
 	var silent atomic.Bool
 	f := startFake(t, func(version uint8, id uint64, _ uint32) []byte {
 		if silent.Load() {
@@ -625,6 +776,11 @@ func burstFromOtherAddresses(t *testing.T, herSuccess bool) {
 	ctx := context.Background()
 	her := alice
 	his := Subject{Peer: netip.MustParseAddr("203.0.113.9"), Account: alice.Account}
+	if behindProxy {
+		proxy := netip.MustParseAddr("10.0.0.1")
+		her = Subject{Peer: proxy, Account: alice.Account, ForwardedFor: Some(alice.Peer.String())}
+		his = Subject{Peer: proxy, Account: alice.Account, ForwardedFor: Some("203.0.113.9")}
+	}
 	if a := c.Check(ctx, "login", her); a.Kind != AnswerVerdict {
 		t.Fatalf("%+v", a)
 	}

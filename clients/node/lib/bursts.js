@@ -4,9 +4,11 @@
 // the same time, or started less than BURST_GAP_US before it. A lone user's
 // timeout during a flood on other accounts is an outage for the fail policy.
 //
-// Each check is also counted on its requester (the route, the account and
-// the address together). Parallel checks on one account AND address are a
-// guesser's: their own burst, refused as busy for as long as it lasts. A
+// Each check is also counted on its requester (the route, the tenant, the
+// account and the address: the TCP peer and the X-Forwarded-For header as
+// sent, since behind a reverse proxy the peer is the proxy and only the
+// header tells its users apart). Parallel checks on one account AND address
+// are a guesser's: their own burst, refused as busy for as long as it lasts. A
 // check in a burst on her account that is not her own (others' checks, from
 // other addresses) is refused as busy for at most busy_max in a window of
 // 120 x busy_max (BusyWindows), so nobody can keep her out by checking her
@@ -15,7 +17,9 @@
 // reported from that address on that account) may leave busy that way:
 // anyone else in a burst on the account (a guesser's other addresses, a
 // botnet) stays busy, since a late guess that failed open would be admitted
-// with no check at all.
+// with no check at all. At most KNOWN_PER_ACCOUNT_MAX requesters are known
+// per account, and eviction is constant time: a user who logs in to his own
+// account from fresh addresses cannot push everyone else out.
 
 /** Checks on one key this close together are one burst, even if they do not overlap. */
 export const BURST_GAP_US = 50_000;
@@ -27,23 +31,38 @@ export const BUSY_WINDOW_FACTOR = 120;
 export const BUSY_REQUESTERS_MAX = 4096;
 /** A requester's last reported success counts this long (µs, the client's clock): 30 days. */
 export const KNOWN_FOR_US = 30 * 24 * 3600 * 1_000_000;
-/** Requesters with a success kept; when full, the expired and then the oldest make room. */
+/** Requesters with a success kept; when full, the least recently succeeded makes room. */
 export const KNOWN_REQUESTERS_MAX = 65536;
+/** Requesters with a success kept per account (route, tenant and account); the account's least recent makes room. */
+export const KNOWN_PER_ACCOUNT_MAX = 16;
+
+/** An optional string field as a key part: absent (null) and empty ("") stay apart. */
+function part(value) {
+  return value == null ? null : String(value);
+}
 
 /**
  * A check's burst key (the route and the account, or without one the
- * address) and its requester key (the route, the account and the address;
- * without both of those, the burst key itself). The tags keep a requester
- * key from ever equalling a burst key.
+ * address), its requester key and its account key. The requester is the
+ * route, tenant, account, peer and X-Forwarded-For together (as sent: the
+ * caller passes the bounded subject), formed when there is an account and
+ * a peer or a forwarded header; otherwise it is the burst key itself. The
+ * account key (route, tenant, account) groups the known requesters of one
+ * account. Each key is a JSON array with its own tag, so no field can spill
+ * into the next and an absent field never equals an empty one.
  */
 export function burstKeys(route, subject = {}) {
-  const { account, peer } = subject;
+  const { account, peer, forwardedFor, tenant } = subject ?? {};
   let key;
   if (account != null) key = JSON.stringify([1, route, String(account)]);
   else if (peer != null) key = JSON.stringify([2, route, String(peer)]);
   else key = JSON.stringify([0, route]);
-  const requester = account != null && peer != null ? JSON.stringify([3, route, String(account), String(peer)]) : key;
-  return { key, requester };
+  const requester =
+    account != null && (peer != null || forwardedFor != null)
+      ? JSON.stringify([3, route, part(tenant), String(account), part(peer), part(forwardedFor)])
+      : key;
+  const accountKey = JSON.stringify([4, route, part(tenant), part(account)]);
+  return { key, requester, accountKey };
 }
 
 export class Bursts {
@@ -155,41 +174,74 @@ export class BusyWindows {
  * busy in others' bursts on her account for at most busy_max a window, then
  * her timeout follows the fail policy; a requester never seen to succeed
  * stays busy in a burst, since its late guess failing open would be
- * admitted with no check at all. At most KNOWN_REQUESTERS_MAX are kept: a
- * new one first drops the expired, then, if still full, the oldest (one
- * scan, rarely). Synchronous calls on one event loop need no lock.
+ * admitted with no check at all.
+ *
+ * At most KNOWN_PER_ACCOUNT_MAX requesters are kept per account and
+ * KNOWN_REQUESTERS_MAX in all, the least recently succeeded making room.
+ * Evicted oldest-first across the whole map, an attacker logging in to his
+ * own account from fresh addresses could push every user out with 65,536
+ * logins, and each eviction scanned the whole map; capped per account he
+ * needs 4,096 accounts of his own, and eviction is constant time: the Maps
+ * keep recency order (delete then set moves an entry to the end, the least
+ * recent is the first). Expired entries stay until evicted. Synchronous
+ * calls on one event loop need no lock.
  */
 export class KnownRequesters {
-  #last = new Map();
+  /** requester -> { last, account }, least recently succeeded first. */
+  #entries = new Map();
+  /** account key -> Set of its requesters, least recently succeeded first (at most KNOWN_PER_ACCOUNT_MAX). */
+  #accounts = new Map();
 
-  /** Records a success reported for `requester` at `now`. */
-  succeeded(requester, now) {
-    if (!this.#last.has(requester) && this.#last.size >= KNOWN_REQUESTERS_MAX) {
-      for (const [k, t] of this.#last) {
-        if (now - t >= KNOWN_FOR_US) this.#last.delete(k);
+  /** Records a success reported for `requester` (of account key `accountKey`) at `now`. */
+  succeeded(requester, accountKey, now) {
+    const entry = this.#entries.get(requester);
+    if (entry !== undefined) {
+      // An update takes no room: it becomes the most recent, globally and in its account.
+      if (entry.account === accountKey) {
+        this.#entries.delete(requester);
+        this.#entries.set(requester, { last: now, account: accountKey });
+        const mine = this.#accounts.get(accountKey);
+        mine.delete(requester);
+        mine.add(requester);
+        return;
       }
-      if (this.#last.size >= KNOWN_REQUESTERS_MAX) {
-        let oldest = null;
-        let oldestAt = Infinity;
-        for (const [k, t] of this.#last) {
-          if (t < oldestAt) {
-            oldest = k;
-            oldestAt = t;
-          }
-        }
-        this.#last.delete(oldest);
-      }
+      // The same requester under another account key (one without an address, whose
+      // requester is its burst key, in another tenant): it moves, as a new one.
+      this.#remove(requester);
     }
-    this.#last.set(requester, now);
+    let mine = this.#accounts.get(accountKey);
+    if (mine !== undefined && mine.size >= KNOWN_PER_ACCOUNT_MAX) this.#remove(mine.values().next().value);
+    if (this.#entries.size >= KNOWN_REQUESTERS_MAX) this.#remove(this.#entries.keys().next().value);
+    mine = this.#accounts.get(accountKey);
+    if (mine === undefined) {
+      mine = new Set();
+      this.#accounts.set(accountKey, mine);
+    }
+    mine.add(requester);
+    this.#entries.set(requester, { last: now, account: accountKey });
+  }
+
+  #remove(requester) {
+    const entry = this.#entries.get(requester);
+    if (entry === undefined) return;
+    this.#entries.delete(requester);
+    const mine = this.#accounts.get(entry.account);
+    mine.delete(requester);
+    if (mine.size === 0) this.#accounts.delete(entry.account);
   }
 
   /** Whether `requester` had a success reported less than KNOWN_FOR_US before `now`. */
   known(requester, now) {
-    const last = this.#last.get(requester);
-    return last !== undefined && now - last < KNOWN_FOR_US;
+    const entry = this.#entries.get(requester);
+    return entry !== undefined && now - entry.last < KNOWN_FOR_US;
   }
 
   get size() {
-    return this.#last.size;
+    return this.#entries.size;
+  }
+
+  /** How many requesters of `accountKey` are kept. */
+  accountSize(accountKey) {
+    return this.#accounts.get(accountKey)?.size ?? 0;
   }
 }

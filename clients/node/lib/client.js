@@ -198,14 +198,17 @@ export class Client {
     // What the daemon would refuse is refused here, before any I/O: sent, an
     // oversized frame breaks the connection mid-write, which would pass for
     // an outage (and fail open). Nothing proceeds, is spent or is held.
-    // A success the auth server reports makes its requester (this route,
-    // account and address) known, whatever the daemon answers or even if
-    // the call fails: the password was right. Keyed as a check's requester.
-    if (request.type === "report" && request.outcome === "success") {
-      this.#knownRequesters.succeeded(burstKeys(route, request.subject ?? {}).requester, this.#nowUs());
-    }
     const refusal = refusalBeforeSending(given, frame.length - FRAME_HEADER_BYTES);
     if (refusal) return new Answer({ kind: "rejected", error: refusal });
+    // A success the auth server reports (and this client sends) makes its
+    // requester (this route, tenant, account and address, with the
+    // X-Forwarded-For as sent) known, whatever the daemon answers or even if
+    // the call fails: the password was right. Keyed as a check's requester;
+    // a report refused above was never sent and makes nobody known.
+    if (request.type === "report" && request.outcome === "success") {
+      const { requester, accountKey } = burstKeys(route, request.subject ?? {});
+      this.#knownRequesters.succeeded(requester, accountKey, this.#nowUs());
+    }
     // Only a check is an attempt: its report must not spend the static budget twice.
     const spend = request.type === "check";
     const burst = spend ? this.#bursts.enter(route, request.subject) : null;
@@ -214,9 +217,11 @@ export class Client {
       result = await this.#call(request);
       // Busy stops a login only in a burst on its account: a lone user's
       // timeout during a flood on others is an outage for the fail policy.
-      // Parallel checks on one account and address are a guesser's: busy for
-      // as long as they last. A burst on her account that is not her own
-      // (others' checks, from other addresses) keeps her timeout busy for at
+      // Parallel checks on one account and address (in one tenant; the peer
+      // and X-Forwarded-For together, so users behind one proxy are told
+      // apart) are a guesser's: busy for as long as they last. A burst on her
+      // account that is not her own (others' checks, from other addresses)
+      // keeps her timeout busy for at
       // most busy_max in a window of 120 x busy_max, so nobody can keep her
       // out by checking her account; past that it follows the fail policy.
       // That leave is only for a requester this client has seen log in

@@ -123,30 +123,37 @@ test("the busy rule: a burst on one account after the daemon answered never proc
  * Checks on alice's account from her address and another (mallory's),
  * overlapping, while the daemon is late and has answered before; then again
  * once busy_max has passed since those refusals. With `herSuccess`, a
- * success for alice from her address is reported through the client first.
+ * success for alice from her address is reported through the client first
+ * ("refused": one refused before sending, so never sent). `her` and `him`
+ * replace the two subjects (e.g. two users behind one proxy).
  */
-async function overlapTwice(t, { herSuccess }) {
+async function overlapTwice(t, { herSuccess, her = alice, him = { peer: "203.0.113.66", account: "alice" } }) {
   let silent = false;
   const daemon = await fakeDaemon((r) => (silent ? null : allowAll(r)));
   t.after(() => daemon.close());
   const client = new Client({ socket: daemon.path, timeoutMs: 20, busyMaxMs: 250 });
   t.after(() => client.close());
-  const mallory = { peer: "203.0.113.66", account: "alice" };
   // The daemon answers once, on another account (a check on alice now would make hers a straggler of it: her own burst).
   let answered;
   for (let i = 0; i < 50 && (answered = await client.check("login", { account: "bob" })).kind !== "verdict"; i++) await sleep(10);
   assert.equal(answered.kind, "verdict", "the daemon answered once (a cold start may miss 20 ms)");
   // A report is no check: it is in no burst, whatever it answers.
-  if (herSuccess) assert.equal((await client.report("login", alice, "success")).kind, "verdict");
+  if (herSuccess === "refused") {
+    // The same requester (the client id is no part of it), refused before sending: it makes nobody known.
+    const refused = await client.report("login", { ...her, clientId: "c".repeat(513) }, "success");
+    assert.deepEqual([refused.kind, refused.error.code], ["rejected", "field_too_long"]);
+  } else if (herSuccess) {
+    assert.equal((await client.report("login", her, "success")).kind, "verdict");
+  }
   silent = true;
-  const first = await Promise.all([client.check("login", alice), client.check("login", mallory)]);
+  const first = await Promise.all([client.check("login", her), client.check("login", him)]);
   for (const x of first) assert.deepEqual([x.error.kind, x.proceeds()], ["busy", false], "busy the first time");
   await sleep(270); // busy_max past those refusals
   silent = false;
   // An answer in time: the daemon is busy, not down, so the late run would still say busy.
   assert.equal((await client.check("login", { account: "erin" })).kind, "verdict");
   silent = true;
-  const again = await Promise.all([client.check("login", alice), client.check("login", mallory)]);
+  const again = await Promise.all([client.check("login", her), client.check("login", him)]);
   return { client, again };
 }
 
@@ -169,6 +176,23 @@ test("the busy rule: without a success from her address, a burst on her account 
   const { again } = await overlapTwice(t, { herSuccess: false });
   for (const x of again) assert.deepEqual([x.error.kind, x.proceeds()], ["busy", false], "unknown requesters stay busy");
   for (const x of again) assert.match(x.error.message, /busy/);
+});
+
+test("the busy rule: a success refused before sending makes nobody known", async (t) => {
+  const { again } = await overlapTwice(t, { herSuccess: "refused" });
+  for (const x of again) assert.deepEqual([x.error.kind, x.proceeds()], ["busy", false], "never sent, never known");
+});
+
+test("the busy rule behind a proxy: users of one account are told apart by X-Forwarded-For", async (t) => {
+  // Both come from the proxy's address; only the header differs. His checks are not her own burst, so once
+  // she has logged in her timeout leaves busy after busy_max, while his (never seen to log in) stays busy.
+  const proxy = "10.0.0.1";
+  const her = { peer: proxy, account: "alice", forwardedFor: "198.51.100.7" };
+  const him = { peer: proxy, account: "alice", forwardedFor: "203.0.113.66" };
+  const { again } = await overlapTwice(t, { herSuccess: true, her, him });
+  const [hers, his] = again;
+  assert.deepEqual([hers.error.kind, hers.proceeds()], ["timeout", true], "her window is spent: the fail policy");
+  assert.deepEqual([his.error.kind, his.proceeds()], ["busy", false], "his header never logged in");
 });
 
 test("a full accept queue (EAGAIN) is a late daemon: timeout or busy, never connect", async (t) => {

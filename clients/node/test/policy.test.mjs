@@ -9,7 +9,8 @@ import { dirname, join } from "node:path";
 import { after, test } from "node:test";
 import { Answer, BUILTIN_FAIL_POLICIES, Client, ClientError, forwardedTail, gcraDecide, gcraSpec } from "../index.js";
 import {
-  BUSY_REQUESTERS_MAX, Bursts, BusyWindows, KNOWN_FOR_US, KNOWN_REQUESTERS_MAX, KnownRequesters, burstKeys,
+  BUSY_REQUESTERS_MAX, Bursts, BusyWindows, KNOWN_FOR_US, KNOWN_PER_ACCOUNT_MAX, KNOWN_REQUESTERS_MAX, KnownRequesters,
+  burstKeys,
 } from "../lib/bursts.js";
 
 const deadSocket = join(mkdtempSync(join(tmpdir(), "tollgate-node-")), "nobody.sock");
@@ -149,6 +150,20 @@ test("bursts: overlapping checks on one account and address are each other's own
   assert.equal(peers.size, 2, "the requester is the burst key, entered once");
 });
 
+test("bursts: behind a proxy, checks on one account from one peer with different X-Forwarded-For are not one's own", () => {
+  const bursts = new Bursts();
+  const proxy = "10.0.0.1";
+  const hers = bursts.enter("login", { account: "alice", peer: proxy, forwardedFor: "198.51.100.7" });
+  const his = bursts.enter("login", { account: "alice", peer: proxy, forwardedFor: "203.0.113.66" });
+  for (const g of [hers, his]) assert.deepEqual([g.inBurst(), g.ownBurst()], [true, false], "one account, two users behind the proxy");
+  const again = bursts.enter("login", { account: "alice", peer: proxy, forwardedFor: "203.0.113.66" });
+  assert.deepEqual([again.inBurst(), again.ownBurst()], [true, true], "the same header again: his own burst");
+  const tenant = bursts.enter("login", { account: "alice", peer: "198.51.100.7", tenant: "acme" });
+  const other = bursts.enter("login", { account: "alice", peer: "198.51.100.7", tenant: "globex" });
+  for (const g of [tenant, other]) assert.deepEqual([g.inBurst(), g.ownBurst()], [true, false], "the burst key has no tenant; the requester has");
+  for (const g of [hers, his, again, tenant, other]) g.leave();
+});
+
 test("bursts: the keys of different accounts and addresses never collide", () => {
   const { key, requester } = burstKeys("login", subject);
   assert.equal(burstKeys("login", { account: "alice" }).key, key, "the burst key is the route and account");
@@ -166,6 +181,38 @@ test("bursts: the keys of different accounts and addresses never collide", () =>
   assert.notEqual(burstKeys("login", { account: "bob", peer: "198.51.100.7" }).requester, requester, "another account, another requester");
   assert.notEqual(burstKeys("login", { account: "alice", peer: "203.0.113.66" }).requester, requester, "another peer, another requester");
   assert.notEqual(burstKeys("password_reset", subject).requester, requester, "another route, another requester");
+});
+
+test("requester keys: a field boundary, a tenant or a forwarded header tells requesters apart", () => {
+  const req = (s) => burstKeys("login", s).requester;
+  // (a) Where a field boundary falls.
+  assert.notEqual(req({ account: "bob", peer: "192.0.2.5" }), req({ account: "bob1", peer: "92.0.2.5" }), "account | peer");
+  assert.notEqual(
+    req({ tenant: "a", account: "bc", peer: "192.0.2.5" }), req({ tenant: "ab", account: "c", peer: "192.0.2.5" }), "tenant | account",
+  );
+  assert.notEqual(
+    req({ account: "bob", peer: "192.0.2.5", forwardedFor: "1.2.3.4" }),
+    req({ account: "bob", peer: "192.0.2.51", forwardedFor: ".2.3.4" }),
+    "peer | forwarded",
+  );
+  assert.notEqual(req({ account: "bob", peer: "192.0.2.5" }), req({ account: "bob", forwardedFor: "192.0.2.5" }), "a peer is no header");
+  // (b) The same account in two tenants, and in none vs an empty one.
+  const bob = { account: "bob", peer: "192.0.2.5" };
+  assert.notEqual(req({ ...bob, tenant: "acme" }), req({ ...bob, tenant: "globex" }), "two tenants");
+  assert.notEqual(req(bob), req({ ...bob, tenant: "" }), "no tenant vs an empty one");
+  assert.notEqual(burstKeys("login", { ...bob, tenant: "acme" }).accountKey, burstKeys("login", { ...bob, tenant: "globex" }).accountKey);
+  // (c) The same account and peer with two forwarded headers, and with none vs an empty one.
+  assert.notEqual(req({ ...bob, forwardedFor: "198.51.100.7" }), req({ ...bob, forwardedFor: "203.0.113.66" }), "two headers");
+  assert.notEqual(req(bob), req({ ...bob, forwardedFor: "" }), "no header vs an empty one");
+  assert.equal(req({ ...bob, forwardedFor: "198.51.100.7" }), req({ ...bob, forwardedFor: "198.51.100.7" }), "the same header, the same requester");
+  // An account with a forwarded header but no peer still gets its own requester; with neither, the burst key.
+  assert.notEqual(req({ account: "bob", forwardedFor: "198.51.100.7" }), burstKeys("login", { account: "bob" }).key);
+  assert.equal(req({ account: "bob", tenant: "acme" }), burstKeys("login", { account: "bob", tenant: "acme" }).key);
+  // The burst key stays the route and account: neither tenant nor header enters it.
+  assert.equal(burstKeys("login", { ...bob, tenant: "acme", forwardedFor: "x" }).key, burstKeys("login", { account: "bob" }).key);
+  // The account key is the route, tenant and account, whatever the address.
+  assert.equal(burstKeys("login", bob).accountKey, burstKeys("login", { account: "bob", peer: "203.0.113.66" }).accountKey);
+  assert.notEqual(burstKeys("login", { tenant: "a", account: "bc" }).accountKey, burstKeys("login", { tenant: "ab", account: "c" }).accountKey);
 });
 
 test("the busy window: busy_max excused from the first refusal, again after 120 x busy_max", () => {
@@ -200,33 +247,54 @@ test("known requesters: known after a success, for KNOWN_FOR only", () => {
   const known = new KnownRequesters();
   const t0 = 7_000_000;
   assert.equal(known.known("her", t0), false, "unknown");
-  known.succeeded("her", t0);
+  known.succeeded("her", "alice", t0);
   assert.equal(known.known("her", t0), true, "after a success");
   assert.equal(known.known("him", t0), false, "only her");
   assert.equal(known.known("her", t0 + KNOWN_FOR_US - 1), true, "just before KNOWN_FOR");
   assert.equal(known.known("her", t0 + KNOWN_FOR_US), false, "KNOWN_FOR after the success");
-  known.succeeded("her", t0 + KNOWN_FOR_US);
+  known.succeeded("her", "alice", t0 + KNOWN_FOR_US);
   assert.equal(known.known("her", t0 + 2 * KNOWN_FOR_US - 1), true, "a new success counts from itself");
+  assert.equal(known.size, 1, "an update takes no room");
   assert.equal(KNOWN_FOR_US, 30 * 24 * 3600 * 1e6, "30 days");
 });
 
-test("known requesters are bounded: the oldest or an expired one makes room, an update takes none", () => {
+test("known requesters: at most 16 per account, the account's least recent forgotten first", () => {
   const known = new KnownRequesters();
   const t0 = 1_000_000;
-  for (let i = 0; i < KNOWN_REQUESTERS_MAX; i++) known.succeeded(`r${i}`, t0 + i);
+  assert.equal(KNOWN_PER_ACCOUNT_MAX, 16);
+  known.succeeded("bob@home", "bob", t0);
+  // 17 successes on alice's account from 17 addresses: the first is forgotten, bob's entry is not.
+  for (let i = 0; i <= KNOWN_PER_ACCOUNT_MAX; i++) known.succeeded(`alice@${i}`, "alice", t0 + 1 + i);
+  const now = t0 + 100;
+  assert.equal(known.known("alice@0", now), false, "the account's first, forgotten");
+  for (let i = 1; i <= KNOWN_PER_ACCOUNT_MAX; i++) assert.equal(known.known(`alice@${i}`, now), true, `alice@${i}`);
+  assert.equal(known.known("bob@home", now), true, "another account's entry is kept, though older");
+  assert.deepEqual([known.accountSize("alice"), known.accountSize("bob"), known.size], [16, 1, 17]);
+  // An update makes an account's old entry its most recent: the next newcomer pushes out another.
+  known.succeeded("alice@1", "alice", now);
+  known.succeeded("alice@new", "alice", now + 1);
+  assert.deepEqual(["alice@1", "alice@2", "alice@new"].map((r) => known.known(r, now + 1)), [true, false, true]);
+  assert.equal(known.accountSize("alice"), 16);
+});
+
+test("known requesters: the global cap evicts the least recently succeeded; an update keeps an old one", () => {
+  const known = new KnownRequesters();
+  const t0 = 1_000_000;
+  // One requester per account, so only the global cap applies.
+  for (let i = 0; i < KNOWN_REQUESTERS_MAX; i++) known.succeeded(`r${i}`, `a${i}`, t0 + i);
   assert.equal(known.size, KNOWN_REQUESTERS_MAX);
-  // An update of a kept requester evicts nobody, and makes it the newest.
-  known.succeeded("r0", t0 + KNOWN_REQUESTERS_MAX);
+  // An update of a kept requester evicts nobody, and makes it the most recent.
+  known.succeeded("r0", "a0", t0 + KNOWN_REQUESTERS_MAX);
   assert.equal(known.size, KNOWN_REQUESTERS_MAX);
-  for (const r of ["r0", "r1", `r${KNOWN_REQUESTERS_MAX - 1}`]) assert.equal(known.known(r, t0 + KNOWN_REQUESTERS_MAX), true, r);
-  // A new one when full and none expired: the oldest (r1; r0 was updated) goes.
+  // A new one when full: the least recently succeeded (r1; r0 was updated) goes.
   const now = t0 + KNOWN_REQUESTERS_MAX + 1;
-  known.succeeded("new", now);
+  known.succeeded("new", "a-new", now);
   assert.equal(known.size, KNOWN_REQUESTERS_MAX);
   assert.deepEqual(["new", "r0", "r1", "r2"].map((r) => known.known(r, now)), [true, true, false, true]);
-  // Expired entries make room first: all but r0 (updated) and the newcomer are KNOWN_FOR old here.
-  const later = t0 + KNOWN_REQUESTERS_MAX - 1 + KNOWN_FOR_US;
-  known.succeeded("newer", later);
-  assert.equal(known.size, 3, "the expired dropped, no live one");
-  assert.deepEqual(["r0", "new", "newer", "r2"].map((r) => known.known(r, later)), [true, true, true, false]);
+  assert.equal(known.accountSize("a1"), 0, "gone from its account too");
+  known.succeeded("newer", "a-newer", now + 1);
+  assert.deepEqual(["r0", "r2", "r3"].map((r) => known.known(r, now + 1)), [true, false, true]);
+  // Expired entries stay until evicted; they just are not known.
+  assert.equal(known.known("r3", t0 + 3 + KNOWN_FOR_US), false);
+  assert.equal(known.size, KNOWN_REQUESTERS_MAX);
 });

@@ -31,6 +31,7 @@ from tollgate_client.burst import (
     BUSY_REQUESTERS_MAX,
     BUSY_WINDOW_FACTOR,
     KNOWN_FOR_US,
+    KNOWN_PER_ACCOUNT_MAX,
     KNOWN_REQUESTERS_MAX,
     SWEEP_AT,
     Bursts,
@@ -156,11 +157,20 @@ class BurstDetection(unittest.TestCase):
         other = bursts.enter("login", Subject(peer="203.0.113.9", account="alice"))
         self.assertTrue(victim.in_burst() and other.in_burst())
         self.assertFalse(victim.own_burst() or other.own_burst())
-        self.assertNotEqual(victim.requester, Bursts.key("login", SUBJECT), "the requester key is its own")
         # A third from the victim's address makes hers an own burst.
         again = bursts.enter("login", Subject(peer="198.51.100.7", account="alice"))
         self.assertTrue(victim.own_burst() and again.own_burst())
         self.assertFalse(other.own_burst())
+
+    def test_users_behind_one_proxy_are_told_apart_by_their_forwarded_header(self):
+        bursts = Bursts()
+        proxy = "10.0.0.1"
+        victim = bursts.enter("login", Subject(peer=proxy, forwarded_for="198.51.100.7", account="alice"))
+        other = bursts.enter("login", Subject(peer=proxy, forwarded_for="203.0.113.9", account="alice"))
+        self.assertTrue(victim.in_burst() and other.in_burst())
+        self.assertFalse(victim.own_burst() or other.own_burst(), "one proxy, two requesters")
+        victim.leave()
+        other.leave()
 
     def test_a_check_without_account_is_own_with_another_on_its_address(self):
         bursts = Bursts()
@@ -171,6 +181,62 @@ class BurstDetection(unittest.TestCase):
         a.leave()
         self.assertEqual(bursts._entries[Bursts.key("login", Subject(peer="10.0.0.1"))].waiting, 1, "not counted twice")
         b.leave()
+
+
+class RequesterKey(unittest.TestCase):
+    def requester(self, **fields):
+        return Bursts.requester("login", Subject(**fields))
+
+    def test_fields_cannot_run_into_each_other(self):
+        self.assertNotEqual(
+            self.requester(account="bob", peer="192.0.2.5"), self.requester(account="bob1", peer="92.0.2.5")
+        )
+        self.assertNotEqual(
+            self.requester(tenant="a", account="bc", peer="192.0.2.5"),
+            self.requester(tenant="ab", account="c", peer="192.0.2.5"),
+        )
+        self.assertNotEqual(
+            self.requester(account="bob", forwarded_for="1.2.3.4"),
+            self.requester(account="bob|1.2.3.4"),
+        )
+        self.assertNotEqual(
+            self.requester(account="a", peer="192.0.2.5", forwarded_for="b"),
+            self.requester(account="a", peer="192.0.2.5", tenant="b"),
+        )
+
+    def test_the_same_account_in_two_tenants_is_two_requesters(self):
+        peer = "192.0.2.5"
+        keys = {
+            self.requester(tenant="one", account="alice", peer=peer),
+            self.requester(tenant="two", account="alice", peer=peer),
+            self.requester(account="alice", peer=peer),
+            self.requester(tenant="", account="alice", peer=peer),
+        }
+        self.assertEqual(len(keys), 4, "absent and empty tenants differ too")
+
+    def test_the_forwarded_header_tells_requesters_apart(self):
+        peer = "192.0.2.5"
+        keys = {
+            self.requester(account="alice", peer=peer, forwarded_for="198.51.100.7"),
+            self.requester(account="alice", peer=peer, forwarded_for="203.0.113.9"),
+            self.requester(account="alice", peer=peer),
+            self.requester(account="alice", peer=peer, forwarded_for=""),
+        }
+        self.assertEqual(len(keys), 4, "none and an empty header differ too")
+
+    def test_the_requester_is_the_burst_key_without_account_or_address(self):
+        for subject in (Subject(account="alice"), Subject(peer="192.0.2.5"), Subject(forwarded_for="1.2.3.4")):
+            self.assertEqual(Bursts.requester("login", subject), Bursts.key("login", subject))
+        with_header = Subject(account="alice", forwarded_for="1.2.3.4")
+        self.assertNotEqual(Bursts.requester("login", with_header), Bursts.key("login", with_header))
+
+    def test_a_report_keys_its_requester_on_the_bounded_header_it_sends(self):
+        client = Client(ClientConfig(dead_socket_path()))
+        header = "1.2.3.4, " * 1000 + "198.51.100.7"
+        subject = Subject(peer="10.0.0.1", account="alice", forwarded_for=header)
+        client.report("login", subject, True)
+        bounded = Subject(peer="10.0.0.1", account="alice", forwarded_for=forwarded_tail(header))
+        self.assertTrue(client._known.known(Bursts.requester("login", bounded), client._now_us()))
 
 
 class BusyWindow(unittest.TestCase):
@@ -209,37 +275,52 @@ class KnownRequester(unittest.TestCase):
     def test_known_after_a_success_until_known_for_ends(self):
         known = KnownRequesters()
         self.assertFalse(known.known("alice", 1_000), "never succeeded")
-        known.succeeded("alice", 1_000)
+        known.succeeded("alice", "acct", 1_000)
         self.assertTrue(known.known("alice", 1_000))
         self.assertTrue(known.known("alice", 1_000 + KNOWN_FOR_US - 1))
         self.assertFalse(known.known("alice", 1_000 + KNOWN_FOR_US))
         self.assertFalse(known.known("erin", 1_000), "each requester her own")
-        known.succeeded("alice", 1_000 + KNOWN_FOR_US)
+        known.succeeded("alice", "acct", 1_000 + KNOWN_FOR_US)
         self.assertTrue(known.known("alice", 1_000 + KNOWN_FOR_US), "a new success renews it")
 
-    def test_the_map_is_bounded_and_a_new_success_evicts_the_oldest(self):
+    def test_the_map_is_bounded_and_a_new_success_evicts_the_least_recent(self):
         known = KnownRequesters()
         for n in range(KNOWN_REQUESTERS_MAX):
-            known.succeeded(n, 1_000 + n)
-        known.succeeded(5, 10_000_000)
+            known.succeeded(n, n, 1_000 + n)
+        known.succeeded(0, 0, 10_000_000)
         self.assertEqual(len(known), KNOWN_REQUESTERS_MAX, "an update needs no room")
-        self.assertTrue(known.known(0, 10_000_000), "nothing evicted by an update")
-        known.succeeded("new", 10_000_000)
+        self.assertTrue(known.known(1, 10_000_000), "nothing evicted by an update")
+        known.succeeded("new", "new", 10_000_000)
         self.assertEqual(len(known), KNOWN_REQUESTERS_MAX)
-        self.assertFalse(known.known(0, 10_000_000), "the oldest made room")
-        self.assertTrue(known.known(1, 10_000_000) and known.known("new", 10_000_000))
-        self.assertTrue(known.known(5, 10_000_000))
+        self.assertFalse(known.known(1, 10_000_000), "the least recently succeeded made room")
+        self.assertTrue(known.known(0, 10_000_000), "an update made the oldest recent again")
+        self.assertTrue(known.known(2, 10_000_000) and known.known("new", 10_000_000))
+        self.assertEqual(sum(len(r) for r in known._accounts.values()), KNOWN_REQUESTERS_MAX, "accounts kept in step")
+        self.assertNotIn(1, known._accounts, "an account left empty is dropped")
 
-    def test_a_full_map_first_drops_the_expired(self):
+    def test_at_most_sixteen_requesters_an_account(self):
         known = KnownRequesters()
-        known.succeeded("stale", 1_000)
-        known.succeeded("staler", 500)
-        for n in range(KNOWN_REQUESTERS_MAX - 2):
-            known.succeeded(n, KNOWN_FOR_US)
-        now = 1_000 + KNOWN_FOR_US
-        known.succeeded("new", now)
-        self.assertEqual(len(known), KNOWN_REQUESTERS_MAX - 1, "both expired ones dropped")
-        self.assertTrue(all(known.known(n, now) for n in (0, KNOWN_REQUESTERS_MAX - 3, "new")))
+        known.succeeded("bob@192.0.2.1", "bob", 500)
+        for n in range(KNOWN_PER_ACCOUNT_MAX + 1):
+            known.succeeded("mallory@10.0.0.{}".format(n), "mallory", 1_000 + n)
+        now = 2_000
+        self.assertFalse(known.known("mallory@10.0.0.0", now), "the account's first is forgotten")
+        self.assertTrue(all(known.known("mallory@10.0.0.{}".format(n), now) for n in range(1, KNOWN_PER_ACCOUNT_MAX + 1)))
+        self.assertTrue(known.known("bob@192.0.2.1", now), "another account's entry is not")
+        self.assertEqual(len(known), KNOWN_PER_ACCOUNT_MAX + 1)
+        # An update within the account makes its entry the most recent there.
+        known.succeeded("mallory@10.0.0.1", "mallory", 3_000)
+        known.succeeded("mallory@10.0.0.99", "mallory", 3_001)
+        self.assertTrue(known.known("mallory@10.0.0.1", 3_001))
+        self.assertFalse(known.known("mallory@10.0.0.2", 3_001), "the account's least recent went")
+
+    def test_logins_to_ones_own_account_cannot_push_others_out(self):
+        known = KnownRequesters()
+        known.succeeded("alice", "alice", 1_000)
+        for n in range(KNOWN_REQUESTERS_MAX):
+            known.succeeded(("mallory", n), "mallory", 2_000 + n)
+        self.assertTrue(known.known("alice", 10_000_000))
+        self.assertEqual(len(known), KNOWN_PER_ACCOUNT_MAX + 1)
 
 
 class KnownRequesterOfReports(unittest.TestCase):
@@ -254,6 +335,13 @@ class KnownRequesterOfReports(unittest.TestCase):
         self.assertFalse(client._known.known(Bursts.requester("login", Subject(peer="203.0.113.9", account="alice")), client._now_us()))
         client.report("login", Subject(account="bob"), "success")
         self.assertTrue(client._known.known(Bursts.key("login", Subject(account="bob")), client._now_us()), "the burst key without a peer")
+
+    def test_a_report_refused_before_sending_makes_nobody_known(self):
+        client = Client(ClientConfig("/nonexistent/t.sock"))
+        subject = Subject(peer="198.51.100.7", account="alice", device="d" * 4096)
+        answer = client.report("login", subject, True)
+        self.assertIsInstance(answer, Rejected)
+        self.assertEqual(len(client._known), 0, "never sent")
 
 
 def verdict(decision, retry_after_ms=0, delay_ms=0):

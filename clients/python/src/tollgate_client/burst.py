@@ -6,20 +6,23 @@ same account (or, without one, the same address) waited on this client at
 the same time, or started less than BURST_GAP_US before it. A lone user's
 timeout during a flood on other accounts is an outage for the fail policy.
 
-Who is in the burst matters too. Parallel checks on one account from one
-address (the requester: route, account and address) are a guesser's own
-burst, refused for as long as they last. A check in a burst on her account
-that is not her own (others' checks, from other addresses) is refused as
-busy for at most busy_max in a window of 120 x busy_max (`BusyWindows`),
-so nobody can keep her out by checking her account; past that her timeout
-follows the fail policy. That way out is only for a requester this client
-has seen log in (`KnownRequesters`: a success reported through it within
-KNOWN_FOR): anyone else in a burst on the account (a guesser's other
-addresses, a botnet) stays busy, since a late guess that failed open would
-be admitted with no check at all."""
+Who is in the burst matters too. Parallel checks of one requester on an
+account (route, tenant, account, address and X-Forwarded-For: behind a
+reverse proxy the address is the proxy's, and the forwarded header tells
+its users apart) are a guesser's own burst, refused for as long as they
+last. A check in a burst on her account that is not her own (others'
+checks, from other addresses) is refused as busy for at most busy_max in a
+window of 120 x busy_max (`BusyWindows`), so nobody can keep her out by
+checking her account; past that her timeout follows the fail policy. That
+way out is only for a requester this client has seen log in
+(`KnownRequesters`: a success reported through it within KNOWN_FOR, at
+most KNOWN_PER_ACCOUNT_MAX requesters an account): anyone else in a burst
+on the account (a guesser's other addresses, a botnet) stays busy, since a
+late guess that failed open would be admitted with no check at all."""
 
 import threading
 import time
+from collections import OrderedDict
 from typing import Dict, Hashable, Tuple
 
 from .protocol import Subject
@@ -38,9 +41,12 @@ BUSY_REQUESTERS_MAX = 4096
 BUSY_WINDOW_FACTOR = 120
 # How long a requester's last reported success keeps her known (µs): 30 days.
 KNOWN_FOR_US = 30 * 24 * 3600 * 1_000_000
-# Known requesters remembered at once; past it the stale, else the oldest,
-# make room.
+# Known requesters remembered at once; past it the least recently
+# succeeded makes room.
 KNOWN_REQUESTERS_MAX = 65536
+# Known requesters remembered per account; past it the account's least
+# recently succeeded makes room.
+KNOWN_PER_ACCOUNT_MAX = 16
 
 
 def _now_us() -> int:
@@ -80,12 +86,25 @@ class Bursts:
 
     @staticmethod
     def requester(route: str, subject: Subject) -> Tuple[Hashable, ...]:
-        """The requester key: the route, the account and the address when the
-        subject has both (its own tag, so it never equals a burst key);
-        otherwise the burst key itself."""
-        if subject.account is not None and subject.peer is not None:
-            return (route, 3, subject.account, str(subject.peer))
+        """The requester key: the route, the tenant, the account, the address
+        and the X-Forwarded-For header (as sent, bounded) when the subject
+        has an account and an address or a forwarded header (its own tag, so
+        it never equals a burst key); otherwise the burst key itself. Behind
+        a reverse proxy the address is the proxy's: the forwarded header
+        tells its users apart, so an attacker's checks cannot make hers an
+        own burst; the same account name in another tenant is another
+        requester. A tuple keeps every field apart (None is not "")."""
+        if subject.account is not None and (subject.peer is not None or subject.forwarded_for is not None):
+            peer = None if subject.peer is None else str(subject.peer)
+            return (route, 3, subject.tenant, subject.account, peer, subject.forwarded_for)
         return Bursts.key(route, subject)
+
+    @staticmethod
+    def account(route: str, subject: Subject) -> Tuple[Hashable, ...]:
+        """The account key of a known requester: the route, the tenant and
+        the account (None without one: such a subject's requester is its
+        burst key, whose being known never decides anything)."""
+        return (route, subject.tenant, subject.account)
 
     def _enter_key(self, key: Hashable, seq: int, now: int) -> bool:
         """Counts a check waiting on `key` (under the lock); whether it has
@@ -202,30 +221,64 @@ class KnownRequesters:
     logged in from this address may leave busy in others' bursts on her
     account after her busy window; a requester never seen succeeding (a
     guesser's other addresses) stays busy, since a late guess that failed
-    open would be admitted with no check at all."""
+    open would be admitted with no check at all.
+
+    At most KNOWN_PER_ACCOUNT_MAX requesters an account and
+    KNOWN_REQUESTERS_MAX in all, each bound evicting the least recently
+    succeeded, in constant time. Evicted oldest-first over the whole map,
+    an attacker logging in to his own account from fresh addresses could
+    push every user out with 65,536 logins (and each eviction scanned the
+    whole map under the lock); capped per account he needs 4,096 accounts
+    of his own."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._last: Dict[Hashable, int] = {}
+        # requester -> (last success, account key); least recent first.
+        self._last: "OrderedDict[Hashable, Tuple[int, Hashable]]" = OrderedDict()
+        # account key -> its requesters (at most KNOWN_PER_ACCOUNT_MAX),
+        # least recent first.
+        self._accounts: "Dict[Hashable, OrderedDict[Hashable, None]]" = {}
 
-    def succeeded(self, requester: Hashable, now_us: int) -> None:
-        """Records a success reported for the requester at `now_us`. A new
-        requester in a full map first drops the entries older than
-        KNOWN_FOR_US, else the oldest one; an update needs no room."""
+    def succeeded(self, requester: Hashable, account: Hashable, now_us: int) -> None:
+        """Records a success reported for the requester (of account key
+        `account`) at `now_us`, as the most recent. A new requester first
+        makes room in its account, then in the whole map; an update needs
+        no room."""
         with self._lock:
-            if requester not in self._last and len(self._last) >= KNOWN_REQUESTERS_MAX:
-                self._last = {k: t for k, t in self._last.items() if now_us - t < KNOWN_FOR_US}
-                if len(self._last) >= KNOWN_REQUESTERS_MAX:
-                    # Rare: one scan for the oldest is enough.
-                    del self._last[min(self._last, key=self._last.__getitem__)]
-            self._last[requester] = now_us
+            entry = self._last.get(requester)
+            if entry is not None:
+                # Its account key stays the one it was recorded with (a
+                # requester keyed without its tenant, having no account or
+                # no address, may come with another).
+                self._last[requester] = (now_us, entry[1])
+                self._last.move_to_end(requester)
+                self._accounts[entry[1]].move_to_end(requester)
+                return
+            requesters = self._accounts.get(account)
+            if requesters is not None and len(requesters) >= KNOWN_PER_ACCOUNT_MAX:
+                oldest, _ = requesters.popitem(last=False)
+                del self._last[oldest]
+            if len(self._last) >= KNOWN_REQUESTERS_MAX:
+                oldest, (_, oldest_account) = self._last.popitem(last=False)
+                self._forget(oldest, oldest_account)
+            if requesters is None or account not in self._accounts:
+                requesters = self._accounts[account] = OrderedDict()
+            self._last[requester] = (now_us, account)
+            requesters[requester] = None
+
+    def _forget(self, requester: Hashable, account: Hashable) -> None:
+        requesters = self._accounts[account]
+        del requesters[requester]
+        if not requesters:
+            del self._accounts[account]
 
     def known(self, requester: Hashable, now_us: int) -> bool:
         """Whether a success was reported for the requester less than
-        KNOWN_FOR_US before `now_us`."""
+        KNOWN_FOR_US before `now_us` (an expired entry may stay until
+        evicted)."""
         with self._lock:
-            last = self._last.get(requester)
-            return last is not None and now_us - last < KNOWN_FOR_US
+            entry = self._last.get(requester)
+            return entry is not None and now_us - entry[0] < KNOWN_FOR_US
 
     def __len__(self) -> int:
         with self._lock:

@@ -79,7 +79,8 @@ class ClientConfig:
     # answer in time), from a daemon that has answered this client, is Busy;
     # 0: every timeout is an outage. In a burst on its account that is not
     # its own (the others' checks come from other addresses), a check whose
-    # account and address had a success reported through this client is
+    # requester (tenant, account, address and X-Forwarded-For) had a
+    # success reported through this client is
     # Busy for at most busy_max in a window of 120 x busy_max; any other
     # stays Busy.
     busy_max: float = BUSY_MAX_DEFAULT
@@ -282,25 +283,28 @@ class _ClientCore:
         password_digest: Optional[bytes],
         password_tag: Optional[bytes],
     ) -> Report:
-        """The report to send. A success makes its requester known, whatever
-        the daemon answers or even if the call fails: the password was
-        right, so her timeouts in others' bursts may follow the fail policy
-        after her busy window."""
-        request = Report(route, _bounded(subject), _outcome(outcome), password_digest, password_tag)
-        if request.outcome == Outcome.SUCCESS:
-            self._known.succeeded(Bursts.requester(route, request.subject), self._now_us())
-        return request
+        """The report to send."""
+        return Report(route, _bounded(subject), _outcome(outcome), password_digest, password_tag)
 
     def _enter(self, route: str, request: Request) -> Optional[BurstGuard]:
-        # Only a check can be busy: the burst it is in decides.
+        """What a request about to be sent (not refused before sending)
+        changes here. A success reported makes its requester known,
+        whatever the daemon answers or even if the call fails: the password
+        was right, so her timeouts in others' bursts may follow the fail
+        policy after her busy window. A check enters its bursts: only a
+        check can be busy, and the burst it is in decides."""
+        if isinstance(request, Report) and request.outcome == Outcome.SUCCESS:
+            subject = request.subject
+            self._known.succeeded(Bursts.requester(route, subject), Bursts.account(route, subject), self._now_us())
         return self._bursts.enter(route, request.subject) if isinstance(request, Check) else None
 
     def _failed(self, route: str, request: Request, error: ClientError, burst: Optional[BurstGuard]) -> Unavailable:
         if isinstance(error, Busy):
             # Busy stops a login only in a burst on its account: a lone
             # user's timeout during a flood on others is an outage. Parallel
-            # checks on one account from one address are a guesser's own
-            # burst, refused for as long as they last. A user who has
+            # checks on one account from one requester (one address and
+            # X-Forwarded-For, in one tenant) are a guesser's own burst,
+            # refused for as long as they last. A user who has
             # logged in from this address (a success reported through this
             # client) is refused as busy in others' bursts on her account
             # for at most busy_max in a window of 120 x busy_max, so nobody

@@ -1,6 +1,9 @@
 package dev.tollgate.client;
 
+import java.util.ArrayDeque;
 import java.util.HashMap;
+import java.util.Iterator;
+import java.util.LinkedHashMap;
 import java.util.Map;
 
 /**
@@ -11,9 +14,11 @@ import java.util.Map;
  * before it. A lone user's timeout during a flood on other accounts is an
  * outage for the fail policy, not a refusal.
  *
- * <p>Each check is also counted under its requester (the route, the account
- * and the address together; without both, the burst key itself), so that a
- * burst of one's own can be told from one made by others. Parallel checks on
+ * <p>Each check is also counted under its requester (the route, the tenant,
+ * the account, the address and the X-Forwarded-For header together; without
+ * an account, or with neither address nor header, the burst key itself), so
+ * that a burst of one's own can be told from one made by others, also behind
+ * a reverse proxy whose address all its users share. Parallel checks on
  * one account from one address are a guesser's: refused as busy for as long
  * as they last. A user who has logged in from her address through this
  * client ({@link Known}) is refused as busy in others' bursts on her account
@@ -22,7 +27,8 @@ import java.util.Map;
  * her account; past that her timeout follows the fail policy. Anyone else in
  * a burst on the account (a guesser's other addresses, a botnet) stays busy
  * however long it lasts: a late guess that failed open would be admitted
- * with no check at all.
+ * with no check at all. Known requesters are kept at most 16 per account, so
+ * nobody logging in to his own accounts can push the users out.
  */
 final class Bursts {
     /** Checks on one key this close together are one burst: shorter than a person's next try, longer than a loaded host's scheduling delay. */
@@ -49,16 +55,52 @@ final class Bursts {
     }
 
     /**
-     * The requester key: the route, the account and the address when the
-     * subject has both (a tag of its own, so it never equals a burst key);
-     * otherwise the burst key, which then names the requester as well as
-     * anything can.
+     * The requester key: the route, the tenant, the account, the address
+     * and the X-Forwarded-For header (as sent) when the subject has an
+     * account and an address or a header (a tag of its own, so it never
+     * equals a burst key); otherwise the burst key, which then names the
+     * requester as well as anything can. Behind a reverse proxy the address
+     * is the proxy's: the header tells its users apart, or an attacker's
+     * checks on her account would be her own burst. The same account name
+     * in another tenant is another requester. Each field is length-prefixed
+     * (absent and empty told apart), so no two subjects share a key by
+     * moving a boundary.
      */
     static String requesterKey(String route, Subject subject) {
-        if (subject.account() != null && subject.peer() != null) {
-            return "3\u0000" + route + "\u0000" + subject.account() + "\u0000" + subject.peer().getHostAddress();
+        if (subject.account() != null && (subject.peer() != null || subject.forwardedFor() != null)) {
+            StringBuilder key = new StringBuilder("3");
+            field(key, route);
+            field(key, subject.tenant());
+            field(key, subject.account());
+            field(key, subject.peer() == null ? null : subject.peer().getHostAddress());
+            field(key, subject.forwardedFor());
+            return key.toString();
         }
         return burstKey(route, subject);
+    }
+
+    /**
+     * The account key of a known requester: the route, the tenant and the
+     * account (tagged and length-prefixed like the requester key). Without
+     * an account, the requester key itself: such a requester shares its
+     * place with no other.
+     */
+    static String accountKey(String route, Subject subject) {
+        if (subject.account() == null) return requesterKey(route, subject);
+        StringBuilder key = new StringBuilder("4");
+        field(key, route);
+        field(key, subject.tenant());
+        field(key, subject.account());
+        return key.toString();
+    }
+
+    /** Appends one field: "|-" when absent, else "|", its length in chars, ":" and itself. */
+    private static void field(StringBuilder key, String value) {
+        if (value == null) {
+            key.append("|-");
+        } else {
+            key.append('|').append(value.length()).append(':').append(value);
+        }
     }
 
     /** Counts a check on the subject as waiting, under its burst key and its requester key, until the guard closes. */
@@ -124,7 +166,7 @@ final class Bursts {
 
         /**
          * {@link #inBurst} on its requester key: another check by the same
-         * requester (route, account and address) waited while it did, or
+         * requester (route, tenant, account, address and X-Forwarded-For) waited while it did, or
          * started within BURST_GAP_US before it.
          */
         boolean ownBurst() {
@@ -208,51 +250,81 @@ final class Bursts {
      * requester known this way may leave busy once its window's busy_max is
      * spent: she has logged in from this address before, while a guesser's
      * other addresses have not, and a late guess that failed open would be
-     * admitted with no check at all. Bounded by {@link #KNOWN_REQUESTERS_MAX}.
+     * admitted with no check at all.
+     *
+     * <p>Bounded by {@link #KNOWN_PER_ACCOUNT_MAX} requesters per account
+     * and {@link #KNOWN_REQUESTERS_MAX} in all, the least recently succeeded
+     * going first. Were it evicted oldest-first over the whole map only, an
+     * attacker logging in to his own account from fresh addresses could
+     * push every user out with 65,536 logins, and each eviction scanned the
+     * whole map under the lock; capped per account he needs 4,096 accounts
+     * of his own, and eviction takes constant time (a recency-ordered map,
+     * and per account a list of at most 16).
      */
     static final class Known {
-        /** Requesters kept; past it the expired ones go, then the oldest. */
+        /** Requesters kept in all; past it the least recently succeeded goes. */
         static final int KNOWN_REQUESTERS_MAX = 65536;
+        /** Requesters kept per account; past it the account's least recently succeeded goes. */
+        static final int KNOWN_PER_ACCOUNT_MAX = 16;
         /** A success is remembered this long (30 days, in µs). */
         static final long KNOWN_FOR_US = 30L * 24 * 60 * 60 * 1_000_000;
 
-        private final Map<String, Long> lasts = new HashMap<>();
+        private record Last(String accountKey, long atUs) {
+        }
 
-        /** Records a success reported for the requester at {@code nowUs}. */
-        void succeeded(String requester, long nowUs) {
+        /** In insertion order, kept as recency order by removing before putting again: the first is the least recent. */
+        private final LinkedHashMap<String, Last> lasts = new LinkedHashMap<>();
+        /** Per account key, its requesters, least recent first (at most KNOWN_PER_ACCOUNT_MAX). */
+        private final Map<String, ArrayDeque<String>> byAccount = new HashMap<>();
+
+        /** Records a success reported for the requester, of the account {@code accountKey}, at {@code nowUs}. */
+        void succeeded(String requester, String accountKey, long nowUs) {
             synchronized (lasts) {
-                // An update needs no room.
-                if (lasts.size() >= KNOWN_REQUESTERS_MAX && !lasts.containsKey(requester)) {
-                    lasts.values().removeIf(t -> nowUs - t >= KNOWN_FOR_US);
-                    if (lasts.size() >= KNOWN_REQUESTERS_MAX) {
-                        // Still full: the least recent success makes room
-                        // (one scan; rare, as it takes 65536 users a month).
-                        String oldest = null;
-                        long oldestAt = Long.MAX_VALUE;
-                        for (Map.Entry<String, Long> e : lasts.entrySet()) {
-                            if (oldest == null || e.getValue() < oldestAt) {
-                                oldest = e.getKey();
-                                oldestAt = e.getValue();
-                            }
-                        }
-                        lasts.remove(oldest);
-                    }
+                Last present = lasts.remove(requester);
+                if (present != null) {
+                    // An update needs no room: it becomes the most recent,
+                    // in all and within its account.
+                    lasts.put(requester, new Last(present.accountKey(), nowUs));
+                    ArrayDeque<String> mine = byAccount.get(present.accountKey());
+                    mine.remove(requester);
+                    mine.addLast(requester);
+                    return;
                 }
-                lasts.put(requester, nowUs);
+                ArrayDeque<String> mine = byAccount.get(accountKey);
+                if (mine != null && mine.size() >= KNOWN_PER_ACCOUNT_MAX) {
+                    lasts.remove(mine.pollFirst());
+                }
+                if (lasts.size() >= KNOWN_REQUESTERS_MAX) {
+                    Iterator<Map.Entry<String, Last>> first = lasts.entrySet().iterator();
+                    Map.Entry<String, Last> oldest = first.next();
+                    first.remove();
+                    ArrayDeque<String> theirs = byAccount.get(oldest.getValue().accountKey());
+                    theirs.remove(oldest.getKey());
+                    if (theirs.isEmpty()) byAccount.remove(oldest.getValue().accountKey());
+                }
+                lasts.put(requester, new Last(accountKey, nowUs));
+                byAccount.computeIfAbsent(accountKey, k -> new ArrayDeque<>()).addLast(requester);
             }
         }
 
         /** Whether a success was reported for the requester less than {@link #KNOWN_FOR_US} before {@code nowUs}. */
         boolean known(String requester, long nowUs) {
             synchronized (lasts) {
-                Long last = lasts.get(requester);
-                return last != null && nowUs - last < KNOWN_FOR_US;
+                Last last = lasts.get(requester);
+                return last != null && nowUs - last.atUs() < KNOWN_FOR_US;
             }
         }
 
         int size() {
             synchronized (lasts) {
                 return lasts.size();
+            }
+        }
+
+        /** Accounts with a known requester now (for tests). */
+        int accounts() {
+            synchronized (lasts) {
+                return byAccount.size();
             }
         }
     }

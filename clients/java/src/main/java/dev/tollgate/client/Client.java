@@ -133,7 +133,10 @@ public final class Client implements AutoCloseable {
         if (request.kind() == Request.Kind.REPORT && request.outcome() == Outcome.SUCCESS) {
             // The auth server says the password was right: whatever the
             // daemon answers (or if it cannot), this requester is a user.
-            knownRequesters.succeeded(Bursts.requesterKey(route, request.subject()), nowUs());
+            // Keyed as a check's requester on the subject as sent (the
+            // X-Forwarded-For tail the daemon reads), under its account.
+            knownRequesters.succeeded(Bursts.requesterKey(route, request.subject()),
+                    Bursts.accountKey(route, request.subject()), nowUs());
         }
         Bursts.Guard burst = spend ? bursts.enter(route, request.subject()) : null;
         Codec.Reply reply = null;
@@ -144,9 +147,11 @@ public final class Client implements AutoCloseable {
             error = failed.error;
             // Busy stops a login only in a burst on its account: a lone
             // user's timeout during a flood on others is an outage.
-            // Parallel checks on one account from one address are a
-            // guesser's: refused for as long as they last. A user who has
-            // logged in from this address through this client is refused
+            // Parallel checks on one account from one address (and one
+            // X-Forwarded-For, in one tenant) are a guesser's: refused for
+            // as long as they last. A user who has logged in from this
+            // address through this client (at most 16 remembered per
+            // account, the least recent forgotten first) is refused
             // as busy in others' bursts on her account (their checks come
             // from other addresses) for at most busy_max in a window of
             // 120 x busy_max, so nobody can keep her out by checking her

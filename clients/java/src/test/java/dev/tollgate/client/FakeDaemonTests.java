@@ -20,6 +20,8 @@ final class FakeDaemonTests {
         timeouts();
         busy();
         busyFromOtherAddresses();
+        busyBehindAProxy();
+        knownThroughTheClient();
         badReplies();
         pool();
         guard();
@@ -246,6 +248,57 @@ final class FakeDaemonTests {
             Expect.that(again.stream().allMatch(a -> kind(a) == ClientError.Kind.BUSY && !a.proceeds()),
                     "no success reported: still busy past busy_max: " + again);
             Expect.equal(0, client.busyWindows(), "still no window");
+        }
+    }
+
+    /**
+     * Behind a reverse proxy every check comes from the proxy's address:
+     * X-Forwarded-For tells its users apart, so an attacker's checks on her
+     * account are a burst on it but not her own (which would keep her busy
+     * for as long as he kept it up, and start no window).
+     */
+    private static void busyBehindAProxy() throws Exception {
+        Expect.group("the busy rule: behind a proxy");
+        FakeDaemon.Handler answering = FakeDaemon.speaking(5);
+        InetAddress proxy = InetAddress.getByName("10.0.0.2");
+        Subject victim = Subject.of(proxy, "alice").withForwardedFor("198.51.100.7");
+        Subject attacker = Subject.of(proxy, "alice").withForwardedFor("203.0.113.66");
+        try (FakeDaemon daemon = new FakeDaemon(answering);
+                Client client = new Client(ClientConfig.of(daemon.socket).timeout(Duration.ofMillis(60)).busyMax(Duration.ofMillis(400)))) {
+            Expect.that(client.check("login", subject("warm")).verdict().isPresent(), "answered once");
+            Expect.that(client.report("login", victim, Outcome.SUCCESS).verdict().isPresent(), "her success reported");
+            daemon.handler = f -> null;
+            List<Answer> first = together(client, List.of(victim, attacker));
+            Expect.that(first.stream().allMatch(a -> kind(a) == ClientError.Kind.BUSY && !a.proceeds()),
+                    "one account through one proxy for two users, late: busy the first time: " + first);
+            Expect.equal(1, client.busyWindows(), "not her own burst: her window started");
+            Thread.sleep(Bursts.BURST_GAP_US / 1000 + 10);
+            List<Answer> own = together(client, List.of(attacker, attacker));
+            Expect.that(own.stream().allMatch(a -> kind(a) == ClientError.Kind.BUSY && !a.proceeds()),
+                    "one X-Forwarded-For twice: its own burst, busy: " + own);
+        }
+    }
+
+    /** Which reported successes make a requester known, as the client counts them. */
+    private static void knownThroughTheClient() throws Exception {
+        Expect.group("known requesters through the client");
+        InetAddress proxy = InetAddress.getByName("10.0.0.2");
+        try (FakeDaemon daemon = new FakeDaemon(FakeDaemon.speaking(5));
+                Client client = new Client(ClientConfig.of(daemon.socket).timeout(Duration.ofSeconds(2)))) {
+            Subject refused = Subject.of(proxy, "a".repeat(600));
+            Expect.that(client.report("login", refused, Outcome.SUCCESS) instanceof Answer.Rejected, "a report refused before sending");
+            Expect.equal(0, client.knownRequesters(), "a report not sent records no success");
+            client.report("login", Subject.of(proxy, "alice").withForwardedFor("198.51.100.7"), Outcome.SUCCESS);
+            client.report("login", Subject.of(proxy, "alice").withForwardedFor("198.51.100.8"), Outcome.SUCCESS);
+            client.report("login", Subject.of(proxy, "alice").withForwardedFor("198.51.100.8"), Outcome.SUCCESS);
+            Expect.equal(2, client.knownRequesters(), "one proxy, two X-Forwarded-For values: two requesters");
+            client.report("login", Subject.of(proxy, "alice").withForwardedFor("198.51.100.7").withTenant("t2"), Outcome.SUCCESS);
+            Expect.equal(3, client.knownRequesters(), "the same account in another tenant: another requester");
+            for (int n = 0; n <= Bursts.Known.KNOWN_PER_ACCOUNT_MAX; n++) {
+                client.report("login", Subject.of(InetAddress.getByName("192.0.2." + (n + 1)), "mallory"), Outcome.SUCCESS);
+            }
+            Expect.equal(3 + Bursts.Known.KNOWN_PER_ACCOUNT_MAX, client.knownRequesters(),
+                    "17 addresses on one account: 16 kept, the others' untouched");
         }
     }
 

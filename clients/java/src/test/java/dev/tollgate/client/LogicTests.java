@@ -16,6 +16,7 @@ final class LogicTests {
         gcra();
         bursts();
         ownBursts();
+        requesterKeys();
         busyWindows();
         knownRequesters();
         answers();
@@ -138,8 +139,23 @@ final class LogicTests {
         Expect.that(!onlyAccount.ownBurst(), "an account without an address, alone");
         onlyAccount.close();
         Subject both = Subject.of(a, "alice");
-        Expect.that(!Bursts.requesterKey("login", both).equals(Bursts.burstKey("login", both)), "a requester key is never its burst key");
         Expect.that(!Bursts.requesterKey("login", both).equals(Bursts.requesterKey("reauth", both)), "another route is another requester");
+        Thread.sleep(Bursts.BURST_GAP_US / 1000 + 10);
+        // Behind a proxy every user has its address: X-Forwarded-For tells them apart.
+        Bursts.Guard herXff = bursts.enter("login", both.withForwardedFor("203.0.113.9"));
+        Bursts.Guard hisXff = bursts.enter("login", both.withForwardedFor("198.51.100.20"));
+        Expect.that(herXff.inBurst() && hisXff.inBurst(), "one account behind one proxy: a burst");
+        Expect.that(!herXff.ownBurst() && !hisXff.ownBurst(), "two X-Forwarded-For values: neither's own");
+        herXff.close();
+        hisXff.close();
+        Thread.sleep(Bursts.BURST_GAP_US / 1000 + 10);
+        Subject onlyXff = Subject.EMPTY.withAccount("alice").withForwardedFor("203.0.113.9");
+        Bursts.Guard x1 = bursts.enter("login", onlyXff);
+        Bursts.Guard x2 = bursts.enter("login", onlyXff);
+        Expect.that(x1.ownBurst() && x2.ownBurst(), "an account and X-Forwarded-For without an address: own with its twin");
+        Expect.that(!x1.requester().equals(Bursts.burstKey("login", onlyXff)), "an account and X-Forwarded-For: a requester of its own");
+        x1.close();
+        x2.close();
         Bursts many = new Bursts();
         // Two entries a check: filled to the bound whatever a slow loop swept on the way.
         for (int n = 0; many.size() < Bursts.SWEEP_AT; n++) many.enter("login", Subject.of(a, "a" + n)).close();
@@ -176,6 +192,48 @@ final class LogicTests {
         Expect.equal(1, full.size(), "the ended windows dropped");
     }
 
+    private static void requesterKeys() throws Exception {
+        Expect.group("requester keys");
+        InetAddress p5 = InetAddress.getByName("192.0.2.5");
+        InetAddress p92 = InetAddress.getByName("92.0.2.5");
+        InetAddress a = InetAddress.getByName("192.0.2.1");
+        Expect.that(!Bursts.requesterKey("login", Subject.of(p5, "bob")).equals(Bursts.requesterKey("login", Subject.of(p92, "bob1"))),
+                "account bob + peer 192.0.2.5 is not account bob1 + peer 92.0.2.5");
+        Subject ab = Subject.of(a, "bc").withTenant("a");
+        Subject abc = Subject.of(a, "c").withTenant("ab");
+        Expect.that(!Bursts.requesterKey("login", ab).equals(Bursts.requesterKey("login", abc)),
+                "tenant a + account bc is not tenant ab + account c");
+        Expect.that(!Bursts.accountKey("login", ab).equals(Bursts.accountKey("login", abc)),
+                "nor is its account key");
+        Subject xffAcc = Subject.of(a, "x").withForwardedFor("y");
+        Subject accXff = Subject.of(a, "x|y").withForwardedFor(null);
+        Expect.that(!Bursts.requesterKey("login", xffAcc).equals(Bursts.requesterKey("login", accXff)),
+                "a separator in the account moves no boundary");
+        Subject t1 = Subject.of(a, "alice").withTenant("t1");
+        Subject t2 = Subject.of(a, "alice").withTenant("t2");
+        Subject untenanted = Subject.of(a, "alice");
+        Subject emptyTenant = Subject.of(a, "alice").withTenant("");
+        Expect.that(!Bursts.requesterKey("login", t1).equals(Bursts.requesterKey("login", t2)), "one account in two tenants: two requesters");
+        Expect.that(!Bursts.requesterKey("login", untenanted).equals(Bursts.requesterKey("login", emptyTenant)),
+                "no tenant and an empty tenant: two requesters");
+        Expect.that(!Bursts.accountKey("login", t1).equals(Bursts.accountKey("login", t2)), "one account in two tenants: two accounts");
+        Expect.equal(Bursts.burstKey("login", t1), Bursts.burstKey("login", t2), "the burst key has no tenant");
+        Subject f1 = Subject.of(a, "alice").withForwardedFor("203.0.113.9");
+        Subject f2 = Subject.of(a, "alice").withForwardedFor("203.0.113.10");
+        Subject fEmpty = Subject.of(a, "alice").withForwardedFor("");
+        Subject fNone = Subject.of(a, "alice");
+        Expect.that(!Bursts.requesterKey("login", f1).equals(Bursts.requesterKey("login", f2)),
+                "one account and address, two X-Forwarded-For values: two requesters");
+        Expect.that(!Bursts.requesterKey("login", fNone).equals(Bursts.requesterKey("login", fEmpty)),
+                "no X-Forwarded-For and an empty one: two requesters");
+        Expect.equal(Bursts.accountKey("login", f1), Bursts.accountKey("login", f2), "one account whatever the addresses");
+        Expect.equal(Bursts.burstKey("login", Subject.EMPTY.withAccount("alice")),
+                Bursts.requesterKey("login", Subject.EMPTY.withAccount("alice").withTenant("t")),
+                "an account with neither address nor X-Forwarded-For: the burst key");
+        Subject xffOnly = Subject.EMPTY.withForwardedFor("203.0.113.9");
+        Expect.equal(Bursts.burstKey("login", xffOnly), Bursts.requesterKey("login", xffOnly), "no account: the burst key");
+    }
+
     private static void knownRequesters() {
         Expect.group("known requesters");
         long day = 24L * 60 * 60 * 1_000_000;
@@ -184,34 +242,57 @@ final class LogicTests {
         Bursts.Known known = new Bursts.Known();
         long t0 = 7_000_000;
         Expect.that(!known.known("r", t0), "unknown: not known");
-        known.succeeded("r", t0);
+        known.succeeded("r", "A", t0);
         Expect.that(known.known("r", t0), "after a success: known");
         Expect.that(known.known("r", t0 + forUs - 1), "known just before KNOWN_FOR");
         Expect.that(!known.known("r", t0 + forUs), "not known at KNOWN_FOR");
         Expect.that(!known.known("s", t0), "another requester is not known by it");
-        known.succeeded("r", t0 + forUs);
+        known.succeeded("r", "A", t0 + forUs);
         Expect.that(known.known("r", t0 + 2 * forUs - 1), "a new success counts from then");
         int max = Bursts.Known.KNOWN_REQUESTERS_MAX;
         Bursts.Known full = new Bursts.Known();
-        for (int n = 0; n < max; n++) full.succeeded("r" + n, t0 + n);
+        // One account each: only the global cap applies.
+        for (int n = 0; n < max; n++) full.succeeded("r" + n, "a" + n, t0 + n);
         Expect.equal(max, full.size(), "filled");
         long last = t0 + max - 1;
-        full.succeeded("r5", last + 1);
+        full.succeeded("r5", "a5", last + 1);
         Expect.equal(max, full.size(), "an update of an existing entry needs no room");
         Expect.that(full.known("r0", last + 1), "and evicts nothing");
-        full.succeeded("new", last + 2);
+        full.succeeded("new", "anew", last + 2);
         Expect.equal(max, full.size(), "still bounded");
         Expect.that(full.known("new", last + 2), "a new success is known");
-        Expect.that(!full.known("r0", last + 2), "it evicted the oldest");
+        Expect.that(!full.known("r0", last + 2), "it evicted the least recent");
         Expect.that(full.known("r1", last + 2) && full.known("r5", last + 2), "and only it");
-        full.succeeded("newer", last + 3);
-        Expect.that(!full.known("r1", last + 3) && full.known("r2", last + 3), "the next oldest goes next");
-        Expect.that(full.known("r5", last + 3), "an updated entry is not the oldest any more");
+        Expect.equal(max, full.accounts(), "its account went with it");
+        full.succeeded("newer", "anewer", last + 3);
+        Expect.that(!full.known("r1", last + 3) && full.known("r2", last + 3), "the next least recent goes next");
+        full.succeeded("r2", "a2", last + 4);
+        full.succeeded("newest", "anewest", last + 5);
+        Expect.that(full.known("r2", last + 5), "an update made r2 recent again: it survives");
+        Expect.that(!full.known("r3", last + 5) && full.known("r4", last + 5), "the least recent after it goes instead");
+        Expect.that(full.known("r5", last + 5), "an updated entry is not the least recent any more");
         Bursts.Known expiring = new Bursts.Known();
-        for (int n = 0; n < max; n++) expiring.succeeded("r" + n, n < 3 ? t0 : t0 + forUs);
-        expiring.succeeded("new", t0 + forUs + 10);
-        Expect.equal(max - 2, expiring.size(), "full: the expired entries are dropped first");
-        Expect.that(expiring.known("new", t0 + forUs + 10) && expiring.known("r3", t0 + forUs + 10), "and nothing live");
+        for (int n = 0; n < max; n++) expiring.succeeded("r" + n, "a" + n, n < 3 ? t0 : t0 + forUs);
+        expiring.succeeded("new", "anew", t0 + forUs + 10);
+        Expect.equal(max, expiring.size(), "full: one entry makes room");
+        Expect.that(!expiring.known("r0", t0 + forUs + 10) && expiring.known("r3", t0 + forUs + 10)
+                && expiring.known("new", t0 + forUs + 10), "the least recent (here expired) goes, nothing live");
+
+        Expect.group("known requesters: per account");
+        int perAccount = Bursts.Known.KNOWN_PER_ACCOUNT_MAX;
+        Expect.equal(16, perAccount, "16 requesters per account");
+        Bursts.Known accounts = new Bursts.Known();
+        accounts.succeeded("erin@1", "erin", t0);
+        for (int n = 0; n <= perAccount; n++) accounts.succeeded("alice@" + n, "alice", t0 + 1 + n);
+        Expect.that(!accounts.known("alice@0", t0 + 100), "17 addresses on one account: the first is forgotten");
+        Expect.that(accounts.known("alice@1", t0 + 100) && accounts.known("alice@" + perAccount, t0 + 100), "the other 16 are kept");
+        Expect.that(accounts.known("erin@1", t0 + 100), "another account's older entry is not evicted");
+        Expect.equal(perAccount + 1, accounts.size(), "16 of alice's and erin's");
+        accounts.succeeded("alice@1", "alice", t0 + 200);
+        accounts.succeeded("alice@new", "alice", t0 + 201);
+        Expect.that(accounts.known("alice@1", t0 + 300), "an update made alice@1 her most recent: it survives");
+        Expect.that(!accounts.known("alice@2", t0 + 300), "her least recent goes instead");
+        Expect.equal(perAccount + 1, accounts.size(), "still 16 of alice's");
     }
 
     private static Verdict verdict(Decision decision, long retryAfterMs, long delayMs) {
