@@ -155,8 +155,13 @@ impl Client {
         let burst = match request {
             Request::Check { route, subject } => Some(self.bursts.enter(route, subject)),
             // The auth server found the password right: her address is hers.
+            // A requester that is its burst key (no address) is never asked
+            // about: its overlaps are all its own.
             Request::Report { route, subject, outcome: Outcome::Success, .. } => {
-                self.known.succeeded(self.bursts.keys(route, subject), self.now_us());
+                let keys = self.bursts.keys(route, subject);
+                if keys.requester != keys.burst {
+                    self.known.succeeded(keys, self.now_us());
+                }
                 None
             }
             _ => None,

@@ -355,8 +355,12 @@ func (c *Client) decide(ctx context.Context, cancellable bool, req *request) Ans
 	// A success makes its requester known (whatever becomes of the report:
 	// the auth server found the password right), so that her timeouts in
 	// others' bursts on her account may leave busy after BusyMax.
+	// A requester that is its burst key (no address) is never asked
+	// about: its overlaps are all its own.
 	if req.kind == requestReport && req.outcome == Success {
-		c.known.succeeded(requesterKey(req.route, &req.subject), accountKey(req.route, &req.subject), time.Since(c.started))
+		if requester := requesterKey(req.route, &req.subject); requester != burstKey(req.route, &req.subject) {
+			c.known.succeeded(requester, accountKey(req.route, &req.subject), time.Since(c.started))
+		}
 	}
 	// Only a check is an attempt: a report of its outcome must not spend a
 	// second unit of the static budget.

@@ -490,8 +490,8 @@ func TestReportedSuccessesMakeRequestersKnown(t *testing.T) {
 	if !c.known.known(requesterKey("login", &alice), now()) {
 		t.Fatal("her success makes her known")
 	}
-	if !c.known.known(burstKey("login", &peerOnly), now()) {
-		t.Fatal("without an account, the address is known")
+	if c.known.known(burstKey("login", &peerOnly), now()) {
+		t.Fatal("without an account the requester is its burst key, never asked about: not recorded")
 	}
 	other := Subject{Peer: netip.MustParseAddr("203.0.113.9"), Account: alice.Account}
 	for what, key := range map[string]string{

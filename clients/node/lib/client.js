@@ -206,8 +206,10 @@ export class Client {
     // the call fails: the password was right. Keyed as a check's requester;
     // a report refused above was never sent and makes nobody known.
     if (request.type === "report" && request.outcome === "success") {
-      const { requester, accountKey } = burstKeys(route, request.subject ?? {});
-      this.#knownRequesters.succeeded(requester, accountKey, this.#nowUs());
+      const { key, requester, accountKey } = burstKeys(route, request.subject ?? {});
+      // A requester that is its burst key (no address) is never asked
+      // about: its overlaps are all its own.
+      if (requester !== key) this.#knownRequesters.succeeded(requester, accountKey, this.#nowUs());
     }
     // Only a check is an attempt: its report must not spend the static budget twice.
     const spend = request.type === "check";

@@ -196,8 +196,8 @@ class RequesterKey(unittest.TestCase):
             self.requester(tenant="ab", account="c", peer="192.0.2.5"),
         )
         self.assertNotEqual(
-            self.requester(account="bob", forwarded_for="1.2.3.4"),
-            self.requester(account="bob|1.2.3.4"),
+            self.requester(account="bob", peer="192.0.2.5", forwarded_for="1.2.3.4"),
+            self.requester(account="bob|1.2.3.4", peer="192.0.2.5"),
         )
         self.assertNotEqual(
             self.requester(account="a", peer="192.0.2.5", forwarded_for="b"),
@@ -334,7 +334,10 @@ class KnownRequesterOfReports(unittest.TestCase):
         self.assertTrue(client._known.known(requester, client._now_us()))
         self.assertFalse(client._known.known(Bursts.requester("login", Subject(peer="203.0.113.9", account="alice")), client._now_us()))
         client.report("login", Subject(account="bob"), "success")
-        self.assertTrue(client._known.known(Bursts.key("login", Subject(account="bob")), client._now_us()), "the burst key without a peer")
+        self.assertFalse(
+            client._known.known(Bursts.key("login", Subject(account="bob")), client._now_us()),
+            "without an address the requester is its burst key, never asked about: not recorded",
+        )
 
     def test_a_report_refused_before_sending_makes_nobody_known(self):
         client = Client(ClientConfig("/nonexistent/t.sock"))

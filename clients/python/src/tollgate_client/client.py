@@ -295,7 +295,11 @@ class _ClientCore:
         check can be busy, and the burst it is in decides."""
         if isinstance(request, Report) and request.outcome == Outcome.SUCCESS:
             subject = request.subject
-            self._known.succeeded(Bursts.requester(route, subject), Bursts.account(route, subject), self._now_us())
+            requester = Bursts.requester(route, subject)
+            # A requester that is its burst key (no address) is never asked
+            # about: its overlaps are all its own.
+            if requester != Bursts.key(route, subject):
+                self._known.succeeded(requester, Bursts.account(route, subject), self._now_us())
         return self._bursts.enter(route, request.subject) if isinstance(request, Check) else None
 
     def _failed(self, route: str, request: Request, error: ClientError, burst: Optional[BurstGuard]) -> Unavailable:

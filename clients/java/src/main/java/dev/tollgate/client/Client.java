@@ -135,8 +135,12 @@ public final class Client implements AutoCloseable {
             // daemon answers (or if it cannot), this requester is a user.
             // Keyed as a check's requester on the subject as sent (the
             // X-Forwarded-For tail the daemon reads), under its account.
-            knownRequesters.succeeded(Bursts.requesterKey(route, request.subject()),
-                    Bursts.accountKey(route, request.subject()), nowUs());
+            // A requester that is its burst key (no address) is never asked
+            // about: its overlaps are all its own.
+            String requester = Bursts.requesterKey(route, request.subject());
+            if (!requester.equals(Bursts.burstKey(route, request.subject()))) {
+                knownRequesters.succeeded(requester, Bursts.accountKey(route, request.subject()), nowUs());
+            }
         }
         Bursts.Guard burst = spend ? bursts.enter(route, request.subject()) : null;
         Codec.Reply reply = null;
