@@ -11,10 +11,12 @@ use std::time::Duration;
 use smallvec::SmallVec;
 
 use super::Daemon;
-use crate::limiter::{AwaitingStore, Begun, Limiter, Stored};
+use crate::limiter::{AwaitingStore, Begun, Echo, Limiter, Stored};
 use crate::protocol::Verdict;
 use crate::shared::script::{Op, Reply};
-use crate::shared::{CallError, ProbeError, SharedStore, State, Ticket, HOSTS_LEARNED_MEMORY_MS, LOG_TARGET};
+use crate::shared::{
+    CallError, LateReply, ProbeError, SharedStore, State, Ticket, HOSTS_LEARNED_MEMORY_MS, LOG_TARGET,
+};
 use crate::store::Durable;
 use crate::unpoisoned::Unpoisoned;
 
@@ -71,9 +73,36 @@ impl Daemon {
     ) -> Reported<'l> {
         // A check's keys, for marking the crowded ones (a report marks none).
         let keys = if pending.is_check() { ticket.key_hashes() } else { SmallVec::new() };
-        let reply = ticket.wait().await;
+        let (reply, late) = ticket.wait_or_hear_later().await;
         let store = self.shared().expect("a ticket comes from the store");
+        if let Some(late) = late {
+            self.hear_later(store, limiter, pending.echo(), late, now);
+        }
         self.answered(store, limiter, pending, (reply, &keys), now)
+    }
+
+    /// A reply the busy store sends after its request was answered: read
+    /// off the request path (`Limiter::heard_late`), so the store's word
+    /// reaches this host's share and its lockouts the other hosts. With
+    /// the limiter reloaded meanwhile it is left to the dispatcher, which
+    /// gives back what a late check took.
+    fn hear_later(&self, store: &Arc<SharedStore>, limiter: &Limiter, echo: Echo, late: LateReply, now: u64) {
+        let current = self.limiter().load_full();
+        if !std::ptr::eq(Arc::as_ptr(&current), limiter) {
+            return;
+        }
+        let store = store.clone();
+        tokio::spawn(async move {
+            let Some(reply) = late.heard().await else { return };
+            store.stats.late_replies.fetch_add(1, Ordering::Relaxed);
+            let heard = current.heard_late(&echo, &reply, now);
+            if let Some(op) = heard.give_back {
+                store.release_unwaited(op);
+            }
+            for message in heard.locked {
+                store.publish(current.shared_channel(), message);
+            }
+        });
     }
 
     fn answered<'l>(

@@ -15,6 +15,7 @@
 
 use super::known_lockouts::DevicesDecided;
 use super::route::{Full, Route, Rule, Table};
+use super::spent_keys::Echo;
 use super::store_names::store_name;
 use super::store_reply::{
     entry_counts, full_rate_spec, is_locked, parse_check, parse_report, scope, store_failure_answer,
@@ -28,7 +29,7 @@ use crate::failure_window::Settled;
 use crate::gcra::decide;
 use crate::keys::Component;
 use crate::protocol::{Outcome, Reason, Subject, Verdict};
-use crate::shared::script::{CheckRule, Op, Reply, ReplyError, ReportRule};
+use crate::shared::script::{CheckRule, Op, Reply, ReplyError, ReportRule, StoreEntry};
 use crate::signals::flags::Hits;
 use crate::store::Durable;
 use smallvec::SmallVec;
@@ -92,6 +93,15 @@ impl AwaitingStore<'_> {
     pub fn is_check(&self) -> bool {
         matches!(self, AwaitingStore::Check(_))
     }
+
+    /// What its reply is read with if it comes late (`Limiter::heard_late`).
+    pub fn echo(&self) -> Echo {
+        let (route, rule_keys, begun_us, check) = match self {
+            AwaitingStore::Check(c) => (c.route, &c.rule_keys, c.begun_us, true),
+            AwaitingStore::Report(r) => (r.prepared.facts.route, &r.prepared.rule_keys, r.begun_us, false),
+        };
+        Echo { route: route.name.clone(), rule_keys: rule_keys.clone(), begun_us, check }
+    }
 }
 
 /// A report after this host's rules, waiting for the store.
@@ -129,6 +139,30 @@ impl<'l> Stored<'l> {
     fn of_check(verdict: Verdict<'l>, store_now: u64, give_back: Option<Op>, crowded: SmallVec<[usize; 4]>) -> Self {
         Stored { verdict, store_now, durable: Vec::new(), locked: Vec::new(), give_back, crowded }
     }
+}
+
+/// Whether the store's entry for a failure rule has no room left, and if
+/// so the reason and wait of its refusal (`spent_keys.rs`).
+pub(super) fn spent(
+    rule: &Rule,
+    spec: crate::failure_window::WindowSpec,
+    refuses: bool,
+    entry: StoreEntry,
+    store_now: u64,
+) -> Option<(Reason, u64)> {
+    let room = spec.admits_remaining(entry_counts(entry), entry.in_flight, store_now);
+    (refuses || room == 0).then(|| {
+        let refusal = store_failure_answer(rule, spec, true, entry, store_now);
+        (refusal.reason, refusal.retry_after_us)
+    })
+}
+
+/// A lockout's messages to the other hosts (`Stored::locked`): stamped
+/// with the store's time of the op, so a host that heard an unlock after
+/// it forgets nothing; and unstamped, for hosts of the previous version,
+/// which read only that form.
+pub(super) fn lock_messages(name: &str, retry_after_us: u64, store_now: u64) -> [String; 2] {
+    [format!("L {name} {retry_after_us}"), format!("L {name} {retry_after_us} {store_now}")]
 }
 
 /// A refusal while the store is busy or late: attempts in flight, a
@@ -330,6 +364,9 @@ impl Limiter {
                         entry.in_flight += 1;
                     }
                     let answer = store_failure_answer(rule, spec, refuses, entry, store_now);
+                    if !rule.monitor {
+                        self.store_word(route, i, key, spent(rule, spec, refuses, entry, store_now), begun_us, now_us);
+                    }
                     if refuses
                         && !rule.monitor
                         && answer.retry_after_us > 0
@@ -358,6 +395,8 @@ impl Limiter {
             || self.spend_rates(route, &rule_keys, class, Rules::Host, now_us, &mut answers)
         {
             self.give_back(route, &rule_keys, held, now_us);
+            // The places go back to the store: no word of this reply holds.
+            self.forget_spent(route, &rule_keys, now_us);
             let places: Vec<(String, u64)> = taken
                 .iter()
                 .map(|&(i, window_us)| {
@@ -383,7 +422,9 @@ impl Limiter {
         // lockout the store holds on every late check.
         let (devices, lockout_keys) =
             if device_key { (DevicesDecided::HereStoreLate, &rule_keys) } else { (DevicesDecided::Here, &scoped) };
-        if self.known_lockout(route, lockout_keys, devices, now_us, &mut answers) {
+        if self.known_lockout(route, lockout_keys, devices, now_us, &mut answers)
+            || self.spent_refuses(route, &scoped, device_key, now_us, &mut answers)
+        {
             self.give_back(route, &rule_keys, held, now_us);
             return combine(&answers);
         }
@@ -440,6 +481,9 @@ impl Limiter {
         if !globals {
             let (verdict, durable) = self.report_here(&prepared, now_us);
             return Ok((facts, Begun::Done(verdict, durable)));
+        }
+        if outcome != Some(Outcome::Failure) {
+            self.forget_spent(route, &prepared.rule_keys, now_us);
         }
         let mut answers = Answers::new();
         let mut durable = Vec::new();
@@ -510,6 +554,16 @@ impl Limiter {
             let answer = match (found, rule.global) {
                 (Found::Reported { was_locked, now_locked, entry }, Some(Full::Failures(spec))) => {
                     let answer = store_failure_answer(rule, spec, now_locked, entry, store_now);
+                    if !rule.monitor {
+                        self.store_word(
+                            route,
+                            i,
+                            key,
+                            spent(rule, spec, now_locked, entry, store_now),
+                            begun_us,
+                            now_us,
+                        );
+                    }
                     // A monitored rule refuses nothing, so there is no
                     // lockout to remember, persist or publish.
                     if now_locked
@@ -522,13 +576,7 @@ impl Limiter {
                         if !was_locked {
                             let write = self.persist_known_lockout(route, i, key, until);
                             durable.push(Durable::of_lockout(write, &rule.id));
-                            // Stamped with the store's time of the op: a host
-                            // that heard an unlock after it forgets nothing.
-                            // Also unstamped, for hosts of the previous
-                            // version, which read only that form.
-                            let name = self.store_key(rule, key);
-                            locked.push(format!("L {name} {}", answer.retry_after_us));
-                            locked.push(format!("L {name} {} {store_now}", answer.retry_after_us));
+                            locked.extend(lock_messages(&self.store_key(rule, key), answer.retry_after_us, store_now));
                         }
                     }
                     answer

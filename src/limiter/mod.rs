@@ -18,6 +18,7 @@ mod maintenance;
 mod observe;
 mod route;
 mod shards;
+mod spent_keys;
 mod status;
 mod store_names;
 mod store_reply;
@@ -29,6 +30,7 @@ pub use bans::BanChange;
 pub use global::{AwaitingStore, Begun, Stored};
 pub use maintenance::Restored;
 pub use observe::Facts;
+pub use spent_keys::Echo;
 
 use std::sync::Arc;
 

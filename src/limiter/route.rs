@@ -138,6 +138,9 @@ pub(super) struct Route {
     /// trip, listed, and cleared by an account-wide unlock without the
     /// store's index.
     pub(super) known_lockouts: Option<SharedTable<ExpiringMap<KnownLockout>>>,
+    /// Shared mode: keys the store's last word showed spent, refused to
+    /// a check it does not answer in time (`spent_keys.rs`).
+    pub(super) spent_keys: Option<SharedTable<ExpiringMap<super::spent_keys::Spent>>>,
     /// The route has a signal rule: its reports feed spray detection.
     pub(super) feeds_signals: bool,
     /// The tenant digest (64 bits) the signals use for this route's

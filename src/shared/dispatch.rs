@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::{oneshot, Semaphore};
+use tokio::sync::Semaphore;
 
 use super::nodes::Change;
 use super::script::{batch_command, batch_eval_command, op_slot, split_batch, Op, Reply, ReplyError, SCRIPT};
@@ -338,9 +338,7 @@ impl SharedStore {
                             Err(_) => None,
                         };
                         if let Some(release) = release {
-                            self.stats.releases_sent.fetch_add(1, Ordering::Relaxed);
-                            let (tx, _) = oneshot::channel();
-                            let _ = self.queue.try_send(Pending { op: release, reply: tx, orphaned: None });
+                            self.release_unwaited(release);
                         }
                     }
                 }

@@ -23,7 +23,7 @@ pub mod script;
 mod ticket;
 
 pub use connect::{install_tls_provider, store_fingerprint};
-pub use ticket::Ticket;
+pub use ticket::{LateReply, Ticket};
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};

@@ -49,7 +49,9 @@ pub struct Ticket<'s> {
 /// still held for queue room is queued, waiting up to `LATE_REPLY_WAIT_MS`
 /// for room, at most `ORPHANS_WAITING_MAX` of them at once (past that, or
 /// at shutdown, it is lost as before). Nobody hears the reply: a lockout it
-/// takes is the store's alone, refused to every host that asks. Disarmed
+/// takes is the store's alone, refused to every host that asks (a report
+/// answered `Late` is orphaned too, but its caller hears the reply:
+/// `LateReply`). Disarmed
 /// once the wait has an answer: then the store counted it, or the caller
 /// counts it on the share, and an op still queued is not sent.
 struct Orphan<'s> {
@@ -102,6 +104,13 @@ impl Ticket<'_> {
     /// The store's reply, or why there is none by the deadline: every
     /// counter and breaker effect of a call.
     pub async fn wait(self) -> Result<Reply, CallError> {
+        self.wait_or_hear_later().await.0
+    }
+
+    /// `wait`; and for a call the busy store answers late (`Late`, `Busy`),
+    /// its reply still to come: whoever takes it reads it (and gives back
+    /// the places a check's op took), not the dispatcher.
+    pub async fn wait_or_hear_later(self) -> (Result<Reply, CallError>, Option<LateReply>) {
         let Ticket { orphan, store, reply, deadline, request, patient, hot, slot } = self;
         // `reply` bound before `orphan`: if this future is dropped while
         // it waits, the orphan goes first, and marks the op before the
@@ -112,7 +121,32 @@ impl Ticket<'_> {
         if let Some(orphan) = orphan {
             orphan.disarm();
         }
-        answer
+        // A reply already taken (a check the store ran too late) is no
+        // reply to come.
+        let late = matches!(answer, Err(CallError::Late | CallError::Busy)) && !reply.is_terminated();
+        let late = late.then_some(LateReply(reply));
+        (answer, late)
+    }
+}
+
+/// A late call's reply, still to come (`Ticket::wait_or_hear_later`).
+/// Dropped before it comes, the dispatcher gives back what a check's op
+/// took, as for any reply nobody waits for.
+pub struct LateReply(oneshot::Receiver<Result<Reply, CallError>>);
+
+impl LateReply {
+    /// The reply, if the store sends one within `LATE_REPLY_WAIT_MS`.
+    pub async fn heard(mut self) -> Option<Reply> {
+        match tokio::time::timeout(Duration::from_millis(LATE_REPLY_WAIT_MS), &mut self.0).await {
+            Ok(Ok(Ok(reply))) => Some(reply),
+            Ok(_) => None,
+            Err(_) => {
+                // Closed first: a reply sent before is read here, one after
+                // is the dispatcher's (never lost between the two).
+                self.0.close();
+                self.0.try_recv().ok().and_then(Result::ok)
+            }
+        }
     }
 }
 
@@ -331,6 +365,15 @@ impl SharedStore {
                 Err(e)
             }
         }
+    }
+
+    /// Gives back the places a check's op took for a request answered
+    /// without it: queued now, its reply waited for by nobody, so a busy
+    /// store's lateness is no failure of it.
+    pub fn release_unwaited(&self, op: Op) {
+        self.stats.releases_sent.fetch_add(1, Ordering::Relaxed);
+        let (tx, _) = oneshot::channel();
+        let _ = self.queue.try_send(Pending { op, reply: tx, orphaned: None });
     }
 
     /// The store's reply to a check showed other attempts in flight on its
