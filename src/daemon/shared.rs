@@ -13,7 +13,7 @@ use smallvec::SmallVec;
 use super::Daemon;
 use crate::limiter::{AwaitingStore, Begun, Echo, Limiter, Stored};
 use crate::protocol::Verdict;
-use crate::shared::script::{Op, Reply};
+use crate::shared::script::Reply;
 use crate::shared::{
     CallError, LateReply, ProbeError, SharedStore, State, Ticket, HOSTS_LEARNED_MEMORY_MS, LOG_TARGET,
 };
@@ -91,11 +91,12 @@ impl Daemon {
         if !std::ptr::eq(Arc::as_ptr(&current), limiter) {
             return;
         }
-        let store = store.clone();
+        let (store, clock) = (store.clone(), self.clock.clone());
         tokio::spawn(async move {
             let Some(reply) = late.heard().await else { return };
             store.stats.late_replies.fetch_add(1, Ordering::Relaxed);
-            let heard = current.heard_late(&echo, &reply, now);
+            // Its words last from when it is heard.
+            let heard = current.heard_late(&echo, &reply, clock.now_us().max(now));
             if let Some(op) = heard.give_back {
                 store.release_unwaited(op);
             }
@@ -124,7 +125,7 @@ impl Daemon {
                         store.mark_crowded(&crowded);
                     }
                     if let Some(op) = give_back {
-                        give_back_later(store, op);
+                        store.release_unwaited(op);
                     }
                     for message in locked {
                         store.publish(limiter.shared_channel(), message);
@@ -273,15 +274,6 @@ pub(crate) enum SharedStart<D, T, P> {
 fn degraded<'l>(store: &SharedStore, verdict: Verdict<'l>) -> Verdict<'l> {
     store.stats.degraded_answers.fetch_add(1, Ordering::Relaxed);
     verdict
-}
-
-/// Sends an op nobody waits for (places to give back).
-fn give_back_later(store: &Arc<SharedStore>, op: Op) {
-    let store = store.clone();
-    store.stats.releases_sent.fetch_add(1, Ordering::Relaxed);
-    tokio::spawn(async move {
-        let _ = store.call(op).await;
-    });
 }
 
 /// Connects at start. A store joined with another secret stops the start

@@ -24,8 +24,8 @@ use crate::shared::script::{Op, Reply};
 /// later one. Its refusals fall only on checks the store did not answer
 /// in time, so a word gone stale (a place given back on another host)
 /// refuses a user at most this long, and only while the store is late
-/// for her (the wait it tells her is the store's); longer than the stalls
-/// a guesser would wait out.
+/// for her or away (the wait it tells her is the store's); longer than
+/// the stalls a guesser would wait out.
 pub(super) const SPENT_WORD_KEPT_US: u64 = 2_000_000;
 
 /// A spent key's mark: its rule's tag, why the store refused (or would
@@ -166,7 +166,9 @@ impl Limiter {
             let (Some(Full::Failures(spec)), Some(key), false) = (rule.global, key, rule.monitor) else { continue };
             // Whether a device-scoped rule applies to a check with a device
             // is the store's to say (another host may know the device): a
-            // place held on it, unlike a lockout, must not refuse her.
+            // place held on it, unlike a lockout, must not refuse her. So a
+            // made-up device passes the account ceiling's mark, and gets
+            // the share there, as before the marks.
             if device && rule.devices != DeviceScope::All {
                 continue;
             }

@@ -937,14 +937,21 @@ fn the_stores_word_that_a_key_is_spent_refuses_a_late_check_until_it_has_room() 
     let _ = limiter.finish_locally(report(Outcome::Success, T0 + 2), T0 + 2);
     assert!(late_check(T0 + 3).proceeds(), "no word of room after a success");
     // A late check's reply, heard: refused (1 failure, 2 places), it gives
-    // nothing back and marks the key; admitted, it gives its place back.
+    // nothing back and marks the key; admitted, it gives its place back,
+    // and its word of room clears the mark.
     let echo = begin(T0 + 4).echo();
     let heard = limiter.heard_late(&echo, &check_reply(0, 1, 1, 2), T0 + 5);
     assert!(heard.give_back.is_none() && heard.locked.is_empty());
-    assert!(!late_check(T0 + 6).proceeds(), "heard late, believed");
-    assert!(late_check(T0 + 5 + SPENT_WORD_KEPT_US).proceeds(), "for two seconds");
+    let refused = late_check(T0 + 6);
+    assert_eq!((refused.decision, refused.reason), (Decision::Deny, Reason::AttemptsInFlight), "heard late");
     let heard = limiter.heard_late(&echo, &check_reply(1, 0, 0, 0), T0 + 7);
-    assert_eq!(heard.give_back.expect("a place to give back").kind, b'X');
+    let give_back = heard.give_back.expect("a place to give back");
+    assert_eq!((give_back.kind, give_back.keys.len()), (b'X', 1), "its one place");
+    assert!(late_check(T0 + 8).proceeds(), "a later word of room");
+    // A word lasts two seconds.
+    let _ = limiter.heard_late(&echo, &check_reply(0, 1, 1, 2), T0 + 9);
+    assert!(!late_check(T0 + 9 + SPENT_WORD_KEPT_US - 1).proceeds());
+    assert!(late_check(T0 + 9 + SPENT_WORD_KEPT_US).proceeds(), "for two seconds");
     // A late report that locked the key: remembered, and told to the
     // other hosts.
     let pending = report(Outcome::Failure, T0 + 8);

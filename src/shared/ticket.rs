@@ -241,14 +241,6 @@ impl SharedStore {
         }
     }
 
-    /// One op, answered by the store within the timeout, or an error and
-    /// the caller answers on this host. Never waits longer than
-    /// `timeout_ms`, and not at all while
-    /// the breaker is open. `submit` then `Ticket::wait`.
-    pub async fn call(&self, op: Op) -> Result<Reply, CallError> {
-        self.submit(op)?.wait().await
-    }
-
     /// Queues one op for the store without waiting: the breaker is looked
     /// at and the op handed to the dispatchers now, and the ticket's
     /// deadline is `timeout_ms` from now (less the timer's slack,
