@@ -15,7 +15,7 @@
 
 use super::known_lockouts::DevicesDecided;
 use super::route::{Full, Route, Rule, Table};
-use super::spent_keys::Echo;
+use super::spent_keys::{spent, Echo};
 use super::store_names::store_name;
 use super::store_reply::{
     entry_counts, full_rate_spec, is_locked, parse_check, parse_report, scope, store_failure_answer,
@@ -29,7 +29,7 @@ use crate::failure_window::Settled;
 use crate::gcra::decide;
 use crate::keys::Component;
 use crate::protocol::{Outcome, Reason, Subject, Verdict};
-use crate::shared::script::{CheckRule, Op, Reply, ReplyError, ReportRule, StoreEntry};
+use crate::shared::script::{CheckRule, Op, Reply, ReplyError, ReportRule};
 use crate::signals::flags::Hits;
 use crate::store::Durable;
 use smallvec::SmallVec;
@@ -139,22 +139,6 @@ impl<'l> Stored<'l> {
     fn of_check(verdict: Verdict<'l>, store_now: u64, give_back: Option<Op>, crowded: SmallVec<[usize; 4]>) -> Self {
         Stored { verdict, store_now, durable: Vec::new(), locked: Vec::new(), give_back, crowded }
     }
-}
-
-/// Whether the store's entry for a failure rule has no room left, and if
-/// so the reason and wait of its refusal (`spent_keys.rs`).
-pub(super) fn spent(
-    rule: &Rule,
-    spec: crate::failure_window::WindowSpec,
-    refuses: bool,
-    entry: StoreEntry,
-    store_now: u64,
-) -> Option<(Reason, u64)> {
-    let room = spec.admits_remaining(entry_counts(entry), entry.in_flight, store_now);
-    (refuses || room == 0).then(|| {
-        let refusal = store_failure_answer(rule, spec, true, entry, store_now);
-        (refusal.reason, refusal.retry_after_us)
-    })
 }
 
 /// A lockout's messages to the other hosts (`Stored::locked`): stamped

@@ -8,9 +8,9 @@
 //! late in stretches of 400 ms, were each admitted on a share after the
 //! store had refused the key: 9 tried against a limit of 5 on 3 hosts.
 
-use super::global::{busy_answer, lock_messages, spent};
-use super::route::{Full, Route};
-use super::store_reply::{is_locked, parse_check, parse_report, store_failure_answer, Found};
+use super::global::{busy_answer, lock_messages};
+use super::route::{Full, Route, Rule};
+use super::store_reply::{entry_counts, is_locked, parse_check, parse_report, store_failure_answer, Found};
 use super::subject::RuleKeys;
 use super::verdict::Answers;
 use super::Limiter;
@@ -18,7 +18,7 @@ use crate::config::DeviceScope;
 use crate::expiring::Slot;
 use crate::keys::Key;
 use crate::protocol::Reason;
-use crate::shared::script::{Op, Reply};
+use crate::shared::script::{Op, Reply, StoreEntry};
 
 /// How long the store's word that a key is spent is believed without a
 /// later one. Its refusals fall only on checks the store did not answer
@@ -36,6 +36,22 @@ pub(super) struct Spent {
     reason: Reason,
     retry_until_us: u64,
     marked_us: u64,
+}
+
+/// Whether the store's entry for a failure rule has no room left, and if
+/// so the reason and wait of its refusal.
+pub(super) fn spent(
+    rule: &Rule,
+    spec: crate::failure_window::WindowSpec,
+    refuses: bool,
+    entry: StoreEntry,
+    store_now: u64,
+) -> Option<(Reason, u64)> {
+    let room = spec.admits_remaining(entry_counts(entry), entry.in_flight, store_now);
+    (refuses || room == 0).then(|| {
+        let refusal = store_failure_answer(rule, spec, true, entry, store_now);
+        (refusal.reason, refusal.retry_after_us)
+    })
 }
 
 /// A check or report whose reply came late: what it is read with
