@@ -156,6 +156,7 @@ pub(super) fn build_route(
     let known_lockouts =
         lockouts_max.map(|max| expiring_table_tracked(old_route.and_then(|r| r.known_lockouts.as_ref()), max));
     let spent_keys = lockouts_max.map(|max| expiring_table(old_route.and_then(|r| r.spent_keys.as_ref()), max));
+    let store_counted = lockouts_max.map(|max| expiring_table(old_route.and_then(|r| r.store_counted.as_ref()), max));
     let known_devices = config.known_devices.map(|known| {
         let old = old_route.and_then(|r| r.known_devices.as_ref());
         // The per-account counts are bounded like the devices (an account
@@ -200,6 +201,7 @@ pub(super) fn build_route(
         recent_passwords,
         known_lockouts,
         spent_keys,
+        store_counted,
         feeds_signals: config.rules.iter().any(|r| matches!(r.kind, RuleKind::Signal { .. })),
         pseudo_tenant: 0,
         // Kept across a reload, so `top`'s rates do not drop to zero.

@@ -486,6 +486,9 @@ impl Limiter {
                     // store's place, if any, is released by the op.
                     // A failure presumed here is taken back: the op counts.
                     let settled_here = shards.of(key).settle(key, now_us, false);
+                    if outcome == Some(Outcome::Success) && *cleared_by_success {
+                        self.forget_counted(route, rule.tag, key, now_us);
+                    }
                     let count = outcome == Some(Outcome::Failure) && !prepared.repeated;
                     rules.push(ReportRule::Failures {
                         key: name,
@@ -547,6 +550,9 @@ impl Limiter {
                             begun_us,
                             now_us,
                         );
+                        if prepared.outcome == Some(Outcome::Failure) && !prepared.repeated {
+                            self.counted_in_store(route, rule, key, spec.window_us, now_us);
+                        }
                     }
                     // A monitored rule refuses nothing, so there is no
                     // lockout to remember, persist or publish.

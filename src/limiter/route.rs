@@ -141,6 +141,9 @@ pub(super) struct Route {
     /// Shared mode: keys the store's last word showed spent, refused to
     /// a check it does not answer in time (`spent_keys.rs`).
     pub(super) spent_keys: Option<SharedTable<ExpiringMap<super::spent_keys::Spent>>>,
+    /// Shared mode: failures this host's reports counted in the store on a
+    /// global failure key (`spent_keys.rs`).
+    pub(super) store_counted: Option<SharedTable<ExpiringMap<super::spent_keys::StoreCounted>>>,
     /// The route has a signal rule: its reports feed spray detection.
     pub(super) feeds_signals: bool,
     /// The tenant digest (64 bits) the signals use for this route's

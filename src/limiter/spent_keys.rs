@@ -1,24 +1,31 @@
-//! Shared mode: global failure keys the store's last word showed with no
-//! room left (its failures, or its places in flight, at the limit). A
-//! check the store answers late, or not at all, is counted on this host's
-//! share, which knows nothing of what the store admitted; on such a key it
-//! is refused instead, as the store would have refused it, until a later
-//! word shows room, an unlock is heard, or `SPENT_WORD_KEPT_US` passes.
-//! Without it, guesses that never overlapped on a host, with the store
+//! Shared mode: what a check the store answers late, or not at all, knows
+//! of the store. Such a check is counted on this host's share, whose
+//! table holds only what was counted here. Two things the store said
+//! reach it:
+//! - global failure keys the store's last word showed with no room left
+//!   (its failures, or its places in flight, at the limit): refused, as
+//!   the store would refuse them, until a later word shows room, an
+//!   unlock is heard, or `SPENT_WORD_KEPT_US` passes;
+//! - the failures this host's reports counted in the store, which use
+//!   the host's share as its own failures do (`StoreCounted`).
+//!
+//! Without them, guesses that never overlapped on a host, with the store
 //! late in stretches of 400 ms, were each admitted on a share after the
 //! store had refused the key: 9 tried against a limit of 5 on 3 hosts.
 
 use super::global::{busy_answer, lock_messages};
-use super::route::{Full, Route, Rule};
+use super::route::{Full, Route, Rule, Table};
 use super::store_reply::{entry_counts, is_locked, parse_check, parse_report, store_failure_answer, Found};
 use super::subject::RuleKeys;
 use super::verdict::Answers;
 use super::Limiter;
 use crate::config::DeviceScope;
 use crate::expiring::Slot;
+use crate::failure_window::WindowSpec;
 use crate::keys::Key;
 use crate::protocol::Reason;
 use crate::shared::script::{Op, Reply, StoreEntry};
+use smallvec::SmallVec;
 
 /// How long the store's word that a key is spent is believed without a
 /// later one. Its refusals fall only on checks the store did not answer
@@ -38,11 +45,28 @@ pub(super) struct Spent {
     marked_us: u64,
 }
 
+/// Failures this host's reports counted in the store on a global failure
+/// key, for the rule's window from the first: what the host admitted
+/// through the store, or on its share with the report in time. A check
+/// answered without the store counts them against the host's share,
+/// which holds only what was counted here; without them each guess's
+/// report freed its share's place for the next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct StoreCounted {
+    rule: u16,
+    count: u32,
+    /// Found by an account-wide unlock, which clears them.
+    account_tag: u64,
+    /// When the first was counted: an unlock replayed from before it
+    /// leaves them.
+    since_us: u64,
+}
+
 /// Whether the store's entry for a failure rule has no room left, and if
 /// so the reason and wait of its refusal.
 pub(super) fn spent(
     rule: &Rule,
-    spec: crate::failure_window::WindowSpec,
+    spec: WindowSpec,
     refuses: bool,
     entry: StoreEntry,
     store_now: u64,
@@ -166,8 +190,10 @@ impl Limiter {
     }
 
     /// Refuses a check answered without the store on a key its last word
-    /// showed spent; true if one is. No climb of the escalation ladder:
-    /// the refusal is the store's, repeated.
+    /// showed spent, or whose share this host has used with what the store
+    /// counted of it (`share_used`); true if one is. No climb of the
+    /// escalation ladder: the refusal is the store's, repeated, or a wait
+    /// for it.
     pub(super) fn spent_refuses<'a>(
         &'a self,
         route: &'a Route,
@@ -176,7 +202,7 @@ impl Limiter {
         now_us: u64,
         answers: &mut Answers<'a>,
     ) -> bool {
-        let Some(marks) = &route.spent_keys else { return false };
+        let marks = route.spent_keys.as_ref();
         let mut refused = false;
         for (i, (rule, key)) in route.rules.iter().zip(keys.iter().copied()).enumerate() {
             let (Some(Full::Failures(spec)), Some(key), false) = (rule.global, key, rule.monitor) else { continue };
@@ -188,17 +214,91 @@ impl Limiter {
             if device && rule.devices != DeviceScope::All {
                 continue;
             }
-            let Some(slot) = marks.of(key).get(key.tuple, now_us) else { continue };
-            let spent = slot.value;
-            if spent.rule != rule.tag || self.unlocked_since(route, i, key, spent.marked_us) {
-                continue;
-            }
+            let mark = marks.and_then(|m| m.of(key).get(key.tuple, now_us)).map(|slot| slot.value);
             let mut answer = busy_answer(rule, spec.threshold);
-            answer.reason = spent.reason;
-            answer.retry_after_us = spent.retry_until_us.saturating_sub(now_us).max(answer.retry_after_us);
+            match mark {
+                Some(spent) if spent.rule == rule.tag && !self.unlocked_since(route, i, key, spent.marked_us) => {
+                    answer.reason = spent.reason;
+                    answer.retry_after_us = spent.retry_until_us.saturating_sub(now_us).max(answer.retry_after_us);
+                }
+                _ if self.share_used(route, rule, key, now_us) => {}
+                _ => continue,
+            }
             answers.push(answer);
             refused = true;
         }
         refused
+    }
+
+    /// Whether this host has used its share of a global failure key
+    /// (ceil(limit / hosts)) with the failures its reports counted in the
+    /// store (`StoreCounted`) and its failures and places on the share.
+    /// Without them, a host whose guesses the store admitted had its whole
+    /// share left when the store went away or was late: 5 + 3 x 2 on 3
+    /// hosts; with them, 5 + 2 x 2 at most, the store's admissions all
+    /// through one host. The share's own lockouts, which are written back
+    /// after an outage, count only what was counted on it.
+    fn share_used(&self, route: &Route, rule: &Rule, key: Key, now_us: u64) -> bool {
+        let (Table::Failures { shards, .. }, Some(counts)) = (&rule.table, &route.store_counted) else { return false };
+        let Some(counted) = counts.of(key).get(key.tuple, now_us).map(|slot| slot.value) else { return false };
+        if counted.rule != rule.tag {
+            return false;
+        }
+        let table = shards.of(key);
+        let share = table.spec();
+        let Some(left) = share.threshold.checked_sub(counted.count).filter(|&left| left > 0) else {
+            return true;
+        };
+        let standing = table.standing(key, now_us);
+        WindowSpec { threshold: left, ..share }.refuses(standing.counts, standing.in_flight, now_us)
+    }
+
+    /// A failure this host's report counted in the store, on a global
+    /// failure key.
+    pub(super) fn counted_in_store(&self, route: &Route, rule: &Rule, key: Key, window_us: u64, now_us: u64) {
+        let Some(counts) = &route.store_counted else { return };
+        counts.of(key).update(key.tuple, now_us, |slot| {
+            let slot = match slot {
+                Some(mut slot) if slot.value.rule == rule.tag => {
+                    slot.value.count = slot.value.count.saturating_add(1);
+                    slot
+                }
+                _ => Slot {
+                    expires_us: now_us + window_us,
+                    value: StoreCounted { rule: rule.tag, count: 1, account_tag: key.account_tag, since_us: now_us },
+                },
+            };
+            (Some(slot), ())
+        });
+    }
+
+    /// A success clears what a key's rule clears on success: the
+    /// failures counted in the store go from this host's count too.
+    pub(super) fn forget_counted(&self, route: &Route, rule: u16, key: Key, before_us: u64) {
+        let Some(counts) = &route.store_counted else { return };
+        let mut table = counts.of(key);
+        if table.get(key.tuple, 0).is_some_and(|slot| slot.value.rule == rule && slot.value.since_us <= before_us) {
+            table.remove(key.tuple);
+        }
+    }
+
+    /// An account-wide unlock: every count of `rules` (those keyed on the
+    /// account) kept for the account's tag, counted at or before
+    /// `before_us`, goes.
+    pub(super) fn forget_account_counted(&self, route: &Route, rules: &[u16], account_tag: u64, before_us: u64) {
+        let Some(counts) = &route.store_counted else { return };
+        for mut table in counts.each() {
+            let doomed: SmallVec<[u64; 8]> = table
+                .iter_live(0)
+                .filter(|(_, slot)| {
+                    let c = slot.value;
+                    c.account_tag == account_tag && rules.contains(&c.rule) && c.since_us <= before_us
+                })
+                .map(|(id, _)| id)
+                .collect();
+            for id in doomed {
+                table.remove(id);
+            }
+        }
     }
 }

@@ -893,6 +893,65 @@ fn the_shipped_routes_plan_checks_and_reports_without_spilling_their_keys() {
     }
 }
 
+/// A host's share of a global failure rule (ceil(5 / 3) = 2) counts the
+/// failures its reports counted in the store. Before, a host whose guesses
+/// the store had admitted still had its whole share when the store was
+/// late or away: 5 + 3 x 2 over three hosts, 9 seen. A success clears
+/// the count as it clears the failures; so does an unlock.
+#[test]
+fn a_hosts_share_counts_the_failures_its_reports_counted_in_the_store() {
+    use crate::shared::script::Reply;
+    let limiter = limiter(
+        "[shared]\nurl = \"redis+unix:///nonexistent/tollgate.sock\"\nhosts = 3\n\
+         [responses]\njitter_percent = 0\n\
+         [routes.t.rules.per_account]\nkind = \"failures\"\nkey = [\"account\"]\nthreshold = 5\n\
+         window_secs = 60\nscope = \"global\"\ncleared_by_success = true\n",
+    );
+    let report = |outcome, now_us| {
+        let report = super::Report { outcome: Some(outcome), password_digest: None, password_tag: None };
+        let (_, begun) = limiter.begin_report("t", &account("alice"), &report, now_us).expect("a known route");
+        let Begun::Store(pending) = begun else { panic!("a global rule: the store") };
+        pending
+    };
+    // The store's reply to a failure report: not locked, `current`
+    // failures in window 100.
+    let counted = |current: i64, now_us: u64| {
+        let reply = Reply {
+            ints: [[0, T0 as i64, 0, 0].as_slice(), &[100, 0, current, 0, 0, 0, WINDOW as i64]].concat(),
+            strings: vec![],
+        };
+        assert!(limiter.finish_stored(report(Outcome::Failure, now_us), &reply, now_us).is_ok(), "read");
+    };
+    let unanswered = |now_us: u64| {
+        let plan = limiter.plan_check("t", &account("alice"), now_us).expect("a known route");
+        let Begun::Store(pending) = limiter.begin_check(plan, now_us) else { panic!("a global rule: the store") };
+        limiter.finish_locally(pending, now_us).0.into_owned()
+    };
+    let succeeded = |now_us: u64| drop(limiter.finish_locally(report(Outcome::Success, now_us), now_us));
+    counted(1, T0);
+    assert!(unanswered(T0 + 1).proceeds(), "one of the share left");
+    let refused = unanswered(T0 + 2);
+    assert_eq!((refused.decision, refused.reason), (Decision::Deny, Reason::AttemptsInFlight), "its place and 1");
+    succeeded(T0 + 3);
+    assert!(unanswered(T0 + 4).proceeds() && unanswered(T0 + 5).proceeds(), "a success clears the count");
+    succeeded(T0 + 6);
+    succeeded(T0 + 7);
+    counted(1, T0 + 8);
+    counted(2, T0 + 9);
+    assert!(!unanswered(T0 + 10).proceeds(), "the share used by the store's two");
+    let tag = limiter.keys.account_tag("alice");
+    limiter.forget_account_lockouts("t", tag, T0 + 7, T0 + 11);
+    assert!(!unanswered(T0 + 11).proceeds(), "an unlock from before the count leaves it");
+    limiter.forget_account_lockouts("t", tag, T0 + 12, T0 + 12);
+    assert!(unanswered(T0 + 12).proceeds(), "an account-wide unlock clears the count");
+    succeeded(T0 + 13);
+    counted(1, T0 + 14);
+    counted(2, T0 + 15);
+    assert!(!unanswered(T0 + 16).proceeds());
+    assert!(limiter.forget_known_lockout(&store_name_of(&limiter, "alice"), T0 + 17, T0 + 17));
+    assert!(unanswered(T0 + 18).proceeds(), "an unlock of the key clears the count");
+}
+
 /// A check the store answers late is counted on this host's share, which
 /// knows nothing of what the store admitted. The store's word that the
 /// key is spent, in a timely reply or one heard late, refuses it there
