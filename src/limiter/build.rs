@@ -142,21 +142,22 @@ pub(super) fn build_route(
         .collect();
     // Known lockouts, bounded like the largest global failure rule (each
     // is one of its keys).
-    let lockouts_max = config
-        .rules
-        .iter()
-        .zip(&rules)
-        .filter(|(_, built)| matches!(built.global, Some(Full::Failures(_))))
-        .map(|(r, _)| match r.kind {
-            RuleKind::Failures { entries_max, .. }
-            | RuleKind::Rate { entries_max, .. }
-            | RuleKind::Signal { entries_max, .. } => entries_max,
-        })
-        .max();
+    let global_failures_max = || {
+        config.rules.iter().zip(&rules).filter(|(_, built)| matches!(built.global, Some(Full::Failures(_)))).map(
+            |(r, _)| match r.kind {
+                RuleKind::Failures { entries_max, .. }
+                | RuleKind::Rate { entries_max, .. }
+                | RuleKind::Signal { entries_max, .. } => entries_max,
+            },
+        )
+    };
+    let lockouts_max = global_failures_max().max();
     let known_lockouts =
         lockouts_max.map(|max| expiring_table_tracked(old_route.and_then(|r| r.known_lockouts.as_ref()), max));
     let spent_keys = lockouts_max.map(|max| expiring_table(old_route.and_then(|r| r.spent_keys.as_ref()), max));
-    let store_counted = lockouts_max.map(|max| expiring_table(old_route.and_then(|r| r.store_counted.as_ref()), max));
+    // One count per key of every global failure rule.
+    let store_counted = lockouts_max
+        .map(|_| expiring_table(old_route.and_then(|r| r.store_counted.as_ref()), global_failures_max().sum()));
     let known_devices = config.known_devices.map(|known| {
         let old = old_route.and_then(|r| r.known_devices.as_ref());
         // The per-account counts are bounded like the devices (an account

@@ -551,7 +551,8 @@ impl Limiter {
                             now_us,
                         );
                         if prepared.outcome == Some(Outcome::Failure) && !prepared.repeated {
-                            self.counted_in_store(route, rule, key, spec.window_us, now_us);
+                            let failures = spec.estimate(entry_counts(entry), store_now);
+                            self.counted_in_store(route, rule, key, spec.window_us, failures, now_us);
                         }
                     }
                     // A monitored rule refuses nothing, so there is no

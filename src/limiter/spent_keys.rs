@@ -62,6 +62,16 @@ pub(super) struct StoreCounted {
     since_us: u64,
 }
 
+/// A count's place in its map: its key's tuple, apart for each rule (two
+/// rules of a route may be keyed on the same parts).
+fn counted_id(rule: &Rule, key: Key) -> u64 {
+    key.tuple ^ rule_mix(rule.tag)
+}
+
+fn rule_mix(rule: u16) -> u64 {
+    u64::from(rule).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
 /// Whether the store's entry for a failure rule has no room left, and if
 /// so the reason and wait of its refusal.
 pub(super) fn spent(
@@ -210,11 +220,10 @@ impl Limiter {
             // is the store's to say (another host may know the device): a
             // place held on it, unlike a lockout, must not refuse her. So a
             // made-up device passes the account ceiling's mark, and gets
-            // the share there, as before the marks.
-            if device && rule.devices != DeviceScope::All {
-                continue;
-            }
-            let mark = marks.and_then(|m| m.of(key).get(key.tuple, now_us)).map(|slot| slot.value);
+            // the share there, which counts what the store counted.
+            let device_scoped = device && rule.devices != DeviceScope::All;
+            let mark = marks.filter(|_| !device_scoped).and_then(|m| m.of(key).get(key.tuple, now_us));
+            let mark = mark.map(|slot| slot.value);
             let mut answer = busy_answer(rule, spec.threshold);
             match mark {
                 Some(spent) if spent.rule == rule.tag && !self.unlocked_since(route, i, key, spent.marked_us) => {
@@ -240,7 +249,9 @@ impl Limiter {
     /// after an outage, count only what was counted on it.
     fn share_used(&self, route: &Route, rule: &Rule, key: Key, now_us: u64) -> bool {
         let (Table::Failures { shards, .. }, Some(counts)) = (&rule.table, &route.store_counted) else { return false };
-        let Some(counted) = counts.of(key).get(key.tuple, now_us).map(|slot| slot.value) else { return false };
+        let Some(counted) = counts.of(key).get(counted_id(rule, key), now_us).map(|slot| slot.value) else {
+            return false;
+        };
         if counted.rule != rule.tag {
             return false;
         }
@@ -254,21 +265,25 @@ impl Limiter {
     }
 
     /// A failure this host's report counted in the store, on a global
-    /// failure key.
-    pub(super) fn counted_in_store(&self, route: &Route, rule: &Rule, key: Key, window_us: u64, now_us: u64) {
+    /// failure key whose failures there now come to `store_failures`:
+    /// never more than those (a success through another host cleared
+    /// them, the window slid), kept for the rule's window from the last.
+    pub(super) fn counted_in_store(
+        &self,
+        route: &Route,
+        rule: &Rule,
+        key: Key,
+        window_us: u64,
+        store_failures: u32,
+        now_us: u64,
+    ) {
         let Some(counts) = &route.store_counted else { return };
-        counts.of(key).update(key.tuple, now_us, |slot| {
-            let slot = match slot {
-                Some(mut slot) if slot.value.rule == rule.tag => {
-                    slot.value.count = slot.value.count.saturating_add(1);
-                    slot
-                }
-                _ => Slot {
-                    expires_us: now_us + window_us,
-                    value: StoreCounted { rule: rule.tag, count: 1, account_tag: key.account_tag, since_us: now_us },
-                },
-            };
-            (Some(slot), ())
+        counts.of(key).update(counted_id(rule, key), now_us, |slot| {
+            let before = slot.filter(|s| s.value.rule == rule.tag).map(|s| s.value);
+            let count = before.map_or(1, |c| c.count.saturating_add(1)).min(store_failures);
+            let since_us = before.map_or(now_us, |c| c.since_us);
+            let value = StoreCounted { rule: rule.tag, count, account_tag: key.account_tag, since_us };
+            ((count > 0).then_some(Slot { expires_us: now_us + window_us, value }), ())
         });
     }
 
@@ -277,8 +292,9 @@ impl Limiter {
     pub(super) fn forget_counted(&self, route: &Route, rule: u16, key: Key, before_us: u64) {
         let Some(counts) = &route.store_counted else { return };
         let mut table = counts.of(key);
-        if table.get(key.tuple, 0).is_some_and(|slot| slot.value.rule == rule && slot.value.since_us <= before_us) {
-            table.remove(key.tuple);
+        let id = key.tuple ^ rule_mix(rule);
+        if table.get(id, 0).is_some_and(|slot| slot.value.rule == rule && slot.value.since_us <= before_us) {
+            table.remove(id);
         }
     }
 

@@ -950,6 +950,13 @@ fn a_hosts_share_counts_the_failures_its_reports_counted_in_the_store() {
     assert!(!unanswered(T0 + 16).proceeds());
     assert!(limiter.forget_known_lockout(&store_name_of(&limiter, "alice"), T0 + 17, T0 + 17));
     assert!(unanswered(T0 + 18).proceeds(), "an unlock of the key clears the count");
+    // The store's count caps this host's: a success through another host
+    // cleared her failures there, and this failure is the store's one.
+    succeeded(T0 + 19);
+    counted(1, T0 + 20);
+    counted(2, T0 + 21);
+    counted(1, T0 + 22);
+    assert!(unanswered(T0 + 23).proceeds(), "no more than the store holds");
 }
 
 /// A check the store answers late is counted on this host's share, which
