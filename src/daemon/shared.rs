@@ -210,6 +210,7 @@ impl Daemon {
                             cleared += reply.ints.first().copied().unwrap_or(0).clamp(0, u32::MAX as i64) as u32;
                             for name in &reply.strings {
                                 limiter.forget_known_lockout(name, u64::MAX, self.clock().now_us());
+                                limiter.forget_count_unlocked(name);
                                 if source.is_none() {
                                     named.push(format!("U {name}"));
                                 }
@@ -236,6 +237,7 @@ impl Daemon {
         if source.is_none() && done > 0 {
             cleared +=
                 limiter.forget_account_lockouts(route, limiter.account_tag(account), u64::MAX, self.clock().now_us());
+            limiter.forget_account_counts_unlocked(route, account);
             let (logging, at) = (store.clone(), stamp());
             tokio::spawn(async move { logging.log_unlocks(log, &named, at).await });
             store.publish(limiter.shared_channel(), first[0].clone());

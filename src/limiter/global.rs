@@ -487,9 +487,12 @@ impl Limiter {
                     // A failure presumed here is taken back: the op counts.
                     let settled_here = shards.of(key).settle(key, now_us, false);
                     if outcome == Some(Outcome::Success) && *cleared_by_success {
-                        self.forget_counted(route, rule.tag, key, now_us);
+                        self.forget_counted(route, rule, key);
                     }
                     let count = outcome == Some(Outcome::Failure) && !prepared.repeated;
+                    if count {
+                        self.count_for_store(route, rule, key, spec.window_us, now_us);
+                    }
                     rules.push(ReportRule::Failures {
                         key: name,
                         // Only a failure counted writes the account's index.
@@ -541,6 +544,9 @@ impl Limiter {
             let answer = match (found, rule.global) {
                 (Found::Reported { was_locked, now_locked, entry }, Some(Full::Failures(spec))) => {
                     let answer = store_failure_answer(rule, spec, now_locked, entry, store_now);
+                    if prepared.outcome == Some(Outcome::Failure) && !prepared.repeated {
+                        self.cap_counted(route, rule, key, spec.estimate(entry_counts(entry), store_now), now_us);
+                    }
                     if !rule.monitor {
                         self.store_word(
                             route,
@@ -550,10 +556,6 @@ impl Limiter {
                             begun_us,
                             now_us,
                         );
-                        if prepared.outcome == Some(Outcome::Failure) && !prepared.repeated {
-                            let failures = spec.estimate(entry_counts(entry), store_now);
-                            self.counted_in_store(route, rule, key, spec.window_us, failures, now_us);
-                        }
                     }
                     // A monitored rule refuses nothing, so there is no
                     // lockout to remember, persist or publish.
@@ -588,8 +590,16 @@ impl Limiter {
     /// places were settled in the first half.
     fn finish_report_locally<'a>(&'a self, report: Box<StoreReport<'a>>, now_us: u64) -> (Verdict<'a>, Vec<Durable>) {
         let StoreReport { mut prepared, mut answers, mut durable, .. } = *report;
-        prepared.rule_keys = self.scoped_here(prepared.facts.route, prepared.rule_keys, prepared.facts.known_device);
+        let route = prepared.facts.route;
+        prepared.rule_keys = self.scoped_here(route, prepared.rule_keys, prepared.facts.known_device);
         self.report_rules(&prepared, Rules::Global, false, now_us, &mut answers, &mut durable);
+        if prepared.outcome == Some(Outcome::Failure) && !prepared.repeated {
+            for (rule, key) in route.rules.iter().zip(prepared.rule_keys.iter().copied()) {
+                if let (Some(Full::Failures(_)), Some(key)) = (rule.global, key) {
+                    self.uncount(route, rule, key, now_us);
+                }
+            }
+        }
         (combine(&answers), durable)
     }
 }

@@ -130,6 +130,11 @@ impl RecentUnlocks {
     }
 }
 
+/// The tags of a route's rules keyed on the account.
+pub(super) fn account_rules(route: &Route) -> SmallVec<[u16; 8]> {
+    route.rules.iter().filter(|r| r.key.contains(&Component::Account)).map(|r| r.tag).collect()
+}
+
 impl Limiter {
     /// Forgets every known lockout of the route's rules keyed on the
     /// account held for `account_tag` (an account-wide unlock, here or on
@@ -142,10 +147,8 @@ impl Limiter {
         let Some(route) = self.routes.iter().find(|r| r.name == route) else { return 0 };
         let made_us = before_us.min(now_us);
         self.recent_unlocks.heard(Unlocked::Account(route.name.clone(), account_tag), made_us, now_us);
-        let rules: SmallVec<[u16; 8]> =
-            route.rules.iter().filter(|r| r.key.contains(&Component::Account)).map(|r| r.tag).collect();
-        self.forget_account_counted(route, &rules, account_tag, before_us);
         let Some(known) = &route.known_lockouts else { return 0 };
+        let rules = account_rules(route);
         let mut forgotten = 0;
         for mut table in known.each() {
             let doomed: SmallVec<[u64; 8]> = table
@@ -229,7 +232,6 @@ impl Limiter {
         let Some((route, rule, key)) = self.parse_store_key(name) else { return false };
         let unlocked = Unlocked::Key(route.name.clone(), route.rules[rule].tag, key.tuple);
         self.recent_unlocks.heard(unlocked, before_us.min(now_us), now_us);
-        self.forget_counted(route, route.rules[rule].tag, key, before_us);
         if let Some(known) = &route.known_lockouts {
             let mut known = known.of(key);
             if known

@@ -14,6 +14,7 @@
 //! store had refused the key: 9 tried against a limit of 5 on 3 hosts.
 
 use super::global::{busy_answer, lock_messages};
+use super::known_lockouts::account_rules;
 use super::route::{Full, Route, Rule, Table};
 use super::store_reply::{entry_counts, is_locked, parse_check, parse_report, store_failure_answer, Found};
 use super::subject::RuleKeys;
@@ -45,8 +46,8 @@ pub(super) struct Spent {
     marked_us: u64,
 }
 
-/// Failures this host's reports counted in the store on a global failure
-/// key, for the rule's window from the first: what the host admitted
+/// Failures this host's reports took to the store on a global failure
+/// key, for the rule's window from the last: what the host admitted
 /// through the store, or on its share with the report in time. A check
 /// answered without the store counts them against the host's share,
 /// which holds only what was counted here; without them each guess's
@@ -57,19 +58,19 @@ pub(super) struct StoreCounted {
     count: u32,
     /// Found by an account-wide unlock, which clears them.
     account_tag: u64,
-    /// When the first was counted: an unlock replayed from before it
-    /// leaves them.
-    since_us: u64,
+}
+
+/// A live count, as `recount` shows it.
+#[derive(Clone, Copy)]
+struct Counted {
+    count: u32,
+    expires_us: u64,
 }
 
 /// A count's place in its map: its key's tuple, apart for each rule (two
 /// rules of a route may be keyed on the same parts).
 fn counted_id(rule: &Rule, key: Key) -> u64 {
-    key.tuple ^ rule_mix(rule.tag)
-}
-
-fn rule_mix(rule: u16) -> u64 {
-    u64::from(rule).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    key.tuple ^ u64::from(rule.tag).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
 /// Whether the store's entry for a failure rule has no room left, and if
@@ -264,52 +265,82 @@ impl Limiter {
         WindowSpec { threshold: left, ..share }.refuses(standing.counts, standing.in_flight, now_us)
     }
 
-    /// A failure this host's report counted in the store, on a global
-    /// failure key whose failures there now come to `store_failures`:
-    /// never more than those (a success through another host cleared
-    /// them, the window slid), kept for the rule's window from the last.
-    pub(super) fn counted_in_store(
+    /// A failure report this host sends the store, counted as it leaves,
+    /// for the rule's window from the last: while it waits on the store
+    /// its place on the share is settled already.
+    pub(super) fn count_for_store(&self, route: &Route, rule: &Rule, key: Key, window_us: u64, now_us: u64) {
+        self.recount(route, rule, key, now_us, |before| {
+            Some((before.map_or(1, |c| c.count.saturating_add(1)), now_us + window_us))
+        });
+    }
+
+    /// The store's reply shows the key's failures there: this host's
+    /// count is never more (a success through another host cleared them,
+    /// the window slid).
+    pub(super) fn cap_counted(&self, route: &Route, rule: &Rule, key: Key, store_failures: u32, now_us: u64) {
+        self.recount(route, rule, key, now_us, |before| before.map(|c| (c.count.min(store_failures), c.expires_us)));
+    }
+
+    /// A report counted on the share instead (the store did not answer
+    /// in time): off the count, so it is counted once here.
+    pub(super) fn uncount(&self, route: &Route, rule: &Rule, key: Key, now_us: u64) {
+        self.recount(route, rule, key, now_us, |before| before.map(|c| (c.count.saturating_sub(1), c.expires_us)));
+    }
+
+    /// Rewrites a count: `f` gets the live one (with its expiry) and
+    /// returns the new count and expiry; 0 drops it.
+    fn recount(
         &self,
         route: &Route,
         rule: &Rule,
         key: Key,
-        window_us: u64,
-        store_failures: u32,
         now_us: u64,
+        f: impl FnOnce(Option<Counted>) -> Option<(u32, u64)>,
     ) {
         let Some(counts) = &route.store_counted else { return };
         counts.of(key).update(counted_id(rule, key), now_us, |slot| {
-            let before = slot.filter(|s| s.value.rule == rule.tag).map(|s| s.value);
-            let count = before.map_or(1, |c| c.count.saturating_add(1)).min(store_failures);
-            let since_us = before.map_or(now_us, |c| c.since_us);
-            let value = StoreCounted { rule: rule.tag, count, account_tag: key.account_tag, since_us };
-            ((count > 0).then_some(Slot { expires_us: now_us + window_us, value }), ())
+            let before = slot
+                .filter(|s| s.value.rule == rule.tag)
+                .map(|s| Counted { count: s.value.count, expires_us: s.expires_us });
+            let next = f(before).filter(|&(count, _)| count > 0).map(|(count, expires_us)| Slot {
+                expires_us,
+                value: StoreCounted { rule: rule.tag, count, account_tag: key.account_tag },
+            });
+            (next.or(slot.filter(|s| s.value.rule != rule.tag)), ())
         });
     }
 
     /// A success clears what a key's rule clears on success: the
     /// failures counted in the store go from this host's count too.
-    pub(super) fn forget_counted(&self, route: &Route, rule: u16, key: Key, before_us: u64) {
+    pub(super) fn forget_counted(&self, route: &Route, rule: &Rule, key: Key) {
         let Some(counts) = &route.store_counted else { return };
         let mut table = counts.of(key);
-        let id = key.tuple ^ rule_mix(rule);
-        if table.get(id, 0).is_some_and(|slot| slot.value.rule == rule && slot.value.since_us <= before_us) {
+        let id = counted_id(rule, key);
+        if table.get(id, 0).is_some_and(|slot| slot.value.rule == rule.tag) {
             table.remove(id);
         }
     }
 
-    /// An account-wide unlock: every count of `rules` (those keyed on the
-    /// account) kept for the account's tag, counted at or before
-    /// `before_us`, goes.
-    pub(super) fn forget_account_counted(&self, route: &Route, rules: &[u16], account_tag: u64, before_us: u64) {
+    /// An unlock made on this host forgets its count of the entry a store
+    /// key names. One heard from another host does not: whoever can
+    /// publish could give every share back. There the next failure
+    /// report's reply lowers the count to the store's.
+    pub fn forget_count_unlocked(&self, name: &str) {
+        if let Some((route, rule, key)) = self.parse_store_key(name) {
+            self.forget_counted(route, &route.rules[rule], key);
+        }
+    }
+
+    /// The same for an account-wide unlock made here: every count of the
+    /// route's rules keyed on the account, by its tag.
+    pub fn forget_account_counts_unlocked(&self, route: &str, account: &str) {
+        let Some(route) = self.routes.iter().find(|r| r.name == route) else { return };
         let Some(counts) = &route.store_counted else { return };
+        let (account_tag, rules) = (self.keys.account_tag(account), account_rules(route));
         for mut table in counts.each() {
             let doomed: SmallVec<[u64; 8]> = table
                 .iter_live(0)
-                .filter(|(_, slot)| {
-                    let c = slot.value;
-                    c.account_tag == account_tag && rules.contains(&c.rule) && c.since_us <= before_us
-                })
+                .filter(|(_, slot)| slot.value.account_tag == account_tag && rules.contains(&slot.value.rule))
                 .map(|(id, _)| id)
                 .collect();
             for id in doomed {

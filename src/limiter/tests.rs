@@ -939,17 +939,20 @@ fn a_hosts_share_counts_the_failures_its_reports_counted_in_the_store() {
     counted(1, T0 + 8);
     counted(2, T0 + 9);
     assert!(!unanswered(T0 + 10).proceeds(), "the share used by the store's two");
-    let tag = limiter.keys.account_tag("alice");
-    limiter.forget_account_lockouts("t", tag, T0 + 7, T0 + 11);
-    assert!(!unanswered(T0 + 11).proceeds(), "an unlock from before the count leaves it");
-    limiter.forget_account_lockouts("t", tag, T0 + 12, T0 + 12);
-    assert!(unanswered(T0 + 12).proceeds(), "an account-wide unlock clears the count");
+    // An unlock heard from another host (anyone who can publish) leaves
+    // it; one made here clears it.
+    let (tag, name) = (limiter.keys.account_tag("alice"), store_name_of(&limiter, "alice"));
+    limiter.forget_account_lockouts("t", tag, u64::MAX, T0 + 11);
+    assert!(limiter.forget_known_lockout(&name, u64::MAX, T0 + 11));
+    assert!(!unanswered(T0 + 11).proceeds(), "an unlock heard leaves the count");
+    limiter.forget_account_counts_unlocked("t", "alice");
+    assert!(unanswered(T0 + 12).proceeds(), "an account-wide unlock made here clears the count");
     succeeded(T0 + 13);
     counted(1, T0 + 14);
     counted(2, T0 + 15);
     assert!(!unanswered(T0 + 16).proceeds());
-    assert!(limiter.forget_known_lockout(&store_name_of(&limiter, "alice"), T0 + 17, T0 + 17));
-    assert!(unanswered(T0 + 18).proceeds(), "an unlock of the key clears the count");
+    limiter.forget_count_unlocked(&name);
+    assert!(unanswered(T0 + 18).proceeds(), "an unlock of the key made here clears the count");
     // The store's count caps this host's: a success through another host
     // cleared her failures there, and this failure is the store's one.
     succeeded(T0 + 19);
@@ -957,6 +960,13 @@ fn a_hosts_share_counts_the_failures_its_reports_counted_in_the_store() {
     counted(2, T0 + 21);
     counted(1, T0 + 22);
     assert!(unanswered(T0 + 23).proceeds(), "no more than the store holds");
+    // A failure report still on its way to the store counts already: its
+    // place on the share went when it was sent.
+    succeeded(T0 + 24);
+    let waiting = report(Outcome::Failure, T0 + 25);
+    assert!(unanswered(T0 + 26).proceeds());
+    assert!(!unanswered(T0 + 27).proceeds(), "a failure on its way to the store, and a place");
+    drop(limiter.finish_locally(waiting, T0 + 28));
 }
 
 /// A check the store answers late is counted on this host's share, which
