@@ -535,8 +535,13 @@ impl Limiter {
         let route = prepared.facts.route;
         let store_now = parsed.store_now;
         let mut locked = Vec::new();
+        let counted = prepared.outcome == Some(Outcome::Failure) && !prepared.repeated;
         for (i, found) in parsed.rules {
             if matches!(found, Found::Skipped) {
+                // The store found the rule not the device's: not counted.
+                if let (true, Some(key)) = (counted, prepared.rule_keys[i]) {
+                    self.uncount(route, &route.rules[i], key, now_us);
+                }
                 continue;
             }
             let rule = &route.rules[i];
@@ -544,7 +549,7 @@ impl Limiter {
             let answer = match (found, rule.global) {
                 (Found::Reported { was_locked, now_locked, entry }, Some(Full::Failures(spec))) => {
                     let answer = store_failure_answer(rule, spec, now_locked, entry, store_now);
-                    if prepared.outcome == Some(Outcome::Failure) && !prepared.repeated {
+                    if counted {
                         self.cap_counted(route, rule, key, spec.estimate(entry_counts(entry), store_now), now_us);
                     }
                     if !rule.monitor {
@@ -591,8 +596,8 @@ impl Limiter {
     fn finish_report_locally<'a>(&'a self, report: Box<StoreReport<'a>>, now_us: u64) -> (Verdict<'a>, Vec<Durable>) {
         let StoreReport { mut prepared, mut answers, mut durable, .. } = *report;
         let route = prepared.facts.route;
-        prepared.rule_keys = self.scoped_here(route, prepared.rule_keys, prepared.facts.known_device);
-        self.report_rules(&prepared, Rules::Global, false, now_us, &mut answers, &mut durable);
+        // Off the count: every key `begin_report` counted, whether or not
+        // the share counts it here.
         if prepared.outcome == Some(Outcome::Failure) && !prepared.repeated {
             for (rule, key) in route.rules.iter().zip(prepared.rule_keys.iter().copied()) {
                 if let (Some(Full::Failures(_)), Some(key)) = (rule.global, key) {
@@ -600,6 +605,8 @@ impl Limiter {
                 }
             }
         }
+        prepared.rule_keys = self.scoped_here(route, prepared.rule_keys, prepared.facts.known_device);
+        self.report_rules(&prepared, Rules::Global, false, now_us, &mut answers, &mut durable);
         (combine(&answers), durable)
     }
 }

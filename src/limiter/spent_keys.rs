@@ -56,6 +56,8 @@ pub(super) struct Spent {
 pub(super) struct StoreCounted {
     rule: u16,
     count: u32,
+    /// Those of them whose reports have had no reply yet.
+    waiting: u32,
     /// Found by an account-wide unlock, which clears them.
     account_tag: u64,
 }
@@ -64,6 +66,7 @@ pub(super) struct StoreCounted {
 #[derive(Clone, Copy)]
 struct Counted {
     count: u32,
+    waiting: u32,
     expires_us: u64,
 }
 
@@ -270,41 +273,64 @@ impl Limiter {
     /// its place on the share is settled already.
     pub(super) fn count_for_store(&self, route: &Route, rule: &Rule, key: Key, window_us: u64, now_us: u64) {
         self.recount(route, rule, key, now_us, |before| {
-            Some((before.map_or(1, |c| c.count.saturating_add(1)), now_us + window_us))
+            let c = before.unwrap_or(Counted { count: 0, waiting: 0, expires_us: 0 });
+            Some(Counted {
+                count: c.count.saturating_add(1),
+                waiting: c.waiting.saturating_add(1),
+                expires_us: now_us + window_us,
+            })
         });
     }
 
-    /// The store's reply shows the key's failures there: this host's
-    /// count is never more (a success through another host cleared them,
-    /// the window slid).
+    /// The store's reply shows the key's failures there, this report's
+    /// among them: this host's count is never more than those and the
+    /// reports still on their way (a success through another host cleared
+    /// them, the window slid). Replies to one key come in order: its slot
+    /// is on one connection.
     pub(super) fn cap_counted(&self, route: &Route, rule: &Rule, key: Key, store_failures: u32, now_us: u64) {
-        self.recount(route, rule, key, now_us, |before| before.map(|c| (c.count.min(store_failures), c.expires_us)));
+        self.recount(route, rule, key, now_us, |before| {
+            before.map(|c| {
+                let waiting = c.waiting.saturating_sub(1);
+                Counted { count: c.count.min(store_failures.saturating_add(waiting)), waiting, ..c }
+            })
+        });
     }
 
-    /// A report counted on the share instead (the store did not answer
-    /// in time): off the count, so it is counted once here.
+    /// A report the store did not count as sent (it answered late, or
+    /// not at all, and the share counts it; or the rule did not apply to
+    /// the device): off the count, so it is counted once at most.
     pub(super) fn uncount(&self, route: &Route, rule: &Rule, key: Key, now_us: u64) {
-        self.recount(route, rule, key, now_us, |before| before.map(|c| (c.count.saturating_sub(1), c.expires_us)));
+        self.recount(route, rule, key, now_us, |before| {
+            before.map(|c| Counted { count: c.count.saturating_sub(1), waiting: c.waiting.saturating_sub(1), ..c })
+        });
     }
 
-    /// Rewrites a count: `f` gets the live one (with its expiry) and
-    /// returns the new count and expiry; 0 drops it.
+    /// Rewrites a count: `f` gets the live one and returns the new one; a
+    /// count of 0 drops it. (Another rule's slot at the same id, a 64-bit
+    /// collision of keyed digests, is overwritten.)
     fn recount(
         &self,
         route: &Route,
         rule: &Rule,
         key: Key,
         now_us: u64,
-        f: impl FnOnce(Option<Counted>) -> Option<(u32, u64)>,
+        f: impl FnOnce(Option<Counted>) -> Option<Counted>,
     ) {
         let Some(counts) = &route.store_counted else { return };
         counts.of(key).update(counted_id(rule, key), now_us, |slot| {
-            let before = slot
-                .filter(|s| s.value.rule == rule.tag)
-                .map(|s| Counted { count: s.value.count, expires_us: s.expires_us });
-            let next = f(before).filter(|&(count, _)| count > 0).map(|(count, expires_us)| Slot {
-                expires_us,
-                value: StoreCounted { rule: rule.tag, count, account_tag: key.account_tag },
+            let before = slot.filter(|s| s.value.rule == rule.tag).map(|s| Counted {
+                count: s.value.count,
+                waiting: s.value.waiting,
+                expires_us: s.expires_us,
+            });
+            let next = f(before).filter(|c| c.count > 0).map(|c| Slot {
+                expires_us: c.expires_us,
+                value: StoreCounted {
+                    rule: rule.tag,
+                    count: c.count,
+                    waiting: c.waiting,
+                    account_tag: key.account_tag,
+                },
             });
             (next.or(slot.filter(|s| s.value.rule != rule.tag)), ())
         });

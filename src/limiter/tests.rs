@@ -893,6 +893,51 @@ fn the_shipped_routes_plan_checks_and_reports_without_spilling_their_keys() {
     }
 }
 
+/// One global failure rule, 5 a minute on the account, on 3 hosts: a
+/// share of 2.
+fn three_host_limiter() -> Limiter {
+    limiter(
+        "[shared]\nurl = \"redis+unix:///nonexistent/tollgate.sock\"\nhosts = 3\n\
+         [responses]\njitter_percent = 0\n\
+         [routes.t.rules.per_account]\nkind = \"failures\"\nkey = [\"account\"]\nthreshold = 5\n\
+         window_secs = 60\nscope = \"global\"\ncleared_by_success = true\n",
+    )
+}
+
+/// The store's reply to a failure report on `three_host_limiter`'s rule:
+/// not locked, `current` failures in window 100.
+fn failure_reply(current: i64) -> crate::shared::script::Reply {
+    crate::shared::script::Reply {
+        ints: [[0, T0 as i64, 0, 0].as_slice(), &[100, 0, current, 0, 0, 0, WINDOW as i64]].concat(),
+        strings: vec![],
+    }
+}
+
+/// Failure reports sent together are answered one by one, each reply
+/// showing the store's count as its report made it: the later reports,
+/// still on their way, stay counted here. Before, the first reply cut the
+/// count to 1, and a host that took 49 of 50 through the store had 16 of
+/// its 17 left (a red team's finding).
+#[test]
+fn replies_to_failure_reports_sent_together_keep_the_ones_still_waiting() {
+    let limiter = three_host_limiter();
+    let sent: Vec<_> = (0..2)
+        .map(|n| {
+            let report = super::Report { outcome: Some(Outcome::Failure), ..super::Report::default() };
+            let (_, begun) = limiter.begin_report("t", &account("alice"), &report, T0 + n).expect("a known route");
+            let Begun::Store(pending) = begun else { panic!("a global rule: the store") };
+            pending
+        })
+        .collect();
+    for (n, pending) in sent.into_iter().enumerate() {
+        assert!(limiter.finish_stored(pending, &failure_reply(n as i64 + 1), T0 + 3).is_ok(), "read");
+    }
+    let plan = limiter.plan_check("t", &account("alice"), T0 + 4).expect("a known route");
+    let Begun::Store(pending) = limiter.begin_check(plan, T0 + 4) else { panic!("a global rule: the store") };
+    let (verdict, _) = limiter.finish_locally(pending, T0 + 4);
+    assert_eq!(verdict.reason, Reason::AttemptsInFlight, "the share used by the store's two");
+}
+
 /// A host's share of a global failure rule (ceil(5 / 3) = 2) counts the
 /// failures its reports counted in the store. Before, a host whose guesses
 /// the store had admitted still had its whole share when the store was
@@ -900,13 +945,7 @@ fn the_shipped_routes_plan_checks_and_reports_without_spilling_their_keys() {
 /// the count as it clears the failures; so does an unlock.
 #[test]
 fn a_hosts_share_counts_the_failures_its_reports_counted_in_the_store() {
-    use crate::shared::script::Reply;
-    let limiter = limiter(
-        "[shared]\nurl = \"redis+unix:///nonexistent/tollgate.sock\"\nhosts = 3\n\
-         [responses]\njitter_percent = 0\n\
-         [routes.t.rules.per_account]\nkind = \"failures\"\nkey = [\"account\"]\nthreshold = 5\n\
-         window_secs = 60\nscope = \"global\"\ncleared_by_success = true\n",
-    );
+    let limiter = three_host_limiter();
     let report = |outcome, now_us| {
         let report = super::Report { outcome: Some(outcome), password_digest: None, password_tag: None };
         let (_, begun) = limiter.begin_report("t", &account("alice"), &report, now_us).expect("a known route");
@@ -916,10 +955,7 @@ fn a_hosts_share_counts_the_failures_its_reports_counted_in_the_store() {
     // The store's reply to a failure report: not locked, `current`
     // failures in window 100.
     let counted = |current: i64, now_us: u64| {
-        let reply = Reply {
-            ints: [[0, T0 as i64, 0, 0].as_slice(), &[100, 0, current, 0, 0, 0, WINDOW as i64]].concat(),
-            strings: vec![],
-        };
+        let reply = failure_reply(current);
         assert!(limiter.finish_stored(report(Outcome::Failure, now_us), &reply, now_us).is_ok(), "read");
     };
     let unanswered = |now_us: u64| {
