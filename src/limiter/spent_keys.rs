@@ -58,6 +58,9 @@ pub(super) struct StoreCounted {
     count: u32,
     /// Those of them whose reports have had no reply yet.
     waiting: u32,
+    /// The most failures a reply showed while some were waiting: replies
+    /// to reports on different connections are read in any order.
+    seen: u32,
     /// Found by an account-wide unlock, which clears them.
     account_tag: u64,
 }
@@ -67,6 +70,7 @@ pub(super) struct StoreCounted {
 struct Counted {
     count: u32,
     waiting: u32,
+    seen: u32,
     expires_us: u64,
 }
 
@@ -273,25 +277,22 @@ impl Limiter {
     /// its place on the share is settled already.
     pub(super) fn count_for_store(&self, route: &Route, rule: &Rule, key: Key, window_us: u64, now_us: u64) {
         self.recount(route, rule, key, now_us, |before| {
-            let c = before.unwrap_or(Counted { count: 0, waiting: 0, expires_us: 0 });
-            Some(Counted {
-                count: c.count.saturating_add(1),
-                waiting: c.waiting.saturating_add(1),
-                expires_us: now_us + window_us,
-            })
+            let c = before.unwrap_or(Counted { count: 0, waiting: 0, seen: 0, expires_us: 0 });
+            let (count, waiting) = (c.count.saturating_add(1), c.waiting.saturating_add(1));
+            Some(Counted { count, waiting, expires_us: now_us + window_us, ..c })
         });
     }
 
     /// The store's reply shows the key's failures there, this report's
-    /// among them: this host's count is never more than those and the
-    /// reports still on their way (a success through another host cleared
-    /// them, the window slid). Replies to one key come in order: its slot
-    /// is on one connection.
+    /// among them: this host's count is never more than the most a reply
+    /// showed while reports waited and those still on their way (a
+    /// success through another host cleared them, the window slid).
     pub(super) fn cap_counted(&self, route: &Route, rule: &Rule, key: Key, store_failures: u32, now_us: u64) {
         self.recount(route, rule, key, now_us, |before| {
             before.map(|c| {
-                let waiting = c.waiting.saturating_sub(1);
-                Counted { count: c.count.min(store_failures.saturating_add(waiting)), waiting, ..c }
+                let (waiting, seen) = (c.waiting.saturating_sub(1), c.seen.max(store_failures));
+                let count = c.count.min(seen.saturating_add(waiting));
+                Counted { count, waiting, seen: if waiting == 0 { 0 } else { seen }, ..c }
             })
         });
     }
@@ -301,7 +302,10 @@ impl Limiter {
     /// the device): off the count, so it is counted once at most.
     pub(super) fn uncount(&self, route: &Route, rule: &Rule, key: Key, now_us: u64) {
         self.recount(route, rule, key, now_us, |before| {
-            before.map(|c| Counted { count: c.count.saturating_sub(1), waiting: c.waiting.saturating_sub(1), ..c })
+            before.map(|c| {
+                let waiting = c.waiting.saturating_sub(1);
+                Counted { count: c.count.saturating_sub(1), waiting, seen: if waiting == 0 { 0 } else { c.seen }, ..c }
+            })
         });
     }
 
@@ -321,6 +325,7 @@ impl Limiter {
             let before = slot.filter(|s| s.value.rule == rule.tag).map(|s| Counted {
                 count: s.value.count,
                 waiting: s.value.waiting,
+                seen: s.value.seen,
                 expires_us: s.expires_us,
             });
             let next = f(before).filter(|c| c.count > 0).map(|c| Slot {
@@ -329,6 +334,7 @@ impl Limiter {
                     rule: rule.tag,
                     count: c.count,
                     waiting: c.waiting,
+                    seen: c.seen,
                     account_tag: key.account_tag,
                 },
             });
