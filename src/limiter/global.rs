@@ -14,7 +14,7 @@
 //! the store's remaining duration.
 
 use super::known_lockouts::DevicesDecided;
-use super::route::{Full, Route, Rule, Table};
+use super::route::{Full, Route, Table};
 use super::spent_keys::{spent, Echo};
 use super::store_names::store_name;
 use super::store_reply::{
@@ -22,7 +22,7 @@ use super::store_reply::{
     store_knows_device, Found,
 };
 use super::subject::RuleKeys;
-use super::verdict::{combine, rate_answer, Answers, RuleAnswer};
+use super::verdict::{busy_answer, combine, rate_answer, Answers, RuleAnswer};
 use super::{CheckPlan, Facts, Limiter, PreparedReport, Report, RequestError, Rules};
 use crate::classes::SourceClass;
 use crate::failure_window::Settled;
@@ -33,10 +33,6 @@ use crate::shared::script::{CheckRule, Op, Reply, ReplyError, ReportRule};
 use crate::signals::flags::Hits;
 use crate::store::Durable;
 use smallvec::SmallVec;
-
-/// The wait a check refused by a busy store is told: the attempts queued
-/// ahead of it are reported within about a password hash.
-const BUSY_RETRY_AFTER_US: u64 = 1_000_000;
 
 /// A check after this host's rules, waiting for the store.
 pub struct StoreCheck<'l> {
@@ -147,23 +143,6 @@ impl<'l> Stored<'l> {
 /// which read only that form.
 pub(super) fn lock_messages(name: &str, retry_after_us: u64, store_now: u64) -> [String; 2] {
     [format!("L {name} {retry_after_us}"), format!("L {name} {retry_after_us} {store_now}")]
-}
-
-/// A refusal while the store is busy or late: attempts in flight, a
-/// short wait, no rung climbed.
-pub(super) fn busy_answer(rule: &Rule, limit: u32) -> RuleAnswer<'_> {
-    RuleAnswer {
-        refused: true,
-        monitored: false,
-        reason: Reason::AttemptsInFlight,
-        rung: crate::config::Rung::Deny,
-        retry_after_us: BUSY_RETRY_AFTER_US,
-        delay_us: 0,
-        limit,
-        remaining: 0,
-        reset_us: 0,
-        rule: &rule.name,
-    }
 }
 
 impl Limiter {

@@ -8,9 +8,9 @@ use std::sync::{Arc, Mutex};
 
 use smallvec::SmallVec;
 
-use super::global::busy_answer;
 use super::route::{Full, KnownLockout, Route};
 use super::subject::RuleKeys;
+use super::verdict::busy_answer;
 use super::verdict::{failure_answer, Answers};
 use super::Limiter;
 use crate::clock::ceil_ms;

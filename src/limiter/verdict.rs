@@ -154,6 +154,27 @@ pub(super) fn failure_answer(
     }
 }
 
+/// The wait a check refused by a busy store is told: the attempts queued
+/// ahead of it are reported within about a password hash.
+const BUSY_RETRY_AFTER_US: u64 = 1_000_000;
+
+/// A refusal while the store is busy or late: attempts in flight, a
+/// short wait, no rung climbed.
+pub(super) fn busy_answer(rule: &Rule, limit: u32) -> RuleAnswer<'_> {
+    RuleAnswer {
+        refused: true,
+        monitored: false,
+        reason: Reason::AttemptsInFlight,
+        rung: Rung::Deny,
+        retry_after_us: BUSY_RETRY_AFTER_US,
+        delay_us: 0,
+        limit,
+        remaining: 0,
+        reset_us: 0,
+        rule: &rule.name,
+    }
+}
+
 pub(super) fn rate_answer(rule: &Rule, spec: GcraSpec, decision: GcraDecision) -> RuleAnswer<'_> {
     RuleAnswer {
         refused: !decision.allowed,
