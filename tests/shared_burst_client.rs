@@ -122,6 +122,56 @@ fn a_daemon_that_answered_in_time_within_busy_max_is_busy_in_an_old_run() {
     }
 }
 
+/// A daemon that answers every call, each a moment after the client's
+/// deadline (frozen for each burst, thawed after it: a host an attacker's
+/// bursts keep loaded), is busy, not down. The client closed each
+/// timed-out call's connection and never heard those replies: once its
+/// run of late calls was older than busy_max, every late check failed
+/// open on `login` (a CI run on a loaded machine let 39 of 300 guesses
+/// through). Now it listens for them. Silent for busy_max, the daemon is
+/// down and `login` fails open as before.
+#[test]
+fn a_daemon_that_answers_every_call_late_is_busy_not_down() {
+    let _alone = one_at_a_time();
+    let daemon = TestDaemon::start();
+    let rt = runtime();
+    let busy_max = Duration::from_millis(600);
+    let client = Client::new(ClientConfig::new(&daemon.socket).busy_max(busy_max));
+    let alice = subject("198.51.100.8", "alice");
+    let burst =
+        || rt.block_on(futures_util::future::join(client.check("login", &alice), client.check("login", &alice)));
+    let warmed = (0..20)
+        .any(|_| matches!(rt.block_on(client.check("login", &subject("192.0.2.1", "warm"))), Answer::Verdict(_)));
+    assert!(warmed, "the daemon never answered in time");
+    // Its answer in time is then older than busy_max at the last bursts.
+    std::thread::sleep(busy_max);
+    let late_burst = || {
+        daemon.freeze();
+        let answers = burst();
+        daemon.thaw();
+        answers
+    };
+    let first = late_burst();
+    // Timed from here, the run is older than busy_max at the third burst.
+    let started = std::time::Instant::now();
+    std::thread::sleep(busy_max / 2);
+    let second = late_burst();
+    std::thread::sleep((busy_max + Duration::from_millis(100)).saturating_sub(started.elapsed()));
+    daemon.freeze();
+    let third = burst();
+    std::thread::sleep(busy_max + Duration::from_millis(50));
+    let gone = burst();
+    daemon.thaw();
+    for a in [&first.0, &first.1, &second.0, &second.1, &third.0, &third.1] {
+        assert!(matches!(a, Answer::Unavailable { error: ClientError::Busy(_), .. }), "late, not down: {a:?}");
+        assert!(!a.proceeds());
+    }
+    for a in [&gone.0, &gone.1] {
+        assert!(matches!(a, Answer::Unavailable { error: ClientError::Timeout(_), .. }), "down: {gone:?}");
+        assert!(a.proceeds(), "login fails open once nothing is answered for busy_max");
+    }
+}
+
 /// 300 guesses at once on `subject`, round robin over `clients` (after
 /// warming each up, if `warm`): how many proceeded, and how many the
 /// client refused as busy.

@@ -19,13 +19,13 @@ pub enum ClientError {
     Timeout(Duration),
     /// No answer within the timeout from a daemon that has answered this
     /// client, in a run of timeouts younger than `ClientConfig::busy_max`
-    /// or within `busy_max` of its last answer in time,
+    /// or within `busy_max` of its last answer, in time or late,
     /// for a check that another check on the same account (or address)
     /// overlapped on this client: a burst, and the daemon is busy, not
     /// down. The attempt does not proceed,
     /// whatever the route's fail policy: a guess let through because the
     /// limiter was slow is a guess with no limit at all.
-    #[error("tollgate is busy: no answer within {0:?}, answered in time lately")]
+    #[error("tollgate is busy: no answer within {0:?}, answered lately")]
     Busy(Duration),
     #[error("unexpected reply from tollgate: {0}")]
     Protocol(String),

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -16,6 +16,7 @@ use crate::codec::{
 };
 use crate::config::ClientConfig;
 use crate::gcra::decide;
+use crate::late_replies::LateReplies;
 use crate::protocol::{
     Activity, ErrorCode, ErrorReply, Inspection, Lockout, Outcome, Request, Response, SharedStatus, Status, Subject,
     WouldBeRefusal, ACTIVITY_VERSION, BAN_VERSION, IDENTIFIER_BYTES_MAX, INSPECT_VERSION, PROTOCOL_VERSION_MIN,
@@ -47,10 +48,12 @@ pub struct Client {
     /// When the daemon last answered a call in time (µs since `started`,
     /// plus one; 0 never): a daemon never heard from is not busy.
     last_answered_us: AtomicU64,
+    /// Replies heard after their call's deadline.
+    late_replies: Arc<LateReplies>,
     /// The current run of timeouts: (when it began, the last one; 0 none),
     /// µs as above. A daemon late at a stretch for longer than `busy_max`,
-    /// with no call answered in time within it, is down or overloaded,
-    /// not busy with a burst: the fail policy applies again.
+    /// with no call answered within it, in time or late, is down or
+    /// overloaded, not busy with a burst: the fail policy applies again.
     late_run: Mutex<(u64, u64)>,
     /// The checks waiting, per account (or address) and per requester.
     bursts: crate::burst::Bursts,
@@ -63,13 +66,15 @@ pub struct Client {
 
 impl Client {
     pub fn new(config: ClientConfig) -> Client {
+        let started = std::time::Instant::now();
         Client {
             config,
             pool: Mutex::new(Vec::new()),
             next_id: AtomicU64::new(1),
             budget_tats: Mutex::new(HashMap::new()),
-            started: std::time::Instant::now(),
+            started,
             last_answered_us: AtomicU64::new(0),
+            late_replies: LateReplies::new(started),
             late_run: Mutex::new((0, 0)),
             bursts: Default::default(),
             busy_window: Default::default(),
@@ -376,14 +381,16 @@ impl Client {
     }
 
     /// A call the daemon was late for: it joins the run of late calls, and
-    /// is `Busy` from a daemon that has answered this client while the run
-    /// is younger than `busy_max` or the daemon answered a call in time
-    /// within `busy_max`; else `Timeout`. A daemon that still answers in
-    /// time is not down: an attacker's bursts closer together than
-    /// `busy_max` would otherwise age one run past it and fail open.
+    /// is `Busy` from a daemon that has answered this client in time while
+    /// the run is younger than `busy_max` or the daemon answered a call,
+    /// in time or late, within `busy_max`; else `Timeout`. A daemon that
+    /// still answers is not down: an attacker's bursts closer together
+    /// than `busy_max`, or keeping it late for every call, would otherwise
+    /// age one run past it and fail open.
     fn late(&self, timeout: Duration) -> ClientError {
         let busy_max_us = self.config.busy_max.as_micros() as u64;
         let last = self.last_answered_us.load(Ordering::Relaxed);
+        let heard = self.late_replies.heard_us();
         let busy = {
             // The time is read under the lock: read before it, a task could
             // start the run after this one's instant.
@@ -393,7 +400,9 @@ impl Client {
                 run.0 = now;
             }
             run.1 = run.1.max(now);
-            now.saturating_sub(run.0) < busy_max_us || now.saturating_sub(last) < busy_max_us
+            now.saturating_sub(run.0) < busy_max_us
+                || now.saturating_sub(last) < busy_max_us
+                || (heard > 0 && now.saturating_sub(heard) < busy_max_us)
         };
         if last > 0 && busy {
             ClientError::Busy(timeout)
@@ -428,21 +437,25 @@ impl Client {
     }
 
     /// One exchange; the connection goes back to the pool only if it ended
-    /// cleanly (on any error or timeout its state is unknown: dropped).
+    /// cleanly (on any error or timeout its state is unknown: dropped, or
+    /// listened to for its late reply).
     async fn call_on(
         &self,
-        mut conn: Connection,
+        conn: Connection,
         request: &Request<'_>,
         extras: &RequestExtras,
     ) -> Result<(Response<'static>, DecodedExtras), ClientError> {
-        let mut reply = self.exchange(&mut conn, request, extras).await?;
+        let mut call =
+            InCall { conn: Some(conn), awaiting_reply: false, late: &self.late_replies, horizon: self.config.busy_max };
+        let mut reply = self.exchange(&mut call, request, extras).await?;
         // A daemon older than the connection's version refuses it in version
         // 1's bytes, which every daemon has: ask again one version lower (3,
         // then 2, then 1), each step once per connection.
-        while conn.version > PROTOCOL_VERSION_MIN && refuses_version(&reply) {
-            conn.version -= 1;
-            reply = self.exchange(&mut conn, request, extras).await?;
+        while call.connection().version > PROTOCOL_VERSION_MIN && refuses_version(&reply) {
+            call.connection().version -= 1;
+            reply = self.exchange(&mut call, request, extras).await?;
         }
+        let conn = call.conn.take().expect("a call's connection is taken only here");
         let mut pool = self.pool.locked();
         if pool.len() < POOL_CONNECTIONS_MAX {
             pool.push(conn);
@@ -453,15 +466,19 @@ impl Client {
     /// Writes the request in the connection's version and reads its reply.
     async fn exchange(
         &self,
-        conn: &mut Connection,
+        call: &mut InCall<'_>,
         request: &Request<'_>,
         extras: &RequestExtras,
     ) -> Result<(Response<'static>, DecodedExtras), ClientError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let conn = call.conn.as_mut().expect("a call has its connection until it ends");
         conn.buf.clear();
         codec::encode_request_with_extras(conn.version, id, request, extras, &mut conn.buf);
         conn.stream.write_all(&conn.buf).await?;
-        let response = read_response(conn).await?;
+        call.awaiting_reply = true;
+        let response = read_response(conn).await;
+        call.awaiting_reply = false;
+        let response = response?;
         let (reply_id, response, extras) =
             codec::decode_response_versioned(&response).map_err(|f| ClientError::Protocol(f.error.to_string()))?;
         // Id 0 is the daemon's reply to a frame it could not read at all.
@@ -469,6 +486,30 @@ impl Client {
             return Err(ClientError::Protocol(format!("reply id {reply_id} for request {id}")));
         }
         Ok((response, extras))
+    }
+}
+
+/// A call's connection. Dropped while it awaits its reply (the call timed
+/// out, or its caller gave up), it is listened to for that reply
+/// (`LateReplies`): a daemon that answers late is busy, not down.
+struct InCall<'c> {
+    conn: Option<Connection>,
+    awaiting_reply: bool,
+    late: &'c Arc<LateReplies>,
+    horizon: Duration,
+}
+
+impl InCall<'_> {
+    fn connection(&mut self) -> &mut Connection {
+        self.conn.as_mut().expect("a call has its connection until it ends")
+    }
+}
+
+impl Drop for InCall<'_> {
+    fn drop(&mut self) {
+        if let (true, Some(conn)) = (self.awaiting_reply, self.conn.take()) {
+            self.late.listen(conn.stream, self.horizon);
+        }
     }
 }
 

@@ -37,7 +37,9 @@ pub struct ClientConfig {
     pub protocol_version: u8,
     /// A timeout in a run of timeouts (ended only by a timely answer this
     /// long after its last timeout) younger than this, or this soon after
-    /// an answer in time, from a daemon that has answered this client, is
+    /// an answer (in time, or heard late: a timed-out call is listened to
+    /// this long, `LATE_LISTENERS_MAX` at once), from a daemon that has
+    /// answered this client in time, is
     /// `ClientError::Busy` (the attempt does not proceed), not an outage
     /// for the fail policy, in a burst on its account: its own, or others'
     /// (for a requester with a success through this client, at most this

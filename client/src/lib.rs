@@ -27,6 +27,7 @@ mod client;
 pub mod codec;
 mod config;
 pub mod gcra;
+mod late_replies;
 mod password;
 pub mod protocol;
 mod unpoisoned;
@@ -35,6 +36,7 @@ pub use answer::{Answer, Answered, ClientError, FullStatus};
 pub use attempt::Attempt;
 pub use client::{Client, POOL_CONNECTIONS_MAX};
 pub use config::{ClientConfig, CALL_TIMEOUT_DEFAULT};
+pub use late_replies::LATE_LISTENERS_MAX;
 pub use password::{password_digest, password_tag, PASSWORD_TAG_PERSONAL};
 
 /// What a client does with an attempt when the daemon cannot answer in time.
