@@ -20,11 +20,15 @@ const (
 	// ms before the fail policy decides.
 	CallTimeoutDefault = 5 * time.Millisecond
 	// BusyMaxDefault: how long a run of timeouts from a daemon that has
-	// answered this client (and how long after an answer in time) is taken
-	// for a busy daemon, not a lost one.
+	// answered this client (and how long after an answer, in time or late)
+	// is taken for a busy daemon, not a lost one.
 	BusyMaxDefault = time.Second
 	// PoolConnectionsMax idle connections are kept for reuse.
 	PoolConnectionsMax = 64
+	// LateListenersMax timed-out connections at most are kept open at once
+	// to hear a late reply; beyond that they are closed at once, so that
+	// an attacker's bursts cannot run the auth server out of descriptors.
+	LateListenersMax = 16
 	// SocketPathDefault is the daemon's default socket.
 	SocketPathDefault = "/run/tollgate/tollgate.sock"
 )
@@ -75,8 +79,8 @@ type Config struct {
 	// Timeout bounds each call (a sooner context deadline wins).
 	Timeout time.Duration
 	// BusyMax: a timeout in a run of timeouts younger than this (or this
-	// soon after an answer in time), from a daemon that has answered this
-	// client, for a check overlapped by
+	// soon after an answer in time, or after a reply heard late), from a
+	// daemon that has answered this client in time, for a check overlapped by
 	// another on the same account (or address), is ErrBusy and never
 	// proceeds: for as long as it lasts when the other is from the same
 	// address and X-Forwarded-For too, or when no success was reported
@@ -233,6 +237,8 @@ type conn struct {
 	// version its requests go out in: lowered once for each newer version
 	// its daemon refused, for as long as the connection lives.
 	version uint8
+	// replyOwed: a request was written whole and its reply not read yet.
+	replyOwed bool
 }
 
 // Client talks to one daemon. Safe for concurrent use; share one per
@@ -244,7 +250,10 @@ type Client struct {
 
 	poolMu sync.Mutex
 	idle   []*conn
-	closed bool
+	// listening: the timed-out connections kept open to hear a late reply
+	// (at most LateListenersMax), closed by Close with the idle ones.
+	listening map[*conn]struct{}
+	closed    bool
 
 	budgetMu   sync.Mutex
 	budgetTats map[string]uint64
@@ -253,9 +262,14 @@ type Client struct {
 	// lastAnswered: when the daemon last answered in time (µs since
 	// started, plus one; 0 never): a daemon never heard from is not busy.
 	lastAnswered atomic.Uint64
+	// lastHeard: when a reply last came to a call that had already timed
+	// out (same clock; 0 never), heard by a late listener (listenLate).
+	// It neither ends a run nor counts as an answer in time.
+	lastHeard atomic.Uint64
 	// lateRun: the current run of timeouts (when it began, the last one;
 	// 0 none). A daemon late for longer than BusyMax, with no call answered
-	// in time within it, is down or overloaded: the fail policy applies.
+	// in time within it and no reply heard late within it, is down or
+	// overloaded: the fail policy applies.
 	lateMu  sync.Mutex
 	lateRun [2]uint64
 	bursts  *bursts
@@ -278,7 +292,7 @@ func NewClient(cfg Config) (*Client, error) {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = CallTimeoutDefault
 	}
-	c := &Client{cfg: cfg, started: time.Now(), budgetTats: map[string]uint64{}, budgets: map[string]gcraSpec{}, bursts: newBursts(), busy: newBusyWindows(), known: newKnownRequesters()}
+	c := &Client{cfg: cfg, started: time.Now(), listening: map[*conn]struct{}{}, budgetTats: map[string]uint64{}, budgets: map[string]gcraSpec{}, bursts: newBursts(), busy: newBusyWindows(), known: newKnownRequesters()}
 	c.cfg.FailPolicies = make(map[string]FailPolicy, len(cfg.FailPolicies))
 	for route, policy := range cfg.FailPolicies {
 		c.cfg.FailPolicies[route] = policy
@@ -289,13 +303,17 @@ func NewClient(cfg Config) (*Client, error) {
 	return c, nil
 }
 
-// Close closes the idle connections; calls in flight close theirs.
+// Close closes the idle connections and those still listening for a late
+// reply; calls in flight close theirs.
 func (c *Client) Close() {
 	c.poolMu.Lock()
-	idle := c.idle
-	c.idle, c.closed = nil, true
+	idle, listening := c.idle, c.listening
+	c.idle, c.listening, c.closed = nil, nil, true
 	c.poolMu.Unlock()
 	for _, cn := range idle {
+		cn.c.Close()
+	}
+	for cn := range listening {
 		cn.c.Close()
 	}
 }
@@ -450,35 +468,6 @@ func (c *Client) unavailable(route string, err *CallError, spend bool) Answer {
 
 func (c *Client) nowUs() uint64 { return uint64(time.Since(c.started)/time.Microsecond) + 1 }
 
-// deadlineKind classifies a check its caller's deadline cut short: the
-// caller's doing (ErrDeadline, never proceeds) unless the client's own
-// timeouts already show an outage: a run of them older than BusyMax with no
-// answer in time within BusyMax, or any run from a daemon that never
-// answered this client. Then it is ErrTimeout
-// and the policy applies, so a lone user whose requests carry short
-// deadlines is not refused for a whole outage. A daemon with no run of
-// timeouts is taken for healthy, even one not heard from yet (a fresh
-// process must not let tiny deadlines through).
-func (c *Client) deadlineKind() ErrorKind {
-	last := c.lastAnswered.Load()
-	c.lateMu.Lock()
-	now, run := c.nowUs(), c.lateRun
-	c.lateMu.Unlock()
-	busyMaxUs := uint64(c.cfg.BusyMax / time.Microsecond)
-	if run[1] != 0 && (last == 0 || (now-run[0] >= busyMaxUs && since(now, last) >= busyMaxUs)) {
-		return ErrTimeout
-	}
-	return ErrDeadline
-}
-
-// since is now - then in µs, 0 for a then read after now.
-func since(now, then uint64) uint64 {
-	if then > now {
-		return 0
-	}
-	return now - then
-}
-
 func callerEndedKind(ctxErr error) ErrorKind {
 	if errors.Is(ctxErr, context.DeadlineExceeded) {
 		return ErrDeadline
@@ -498,7 +487,6 @@ func (c *Client) call(ctx context.Context, cancellable bool, req *request) (*res
 	// Whatever error a call that ran into its caller's deadline got (a read
 	// or a dial out of time, a connection it cut), the caller ended it.
 	cutByCaller := err != nil && callersDeadline && (ctx.Err() != nil || !time.Now().Before(deadline))
-	busyMaxUs := uint64(c.cfg.BusyMax / time.Microsecond)
 	if cutByCaller {
 		// Not late by the client's own Timeout: it neither starts nor
 		// extends the run, or tiny deadlines alone would age a run past
@@ -510,13 +498,12 @@ func (c *Client) call(ctx context.Context, cancellable bool, req *request) (*res
 		c.lastAnswered.Store(now)
 		// A timely answer busy_max after the run's last timeout ends the
 		// run (quiet gaps alone do not: a frozen daemon's sparse calls are
-		// one run that grows old).
-		if c.lateRun[1] != 0 && now-c.lateRun[1] >= busyMaxUs {
+		// one run that grows old). A reply heard late never ends it.
+		if c.lateRun[1] != 0 && now-c.lateRun[1] >= uint64(c.cfg.BusyMax/time.Microsecond) {
 			c.lateRun[1] = 0
 		}
 		c.lateMu.Unlock()
 	} else if err.Kind == ErrTimeout {
-		last := c.lastAnswered.Load()
 		// The time is read under the lock: read before it, another call
 		// could start the run after this one's instant.
 		c.lateMu.Lock()
@@ -527,12 +514,9 @@ func (c *Client) call(ctx context.Context, cancellable bool, req *request) (*res
 		if now > c.lateRun[1] {
 			c.lateRun[1] = now
 		}
-		// A daemon that answered in time within BusyMax is busy, not
-		// down: bursts closer together than BusyMax would otherwise age
-		// one run past it and fail open.
-		young := now-c.lateRun[0] < busyMaxUs || since(now, last) < busyMaxUs
+		busy := c.busyAt(now, c.lateRun)
 		c.lateMu.Unlock()
-		if last > 0 && young {
+		if busy {
 			err.Kind = ErrBusy
 		}
 	}
@@ -596,9 +580,16 @@ func (c *Client) callOn(cn *conn, deadline time.Time, watch *cancelWatch, req *r
 		resp, err = c.exchange(cn, deadline, req)
 	}
 	if err != nil {
-		cn.c.Close()
+		// Let the connection go before a listener may take it: a cancel
+		// coming later must not cut the listener's wait short.
+		watch.detach()
 		if err.Kind == ErrTimeout && watch.wasCanceled() {
 			err.Kind = ErrCanceled
+		}
+		if err.Kind == ErrTimeout && cn.replyOwed {
+			c.listenLate(cn)
+		} else {
+			cn.c.Close()
 		}
 		return nil, err
 	}
@@ -629,6 +620,8 @@ func (c *Client) exchange(cn *conn, deadline time.Time, req *request) (*response
 	if _, err := cn.c.Write(cn.buf); err != nil {
 		return nil, ioError(err)
 	}
+	// Written whole: the daemon will answer it, however late.
+	cn.replyOwed = true
 	if c.afterWrite != nil {
 		c.afterWrite()
 	}
@@ -636,6 +629,7 @@ func (c *Client) exchange(cn *conn, deadline time.Time, req *request) (*response
 	if rerr != nil {
 		return nil, rerr
 	}
+	cn.replyOwed = false
 	resp, err := decodeResponse(payload)
 	if err != nil {
 		return nil, &CallError{Kind: ErrProtocol, Err: err}

@@ -537,6 +537,8 @@ type fakeDaemon struct {
 	mu    sync.Mutex
 	seen  [][2]uint32
 	conns int
+	// open: the connections accepted and not yet closed by the client.
+	open int
 	// payloads: each request frame's payload, as received.
 	payloads [][]byte
 }
@@ -556,9 +558,15 @@ func startFake(t *testing.T, reply func(version uint8, id uint64, kind uint32) [
 			}
 			f.mu.Lock()
 			f.conns++
+			f.open++
 			f.mu.Unlock()
 			go func() {
-				defer c.Close()
+				defer func() {
+					c.Close()
+					f.mu.Lock()
+					f.open--
+					f.mu.Unlock()
+				}()
 				for {
 					var header [4]byte
 					if _, err := io.ReadFull(c, header[:]); err != nil {

@@ -1,8 +1,9 @@
 package tollgate
 
 // Opening a connection, and telling a late daemon from a gone one: a
-// daemon that is late is never taken for one that cannot be reached, or
-// login would fail open for an attacker who made it late.
+// daemon that is late is never taken for one that cannot be reached, nor
+// one that answers just after the deadline for one that does not answer,
+// or login would fail open for an attacker who made it late.
 
 import (
 	"context"
@@ -96,4 +97,96 @@ func ioError(err error) *CallError {
 func isClosed(err error) bool {
 	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET)
+}
+
+// deadlineKind classifies a check its caller's deadline cut short: the
+// caller's doing (ErrDeadline, never proceeds) unless the client's own
+// timeouts already show an outage, a run of them that busyAt does not take
+// for a busy daemon. Then it is ErrTimeout and the policy applies, so a
+// lone user whose requests carry short deadlines is not refused for a
+// whole outage. A daemon with no run of timeouts is taken for healthy,
+// even one not heard from yet (a fresh process must not let tiny
+// deadlines through).
+func (c *Client) deadlineKind() ErrorKind {
+	c.lateMu.Lock()
+	now, run := c.nowUs(), c.lateRun
+	c.lateMu.Unlock()
+	if run[1] != 0 && !c.busyAt(now, run) {
+		return ErrTimeout
+	}
+	return ErrDeadline
+}
+
+// busyAt: whether a timeout at now in the run of timeouts run is the
+// daemon busy, not down. It has answered this client in time at least
+// once (a daemon never answered in time is not busy), and the run is
+// younger than BusyMax, or it answered a call in time within BusyMax
+// (bursts closer together than BusyMax would otherwise age one run past
+// it and fail open), or a reply to a timed-out call was heard within
+// BusyMax (load, or an attacker's bursts, can keep it late for every call
+// while it is alive and answering just after the deadline). BusyMax 0:
+// never busy.
+func (c *Client) busyAt(now uint64, run [2]uint64) bool {
+	busyMaxUs := uint64(c.cfg.BusyMax / time.Microsecond)
+	answered, heard := c.lastAnswered.Load(), c.lastHeard.Load()
+	if answered == 0 {
+		return false
+	}
+	return since(now, run[0]) < busyMaxUs || since(now, answered) < busyMaxUs ||
+		(heard != 0 && since(now, heard) < busyMaxUs)
+}
+
+// since is now - then in µs, 0 for a then read after now.
+func since(now, then uint64) uint64 {
+	if then > now {
+		return 0
+	}
+	return now - then
+}
+
+// listenLate takes a connection whose call timed out after its request
+// was written whole. The reply is still on its way, and hearing it tells a
+// daemon kept late for every call (by load, or by an attacker's bursts)
+// from a gone one: closed at once, the connection would never tell, and
+// such a daemon would read as an outage that fails open after BusyMax. A
+// goroutine listens for at most BusyMax, so the caller returns when it
+// would have anyway; any byte that comes is the daemon answering, and
+// records lastHeard (no parsing: only the daemon writes on its socket).
+// Then the connection is closed, never reused: its state is unknown.
+// With LateListenersMax already listening, with BusyMax 0 (every timeout
+// is an outage, so nothing heard would count) or once the client is
+// closed, the connection is closed at once.
+func (c *Client) listenLate(cn *conn) {
+	c.poolMu.Lock()
+	listen := c.cfg.BusyMax > 0 && !c.closed && len(c.listening) < LateListenersMax
+	if listen {
+		c.listening[cn] = struct{}{}
+	}
+	c.poolMu.Unlock()
+	if !listen {
+		cn.c.Close()
+		return
+	}
+	go func() {
+		defer func() {
+			c.poolMu.Lock()
+			delete(c.listening, cn)
+			c.poolMu.Unlock()
+			cn.c.Close()
+		}()
+		if cn.c.SetReadDeadline(time.Now().Add(c.cfg.BusyMax)) != nil {
+			return
+		}
+		var b [1]byte
+		if n, _ := cn.c.Read(b[:]); n == 0 {
+			return
+		}
+		// Listeners hearing at once may store out of order: keep the latest.
+		for heard := c.nowUs(); ; {
+			last := c.lastHeard.Load()
+			if last >= heard || c.lastHeard.CompareAndSwap(last, heard) {
+				return
+			}
+		}
+	}()
 }

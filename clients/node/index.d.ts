@@ -140,13 +140,15 @@ export class Client {
   abandon(route: string, subject: Subject): Promise<Answer>;
   begin(route: string, subject: Subject, options?: CheckOptions): Promise<Attempt>;
   unavailable(route: string, error: ClientError, spend: boolean): Answer;
-  /** Closes the idle connections. */
+  /** Closes the idle connections and those listening for a late reply. */
   close(): void;
 }
 
 export const CALL_TIMEOUT_DEFAULT_MS: number;
 export const BUSY_MAX_DEFAULT_MS: number;
 export const POOL_CONNECTIONS_MAX: number;
+/** Timed-out connections one client keeps listening for a late reply at once. */
+export const LATE_LISTENERS_MAX: number;
 export const BUILTIN_FAIL_POLICIES: Readonly<Record<string, FailPolicy>>;
 export const FORWARDED_FOR_BYTES_MAX: number;
 export const PASSWORD_TAG_PERSONAL: Buffer;

@@ -2,7 +2,7 @@
 // See README.md, ../../PROTOCOL.md and ../../docs/clients.md.
 
 export { Attempt } from "./lib/attempt.js";
-export { Client, Answer, CALL_TIMEOUT_DEFAULT_MS, BUSY_MAX_DEFAULT_MS, POOL_CONNECTIONS_MAX } from "./lib/client.js";
+export { Client, Answer, CALL_TIMEOUT_DEFAULT_MS, BUSY_MAX_DEFAULT_MS, POOL_CONNECTIONS_MAX, LATE_LISTENERS_MAX } from "./lib/client.js";
 export { ClientError } from "./lib/connection.js";
 export { passwordDigest, passwordTag, PASSWORD_TAG_PERSONAL } from "./lib/passwords.js";
 export { BUILTIN_FAIL_POLICIES, FORWARDED_FOR_BYTES_MAX, forwardedTail } from "./lib/policies.js";

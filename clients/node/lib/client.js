@@ -8,17 +8,22 @@ import { Bursts, BusyWindows, KnownRequesters, burstKeys } from "./bursts.js";
 import {
   encodeRequest, decodeResponse, refusalBeforeSending, DecodeError, FRAME_HEADER_BYTES, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
 } from "./codec.js";
-import { Connection, ClientError } from "./connection.js";
+import { Connection, ClientError, LateListeners } from "./connection.js";
 import { gcraSpec, gcraDecide } from "./gcra.js";
 import { passwordDigest, passwordTag } from "./passwords.js";
 import { BUILTIN_FAIL_POLICIES, forwardedTail } from "./policies.js";
 
 /** Per call: a stalled daemon costs a login a few ms before the fail policy decides. */
 export const CALL_TIMEOUT_DEFAULT_MS = 5;
-/** A run of timeouts from a daemon that has answered, younger than this (or this soon after an answer in time), is a busy daemon. */
+/**
+ * A run of timeouts from a daemon that has answered, younger than this (or
+ * this soon after an answer in time, or after a late reply was heard), is a
+ * busy daemon. Also how long a timed-out connection listens for its late reply.
+ */
 export const BUSY_MAX_DEFAULT_MS = 1000;
 /** Idle connections kept for reuse. */
 export const POOL_CONNECTIONS_MAX = 64;
+export { LATE_LISTENERS_MAX } from "./connection.js";
 
 const TIMED_OUT = Symbol("timed out");
 
@@ -89,8 +94,12 @@ export class Client {
   #started = performance.now();
   /** When the daemon last answered a call in time (µs + 1; 0 never). */
   #lastAnsweredUs = 0;
+  /** When a reply last came to a call that had timed out, on a connection kept listening for it (µs + 1; 0 never). */
+  #lastHeardUs = 0;
   /** The current run of timeouts: when it began and its last one (0: none). */
   #lateRun = { startUs: 0, lastUs: 0 };
+  /** Timed-out connections still listening for their late reply. */
+  #lateListeners = new LateListeners();
   #bursts = new Bursts();
   /** Per requester, its busy window for checks in others' bursts on its account. */
   #busyWindows = new BusyWindows();
@@ -277,6 +286,7 @@ export class Client {
   /** One request and its reply within the deadline: `{ reply }` or `{ error }`, never a rejection. */
   async #call(request) {
     const call = { conn: null, expired: false, done: false };
+    const busyMaxMs = this.#config.busyMaxMs;
     let timer;
     let decide;
     const deadline = new Promise((resolve) => {
@@ -288,8 +298,19 @@ export class Client {
         decide = setImmediate(() => {
           if (call.done) return;
           call.expired = true;
-          // Its state is unknown: it never goes back to the pool.
-          call.conn?.destroy(new ClientError("timeout", "the deadline passed"));
+          // Its state is unknown: it never goes back to the pool. But a
+          // daemon kept late by load is still answering, just after the
+          // deadline: a connection whose request went out whole listens a
+          // while for its reply (in the background: this call returns now),
+          // so that such a daemon is told apart from a down one.
+          const error = new ClientError("timeout", "the deadline passed");
+          const conn = call.conn;
+          const heard = () => {
+            this.#lastHeardUs = this.#nowUs();
+          };
+          // With busy_max 0 every timeout is an outage: there is nothing to listen for.
+          const listening = conn !== null && busyMaxMs > 0 && this.#lateListeners.listen(conn, error, busyMaxMs, heard);
+          if (!listening) conn?.destroy(error);
           resolve(TIMED_OUT);
         });
       }, this.#config.timeoutMs);
@@ -301,7 +322,7 @@ export class Client {
     const result = await Promise.race([untimed, deadline]);
     clearTimeout(timer);
     clearImmediate(decide);
-    const busyMaxUs = this.#config.busyMaxMs * 1000;
+    const busyMaxUs = busyMaxMs * 1000;
     const run = this.#lateRun;
     // A timeout before the deadline (connecting failed, not for want of a socket: see Connection) is
     // a late daemon as much as the deadline is: the same run, the same busy rule.
@@ -319,9 +340,16 @@ export class Client {
     run.lastUs = Math.max(run.lastUs, now);
     // A daemon that answered in time within busy_max is busy, not down: bursts closer together
     // than busy_max would otherwise age one run past it and fail open.
-    const runYoung = now - run.startUs < busyMaxUs || now - this.#lastAnsweredUs < busyMaxUs;
+    const runYoung = now - run.startUs < busyMaxUs;
+    const answeredInTimeRecently = now - this.#lastAnsweredUs < busyMaxUs;
+    // So is one whose reply to a timed-out call came late within busy_max:
+    // load can keep every call late for longer than busy_max while the daemon
+    // answers them all just after the deadline. A late reply does not end the
+    // run, nor count as an answer in time: a daemon never answered in time is not busy.
+    const heardLateRecently = this.#lastHeardUs !== 0 && now - this.#lastHeardUs < busyMaxUs;
     const message = result === TIMED_OUT ? `tollgate did not answer within ${this.#config.timeoutMs} ms` : result.error.message;
-    const kind = this.#lastAnsweredUs > 0 && runYoung ? "busy" : "timeout";
+    const busy = this.#lastAnsweredUs > 0 && (runYoung || answeredInTimeRecently || heardLateRecently);
+    const kind = busy ? "busy" : "timeout";
     return { error: new ClientError(kind, message) };
   }
 
@@ -370,9 +398,10 @@ export class Client {
     return reply;
   }
 
-  /** Closes the idle connections; calls in flight finish on theirs, which then close. */
+  /** Closes the idle connections and those listening for a late reply; calls in flight finish on theirs, which then close. */
   close() {
     this.#closed = true;
     for (const conn of this.#pool.splice(0)) conn.destroy();
+    this.#lateListeners.closeAll();
   }
 }

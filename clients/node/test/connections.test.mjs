@@ -4,7 +4,7 @@
 import assert from "node:assert/strict";
 import net from "node:net";
 import { test } from "node:test";
-import { Client, passwordTag } from "../index.js";
+import { Client, LATE_LISTENERS_MAX, passwordTag } from "../index.js";
 import {
   allowAll, errorMessage, fakeDaemon, fakeDaemonThread, frame, sleep, verdictMessage, versionOneOnly,
 } from "./fake_daemon.mjs";
@@ -48,18 +48,21 @@ test("a configured older version is sent from the first request", async (t) => {
   assert.deepEqual(daemon.requests.map((r) => r.version), [2, 1]);
 });
 
-test("a silent daemon: the deadline closes the connection; never answered is an outage", async (t) => {
+test("a silent daemon: the deadline ends the call, its connection is never reused; never answered is an outage", async (t) => {
   const daemon = await fakeDaemon(() => null);
   t.after(() => daemon.close());
-  const client = new Client({ socket: daemon.path });
+  const client = new Client({ socket: daemon.path, busyMaxMs: 100 });
   const started = performance.now();
   const answers = await Promise.all([client.check("login", alice), client.check("login", alice)]);
   assert.ok(performance.now() - started < 2000, "the deadline ends the wait");
   for (const a of answers) assert.deepEqual([a.kind, a.error.kind, a.proceeds()], ["unavailable", "timeout", true]);
   await sleep(30);
-  assert.equal(daemon.connections, 0, "timed-out connections are closed, not pooled");
+  assert.equal(daemon.connections, 2, "a timed-out connection listens for a late reply for busy_max");
+  await sleep(150);
+  assert.equal(daemon.connections, 0, "then it is closed, not pooled");
   const reset = await client.check("password_reset", alice);
   assert.equal(reset.proceeds(), false);
+  assert.equal(daemon.accepted, 3, "the next call connects afresh");
 });
 
 test("a reply that came by the deadline wins over the timer when the event loop was held past it", async (t) => {
@@ -311,6 +314,121 @@ test("the busy rule: a daemon that answered in time within busy_max is busy in a
   await sleep(650);
   const gone = await Promise.all([client.check("login", alice), client.check("login", alice)]);
   for (const x of gone) assert.deepEqual([x.error.kind, x.proceeds()], ["timeout", true], "nothing in time for busy_max");
+});
+
+/**
+ * A fake daemon that answers each request at once, `LATE_MS` after it came
+ * while `mode.late` is set (just past a 20 ms client timeout), or never while
+ * `mode.silent` is set.
+ */
+const LATE_MS = 150;
+async function lateDaemon(t) {
+  const mode = { late: false, silent: false };
+  const daemon = await fakeDaemon((r) => {
+    if (mode.silent) return null;
+    if (!mode.late) return allowAll(r);
+    setTimeout(() => {
+      if (!r.socket.destroyed) r.socket.write(allowAll(r));
+    }, LATE_MS);
+    return null;
+  });
+  t.after(() => daemon.close());
+  return { daemon, mode };
+}
+
+/**
+ * Lone checks on other accounts, one after another, until `since` is `forMs`
+ * ago: the daemon answers each late, so each times out (a lone user's
+ * timeout is an outage) and returns at its deadline, not when its reply comes.
+ * Then waits for the last late reply to come.
+ */
+async function loneLateChecks(client, since, forMs) {
+  for (let i = 0; performance.now() - since < forMs; i++) {
+    const started = performance.now();
+    const lone = await client.check("login", { peer: "203.0.113.5", account: `user${i}` });
+    assert.deepEqual([lone.kind, lone.error?.kind], ["unavailable", "timeout"], `lone check ${i}: no answer in time`);
+    assert.ok(performance.now() - started < LATE_MS, "the call returns at its deadline: its listener does not hold it");
+    await sleep(40);
+  }
+  await sleep(LATE_MS + 20);
+}
+
+/** Waits until `done()` holds, or `ms` have passed. */
+async function waitFor(done, ms) {
+  for (const until = performance.now() + ms; !done() && performance.now() < until; ) await sleep(5);
+}
+
+/** The first call of a fresh process can take longer than 20 ms (a cold start): the daemon is asked until it answers in time. */
+async function answeredOnceInTime(client) {
+  let answer;
+  for (let i = 0; i < 50 && (answer = await client.check("login", alice)).kind !== "verdict"; i++) await sleep(10);
+  assert.equal(answer.kind, "verdict", "answered once in time");
+}
+
+test("the busy rule: a daemon that answers every call late for longer than busy_max is busy, not down", async (t) => {
+  // A loaded host keeps the daemon late for every call while it answers
+  // them all: the run and the last answer in time grow older than
+  // busy_max, but the late replies heard on timed-out connections keep a
+  // burst on one account busy.
+  const { daemon, mode } = await lateDaemon(t);
+  const busyMaxMs = 400;
+  const client = new Client({ socket: daemon.path, timeoutMs: 20, busyMaxMs });
+  t.after(() => client.close());
+  await answeredOnceInTime(client);
+  const answered = performance.now();
+  mode.late = true;
+  await loneLateChecks(client, answered, busyMaxMs + 100);
+  const burst = await Promise.all([client.check("login", alice), client.check("login", alice)]);
+  for (const x of burst) assert.deepEqual([x.error.kind, x.proceeds()], ["busy", false], "answered late within busy_max");
+});
+
+test("the busy rule: a daemon that stops answering is down once its last late reply is older than busy_max", async (t) => {
+  const { daemon, mode } = await lateDaemon(t);
+  const busyMaxMs = 400;
+  const client = new Client({ socket: daemon.path, timeoutMs: 20, busyMaxMs });
+  t.after(() => client.close());
+  await answeredOnceInTime(client);
+  const answered = performance.now();
+  mode.late = true;
+  await loneLateChecks(client, answered, busyMaxMs + 100);
+  mode.silent = true;
+  const heard = await Promise.all([client.check("login", alice), client.check("login", alice)]);
+  for (const x of heard) assert.deepEqual([x.error.kind, x.proceeds()], ["busy", false], "answered late within busy_max");
+  // Nothing at all comes from here on, not even late.
+  await sleep(busyMaxMs + 100);
+  const gone = await Promise.all([client.check("login", alice), client.check("login", alice)]);
+  for (const x of gone) assert.deepEqual([x.error.kind, x.proceeds()], ["timeout", true], "nothing heard for busy_max: an outage");
+});
+
+test("at most LATE_LISTENERS_MAX timed-out connections listen at once, for busy_max, without keeping the process alive", async (t) => {
+  let silent = false;
+  const daemon = await fakeDaemon((r) => (silent ? null : allowAll(r)));
+  t.after(() => daemon.close());
+  // Long enough that a loaded host settles the closed connections while the listeners still listen.
+  const busyMaxMs = 1000;
+  const client = new Client({ socket: daemon.path, timeoutMs: 20, busyMaxMs });
+  t.after(() => client.close());
+  await answeredOnceInTime(client);
+  await sleep(30); // any connection a slow first try left listening has closed
+  // Both ends of each connection are in this process; the pooled one's are both kept alive.
+  const pipes = () => process.getActiveResourcesInfo().filter((r) => r === "PipeWrap").length;
+  const timers = () => process.getActiveResourcesInfo().filter((r) => r === "Timeout").length;
+  const otherPipes = pipes() - 2 * daemon.connections;
+  const timersBefore = timers();
+  const sentBefore = daemon.requests.length;
+  silent = true;
+  const calls = LATE_LISTENERS_MAX + 8;
+  const answers = await Promise.all(Array.from({ length: calls }, (_, i) => client.check("login", { account: `u${i}` })));
+  for (const a of answers) assert.equal(a.kind, "unavailable");
+  // The daemon reads, and both ends of a closed connection close, a turn or more later.
+  await waitFor(() => daemon.connections <= LATE_LISTENERS_MAX && pipes() - otherPipes <= daemon.connections, 500);
+  assert.equal(daemon.requests.length - sentBefore, calls, "every request went out whole");
+  assert.equal(daemon.connections, LATE_LISTENERS_MAX, "the rest were closed at once");
+  // Only the daemon's ends keep the process alive: the listeners' sockets and timers do not.
+  assert.equal(pipes() - otherPipes, daemon.connections, "listening sockets are unref'd");
+  assert.equal(timers(), timersBefore, "listening timers are unref'd");
+  await waitFor(() => daemon.connections === 0, busyMaxMs + 2000);
+  assert.equal(daemon.connections, 0, "each listens for busy_max, then closes");
 });
 
 test("bad replies break the connection: over 8 MiB, trailing bytes, another id", async (t) => {

@@ -6,6 +6,7 @@ import socket
 import struct
 import tempfile
 import threading
+import time
 from typing import Callable, List, Optional, Tuple
 
 Handler = Callable[["FakeDaemon", int, int, int, bytes], Optional[bytes]]
@@ -42,6 +43,26 @@ def silent(daemon, version, request_id, variant, body):
     return None
 
 
+class InTimeThenLate:
+    """A handler that answers at once, `delay` seconds after the request
+    (`late`), or never (`silent`), as `mode` says when a request comes: a
+    daemon loaded past the client's deadline, then gone."""
+
+    IN_TIME, LATE, SILENT = "in time", "late", "silent"
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.mode = self.IN_TIME
+
+    def __call__(self, daemon, version, request_id, variant, body):
+        mode = self.mode
+        if mode == self.SILENT:
+            return None
+        if mode == self.LATE:
+            time.sleep(self.delay)
+        return verdict_payload(version, request_id)
+
+
 class FakeDaemon:
     def __init__(self, handler: Handler = allow_all) -> None:
         self.handler = handler
@@ -54,6 +75,9 @@ class FakeDaemon:
         # (connection number, version, id, request variant, the frame's payload)
         self.requests: List[Tuple[int, int, int, int, bytes]] = []
         self.connections = 0
+        # Connections whose serving ended: the client closed them (or the
+        # daemon did).
+        self.ended = 0
         self.open: List[socket.socket] = []
         self.closed = False
         threading.Thread(target=self._accept, daemon=True).start()
@@ -87,6 +111,12 @@ class FakeDaemon:
         with self.lock:
             return [r[1] for r in self.requests]
 
+    def connections_open(self) -> int:
+        """Connections the client has not closed, as far as the daemon has
+        seen."""
+        with self.lock:
+            return self.connections - self.ended
+
     def _accept(self) -> None:
         while not self.closed:
             try:
@@ -116,6 +146,9 @@ class FakeDaemon:
                     conn.sendall(struct.pack("<I", len(reply)) + reply)
         except OSError:
             return
+        finally:
+            with self.lock:
+                self.ended += 1
 
     @staticmethod
     def _read(conn: socket.socket, n: int) -> Optional[bytes]:

@@ -5,8 +5,9 @@ import threading
 import time
 import unittest
 
-from fake_daemon import FakeDaemon, allow_all, silent, verdict_payload, version_1_only
+from fake_daemon import FakeDaemon, InTimeThenLate, allow_all, silent, verdict_payload, version_1_only
 from tollgate_client import AsyncClient, ClientConfig, Rejected, Subject, VerdictAnswer
+from tollgate_client.client import LATE_LISTENERS_MAX
 
 SUBJECT = Subject(peer="198.51.100.7", account="alice")
 KEY = bytes([7] * 32)
@@ -105,6 +106,63 @@ class AsyncCalls(unittest.IsolatedAsyncioTestCase):
     async def test_a_burst_on_one_account_from_unknown_addresses_stays_busy(self):
         again = await self.overlap_from_two_addresses_twice(known=False)
         self.assertEqual([(a.error.kind, a.proceeds) for a in again], [("busy", False)] * 2)
+
+    async def late_for_longer_than(self, client, handler, seconds):
+        """Answers every call late for `seconds` while the client bursts on
+        one account; returns the bursts."""
+        handler.mode = InTimeThenLate.LATE
+        started = time.monotonic()
+        bursts = []
+        while time.monotonic() - started < seconds:
+            bursts.append(await asyncio.gather(client.check("login", SUBJECT), client.check("login", SUBJECT)))
+            await asyncio.sleep(0.03)
+        return bursts
+
+    async def test_a_daemon_answering_every_call_late_for_longer_than_busy_max_is_busy(self):
+        # As the synchronous client's test: 80 ms late on a 20 ms deadline
+        # for far longer than busy_max, and its late replies keep it busy.
+        handler = InTimeThenLate(delay=0.08)
+        with FakeDaemon(handler) as daemon:
+            client = client_for(daemon, busy_max=0.4)
+            self.assertIsInstance(await client.check("login", SUBJECT), VerdictAnswer)
+            client.config.timeout = 0.02
+            bursts = await self.late_for_longer_than(client, handler, 0.7)
+            last = await asyncio.gather(client.check("login", SUBJECT), client.check("login", SUBJECT))
+            self.assertEqual([(a.error.kind, a.proceeds) for a in last], [("busy", False)] * 2)
+            self.assertFalse(any(a.proceeds for burst in bursts for a in burst), "no late guess proceeds")
+            client.close()
+
+    async def test_a_daemon_silent_for_longer_than_busy_max_after_late_answers_is_down(self):
+        handler = InTimeThenLate(delay=0.08)
+        with FakeDaemon(handler) as daemon:
+            client = client_for(daemon, busy_max=0.4)
+            self.assertIsInstance(await client.check("login", SUBJECT), VerdictAnswer)
+            client.config.timeout = 0.02
+            await self.late_for_longer_than(client, handler, 0.6)
+            late = await asyncio.gather(client.check("login", SUBJECT), client.check("login", SUBJECT))
+            self.assertEqual([(a.error.kind, a.proceeds) for a in late], [("busy", False)] * 2)
+            handler.mode = InTimeThenLate.SILENT
+            silent_since = time.monotonic()
+            while time.monotonic() - silent_since < 0.08 + 0.4 + 0.1:
+                await asyncio.gather(client.check("login", SUBJECT), client.check("login", SUBJECT))
+                await asyncio.sleep(0.03)
+            down = await asyncio.gather(client.check("login", SUBJECT), client.check("login", SUBJECT))
+            self.assertEqual([(a.error.kind, a.proceeds) for a in down], [("timeout", True)] * 2)
+            self.assertNotIn("busy", str(down[0].error))
+            client.close()
+
+    async def test_at_most_late_listeners_max_timed_out_connections_stay_open(self):
+        calls = LATE_LISTENERS_MAX + 4
+        with FakeDaemon(silent) as daemon:
+            client = client_for(daemon, timeout=0.05, busy_max=1.0)
+            subjects = [Subject(peer="198.51.100.7", account="user{}".format(i)) for i in range(calls)]
+            answers = await asyncio.gather(*[client.check("login", subject) for subject in subjects])
+            self.assertEqual({a.error.kind for a in answers}, {"timeout"})
+            await until(lambda: daemon.connections_open() <= LATE_LISTENERS_MAX, 0.3)
+            self.assertEqual(daemon.connections, calls)
+            self.assertEqual(daemon.connections_open(), LATE_LISTENERS_MAX)
+            await until(lambda: daemon.connections_open() == 0)
+            self.assertEqual(daemon.connections_open(), 0, "each is closed when its window ends")
 
     async def test_a_dead_socket_gets_the_fail_policy(self):
         client = AsyncClient("/nonexistent/t.sock")

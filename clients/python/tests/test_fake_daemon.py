@@ -6,8 +6,9 @@ import threading
 import time
 import unittest
 
-from fake_daemon import FakeDaemon, allow_all, error_payload, silent, verdict_payload, version_1_only
+from fake_daemon import FakeDaemon, InTimeThenLate, allow_all, error_payload, silent, verdict_payload, version_1_only
 from tollgate_client import Client, ClientConfig, Rejected, Subject, Unavailable, VerdictAnswer
+from tollgate_client.client import LATE_LISTENERS_MAX
 
 SUBJECT = Subject(peer="198.51.100.7", account="alice")
 KEY = bytes([7] * 32)
@@ -16,6 +17,12 @@ KEY = bytes([7] * 32)
 def client_for(daemon, **settings):
     settings.setdefault("timeout", 0.5)
     return Client(ClientConfig(daemon.path, password_key=KEY, **settings))
+
+
+def wait_until(condition, seconds=2.0):
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 class CallPath(unittest.TestCase):
@@ -200,6 +207,64 @@ class Timeouts(unittest.TestCase):
             time.sleep(0.65)
             gone = self.overlapping_checks(client, [SUBJECT] * 2)
             self.assertEqual({a.error.kind for a in gone}, {"timeout"}, "nothing in time for busy_max")
+
+    def late_for_longer_than(self, client, handler, seconds):
+        """Answers every call late for `seconds` while the client bursts on
+        one account, as an attacker's load would; returns the bursts."""
+        handler.mode = InTimeThenLate.LATE
+        started = time.monotonic()
+        bursts = []
+        while time.monotonic() - started < seconds:
+            bursts.append(self.overlapping_checks(client, [SUBJECT] * 2))
+            time.sleep(0.03)
+        return bursts
+
+    def test_a_daemon_answering_every_call_late_for_longer_than_busy_max_is_busy(self):
+        # It answered in time once, then each reply comes 80 ms after a
+        # call with a 20 ms deadline: no answer in time for far longer than
+        # busy_max, yet it is alive. Its late replies keep it busy.
+        handler = InTimeThenLate(delay=0.08)
+        with FakeDaemon(handler) as daemon, client_for(daemon, busy_max=0.4) as client:
+            self.assertIsInstance(client.check("login", SUBJECT), VerdictAnswer)
+            client.config.timeout = 0.02
+            bursts = self.late_for_longer_than(client, handler, 0.7)
+            # The run and the answer in time are older than busy_max now.
+            last = self.overlapping_checks(client, [SUBJECT] * 2)
+            self.assertEqual([(a.error.kind, a.proceeds) for a in last], [("busy", False)] * 2)
+            self.assertFalse(any(a.proceeds for burst in bursts for a in burst), "no late guess proceeds")
+
+    def test_a_daemon_silent_for_longer_than_busy_max_after_late_answers_is_down(self):
+        handler = InTimeThenLate(delay=0.08)
+        with FakeDaemon(handler) as daemon, client_for(daemon, busy_max=0.4) as client:
+            self.assertIsInstance(client.check("login", SUBJECT), VerdictAnswer)
+            client.config.timeout = 0.02
+            self.late_for_longer_than(client, handler, 0.6)
+            late = self.overlapping_checks(client, [SUBJECT] * 2)
+            self.assertEqual([(a.error.kind, a.proceeds) for a in late], [("busy", False)] * 2)
+            handler.mode = InTimeThenLate.SILENT
+            # The last late replies come up to 80 ms after this; then
+            # nothing at all for longer than busy_max, while the bursts go on.
+            silent_since = time.monotonic()
+            while time.monotonic() - silent_since < 0.08 + 0.4 + 0.1:
+                self.overlapping_checks(client, [SUBJECT] * 2)
+                time.sleep(0.03)
+            down = self.overlapping_checks(client, [SUBJECT] * 2)
+            self.assertEqual([(a.error.kind, a.proceeds) for a in down], [("timeout", True)] * 2)
+            self.assertNotIn("busy", str(down[0].error))
+
+    def test_at_most_late_listeners_max_timed_out_connections_stay_open(self):
+        # More calls time out at once than the cap: the connections past it
+        # are closed at once, the others when their window of busy_max ends.
+        calls = LATE_LISTENERS_MAX + 4
+        with FakeDaemon(silent) as daemon, client_for(daemon, timeout=0.05, busy_max=1.0) as client:
+            subjects = [Subject(peer="198.51.100.7", account="user{}".format(i)) for i in range(calls)]
+            answers = self.overlapping_checks(client, subjects)
+            self.assertEqual({a.error.kind for a in answers}, {"timeout"})
+            wait_until(lambda: daemon.connections_open() <= LATE_LISTENERS_MAX, 0.3)
+            self.assertEqual(daemon.connections, calls)
+            self.assertEqual(daemon.connections_open(), LATE_LISTENERS_MAX)
+            wait_until(lambda: daemon.connections_open() == 0)
+            self.assertEqual(daemon.connections_open(), 0, "each is closed when its window ends")
 
     def overlap_from_two_addresses_twice(self, known):
         # Someone checking her account from another address while the daemon

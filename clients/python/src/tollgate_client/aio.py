@@ -19,6 +19,7 @@ from .answers import Answer
 from .attempt import ENDED_MESSAGE, _holds_places, _report_secrets
 from .client import (
     CONNECT_RETRY_INTERVAL,
+    LATE_LISTENERS_MAX,
     POOL_CONNECTIONS_MAX,
     ClientConfig,
     _answer_of,
@@ -38,9 +39,29 @@ class _AsyncConnection:
         self.reader = reader
         self.writer = writer
         self.version = version
+        # The request was handed to the transport and its reply not yet read.
+        self.awaiting_reply = False
+
+    def request_written(self) -> bool:
+        """The request is all on the socket (the transport holds none of
+        it) and its reply not yet read: a timeout now may still be answered
+        late on this connection."""
+        return self.awaiting_reply and self.writer.transport.get_write_buffer_size() == 0
 
     def close(self) -> None:
         self.writer.close()
+
+
+class _Deadline:
+    """Whether a call's deadline passed before its exchange ended. The call
+    sets it before cancelling the exchange, so the exchange can tell its
+    timeout (listen for the late reply) from its caller's cancellation
+    (close the connection)."""
+
+    __slots__ = ("passed",)
+
+    def __init__(self) -> None:
+        self.passed = False
 
 
 class AsyncClient(_ClientCore):
@@ -50,6 +71,9 @@ class AsyncClient(_ClientCore):
         self._pool: List[_AsyncConnection] = []
         # Abandons sent for cancelled checks, kept until they finish.
         self._background: Set["asyncio.Future[Answer]"] = set()
+        # Tasks listening on timed-out connections for a late reply, at most
+        # LATE_LISTENERS_MAX, kept until they finish.
+        self._late_listeners: Set["asyncio.Future[None]"] = set()
 
     async def __aenter__(self) -> "AsyncClient":
         return self
@@ -109,7 +133,8 @@ class AsyncClient(_ClientCore):
         3.12 runs the call in this task under asyncio.timeout, whose timer
         cancels it before it resumes with a reply that came while the loop
         was held past the deadline: a refusal turned into a timeout.)"""
-        exchange = asyncio.ensure_future(self._call_untimed(request))
+        deadline = _Deadline()
+        exchange = asyncio.ensure_future(self._call_untimed(request, deadline))
         try:
             await asyncio.wait({exchange}, timeout=self.config.timeout)
             if not exchange.done():
@@ -120,7 +145,9 @@ class AsyncClient(_ClientCore):
             _cancel(exchange)
             raise
         if not exchange.done():
-            # Cancelled, the exchange closes its connection.
+            # Cancelled, the exchange closes its connection, or hands it to
+            # a late listener if its request went out.
+            deadline.passed = True
             _cancel(exchange)
             raise self._timed_out()
         try:
@@ -130,14 +157,14 @@ class AsyncClient(_ClientCore):
         self._answered_in_time()
         return result
 
-    async def _call_untimed(self, request: Request) -> Tuple[int, Response]:
+    async def _call_untimed(self, request: Request, deadline: _Deadline) -> Tuple[int, Response]:
         if not self._pool:
-            return await self._call_on(await self._connect(), request)
+            return await self._call_on(await self._connect(), request, deadline)
         try:
-            return await self._call_on(self._pool.pop(), request)
+            return await self._call_on(self._pool.pop(), request, deadline)
         except ConnectionClosed:
             # Closed by the daemon while idle: once more on a fresh one.
-            return await self._call_on(await self._connect(), request)
+            return await self._call_on(await self._connect(), request, deadline)
 
     async def _connect(self) -> _AsyncConnection:
         """As `client._connect_by`: a full accept queue is tried again until
@@ -166,15 +193,20 @@ class AsyncClient(_ClientCore):
             raise
         return _AsyncConnection(reader, writer, self.config.protocol_version)
 
-    async def _call_on(self, conn: _AsyncConnection, request: Request) -> Tuple[int, Response]:
-        """As `Client._call_on`; a cancelled or timed-out exchange closes it."""
+    async def _call_on(self, conn: _AsyncConnection, request: Request, deadline: _Deadline) -> Tuple[int, Response]:
+        """As `Client._call_on`; a cancelled or timed-out exchange closes it,
+        except that one timed out with its request all written is listened
+        on for a late reply first."""
         try:
             version, reply_id, request_id, response = await self._exchange(conn, request)
             while conn.version > PROTOCOL_VERSION_MIN and _refuses_version(version, reply_id, request_id, response):
                 conn.version -= 1
                 version, reply_id, request_id, response = await self._exchange(conn, request)
         except BaseException:
-            conn.close()
+            if deadline.passed and conn.request_written():
+                self._listen_late(conn)
+            else:
+                conn.close()
             raise
         if len(self._pool) < POOL_CONNECTIONS_MAX:
             self._pool.append(conn)
@@ -182,15 +214,48 @@ class AsyncClient(_ClientCore):
             conn.close()
         return version, response
 
+    def _listen_late(self, conn: _AsyncConnection) -> None:
+        """Hands a timed-out connection whose request went out to a task
+        that listens for the late reply (busy_max 0: no busy, so no need);
+        past the cap it is closed at once. The timed-out call does not wait
+        for it."""
+        busy_max = self.config.busy_max
+        if busy_max <= 0 or len(self._late_listeners) >= LATE_LISTENERS_MAX:
+            conn.close()
+            return
+        listener = asyncio.ensure_future(self._hear_late_reply(conn, busy_max))
+        self._late_listeners.add(listener)
+        listener.add_done_callback(self._late_listeners.discard)
+        # Closed when the task is done, not in it: a task cancelled before
+        # its first step (its loop ending) never runs its body.
+        listener.add_done_callback(lambda _: conn.close())
+
+    async def _hear_late_reply(self, conn: _AsyncConnection, seconds: float) -> None:
+        """Waits up to `seconds` for any byte on a timed-out connection.
+        Closing it at once, the client never learns that the reply came, and
+        a daemon kept just past the deadline on every call would look down
+        when it is only busy. Only the daemon writes on its socket: any byte
+        is a reply, and nothing needs parsing. The connection is closed
+        after (by `_listen_late`), never reused: its state is unknown."""
+        try:
+            replied = bool(await asyncio.wait_for(conn.reader.read(1), seconds))
+        except (asyncio.TimeoutError, OSError):
+            replied = False
+        if replied:
+            self._heard_late()
+
     async def _exchange(self, conn: _AsyncConnection, request: Request) -> Tuple[int, int, int, Response]:
         request_id, frame = self._frame(conn.version, request)
         try:
+            conn.awaiting_reply = False
             conn.writer.write(frame)
             await conn.writer.drain()
+            conn.awaiting_reply = True
             length = int.from_bytes(await conn.reader.readexactly(4), "little")
             if length > RESPONSE_PAYLOAD_BYTES_MAX:
                 raise ProtocolError("reply of {} bytes is over the maximum".format(length))
             payload = await conn.reader.readexactly(length)
+            conn.awaiting_reply = False
         except (asyncio.IncompleteReadError, BrokenPipeError, ConnectionResetError) as e:
             raise ConnectionClosed("connection to tollgate closed: {}".format(e)) from None
         except OSError as e:

@@ -4,10 +4,11 @@ policy applied when the daemon cannot answer in time (`client/src/client.rs`).""
 
 import dataclasses
 import itertools
+import selectors
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple, Union
 
 from . import gcra
 from .answers import Answer, FailPolicy, Rejected, Unavailable, VerdictAnswer
@@ -41,6 +42,11 @@ if TYPE_CHECKING:
 CALL_TIMEOUT_DEFAULT = 0.005
 BUSY_MAX_DEFAULT = 1.0
 POOL_CONNECTIONS_MAX = 64
+# Timed-out connections a client keeps open at once to hear a late reply;
+# past this, one is closed at once. Each holds a descriptor, and an
+# attacker who makes every call late must not run the auth server out of
+# them.
+LATE_LISTENERS_MAX = 16
 
 # login and reauth protect users (open); the rest protect the system
 # (closed). The daemon's built-in routes carry the same policies.
@@ -76,8 +82,10 @@ class ClientConfig:
     # Sent on a new connection; a daemon refusing it steps the connection down.
     protocol_version: int = PROTOCOL_VERSION
     # A timeout in a run of timeouts younger than this (or this soon after an
-    # answer in time), from a daemon that has answered this client, is Busy;
-    # 0: every timeout is an outage. In a burst on its account that is not
+    # answer in time, or after a late answer to a timed-out call), from a
+    # daemon that has answered this client in time, is Busy; 0: every
+    # timeout is an outage. A timed-out call's connection is kept open for
+    # this long to hear that late answer. In a burst on its account that is not
     # its own (the others' checks come from other addresses), a check whose
     # requester (tenant, account, address and X-Forwarded-For) had a
     # success reported through this client is
@@ -109,13 +117,16 @@ class ClientConfig:
 
 
 class _Connection:
-    __slots__ = ("sock", "version")
+    __slots__ = ("sock", "version", "awaiting_reply")
 
     def __init__(self, sock: socket.socket, version: int) -> None:
         self.sock = sock
         # Lowered once for each newer version its daemon refused, for as
         # long as the connection lives.
         self.version = version
+        # The request is all written and its reply not yet read: a timeout
+        # now may still be answered late on this connection.
+        self.awaiting_reply = False
 
     def close(self) -> None:
         try:
@@ -249,6 +260,10 @@ class _ClientCore:
         # When the daemon last answered in time (µs since start, plus one;
         # 0: never). A daemon never heard from is not busy.
         self._last_answered_us = 0
+        # When a reply last came to a call that had already timed out (same
+        # clock; 0: never). A daemon kept just past the deadline on every
+        # call is alive, so busy, not down.
+        self._last_heard_us = 0
         # The current run of timeouts: when it began and its last one (0:
         # none). A daemon late at a stretch for longer than busy_max, with
         # nothing answered in time within it, is down, not busy: the fail
@@ -354,8 +369,8 @@ class _ClientCore:
 
     def _timed_out(self) -> ClientError:
         """Records a timeout in the current run: Busy at a daemon that has
-        answered this client while the run is younger than busy_max or the
-        daemon answered in time within busy_max."""
+        answered this client in time, while the run is younger than busy_max
+        or the daemon answered within busy_max, in time or late."""
         with self._late_lock:
             # Read under the lock: read before it, another thread could
             # start the run after this one's instant.
@@ -368,7 +383,13 @@ class _ClientCore:
             # A daemon that answered in time within busy_max is busy, not
             # down: bursts closer together than busy_max would otherwise
             # age one run past it and fail open.
-            run_young = now - run[0] < busy_max_us or now - self._last_answered_us < busy_max_us
+            answered_lately = now - self._last_answered_us < busy_max_us
+            # A daemon that answers every call just after the deadline
+            # (loaded by bursts) keeps the run growing with no answer in
+            # time, yet is alive: its late answers keep it busy.
+            heard_lately = self._last_heard_us != 0 and now - self._last_heard_us < busy_max_us
+            run_young = now - run[0] < busy_max_us or answered_lately or heard_lately
+            # Only an answer in time counts: a daemon never in time is not busy.
             answered_before = self._last_answered_us > 0
         if answered_before and run_young:
             # The plain timeout message: _failed adds the busy part if it stays busy.
@@ -384,6 +405,13 @@ class _ClientCore:
             self._last_answered_us = now
             if self._late_run[1] != 0 and now - self._late_run[1] >= int(self.config.busy_max * 1_000_000):
                 self._late_run[1] = 0
+
+    def _heard_late(self) -> None:
+        """A reply came to a call that had timed out. It neither ends the
+        run of timeouts nor counts as an answer in time: it only shows the
+        daemon is alive."""
+        with self._late_lock:
+            self._last_heard_us = self._now_us()
 
     def _frame(self, version: int, request: Request) -> Tuple[int, bytes]:
         request_id = self._next_id()
@@ -404,6 +432,154 @@ def _answer_of(version: int, response: Response) -> Answer:
     return VerdictAnswer(response, version)
 
 
+class _LateListeners:
+    """Timed-out connections kept open for up to busy_max each, to hear
+    whether the daemon answers late. Closing them at once, the client never
+    learns that the reply came, and a daemon kept just past the deadline on
+    every call would look down when it is only busy. One daemon thread per
+    client watches them all, so handing one over costs the timed-out call
+    no wait. Only the daemon writes on its socket: any byte is a reply, and
+    nothing needs parsing. A connection is closed once heard from or at the
+    end of its window, never reused: its state is unknown."""
+
+    def __init__(self, heard_late: Callable[[], None]) -> None:
+        self._heard_late = heard_late
+        self._lock = threading.Lock()
+        # Handed over and not yet taken by the thread, each with when to stop listening.
+        self._handed: List[Tuple[socket.socket, float]] = []
+        # Handed over or listened on: at most LATE_LISTENERS_MAX.
+        self._held = 0
+        # The thread lives until the last window it was given ends, so a
+        # daemon late call after call does not start a thread per call.
+        self._last_until = 0.0
+        # Written to wake the thread for a new connection; None while no
+        # thread runs.
+        self._wake: Optional[socket.socket] = None
+
+    def listen(self, sock: socket.socket, seconds: float) -> bool:
+        """Takes the connection to listen on for `seconds`; False (and the
+        caller closes it) at the cap. Never waits for the thread."""
+        with self._lock:
+            if self._held >= LATE_LISTENERS_MAX:
+                return False
+            woken = None
+            if self._wake is None:
+                try:
+                    self._wake, woken = socket.socketpair()
+                except OSError:
+                    return False
+                # Neither end waits: a full buffer means wake-ups are
+                # pending already, and an empty one that all were read.
+                self._wake.setblocking(False)
+                woken.setblocking(False)
+            until = time.monotonic() + seconds
+            sock.setblocking(False)
+            self._handed.append((sock, until))
+            self._held += 1
+            self._last_until = max(self._last_until, until)
+            if woken is None:
+                try:
+                    self._wake.send(b"\0")
+                except OSError:
+                    # Its buffer is full: the thread has wake-ups pending already.
+                    pass
+        if woken is not None:
+            # Started outside the lock: other timed-out calls hand theirs
+            # over meanwhile, and the thread takes them all when it starts.
+            thread = threading.Thread(target=self._run, args=(woken,), name="tollgate-late-listener", daemon=True)
+            try:
+                thread.start()
+            except RuntimeError:
+                # No thread to be had: what was handed over is closed, as
+                # it was before listening, and the next timeout tries again.
+                self._drop_all({})
+                woken.close()
+        return True
+
+    def _run(self, woken: socket.socket) -> None:
+        selector = selectors.DefaultSelector()
+        listening: Dict[socket.socket, float] = {}
+        try:
+            selector.register(woken, selectors.EVENT_READ)
+            while self._take_handed(selector, listening):
+                wait = min(listening.values(), default=self._last_until) - time.monotonic()
+                for key, _ in selector.select(max(wait, 0.0)):
+                    if key.fileobj is woken:
+                        _drain(woken)
+                        continue
+                    sock = key.fileobj
+                    try:
+                        replied = bool(sock.recv(1))
+                    except (BlockingIOError, InterruptedError):
+                        # Woken with nothing to read after all: listen on.
+                        continue
+                    except OSError:
+                        replied = False
+                    # A byte is a reply; the end of the stream or an error
+                    # is none. Either way the connection is done.
+                    if replied:
+                        self._heard_late()
+                    self._stop(selector, listening, sock)
+                now = time.monotonic()
+                for sock in [sock for sock, until in listening.items() if until <= now]:
+                    self._stop(selector, listening, sock)
+        except BaseException:
+            # Not expected: still, nothing held stays open, and the next
+            # timed-out call starts a new thread.
+            self._drop_all(listening)
+            raise
+        finally:
+            selector.close()
+            woken.close()
+
+    def _drop_all(self, listening: Dict[socket.socket, float]) -> None:
+        """Closes every connection held, when the thread cannot run or ends
+        unexpectedly. The shared state is still that thread's: no other
+        starts while _wake is set."""
+        with self._lock:
+            for sock, _ in self._handed:
+                sock.close()
+            self._handed.clear()
+            self._held = 0
+            if self._wake is not None:
+                self._wake.close()
+                self._wake = None
+        for sock in listening:
+            sock.close()
+
+    def _take_handed(self, selector: selectors.BaseSelector, listening: Dict[socket.socket, float]) -> bool:
+        """Starts listening on the connections handed over; False when there
+        is none to listen on and the last window has ended: the thread ends
+        (deciding under the lock, so no connection is handed to it then)."""
+        with self._lock:
+            for sock, until in self._handed:
+                selector.register(sock, selectors.EVENT_READ)
+                listening[sock] = until
+            self._handed.clear()
+            if listening or time.monotonic() < self._last_until:
+                return True
+            if self._wake is not None:
+                self._wake.close()
+                self._wake = None
+            return False
+
+    def _stop(self, selector: selectors.BaseSelector, listening: Dict[socket.socket, float], sock: socket.socket) -> None:
+        selector.unregister(sock)
+        del listening[sock]
+        sock.close()
+        with self._lock:
+            self._held -= 1
+
+
+def _drain(sock: socket.socket) -> None:
+    """Reads the wake-ups written so far, so the socket is not readable again until the next."""
+    try:
+        while sock.recv(4096):
+            pass
+    except (BlockingIOError, InterruptedError):
+        pass
+
+
 class Client(_ClientCore):
     """A client for one daemon, safe to share between threads: each call
     takes an idle pooled connection or opens one, and gives it back only
@@ -413,6 +589,7 @@ class Client(_ClientCore):
         super().__init__(config)
         self._pool: List[_Connection] = []
         self._pool_lock = threading.Lock()
+        self._late_listeners = _LateListeners(self._heard_late)
 
     def __enter__(self) -> "Client":
         return self
@@ -524,7 +701,8 @@ class Client(_ClientCore):
     def _call_on(self, conn: _Connection, request: Request, deadline: float) -> Tuple[int, Response]:
         """One exchange (with its version steps); the connection goes back to
         the pool only if it ended cleanly: after an error or a timeout its
-        state is unknown."""
+        state is unknown. After a timeout with the request all written, it
+        is listened on for a late reply instead of closed at once."""
         try:
             version, reply_id, request_id, response = self._exchange(conn, request, deadline)
             # A daemon older than the connection's version refuses it in
@@ -533,6 +711,9 @@ class Client(_ClientCore):
             while conn.version > PROTOCOL_VERSION_MIN and _refuses_version(version, reply_id, request_id, response):
                 conn.version -= 1
                 version, reply_id, request_id, response = self._exchange(conn, request, deadline)
+        except CallTimeout:
+            self._closed_or_listened_on(conn)
+            raise
         except BaseException:
             conn.close()
             raise
@@ -544,11 +725,23 @@ class Client(_ClientCore):
             conn.close()
         return version, response
 
+    def _closed_or_listened_on(self, conn: _Connection) -> None:
+        """A timed-out connection whose request went out may still bring the
+        reply: it is handed to a late listener (busy_max 0: no busy, so no
+        need). One with a request cut off mid-write, or past the cap, is
+        closed at once."""
+        busy_max = self.config.busy_max
+        if not (conn.awaiting_reply and busy_max > 0 and self._late_listeners.listen(conn.sock, busy_max)):
+            conn.close()
+
     def _exchange(self, conn: _Connection, request: Request, deadline: float) -> Tuple[int, int, int, Response]:
         request_id, frame = self._frame(conn.version, request)
         try:
+            conn.awaiting_reply = False
             _send(conn.sock, frame, deadline)
+            conn.awaiting_reply = True
             payload = _read_reply(conn.sock, deadline)
+            conn.awaiting_reply = False
         except socket.timeout:
             raise CallTimeout("no answer within the deadline") from None
         except (BrokenPipeError, ConnectionResetError) as e:

@@ -33,8 +33,10 @@ class CallTimeout(ClientError):
 
 class Busy(ClientError):
     """A timeout taken for a busy daemon, not a lost one: from a daemon that
-    has answered this client, in a run of timeouts younger than busy_max or
-    within busy_max of an answer in time, for a check another check on the same account (or address) overlapped.
+    has answered this client in time, in a run of timeouts younger than
+    busy_max or within busy_max of an answer (in time, or late to a call
+    that had timed out), for a check another check on the same account (or
+    address) overlapped.
     The attempt never proceeds, whatever the fail policy: a guess let through
     because the limiter was slow is a guess with no limit at all."""
 

@@ -16,12 +16,21 @@ import java.util.concurrent.atomic.AtomicLong;
 public final class Client implements AutoCloseable {
     /** Idle connections kept for reuse. */
     public static final int POOL_CONNECTIONS_MAX = 64;
+    /**
+     * Timed-out calls' connections listened on at once for a late reply.
+     * Past this many, a timed-out call's connection is closed at once, so a
+     * flood of late calls cannot run the auth server out of descriptors; a
+     * few listeners are enough to hear that the daemon still answers.
+     */
+    public static final int LATE_LISTENERS_MAX = 16;
 
     private final ClientConfig config;
     private final ArrayDeque<Connection> pool = new ArrayDeque<>();
     private boolean closed;
     private final AtomicLong nextId = new AtomicLong(1);
     private final long startedNanos = System.nanoTime();
+    /** Listens on timed-out calls' connections: a daemon that still answers, late, is busy, not down. */
+    private final LateReplies lateReplies = new LateReplies(this::nowUs, LATE_LISTENERS_MAX);
     /** Per closed route with a static budget: its GCRA TAT. */
     private final Map<String, Long> budgetTats = new HashMap<>();
     /** When the daemon last answered a call in time (µs since start, plus one; 0 never): a daemon never heard from is not busy. */
@@ -97,7 +106,10 @@ public final class Client implements AutoCloseable {
         return new Attempt(this, route, subject, passwordTag, check(route, subject, passwordTag));
     }
 
-    /** Closes the idle connections; calls still work but keep no connection afterwards. */
+    /**
+     * Closes the idle connections and those listened on for late replies;
+     * calls still work but keep no connection afterwards.
+     */
     @Override
     public void close() {
         synchronized (pool) {
@@ -105,6 +117,7 @@ public final class Client implements AutoCloseable {
             for (Connection c : pool) c.close();
             pool.clear();
         }
+        lateReplies.close();
     }
 
     /** {@code given}: the subject as the caller gave it, for the checks made before sending. */
@@ -238,7 +251,8 @@ public final class Client implements AutoCloseable {
             return reply;
         } catch (Connection.TimedOut e) {
             long last = lastAnsweredUs;
-            boolean runYoung;
+            long heard = lateReplies.heardUs();
+            boolean stillAnswering;
             synchronized (runLock) {
                 // The time is read under the lock: read before it, another
                 // thread could start the run after this one's instant.
@@ -247,8 +261,13 @@ public final class Client implements AutoCloseable {
                 runLastUs = Math.max(runLastUs, now);
                 // A daemon that answered in time within busyMax is busy, not
                 // down: bursts closer together than busyMax would otherwise
-                // age one run past it and fail open.
-                runYoung = now - runStartUs < busyMaxUs || now - last < busyMaxUs;
+                // age one run past it and fail open. So is one that answered
+                // a call late within busyMax: load can keep it late for every
+                // call for longer than busyMax while it is alive. A late
+                // answer neither ends the run nor counts as answered in time,
+                // so a daemon never answered in time is still not busy.
+                stillAnswering = now - runStartUs < busyMaxUs || now - last < busyMaxUs
+                        || (heard != 0 && now - heard < busyMaxUs);
             }
             // A socket that could not be created or connected for any reason
             // but an unreachable daemon (see Connection.unreachable: a full
@@ -259,7 +278,7 @@ public final class Client implements AutoCloseable {
             // Busy only if decide() finds the check in its own burst, or in
             // one on its account with its requester unknown or within its
             // busy window; it adds " (busy)" then.
-            if (last > 0 && runYoung) throw new CallFailed(ClientError.Kind.BUSY, message);
+            if (last > 0 && stillAnswering) throw new CallFailed(ClientError.Kind.BUSY, message);
             throw new CallFailed(ClientError.Kind.TIMEOUT, message);
         }
     }
@@ -299,10 +318,12 @@ public final class Client implements AutoCloseable {
     /**
      * One exchange, with the version step-down; the connection goes back to
      * the pool only if it ended cleanly (after an error or a timeout its
-     * state is unknown: closed).
+     * state is unknown: closed, or after a timeout listened on for a late
+     * reply and then closed).
      */
     private Codec.Reply callOn(Connection conn, Request request, long deadline) throws CallFailed, Connection.TimedOut {
         boolean pooled = false;
+        boolean handedOver = false;
         try {
             Codec.Reply reply = exchange(conn, request, deadline);
             // A daemon older than the connection's version refuses it in
@@ -319,8 +340,18 @@ public final class Client implements AutoCloseable {
                 }
             }
             return reply;
+        } catch (Connection.TimedOut e) {
+            // The daemon has the whole request and owes a reply: whether it
+            // comes late tells a busy daemon from a down one. The listener
+            // takes the connection (closing it at once if it cannot listen)
+            // and the call returns its timeout now.
+            if (conn.requestWritten()) {
+                handedOver = true;
+                lateReplies.listen(conn, config.busyMax);
+            }
+            throw e;
         } finally {
-            if (!pooled) conn.close();
+            if (!pooled && !handedOver) conn.close();
         }
     }
 
@@ -365,6 +396,16 @@ public final class Client implements AutoCloseable {
     /** Keys in the burst table now (for tests). */
     int burstEntries() {
         return bursts.size();
+    }
+
+    /** When a late reply was last heard (µs as nowUs; 0 never; for tests). */
+    long lateReplyHeardUs() {
+        return lateReplies.heardUs();
+    }
+
+    /** Connections listened on for a late reply now (for tests). */
+    int lateListeners() {
+        return lateReplies.listening();
     }
 
     /** Idle connections now (for tests). */

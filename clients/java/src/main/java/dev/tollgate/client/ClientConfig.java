@@ -9,7 +9,12 @@ import java.util.Map;
 public final class ClientConfig {
     /** Per call: a stalled daemon costs a login no more than a few ms before the fail policy decides. */
     public static final Duration TIMEOUT_DEFAULT = Duration.ofMillis(5);
-    /** How long a run of timeouts from a daemon that has answered is taken for a busy daemon, not a lost one. */
+    /**
+     * How long a run of timeouts from a daemon that has answered is taken for
+     * a busy daemon, not a lost one, and how long after an answer (in time,
+     * or late on a timed-out call's connection, which is listened on for
+     * this long) the daemon still counts as answering.
+     */
     public static final Duration BUSY_MAX_DEFAULT = Duration.ofSeconds(1);
 
     Path socket;
@@ -38,7 +43,7 @@ public final class ClientConfig {
         return this;
     }
 
-    /** Zero: every timeout is an outage for the fail policy. */
+    /** Zero: every timeout is an outage for the fail policy, and no timed-out call's connection is listened on. */
     public ClientConfig busyMax(Duration value) {
         busyMax = value;
         return this;

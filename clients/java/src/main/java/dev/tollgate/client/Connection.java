@@ -54,6 +54,11 @@ final class Connection implements Closeable {
     private final ByteBuffer header = ByteBuffer.allocate(4).order(ByteOrder.LITTLE_ENDIAN);
     /** The version this connection's requests go out in: lowered once for each newer version its daemon refused. */
     int version;
+    /**
+     * Whether the last request was written whole: only then does the daemon
+     * owe a reply, and a timed-out call's connection is worth listening on.
+     */
+    private boolean requestWritten;
 
     private Connection(SocketChannel channel, Selector selector, SelectionKey key, int version) {
         this.channel = channel;
@@ -117,19 +122,50 @@ final class Connection implements Closeable {
 
     /** Writes one frame and reads one reply payload (without its length prefix), by the deadline. */
     byte[] roundTrip(byte[] frame, long deadlineNanos) throws IOException, TimedOut {
+        requestWritten = false;
+        header.clear();
         ByteBuffer out = ByteBuffer.wrap(frame);
         while (true) {
             channel.write(out);
             if (!out.hasRemaining()) break;
             await(SelectionKey.OP_WRITE, deadlineNanos);
         }
-        header.clear();
+        requestWritten = true;
         readFully(header, deadlineNanos);
         long length = Integer.toUnsignedLong(header.getInt(0));
         if (length > Codec.RESPONSE_PAYLOAD_BYTES_MAX) throw new TooLarge(length);
         ByteBuffer payload = ByteBuffer.allocate((int) length);
         readFully(payload, deadlineNanos);
         return payload.array();
+    }
+
+    /** Whether the last request went out whole (after a {@link TimedOut}: the daemon has it and owes a reply). */
+    boolean requestWritten() {
+        return requestWritten;
+    }
+
+    /**
+     * For a call that timed out after its request was written: whether any
+     * byte of the reply comes by the deadline. Bytes are not parsed (only
+     * the daemon writes on its socket), and part of the reply read before
+     * the call gave up counts as well: the daemon was answering, only not
+     * in time. False at the deadline, at the end of the stream, on an error,
+     * or when the thread is interrupted (the client was closed).
+     */
+    boolean hearsReply(long deadlineNanos) {
+        if (header.position() > 0) return true;
+        ByteBuffer one = ByteBuffer.allocate(1);
+        try {
+            while (!Thread.currentThread().isInterrupted()) {
+                int n = channel.read(one);
+                if (n > 0) return true;
+                if (n < 0) return false;
+                await(SelectionKey.OP_READ, deadlineNanos);
+            }
+            return false;
+        } catch (IOException | TimedOut e) {
+            return false;
+        }
     }
 
     private void readFully(ByteBuffer into, long deadlineNanos) throws IOException, TimedOut {

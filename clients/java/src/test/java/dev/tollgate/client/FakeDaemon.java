@@ -34,6 +34,8 @@ final class FakeDaemon implements AutoCloseable {
     private final ServerSocketChannel server;
     final List<Frame> frames = Collections.synchronizedList(new ArrayList<>());
     final AtomicInteger connections = new AtomicInteger();
+    /** Connections accepted and not yet closed by the client (nor by this daemon). */
+    final AtomicInteger live = new AtomicInteger();
     volatile Handler handler;
     volatile boolean closeAfterReply;
     private final List<SocketChannel> open = Collections.synchronizedList(new ArrayList<>());
@@ -54,6 +56,7 @@ final class FakeDaemon implements AutoCloseable {
             try {
                 SocketChannel conn = server.accept();
                 connections.incrementAndGet();
+                live.incrementAndGet();
                 open.add(conn);
                 Thread t = new Thread(() -> serve(conn), "fake-conn");
                 t.setDaemon(true);
@@ -89,6 +92,8 @@ final class FakeDaemon implements AutoCloseable {
             }
         } catch (IOException e) {
             // The client closed the connection: fine.
+        } finally {
+            live.decrementAndGet();
         }
     }
 
@@ -154,6 +159,26 @@ final class FakeDaemon implements AutoCloseable {
         byte[] out = new byte[b.position()];
         b.flip().get(out);
         return out;
+    }
+
+    /**
+     * Answers as {@code answering} does, but {@code delayMs} after each
+     * request: past a shorter client timeout, a daemon alive but late. Each
+     * connection has its own thread here, so the delays do not add up.
+     * {@code repliedNanos} gets the instant of each reply.
+     */
+    static Handler lateBy(long delayMs, Handler answering, java.util.concurrent.atomic.AtomicLong repliedNanos) {
+        return f -> {
+            try {
+                Thread.sleep(delayMs);
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+                return null;
+            }
+            byte[] reply = answering.reply(f);
+            repliedNanos.set(System.nanoTime());
+            return reply;
+        };
     }
 
     /**

@@ -5,6 +5,7 @@ import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.CyclicBarrier;
+import java.util.concurrent.atomic.AtomicLong;
 
 /** The call path against a scripted daemon: versions, deadlines, the busy rule, bad replies, the pool, the guard. */
 final class FakeDaemonTests {
@@ -19,6 +20,9 @@ final class FakeDaemonTests {
         stepDown();
         timeouts();
         busy();
+        busyWhileAnsweringLate();
+        silentAfterAnsweringLate();
+        lateListenersCapped();
         busyFromOtherAddresses();
         busyBehindAProxy();
         knownThroughTheClient();
@@ -171,6 +175,132 @@ final class FakeDaemonTests {
             daemon.handler = f -> null;
             List<Answer> burst = together(client, List.of(subject("alice"), subject("alice")));
             Expect.that(burst.stream().allMatch(a -> kind(a) == ClientError.Kind.TIMEOUT), "busy_max 0: every timeout is an outage");
+        }
+    }
+
+    private static long millisSince(long nanos) {
+        return (System.nanoTime() - nanos) / 1_000_000;
+    }
+
+    /** Polls {@code condition} every 10 ms until it holds or {@code ms} have passed; whether it held. */
+    private static boolean within(long ms, java.util.function.BooleanSupplier condition) throws InterruptedException {
+        long started = System.nanoTime();
+        while (!condition.getAsBoolean()) {
+            if (millisSince(started) >= ms) return false;
+            Thread.sleep(10);
+        }
+        return true;
+    }
+
+    /**
+     * A daemon kept late for every call for longer than busy_max is alive:
+     * it answers each call, just after the client's deadline. The client
+     * hears those replies on the timed-out calls' connections, so a burst
+     * then is busy, where the old rule (only answers in time counted) took
+     * the old run for an outage and let the burst's logins proceed.
+     */
+    private static void busyWhileAnsweringLate() throws Exception {
+        Expect.group("the busy rule: a daemon late for every call is busy");
+        FakeDaemon.Handler answering = FakeDaemon.speaking(5);
+        AtomicLong replied = new AtomicLong();
+        FakeDaemon.Handler late = FakeDaemon.lateBy(80, answering, replied);
+        long busyMaxMs = 400;
+        // A late answer is not an answer in time: a daemon never answered
+        // in time is not busy, however many late replies come.
+        try (FakeDaemon daemon = new FakeDaemon(late);
+                Client client = new Client(ClientConfig.of(daemon.socket).timeout(Duration.ofMillis(30)).busyMax(Duration.ofMillis(busyMaxMs)))) {
+            Answer first = client.check("login", subject("warm"));
+            Expect.that(kind(first) == ClientError.Kind.TIMEOUT, "only ever late: a timeout: " + first);
+            Expect.that(within(1000, () -> client.lateReplyHeardUs() != 0), "its late reply is heard");
+            List<Answer> burst = together(client, List.of(subject("alice"), subject("alice")));
+            Expect.that(burst.stream().allMatch(a -> kind(a) == ClientError.Kind.TIMEOUT && a.proceeds()),
+                    "answered late but never in time: not busy, login proceeds: " + burst);
+        }
+        try (FakeDaemon daemon = new FakeDaemon(answering);
+                Client client = new Client(ClientConfig.of(daemon.socket).timeout(Duration.ofMillis(30)).busyMax(Duration.ofMillis(busyMaxMs)))) {
+            Expect.that(client.check("login", subject("warm")).verdict().isPresent(), "answered once in time");
+            daemon.handler = late;
+            // Lone checks on other accounts, in turn, until the run of late
+            // calls (begun at the first) is well past busy_max old and the
+            // answer in time further still.
+            long started = System.nanoTime();
+            List<Answer> lone = new ArrayList<>();
+            for (int n = 0; millisSince(started) < busyMaxMs + 150; n++) {
+                lone.add(client.check("login", subject("user" + n)));
+                Thread.sleep(Bursts.BURST_GAP_US / 1000 + 10);
+            }
+            Expect.that(lone.size() >= 3 && lone.stream().allMatch(a -> kind(a) == ClientError.Kind.TIMEOUT && a.proceeds()),
+                    "each alone: a timeout, the policy applies: " + lone);
+            Expect.that(client.lateReplyHeardUs() != 0, "their late replies were heard");
+            List<Answer> burst = together(client, List.of(subject("alice"), subject("alice")));
+            Expect.that(burst.stream().allMatch(a -> kind(a) == ClientError.Kind.BUSY && !a.proceeds()),
+                    "late for every call for longer than busy_max, but answering: a burst is busy, refused even open: " + burst);
+        }
+    }
+
+    /**
+     * A late reply keeps the daemon busy only for busy_max: one that then
+     * stops answering at all is down, and login fails open again.
+     */
+    private static void silentAfterAnsweringLate() throws Exception {
+        Expect.group("the busy rule: silent after answering late");
+        FakeDaemon.Handler answering = FakeDaemon.speaking(5);
+        AtomicLong replied = new AtomicLong();
+        long busyMaxMs = 400;
+        try (FakeDaemon daemon = new FakeDaemon(answering);
+                Client client = new Client(ClientConfig.of(daemon.socket).timeout(Duration.ofMillis(30)).busyMax(Duration.ofMillis(busyMaxMs)))) {
+            Expect.that(client.check("login", subject("warm")).verdict().isPresent(), "answered once in time");
+            daemon.handler = FakeDaemon.lateBy(80, answering, replied);
+            for (int n = 0; n < 3; n++) {
+                client.check("login", subject("user" + n));
+                Thread.sleep(Bursts.BURST_GAP_US / 1000 + 10);
+            }
+            Expect.that(within(1000, () -> client.lateReplyHeardUs() != 0), "late replies heard");
+            daemon.handler = f -> null;
+            // Every late reply was written by now (each 80 ms after its
+            // request): the last one's instant is final.
+            Thread.sleep(100);
+            long lastHeard = client.lateReplyHeardUs();
+            long lastReply = replied.get();
+            // Silent calls until the last late reply is older than busy_max.
+            for (int n = 0; millisSince(lastReply) < busyMaxMs + 100; n++) {
+                client.check("login", subject("other" + n));
+                Thread.sleep(Bursts.BURST_GAP_US / 1000 + 10);
+            }
+            Expect.equal(lastHeard, client.lateReplyHeardUs(), "a silent daemon's connections hear nothing");
+            List<Answer> burst = together(client, List.of(subject("alice"), subject("alice")));
+            Expect.that(burst.stream().allMatch(a -> kind(a) == ClientError.Kind.TIMEOUT && a.proceeds()),
+                    "silent for longer than busy_max after late answers: an outage, login proceeds: " + burst);
+        }
+    }
+
+    /**
+     * Each timed-out call's connection is listened on, but at most
+     * LATE_LISTENERS_MAX at once (the rest are closed at once), without
+     * delaying the calls; closing the client closes the listened ones.
+     */
+    private static void lateListenersCapped() throws Exception {
+        Expect.group("late listeners: at most " + Client.LATE_LISTENERS_MAX + " at once");
+        int calls = Client.LATE_LISTENERS_MAX + 8;
+        try (FakeDaemon daemon = new FakeDaemon(f -> null);
+                Client client = new Client(ClientConfig.of(daemon.socket).timeout(Duration.ofMillis(30)).busyMax(Duration.ofSeconds(5)))) {
+            List<Subject> subjects = new ArrayList<>();
+            for (int n = 0; n < calls; n++) subjects.add(subject("user" + n));
+            long started = System.nanoTime();
+            List<Answer> answers = together(client, subjects);
+            long tookMs = millisSince(started);
+            Expect.that(answers.stream().allMatch(a -> kind(a) == ClientError.Kind.TIMEOUT),
+                    "a silent daemon: every call a timeout: " + answers);
+            Expect.that(tookMs < 2000, "listening for busy_max (5 s) delays no call: all returned in " + tookMs + " ms");
+            Expect.equal(Client.LATE_LISTENERS_MAX, client.lateListeners(), "listeners at the cap");
+            boolean settled = within(3000, () -> daemon.connections.get() == calls && daemon.live.get() <= Client.LATE_LISTENERS_MAX);
+            Expect.that(settled, "the connections past the cap were closed at once: "
+                    + daemon.connections.get() + " accepted, " + daemon.live.get() + " open");
+            Thread.sleep(200);
+            Expect.equal(Client.LATE_LISTENERS_MAX, daemon.live.get(), "and the cap's connections stay open, listened on");
+            client.close();
+            Expect.that(within(3000, () -> daemon.live.get() == 0 && client.lateListeners() == 0),
+                    "closing the client closes them: " + daemon.live.get() + " open, " + client.lateListeners() + " listeners");
         }
     }
 
