@@ -172,6 +172,37 @@ fn a_daemon_that_answers_every_call_late_is_busy_not_down() {
     }
 }
 
+/// A quiet moment longer than busy_max on this client, then a burst that
+/// times out before any of its replies can be heard, from a daemon kept
+/// late by load that does not go through this client. The run of late
+/// calls began before the gap and never ended (only an answer in time
+/// ended one), so the whole burst failed open (a red team's finding). A
+/// reply heard after the run's last timeout now begins a new run.
+#[test]
+fn a_burst_after_a_quiet_moment_on_a_daemon_heard_answering_late_is_busy() {
+    let _alone = one_at_a_time();
+    let daemon = TestDaemon::start();
+    let rt = runtime();
+    let busy_max = Duration::from_millis(600);
+    let client = Client::new(ClientConfig::new(&daemon.socket).busy_max(busy_max));
+    let warm = || matches!(rt.block_on(client.check("login", &subject("192.0.2.1", "warm"))), Answer::Verdict(_));
+    assert!((0..20).any(|_| warm()), "the daemon never answered in time");
+    std::thread::sleep(busy_max);
+    daemon.freeze();
+    let lone = rt.block_on(client.check("login", &subject("192.0.2.3", "carol")));
+    daemon.thaw();
+    assert!(matches!(lone, Answer::Unavailable { .. }), "frozen, the daemon is late: {lone:?}");
+    std::thread::sleep(busy_max + Duration::from_millis(100));
+    let alice = subject("198.51.100.11", "alice");
+    daemon.freeze();
+    let burst = rt.block_on(futures_util::future::join(client.check("login", &alice), client.check("login", &alice)));
+    daemon.thaw();
+    for a in [&burst.0, &burst.1] {
+        assert!(matches!(a, Answer::Unavailable { error: ClientError::Busy(_), .. }), "heard late, busy: {burst:?}");
+        assert!(!a.proceeds());
+    }
+}
+
 /// 300 guesses at once on `subject`, round robin over `clients` (after
 /// warming each up, if `warm`): how many proceeded, and how many the
 /// client refused as busy.

@@ -390,13 +390,19 @@ impl Client {
     fn late(&self, timeout: Duration) -> ClientError {
         let busy_max_us = self.config.busy_max.as_micros() as u64;
         let last = self.last_answered_us.load(Ordering::Relaxed);
-        let heard = self.late_replies.heard_us();
         let busy = {
             // The time is read under the lock: read before it, a task could
             // start the run after this one's instant.
             let mut run = self.late_run.locked();
             let now = self.started.elapsed().as_micros() as u64 + 1;
-            if run.1 == 0 {
+            let heard = self.late_replies.heard_us();
+            // A reply heard after the run's last timeout shows the daemon
+            // alive after that run: this timeout begins a new one. Else a
+            // quiet gap longer than busy_max, then a burst that times out
+            // before any of its replies is heard, would fail open against
+            // a daemon that answers every call. A frozen one is never
+            // heard, and its sparse calls still make one run that ages.
+            if run.1 == 0 || heard > run.1 {
                 run.0 = now;
             }
             run.1 = run.1.max(now);

@@ -39,7 +39,8 @@ impl LateReplies {
     }
 
     /// Listens on `stream`, whose request was written and whose reply did
-    /// not come in time, for up to `horizon`: any byte from it is the
+    /// not come in time (or whose caller gave up waiting: its reply is the
+    /// daemon's all the same), for up to `horizon`: any byte from it is the
     /// daemon answering. The connection is then closed; its reply is
     /// not read, so it is never reused. Outside a tokio runtime, or with
     /// `LATE_LISTENERS_MAX` already listening, it is closed at once.
@@ -53,11 +54,18 @@ impl LateReplies {
         if others >= LATE_LISTENERS_MAX {
             return;
         }
+        // Timed from the hand-over, not from the task's first poll: a
+        // runtime not driven meanwhile (a current-thread one between
+        // `block_on`s) must not stretch the horizon. A reply read after
+        // it is not counted.
+        let until = tokio::time::Instant::now() + horizon;
         runtime.spawn(async move {
             let mut byte = [0u8; 1];
-            if let Ok(Ok(1..)) = tokio::time::timeout(horizon, stream.read(&mut byte)).await {
-                let now = replies.0.started.elapsed().as_micros() as u64 + 1;
-                replies.0.heard_us.fetch_max(now, Ordering::Relaxed);
+            if let Ok(Ok(1..)) = tokio::time::timeout_at(until, stream.read(&mut byte)).await {
+                if tokio::time::Instant::now() <= until {
+                    let now = replies.0.started.elapsed().as_micros() as u64 + 1;
+                    replies.0.heard_us.fetch_max(now, Ordering::Relaxed);
+                }
             }
         });
     }
