@@ -264,7 +264,8 @@ type Client struct {
 	lastAnswered atomic.Uint64
 	// lastHeard: when a reply last came to a call that had already timed
 	// out (same clock; 0 never), heard by a late listener (listenLate).
-	// It neither ends a run nor counts as an answer in time.
+	// It neither ends a run nor counts as an answer in time, but the next
+	// timeout after it starts the run anew (joinRun).
 	lastHeard atomic.Uint64
 	// lateRun: the current run of timeouts (when it began, the last one;
 	// 0 none). A daemon late for longer than BusyMax, with no call answered
@@ -508,12 +509,7 @@ func (c *Client) call(ctx context.Context, cancellable bool, req *request) (*res
 		// could start the run after this one's instant.
 		c.lateMu.Lock()
 		now := c.nowUs()
-		if c.lateRun[1] == 0 {
-			c.lateRun[0] = now
-		}
-		if now > c.lateRun[1] {
-			c.lateRun[1] = now
-		}
+		c.joinRun(now)
 		busy := c.busyAt(now, c.lateRun)
 		c.lateMu.Unlock()
 		if busy {

@@ -117,6 +117,26 @@ func (c *Client) deadlineKind() ErrorKind {
 	return ErrDeadline
 }
 
+// joinRun adds a timeout at now to the run of timeouts (c.lateMu held),
+// and starts the run at now when there is none. It also starts it anew
+// when a late reply was heard after the run's last timeout. That reply
+// shows the daemon was alive and answering after the run, so this
+// timeout belongs to a new run. Without this, load from elsewhere can keep
+// the daemon late while this client makes no calls for longer than
+// BusyMax. Then the run, the last answer in time and the last late reply
+// are all older than BusyMax, and a burst that times out before any of its
+// own late replies come would be taken for an outage and proceed. A frozen
+// or dead daemon is never heard late, so its sparse timeouts stay one run
+// that grows old and becomes an outage.
+func (c *Client) joinRun(now uint64) {
+	if c.lateRun[1] == 0 || c.lastHeard.Load() > c.lateRun[1] {
+		c.lateRun[0] = now
+	}
+	if now > c.lateRun[1] {
+		c.lateRun[1] = now
+	}
+}
+
 // busyAt: whether a timeout at now in the run of timeouts run is the
 // daemon busy, not down. It has answered this client in time at least
 // once (a daemon never answered in time is not busy), and the run is

@@ -94,7 +94,10 @@ export class Client {
   #started = performance.now();
   /** When the daemon last answered a call in time (µs + 1; 0 never). */
   #lastAnsweredUs = 0;
-  /** When a reply last came to a call that had timed out, on a connection kept listening for it (µs + 1; 0 never). */
+  /**
+   * When a reply last came to a call that had timed out, on a connection kept
+   * listening for it (µs + 1; 0 never). The next timeout after it starts the run anew.
+   */
   #lastHeardUs = 0;
   /** The current run of timeouts: when it began and its last one (0: none). */
   #lateRun = { startUs: 0, lastUs: 0 };
@@ -336,7 +339,15 @@ export class Client {
       return result;
     }
     const now = this.#nowUs();
-    if (run.lastUs === 0) run.startUs = now;
+    // A late reply heard after the run's last timeout shows the daemon was
+    // alive and answering after that run, so this timeout starts a new run.
+    // Without this, load from elsewhere can keep the daemon late while this
+    // client makes no calls for longer than busy_max. Then the run, the last
+    // answer in time and the last late reply are all older than busy_max, and
+    // a burst that times out before any of its own late replies come would be
+    // taken for an outage and proceed. A frozen or dead daemon is never heard
+    // late, so its sparse timeouts stay one run that grows old and becomes an outage.
+    if (run.lastUs === 0 || this.#lastHeardUs > run.lastUs) run.startUs = now;
     run.lastUs = Math.max(run.lastUs, now);
     // A daemon that answered in time within busy_max is busy, not down: bursts closer together
     // than busy_max would otherwise age one run past it and fail open.

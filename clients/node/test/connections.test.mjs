@@ -400,6 +400,26 @@ test("the busy rule: a daemon that stops answering is down once its last late re
   for (const x of gone) assert.deepEqual([x.error.kind, x.proceeds()], ["timeout", true], "nothing heard for busy_max: an outage");
 });
 
+test("the busy rule: a burst after a quiet gap longer than busy_max is busy when a late reply was heard after the run", async (t) => {
+  // Load from elsewhere keeps the daemon late while this client makes no
+  // calls for longer than busy_max. The burst times out before any of its own
+  // late replies come: the run, the last answer in time and the last late
+  // reply are all older than busy_max, but the reply heard after the run's
+  // last timeout starts a new run.
+  const { daemon, mode } = await lateDaemon(t);
+  const busyMaxMs = 400;
+  const client = new Client({ socket: daemon.path, timeoutMs: 20, busyMaxMs });
+  t.after(() => client.close());
+  await answeredOnceInTime(client);
+  mode.late = true;
+  const lone = await client.check("login", { peer: "203.0.113.5", account: "lone" });
+  assert.deepEqual([lone.kind, lone.error?.kind, lone.proceeds()], ["unavailable", "timeout", true], "a lone late check");
+  await sleep(LATE_MS + 20); // its late reply is heard
+  await sleep(busyMaxMs + 50); // no calls at all
+  const burst = await Promise.all([client.check("login", alice), client.check("login", alice)]);
+  for (const x of burst) assert.deepEqual([x.error?.kind, x.proceeds()], ["busy", false], "a late reply heard after the run");
+});
+
 test("at most LATE_LISTENERS_MAX timed-out connections listen at once, for busy_max, without keeping the process alive", async (t) => {
   let silent = false;
   const daemon = await fakeDaemon((r) => (silent ? null : allowAll(r)));

@@ -142,13 +142,56 @@ class AsyncCalls(unittest.IsolatedAsyncioTestCase):
             late = await asyncio.gather(client.check("login", SUBJECT), client.check("login", SUBJECT))
             self.assertEqual([(a.error.kind, a.proceeds) for a in late], [("busy", False)] * 2)
             handler.mode = InTimeThenLate.SILENT
+            # As the synchronous client's test: the last late reply, then
+            # the next burst's timeouts begin a new run, then busy_max.
             silent_since = time.monotonic()
-            while time.monotonic() - silent_since < 0.08 + 0.4 + 0.1:
+            while time.monotonic() - silent_since < 0.08 + 0.05 + 0.4 + 0.1:
                 await asyncio.gather(client.check("login", SUBJECT), client.check("login", SUBJECT))
                 await asyncio.sleep(0.03)
             down = await asyncio.gather(client.check("login", SUBJECT), client.check("login", SUBJECT))
             self.assertEqual([(a.error.kind, a.proceeds) for a in down], [("timeout", True)] * 2)
             self.assertNotIn("busy", str(down[0].error))
+            client.close()
+
+    async def test_a_burst_after_a_quiet_gap_longer_than_busy_max_at_a_late_daemon_is_busy(self):
+        # As the synchronous client's test: a late reply heard after the
+        # old run, then a quiet gap longer than busy_max; the burst begins
+        # a new run and is busy.
+        handler = InTimeThenLate(delay=0.08)
+        with FakeDaemon(handler) as daemon:
+            client = client_for(daemon, busy_max=0.4)
+            self.assertIsInstance(await client.check("login", SUBJECT), VerdictAnswer)
+            client.config.timeout = 0.02
+            handler.mode = InTimeThenLate.LATE
+            lone = await client.check("login", SUBJECT)
+            self.assertIn(lone.error.kind, {"timeout", "busy"}, "the lone call times out")
+            await until(lambda: client._last_heard_us != 0)
+            self.assertNotEqual(client._last_heard_us, 0, "the lone call's late reply is heard")
+            await asyncio.sleep(0.5)
+            burst = await asyncio.gather(client.check("login", SUBJECT), client.check("login", SUBJECT))
+            self.assertEqual([(a.error.kind, a.proceeds) for a in burst], [("busy", False)] * 2)
+            client.close()
+
+    async def test_close_closes_the_connections_kept_for_late_replies(self):
+        # busy_max is long: only close() can end these connections soon.
+        with FakeDaemon(silent) as daemon:
+            client = client_for(daemon, timeout=0.03, busy_max=5.0)
+            subjects = [Subject(peer="198.51.100.7", account="user{}".format(i)) for i in range(3)]
+            await asyncio.gather(*[client.check("login", subject) for subject in subjects])
+            await until(lambda: daemon.connections == 3)
+            self.assertEqual(daemon.connections_open(), 3, "kept open to hear a late reply")
+            self.assertEqual(len(client._late_listeners), 3)
+            closed = time.monotonic()
+            client.close()
+            await until(lambda: daemon.connections_open() == 0, 1.0)
+            self.assertEqual(daemon.connections_open(), 0, "closed with the client")
+            self.assertLess(time.monotonic() - closed, 1.0)
+            self.assertEqual(len(client._late_listeners), 0, "the listeners ended")
+            # The client stays usable: a timed-out call is listened on again.
+            self.assertEqual((await client.check("login", SUBJECT)).error.kind, "timeout")
+            # Handed over once its cancelled exchange runs, after the call.
+            await until(lambda: daemon.connections == 4 and len(client._late_listeners) == 1)
+            self.assertEqual((daemon.connections_open(), len(client._late_listeners)), (1, 1))
             client.close()
 
     async def test_at_most_late_listeners_max_timed_out_connections_stay_open(self):

@@ -1,10 +1,16 @@
 """The call path against a stand-in daemon: pooling, version fallback,
 timeouts, the busy rule, broken replies and the attempt guard."""
 
+import gc
+import os
+import select
+import signal
 import struct
 import threading
 import time
 import unittest
+import warnings
+import weakref
 
 from fake_daemon import FakeDaemon, InTimeThenLate, allow_all, error_payload, silent, verdict_payload, version_1_only
 from tollgate_client import Client, ClientConfig, Rejected, Subject, Unavailable, VerdictAnswer
@@ -242,15 +248,131 @@ class Timeouts(unittest.TestCase):
             late = self.overlapping_checks(client, [SUBJECT] * 2)
             self.assertEqual([(a.error.kind, a.proceeds) for a in late], [("busy", False)] * 2)
             handler.mode = InTimeThenLate.SILENT
-            # The last late replies come up to 80 ms after this; then
-            # nothing at all for longer than busy_max, while the bursts go on.
+            # The last late replies come up to 80 ms after this, and the
+            # next burst's timeouts (up to 50 ms later) begin a new run;
+            # then nothing at all for longer than busy_max, while the
+            # bursts go on.
             silent_since = time.monotonic()
-            while time.monotonic() - silent_since < 0.08 + 0.4 + 0.1:
+            while time.monotonic() - silent_since < 0.08 + 0.05 + 0.4 + 0.1:
                 self.overlapping_checks(client, [SUBJECT] * 2)
                 time.sleep(0.03)
             down = self.overlapping_checks(client, [SUBJECT] * 2)
             self.assertEqual([(a.error.kind, a.proceeds) for a in down], [("timeout", True)] * 2)
             self.assertNotIn("busy", str(down[0].error))
+
+    def test_a_burst_after_a_quiet_gap_longer_than_busy_max_at_a_late_daemon_is_busy(self):
+        # The daemon is kept late by load that does not come through this
+        # client. One lone late call, its late reply heard, then no call at
+        # all for longer than busy_max: the run of timeouts, the answer in
+        # time and the late reply are all older than busy_max. A burst then
+        # times out before any of its own late replies can be heard; the
+        # reply heard after the old run shows the daemon alive, so the burst
+        # begins a new run and is busy.
+        handler = InTimeThenLate(delay=0.08)
+        with FakeDaemon(handler) as daemon, client_for(daemon, busy_max=0.4) as client:
+            self.assertIsInstance(client.check("login", SUBJECT), VerdictAnswer)
+            client.config.timeout = 0.02
+            handler.mode = InTimeThenLate.LATE
+            lone = client.check("login", SUBJECT)
+            self.assertIn(lone.error.kind, {"timeout", "busy"}, "the lone call times out")
+            wait_until(lambda: client._last_heard_us != 0)
+            self.assertNotEqual(client._last_heard_us, 0, "the lone call's late reply is heard")
+            time.sleep(0.5)
+            burst = self.overlapping_checks(client, [SUBJECT] * 2)
+            self.assertEqual([(a.error.kind, a.proceeds) for a in burst], [("busy", False)] * 2)
+
+    def test_close_closes_the_connections_kept_for_late_replies(self):
+        # busy_max is long: only close() can end these connections soon.
+        with FakeDaemon(silent) as daemon, client_for(daemon, timeout=0.03, busy_max=5.0) as client:
+            subjects = [Subject(peer="198.51.100.7", account="user{}".format(i)) for i in range(3)]
+            self.overlapping_checks(client, subjects)
+            wait_until(lambda: daemon.connections == 3)
+            self.assertEqual(daemon.connections_open(), 3, "kept open to hear a late reply")
+            closed = time.monotonic()
+            client.close()
+            wait_until(lambda: daemon.connections_open() == 0, 1.0)
+            self.assertEqual(daemon.connections_open(), 0, "closed with the client")
+            self.assertLess(time.monotonic() - closed, 1.0)
+            wait_until(lambda: client._late_listeners._wake is None, 1.0)
+            self.assertIsNone(client._late_listeners._wake, "the listener thread ended")
+            self.assertEqual(client._late_listeners._held, 0)
+            # The client stays usable: a timed-out call is listened on again.
+            self.assertEqual(client.check("login", SUBJECT).error.kind, "timeout")
+            wait_until(lambda: daemon.connections == 4)
+            self.assertEqual((daemon.connections_open(), client._late_listeners._held), (1, 1))
+
+    def test_a_client_that_listened_is_still_collected(self):
+        # The fork hook holds the late listeners weakly: a client dropped
+        # after its listener thread ended is freed.
+        with FakeDaemon(silent) as daemon:
+            client = client_for(daemon, timeout=0.03, busy_max=0.1)
+            client.check("login", SUBJECT)
+            wait_until(lambda: client._late_listeners._wake is None)
+            gone = weakref.ref(client)
+            del client
+            gc.collect()
+            self.assertIsNone(gone(), "the client was collected")
+
+    @unittest.skipUnless(hasattr(os, "fork") and hasattr(os, "register_at_fork"), "no fork here")
+    def test_a_forked_child_listens_for_late_replies_again(self):
+        # Forked while the listener thread holds three connections and
+        # another thread holds its lock: the child has neither thread. It
+        # must not wait for the lock forever, nor count the parent's
+        # connections against its cap, and its own timed-out call is
+        # listened on by a thread of its own.
+        with FakeDaemon(silent) as daemon, client_for(daemon, timeout=0.03, busy_max=5.0) as client:
+            listeners = client._late_listeners
+            subjects = [Subject(peer="198.51.100.7", account="user{}".format(i)) for i in range(3)]
+            self.overlapping_checks(client, subjects)
+            wait_until(lambda: len(listeners._listening) == 3)
+            inherited = list(listeners._listening)
+            self.assertEqual((len(inherited), listeners._held), (3, 3))
+            holding, forked = threading.Event(), threading.Event()
+
+            def hold_the_lock():
+                with listeners._lock:
+                    holding.set()
+                    forked.wait(5)
+
+            holder = threading.Thread(target=hold_the_lock)
+            holder.start()
+            holding.wait(5)
+            read_end, write_end = os.pipe()
+            with warnings.catch_warnings():
+                # Python 3.12 warns of forking with threads: that is the point.
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
+            if pid == 0:
+                # The child: report on the pipe, and never return into the
+                # test runner.
+                status = 1
+                try:
+                    os.close(read_end)
+                    held_after_fork = listeners._held
+                    closed = sum(sock.fileno() == -1 for sock in inherited)
+                    kind = client.check("login", SUBJECT).error.kind
+                    thread = any(t.name == "tollgate-late-listener" for t in threading.enumerate())
+                    report = [held_after_fork, closed, kind, listeners._held, thread]
+                    os.write(write_end, repr(report).encode())
+                    status = 0
+                finally:
+                    os._exit(status)
+            forked.set()
+            holder.join()
+            os.close(write_end)
+            try:
+                ready, _, _ = select.select([read_end], [], [], 5.0)
+                report = os.read(read_end, 4096).decode() if ready else None
+            finally:
+                os.close(read_end)
+                if report is None:
+                    os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            self.assertIsNotNone(report, "the child hung")
+            self.assertEqual(report, repr([0, 3, "timeout", 1, True]))
+            # The parent's connections are its own still.
+            wait_until(lambda: daemon.connections == 4 and daemon.connections_open() == 3)
+            self.assertEqual((daemon.connections_open(), listeners._held), (3, 3))
 
     def test_at_most_late_listeners_max_timed_out_connections_stay_open(self):
         # More calls time out at once than the cap: the connections past it

@@ -82,9 +82,16 @@ class AsyncClient(_ClientCore):
         self.close()
 
     def close(self) -> None:
+        """Closes the idle connections and those kept open to hear a late
+        reply; the client stays usable."""
         idle, self._pool = self._pool, []
         for conn in idle:
             conn.close()
+        # Otherwise each listener keeps its connection open until its window
+        # of busy_max ends. A cancelled listener's connection is closed by
+        # its done callback (see _listen_late), on the loop's next turn.
+        for listener in list(self._late_listeners):
+            listener.cancel()
 
     async def check(self, route: str, subject: Subject, password_tag: Optional[bytes] = None) -> Answer:
         return await self._decide(route, Check(route, _bounded(subject), password_tag))

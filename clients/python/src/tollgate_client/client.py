@@ -4,10 +4,12 @@ policy applied when the daemon cannot answer in time (`client/src/client.rs`).""
 
 import dataclasses
 import itertools
+import os
 import selectors
 import socket
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple, Union
 
 from . import gcra
@@ -378,6 +380,16 @@ class _ClientCore:
             run = self._late_run
             if run[1] == 0:
                 run[0] = now
+            elif self._last_heard_us > run[1]:
+                # A late reply came after the run's last timeout: the daemon
+                # was alive after that run, so this timeout begins a new
+                # one. Otherwise a quiet gap longer than busy_max would
+                # leave the old run (which only an answer in time ends)
+                # too old, and a burst timing out before its own late
+                # replies are heard would fail open. A frozen daemon is
+                # heard from never, so its sparse calls still make one
+                # run that grows old.
+                run[0] = now
             run[1] = max(run[1], now)
             busy_max_us = int(self.config.busy_max * 1_000_000)
             # A daemon that answered in time within busy_max is busy, not
@@ -455,6 +467,15 @@ class _LateListeners:
         # Written to wake the thread for a new connection; None while no
         # thread runs.
         self._wake: Optional[socket.socket] = None
+        # The running thread's end of the wake-up pair, its selector and the
+        # connections it listens on (only it changes them), kept here so
+        # that a forked child, which has no thread, can close them.
+        self._woken: Optional[socket.socket] = None
+        self._selector: Optional[selectors.BaseSelector] = None
+        self._listening: Dict[socket.socket, float] = {}
+        # Set by close(): the thread closes what it listens on when it wakes.
+        self._drop_listening = False
+        _ALL_LATE_LISTENERS.add(self)
 
     def listen(self, sock: socket.socket, seconds: float) -> bool:
         """Takes the connection to listen on for `seconds`; False (and the
@@ -465,40 +486,105 @@ class _LateListeners:
             woken = None
             if self._wake is None:
                 try:
+                    selector = selectors.DefaultSelector()
+                except OSError:
+                    return False
+                try:
                     self._wake, woken = socket.socketpair()
                 except OSError:
+                    selector.close()
                     return False
                 # Neither end waits: a full buffer means wake-ups are
                 # pending already, and an empty one that all were read.
                 self._wake.setblocking(False)
                 woken.setblocking(False)
+                # A new thread's own: the last one has stopped using its
+                # own (it cleared _wake under this lock on its way out).
+                self._woken, self._selector, self._listening = woken, selector, {}
+                self._drop_listening = False
+                listening = self._listening
             until = time.monotonic() + seconds
             sock.setblocking(False)
             self._handed.append((sock, until))
             self._held += 1
             self._last_until = max(self._last_until, until)
             if woken is None:
-                try:
-                    self._wake.send(b"\0")
-                except OSError:
-                    # Its buffer is full: the thread has wake-ups pending already.
-                    pass
+                self._wake_thread()
         if woken is not None:
             # Started outside the lock: other timed-out calls hand theirs
             # over meanwhile, and the thread takes them all when it starts.
-            thread = threading.Thread(target=self._run, args=(woken,), name="tollgate-late-listener", daemon=True)
+            thread = threading.Thread(
+                target=self._run,
+                args=(woken, selector, listening),
+                name="tollgate-late-listener",
+                daemon=True,
+            )
             try:
                 thread.start()
             except RuntimeError:
                 # No thread to be had: what was handed over is closed, as
                 # it was before listening, and the next timeout tries again.
                 self._drop_all({})
+                selector.close()
                 woken.close()
         return True
 
-    def _run(self, woken: socket.socket) -> None:
-        selector = selectors.DefaultSelector()
-        listening: Dict[socket.socket, float] = {}
+    def close(self) -> None:
+        """Closes every connection handed over or listened on. The ones not
+        yet taken by the thread are closed here; the thread closes its own
+        as soon as it wakes (it alone unregisters them from its selector),
+        then ends, as nothing is left to listen on. Returns at once."""
+        with self._lock:
+            handed, self._handed = self._handed, []
+            self._held -= len(handed)
+            # No window is left to wait for: the thread ends unless a call
+            # times out after this and hands it a new connection.
+            self._last_until = 0.0
+            if self._wake is not None:
+                self._drop_listening = True
+                self._wake_thread()
+        for sock, _ in handed:
+            sock.close()
+
+    def _wake_thread(self) -> None:
+        """Wakes the running thread (called under the lock)."""
+        if self._wake is None:
+            return
+        try:
+            self._wake.send(b"\0")
+        except OSError:
+            # Its buffer is full: the thread has wake-ups pending already.
+            pass
+
+    def _after_fork_in_child(self) -> None:
+        """A forked child has only the thread that forked: no listener
+        thread, while _wake still says one runs, so connections handed over
+        would never be heard nor closed and the cap would fill for good; and
+        _lock may have been held by a thread the child does not have. The
+        child starts afresh: a new lock, its copies of the parent's
+        connections and wake-up pair closed (the parent's stay open), none
+        held."""
+        self._lock = threading.Lock()
+        socks = [sock for sock, _ in self._handed] + list(self._listening)
+        socks += [end for end in (self._wake, self._woken) if end is not None]
+        for sock in socks:
+            try:
+                sock.close()
+            except OSError:
+                pass
+        if self._selector is not None:
+            try:
+                self._selector.close()
+            except OSError:
+                pass
+        self._handed = []
+        self._listening = {}
+        self._wake = self._woken = self._selector = None
+        self._held = 0
+        self._last_until = 0.0
+        self._drop_listening = False
+
+    def _run(self, woken: socket.socket, selector: selectors.BaseSelector, listening: Dict[socket.socket, float]) -> None:
         try:
             selector.register(woken, selectors.EVENT_READ)
             while self._take_handed(selector, listening):
@@ -519,10 +605,9 @@ class _LateListeners:
                     # is none. Either way the connection is done.
                     if replied:
                         self._heard_late()
-                    self._stop(selector, listening, sock)
+                    self._stop(selector, listening, [sock])
                 now = time.monotonic()
-                for sock in [sock for sock, until in listening.items() if until <= now]:
-                    self._stop(selector, listening, sock)
+                self._stop(selector, listening, [sock for sock, until in listening.items() if until <= now])
         except BaseException:
             # Not expected: still, nothing held stays open, and the next
             # timed-out call starts a new thread.
@@ -550,25 +635,48 @@ class _LateListeners:
     def _take_handed(self, selector: selectors.BaseSelector, listening: Dict[socket.socket, float]) -> bool:
         """Starts listening on the connections handed over; False when there
         is none to listen on and the last window has ended: the thread ends
-        (deciding under the lock, so no connection is handed to it then)."""
-        with self._lock:
-            for sock, until in self._handed:
-                selector.register(sock, selectors.EVENT_READ)
-                listening[sock] = until
-            self._handed.clear()
-            if listening or time.monotonic() < self._last_until:
-                return True
-            if self._wake is not None:
-                self._wake.close()
-                self._wake = None
-            return False
+        (deciding under the lock, so no connection is handed to it then).
+        After close(), first closes those it listened on (not the ones
+        handed over since, which close() did not see)."""
+        while True:
+            with self._lock:
+                dropping = self._drop_listening
+                self._drop_listening = False
+                if not dropping:
+                    for sock, until in self._handed:
+                        selector.register(sock, selectors.EVENT_READ)
+                        listening[sock] = until
+                    self._handed.clear()
+                    if listening or time.monotonic() < self._last_until:
+                        return True
+                    if self._wake is not None:
+                        self._wake.close()
+                        self._wake = None
+                    return False
+            self._stop(selector, listening, list(listening))
 
-    def _stop(self, selector: selectors.BaseSelector, listening: Dict[socket.socket, float], sock: socket.socket) -> None:
-        selector.unregister(sock)
-        del listening[sock]
-        sock.close()
-        with self._lock:
-            self._held -= 1
+    def _stop(self, selector: selectors.BaseSelector, listening: Dict[socket.socket, float], socks: List[socket.socket]) -> None:
+        for sock in socks:
+            selector.unregister(sock)
+            del listening[sock]
+            sock.close()
+        if socks:
+            with self._lock:
+                self._held -= len(socks)
+
+
+# Every client's late listeners, weakly: a client nobody uses any more is
+# still collected. A forked child resets them all (see _after_fork_in_child).
+_ALL_LATE_LISTENERS: "weakref.WeakSet[_LateListeners]" = weakref.WeakSet()
+
+
+def _late_listeners_after_fork_in_child() -> None:
+    for listeners in list(_ALL_LATE_LISTENERS):
+        listeners._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_late_listeners_after_fork_in_child)
 
 
 def _drain(sock: socket.socket) -> None:
@@ -598,11 +706,15 @@ class Client(_ClientCore):
         self.close()
 
     def close(self) -> None:
-        """Closes the idle connections; the client stays usable."""
+        """Closes the idle connections and those kept open to hear a late
+        reply (their thread then ends); the client stays usable."""
         with self._pool_lock:
             idle, self._pool = self._pool, []
         for conn in idle:
             conn.close()
+        # Otherwise each stays open until its window of busy_max ends, and a
+        # closed client would still hold descriptors and a thread.
+        self._late_listeners.close()
 
     def check(self, route: str, subject: Subject, password_tag: Optional[bytes] = None) -> Answer:
         """May this attempt proceed? Ask before verifying the credential. A

@@ -257,7 +257,17 @@ public final class Client implements AutoCloseable {
                 // The time is read under the lock: read before it, another
                 // thread could start the run after this one's instant.
                 long now = nowUs();
-                if (runLastUs == 0) runStartUs = now;
+                // A late reply heard after the run's last timeout shows the
+                // daemon alive after that run, so this timeout begins a new
+                // run, as it would with no run at all. Without this, load
+                // from elsewhere can keep the daemon late while this client
+                // makes no calls for longer than busyMax; its next burst
+                // times out before any late reply of its own is heard, finds
+                // the run, the answer in time and the last late reply all
+                // older than busyMax, and fails open. A frozen daemon sends
+                // no late reply, so its sparse calls still make one run that
+                // grows old and becomes an outage.
+                if (runLastUs == 0 || heard > runLastUs) runStartUs = now;
                 runLastUs = Math.max(runLastUs, now);
                 // A daemon that answered in time within busyMax is busy, not
                 // down: bursts closer together than busyMax would otherwise

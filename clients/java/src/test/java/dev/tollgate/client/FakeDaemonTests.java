@@ -22,6 +22,7 @@ final class FakeDaemonTests {
         busy();
         busyWhileAnsweringLate();
         silentAfterAnsweringLate();
+        busyAfterAQuietGapWhileAnsweringLate();
         lateListenersCapped();
         busyFromOtherAddresses();
         busyBehindAProxy();
@@ -239,31 +240,44 @@ final class FakeDaemonTests {
     }
 
     /**
-     * A late reply keeps the daemon busy only for busy_max: one that then
-     * stops answering at all is down, and login fails open again.
+     * A late reply keeps the daemon busy for busy_max: a burst just after
+     * the daemon stops answering at all is busy while its last late reply is
+     * younger than busy_max, even with the run of late calls and the answer
+     * in time both older. One silent for longer than busy_max is down, and
+     * login fails open again.
      */
     private static void silentAfterAnsweringLate() throws Exception {
         Expect.group("the busy rule: silent after answering late");
         FakeDaemon.Handler answering = FakeDaemon.speaking(5);
         AtomicLong replied = new AtomicLong();
+        long lateMs = 80;
         long busyMaxMs = 400;
         try (FakeDaemon daemon = new FakeDaemon(answering);
                 Client client = new Client(ClientConfig.of(daemon.socket).timeout(Duration.ofMillis(30)).busyMax(Duration.ofMillis(busyMaxMs)))) {
             Expect.that(client.check("login", subject("warm")).verdict().isPresent(), "answered once in time");
-            daemon.handler = FakeDaemon.lateBy(80, answering, replied);
-            for (int n = 0; n < 3; n++) {
+            daemon.handler = FakeDaemon.lateBy(lateMs, answering, replied);
+            // Lone checks on other accounts, in turn, until the run of late
+            // calls (begun at the first) and the answer in time are older
+            // than busy_max: only the late replies heard can make the burst
+            // below busy.
+            long started = System.nanoTime();
+            for (int n = 0; millisSince(started) < busyMaxMs + 50; n++) {
                 client.check("login", subject("user" + n));
                 Thread.sleep(Bursts.BURST_GAP_US / 1000 + 10);
             }
-            Expect.that(within(1000, () -> client.lateReplyHeardUs() != 0), "late replies heard");
+            Expect.that(client.lateReplyHeardUs() != 0, "late replies heard");
             daemon.handler = f -> null;
-            // Every late reply was written by now (each 80 ms after its
-            // request): the last one's instant is final.
-            Thread.sleep(100);
+            List<Answer> justSilent = together(client, List.of(subject("alice"), subject("alice")));
+            Expect.that(justSilent.stream().allMatch(a -> kind(a) == ClientError.Kind.BUSY && !a.proceeds()),
+                    "silent, a late reply heard within busy_max: a burst is busy, refused even open: " + justSilent);
+            // The replies still owed when it fell silent come within lateMs:
+            // after that the last one's instant is final.
+            Thread.sleep(lateMs + 50);
             long lastHeard = client.lateReplyHeardUs();
-            long lastReply = replied.get();
-            // Silent calls until the last late reply is older than busy_max.
-            for (int n = 0; millisSince(lastReply) < busyMaxMs + 100; n++) {
+            // Silent calls for longer than busy_max: a daemon that answers
+            // nothing makes one run of them, which grows old.
+            long silentFrom = System.nanoTime();
+            for (int n = 0; millisSince(silentFrom) < busyMaxMs + 150; n++) {
                 client.check("login", subject("other" + n));
                 Thread.sleep(Bursts.BURST_GAP_US / 1000 + 10);
             }
@@ -271,6 +285,35 @@ final class FakeDaemonTests {
             List<Answer> burst = together(client, List.of(subject("alice"), subject("alice")));
             Expect.that(burst.stream().allMatch(a -> kind(a) == ClientError.Kind.TIMEOUT && a.proceeds()),
                     "silent for longer than busy_max after late answers: an outage, login proceeds: " + burst);
+        }
+    }
+
+    /**
+     * Load that does not go through this client can keep the daemon late
+     * while this client makes no calls for longer than busy_max. A burst then
+     * times out before any late reply of its own is heard, with the run of
+     * late calls, the answer in time and the last late reply all older than
+     * busy_max. That late reply came after the run's last timeout, though:
+     * the daemon was alive after that run, so the burst begins a new run and
+     * is busy. Before, it was an outage and every guess in it proceeded.
+     */
+    private static void busyAfterAQuietGapWhileAnsweringLate() throws Exception {
+        Expect.group("the busy rule: a burst after a quiet gap, the daemon late for every call");
+        FakeDaemon.Handler answering = FakeDaemon.speaking(5);
+        AtomicLong replied = new AtomicLong();
+        long busyMaxMs = 400;
+        try (FakeDaemon daemon = new FakeDaemon(answering);
+                Client client = new Client(ClientConfig.of(daemon.socket).timeout(Duration.ofMillis(30)).busyMax(Duration.ofMillis(busyMaxMs)))) {
+            Expect.that(client.check("login", subject("warm")).verdict().isPresent(), "answered once in time");
+            daemon.handler = FakeDaemon.lateBy(80, answering, replied);
+            Answer lone = client.check("login", subject("lone"));
+            Expect.that(kind(lone) == ClientError.Kind.TIMEOUT && lone.proceeds(), "a lone late check: a timeout, the policy applies: " + lone);
+            Expect.that(within(1000, () -> client.lateReplyHeardUs() != 0), "its late reply is heard");
+            // No calls at all until that reply is older than busy_max.
+            Thread.sleep(busyMaxMs + 100);
+            List<Answer> burst = together(client, List.of(subject("alice"), subject("alice")));
+            Expect.that(burst.stream().allMatch(a -> kind(a) == ClientError.Kind.BUSY && !a.proceeds()),
+                    "a late reply heard after the run's last timeout: a burst after a quiet gap is busy, refused even open: " + burst);
         }
     }
 
