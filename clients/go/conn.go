@@ -110,8 +110,11 @@ func isClosed(err error) bool {
 func (c *Client) deadlineKind() ErrorKind {
 	c.lateMu.Lock()
 	now, run := c.nowUs(), c.lateRun
+	// A late reply heard after the run's last timeout: the next timeout
+	// would begin a new run (joinRun), so the old one shows no outage.
+	heardAfter := c.lastHeard.Load() > run[1]
 	c.lateMu.Unlock()
-	if run[1] != 0 && !c.busyAt(now, run) {
+	if run[1] != 0 && !heardAfter && !c.busyAt(now, run) {
 		return ErrTimeout
 	}
 	return ErrDeadline

@@ -137,6 +137,13 @@ func TestABurstAfterAQuietGapIsBusyWhenALateReplyWasHeardAfterTheRun(t *testing.
 	}
 	// No calls at all for longer than BusyMax.
 	time.Sleep(lateBusyMax + 50*time.Millisecond)
+	// A check its caller's short deadline cuts (a gRPC grpc-timeout the
+	// attacker sets) is no outage either: it never proceeds.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Millisecond)
+	defer cancel()
+	if a := c.Check(ctx, "login", Subject{Account: Some("short")}); a.Err == nil || a.Err.Kind != ErrDeadline || a.Proceeds() {
+		t.Fatalf("a check cut by its caller after a quiet gap, a late reply heard after the run: %+v", a)
+	}
 	for _, a := range together(c, 2, alice) {
 		if a.Err == nil || a.Err.Kind != ErrBusy || a.Proceeds() {
 			t.Fatalf("a burst after a quiet gap, a late reply heard after the run: %+v", a.Err)

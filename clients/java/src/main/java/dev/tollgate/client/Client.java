@@ -251,12 +251,13 @@ public final class Client implements AutoCloseable {
             return reply;
         } catch (Connection.TimedOut e) {
             long last = lastAnsweredUs;
-            long heard = lateReplies.heardUs();
             boolean stillAnswering;
             synchronized (runLock) {
                 // The time is read under the lock: read before it, another
-                // thread could start the run after this one's instant.
+                // thread could start the run after this one's instant. So is
+                // the last late reply, or one heard meanwhile would be missed.
                 long now = nowUs();
+                long heard = lateReplies.heardUs();
                 // A late reply heard after the run's last timeout shows the
                 // daemon alive after that run, so this timeout begins a new
                 // run, as it would with no run at all. Without this, load

@@ -242,9 +242,9 @@ final class FakeDaemonTests {
     /**
      * A late reply keeps the daemon busy for busy_max: a burst just after
      * the daemon stops answering at all is busy while its last late reply is
-     * younger than busy_max, even with the run of late calls and the answer
-     * in time both older. One silent for longer than busy_max is down, and
-     * login fails open again.
+     * younger than busy_max, with the answer in time older (the run is young
+     * again: the reply was heard after its last timeout). One silent for
+     * longer than busy_max is down, and login fails open again.
      */
     private static void silentAfterAnsweringLate() throws Exception {
         Expect.group("the busy rule: silent after answering late");
