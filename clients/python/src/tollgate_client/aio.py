@@ -230,25 +230,30 @@ class AsyncClient(_ClientCore):
         if busy_max <= 0 or len(self._late_listeners) >= LATE_LISTENERS_MAX:
             conn.close()
             return
-        listener = asyncio.ensure_future(self._hear_late_reply(conn, busy_max))
+        # Timed from the hand-over, not from the task's first step: a loop
+        # not driven meanwhile must not stretch the window.
+        until = asyncio.get_running_loop().time() + busy_max
+        listener = asyncio.ensure_future(self._hear_late_reply(conn, until))
         self._late_listeners.add(listener)
         listener.add_done_callback(self._late_listeners.discard)
         # Closed when the task is done, not in it: a task cancelled before
         # its first step (its loop ending) never runs its body.
         listener.add_done_callback(lambda _: conn.close())
 
-    async def _hear_late_reply(self, conn: _AsyncConnection, seconds: float) -> None:
-        """Waits up to `seconds` for any byte on a timed-out connection.
+    async def _hear_late_reply(self, conn: _AsyncConnection, until: float) -> None:
+        """Waits until the loop's time `until` for any byte on a timed-out
+        connection (one read after it does not count).
         Closing it at once, the client never learns that the reply came, and
         a daemon kept just past the deadline on every call would look down
         when it is only busy. Only the daemon writes on its socket: any byte
         is a reply, and nothing needs parsing. The connection is closed
         after (by `_listen_late`), never reused: its state is unknown."""
+        loop = asyncio.get_running_loop()
         try:
-            replied = bool(await asyncio.wait_for(conn.reader.read(1), seconds))
+            replied = bool(await asyncio.wait_for(conn.reader.read(1), max(until - loop.time(), 0.0)))
         except (asyncio.TimeoutError, OSError):
             replied = False
-        if replied:
+        if replied and loop.time() <= until:
             self._heard_late()
 
     async def _exchange(self, conn: _AsyncConnection, request: Request) -> Tuple[int, int, int, Response]:

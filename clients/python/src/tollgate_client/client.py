@@ -421,9 +421,10 @@ class _ClientCore:
     def _heard_late(self) -> None:
         """A reply came to a call that had timed out. It neither ends the
         run of timeouts nor counts as an answer in time: it only shows the
-        daemon is alive."""
-        with self._late_lock:
-            self._last_heard_us = self._now_us()
+        daemon is alive. No lock: the listener thread never takes the
+        client's, so a fork cannot catch it holding it and leave the child
+        hung on every later call (one assignment is atomic in CPython)."""
+        self._last_heard_us = self._now_us()
 
     def _frame(self, version: int, request: Request) -> Tuple[int, bytes]:
         request_id = self._next_id()
