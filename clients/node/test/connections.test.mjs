@@ -324,15 +324,23 @@ test("the busy rule: a daemon that answered in time within busy_max is busy in a
 const LATE_MS = 150;
 async function lateDaemon(t) {
   const mode = { late: false, silent: false };
+  const pending = new Set();
   const daemon = await fakeDaemon((r) => {
     if (mode.silent) return null;
     if (!mode.late) return allowAll(r);
-    setTimeout(() => {
+    const timer = setTimeout(() => {
+      pending.delete(timer);
       if (!r.socket.destroyed) r.socket.write(allowAll(r));
     }, LATE_MS);
+    pending.add(timer);
     return null;
   });
-  t.after(() => daemon.close());
+  // A reply still owed must not outlive its test: its timer would count
+  // among the next test's active timers.
+  t.after(() => {
+    for (const timer of pending) clearTimeout(timer);
+    return daemon.close();
+  });
   return { daemon, mode };
 }
 
@@ -426,7 +434,9 @@ test("at most LATE_LISTENERS_MAX timed-out connections listen at once, for busy_
   t.after(() => daemon.close());
   // Long enough that a loaded host settles the closed connections while the listeners still listen.
   const busyMaxMs = 1000;
-  const client = new Client({ socket: daemon.path, timeoutMs: 20, busyMaxMs });
+  // Only a call whose request was written whole is listened on: the
+  // deadline leaves a loaded host time to connect and write all of them.
+  const client = new Client({ socket: daemon.path, timeoutMs: 200, busyMaxMs });
   t.after(() => client.close());
   await answeredOnceInTime(client);
   await sleep(30); // any connection a slow first try left listening has closed
@@ -441,7 +451,10 @@ test("at most LATE_LISTENERS_MAX timed-out connections listen at once, for busy_
   const answers = await Promise.all(Array.from({ length: calls }, (_, i) => client.check("login", { account: `u${i}` })));
   for (const a of answers) assert.equal(a.kind, "unavailable");
   // The daemon reads, and both ends of a closed connection close, a turn or more later.
-  await waitFor(() => daemon.connections <= LATE_LISTENERS_MAX && pipes() - otherPipes <= daemon.connections, 500);
+  await waitFor(
+    () => daemon.requests.length - sentBefore === calls && daemon.connections <= LATE_LISTENERS_MAX && pipes() - otherPipes <= daemon.connections,
+    500,
+  );
   assert.equal(daemon.requests.length - sentBefore, calls, "every request went out whole");
   assert.equal(daemon.connections, LATE_LISTENERS_MAX, "the rest were closed at once");
   // Only the daemon's ends keep the process alive: the listeners' sockets and timers do not.

@@ -335,6 +335,8 @@ final class FakeDaemonTests {
             Expect.that(answers.stream().allMatch(a -> kind(a) == ClientError.Kind.TIMEOUT),
                     "a silent daemon: every call a timeout: " + answers);
             Expect.that(tookMs < 2000, "listening for busy_max (5 s) delays no call: all returned in " + tookMs + " ms");
+            // A loaded host may hand the last ones over a moment after their calls return.
+            within(3000, () -> client.lateListeners() == Client.LATE_LISTENERS_MAX);
             Expect.equal(Client.LATE_LISTENERS_MAX, client.lateListeners(), "listeners at the cap");
             boolean settled = within(3000, () -> daemon.connections.get() == calls && daemon.live.get() <= Client.LATE_LISTENERS_MAX);
             Expect.that(settled, "the connections past the cap were closed at once: "
