@@ -15,7 +15,7 @@
 
 use super::known_lockouts::DevicesDecided;
 use super::route::{Full, Route, Table};
-use super::spent_keys::{spent, Echo};
+use super::spent_keys::{spent, CountedWaiting, Echo};
 use super::store_names::store_name;
 use super::store_reply::{
     entry_counts, full_rate_spec, is_locked, parse_check, parse_report, scope, store_failure_answer,
@@ -108,6 +108,7 @@ pub struct StoreReport<'l> {
     /// As a check's (`StoreCheck::begun_us`).
     begun_us: u64,
     pub op: Op,
+    counted: CountedWaiting<'l>,
 }
 
 /// A check's or report's second half from the store's reply.
@@ -452,6 +453,7 @@ impl Limiter {
         let mut durable = Vec::new();
         self.report_rules(&prepared, Rules::Host, true, now_us, &mut answers, &mut durable);
         let mut rules: SmallVec<[ReportRule; 4]> = SmallVec::new();
+        let mut counted = CountedWaiting::new(self, route, now_us);
         if let Some(device) = prepared.device {
             rules.push(ReportRule::Device { key: self.device_key(route, device) });
         }
@@ -471,6 +473,7 @@ impl Limiter {
                     let count = outcome == Some(Outcome::Failure) && !prepared.repeated;
                     if count {
                         self.count_for_store(route, rule, key, spec.window_us, now_us);
+                        counted.keys.push((rule, key));
                     }
                     rules.push(ReportRule::Failures {
                         key: name,
@@ -495,7 +498,7 @@ impl Limiter {
                 per_account_max: known.per_account_max,
             });
         }
-        let report = StoreReport { prepared, answers, durable, begun_us: now_us, op: Op::report(rules) };
+        let report = StoreReport { prepared, answers, durable, begun_us: now_us, op: Op::report(rules), counted };
         Ok((facts, Begun::Store(AwaitingStore::Report(Box::new(report)))))
     }
 
@@ -510,7 +513,8 @@ impl Limiter {
             Ok(p) => p,
             Err(e) => return Err((report, e)),
         };
-        let StoreReport { prepared, mut answers, mut durable, begun_us, .. } = *report;
+        let StoreReport { prepared, mut answers, mut durable, begun_us, counted: waiting, .. } = *report;
+        waiting.answered();
         let route = prepared.facts.route;
         let store_now = parsed.store_now;
         let mut locked = Vec::new();
@@ -573,7 +577,8 @@ impl Limiter {
     /// A report's second half without the store (`finish_locally`): its
     /// places were settled in the first half.
     fn finish_report_locally<'a>(&'a self, report: Box<StoreReport<'a>>, now_us: u64) -> (Verdict<'a>, Vec<Durable>) {
-        let StoreReport { mut prepared, mut answers, mut durable, .. } = *report;
+        let StoreReport { mut prepared, mut answers, mut durable, counted: waiting, .. } = *report;
+        waiting.answered();
         let route = prepared.facts.route;
         // Off the count: every key `begin_report` counted, whether or not
         // the share counts it here.

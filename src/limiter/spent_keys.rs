@@ -309,6 +309,18 @@ impl Limiter {
         });
     }
 
+    /// A report sent to the store whose reply never came here (its
+    /// connection closed first): the store still counts it (an orphan is
+    /// sent), so the count stays, but it no longer waits.
+    fn stop_waiting(&self, route: &Route, rule: &Rule, key: Key, now_us: u64) {
+        self.recount(route, rule, key, now_us, |before| {
+            before.map(|c| {
+                let waiting = c.waiting.saturating_sub(1);
+                Counted { waiting, seen: if waiting == 0 { 0 } else { c.seen }, ..c }
+            })
+        });
+    }
+
     /// Rewrites a count: `f` gets the live one and returns the new one; a
     /// count of 0 drops it. (Another rule's slot at the same id, a 64-bit
     /// collision of keyed digests, is overwritten.)
@@ -378,6 +390,39 @@ impl Limiter {
             for id in doomed {
                 table.remove(id);
             }
+        }
+    }
+}
+
+/// The keys a failure report counted for the store (`count_for_store`),
+/// waiting for its reply. The reply's finisher settles them (`answered`).
+/// Dropped unanswered (the request's connection closed while it waited),
+/// they stop waiting: else each count's `waiting` stayed one too high,
+/// lifting its cap, until the count expired, a trickle of failures
+/// keeping it alive.
+pub(super) struct CountedWaiting<'l> {
+    limiter: &'l Limiter,
+    route: &'l Route,
+    pub(super) keys: SmallVec<[(&'l Rule, Key); 2]>,
+    counted_us: u64,
+}
+
+impl<'l> CountedWaiting<'l> {
+    pub(super) fn new(limiter: &'l Limiter, route: &'l Route, now_us: u64) -> CountedWaiting<'l> {
+        CountedWaiting { limiter, route, keys: SmallVec::new(), counted_us: now_us }
+    }
+
+    /// The reply came (or the store did not count the report): its
+    /// finisher has settled the keys.
+    pub(super) fn answered(mut self) {
+        self.keys.clear();
+    }
+}
+
+impl Drop for CountedWaiting<'_> {
+    fn drop(&mut self) {
+        for &(rule, key) in &self.keys {
+            self.limiter.stop_waiting(self.route, rule, key, self.counted_us);
         }
     }
 }

@@ -939,6 +939,34 @@ fn replies_to_failure_reports_sent_together_keep_the_ones_still_waiting() {
     assert_eq!(verdict.reason, Reason::AttemptsInFlight, "the share used by the store's two");
 }
 
+/// A failure report whose connection closed before the store replied is
+/// dropped unanswered: it stops waiting, though the store (sent it as an
+/// orphan) still counts it. Before, its count kept `waiting` one too high,
+/// and the store's word that the failures were gone (a success through
+/// another host) left one of the share used while the store was away.
+#[test]
+fn a_failure_report_dropped_before_the_stores_reply_stops_waiting() {
+    let limiter = three_host_limiter();
+    let sent: Vec<_> = (0..2)
+        .map(|n| {
+            let report = super::Report { outcome: Some(Outcome::Failure), ..super::Report::default() };
+            let (_, begun) = limiter.begin_report("t", &account("alice"), &report, T0 + n).expect("a known route");
+            let Begun::Store(pending) = begun else { panic!("a global rule: the store") };
+            pending
+        })
+        .collect();
+    let mut sent = sent.into_iter();
+    drop(sent.next());
+    // The store's reply to the other: no failures left on the key.
+    assert!(limiter.finish_stored(sent.next().unwrap(), &failure_reply(0), T0 + 2).is_ok(), "read");
+    let unanswered = |now_us: u64| {
+        let plan = limiter.plan_check("t", &account("alice"), now_us).expect("a known route");
+        let Begun::Store(pending) = limiter.begin_check(plan, now_us) else { panic!("a global rule: the store") };
+        limiter.finish_locally(pending, now_us).0.into_owned()
+    };
+    assert!(unanswered(T0 + 3).proceeds() && unanswered(T0 + 4).proceeds(), "the whole share: nothing waits");
+}
+
 /// A host's share of a global failure rule (ceil(5 / 3) = 2) counts the
 /// failures its reports counted in the store. Before, a host whose guesses
 /// the store had admitted still had its whole share when the store was
