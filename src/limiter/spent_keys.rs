@@ -310,8 +310,9 @@ impl Limiter {
     }
 
     /// A report sent to the store whose reply never came here (its
-    /// connection closed first): the store still counts it (an orphan is
-    /// sent), so the count stays, but it no longer waits.
+    /// connection closed first): no longer waiting, but still counted. The
+    /// store counts it (an orphan is sent); if the orphan is lost (the
+    /// queue full, the store away), nothing else counts it, so it stays.
     fn stop_waiting(&self, route: &Route, rule: &Rule, key: Key, now_us: u64) {
         self.recount(route, rule, key, now_us, |before| {
             before.map(|c| {
