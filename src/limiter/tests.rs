@@ -921,14 +921,7 @@ fn failure_reply(current: i64) -> crate::shared::script::Reply {
 #[test]
 fn replies_to_failure_reports_sent_together_keep_the_ones_still_waiting() {
     let limiter = three_host_limiter();
-    let sent: Vec<_> = (0..2)
-        .map(|n| {
-            let report = super::Report { outcome: Some(Outcome::Failure), ..super::Report::default() };
-            let (_, begun) = limiter.begin_report("t", &account("alice"), &report, T0 + n).expect("a known route");
-            let Begun::Store(pending) = begun else { panic!("a global rule: the store") };
-            pending
-        })
-        .collect();
+    let sent = failure_reports_sent(&limiter, 2);
     // Read in the other order, as replies on two connections may be.
     for (n, pending) in sent.into_iter().enumerate().rev() {
         assert!(limiter.finish_stored(pending, &failure_reply(n as i64 + 1), T0 + 3).is_ok(), "read");
@@ -939,6 +932,19 @@ fn replies_to_failure_reports_sent_together_keep_the_ones_still_waiting() {
     assert_eq!(verdict.reason, Reason::AttemptsInFlight, "the share used by the store's two");
 }
 
+/// `n` failure reports on alice's account, begun a microsecond apart from
+/// T0, each waiting for the store.
+fn failure_reports_sent(limiter: &Limiter, n: u64) -> Vec<super::AwaitingStore<'_>> {
+    (0..n)
+        .map(|n| {
+            let report = super::Report { outcome: Some(Outcome::Failure), ..super::Report::default() };
+            let (_, begun) = limiter.begin_report("t", &account("alice"), &report, T0 + n).expect("a known route");
+            let Begun::Store(pending) = begun else { panic!("a global rule: the store") };
+            pending
+        })
+        .collect()
+}
+
 /// A failure report whose connection closed before the store replied is
 /// dropped unanswered: it stops waiting, though the store (sent it as an
 /// orphan) still counts it. Before, its count kept `waiting` one too high,
@@ -947,15 +953,7 @@ fn replies_to_failure_reports_sent_together_keep_the_ones_still_waiting() {
 #[test]
 fn a_failure_report_dropped_before_the_stores_reply_stops_waiting() {
     let limiter = three_host_limiter();
-    let sent: Vec<_> = (0..2)
-        .map(|n| {
-            let report = super::Report { outcome: Some(Outcome::Failure), ..super::Report::default() };
-            let (_, begun) = limiter.begin_report("t", &account("alice"), &report, T0 + n).expect("a known route");
-            let Begun::Store(pending) = begun else { panic!("a global rule: the store") };
-            pending
-        })
-        .collect();
-    let mut sent = sent.into_iter();
+    let mut sent = failure_reports_sent(&limiter, 2).into_iter();
     drop(sent.next());
     // The store's reply to the other: no failures left on the key.
     assert!(limiter.finish_stored(sent.next().unwrap(), &failure_reply(0), T0 + 2).is_ok(), "read");
