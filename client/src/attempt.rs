@@ -129,7 +129,7 @@ impl Client {
     /// whose guard sends this by itself. A daemon older than protocol
     /// version 5 answers it with a `malformed` error, and the places lapse.
     pub async fn abandon(&self, route: &str, subject: &Subject<'_>) -> Answered {
-        let request = Request::Abandon { route, subject: crate::client::bounded(subject) };
+        let request = Request::Abandon { route, subject: crate::preflight::bounded(subject) };
         self.decide(route, &request, &Default::default()).await
     }
 }

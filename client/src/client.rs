@@ -11,18 +11,17 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
 use crate::answer::{Answer, Answered, ClientError, FullStatus};
-use crate::codec::{
-    self, DecodedExtras, RequestExtras, FRAME_HEADER_BYTES, REQUEST_PAYLOAD_BYTES_MAX, RESPONSE_PAYLOAD_BYTES_MAX,
-};
+use crate::codec::{self, DecodedExtras, RequestExtras, FRAME_HEADER_BYTES, RESPONSE_PAYLOAD_BYTES_MAX};
 use crate::config::ClientConfig;
 use crate::gcra::decide;
 use crate::late_replies::LateReplies;
+use crate::preflight::{bounded, refused_before_sending};
 use crate::protocol::{
-    Activity, ErrorCode, ErrorReply, Inspection, Lockout, Outcome, Request, Response, SharedStatus, Status, Subject,
-    WouldBeRefusal, ACTIVITY_VERSION, BAN_VERSION, IDENTIFIER_BYTES_MAX, INSPECT_VERSION, PROTOCOL_VERSION_MIN,
+    Activity, ErrorCode, Inspection, Lockout, Outcome, Request, Response, SharedStatus, Status, Subject,
+    WouldBeRefusal, ACTIVITY_VERSION, BAN_VERSION, INSPECT_VERSION, PROTOCOL_VERSION_MIN,
 };
 use crate::unpoisoned::Unpoisoned;
-use crate::{forwarded_tail, FailPolicy};
+use crate::FailPolicy;
 
 /// Idle connections kept for reuse.
 pub const POOL_CONNECTIONS_MAX: usize = 64;
@@ -519,56 +518,11 @@ impl Drop for InCall<'_> {
     }
 }
 
-/// The subject as sent: of an X-Forwarded-For header, only the part the
-/// daemon reads (`forwarded_tail`). Sent whole, a header the end
-/// user made huge would overflow the frame and get the attempt refused as
-/// malformed.
-pub(crate) fn bounded<'a>(subject: &Subject<'a>) -> Subject<'a> {
-    Subject { forwarded_for: subject.forwarded_for.map(forwarded_tail), ..subject.clone() }
-}
-
 /// Whether a failed connect means the daemon cannot be reached (rather
 /// than that it, or this process, is overloaded).
 fn says_unreachable(error: &std::io::Error) -> bool {
     use std::io::ErrorKind::{ConnectionRefused, NotFound, PermissionDenied};
     matches!(error.kind(), NotFound | ConnectionRefused | PermissionDenied)
-}
-
-/// A request the daemon would refuse for its size, refused here without
-/// a byte sent: an identifier over `IDENTIFIER_BYTES_MAX`, or a payload
-/// over `REQUEST_PAYLOAD_BYTES_MAX`. Sent, a frame larger than the socket's
-/// buffer is refused and the connection closed while the client still
-/// writes it: the write fails, and the route's fail policy would let a
-/// padded `client_id` through a lockout on an open route.
-fn refused_before_sending(request: &Request<'_>) -> Option<ErrorReply> {
-    let (route, subject) = match request {
-        Request::Check { route, subject } | Request::Report { route, subject, .. } => (*route, subject),
-        Request::Abandon { route, subject } | Request::Inspect { route, subject } => (*route, subject),
-        _ => return None,
-    };
-    let identifiers = [
-        ("account", subject.account),
-        ("device", subject.device),
-        ("tenant", subject.tenant),
-        ("client_id", subject.client_id),
-    ];
-    for (field, value) in identifiers {
-        if let Some(len) = value.map(str::len).filter(|&len| len > IDENTIFIER_BYTES_MAX) {
-            let message =
-                format!("`{field}` is {len} bytes; the maximum is {IDENTIFIER_BYTES_MAX} (refused before sending)");
-            return Some(ErrorReply { code: ErrorCode::FieldTooLong, message });
-        }
-    }
-    // The largest a payload with these strings can be: the envelope, the
-    // variant, each string with its length and option tag, the peer, the
-    // outcome, the digest and the tag.
-    let strings =
-        [Some(route), subject.forwarded_for, subject.account, subject.device, subject.tenant, subject.client_id];
-    let bound = 9 + 4 + 21 + 4 + 17 + 17 + strings.iter().map(|s| 9 + s.map_or(0, str::len)).sum::<usize>();
-    (bound > REQUEST_PAYLOAD_BYTES_MAX).then(|| ErrorReply {
-        code: ErrorCode::FrameTooLarge,
-        message: format!("the request would be up to {bound} bytes; the maximum is {REQUEST_PAYLOAD_BYTES_MAX} (refused before sending)"),
-    })
 }
 
 /// A reply to `activity`, `samples` or `inspect` that is not one: from a

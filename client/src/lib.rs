@@ -29,6 +29,7 @@ mod config;
 pub mod gcra;
 mod late_replies;
 mod password;
+mod preflight;
 pub mod protocol;
 mod unpoisoned;
 
