@@ -286,7 +286,7 @@ fn an_unlock_heard_during_a_failing_retry_is_not_undone() {
         let seen = merges.lock().unwrap().len();
         let t = Instant::now();
         while merges.lock().unwrap().len() < seen + 2 {
-            assert!(t.elapsed() < Duration::from_secs(10), "no retries seen");
+            assert!(t.elapsed() < Duration::from_secs(10), "no retries seen:\n{}", a.log());
             std::thread::sleep(Duration::from_millis(5));
         }
         let (t1, t2) = {

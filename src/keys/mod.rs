@@ -412,9 +412,15 @@ impl KeyDeriver {
     /// `SipHash`'s digest: SipHash-2-4 of the pieces under each half's
     /// subkey.
     fn halves(&self, pieces: &[&[u8]]) -> [u8; 16] {
+        // Joined once for both halves.
+        let mut buffer = [0u8; PIECES_INLINE];
+        let (high, low) = match joined(pieces, &mut buffer) {
+            Some(input) => (self.half(0, &[input]), self.half(1, &[input])),
+            None => (self.half(0, pieces), self.half(1, pieces)),
+        };
         let mut digest = [0u8; 16];
-        digest[..8].copy_from_slice(&self.half(0, pieces).to_le_bytes());
-        digest[8..].copy_from_slice(&self.half(1, pieces).to_le_bytes());
+        digest[..8].copy_from_slice(&high.to_le_bytes());
+        digest[8..].copy_from_slice(&low.to_le_bytes());
         digest
     }
 
@@ -528,20 +534,33 @@ const PIECES_INLINE: usize = 128;
 /// (SipHash reads its input as one string) without the hasher buffering
 /// each piece's tail, which costs more than the copy.
 fn write_pieces(hasher: &mut impl std::hash::Hasher, pieces: &[&[u8]]) {
-    let mut input = [0u8; PIECES_INLINE];
-    let len: usize = pieces.iter().map(|p| p.len()).sum();
-    if len <= input.len() {
-        let mut at = 0;
-        for piece in pieces {
-            input[at..at + piece.len()].copy_from_slice(piece);
-            at += piece.len();
-        }
-        hasher.write(&input[..len]);
-    } else {
-        for piece in pieces {
-            hasher.write(piece);
+    let mut buffer = [0u8; PIECES_INLINE];
+    match joined(pieces, &mut buffer) {
+        Some(input) => hasher.write(input),
+        None => {
+            for piece in pieces {
+                hasher.write(piece);
+            }
         }
     }
+}
+
+/// The pieces as one input: a lone piece as it is, several copied into
+/// `buffer` when they fit; `None` when they do not.
+fn joined<'a>(pieces: &[&'a [u8]], buffer: &'a mut [u8; PIECES_INLINE]) -> Option<&'a [u8]> {
+    if let [only] = pieces {
+        return Some(only);
+    }
+    let len: usize = pieces.iter().map(|p| p.len()).sum();
+    if len > buffer.len() {
+        return None;
+    }
+    let mut at = 0;
+    for piece in pieces {
+        buffer[at..at + piece.len()].copy_from_slice(piece);
+        at += piece.len();
+    }
+    Some(&buffer[..len])
 }
 
 /// A tuple's digest input at most: its tag and count, then a component
