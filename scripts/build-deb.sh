@@ -19,8 +19,14 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)
 arch=$(dpkg --print-architecture)
 target=${CARGO_TARGET_DIR:-target}
-cargo build --release --locked --bin tollgate >&2
-binary="$target/release/tollgate"
+# PGO=1: the profile-guided build (scripts/build-pgo.sh), about a fifth
+# less CPU a login; a few minutes longer to build.
+if [ -n "${PGO:-}" ]; then
+    binary=$(bash scripts/build-pgo.sh)
+else
+    cargo build --release --locked --bin tollgate >&2
+    binary="$target/release/tollgate"
+fi
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
