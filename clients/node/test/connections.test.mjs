@@ -373,32 +373,34 @@ async function answeredOnceInTime(client) {
   assert.equal(answer.kind, "verdict", "answered once in time");
 }
 
+/**
+ * A client (busy_max 400 ms) of a fake daemon that answered it in time once,
+ * then late for every call for longer than busy_max.
+ */
+async function lateForLongerThanBusyMax(t) {
+  const { daemon, mode } = await lateDaemon(t);
+  const busyMaxMs = 400;
+  const client = new Client({ socket: daemon.path, timeoutMs: 20, busyMaxMs });
+  t.after(() => client.close());
+  await answeredOnceInTime(client);
+  const answered = performance.now();
+  mode.late = true;
+  await loneLateChecks(client, answered, busyMaxMs + 100);
+  return { client, mode, busyMaxMs };
+}
+
 test("the busy rule: a daemon that answers every call late for longer than busy_max is busy, not down", async (t) => {
   // A loaded host keeps the daemon late for every call while it answers
   // them all: the run and the last answer in time grow older than
   // busy_max, but the late replies heard on timed-out connections keep a
   // burst on one account busy.
-  const { daemon, mode } = await lateDaemon(t);
-  const busyMaxMs = 400;
-  const client = new Client({ socket: daemon.path, timeoutMs: 20, busyMaxMs });
-  t.after(() => client.close());
-  await answeredOnceInTime(client);
-  const answered = performance.now();
-  mode.late = true;
-  await loneLateChecks(client, answered, busyMaxMs + 100);
+  const { client } = await lateForLongerThanBusyMax(t);
   const burst = await Promise.all([client.check("login", alice), client.check("login", alice)]);
   for (const x of burst) assert.deepEqual([x.error.kind, x.proceeds()], ["busy", false], "answered late within busy_max");
 });
 
 test("the busy rule: a daemon that stops answering is down once its last late reply is older than busy_max", async (t) => {
-  const { daemon, mode } = await lateDaemon(t);
-  const busyMaxMs = 400;
-  const client = new Client({ socket: daemon.path, timeoutMs: 20, busyMaxMs });
-  t.after(() => client.close());
-  await answeredOnceInTime(client);
-  const answered = performance.now();
-  mode.late = true;
-  await loneLateChecks(client, answered, busyMaxMs + 100);
+  const { client, mode, busyMaxMs } = await lateForLongerThanBusyMax(t);
   mode.silent = true;
   const heard = await Promise.all([client.check("login", alice), client.check("login", alice)]);
   for (const x of heard) assert.deepEqual([x.error.kind, x.proceeds()], ["busy", false], "answered late within busy_max");
