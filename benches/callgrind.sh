@@ -10,6 +10,10 @@
 #   KEYS=1000 OPS=100000 bash benches/callgrind.sh
 #   ROUTE=login MIX=check-report bash benches/callgrind.sh   # logins
 #
+# BIN: a built binary to measure instead of building this tree's release
+# (e.g. the profile-guided one, scripts/build-pgo.sh). CACHE=1 simulates
+# the caches too and prints the instruction-cache misses per request.
+#
 # Needs valgrind (Debian: apt-get install valgrind); installs nothing.
 set -euo pipefail
 
@@ -27,8 +31,12 @@ for bin in valgrind callgrind_control callgrind_annotate; do
   }
 done
 
-cargo build --release --quiet --manifest-path "$ROOT/Cargo.toml"
-BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/tollgate
+if [ -z "${BIN:-}" ]; then
+  cargo build --release --quiet --manifest-path "$ROOT/Cargo.toml"
+  BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/tollgate
+fi
+CACHE_SIM=()
+[ -n "${CACHE:-}" ] && CACHE_SIM=(--cache-sim=yes)
 TMP=$(mktemp -d /tmp/tollgate-callgrind.XXXXXX)
 VG=""
 cleanup() {
@@ -41,7 +49,7 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$TMP/out" \
+valgrind --tool=callgrind "${CACHE_SIM[@]}" --instr-atstart=no --callgrind-out-file="$TMP/out" \
   "$BIN" serve --socket "$TMP/t.sock" --state "$TMP/s.redb" --config /dev/null >"$TMP/log" 2>&1 &
 VG=$!
 for _ in $(seq 300); do "$BIN" status --socket "$TMP/t.sock" >/dev/null 2>&1 && break; sleep 0.1; done
@@ -53,11 +61,14 @@ callgrind_control -i off "$VG" >/dev/null 2>&1
 kill "$VG"
 wait "$VG" 2>/dev/null || true
 VG=""
-total=$(callgrind_annotate "$TMP/out" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }')
-python3 - "$TMP/bench.json" "$total" <<'PY'
+# The totals line: Ir first; with the cache simulation I1mr fourth.
+totals=$(callgrind_annotate "$TMP/out" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", ""); print $1, (NF > 4 ? $7 : "") }')
+python3 - "$TMP/bench.json" $totals <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1])); total = int(sys.argv[2])
 print(f"{r['requests']} requests ({r['refused']} refused), {total:,} daemon instructions: {total / r['requests']:,.0f} per request")
+if len(sys.argv) > 3:
+    print(f"instruction-cache misses: {int(sys.argv[3]) / r['requests']:,.0f} per request")
 PY
 echo "costliest functions, inclusive:"
 callgrind_annotate --inclusive=yes "$TMP/out" 2>/dev/null | grep -E '^ *[0-9,]+ \(' | sed -n 2,25p | cut -c1-160

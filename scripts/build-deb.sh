@@ -19,8 +19,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)
 arch=$(dpkg --print-architecture)
 target=${CARGO_TARGET_DIR:-target}
-# PGO=1: the profile-guided build (scripts/build-pgo.sh), about a fifth
-# less CPU a login; a few minutes longer to build.
+# PGO=1: the profile-guided build (scripts/build-pgo.sh): about 15% less
+# daemon CPU a login (docs/performance.md), two release builds more.
 if [ -n "${PGO:-}" ]; then
     binary=$(bash scripts/build-pgo.sh)
 else
