@@ -13,6 +13,7 @@
 # BIN: a built binary to measure instead of building this tree's release
 # (e.g. the profile-guided one, scripts/build-pgo.sh). CACHE=1 simulates
 # the caches too and prints the instruction-cache misses per request.
+# CONFIG: a configuration file for the daemon (e.g. `[signals]` off).
 #
 # Needs valgrind (Debian: apt-get install valgrind); installs nothing.
 set -euo pipefail
@@ -50,7 +51,7 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 valgrind --tool=callgrind "${CACHE_SIM[@]}" --instr-atstart=no --callgrind-out-file="$TMP/out" \
-  "$BIN" serve --socket "$TMP/t.sock" --state "$TMP/s.redb" --config /dev/null >"$TMP/log" 2>&1 &
+  "$BIN" serve --socket "$TMP/t.sock" --state "$TMP/s.redb" --config "${CONFIG:-/dev/null}" >"$TMP/log" 2>&1 &
 VG=$!
 for _ in $(seq 300); do "$BIN" status --socket "$TMP/t.sock" >/dev/null 2>&1 && break; sleep 0.1; done
 LOAD=(--socket "$TMP/t.sock" --route "$ROUTE" --mix "$MIX" --connections "$CONNS" --in-flight 16 --keys "$KEYS")
