@@ -435,11 +435,11 @@ impl Limiter {
     }
 
     /// Spray detection's flags, when it is on and any are raised. The
-    /// common case, nothing flagged, is one atomic load. Held as the load's
-    /// guard, not a clone of the `Arc`: every request cloning it bounced
-    /// its count between the cores' caches.
+    /// common case, nothing flagged, is one plain atomic load. Held as the
+    /// load's guard, not a clone of the `Arc`: every request cloning it
+    /// bounced its count between the cores' caches.
     pub(super) fn flags_raised(&self) -> Option<FlagsGuard> {
-        self.signals.as_ref().filter(|_| self.signals_on).map(|link| link.flags()).filter(|f| !f.is_empty())
+        self.signals.as_ref().filter(|_| self.signals_on).and_then(|link| link.flags_raised())
     }
 }
 
