@@ -8,6 +8,7 @@
 
 use std::hash::{BuildHasherDefault, Hasher};
 
+use hashbrown::hash_map::Entry;
 use hashbrown::{HashMap, HashSet};
 
 /// A map sweeps out expired entries after this many inserts, or after as
@@ -175,12 +176,25 @@ impl<V: Copy> ExpiringMap<V> {
             self.map.remove(&id);
             return;
         }
-        if let Some(existing) = self.map.get_mut(&id) {
-            *existing = slot;
-            return;
+        let room = self.room_as_it_is();
+        match self.map.entry(id) {
+            Entry::Occupied(mut existing) => *existing.get_mut() = slot,
+            Entry::Vacant(vacant) if room => {
+                self.inserts_since_sweep += 1;
+                vacant.insert(slot);
+            }
+            Entry::Vacant(_) => {
+                self.make_room(now_us);
+                self.map.insert(id, slot);
+            }
         }
-        self.make_room(now_us);
-        self.map.insert(id, slot);
+    }
+
+    /// Whether one more insert finds room without `make_room` doing more
+    /// than count it (no sweep due, no eviction): then the insert takes the
+    /// slot its lookup found, one hash probe in all.
+    fn room_as_it_is(&self) -> bool {
+        self.map.len() < self.entries_max && self.inserts_since_sweep + 1 < SWEEP_INSERTS_MIN.max(self.map.len() / 2)
     }
 
     /// Sets `id`'s entry like `set`, but never evicts a live entry to make
@@ -208,26 +222,41 @@ impl<V: Copy> ExpiringMap<V> {
 
     /// Reads and rewrites `id`'s entry in one step: `f` sees the live entry
     /// (if any) and returns what to store (`None` to drop it). One hash
-    /// probe when the key is present, which is the hot path of every table.
+    /// probe, whether the entry is there or not, unless the insert has to
+    /// make room first: this is the hot path of every table, and each
+    /// check's place goes in and each report's comes out through it.
     pub fn update<R>(&mut self, id: u64, now_us: u64, f: impl FnOnce(Option<Slot<V>>) -> (Option<Slot<V>>, R)) -> R {
         record(&mut self.changes, id, self.entries_max);
-        if let Some(existing) = self.map.get_mut(&id) {
-            let live = (existing.expires_us > now_us).then_some(*existing);
-            let (next, result) = f(live);
-            match next {
-                Some(slot) if slot.expires_us > now_us => *existing = slot,
-                _ => {
-                    self.map.remove(&id);
+        let room = self.room_as_it_is();
+        match self.map.entry(id) {
+            Entry::Occupied(mut existing) => {
+                let live = (existing.get().expires_us > now_us).then_some(*existing.get());
+                let (next, result) = f(live);
+                match next {
+                    Some(slot) if slot.expires_us > now_us => *existing.get_mut() = slot,
+                    _ => {
+                        existing.remove();
+                    }
                 }
+                result
             }
-            return result;
+            Entry::Vacant(vacant) if room => {
+                let (next, result) = f(None);
+                if let Some(slot) = next.filter(|s| s.expires_us > now_us) {
+                    self.inserts_since_sweep += 1;
+                    vacant.insert(slot);
+                }
+                result
+            }
+            Entry::Vacant(_) => {
+                let (next, result) = f(None);
+                if let Some(slot) = next.filter(|s| s.expires_us > now_us) {
+                    self.make_room(now_us);
+                    self.map.insert(id, slot);
+                }
+                result
+            }
         }
-        let (next, result) = f(None);
-        if let Some(slot) = next.filter(|s| s.expires_us > now_us) {
-            self.make_room(now_us);
-            self.map.insert(id, slot);
-        }
-        result
     }
 
     pub fn remove(&mut self, id: u64) -> Option<Slot<V>> {
@@ -286,6 +315,89 @@ impl<V: Copy> ExpiringMap<V> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// `update` as it was before its one-probe paths: a lookup, then an
+    /// insert or a remove that probes again.
+    fn update_probing_twice(
+        m: &mut ExpiringMap<u32>,
+        id: u64,
+        now_us: u64,
+        f: impl FnOnce(Option<Slot<u32>>) -> (Option<Slot<u32>>, Option<u32>),
+    ) -> Option<u32> {
+        record(&mut m.changes, id, m.entries_max);
+        if let Some(existing) = m.map.get_mut(&id) {
+            let live = (existing.expires_us > now_us).then_some(*existing);
+            let (next, result) = f(live);
+            match next {
+                Some(slot) if slot.expires_us > now_us => *existing = slot,
+                _ => {
+                    m.map.remove(&id);
+                }
+            }
+            return result;
+        }
+        let (next, result) = f(None);
+        if let Some(slot) = next.filter(|s| s.expires_us > now_us) {
+            m.make_room(now_us);
+            m.map.insert(id, slot);
+        }
+        result
+    }
+
+    /// `set` as it was: a lookup, then an insert that probes again.
+    fn set_probing_twice(m: &mut ExpiringMap<u32>, id: u64, slot: Slot<u32>, now_us: u64) {
+        record(&mut m.changes, id, m.entries_max);
+        if slot.expires_us <= now_us {
+            m.map.remove(&id);
+            return;
+        }
+        if let Some(existing) = m.map.get_mut(&id) {
+            *existing = slot;
+            return;
+        }
+        m.make_room(now_us);
+        m.map.insert(id, slot);
+    }
+
+    proptest! {
+        /// Through its sweeps, `update` and `set` leave the map as their
+        /// two-probe versions did, and `update` returns what it did. Below its cap: which entry
+        /// an eviction picks depends on the table's layout, which the two
+        /// grow into differently (`a_full_map_stays_within_its_cap` holds
+        /// the cap).
+        #[test]
+        fn one_probe_does_what_two_probes_did(
+            cap in 48usize..64,
+            ops in proptest::collection::vec((0u64..48, 0u64..3, 0u64..50, 0u8..3), 1..2500),
+        ) {
+            let (mut fast, mut slow) = (ExpiringMap::new(cap), ExpiringMap::new(cap));
+            let mut now = 0;
+            for (id, step, ttl, op) in ops {
+                now += step;
+                let f = |live: Option<Slot<u32>>| {
+                    let seen = live.map(|s| s.value);
+                    let next = (op == 1).then(|| Slot { expires_us: now + ttl, value: seen.unwrap_or(0) + 1 });
+                    (next, seen)
+                };
+                if op == 2 {
+                    let slot = Slot { expires_us: now + ttl, value: id as u32 };
+                    fast.set(id, slot, now);
+                    set_probing_twice(&mut slow, id, slot, now);
+                } else {
+                    prop_assert_eq!(fast.update(id, now, f), update_probing_twice(&mut slow, id, now, f));
+                }
+                prop_assert_eq!(fast.inserts_since_sweep, slow.inserts_since_sweep);
+                let (mut a, mut b): (Vec<_>, Vec<_>) = (
+                    fast.map.iter().map(|(k, s)| (*k, s.expires_us, s.value)).collect(),
+                    slow.map.iter().map(|(k, s)| (*k, s.expires_us, s.value)).collect(),
+                );
+                a.sort_unstable();
+                b.sort_unstable();
+                prop_assert_eq!(a, b);
+            }
+        }
+    }
 
     #[test]
     fn expired_entries_read_as_absent_and_are_swept() {
