@@ -203,18 +203,15 @@ struct Planned<'b, 'l> {
 
 /// Where a frame of the run is.
 // A job is in every step's past and moved whole; boxing it would allocate
-// for every request, so only the waiting state is boxed: one allocation
-// beside a store round trip, and none in local mode.
+// for every request (a waiting request's state is boxed by `Started`).
 #[allow(clippy::large_enum_variant)]
 enum Step<'b, 'l> {
     /// Decoded and planned, not begun.
     Job(Job<'b, 'l>),
     /// Begun (`Daemon::start`) and answered without waiting.
     Ready(Answer<'l>),
-    /// Begun and waiting (a store op queued, or an admin request): boxed,
-    /// so that every frame's step stays small (each is moved in and out
-    /// of the run).
-    Waiting(Box<Started<'b, 'l>>),
+    /// Begun and waiting (a store op queued, or an admin request).
+    Waiting(Started<'b, 'l>),
     /// The error reply of a frame that did not decode.
     Error(Response<'static>),
     /// Replied to.
@@ -251,7 +248,7 @@ fn start_segment<'b, 'l>(
             let Step::Job(job) = std::mem::replace(&mut planned.step, Step::Answered) else { unreachable!() };
             planned.step = match daemon.start(limiter, job, peer, now) {
                 Started::Ready(answer) => Step::Ready(answer),
-                waiting => Step::Waiting(Box::new(waiting)),
+                waiting => Step::Waiting(waiting),
             };
         }
     }
@@ -455,7 +452,7 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, mut shutdown: wat
                             started => daemon.finish(limiter, started, &peer, now).await,
                         },
                         Step::Ready(answer) => answer,
-                        Step::Waiting(started) => daemon.finish(limiter, *started, &peer, now).await,
+                        Step::Waiting(started) => daemon.finish(limiter, started, &peer, now).await,
                         Step::Error(error) => (error, Vec::new(), false),
                         Step::Answered => unreachable!("a frame is answered once"),
                     };

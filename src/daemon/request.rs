@@ -71,7 +71,7 @@ impl Daemon {
                 match self.start_shared(store, limiter, begun, now) {
                     SharedStart::Done(reported) => reported,
                     SharedStart::Waiting(ticket, pending) => {
-                        return Started::Waiting { facts, subject, attempt, ticket, pending };
+                        return Started::Waiting(Box::new(Waiting { facts, subject, attempt, ticket, pending }));
                     }
                 }
             }
@@ -134,7 +134,8 @@ impl Daemon {
     ) -> Answer<'l> {
         match started {
             Started::Ready(answer) => answer,
-            Started::Waiting { facts, subject, attempt, ticket, pending } => {
+            Started::Waiting(waiting) => {
+                let Waiting { facts, subject, attempt, ticket, pending } = *waiting;
                 let reported = self.finish_shared(limiter, ticket, pending, now).await;
                 self.answer(facts, &subject, attempt.as_ref(), reported, now)
             }
@@ -275,24 +276,25 @@ impl Daemon {
 }
 
 /// A request begun by `Daemon::start`: answered, or waiting.
-// Not boxed: a waiting request is moved once, into the server's boxed
-// `Step::Waiting`; boxing it here too would be a second allocation per
-// store round trip.
-#[allow(clippy::large_enum_variant)]
 pub(crate) enum Started<'b, 'l> {
     Ready(Answer<'l>),
-    /// A check or report (an abandoned attempt: no `attempt`) whose
-    /// global rules' op is queued to the store.
-    Waiting {
-        facts: Facts<'l>,
-        subject: Subject<'b>,
-        attempt: Option<Attempt>,
-        ticket: Ticket<'b>,
-        pending: AwaitingStore<'l>,
-    },
+    /// A check or report whose global rules' op is queued to the store.
+    /// Boxed, so that every request's `Started` is small: the box is the
+    /// one allocation beside a store round trip, and none in local mode.
+    Waiting(Box<Waiting<'b, 'l>>),
     /// An unlock, ban or unban (admin, rare): answered whole by `finish`,
     /// which waits for the store or the state file before replying.
     Admin(Request<'b>),
+}
+
+/// A check or report (an abandoned attempt: no `attempt`) waiting for the
+/// store's reply.
+pub(crate) struct Waiting<'b, 'l> {
+    facts: Facts<'l>,
+    subject: Subject<'b>,
+    attempt: Option<Attempt>,
+    ticket: Ticket<'b>,
+    pending: AwaitingStore<'l>,
 }
 
 /// A reply, the durable writes that must complete before it is sent, and

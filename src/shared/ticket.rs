@@ -58,8 +58,9 @@ struct Orphan<'s> {
     store: &'s SharedStore,
     flag: Arc<AtomicBool>,
     /// A report the full queue had no room for: queued by `wait`, or
-    /// here if the ticket goes first.
-    unsent: Option<Pending>,
+    /// here if the ticket goes first. Boxed: rare, and inline it made
+    /// every ticket, moved a few times on each request, twice the size.
+    unsent: Option<Box<Pending>>,
     armed: bool,
 }
 
@@ -79,7 +80,7 @@ impl Drop for Orphan<'_> {
         // that a dispatcher that sees it closed sees the flag too.
         fence(Ordering::Release);
         let Some(pending) = self.unsent.take() else { return };
-        let Err(mpsc::error::TrySendError::Full(pending)) = self.store.queue.try_send(pending) else { return };
+        let Err(mpsc::error::TrySendError::Full(pending)) = self.store.queue.try_send(*pending) else { return };
         // No room yet: wait for it off this task, as `wait` would have.
         let waiting = &self.store.orphans_waiting;
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
@@ -167,7 +168,7 @@ impl SharedStore {
         if let Some(held) = orphan.as_mut().filter(|o| o.unsent.is_some()) {
             let late = Duration::from_millis(LATE_REPLY_WAIT_MS);
             match tokio::time::timeout(late, store.queue.reserve()).await {
-                Ok(Ok(room)) => room.send(held.unsent.take().expect("held until now")),
+                Ok(Ok(room)) => room.send(*held.unsent.take().expect("held until now")),
                 _ => {
                     store.stats.calls.fetch_sub(1, Ordering::Relaxed);
                     store.stats.not_asked.fetch_add(1, Ordering::Relaxed);
@@ -294,7 +295,7 @@ impl SharedStore {
         let flag = hold.then(|| Arc::new(AtomicBool::new(false)));
         let unsent = match self.queue.try_send(Pending { op, reply: tx, orphaned: flag.clone() }) {
             Ok(()) => None,
-            Err(mpsc::error::TrySendError::Full(pending)) if hold => Some(pending),
+            Err(mpsc::error::TrySendError::Full(pending)) if hold => Some(Box::new(pending)),
             Err(_) => {
                 self.stats.not_asked.fetch_add(1, Ordering::Relaxed);
                 return Err(CallError::QueueFull);
