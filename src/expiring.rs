@@ -361,6 +361,45 @@ mod tests {
     }
 
     proptest! {
+        /// At and past the cap, through every way in: the map never holds
+        /// more than its cap, and every id whose live entry changed is in
+        /// the change log.
+        #[test]
+        fn at_the_cap_every_change_is_recorded(
+            cap in 2usize..12,
+            ops in proptest::collection::vec((0u64..40, 0u64..3, 0u64..50, 0u8..4), 1..3000),
+        ) {
+            let mut m: ExpiringMap<u32> = ExpiringMap::tracked(cap);
+            let mut now = 0;
+            for (id, step, ttl, op) in ops {
+                now += step;
+                let before: Vec<_> = (0..40).map(|i| m.get(i, now)).collect();
+                match op {
+                    0 => m.update(id, now, |live| (live.map(|s| Slot { value: s.value + 1, ..s }), ())),
+                    1 => m.update(id, now, |live| {
+                        (Some(Slot { expires_us: now + ttl, value: live.map_or(0, |s| s.value) + 1 }), ())
+                    }),
+                    2 => m.set(id, Slot { expires_us: now + ttl, value: id as u32 }, now),
+                    _ => {
+                        m.set_if_room(id, Slot { expires_us: now + ttl, value: 9 }, now);
+                    }
+                }
+                prop_assert!(m.len() <= m.entries_max());
+                let after: Vec<_> = (0..40).map(|i| m.get(i, now)).collect();
+                match m.take_changes(now) {
+                    Some(Changes::Whole(_)) => {}
+                    Some(Changes::Some(list)) => {
+                        for i in 0..40u64 {
+                            if before[i as usize] != after[i as usize] {
+                                prop_assert!(list.iter().any(|(k, _)| *k == i), "id {} changed unrecorded", i);
+                            }
+                        }
+                    }
+                    None => prop_assert_eq!(before, after),
+                }
+            }
+        }
+
         /// Through its sweeps, `update` and `set` leave the map as their
         /// two-probe versions did, and `update` returns what it did. Below its cap: which entry
         /// an eviction picks depends on the table's layout, which the two

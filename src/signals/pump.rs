@@ -36,6 +36,8 @@ pub struct SignalsLink {
     /// fenced write to a per-thread slot, about 1% of a login's time, to
     /// find the table empty.
     raised: AtomicBool,
+    /// Held while publishing (rare: once a publish interval at most).
+    publishing: Mutex<()>,
     /// `KeyDeriver::prefix_check` of the pump's keys.
     keys_check: [u8; 16],
 }
@@ -62,13 +64,15 @@ impl SignalsLink {
         self.publish(FlagTable::default());
     }
 
-    /// Publishes `table`. `raised` is set from the table stored last, read
-    /// back after this store: whichever of two publishers (the pump, a
-    /// reload's withdrawal) sets it last does so after both stores, so it
-    /// always says what the published table holds.
+    /// Publishes `table`. One publish at a time (the pump, a reload's
+    /// withdrawal), so `raised` is always set by the publish whose table
+    /// was stored last: two interleaved could leave it false over a table
+    /// of flags, unenforced until the next change.
     fn publish(&self, table: FlagTable) {
+        let _one_at_a_time = self.publishing.locked();
+        let raised = !table.is_empty();
         self.flags.store(Arc::new(table));
-        self.raised.store(!self.flags.load().is_empty(), Ordering::Release);
+        self.raised.store(raised, Ordering::Release);
     }
 
     /// Whether the pump derives prefix digests as `keys` do.
@@ -102,6 +106,7 @@ pub fn channel(config: &SignalsConfig, keys: &KeyDeriver) -> (Arc<SignalsLink>, 
         queue,
         flags: ArcSwap::from_pointee(FlagTable::default()),
         raised: AtomicBool::new(false),
+        publishing: Mutex::new(()),
         keys_check: keys.prefix_check(),
     });
     let engine = Arc::new(Mutex::new(Signals::new(config)));
