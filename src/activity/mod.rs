@@ -32,6 +32,7 @@ use siphasher::sip::SipHasher13;
 use crate::classes::SourceClass;
 use crate::config::{ActivityConfig, ACTIVITY_LATENCY_SAMPLE_EVERY};
 use crate::drop_queue::{drop_queue, DropQueue};
+use crate::expiring::DigestBuildHasher;
 use crate::protocol::{
     AccountCount, Activity, Decision, Distribution, PrefixCount, Reason, RecentLockout, RecentRefusal, WouldBeRefusal,
 };
@@ -197,9 +198,9 @@ pub struct Observer {
     /// Refusals by (prefix, class), this window and the one before.
     prefixes: [TopK<(Prefix, Option<SourceClass>)>; 2],
     /// Failures by account tag, this window and the one before.
-    accounts: [TopK<u64>; 2],
+    accounts: [TopK<u64, DigestBuildHasher>; 2],
     /// Failures by account tag today: the failures distribution's max.
-    day_failures: TopK<u64>,
+    day_failures: TopK<u64, DigestBuildHasher>,
     recent_refusals: VecDeque<RecentRefusal>,
     recent_lockouts: VecDeque<RecentLockout>,
     today: DaySample,

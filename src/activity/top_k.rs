@@ -9,32 +9,35 @@
 //! entry is kept findable in O(log K) (an ordered set of counts), since a
 //! flood of distinct items evicts at every one.
 
-use std::collections::{BTreeSet, HashMap};
-use std::hash::Hash;
+use std::collections::hash_map::RandomState;
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasher, Hash};
 
-pub struct TopK<T> {
+/// `S` hashes the items: the default, keyed per process, for items a
+/// client chooses (addresses); `DigestBuildHasher` for keyed digests,
+/// whose bits already are a hash.
+pub struct TopK<T, S = RandomState> {
     capacity: usize,
     /// Item → (count, error, its place in `by_count`'s tiebreak).
-    entries: HashMap<T, (u64, u64, u64)>,
-    /// (count, tiebreak) of every entry, so the least is found in
-    /// O(log K): a flood of distinct items replaces the least at each one.
-    by_count: BTreeSet<(u64, u64)>,
-    /// Tiebreak → item, for the least entry's eviction.
-    items: HashMap<u64, T>,
+    entries: HashMap<T, (u64, u64, u64), S>,
+    /// (count, tiebreak) of every entry, to its item, so the least is
+    /// found and evicted in O(log K): a flood of distinct items replaces
+    /// the least at each one.
+    by_count: BTreeMap<(u64, u64), T>,
     next: u64,
 }
 
-impl<T: Hash + Eq + Clone> TopK<T> {
-    pub fn new(capacity: usize) -> TopK<T> {
+impl<T: Hash + Eq + Clone, S: BuildHasher + Default> TopK<T, S> {
+    pub fn new(capacity: usize) -> TopK<T, S> {
         assert!(capacity > 0, "a summary holds at least one entry");
-        TopK { capacity, entries: HashMap::new(), by_count: BTreeSet::new(), items: HashMap::new(), next: 0 }
+        TopK { capacity, entries: HashMap::default(), by_count: BTreeMap::new(), next: 0 }
     }
 
     pub fn add(&mut self, item: T, by: u64) {
         if let Some(entry) = self.entries.get_mut(&item) {
             self.by_count.remove(&(entry.0, entry.2));
             entry.0 += by;
-            self.by_count.insert((entry.0, entry.2));
+            self.by_count.insert((entry.0, entry.2), item);
             return;
         }
         let (count, error) = if self.entries.len() < self.capacity {
@@ -42,16 +45,14 @@ impl<T: Hash + Eq + Clone> TopK<T> {
         } else {
             // Full: the new item replaces the least entry and inherits its
             // count as its error.
-            let (least, tiebreak) = self.by_count.pop_first().expect("full means non-empty");
-            let evicted = self.items.remove(&tiebreak).expect("every entry has its item");
+            let ((least, _), evicted) = self.by_count.pop_first().expect("full means non-empty");
             self.entries.remove(&evicted);
             (least + by, least)
         };
         let tiebreak = self.next;
         self.next += 1;
         self.entries.insert(item.clone(), (count, error, tiebreak));
-        self.by_count.insert((count, tiebreak));
-        self.items.insert(tiebreak, item);
+        self.by_count.insert((count, tiebreak), item);
     }
 
     /// (item, count, error), heaviest first, at most `limit`.
@@ -60,10 +61,7 @@ impl<T: Hash + Eq + Clone> TopK<T> {
             .iter()
             .rev()
             .take(limit)
-            .map(|(count, tiebreak)| {
-                let item = &self.items[tiebreak];
-                (item.clone(), *count, self.entries[item].1)
-            })
+            .map(|(&(count, _), item)| (item.clone(), count, self.entries[item].1))
             .collect()
     }
 
@@ -73,12 +71,12 @@ impl<T: Hash + Eq + Clone> TopK<T> {
     /// space-saving summary counted no more than its least): that much is
     /// added to its count and to its error, so each merged count stays
     /// within [true, true + error].
-    pub fn merged(&self, other: &TopK<T>, limit: usize) -> Vec<(T, u64, u64)> {
-        let least = |t: &TopK<T>| {
+    pub fn merged(&self, other: &TopK<T, S>, limit: usize) -> Vec<(T, u64, u64)> {
+        let least = |t: &TopK<T, S>| {
             if t.entries.len() < t.capacity {
                 0
             } else {
-                t.by_count.first().map_or(0, |&(count, _)| count)
+                t.by_count.first_key_value().map_or(0, |(&(count, _), _)| count)
             }
         };
         let (least_here, least_there) = (least(self), least(other));
@@ -102,7 +100,6 @@ impl<T: Hash + Eq + Clone> TopK<T> {
     pub fn clear(&mut self) {
         self.entries.clear();
         self.by_count.clear();
-        self.items.clear();
     }
 }
 
@@ -119,7 +116,7 @@ mod tests {
             stream in proptest::collection::vec(0u16..64, 0..2_000),
             capacity in 1usize..32,
         ) {
-            let mut top = TopK::new(capacity);
+            let mut top: TopK<u16> = TopK::new(capacity);
             let mut exact: HashMap<u16, u64> = HashMap::new();
             for &item in &stream {
                 top.add(item, 1);
@@ -148,7 +145,7 @@ mod tests {
             now in proptest::collection::vec(0u16..64, 0..1_000),
             capacity in 1usize..32,
         ) {
-            let (mut a, mut b) = (TopK::new(capacity), TopK::new(capacity));
+            let (mut a, mut b): (TopK<u16, crate::expiring::DigestBuildHasher>, _) = (TopK::new(capacity), TopK::new(capacity));
             let mut exact: HashMap<u16, u64> = HashMap::new();
             for &item in &before {
                 b.add(item, 1);
