@@ -6,16 +6,16 @@
 //! With K entries, every item whose true count is above total/K is in the
 //! summary, and each entry's count overstates its item's by at most its
 //! `error` (what the evicted entry it replaced had counted). The least
-//! entry is kept findable in O(log K) (an ordered set of counts), since a
-//! flood of distinct items evicts at every one.
+//! entry is kept findable in O(log K) (an ordered map from counts to
+//! items), since a flood of distinct items evicts at every one.
 
 use std::collections::hash_map::RandomState;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, Hash};
 
-/// `S` hashes the items: the default, keyed per process, for items a
-/// client chooses (addresses); `DigestBuildHasher` for keyed digests,
-/// whose bits already are a hash.
+/// `S` hashes the items: the default, randomly keyed, for items a client
+/// chooses (addresses); `DigestBuildHasher` for keyed digests, whose bits
+/// already are a hash.
 pub struct TopK<T, S = RandomState> {
     capacity: usize,
     /// Item → (count, error, its place in `by_count`'s tiebreak).
@@ -35,9 +35,9 @@ impl<T: Hash + Eq + Clone, S: BuildHasher + Default> TopK<T, S> {
 
     pub fn add(&mut self, item: T, by: u64) {
         if let Some(entry) = self.entries.get_mut(&item) {
-            self.by_count.remove(&(entry.0, entry.2));
+            let kept = self.by_count.remove(&(entry.0, entry.2)).unwrap_or(item);
             entry.0 += by;
-            self.by_count.insert((entry.0, entry.2), item);
+            self.by_count.insert((entry.0, entry.2), kept);
             return;
         }
         let (count, error) = if self.entries.len() < self.capacity {
@@ -80,6 +80,9 @@ impl<T: Hash + Eq + Clone, S: BuildHasher + Default> TopK<T, S> {
             }
         };
         let (least_here, least_there) = (least(self), least(other));
+        // On the default, randomly keyed hasher whatever `S` is: a map
+        // filled in another's iteration order under the same fixed hasher
+        // clusters (rust-lang/rust#36481).
         let mut sum: HashMap<&T, (u64, u64)> =
             self.entries.iter().map(|(k, &(c, e, _))| (k, (c + least_there, e + least_there))).collect();
         for (k, &(c, e, _)) in &other.entries {
@@ -145,6 +148,8 @@ mod tests {
             now in proptest::collection::vec(0u16..64, 0..1_000),
             capacity in 1usize..32,
         ) {
+            // On the digest hasher only to run its instance of the type:
+            // these items are no digests, which costs only speed here.
             let (mut a, mut b): (TopK<u16, crate::expiring::DigestBuildHasher>, _) = (TopK::new(capacity), TopK::new(capacity));
             let mut exact: HashMap<u16, u64> = HashMap::new();
             for &item in &before {
