@@ -201,7 +201,10 @@ pub struct Observer {
     accounts: [TopK<u64, DigestBuildHasher>; 2],
     /// Failures by account tag today: the failures distribution's max.
     day_failures: TopK<u64, DigestBuildHasher>,
-    recent_refusals: VecDeque<RecentRefusal>,
+    /// Kept as they came and named only when read: a flood of refusals
+    /// (what an attack makes of every check) must not format four strings
+    /// each on this thread.
+    recent_refusals: VecDeque<Box<Refused>>,
     recent_lockouts: VecDeque<RecentLockout>,
     today: DaySample,
     yesterday: Option<[Distribution; 2]>,
@@ -291,19 +294,7 @@ impl Observer {
                 if let Some(prefix) = r.prefix {
                     self.prefixes[0].add((prefix, r.class), 1);
                 }
-                push_bounded(
-                    &mut self.recent_refusals,
-                    self.config.recent_max,
-                    RecentRefusal {
-                        at_ms: r.at_us / 1000,
-                        route: route_of(&r.rule).into(),
-                        rule: rule_of(&r.rule).into(),
-                        decision: r.decision,
-                        reason: r.reason,
-                        prefix: prefix_text(r.prefix),
-                        class: class_text(r.class),
-                    },
-                );
+                push_bounded(&mut self.recent_refusals, self.config.recent_max, r);
             }
             Event::Lockout(r) => push_bounded(
                 &mut self.recent_lockouts,
@@ -345,7 +336,7 @@ impl Observer {
                 .into_iter()
                 .map(|(account, failures, error)| AccountCount { account: account_text(account), failures, error })
                 .collect(),
-            recent_refusals: self.recent_refusals.iter().rev().take(limit).cloned().collect(),
+            recent_refusals: self.recent_refusals.iter().rev().take(limit).map(|r| recent_refusal(r)).collect(),
             recent_lockouts: self.recent_lockouts.iter().rev().take(limit).cloned().collect(),
             distributions,
             ..Activity::default()
@@ -369,6 +360,18 @@ fn push_bounded<T>(ring: &mut VecDeque<T>, max: usize, item: T) {
         ring.pop_front();
     }
     ring.push_back(item);
+}
+
+fn recent_refusal(r: &Refused) -> RecentRefusal {
+    RecentRefusal {
+        at_ms: r.at_us / 1000,
+        route: route_of(&r.rule).into(),
+        rule: rule_of(&r.rule).into(),
+        decision: r.decision,
+        reason: r.reason,
+        prefix: prefix_text(r.prefix),
+        class: class_text(r.class),
+    }
 }
 
 fn route_of(id: &str) -> &str {
