@@ -55,8 +55,10 @@ impl Limiter {
     /// touch; a hint only, it changes nothing.
     pub fn prefetch(&self, plan: &CheckPlan<'_>) {
         for (rule, key) in plan.facts.route.rules.iter().zip(plan.rule_keys.iter()) {
-            if let (Table::Rate { shards, .. }, Some(key)) = (&rule.table, key) {
-                shards.prefetch(*key);
+            match (&rule.table, key) {
+                (Table::Rate { shards, .. }, Some(key)) => shards.prefetch(*key),
+                (Table::Failures { shards, .. }, Some(key)) => shards.prefetch(*key),
+                _ => {}
             }
         }
     }
@@ -176,14 +178,13 @@ impl Limiter {
                 continue;
             }
             if let (Table::Failures { shards, .. }, Some(key)) = (&rule.table, key) {
-                let (spec, admitted, standing) = {
-                    let mut table = shards.of(key);
-                    // A monitored rule's would-be refusal takes no place,
-                    // exactly as an enforced one, so that switching it to
-                    // enforcing finds the places enforcing would have.
+                // A monitored rule's would-be refusal takes no place,
+                // exactly as an enforced one, so that switching it to
+                // enforcing finds the places enforcing would have.
+                let (spec, admitted, standing) = shards.with(key, |table| {
                     let (admitted, standing) = table.admit(key, now_us, self.attempt_timeout_us);
                     (table.spec(), admitted, standing)
-                };
+                });
                 if admitted {
                     *held |= 1 << i;
                 }

@@ -4,6 +4,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::expiring::ExpiringMap;
+use crate::failure_window::FailureWindowTable;
 use crate::gcra::{GcraDecision, GcraSpec, GcraTable};
 use crate::keys::Key;
 use crate::tat_table::SlotHint;
@@ -67,6 +68,22 @@ impl Shards<GcraTable> {
 
     pub(super) fn prefetch(&self, key: Key) {
         self.shard(key.tuple).1.prefetch(key.hash_bits());
+    }
+}
+
+impl Shards<FailureWindowTable> {
+    /// `f` on `key`'s table, locked, then its index published for
+    /// `prefetch` (the words move as the index grows).
+    pub(super) fn with<R>(&self, key: Key, f: impl FnOnce(&mut FailureWindowTable) -> R) -> R {
+        let shard = self.shard(key.tuple);
+        let mut table = lock(shard);
+        let result = f(&mut table);
+        table.publish_index(&shard.1);
+        result
+    }
+
+    pub(super) fn prefetch(&self, key: Key) {
+        FailureWindowTable::prefetch(&self.shard(key.tuple).1, key);
     }
 }
 

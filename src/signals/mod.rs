@@ -26,7 +26,6 @@
 mod blocks;
 mod family;
 pub mod flags;
-mod index;
 pub mod pump;
 pub mod queued;
 mod raised;

@@ -1,21 +1,22 @@
-//! Where each tracked subject's entry sits in its family's dense array: an
-//! open-addressed index of 8-byte words, linear probing.
+//! Where each key's entry sits in a dense array: an open-addressed index of
+//! 8-byte words, linear probing. Spray detection's families and the
+//! failure-window tables index their entries with it.
 //!
-//! Our own rather than `IndexMap`'s swiss table because the thread must be
-//! able to prefetch. A swiss-table lookup is three dependent cache misses
-//! (control bytes, the slot, the entry), none of them exposed; with 100,000
-//! sources tracked they were most of the thread's time. Here the drain loop
-//! hints the cache at the word a coming event's key will probe, and a few
-//! events later at the entry that word names (`Family::prefetch`), so the
-//! misses of several events overlap instead of queueing.
+//! Our own rather than a swiss table because callers must be able to
+//! prefetch. A swiss-table lookup is three dependent cache misses (control
+//! bytes, the slot, the entry), none of them exposed; with 100,000 sources
+//! tracked they were most of spray detection's time. Here a caller hints
+//! the cache at the word a coming key will probe (`home_address`, or from
+//! another thread `IndexHint`), and later at the entry that word names
+//! (`peek`), so the misses of several keys overlap instead of queueing.
 //!
 //! A word holds the key's 32-bit tag and its position + 1; 0 is empty. The
 //! home slot derives from the tag alone, so the index grows and deletes
 //! without reading the entries, and a word is found by (tag, position)
-//! without them too. Load at most 1/2: a lookup reads one or two words,
-//! almost always on one cache line.
+//! without them too. Load at most 1/2 (`dense`: 3/4): a lookup reads one
+//! to three words, almost always on one cache line.
 
-use crate::tat_table::advise_huge_pages_under;
+use crate::tat_table::{advise_huge_pages_under, SlotHint};
 
 /// An empty word (positions are stored + 1, so no full word is 0).
 const EMPTY: u64 = 0;
@@ -28,12 +29,19 @@ pub struct PositionIndex {
     /// 64 − log2(words): the home slot is the top bits of the tag's product.
     shift: u32,
     len: usize,
+    /// The index doubles when more than this many quarters full.
+    fill_quarters: usize,
 }
 
 /// The bits of a key a word keeps. Keys are keyed digests: an attacker
 /// without the secret cannot choose tags, so cannot aim at a probe run.
 fn tag(key: u64) -> u32 {
     (key ^ (key >> 32)) as u32
+}
+
+/// Fibonacci hashing: the tag's bits spread over the product's top bits.
+fn home(tag: u32, shift: u32) -> usize {
+    (u64::from(tag).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> shift) as usize
 }
 
 fn word(tag: u32, position: usize) -> u64 {
@@ -51,16 +59,22 @@ fn word_position(word: u64) -> usize {
 
 impl Default for PositionIndex {
     fn default() -> PositionIndex {
-        PositionIndex::with_slots(SLOTS_MIN)
+        PositionIndex::with_slots(SLOTS_MIN, 2)
     }
 }
 
 impl PositionIndex {
-    fn with_slots(slots: usize) -> PositionIndex {
+    /// An index up to 3/4 full: 11 to 21 bytes an entry rather than 16 to
+    /// 32, for a table of millions of entries whose probes are prefetched.
+    pub fn dense() -> PositionIndex {
+        PositionIndex::with_slots(SLOTS_MIN, 3)
+    }
+
+    fn with_slots(slots: usize, fill_quarters: usize) -> PositionIndex {
         debug_assert!(slots.is_power_of_two());
         let words = vec![EMPTY; slots];
         advise_huge_pages_over(&words);
-        PositionIndex { words, shift: 64 - slots.trailing_zeros(), len: 0 }
+        PositionIndex { words, shift: 64 - slots.trailing_zeros(), len: 0, fill_quarters }
     }
 
     #[cfg(test)]
@@ -76,9 +90,19 @@ impl PositionIndex {
         self.words.len() - 1
     }
 
-    /// Fibonacci hashing: the tag's bits spread over the product's top bits.
     fn home(&self, tag: u32) -> usize {
-        (u64::from(tag).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> self.shift) as usize
+        home(tag, self.shift)
+    }
+
+    /// Tells `hint` where the words are now (they move as the index grows).
+    pub fn publish(&self, hint: &SlotHint) {
+        hint.publish(self.words.as_ptr() as usize, self.mask());
+    }
+
+    /// Hints the CPU at `key`'s home word in the index `hint` names,
+    /// without the index (another thread may be changing it).
+    pub fn prefetch(hint: &SlotHint, key: u64) {
+        hint.prefetch_at(|mask| home(tag(key), 64 - mask.count_ones()) * std::mem::size_of::<u64>());
     }
 
     /// The slot and position of `key`, `is_key` telling a position holding
@@ -132,7 +156,7 @@ impl PositionIndex {
 
     /// Indexes `key` (not already indexed) at `position`.
     pub fn insert(&mut self, key: u64, position: usize) {
-        if (self.len + 1) * 2 > self.words.len() {
+        if (self.len + 1) * 4 > self.words.len() * self.fill_quarters {
             self.resize(self.words.len() * 2);
         }
         self.place(word(tag(key), position));
@@ -148,7 +172,7 @@ impl PositionIndex {
     }
 
     fn resize(&mut self, slots: usize) {
-        let old = std::mem::replace(self, PositionIndex::with_slots(slots));
+        let old = std::mem::replace(self, PositionIndex::with_slots(slots, self.fill_quarters));
         for word in old.words.into_iter().filter(|w| *w != EMPTY) {
             self.place(word);
         }
@@ -186,8 +210,8 @@ impl PositionIndex {
 
     /// Indexes `keys` afresh at positions 0, 1, ..., sized for them.
     pub fn rebuild(&mut self, keys: impl ExactSizeIterator<Item = u64>) {
-        let slots = (keys.len() * 2).next_power_of_two().max(SLOTS_MIN);
-        *self = PositionIndex::with_slots(slots);
+        let slots = (keys.len() * 4).div_ceil(self.fill_quarters).next_power_of_two().max(SLOTS_MIN);
+        *self = PositionIndex::with_slots(slots, self.fill_quarters);
         for (position, key) in keys.enumerate() {
             self.place(word(tag(key), position));
             self.len += 1;
@@ -197,12 +221,12 @@ impl PositionIndex {
 
 /// Bytes from which a spray detection table's array (an index's words, a
 /// family's entries) asks for huge pages.
-pub(super) const HUGE_PAGES_FROM_BYTES: usize = 4 << 20;
+const HUGE_PAGES_FROM_BYTES: usize = 4 << 20;
 
 /// Asks for huge pages under a large array (whole, with its spare
 /// capacity): at 100,000 entries a table spans thousands of small pages,
 /// and each event's probes missed the TLB as well as the cache.
-pub(super) fn advise_huge_pages_over<T>(array: &Vec<T>) {
+pub(crate) fn advise_huge_pages_over<T>(array: &Vec<T>) {
     let bytes = array.capacity() * std::mem::size_of::<T>();
     if bytes >= HUGE_PAGES_FROM_BYTES {
         advise_huge_pages_under(array.as_ptr() as usize, bytes);
@@ -251,8 +275,11 @@ mod tests {
         /// with keys drawn from a small space so tags and homes collide
         /// (keys ≥ 2^32 share tags with keys below it).
         #[test]
-        fn finds_what_a_map_holds(ops in prop::collection::vec((any::<bool>(), 0u64..64, 0u64..3), 1..400)) {
-            let mut index = PositionIndex::default();
+        fn finds_what_a_map_holds(
+            dense in any::<bool>(),
+            ops in prop::collection::vec((any::<bool>(), 0u64..64, 0u64..3), 1..400),
+        ) {
+            let mut index = if dense { PositionIndex::dense() } else { PositionIndex::default() };
             let mut model: HashMap<u64, usize> = HashMap::new();
             let mut keys: Vec<u64> = Vec::new();
             let mut seen = Vec::new();
@@ -317,5 +344,36 @@ mod tests {
         index.rebuild((0..10u32).map(|i| u64::from(i).wrapping_mul(0x9E37_79B9_7F4A_7C15)));
         assert_eq!((index.len(), index.heap_bytes()), (10, 32 * 8), "twice the keys, rounded up to a power of two");
         assert_eq!(index.peek(3u64.wrapping_mul(0x9E37_79B9_7F4A_7C15)), Some(3));
+    }
+
+    #[test]
+    fn a_dense_index_stays_at_most_three_quarters_full() {
+        let mut index = PositionIndex::dense();
+        for i in 0..10_000u64 {
+            index.insert(i.wrapping_mul(0x9E37_79B9_7F4A_7C15), i as usize);
+            assert!(index.len() * 4 <= index.words.len() * 3);
+        }
+        assert_eq!(index.heap_bytes(), 16_384 * 8);
+        index.rebuild((0..12u32).map(|i| u64::from(i).wrapping_mul(0x9E37_79B9_7F4A_7C15)));
+        assert_eq!(index.heap_bytes(), 16 * 8, "4/3 of the keys, rounded up to a power of two");
+    }
+
+    /// The hint finds the word a lookup starts at, as the index grows.
+    #[test]
+    fn a_published_index_prefetches_each_keys_home_word() {
+        let mut index = PositionIndex::dense();
+        let hint = SlotHint::default();
+        for i in 0..1000u64 {
+            let key = i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            index.insert(key, i as usize);
+            index.publish(&hint);
+            let mut at = 0;
+            hint.prefetch_at(|mask| {
+                assert_eq!(mask, index.words.len() - 1);
+                at = home(tag(key), 64 - mask.count_ones()) * 8;
+                at
+            });
+            assert_eq!(index.words.as_ptr() as usize + at, index.home_address(key));
+        }
     }
 }
