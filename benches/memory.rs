@@ -21,7 +21,7 @@
 //!
 //! hashbrown grows by doubling (its bucket count is the smallest power of
 //! two holding the entries at 7/8 load), and so do the failure-window
-//! table's index (8-byte words at most 3/4 full) and the GCRA table's slot
+//! table's index (8-byte words at most half full) and the GCRA table's slot
 //! array (`TatTable`: rebuilt at 7/8 occupancy, sized for 3/8 to 3/4 load),
 //! so bytes per entry depend on where the fill falls relative to the
 //! table's capacity: just after a doubling a table is under half full and
@@ -46,13 +46,13 @@ const ENTRIES_MAX: usize = 100_000_000;
 /// a TatTable slot or an index word, other bytes per entry outside them)`.
 const KINDS: [(&str, &str, usize, usize); 5] = [
     ("gcra", "gcra_bytes_per_key", 16, 0),
-    // Slots (40 bytes) live in a Vec; the index holds an 8-byte word per
+    // Slots (48 bytes) live in a Vec; the index holds an 8-byte word per
     // slot of its own.
-    ("failure_window", "failure_window_bytes_per_entry", 8, 40),
+    ("failure_window", "failure_window_bytes_per_entry", 8, 48),
     // As above, plus the change log's 4-byte slot index per entry written
     // since the last snapshot (the daemon drains it every
     // `snapshot_interval_ms`).
-    ("failure_window_pending", "failure_window_bytes_per_entry_with_pending_changes", 8, 44),
+    ("failure_window_pending", "failure_window_bytes_per_entry_with_pending_changes", 8, 52),
     // Escalation levels: u64 id, u64 expiry, u16 level (padded to 24).
     ("expiring_u16", "expiring_map_u16_bytes_per_entry", 24, 0),
     // Recent password digests: u64 id, u64 expiry, [u32; 4].
@@ -79,13 +79,9 @@ fn vm_rss_bytes() -> u64 {
 }
 
 /// The failure-window index's words for `n` entries grown one insert at a
-/// time (`PositionIndex::dense`: at most 3/4 full).
+/// time (`PositionIndex`: at most half full).
 fn words_for(n: usize) -> usize {
-    let mut words = 16;
-    while words / 4 * 3 < n {
-        words *= 2;
-    }
-    words
+    (2 * n).next_power_of_two().max(16)
 }
 
 /// hashbrown's bucket count for `n` entries grown one insert at a time.

@@ -7,14 +7,14 @@
 //! bytes, the slot, the entry), none of them exposed; with 100,000 sources
 //! tracked they were most of spray detection's time. Here a caller hints
 //! the cache at the word a coming key will probe (`home_address`, or from
-//! another thread `IndexHint`), and later at the entry that word names
+//! another thread `SlotHint`), and later at the entry that word names
 //! (`peek`), so the misses of several keys overlap instead of queueing.
 //!
 //! A word holds the key's 32-bit tag and its position + 1; 0 is empty. The
 //! home slot derives from the tag alone, so the index grows and deletes
 //! without reading the entries, and a word is found by (tag, position)
-//! without them too. Load at most 1/2 (`dense`: 3/4): a lookup reads one
-//! to three words, almost always on one cache line.
+//! without them too. Load at most 1/2: a lookup reads one or two words,
+//! almost always on one cache line.
 
 use crate::tat_table::{advise_huge_pages_under, SlotHint};
 
@@ -29,8 +29,6 @@ pub struct PositionIndex {
     /// 64 − log2(words): the home slot is the top bits of the tag's product.
     shift: u32,
     len: usize,
-    /// The index doubles when more than this many quarters full.
-    fill_quarters: usize,
 }
 
 /// The bits of a key a word keeps. Keys are keyed digests: an attacker
@@ -59,22 +57,16 @@ fn word_position(word: u64) -> usize {
 
 impl Default for PositionIndex {
     fn default() -> PositionIndex {
-        PositionIndex::with_slots(SLOTS_MIN, 2)
+        PositionIndex::with_slots(SLOTS_MIN)
     }
 }
 
 impl PositionIndex {
-    /// An index up to 3/4 full: 11 to 21 bytes an entry rather than 16 to
-    /// 32, for a table of millions of entries whose probes are prefetched.
-    pub fn dense() -> PositionIndex {
-        PositionIndex::with_slots(SLOTS_MIN, 3)
-    }
-
-    fn with_slots(slots: usize, fill_quarters: usize) -> PositionIndex {
+    fn with_slots(slots: usize) -> PositionIndex {
         debug_assert!(slots.is_power_of_two());
         let words = vec![EMPTY; slots];
         advise_huge_pages_over(&words);
-        PositionIndex { words, shift: 64 - slots.trailing_zeros(), len: 0, fill_quarters }
+        PositionIndex { words, shift: 64 - slots.trailing_zeros(), len: 0 }
     }
 
     #[cfg(test)]
@@ -156,7 +148,7 @@ impl PositionIndex {
 
     /// Indexes `key` (not already indexed) at `position`.
     pub fn insert(&mut self, key: u64, position: usize) {
-        if (self.len + 1) * 4 > self.words.len() * self.fill_quarters {
+        if (self.len + 1) * 2 > self.words.len() {
             self.resize(self.words.len() * 2);
         }
         self.place(word(tag(key), position));
@@ -172,7 +164,7 @@ impl PositionIndex {
     }
 
     fn resize(&mut self, slots: usize) {
-        let old = std::mem::replace(self, PositionIndex::with_slots(slots, self.fill_quarters));
+        let old = std::mem::replace(self, PositionIndex::with_slots(slots));
         for word in old.words.into_iter().filter(|w| *w != EMPTY) {
             self.place(word);
         }
@@ -210,8 +202,8 @@ impl PositionIndex {
 
     /// Indexes `keys` afresh at positions 0, 1, ..., sized for them.
     pub fn rebuild(&mut self, keys: impl ExactSizeIterator<Item = u64>) {
-        let slots = (keys.len() * 4).div_ceil(self.fill_quarters).next_power_of_two().max(SLOTS_MIN);
-        *self = PositionIndex::with_slots(slots, self.fill_quarters);
+        let slots = (keys.len() * 2).next_power_of_two().max(SLOTS_MIN);
+        *self = PositionIndex::with_slots(slots);
         for (position, key) in keys.enumerate() {
             self.place(word(tag(key), position));
             self.len += 1;
@@ -275,11 +267,8 @@ mod tests {
         /// with keys drawn from a small space so tags and homes collide
         /// (keys ≥ 2^32 share tags with keys below it).
         #[test]
-        fn finds_what_a_map_holds(
-            dense in any::<bool>(),
-            ops in prop::collection::vec((any::<bool>(), 0u64..64, 0u64..3), 1..400),
-        ) {
-            let mut index = if dense { PositionIndex::dense() } else { PositionIndex::default() };
+        fn finds_what_a_map_holds(ops in prop::collection::vec((any::<bool>(), 0u64..64, 0u64..3), 1..400)) {
+            let mut index = PositionIndex::default();
             let mut model: HashMap<u64, usize> = HashMap::new();
             let mut keys: Vec<u64> = Vec::new();
             let mut seen = Vec::new();
@@ -346,22 +335,19 @@ mod tests {
         assert_eq!(index.peek(3u64.wrapping_mul(0x9E37_79B9_7F4A_7C15)), Some(3));
     }
 
+    /// A reader between a first publish's two stores sees a base and no
+    /// mask: no hint then (the shift from a zero mask would overflow).
     #[test]
-    fn a_dense_index_stays_at_most_three_quarters_full() {
-        let mut index = PositionIndex::dense();
-        for i in 0..10_000u64 {
-            index.insert(i.wrapping_mul(0x9E37_79B9_7F4A_7C15), i as usize);
-            assert!(index.len() * 4 <= index.words.len() * 3);
-        }
-        assert_eq!(index.heap_bytes(), 16_384 * 8);
-        index.rebuild((0..12u32).map(|i| u64::from(i).wrapping_mul(0x9E37_79B9_7F4A_7C15)));
-        assert_eq!(index.heap_bytes(), 16 * 8, "4/3 of the keys, rounded up to a power of two");
+    fn a_torn_first_publish_hints_nothing() {
+        let hint = SlotHint::default();
+        hint.publish(0x10_0000, 0);
+        PositionIndex::prefetch(&hint, 0x1234_5678_9abc_def0);
     }
 
     /// The hint finds the word a lookup starts at, as the index grows.
     #[test]
     fn a_published_index_prefetches_each_keys_home_word() {
-        let mut index = PositionIndex::dense();
+        let mut index = PositionIndex::default();
         let hint = SlotHint::default();
         for i in 0..1000u64 {
             let key = i.wrapping_mul(0x9E37_79B9_7F4A_7C15);

@@ -53,10 +53,12 @@ impl SlotHint {
 
     /// Hints the CPU to fetch the line at `offset(mask)` bytes from the
     /// published base, for a table with its own probe rule.
+    /// Nothing until both are published: a reader between a first
+    /// publish's two stores sees a base with no mask yet.
     pub(crate) fn prefetch_at(&self, offset: impl FnOnce(usize) -> usize) {
-        let base = self.base.load(Ordering::Relaxed);
-        if base != 0 {
-            prefetch_read(base.wrapping_add(offset(self.mask.load(Ordering::Relaxed))));
+        let (base, mask) = (self.base.load(Ordering::Relaxed), self.mask.load(Ordering::Relaxed));
+        if base != 0 && mask != 0 {
+            prefetch_read(base.wrapping_add(offset(mask)));
         }
     }
 

@@ -124,7 +124,7 @@ impl FailureWindowTable {
             entries_max: entries_max.max(1),
             slots: Vec::new(),
             free_head: NIL,
-            index: PositionIndex::dense(),
+            index: PositionIndex::default(),
             lists: vec![EMPTY; spec.threshold as usize + 1],
             len: 0,
             changed: Vec::new(),

@@ -51,8 +51,9 @@ impl Limiter {
         })
     }
 
-    /// Asks the memory system for the rate-table slots a planned check will
-    /// touch; a hint only, it changes nothing.
+    /// Asks the memory system for the rate-table slots and failure-table
+    /// index words a planned check will touch; a hint only, it changes
+    /// nothing.
     pub fn prefetch(&self, plan: &CheckPlan<'_>) {
         for (rule, key) in plan.facts.route.rules.iter().zip(plan.rule_keys.iter()) {
             match (&rule.table, key) {
