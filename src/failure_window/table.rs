@@ -573,3 +573,26 @@ impl FailureWindowTable {
         self.lists[class as usize].tail = i;
     }
 }
+
+#[cfg(test)]
+impl FailureWindowTable {
+    /// The index holds exactly one word per live slot, naming it, and
+    /// every live key is found through it.
+    pub(super) fn assert_index_matches_slots(&self) {
+        let mut live = Vec::new();
+        for list in &self.lists[1..] {
+            let mut at = list.head;
+            while at != NIL {
+                let key = self.slots[at as usize].key;
+                assert_eq!(self.find(key), Some(at), "{key:?} found at its slot");
+                live.push((key.hash_bits(), at as usize));
+                at = self.slots[at as usize].next;
+            }
+        }
+        assert_eq!(live.len(), self.len);
+        assert_eq!(self.index.len(), self.len, "one word per live slot, no more");
+        for (hash, at) in live {
+            assert!(self.index.slot_of(hash, at).is_some());
+        }
+    }
+}

@@ -345,6 +345,37 @@ proptest::proptest! {
     }
 }
 
+/// Keys that share their index tag (and so their probe run): key `x` of
+/// group `t` has tuple `(t ^ x) | x << 32`, whose low and high halves
+/// XOR to `t`.
+fn tag_sharing_key(t: u64, x: u64) -> Key {
+    Key { account_tag: x, tuple: (t ^ x) | x << 32 }
+}
+
+proptest::proptest! {
+    /// However failures, clears, expiry, evictions past a small cap and
+    /// reconfiguration interleave over keys that share tags, the index
+    /// names exactly the live slots.
+    #[test]
+    fn the_index_names_exactly_the_live_slots(ops in proptest::collection::vec(
+        ((0u64..3), (0u64..8), (0u8..8), (0u64..3)), 1..300)) {
+        let mut table = FailureWindowTable::new(spec(3), 6);
+        let mut now = 900 * WINDOW;
+        for (t, x, op, step) in ops {
+            let key = tag_sharing_key(t, x);
+            now += step * WINDOW / 2;
+            match op {
+                0..=3 => { let _ = table.record_failure(key, now); }
+                4 => { table.clear(key); }
+                5 => { table.expire(now); }
+                6 => { let _ = table.restore(key, Counts { window: spec(3).window_index(now), previous: 0, current: 2 }, now); }
+                _ => table.reconfigure(spec(3), 2 + (x as usize % 6), now),
+            }
+            table.assert_index_matches_slots();
+        }
+    }
+}
+
 /// A failure presumed in one window and abandoned in the next comes out of
 /// the window it went into.
 #[test]
