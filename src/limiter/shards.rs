@@ -21,9 +21,10 @@ pub(super) struct Shards<T>(Box<[Shard<T>]>);
 /// shared lines, and two cores locking neighbouring shards bounced them
 /// (a tenth of a check's time in the lock's compare-and-swap).
 ///
-/// A rate table's shard also publishes where its slots are, so a planned
-/// check can prefetch its slot without the lock (a stale address after a
-/// rebuild only wastes the hint).
+/// A rate table's shard also publishes where its slots are, and a failure
+/// table's where its index words are, so a planned check can prefetch
+/// them without the lock (a stale address after a rebuild only wastes the
+/// hint).
 #[repr(align(128))]
 pub(super) struct Shard<T>(Mutex<T>, SlotHint);
 
