@@ -20,8 +20,7 @@
 //! allocator behaviour rather than the table's footprint.
 //!
 //! hashbrown grows by doubling (its bucket count is the smallest power of
-//! two holding the entries at 7/8 load), and so do the failure-window
-//! table's index (8-byte words at most half full) and the GCRA table's slot
+//! two holding the entries at 7/8 load), and so does the GCRA table's slot
 //! array (`TatTable`: rebuilt at 7/8 occupancy, sized for 3/8 to 3/4 load),
 //! so bytes per entry depend on where the fill falls relative to the
 //! table's capacity: just after a doubling a table is under half full and
@@ -42,17 +41,16 @@ const FILLS: [usize; 3] = [1_000_000, 2_000_000, 5_000_000];
 /// No eviction during a fill: every entry stays.
 const ENTRIES_MAX: usize = 100_000_000;
 
-/// `(kind, figure name, entry bytes in a hashbrown bucket (key and value),
-/// a TatTable slot or an index word, other bytes per entry outside them)`.
+/// `(kind, figure name, entry bytes in a hashbrown bucket (key and value)
+/// or a TatTable slot, other bytes per entry outside the hash table)`.
 const KINDS: [(&str, &str, usize, usize); 5] = [
     ("gcra", "gcra_bytes_per_key", 16, 0),
-    // Slots (48 bytes) live in a Vec; the index holds an 8-byte word per
-    // slot of its own.
-    ("failure_window", "failure_window_bytes_per_entry", 8, 48),
+    // Slots (48 bytes) live in a Vec; the hash index holds a u32 per bucket.
+    ("failure_window", "failure_window_bytes_per_entry", 4, 48),
     // As above, plus the change log's 4-byte slot index per entry written
     // since the last snapshot (the daemon drains it every
     // `snapshot_interval_ms`).
-    ("failure_window_pending", "failure_window_bytes_per_entry_with_pending_changes", 8, 52),
+    ("failure_window_pending", "failure_window_bytes_per_entry_with_pending_changes", 4, 52),
     // Escalation levels: u64 id, u64 expiry, u16 level (padded to 24).
     ("expiring_u16", "expiring_map_u16_bytes_per_entry", 24, 0),
     // Recent password digests: u64 id, u64 expiry, [u32; 4].
@@ -76,12 +74,6 @@ fn vm_rss_bytes() -> u64 {
     let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS line");
     let kib: u64 = line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).expect("VmRSS value");
     kib * 1024
-}
-
-/// The failure-window index's words for `n` entries grown one insert at a
-/// time (`PositionIndex`: at most half full).
-fn words_for(n: usize) -> usize {
-    (2 * n).next_power_of_two().max(16)
 }
 
 /// hashbrown's bucket count for `n` entries grown one insert at a time.
@@ -121,7 +113,7 @@ fn fill(kind: &str, n: usize) -> (u64, usize) {
                 drop(table.take_changes());
             }
             assert_eq!(table.len(), n);
-            (vm_rss_bytes() - before, words_for(n))
+            (vm_rss_bytes() - before, buckets_for(n))
         }
         "expiring_u16" => {
             let mut map = ExpiringMap::<u16>::new(ENTRIES_MAX);
@@ -150,11 +142,7 @@ fn child(kind: &str, n: usize) {
     let (grown, buckets) = fill(kind, n);
     let per_entry = grown as f64 / n as f64;
     // hashbrown has one control byte per bucket besides the entry.
-    let (structure, control) = match kind {
-        "gcra" => ("TatTable", 0),
-        "failure_window" | "failure_window_pending" => ("index", 0),
-        _ => ("hashbrown", 1),
-    };
+    let (structure, control) = if kind == "gcra" { ("TatTable", 0) } else { ("hashbrown", 1) };
     let full = (buckets * (bucket_bytes + control)) as f64 / n as f64 + other_bytes as f64;
     println!(
         "{kind}: {n} live entries: VmRSS +{} KiB = {per_entry:.1} bytes/entry \

@@ -62,7 +62,6 @@ mod keys;
 mod limiter;
 mod metrics;
 mod notify;
-mod position_index;
 mod server;
 mod shared;
 mod signals;

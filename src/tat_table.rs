@@ -48,27 +48,10 @@ pub struct SlotHint {
 impl SlotHint {
     /// Hints the CPU to fetch the cache line where `id`'s probe starts.
     pub fn prefetch(&self, id: u64) {
-        self.prefetch_at(|mask| (stored(id) as usize & mask) * std::mem::size_of::<Slot>());
-    }
-
-    /// Hints the CPU to fetch the line at `offset(mask)` bytes from the
-    /// published base, for a table with its own probe rule.
-    /// Nothing until both are published: a reader between a first
-    /// publish's two stores sees a base with no mask yet.
-    pub(crate) fn prefetch_at(&self, offset: impl FnOnce(usize) -> usize) {
-        let (base, mask) = (self.base.load(Ordering::Relaxed), self.mask.load(Ordering::Relaxed));
-        if base != 0 && mask != 0 {
-            prefetch_read(base.wrapping_add(offset(mask)));
-        }
-    }
-
-    /// Publishes where an array starts and its length − 1 (a power of two
-    /// − 1), if they changed. A reader may see one store and not the
-    /// other: a wasted hint.
-    pub(crate) fn publish(&self, base: usize, mask: usize) {
-        if self.base.load(Ordering::Relaxed) != base || self.mask.load(Ordering::Relaxed) != mask {
-            self.base.store(base, Ordering::Relaxed);
-            self.mask.store(mask, Ordering::Relaxed);
+        let base = self.base.load(Ordering::Relaxed);
+        if base != 0 {
+            let home = stored(id) as usize & self.mask.load(Ordering::Relaxed);
+            prefetch_read(base.wrapping_add(home * std::mem::size_of::<Slot>()));
         }
     }
 }
@@ -168,7 +151,12 @@ impl TatTable {
 
     /// Tells `hint` where the slots are now (they move on a rebuild).
     pub fn publish_slots(&self, hint: &SlotHint) {
-        hint.publish(self.slots.as_ptr() as usize, self.mask());
+        let (base, mask) = (self.slots.as_ptr() as usize, self.mask());
+        // A reader may see one store and not the other: a wasted hint.
+        if hint.base.load(Ordering::Relaxed) != base || hint.mask.load(Ordering::Relaxed) != mask {
+            hint.base.store(base, Ordering::Relaxed);
+            hint.mask.store(mask, Ordering::Relaxed);
+        }
     }
 
     fn mask(&self) -> usize {

@@ -69,11 +69,12 @@ const SPRAYED_ACCOUNTS: usize = 1000;
 const FLOOD_WINDOW: usize = 512;
 /// Bytes per entry a full table may cost, from the layouts: a failure entry
 /// is a 48-byte slot in a Vec that grows by doubling (<= 96), its index
-/// word (8 bytes, the index at least a quarter full: <= 32, and <= 48 while
-/// a doubling holds both arrays), and up to two 16-byte keys on the change
-/// lists (bounded at twice the cap; <= 64 with doubling). A rate entry is a
-/// 16-byte hashbrown bucket and a control byte, at most doubled by growth.
-const FAILURE_ENTRY_BYTES: u64 = 208;
+/// bucket (a u32 and a control byte at 7/16 load or more: <= 12, and <= 18
+/// while a doubling holds both arrays), and up to two 16-byte keys on the
+/// change lists (bounded at twice the cap; <= 64 with doubling). A rate
+/// entry is a 16-byte hashbrown bucket and a control byte, at most doubled
+/// by growth.
+const FAILURE_ENTRY_BYTES: u64 = 180;
 const RATE_ENTRY_BYTES: u64 = 40;
 /// redb's 16 MiB cache, the connections' 64 KiB buffers, a snapshot's
 /// changes on their way to the writer, allocator slack.

@@ -40,7 +40,7 @@ pub const SOURCE_FAILURES_THRESHOLD_DEFAULT: u32 = 5;
 pub const ACCOUNT_FAILURES_THRESHOLD_DEFAULT: u32 = 50;
 /// Re-auth (UIA) failures per (account, device) per window.
 pub const REAUTH_FAILURES_THRESHOLD_DEFAULT: u32 = 5;
-/// Entries per failure table: ~70 bytes each, so ~7 MB per table at the cap.
+/// Entries per failure table: ~60 bytes each, so ~6 MB per table at the cap.
 pub const FAILURE_ENTRIES_MAX_DEFAULT: usize = 100_000;
 /// Login attempts per source prefix: 600 a minute sustained with a burst of
 /// 300. A 22,000-person office behind 4 addresses peaks near 165 logins a

@@ -6,13 +6,13 @@
 //! Does not do the window arithmetic (`window.rs`) nor hold attempts in
 //! flight (`places.rs`), and persists nothing itself.
 
+use hashbrown::HashTable;
+
 use super::overflow::OverflowSketch;
 use super::places::{Places, Presumed};
 use super::window::{Counts, WindowSpec, THRESHOLD_MAX, WINDOW_US_MIN};
 use crate::expiring::ExpiringMap;
 use crate::keys::Key;
-use crate::position_index::PositionIndex;
-use crate::tat_table::SlotHint;
 
 const NIL: u32 = u32::MAX;
 /// Entries of the top count class examined for an unlocked one when a full
@@ -79,9 +79,7 @@ pub struct FailureWindowTable {
     entries_max: usize,
     slots: Vec<Slot>,
     free_head: u32,
-    /// Our own index, not a swiss table's, so that a check can prefetch
-    /// a key's word before it takes the lock (`publish_index`).
-    index: PositionIndex,
+    index: HashTable<u32>,
     lists: Vec<List>,
     len: usize,
     /// Slots written since the last `take_changes`: an index, not a key, so
@@ -124,7 +122,7 @@ impl FailureWindowTable {
             entries_max: entries_max.max(1),
             slots: Vec::new(),
             free_head: NIL,
-            index: PositionIndex::default(),
+            index: HashTable::new(),
             lists: vec![EMPTY; spec.threshold as usize + 1],
             len: 0,
             changed: Vec::new(),
@@ -173,19 +171,9 @@ impl FailureWindowTable {
         self.refused_full
     }
 
-    /// Tells `hint` where the index's words are, for `prefetch`.
-    pub fn publish_index(&self, hint: &SlotHint) {
-        self.index.publish(hint);
-    }
-
-    /// Hints the CPU at `key`'s index word in the table `hint` names.
-    pub fn prefetch(hint: &SlotHint, key: Key) {
-        PositionIndex::prefetch(hint, key.hash_bits());
-    }
-
     fn find(&self, key: Key) -> Option<u32> {
         let slots = &self.slots;
-        self.index.find(key.hash_bits(), |i| slots[i].key == key).map(|(_, i)| i as u32)
+        self.index.find(key.hash_bits(), |&i| slots[i as usize].key == key).copied()
     }
 
     /// The key's counts as of `now_us` (zero when absent or expired).
@@ -461,7 +449,8 @@ impl FailureWindowTable {
             starts.resize(self.slots.len(), 0);
             starts[i as usize] = 0;
         }
-        self.index.insert(key.hash_bits(), i as usize);
+        let slots = &self.slots;
+        self.index.insert_unique(key.hash_bits(), i, |&j| slots[j as usize].key.hash_bits());
         self.len += 1;
         Ok(i)
     }
@@ -520,8 +509,8 @@ impl FailureWindowTable {
         self.unlink(i);
         let slot = self.slots[i as usize];
         let hash = slot.key.hash_bits();
-        if let Some(word) = self.index.slot_of(hash, i as usize) {
-            self.index.remove(word);
+        if let Ok(entry) = self.index.find_entry(hash, |&j| j == i) {
+            entry.remove();
         }
         if slot.persisted {
             self.removed.push(slot.key);
@@ -576,23 +565,20 @@ impl FailureWindowTable {
 
 #[cfg(test)]
 impl FailureWindowTable {
-    /// The index holds exactly one word per live slot, naming it, and
-    /// every live key is found through it.
+    /// The index holds exactly one entry per live slot, and every live key
+    /// is found through it at its slot.
     pub(super) fn assert_index_matches_slots(&self) {
-        let mut live = Vec::new();
+        let mut live = 0;
         for list in &self.lists[1..] {
             let mut at = list.head;
             while at != NIL {
                 let key = self.slots[at as usize].key;
                 assert_eq!(self.find(key), Some(at), "{key:?} found at its slot");
-                live.push((key.hash_bits(), at as usize));
+                live += 1;
                 at = self.slots[at as usize].next;
             }
         }
-        assert_eq!(live.len(), self.len);
-        assert_eq!(self.index.len(), self.len, "one word per live slot, no more");
-        for (hash, at) in live {
-            assert!(self.index.slot_of(hash, at).is_some());
-        }
+        assert_eq!(live, self.len);
+        assert_eq!(self.index.len(), self.len, "one index entry per live slot, no more");
     }
 }

@@ -345,17 +345,16 @@ proptest::proptest! {
     }
 }
 
-/// Keys that share their index tag (and so their probe run): key `x` of
-/// group `t` has tuple `(t ^ x) | x << 32`, whose low and high halves
-/// XOR to `t`.
+/// Keys of group `t` share the tuple's low bits except those `x` flips,
+/// and a high half of `x`: neighbours in the index.
 fn tag_sharing_key(t: u64, x: u64) -> Key {
     Key { account_tag: x, tuple: (t ^ x) | x << 32 }
 }
 
 proptest::proptest! {
     /// However failures, clears, expiry, evictions past a small cap and
-    /// reconfiguration interleave over keys that share tags, the index
-    /// names exactly the live slots.
+    /// reconfiguration interleave over neighbouring keys, the index names
+    /// exactly the live slots.
     #[test]
     fn the_index_names_exactly_the_live_slots(ops in proptest::collection::vec(
         ((0u64..3), (0u64..8), (0u8..8), (0u64..3)), 1..300)) {

@@ -51,15 +51,12 @@ impl Limiter {
         })
     }
 
-    /// Asks the memory system for the rate-table slots and failure-table
-    /// index words a planned check will touch; a hint only, it changes
-    /// nothing.
+    /// Asks the memory system for the rate-table slots a planned check will
+    /// touch; a hint only, it changes nothing.
     pub fn prefetch(&self, plan: &CheckPlan<'_>) {
         for (rule, key) in plan.facts.route.rules.iter().zip(plan.rule_keys.iter()) {
-            match (&rule.table, key) {
-                (Table::Rate { shards, .. }, Some(key)) => shards.prefetch(*key),
-                (Table::Failures { shards, .. }, Some(key)) => shards.prefetch(*key),
-                _ => {}
+            if let (Table::Rate { shards, .. }, Some(key)) = (&rule.table, key) {
+                shards.prefetch(*key);
             }
         }
     }
@@ -179,13 +176,14 @@ impl Limiter {
                 continue;
             }
             if let (Table::Failures { shards, .. }, Some(key)) = (&rule.table, key) {
-                // A monitored rule's would-be refusal takes no place,
-                // exactly as an enforced one, so that switching it to
-                // enforcing finds the places enforcing would have.
-                let (spec, admitted, standing) = shards.with(key, |table| {
+                let (spec, admitted, standing) = {
+                    let mut table = shards.of(key);
+                    // A monitored rule's would-be refusal takes no place,
+                    // exactly as an enforced one, so that switching it to
+                    // enforcing finds the places enforcing would have.
                     let (admitted, standing) = table.admit(key, now_us, self.attempt_timeout_us);
                     (table.spec(), admitted, standing)
-                });
+                };
                 if admitted {
                     *held |= 1 << i;
                 }

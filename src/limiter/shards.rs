@@ -4,7 +4,6 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::expiring::ExpiringMap;
-use crate::failure_window::FailureWindowTable;
 use crate::gcra::{GcraDecision, GcraSpec, GcraTable};
 use crate::keys::Key;
 use crate::tat_table::SlotHint;
@@ -21,10 +20,9 @@ pub(super) struct Shards<T>(Box<[Shard<T>]>);
 /// shared lines, and two cores locking neighbouring shards bounced them
 /// (a tenth of a check's time in the lock's compare-and-swap).
 ///
-/// A rate table's shard also publishes where its slots are, and a failure
-/// table's where its index words are, so a planned check can prefetch
-/// them without the lock (a stale address after a rebuild only wastes the
-/// hint).
+/// A rate table's shard also publishes where its slots are, so a planned
+/// check can prefetch its slot without the lock (a stale address after a
+/// rebuild only wastes the hint).
 #[repr(align(128))]
 pub(super) struct Shard<T>(Mutex<T>, SlotHint);
 
@@ -69,22 +67,6 @@ impl Shards<GcraTable> {
 
     pub(super) fn prefetch(&self, key: Key) {
         self.shard(key.tuple).1.prefetch(key.hash_bits());
-    }
-}
-
-impl Shards<FailureWindowTable> {
-    /// `f` on `key`'s table, locked, then its index published for
-    /// `prefetch` (the words move as the index grows).
-    pub(super) fn with<R>(&self, key: Key, f: impl FnOnce(&mut FailureWindowTable) -> R) -> R {
-        let shard = self.shard(key.tuple);
-        let mut table = lock(shard);
-        let result = f(&mut table);
-        table.publish_index(&shard.1);
-        result
-    }
-
-    pub(super) fn prefetch(&self, key: Key) {
-        FailureWindowTable::prefetch(&self.shard(key.tuple).1, key);
     }
 }
 

@@ -9,8 +9,9 @@
 //! sampled eviction does. The array is found by key through our own index
 //! (`index`), which the thread can prefetch.
 
+use super::index::advise_huge_pages_over;
+use super::index::PositionIndex;
 use super::sketch::Windowed;
-use crate::position_index::{advise_huge_pages_over, PositionIndex};
 use crate::tat_table::prefetch_read;
 
 /// Entries sampled per eviction.

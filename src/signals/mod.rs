@@ -26,6 +26,7 @@
 mod blocks;
 mod family;
 pub mod flags;
+mod index;
 pub mod pump;
 pub mod queued;
 mod raised;

@@ -1,14 +1,13 @@
-//! Where each key's entry sits in a dense array: an open-addressed index of
-//! 8-byte words, linear probing. Spray detection's families and the
-//! failure-window tables index their entries with it.
+//! Where each tracked subject's entry sits in its family's dense array: an
+//! open-addressed index of 8-byte words, linear probing.
 //!
-//! Our own rather than a swiss table because callers must be able to
-//! prefetch. A swiss-table lookup is three dependent cache misses (control
-//! bytes, the slot, the entry), none of them exposed; with 100,000 sources
-//! tracked they were most of spray detection's time. Here a caller hints
-//! the cache at the word a coming key will probe (`home_address`, or from
-//! another thread `SlotHint`), and later at the entry that word names
-//! (`peek`), so the misses of several keys overlap instead of queueing.
+//! Our own rather than `IndexMap`'s swiss table because the thread must be
+//! able to prefetch. A swiss-table lookup is three dependent cache misses
+//! (control bytes, the slot, the entry), none of them exposed; with 100,000
+//! sources tracked they were most of the thread's time. Here the drain loop
+//! hints the cache at the word a coming event's key will probe, and a few
+//! events later at the entry that word names (`Family::prefetch`), so the
+//! misses of several events overlap instead of queueing.
 //!
 //! A word holds the key's 32-bit tag and its position + 1; 0 is empty. The
 //! home slot derives from the tag alone, so the index grows and deletes
@@ -16,7 +15,7 @@
 //! without them too. Load at most 1/2: a lookup reads one or two words,
 //! almost always on one cache line.
 
-use crate::tat_table::{advise_huge_pages_under, SlotHint};
+use crate::tat_table::advise_huge_pages_under;
 
 /// An empty word (positions are stored + 1, so no full word is 0).
 const EMPTY: u64 = 0;
@@ -35,11 +34,6 @@ pub struct PositionIndex {
 /// without the secret cannot choose tags, so cannot aim at a probe run.
 fn tag(key: u64) -> u32 {
     (key ^ (key >> 32)) as u32
-}
-
-/// Fibonacci hashing: the tag's bits spread over the product's top bits.
-fn home(tag: u32, shift: u32) -> usize {
-    (u64::from(tag).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> shift) as usize
 }
 
 fn word(tag: u32, position: usize) -> u64 {
@@ -70,7 +64,7 @@ impl PositionIndex {
     }
 
     #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.len
     }
 
@@ -82,19 +76,9 @@ impl PositionIndex {
         self.words.len() - 1
     }
 
+    /// Fibonacci hashing: the tag's bits spread over the product's top bits.
     fn home(&self, tag: u32) -> usize {
-        home(tag, self.shift)
-    }
-
-    /// Tells `hint` where the words are now (they move as the index grows).
-    pub fn publish(&self, hint: &SlotHint) {
-        hint.publish(self.words.as_ptr() as usize, self.mask());
-    }
-
-    /// Hints the CPU at `key`'s home word in the index `hint` names,
-    /// without the index (another thread may be changing it).
-    pub fn prefetch(hint: &SlotHint, key: u64) {
-        hint.prefetch_at(|mask| home(tag(key), 64 - mask.count_ones()) * std::mem::size_of::<u64>());
+        (u64::from(tag).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> self.shift) as usize
     }
 
     /// The slot and position of `key`, `is_key` telling a position holding
@@ -213,12 +197,12 @@ impl PositionIndex {
 
 /// Bytes from which a spray detection table's array (an index's words, a
 /// family's entries) asks for huge pages.
-const HUGE_PAGES_FROM_BYTES: usize = 4 << 20;
+pub(super) const HUGE_PAGES_FROM_BYTES: usize = 4 << 20;
 
 /// Asks for huge pages under a large array (whole, with its spare
 /// capacity): at 100,000 entries a table spans thousands of small pages,
 /// and each event's probes missed the TLB as well as the cache.
-pub(crate) fn advise_huge_pages_over<T>(array: &Vec<T>) {
+pub(super) fn advise_huge_pages_over<T>(array: &Vec<T>) {
     let bytes = array.capacity() * std::mem::size_of::<T>();
     if bytes >= HUGE_PAGES_FROM_BYTES {
         advise_huge_pages_under(array.as_ptr() as usize, bytes);
@@ -333,33 +317,5 @@ mod tests {
         index.rebuild((0..10u32).map(|i| u64::from(i).wrapping_mul(0x9E37_79B9_7F4A_7C15)));
         assert_eq!((index.len(), index.heap_bytes()), (10, 32 * 8), "twice the keys, rounded up to a power of two");
         assert_eq!(index.peek(3u64.wrapping_mul(0x9E37_79B9_7F4A_7C15)), Some(3));
-    }
-
-    /// A reader between a first publish's two stores sees a base and no
-    /// mask: no hint then (the shift from a zero mask would overflow).
-    #[test]
-    fn a_torn_first_publish_hints_nothing() {
-        let hint = SlotHint::default();
-        hint.publish(0x10_0000, 0);
-        PositionIndex::prefetch(&hint, 0x1234_5678_9abc_def0);
-    }
-
-    /// The hint finds the word a lookup starts at, as the index grows.
-    #[test]
-    fn a_published_index_prefetches_each_keys_home_word() {
-        let mut index = PositionIndex::default();
-        let hint = SlotHint::default();
-        for i in 0..1000u64 {
-            let key = i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-            index.insert(key, i as usize);
-            index.publish(&hint);
-            let mut at = 0;
-            hint.prefetch_at(|mask| {
-                assert_eq!(mask, index.words.len() - 1);
-                at = home(tag(key), 64 - mask.count_ones()) * 8;
-                at
-            });
-            assert_eq!(index.words.as_ptr() as usize + at, index.home_address(key));
-        }
     }
 }
