@@ -347,7 +347,7 @@ proptest::proptest! {
 
 /// Keys of group `t` share the tuple's low bits except those `x` flips,
 /// and a high half of `x`: neighbours in the index.
-fn tag_sharing_key(t: u64, x: u64) -> Key {
+fn neighbouring_key(t: u64, x: u64) -> Key {
     Key { account_tag: x, tuple: (t ^ x) | x << 32 }
 }
 
@@ -361,7 +361,7 @@ proptest::proptest! {
         let mut table = FailureWindowTable::new(spec(3), 6);
         let mut now = 900 * WINDOW;
         for (t, x, op, step) in ops {
-            let key = tag_sharing_key(t, x);
+            let key = neighbouring_key(t, x);
             now += step * WINDOW / 2;
             match op {
                 0..=3 => { let _ = table.record_failure(key, now); }
