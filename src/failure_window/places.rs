@@ -10,7 +10,7 @@
 //! a repeat or an abandon takes the presumed failure back.
 
 use super::table::FailureWindowTable;
-use super::window::Counts;
+use super::window::{Counts, WindowSpec};
 use crate::expiring::Slot as ExpiringSlot;
 use crate::keys::Key;
 
@@ -182,8 +182,16 @@ impl FailureWindowTable {
     /// `timeout_us` from now. Returns whether it was admitted and the
     /// standing after it.
     pub fn admit(&mut self, key: Key, now_us: u64, timeout_us: u64) -> (bool, Standing) {
+        self.admit_within(key, now_us, timeout_us, self.spec.threshold)
+    }
+
+    /// `admit` against a lower `threshold` than the table's (a share
+    /// some of which was used elsewhere), judged under the same lock as
+    /// the place is taken.
+    pub fn admit_within(&mut self, key: Key, now_us: u64, timeout_us: u64, threshold: u32) -> (bool, Standing) {
         let (before, mut places) = self.standing_and_places(key, now_us);
-        if self.spec.refuses(before.counts, before.in_flight, now_us) {
+        let spec = WindowSpec { threshold: threshold.min(self.spec.threshold), ..self.spec };
+        if spec.refuses(before.counts, before.in_flight, now_us) {
             return (false, before);
         }
         places.account_tag = key.account_tag;

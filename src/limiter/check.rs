@@ -6,9 +6,11 @@
 //! which sends here every check no global rule needs the store for, and
 //! reuses these steps for this host's rules when one does.
 
-use super::route::{Route, Table};
+use super::route::{Full, Route, Table};
 use super::subject::RuleKeys;
-use super::verdict::{combine, failure_answer, rate_answer, rate_spec, signal_answer, Answers, RuleAnswer};
+use super::verdict::{
+    busy_answer, combine, failure_answer, rate_answer, rate_spec, signal_answer, Answers, RuleAnswer,
+};
 use super::{CheckPlan, Derived, Facts, Limiter, RequestError, Rules};
 use crate::classes::SourceClass;
 use crate::config::{Detector, RULES_PER_ROUTE_MAX};
@@ -176,16 +178,34 @@ impl Limiter {
                 continue;
             }
             if let (Table::Failures { shards, .. }, Some(key)) = (&rule.table, key) {
+                // On the share, what this host's reports counted in the
+                // store comes off it (`counted_in_store`), judged with the
+                // places under one lock: checks side by side cannot each
+                // pass it before either takes its place.
+                let counted = match rule.global {
+                    Some(Full::Failures(global)) if which == Rules::Global && !rule.monitor => {
+                        self.counted_in_store(route, rule, key, now_us).map(|count| (count, global.threshold))
+                    }
+                    _ => None,
+                };
                 let (spec, admitted, standing) = {
                     let mut table = shards.of(key);
                     // A monitored rule's would-be refusal takes no place,
                     // exactly as an enforced one, so that switching it to
                     // enforcing finds the places enforcing would have.
-                    let (admitted, standing) = table.admit(key, now_us, self.attempt_timeout_us);
-                    (table.spec(), admitted, standing)
+                    let spec = table.spec();
+                    let left = spec.threshold.saturating_sub(counted.map_or(0, |(count, _)| count));
+                    let (admitted, standing) = table.admit_within(key, now_us, self.attempt_timeout_us, left);
+                    (spec, admitted, standing)
                 };
                 if admitted {
                     *held |= 1 << i;
+                } else if let Some((_, limit)) = counted {
+                    // A share used with what the store counted: a wait
+                    // for the store, not a climb of the ladder.
+                    answers.push(busy_answer(rule, limit));
+                    refused = true;
+                    continue;
                 }
                 let answer =
                     self.escalate(rule, key, failure_answer(rule, spec, standing, !admitted, now_us), now_us, true);

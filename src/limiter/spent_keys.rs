@@ -15,7 +15,7 @@
 
 use super::global::lock_messages;
 use super::known_lockouts::account_rules;
-use super::route::{Full, Route, Rule, Table};
+use super::route::{Full, Route, Rule};
 use super::store_reply::{entry_counts, is_locked, parse_check, parse_report, store_failure_answer, Found};
 use super::subject::RuleKeys;
 use super::verdict::{busy_answer, Answers};
@@ -208,10 +208,10 @@ impl Limiter {
     }
 
     /// Refuses a check answered without the store on a key its last word
-    /// showed spent, or whose share this host has used with what the store
-    /// counted of it (`share_used`); true if one is. No climb of the
-    /// escalation ladder: the refusal is the store's, repeated, or a wait
-    /// for it.
+    /// showed spent; true if one is. No climb of the escalation ladder:
+    /// the refusal is the store's, repeated. (What this host's reports
+    /// counted in the store is taken off its share as the check is
+    /// admitted: `share_left`.)
     pub(super) fn spent_refuses<'a>(
         &'a self,
         route: &'a Route,
@@ -231,14 +231,12 @@ impl Limiter {
             // the share there, which counts what the store counted.
             let device_scoped = device && rule.devices != DeviceScope::All;
             let mark = marks.filter(|_| !device_scoped).and_then(|m| m.of(key).get(key.tuple, now_us));
-            let mark = mark.map(|slot| slot.value);
             let mut answer = busy_answer(rule, spec.threshold);
-            match mark {
+            match mark.map(|slot| slot.value) {
                 Some(spent) if spent.rule == rule.tag && !self.unlocked_since(route, i, key, spent.marked_us) => {
                     answer.reason = spent.reason;
                     answer.retry_after_us = spent.retry_until_us.saturating_sub(now_us).max(answer.retry_after_us);
                 }
-                _ if self.share_used(route, rule, key, now_us) => {}
                 _ => continue,
             }
             answers.push(answer);
@@ -247,29 +245,18 @@ impl Limiter {
         refused
     }
 
-    /// Whether this host has used its share of a global failure key
-    /// (ceil(limit / hosts)) with the failures its reports counted in the
-    /// store (`StoreCounted`) and its failures and places on the share.
-    /// Without them, a host whose guesses the store admitted had its whole
-    /// share left when the store went away or was late: 5 + 3 x 2 on 3
-    /// hosts; with them, 5 + 2 x 2 at most, the store's admissions all
-    /// through one host. The share's own lockouts, which are written back
-    /// after an outage, count only what was counted on it.
-    fn share_used(&self, route: &Route, rule: &Rule, key: Key, now_us: u64) -> bool {
-        let (Table::Failures { shards, .. }, Some(counts)) = (&rule.table, &route.store_counted) else { return false };
-        let Some(counted) = counts.of(key).get(counted_id(rule, key), now_us).map(|slot| slot.value) else {
-            return false;
-        };
-        if counted.rule != rule.tag {
-            return false;
-        }
-        let table = shards.of(key);
-        let share = table.spec();
-        let Some(left) = share.threshold.checked_sub(counted.count).filter(|&left| left > 0) else {
-            return true;
-        };
-        let standing = table.standing(key, now_us);
-        WindowSpec { threshold: left, ..share }.refuses(standing.counts, standing.in_flight, now_us)
+    /// The failures this host's reports counted in the store on a global
+    /// failure key (`StoreCounted`), taken off its share of the key
+    /// (ceil(limit / hosts)) when a check is answered without the store;
+    /// None when none are counted. Without them, a host whose guesses the
+    /// store admitted had its whole share left when the store went away or
+    /// was late: 5 + 3 x 2 on 3 hosts; with them, 5 + 2 x 2 at most, the
+    /// store's admissions all through one host. The share's own lockouts,
+    /// which are written back after an outage, count only what was
+    /// counted on it.
+    pub(super) fn counted_in_store(&self, route: &Route, rule: &Rule, key: Key, now_us: u64) -> Option<u32> {
+        let counted = route.store_counted.as_ref()?.of(key).get(counted_id(rule, key), now_us)?.value;
+        (counted.rule == rule.tag).then_some(counted.count)
     }
 
     /// A failure report this host sends the store, counted as it leaves,

@@ -1032,6 +1032,41 @@ fn a_hosts_share_counts_the_failures_its_reports_counted_in_the_store() {
     drop(limiter.finish_locally(waiting, T0 + 28));
 }
 
+/// Checks answered side by side on the share each see what the store
+/// counted and the places the others took: the count comes off the share
+/// under the lock the place is taken with. Before, each could pass the
+/// count before any took its place, and a host with one failure counted
+/// in the store admitted its whole share (2 of 2) again.
+#[test]
+fn checks_side_by_side_on_the_share_never_pass_what_the_store_counted() {
+    let limiter = three_host_limiter();
+    let checks_at_once = 8;
+    let mut admitted_most = 0;
+    for n in 0..300 {
+        let who = format!("user{n}");
+        let report = super::Report { outcome: Some(Outcome::Failure), password_digest: None, password_tag: None };
+        let (_, begun) = limiter.begin_report("t", &account(&who), &report, T0).expect("a known route");
+        let Begun::Store(pending) = begun else { panic!("a global rule: the store") };
+        assert!(limiter.finish_stored(pending, &failure_reply(1), T0).is_ok(), "one failure counted in the store");
+        let barrier = std::sync::Barrier::new(checks_at_once);
+        let admitted = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..checks_at_once)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let plan = limiter.plan_check("t", &account(&who), T0 + 1).expect("a known route");
+                        let Begun::Store(pending) = limiter.begin_check(plan, T0 + 1) else { panic!("the store") };
+                        barrier.wait();
+                        limiter.finish_locally(pending, T0 + 1).0.proceeds()
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().expect("no panic")).filter(|&admitted| admitted).count()
+        });
+        admitted_most = admitted_most.max(admitted);
+    }
+    assert_eq!(admitted_most, 1, "a share of 2 with 1 counted in the store admits 1 at a time");
+}
+
 /// A check the store answers late is counted on this host's share, which
 /// knows nothing of what the store admitted. The store's word that the
 /// key is spent, in a timely reply or one heard late, refuses it there
