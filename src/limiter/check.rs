@@ -178,25 +178,27 @@ impl Limiter {
                 continue;
             }
             if let (Table::Failures { shards, .. }, Some(key)) = (&rule.table, key) {
-                // On the share, what this host's reports counted in the
-                // store comes off it (`counted_in_store`), judged with the
-                // places under one lock: checks side by side cannot each
-                // pass it before either takes its place.
-                let counted = match rule.global {
-                    Some(Full::Failures(global)) if which == Rules::Global && !rule.monitor => {
-                        self.counted_in_store(route, rule, key, now_us).map(|count| (count, global.threshold))
-                    }
-                    _ => None,
-                };
-                let (spec, admitted, standing) = {
+                let (counted, spec, admitted, standing) = {
                     let mut table = shards.of(key);
+                    // On the share, what this host's reports counted in the
+                    // store comes off it (`counted_in_store`), read under
+                    // the table's lock: checks side by side cannot each pass
+                    // it before either takes its place, and a report counts
+                    // its failure before it gives its place back, and
+                    // records it here before it takes it off the count.
+                    let counted = match rule.global {
+                        Some(Full::Failures(global)) if which == Rules::Global && !rule.monitor => {
+                            self.counted_in_store(route, rule, key, now_us).map(|count| (count, global.threshold))
+                        }
+                        _ => None,
+                    };
                     // A monitored rule's would-be refusal takes no place,
                     // exactly as an enforced one, so that switching it to
                     // enforcing finds the places enforcing would have.
                     let spec = table.spec();
                     let left = spec.threshold.saturating_sub(counted.map_or(0, |(count, _)| count));
                     let (admitted, standing) = table.admit_within(key, now_us, self.attempt_timeout_us, left);
-                    (spec, admitted, standing)
+                    (counted, spec, admitted, standing)
                 };
                 if admitted {
                     *held |= 1 << i;

@@ -463,17 +463,19 @@ impl Limiter {
             let scope = scope(rule, prepared.device.is_some());
             match (full, &rule.table) {
                 (Full::Failures(spec), Table::Failures { cleared_by_success, shards, .. }) => {
+                    // Counted for the store before its place here goes, so
+                    // that a check on the share between sees one or both.
+                    let count = outcome == Some(Outcome::Failure) && !prepared.repeated;
+                    if count {
+                        self.count_for_store(route, rule, key, spec.window_us, now_us);
+                        counted.keys.push((rule, key));
+                    }
                     // A place taken here (degraded) is settled here; the
                     // store's place, if any, is released by the op.
                     // A failure presumed here is taken back: the op counts.
                     let settled_here = shards.of(key).settle(key, now_us, false);
                     if outcome == Some(Outcome::Success) && *cleared_by_success {
                         self.forget_counted(route, rule, key);
-                    }
-                    let count = outcome == Some(Outcome::Failure) && !prepared.repeated;
-                    if count {
-                        self.count_for_store(route, rule, key, spec.window_us, now_us);
-                        counted.keys.push((rule, key));
                     }
                     rules.push(ReportRule::Failures {
                         key: name,
@@ -580,17 +582,19 @@ impl Limiter {
         let StoreReport { mut prepared, mut answers, mut durable, counted: waiting, .. } = *report;
         waiting.answered();
         let route = prepared.facts.route;
-        // Off the count: every key `begin_report` counted, whether or not
-        // the share counts it here.
+        let counted_keys = prepared.rule_keys.clone();
+        prepared.rule_keys = self.scoped_here(route, prepared.rule_keys, prepared.facts.known_device);
+        self.report_rules(&prepared, Rules::Global, false, now_us, &mut answers, &mut durable);
+        // Off the count once the share holds it (a check between sees it
+        // twice, never not at all): every key `begin_report` counted,
+        // whether or not the share counts it here.
         if prepared.outcome == Some(Outcome::Failure) && !prepared.repeated {
-            for (rule, key) in route.rules.iter().zip(prepared.rule_keys.iter().copied()) {
+            for (rule, key) in route.rules.iter().zip(counted_keys.iter().copied()) {
                 if let (Some(Full::Failures(_)), Some(key)) = (rule.global, key) {
                     self.uncount(route, rule, key, now_us);
                 }
             }
         }
-        prepared.rule_keys = self.scoped_here(route, prepared.rule_keys, prepared.facts.known_device);
-        self.report_rules(&prepared, Rules::Global, false, now_us, &mut answers, &mut durable);
         (combine(&answers), durable)
     }
 }

@@ -211,7 +211,7 @@ impl Limiter {
     /// showed spent; true if one is. No climb of the escalation ladder:
     /// the refusal is the store's, repeated. (What this host's reports
     /// counted in the store is taken off its share as the check is
-    /// admitted: `share_left`.)
+    /// admitted: `counted_in_store`, `admit_failures`.)
     pub(super) fn spent_refuses<'a>(
         &'a self,
         route: &'a Route,

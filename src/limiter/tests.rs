@@ -1042,7 +1042,7 @@ fn checks_side_by_side_on_the_share_never_pass_what_the_store_counted() {
     let limiter = three_host_limiter();
     let checks_at_once = 8;
     let mut admitted_most = 0;
-    for n in 0..300 {
+    for n in 0..2000 {
         let who = format!("user{n}");
         let report = super::Report { outcome: Some(Outcome::Failure), password_digest: None, password_tag: None };
         let (_, begun) = limiter.begin_report("t", &account(&who), &report, T0).expect("a known route");
@@ -1065,6 +1065,56 @@ fn checks_side_by_side_on_the_share_never_pass_what_the_store_counted() {
         admitted_most = admitted_most.max(admitted);
     }
     assert_eq!(admitted_most, 1, "a share of 2 with 1 counted in the store admits 1 at a time");
+}
+
+/// A failure report on a share's key, side by side with checks there:
+/// the report counts its failure for the store before it gives its place
+/// back, and (the store away) records it on the share before it takes it
+/// off the count, and a check reads the count under the share's lock. A
+/// check between sees the failure once or twice, never not at all.
+/// Before, a check in either gap found one failure and one place on a
+/// share of two and was admitted (a red team's finding: up to half the
+/// trials).
+#[test]
+fn a_failure_report_beside_checks_on_the_share_is_never_missed() {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    let limiter = three_host_limiter();
+    let mut let_through = 0;
+    for n in 0..2000 {
+        let who = format!("reported{n}");
+        let check = || {
+            let plan = limiter.plan_check("t", &account(&who), T0).expect("a known route");
+            let Begun::Store(pending) = limiter.begin_check(plan, T0) else { panic!("a global rule: the store") };
+            limiter.finish_locally(pending, T0).0.proceeds()
+        };
+        assert!(check() && check() && !check(), "two places fill the share");
+        let (reported, barrier) = (AtomicBool::new(false), std::sync::Barrier::new(2));
+        let admitted = std::thread::scope(|scope| {
+            let checker = scope.spawn(|| {
+                barrier.wait();
+                let mut admitted = 0;
+                loop {
+                    let last = reported.load(Relaxed);
+                    admitted += usize::from(check());
+                    if last {
+                        break admitted;
+                    }
+                }
+            });
+            barrier.wait();
+            for _ in 0..n % 64 {
+                std::hint::spin_loop();
+            }
+            let report = super::Report { outcome: Some(Outcome::Failure), password_digest: None, password_tag: None };
+            let (_, begun) = limiter.begin_report("t", &account(&who), &report, T0).expect("a known route");
+            let Begun::Store(pending) = begun else { panic!("a global rule: the store") };
+            drop(limiter.finish_locally(pending, T0));
+            reported.store(true, Relaxed);
+            checker.join().expect("no panic")
+        });
+        let_through += usize::from(admitted > 0);
+    }
+    assert_eq!(let_through, 0, "trials of 2000 with a check past a share of one failure and one place");
 }
 
 /// A check the store answers late is counted on this host's share, which
