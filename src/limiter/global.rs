@@ -371,6 +371,11 @@ impl Limiter {
             let give_back = (!places.is_empty()).then(|| Op::release(&places));
             return Ok(Stored::of_check(combine(&answers), store_now, give_back, crowded));
         }
+        // Admitted: in flight against this host's share until its report.
+        for &(i, _) in &taken {
+            let key = rule_keys[i].expect("a global rule in the op has a key");
+            self.count_admitted(route, &route.rules[i], key, now_us);
+        }
         Ok(Stored::of_check(combine(&answers), store_now, None, crowded))
     }
 
@@ -474,8 +479,13 @@ impl Limiter {
                     // store's place, if any, is released by the op.
                     // A failure presumed here is taken back: the op counts.
                     let settled_here = shards.of(key).settle(key, now_us, false);
+                    if settled_here == Settled::Nothing {
+                        // Its attempt was the store's (or lapsed): no
+                        // longer in flight against the share.
+                        self.report_admitted(route, rule, key, now_us);
+                    }
                     if outcome == Some(Outcome::Success) && *cleared_by_success {
-                        self.forget_counted(route, rule, key);
+                        self.forget_counted_failures(route, rule, key, now_us);
                     }
                     rules.push(ReportRule::Failures {
                         key: name,

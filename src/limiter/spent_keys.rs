@@ -48,10 +48,12 @@ pub(super) struct Spent {
 
 /// Failures this host's reports took to the store on a global failure
 /// key, for the rule's window from the last: what the host admitted
-/// through the store, or on its share with the report in time. A check
-/// answered without the store counts them against the host's share,
-/// which holds only what was counted here; without them each guess's
-/// report freed its share's place for the next.
+/// through the store, or on its share with the report in time; and the
+/// attempts the store admitted through this host whose reports have not
+/// come. A check answered without the store counts both against the
+/// host's share, which holds only what was counted here; without them
+/// each guess's report freed its share's place for the next, and guesses
+/// the store had admitted, still in flight, left the share whole.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct StoreCounted {
     rule: u16,
@@ -61,17 +63,41 @@ pub(super) struct StoreCounted {
     /// The most failures a reply showed while some were waiting: replies
     /// to reports on different connections are read in any order.
     seen: u32,
+    /// Until when `count` lasts (the slot may outlive it for `admitted`).
+    count_until_us: u64,
+    /// Attempts the store admitted through this host, not yet reported,
+    /// until the attempt timeout after the newest (as its place in the
+    /// store lapses).
+    admitted: u32,
+    admitted_until_us: u64,
     /// Found by an account-wide unlock, which clears them.
     account_tag: u64,
 }
 
 /// A live count, as `recount` shows it.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 struct Counted {
     count: u32,
     waiting: u32,
     seen: u32,
     expires_us: u64,
+    admitted: u32,
+    admitted_until_us: u64,
+}
+
+/// A slot's count and attempts admitted as of `now_us`: either part
+/// past its time is none (the slot lives as long as the longer).
+fn live_counted(c: StoreCounted, now_us: u64) -> Counted {
+    let counted = now_us < c.count_until_us;
+    let admitted = now_us < c.admitted_until_us;
+    Counted {
+        count: if counted { c.count } else { 0 },
+        waiting: if counted { c.waiting } else { 0 },
+        seen: if counted { c.seen } else { 0 },
+        expires_us: c.count_until_us,
+        admitted: if admitted { c.admitted } else { 0 },
+        admitted_until_us: c.admitted_until_us,
+    }
 }
 
 /// A count's place in its map: its key's tuple, apart for each rule (two
@@ -256,7 +282,27 @@ impl Limiter {
     /// counted on it.
     pub(super) fn counted_in_store(&self, route: &Route, rule: &Rule, key: Key, now_us: u64) -> Option<u32> {
         let counted = route.store_counted.as_ref()?.of(key).get(counted_id(rule, key), now_us)?.value;
-        (counted.rule == rule.tag).then_some(counted.count)
+        let live = live_counted(counted, now_us);
+        (counted.rule == rule.tag).then_some(live.count.saturating_add(live.admitted))
+    }
+
+    /// An attempt the store admitted through this host (its check's reply
+    /// in time): counted against the share until its report, or until the
+    /// attempt timeout after the newest, when its place in the store lapses.
+    pub(super) fn count_admitted(&self, route: &Route, rule: &Rule, key: Key, now_us: u64) {
+        let until_us = now_us.saturating_add(self.attempt_timeout_us.max(1));
+        self.recount(route, rule, key, now_us, |before| {
+            let c = before.unwrap_or_default();
+            Some(Counted { admitted: c.admitted.saturating_add(1), admitted_until_us: until_us, ..c })
+        });
+    }
+
+    /// A report of an attempt the store admitted through this host, if
+    /// one is counted (`count_admitted`): no longer in flight.
+    pub(super) fn report_admitted(&self, route: &Route, rule: &Rule, key: Key, now_us: u64) {
+        self.recount(route, rule, key, now_us, |before| {
+            before.map(|c| Counted { admitted: c.admitted.saturating_sub(1), ..c })
+        });
     }
 
     /// A failure report this host sends the store, counted as it leaves,
@@ -264,7 +310,7 @@ impl Limiter {
     /// its place on the share is settled already.
     pub(super) fn count_for_store(&self, route: &Route, rule: &Rule, key: Key, window_us: u64, now_us: u64) {
         self.recount(route, rule, key, now_us, |before| {
-            let c = before.unwrap_or(Counted { count: 0, waiting: 0, seen: 0, expires_us: 0 });
+            let c = before.unwrap_or_default();
             let (count, waiting) = (c.count.saturating_add(1), c.waiting.saturating_add(1));
             Some(Counted { count, waiting, expires_us: now_us + window_us, ..c })
         });
@@ -322,19 +368,17 @@ impl Limiter {
     ) {
         let Some(counts) = &route.store_counted else { return };
         counts.of(key).update(counted_id(rule, key), now_us, |slot| {
-            let before = slot.filter(|s| s.value.rule == rule.tag).map(|s| Counted {
-                count: s.value.count,
-                waiting: s.value.waiting,
-                seen: s.value.seen,
-                expires_us: s.expires_us,
-            });
-            let next = f(before).filter(|c| c.count > 0).map(|c| Slot {
-                expires_us: c.expires_us,
+            let before = slot.filter(|s| s.value.rule == rule.tag).map(|s| live_counted(s.value, now_us));
+            let next = f(before).filter(|c| c.count > 0 || c.admitted > 0).map(|c| Slot {
+                expires_us: if c.admitted > 0 { c.expires_us.max(c.admitted_until_us) } else { c.expires_us },
                 value: StoreCounted {
                     rule: rule.tag,
                     count: c.count,
                     waiting: c.waiting,
                     seen: c.seen,
+                    count_until_us: c.expires_us,
+                    admitted: c.admitted,
+                    admitted_until_us: c.admitted_until_us,
                     account_tag: key.account_tag,
                 },
             });
@@ -343,8 +387,14 @@ impl Limiter {
     }
 
     /// A success clears what a key's rule clears on success: the
-    /// failures counted in the store go from this host's count too.
-    pub(super) fn forget_counted(&self, route: &Route, rule: &Rule, key: Key) {
+    /// failures counted in the store go from this host's count too. Other
+    /// attempts the store admitted through it are still in flight.
+    pub(super) fn forget_counted_failures(&self, route: &Route, rule: &Rule, key: Key, now_us: u64) {
+        self.recount(route, rule, key, now_us, |before| before.map(|c| Counted { count: 0, waiting: 0, seen: 0, ..c }));
+    }
+
+    /// An unlock made here forgets the key's count whole.
+    fn forget_counted(&self, route: &Route, rule: &Rule, key: Key) {
         let Some(counts) = &route.store_counted else { return };
         let mut table = counts.of(key);
         let id = counted_id(rule, key);

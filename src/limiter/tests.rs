@@ -1117,6 +1117,93 @@ fn a_failure_report_beside_checks_on_the_share_is_never_missed() {
     assert_eq!(let_through, 0, "trials of 2000 with a check past a share of one failure and one place");
 }
 
+/// The store's reply to a check on `three_host_limiter`'s rule: admitted
+/// or not, and its entry as found (window 100, `current` failures,
+/// `in_flight` places).
+fn check_reply(admitted: bool, current: i64, in_flight: i64) -> crate::shared::script::Reply {
+    let entry = [100, 0, current, in_flight, 30 * SECOND as i64 * in_flight, 0, WINDOW as i64];
+    let head = [i64::from(admitted), T0 as i64, i64::from(!admitted)];
+    crate::shared::script::Reply { ints: [head.as_slice(), &entry].concat(), strings: vec![] }
+}
+
+/// Guesses the store admitted through a host, still in flight, count
+/// against its share until their reports (or the attempt timeout). Before,
+/// four in flight through one host left its share whole when the store
+/// went away: 4 + 2 + 2 + 2 = 10 against the bound of 9 (a red team's
+/// finding). Their abandons, reported while the store is away, each end
+/// one attempt: the share then holds 2 in flight at most (before, each
+/// freed a place of a guess on the share: 6 at once).
+#[test]
+fn guesses_the_store_admitted_count_against_the_share_while_in_flight() {
+    let limiter = three_host_limiter();
+    let check = |now_us: u64| {
+        let plan = limiter.plan_check("t", &account("alice"), now_us).expect("a known route");
+        let Begun::Store(pending) = limiter.begin_check(plan, now_us) else { panic!("a global rule: the store") };
+        pending
+    };
+    for k in 0..4u64 {
+        let stored = limiter.finish_stored(check(T0 + k), &check_reply(true, 0, k as i64), T0 + k);
+        assert!(stored.ok().expect("read").verdict.proceeds(), "the store admits guess {k}");
+    }
+    let on_share = |now_us: u64| limiter.finish_locally(check(now_us), now_us).0.proceeds();
+    assert!(!on_share(T0 + 10), "four in flight through this host fill its share of 2");
+    let mut in_flight_on_share = 0;
+    for k in 0..4u64 {
+        let abandon = super::Report { outcome: None, password_digest: None, password_tag: None };
+        let (_, begun) = limiter.begin_report("t", &account("alice"), &abandon, T0 + 20 + k).expect("a known route");
+        let Begun::Store(pending) = begun else { panic!("a global rule: the store") };
+        drop(limiter.finish_locally(pending, T0 + 20 + k));
+        in_flight_on_share += usize::from(on_share(T0 + 20 + k));
+    }
+    assert_eq!(in_flight_on_share, 2, "after the four abandons, the share's 2 and no more");
+    // Unreported, they lapse with their places in the store.
+    let bob = |now_us: u64| {
+        let plan = limiter.plan_check("t", &account("bob"), now_us).expect("a known route");
+        let Begun::Store(pending) = limiter.begin_check(plan, now_us) else { panic!("a global rule: the store") };
+        pending
+    };
+    for k in 0..4u64 {
+        assert!(limiter.finish_stored(bob(T0 + k), &check_reply(true, 0, k as i64), T0 + k).is_ok());
+    }
+    let lapsed = T0 + 3 + limiter.attempt_timeout_us;
+    assert!(!limiter.finish_locally(bob(lapsed - 1), lapsed - 1).0.proceeds(), "in flight until then");
+    assert!(limiter.finish_locally(bob(lapsed), lapsed).0.proceeds(), "lapsed with their places in the store");
+}
+
+/// A report that counts no failure (a repeated password) ends the attempt
+/// the store admitted, not the place of a guess on the share. Before, it
+/// settled that place, and the share admitted past what it held (a red
+/// team's finding).
+#[test]
+fn an_uncounted_report_ends_the_stores_attempt_not_a_guess_on_the_share() {
+    let limiter = limiter(
+        "[shared]\nurl = \"redis+unix:///nonexistent/tollgate.sock\"\nhosts = 3\n\
+         [responses]\njitter_percent = 0\n[routes.t]\nrecent_passwords = 4\n\
+         [routes.t.rules.per_account]\nkind = \"failures\"\nkey = [\"account\"]\nthreshold = 5\n\
+         window_secs = 60\nscope = \"global\"\ncleared_by_success = true\n",
+    );
+    let check = |now_us: u64| {
+        let plan = limiter.plan_check("t", &account("alice"), now_us).expect("a known route");
+        let Begun::Store(pending) = limiter.begin_check(plan, now_us) else { panic!("a global rule: the store") };
+        pending
+    };
+    let report = |now_us: u64| {
+        let report =
+            super::Report { outcome: Some(Outcome::Failure), password_digest: Some([7; 16]), password_tag: None };
+        let (_, begun) = limiter.begin_report("t", &account("alice"), &report, now_us).expect("a known route");
+        let Begun::Store(pending) = begun else { panic!("a global rule: the store") };
+        pending
+    };
+    let on_share = |now_us: u64| limiter.finish_locally(check(now_us), now_us).0.proceeds();
+    assert!(limiter.finish_stored(report(T0), &failure_reply(1), T0).is_ok(), "a wrong password, counted");
+    let repeat = limiter.finish_stored(check(T0 + 1), &check_reply(true, 1, 0), T0 + 1);
+    assert!(repeat.ok().expect("read").verdict.proceeds(), "its repeat, admitted by the store");
+    assert!(!on_share(T0 + 2), "a failure and an attempt in flight: the share of 2 is used");
+    assert!(limiter.finish_stored(report(T0 + 3), &failure_reply(1), T0 + 3).is_ok(), "the repeat, not counted");
+    assert!(on_share(T0 + 4), "its attempt ended: one left");
+    assert!(!on_share(T0 + 5), "and no more while that guess is in flight");
+}
+
 /// A check the store answers late is counted on this host's share, which
 /// knows nothing of what the store admitted. The store's word that the
 /// key is spent, in a timely reply or one heard late, refuses it there
