@@ -308,7 +308,9 @@ impl Limiter {
         let known_anywhere = store_knows_device(route, &parsed.rules).unwrap_or(known);
         // The rules the store took a place on for this attempt, given back
         // if a rule of this host refuses it after all.
-        let mut taken: SmallVec<[(usize, u64); 4]> = SmallVec::new();
+        // With the places the store then held on each (this one's among
+        // them).
+        let mut taken: SmallVec<[(usize, u64, u32); 4]> = SmallVec::new();
         for (i, found) in parsed.rules {
             if matches!(found, Found::Skipped) {
                 continue;
@@ -321,11 +323,11 @@ impl Limiter {
                     // admitted attempt also holds the place it took, as a
                     // check on this host's tables shows.
                     if parsed.admitted && !refuses {
-                        taken.push((i, spec.window_us));
                         if entry.in_flight == 0 {
                             entry.first_lapse_in_us = self.attempt_timeout_us;
                         }
                         entry.in_flight += 1;
+                        taken.push((i, spec.window_us, entry.in_flight));
                     }
                     let answer = store_failure_answer(rule, spec, refuses, entry, store_now);
                     if !rule.monitor {
@@ -363,7 +365,7 @@ impl Limiter {
             self.forget_spent(route, &rule_keys, now_us);
             let places: Vec<(String, u64)> = taken
                 .iter()
-                .map(|&(i, window_us)| {
+                .map(|&(i, window_us, _)| {
                     let key = rule_keys[i].expect("a global rule in the op has a key");
                     (self.store_key(&route.rules[i], key), window_us)
                 })
@@ -372,9 +374,9 @@ impl Limiter {
             return Ok(Stored::of_check(combine(&answers), store_now, give_back, crowded));
         }
         // Admitted: in flight against this host's share until its report.
-        for &(i, _) in &taken {
+        for &(i, _, in_flight) in taken.iter().filter(|&&(i, ..)| !route.rules[i].monitor) {
             let key = rule_keys[i].expect("a global rule in the op has a key");
-            self.count_admitted(route, &route.rules[i], key, now_us);
+            self.count_admitted(route, &route.rules[i], key, in_flight, now_us);
         }
         Ok(Stored::of_check(combine(&answers), store_now, None, crowded))
     }

@@ -287,13 +287,17 @@ impl Limiter {
     }
 
     /// An attempt the store admitted through this host (its check's reply
-    /// in time): counted against the share until its report, or until the
-    /// attempt timeout after the newest, when its place in the store lapses.
-    pub(super) fn count_admitted(&self, route: &Route, rule: &Rule, key: Key, now_us: u64) {
+    /// in time), `in_flight` places then held there: counted against the
+    /// share until its report, or until the attempt timeout after the
+    /// newest, when its place in the store lapses. Never more than the
+    /// store held: checks never reported, one every half timeout, would
+    /// else pile up here while the store's places lapse one by one.
+    pub(super) fn count_admitted(&self, route: &Route, rule: &Rule, key: Key, in_flight: u32, now_us: u64) {
         let until_us = now_us.saturating_add(self.attempt_timeout_us.max(1));
         self.recount(route, rule, key, now_us, |before| {
             let c = before.unwrap_or_default();
-            Some(Counted { admitted: c.admitted.saturating_add(1), admitted_until_us: until_us, ..c })
+            let admitted = c.admitted.saturating_add(1).min(in_flight.max(1));
+            Some(Counted { admitted, admitted_until_us: until_us, ..c })
         });
     }
 

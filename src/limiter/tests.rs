@@ -1170,6 +1170,35 @@ fn guesses_the_store_admitted_count_against_the_share_while_in_flight() {
     assert!(limiter.finish_locally(bob(lapsed), lapsed).0.proceeds(), "lapsed with their places in the store");
 }
 
+/// Checks the store admitted and nobody reported, one every half attempt
+/// timeout, never hold more of the share than the store holds places:
+/// each lapses there in its turn, while here they lapse together after
+/// the newest. Before, they piled up here (20 against a share of 2), and
+/// the owner was refused on it for a whole outage (a red team's finding).
+#[test]
+fn unreported_checks_the_store_admitted_never_pile_up_on_the_share() {
+    let limiter = three_host_limiter();
+    let check = |now_us: u64| {
+        let plan = limiter.plan_check("t", &account("alice"), now_us).expect("a known route");
+        let Begun::Store(pending) = limiter.begin_check(plan, now_us) else { panic!("a global rule: the store") };
+        pending
+    };
+    let half = limiter.attempt_timeout_us / 2;
+    for k in 0..20u64 {
+        let at = T0 + k * half;
+        assert!(limiter.finish_stored(check(at), &check_reply(true, 0, k.min(1) as i64), at).is_ok());
+    }
+    let last = T0 + 19 * half;
+    // The two the store still holds end; nothing else is in flight.
+    for n in 1..=2 {
+        let abandon = super::Report { outcome: None, password_digest: None, password_tag: None };
+        let (_, begun) = limiter.begin_report("t", &account("alice"), &abandon, last + n).expect("a known route");
+        let Begun::Store(pending) = begun else { panic!("a global rule: the store") };
+        drop(limiter.finish_locally(pending, last + n));
+    }
+    assert!(limiter.finish_locally(check(last + 3), last + 3).0.proceeds(), "the share is free again");
+}
+
 /// A report that counts no failure (a repeated password) ends the attempt
 /// the store admitted, not the place of a guess on the share. Before, it
 /// settled that place, and the share admitted past what it held (a red
