@@ -376,7 +376,7 @@ impl Limiter {
         // Admitted: in flight against this host's share until its report.
         for &(i, _, in_flight) in taken.iter().filter(|&&(i, ..)| !route.rules[i].monitor) {
             let key = rule_keys[i].expect("a global rule in the op has a key");
-            self.count_admitted(route, &route.rules[i], key, in_flight, now_us);
+            self.count_admitted(route, &route.rules[i], key, (store_now, in_flight), now_us);
         }
         Ok(Stored::of_check(combine(&answers), store_now, None, crowded))
     }

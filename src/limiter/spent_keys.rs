@@ -70,6 +70,10 @@ pub(super) struct StoreCounted {
     /// store lapses).
     admitted: u32,
     admitted_until_us: u64,
+    /// The newest places in flight the store showed (at its time): what
+    /// `admitted` never exceeds. Replies are read in any order, so an
+    /// older one does not lower it.
+    store_in_flight: (u64, u32),
     /// Found by an account-wide unlock, which clears them.
     account_tag: u64,
 }
@@ -83,6 +87,7 @@ struct Counted {
     expires_us: u64,
     admitted: u32,
     admitted_until_us: u64,
+    store_in_flight: (u64, u32),
 }
 
 /// A slot's count and attempts admitted as of `now_us`: either part
@@ -97,6 +102,7 @@ fn live_counted(c: StoreCounted, now_us: u64) -> Counted {
         expires_us: c.count_until_us,
         admitted: if admitted { c.admitted } else { 0 },
         admitted_until_us: c.admitted_until_us,
+        store_in_flight: c.store_in_flight,
     }
 }
 
@@ -287,17 +293,26 @@ impl Limiter {
     }
 
     /// An attempt the store admitted through this host (its check's reply
-    /// in time), `in_flight` places then held there: counted against the
-    /// share until its report, or until the attempt timeout after the
-    /// newest, when its place in the store lapses. Never more than the
-    /// store held: checks never reported, one every half timeout, would
-    /// else pile up here while the store's places lapse one by one.
-    pub(super) fn count_admitted(&self, route: &Route, rule: &Rule, key: Key, in_flight: u32, now_us: u64) {
+    /// in time), `in_flight` places held there at the store's `store_us`:
+    /// counted against the share until its report, or until the attempt
+    /// timeout after the newest, when its place in the store lapses. Never
+    /// more than the newest places the store showed: checks never
+    /// reported, one every half timeout, would else pile up here while the
+    /// store's places lapse one by one.
+    pub(super) fn count_admitted(
+        &self,
+        route: &Route,
+        rule: &Rule,
+        key: Key,
+        (store_us, in_flight): (u64, u32),
+        now_us: u64,
+    ) {
         let until_us = now_us.saturating_add(self.attempt_timeout_us.max(1));
         self.recount(route, rule, key, now_us, |before| {
             let c = before.unwrap_or_default();
-            let admitted = c.admitted.saturating_add(1).min(in_flight.max(1));
-            Some(Counted { admitted, admitted_until_us: until_us, ..c })
+            let store_in_flight = c.store_in_flight.max((store_us, in_flight));
+            let admitted = c.admitted.saturating_add(1).min(store_in_flight.1.max(1));
+            Some(Counted { admitted, admitted_until_us: until_us, store_in_flight, ..c })
         });
     }
 
@@ -383,6 +398,7 @@ impl Limiter {
                     count_until_us: c.expires_us,
                     admitted: c.admitted,
                     admitted_until_us: c.admitted_until_us,
+                    store_in_flight: c.store_in_flight,
                     account_tag: key.account_tag,
                 },
             });

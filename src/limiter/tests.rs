@@ -1199,6 +1199,30 @@ fn unreported_checks_the_store_admitted_never_pile_up_on_the_share() {
     assert!(limiter.finish_locally(check(last + 3), last + 3).0.proceeds(), "the share is free again");
 }
 
+/// Replies are read in any order: an older one, showing fewer places in
+/// the store, does not lower what this host counts in flight. Before, two
+/// guesses admitted together counted as one when the later reply was read
+/// first, and the share had a place too many (a red team's finding).
+#[test]
+fn an_older_reply_read_last_does_not_lower_the_count_in_flight() {
+    let limiter = three_host_limiter();
+    let check = |now_us: u64| {
+        let plan = limiter.plan_check("t", &account("alice"), now_us).expect("a known route");
+        let Begun::Store(pending) = limiter.begin_check(plan, now_us) else { panic!("a global rule: the store") };
+        pending
+    };
+    let (first, second) = (check(T0), check(T0));
+    // One batch: the second op found the first's place; its reply is read first.
+    assert!(limiter.finish_stored(second, &check_reply(true, 0, 1), T0).is_ok());
+    assert!(limiter.finish_stored(first, &check_reply(true, 0, 0), T0).is_ok());
+    let abandon = super::Report { outcome: None, password_digest: None, password_tag: None };
+    let (_, begun) = limiter.begin_report("t", &account("alice"), &abandon, T0 + 1).expect("a known route");
+    let Begun::Store(pending) = begun else { panic!("a global rule: the store") };
+    drop(limiter.finish_locally(pending, T0 + 1));
+    assert!(limiter.finish_locally(check(T0 + 2), T0 + 2).0.proceeds(), "one of the two ended: one place");
+    assert!(!limiter.finish_locally(check(T0 + 3), T0 + 3).0.proceeds(), "the other still in flight");
+}
+
 /// A report that counts no failure (a repeated password) ends the attempt
 /// the store admitted, not the place of a guess on the share. Before, it
 /// settled that place, and the share admitted past what it held (a red
