@@ -904,6 +904,13 @@ fn three_host_limiter() -> Limiter {
     )
 }
 
+/// A check on route `t` for `who`, begun and waiting for the store.
+fn store_check<'l>(limiter: &'l Limiter, who: &str, now_us: u64) -> super::AwaitingStore<'l> {
+    let plan = limiter.plan_check("t", &account(who), now_us).expect("a known route");
+    let Begun::Store(pending) = limiter.begin_check(plan, now_us) else { panic!("a global rule: the store") };
+    pending
+}
+
 /// The store's reply to a failure report on `three_host_limiter`'s rule:
 /// not locked, `current` failures in window 100.
 fn failure_reply(current: i64) -> crate::shared::script::Reply {
@@ -1053,8 +1060,7 @@ fn checks_side_by_side_on_the_share_never_pass_what_the_store_counted() {
             let threads: Vec<_> = (0..checks_at_once)
                 .map(|_| {
                     scope.spawn(|| {
-                        let plan = limiter.plan_check("t", &account(&who), T0 + 1).expect("a known route");
-                        let Begun::Store(pending) = limiter.begin_check(plan, T0 + 1) else { panic!("the store") };
+                        let pending = store_check(&limiter, &who, T0 + 1);
                         barrier.wait();
                         limiter.finish_locally(pending, T0 + 1).0.proceeds()
                     })
@@ -1082,11 +1088,7 @@ fn a_failure_report_beside_checks_on_the_share_is_never_missed() {
     let mut let_through = 0;
     for n in 0..2000 {
         let who = format!("reported{n}");
-        let check = || {
-            let plan = limiter.plan_check("t", &account(&who), T0).expect("a known route");
-            let Begun::Store(pending) = limiter.begin_check(plan, T0) else { panic!("a global rule: the store") };
-            limiter.finish_locally(pending, T0).0.proceeds()
-        };
+        let check = || limiter.finish_locally(store_check(&limiter, &who, T0), T0).0.proceeds();
         assert!(check() && check() && !check(), "two places fill the share");
         let (reported, barrier) = (AtomicBool::new(false), std::sync::Barrier::new(2));
         let admitted = std::thread::scope(|scope| {
@@ -1136,11 +1138,7 @@ fn check_reply(admitted: bool, current: i64, in_flight: i64) -> crate::shared::s
 #[test]
 fn guesses_the_store_admitted_count_against_the_share_while_in_flight() {
     let limiter = three_host_limiter();
-    let check = |now_us: u64| {
-        let plan = limiter.plan_check("t", &account("alice"), now_us).expect("a known route");
-        let Begun::Store(pending) = limiter.begin_check(plan, now_us) else { panic!("a global rule: the store") };
-        pending
-    };
+    let check = |now_us: u64| store_check(&limiter, "alice", now_us);
     for k in 0..4u64 {
         let stored = limiter.finish_stored(check(T0 + k), &check_reply(true, 0, k as i64), T0 + k);
         assert!(stored.ok().expect("read").verdict.proceeds(), "the store admits guess {k}");
@@ -1157,11 +1155,7 @@ fn guesses_the_store_admitted_count_against_the_share_while_in_flight() {
     }
     assert_eq!(in_flight_on_share, 2, "after the four abandons, the share's 2 and no more");
     // Unreported, they lapse with their places in the store.
-    let bob = |now_us: u64| {
-        let plan = limiter.plan_check("t", &account("bob"), now_us).expect("a known route");
-        let Begun::Store(pending) = limiter.begin_check(plan, now_us) else { panic!("a global rule: the store") };
-        pending
-    };
+    let bob = |now_us: u64| store_check(&limiter, "bob", now_us);
     for k in 0..4u64 {
         assert!(limiter.finish_stored(bob(T0 + k), &check_reply(true, 0, k as i64), T0 + k).is_ok());
     }
@@ -1178,11 +1172,7 @@ fn guesses_the_store_admitted_count_against_the_share_while_in_flight() {
 #[test]
 fn unreported_checks_the_store_admitted_never_pile_up_on_the_share() {
     let limiter = three_host_limiter();
-    let check = |now_us: u64| {
-        let plan = limiter.plan_check("t", &account("alice"), now_us).expect("a known route");
-        let Begun::Store(pending) = limiter.begin_check(plan, now_us) else { panic!("a global rule: the store") };
-        pending
-    };
+    let check = |now_us: u64| store_check(&limiter, "alice", now_us);
     let half = limiter.attempt_timeout_us / 2;
     for k in 0..20u64 {
         let at = T0 + k * half;
@@ -1206,11 +1196,7 @@ fn unreported_checks_the_store_admitted_never_pile_up_on_the_share() {
 #[test]
 fn an_older_reply_read_last_does_not_lower_the_count_in_flight() {
     let limiter = three_host_limiter();
-    let check = |now_us: u64| {
-        let plan = limiter.plan_check("t", &account("alice"), now_us).expect("a known route");
-        let Begun::Store(pending) = limiter.begin_check(plan, now_us) else { panic!("a global rule: the store") };
-        pending
-    };
+    let check = |now_us: u64| store_check(&limiter, "alice", now_us);
     let (first, second) = (check(T0), check(T0));
     // One batch: the second op found the first's place; its reply is read first.
     assert!(limiter.finish_stored(second, &check_reply(true, 0, 1), T0).is_ok());
@@ -1235,11 +1221,7 @@ fn an_uncounted_report_ends_the_stores_attempt_not_a_guess_on_the_share() {
          [routes.t.rules.per_account]\nkind = \"failures\"\nkey = [\"account\"]\nthreshold = 5\n\
          window_secs = 60\nscope = \"global\"\ncleared_by_success = true\n",
     );
-    let check = |now_us: u64| {
-        let plan = limiter.plan_check("t", &account("alice"), now_us).expect("a known route");
-        let Begun::Store(pending) = limiter.begin_check(plan, now_us) else { panic!("a global rule: the store") };
-        pending
-    };
+    let check = |now_us: u64| store_check(&limiter, "alice", now_us);
     let report = |now_us: u64| {
         let report =
             super::Report { outcome: Some(Outcome::Failure), password_digest: Some([7; 16]), password_tag: None };
@@ -1270,11 +1252,7 @@ fn the_stores_word_that_a_key_is_spent_refuses_a_late_check_until_it_has_room() 
     use super::spent_keys::SPENT_WORD_KEPT_US;
     use crate::shared::script::Reply;
     let limiter = global_limiter();
-    let begin = |now_us: u64| {
-        let plan = limiter.plan_check("t", &account("alice"), now_us).expect("a known route");
-        let Begun::Store(pending) = limiter.begin_check(plan, now_us) else { panic!("a global rule: the store") };
-        pending
-    };
+    let begin = |now_us: u64| store_check(&limiter, "alice", now_us);
     let late_check = |now_us: u64| limiter.finish_locally(begin(now_us), now_us).0.into_owned();
     // The store's entry: window 100 of one minute, `current` failures and
     // `in_flight` places (the first lapsing in 30 s).
