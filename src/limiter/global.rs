@@ -19,7 +19,7 @@ use super::spent_keys::{spent, CountedWaiting, Echo};
 use super::store_names::store_name;
 use super::store_reply::{
     entry_counts, full_rate_spec, is_locked, parse_check, parse_report, scope, store_failure_answer,
-    store_knows_device, Found,
+    store_knows_device, Found, Stored,
 };
 use super::subject::RuleKeys;
 use super::verdict::{busy_answer, combine, rate_answer, Answers, RuleAnswer};
@@ -109,33 +109,6 @@ pub struct StoreReport<'l> {
     begun_us: u64,
     pub op: Op,
     counted: CountedWaiting<'l>,
-}
-
-/// A check's or report's second half from the store's reply.
-pub struct Stored<'l> {
-    pub verdict: Verdict<'l>,
-    pub store_now: u64,
-    /// A report's writes the reply waits for.
-    pub durable: Vec<Durable>,
-    /// A report's message for the other hosts per key it locked:
-    /// `L <store key> <µs until it unlocks>`.
-    pub locked: Vec<String>,
-    /// A check's op to send when a rule on this host refused after the
-    /// store admitted: gives back the places the store took.
-    pub give_back: Option<Op>,
-    /// The failure rules (as places among the op's keys) whose places in flight
-    /// are at least the admits left: a late check there could carry the
-    /// key past its threshold, so it is in a burst
-    /// (`SharedStore::mark_crowded`). One place held, or a refusal on
-    /// another key of the same check, marks nothing: a stranger's single
-    /// check must not make a lone owner's late checks refused.
-    pub crowded: SmallVec<[usize; 4]>,
-}
-
-impl<'l> Stored<'l> {
-    fn of_check(verdict: Verdict<'l>, store_now: u64, give_back: Option<Op>, crowded: SmallVec<[usize; 4]>) -> Self {
-        Stored { verdict, store_now, durable: Vec::new(), locked: Vec::new(), give_back, crowded }
-    }
 }
 
 /// A lockout's messages to the other hosts (`Stored::locked`): stamped

@@ -27,10 +27,11 @@ mod verdict;
 mod write_back;
 
 pub use bans::BanChange;
-pub use global::{AwaitingStore, Begun, Stored};
+pub use global::{AwaitingStore, Begun};
 pub use maintenance::Restored;
 pub use observe::Facts;
 pub use spent_keys::Echo;
+pub use store_reply::Stored;
 
 use std::sync::Arc;
 

@@ -1,5 +1,6 @@
-//! The store's reply to a check or report, read rule by rule, and a
-//! global rule's answer from the entry the store found.
+//! The store's reply to a check or report, read rule by rule, a global
+//! rule's answer from the entry the store found, and what a finished
+//! half leaves the daemon to do (`Stored`).
 
 use super::route::{Full, Route, Rule};
 use super::subject::RuleKeys;
@@ -7,8 +8,9 @@ use super::verdict::{failure_answer, gcra_spec, RuleAnswer};
 use crate::classes::SourceClass;
 use crate::config::DeviceScope;
 use crate::failure_window::{Counts, Standing};
-use crate::protocol::Reason;
-use crate::shared::script::{Ints, Reply, ReplyError, Scope, StoreEntry};
+use crate::protocol::{Reason, Verdict};
+use crate::shared::script::{Ints, Op, Reply, ReplyError, Scope, StoreEntry};
+use crate::store::Durable;
 use smallvec::SmallVec;
 
 /// Whether the store knows the check's device, read from how it scoped the
@@ -167,4 +169,36 @@ pub(super) fn parse_report(route: &Route, keys: &RuleKeys, reply: &Reply) -> Res
         })
     })?;
     Ok(Parsed { admitted: true, store_now, rules })
+}
+
+/// A check's or report's second half from the store's reply.
+pub struct Stored<'l> {
+    pub verdict: Verdict<'l>,
+    pub store_now: u64,
+    /// A report's writes the reply waits for.
+    pub durable: Vec<Durable>,
+    /// A report's message for the other hosts per key it locked:
+    /// `L <store key> <µs until it unlocks>`.
+    pub locked: Vec<String>,
+    /// A check's op to send when a rule on this host refused after the
+    /// store admitted: gives back the places the store took.
+    pub give_back: Option<Op>,
+    /// The failure rules (as places among the op's keys) whose places in flight
+    /// are at least the admits left: a late check there could carry the
+    /// key past its threshold, so it is in a burst
+    /// (`SharedStore::mark_crowded`). One place held, or a refusal on
+    /// another key of the same check, marks nothing: a stranger's single
+    /// check must not make a lone owner's late checks refused.
+    pub crowded: SmallVec<[usize; 4]>,
+}
+
+impl<'l> Stored<'l> {
+    pub(super) fn of_check(
+        verdict: Verdict<'l>,
+        store_now: u64,
+        give_back: Option<Op>,
+        crowded: SmallVec<[usize; 4]>,
+    ) -> Self {
+        Stored { verdict, store_now, durable: Vec::new(), locked: Vec::new(), give_back, crowded }
+    }
 }
