@@ -211,3 +211,62 @@ fn a_replayed_unlock_does_not_forget_a_newer_lockout_the_store_lost() {
     );
     assert_eq!(guesses, 0, "a lockout held in memory was forgotten by an older unlock's replay");
 }
+
+/// The account ceiling (threshold 5 here) locked through the store by
+/// guesses from five networks, each with a cookie; then the store forgets
+/// (FLUSHALL, or kill -9 and a restart without persistence) its lockout
+/// and every device it knew. A guess without a device was refused from
+/// memory, but one with a made-up cookie went to the store, which admitted
+/// it: 5 of 5 after either (at the defaults, 50). Now the hosts' memory
+/// refuses those too, while alice's own device, which host 0 saw her log
+/// in on, is still exempt there.
+#[test]
+fn after_the_store_forgets_a_made_up_device_does_not_pass_the_account_ceilings_lockout() {
+    for restart in [false, true] {
+        let mut hosts =
+            Hosts::start_with(3, "[routes.login.rules.account_failures]\nthreshold = 5", "timeout_ms = 100");
+        let guess = |i: usize, device: &'static str| Subject {
+            device: Some(device),
+            ..subject(leak(format!("203.0.{i}.50")), "alice")
+        };
+        let home = Subject { device: Some("alice-laptop"), ..subject("192.0.2.33", "alice") };
+        check(&hosts.daemons[0], &home);
+        report(&hosts.daemons[0], &home, Outcome::Success);
+        for i in 0..5 {
+            let d = &hosts.daemons[i % 3];
+            assert_eq!(check(d, &guess(i, "attacker-phone")).decision, Decision::Allow, "guess {i}");
+            report(d, &guess(i, "attacker-phone"), Outcome::Failure);
+        }
+        for d in &hosts.daemons {
+            wait_until(d, Duration::from_secs(5), "every host refuses the account", || {
+                check(d, &guess(20, "another-phone")).decision == Decision::Deny
+            });
+        }
+        if restart {
+            hosts.redis.kill9();
+            hosts.redis.restart();
+        } else {
+            hosts.redis.cmd(&["FLUSHALL"]);
+        }
+        let fresh = subject("192.0.2.250", "someone-else");
+        for d in &hosts.daemons {
+            wait_until(d, Duration::from_secs(15), "the store answers again", || {
+                !runtime().block_on(d.client().check_answered("login", &fresh)).degraded
+            });
+        }
+        let mut passed = Vec::new();
+        for i in 0..9 {
+            let (d, device) = (&hosts.daemons[i % 3], leak(format!("made-up-{i}")));
+            let answered = runtime().block_on(d.client().check_answered("login", &guess(40 + i, device)));
+            let v = verdict(answered.answer);
+            assert!(!answered.degraded, "the store answered guess {i}");
+            if v.decision == Decision::Allow {
+                passed.push(i);
+                report(d, &guess(40 + i, device), Outcome::Failure);
+            }
+        }
+        assert!(passed.is_empty(), "restart {restart}: guesses {passed:?} with made-up devices passed the lockout");
+        let v = check(&hosts.daemons[0], &home);
+        assert_eq!(v.decision, Decision::Allow, "restart {restart}: her own device on the host that knows it ({v:?})");
+    }
+}

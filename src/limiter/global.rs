@@ -13,7 +13,7 @@
 //! duration); a known lockout is kept here until this host's `now` plus
 //! the store's remaining duration.
 
-use super::known_lockouts::DevicesDecided;
+use super::known_lockouts::{store_applied_scoped, DevicesDecided};
 use super::route::{Full, Route, Table};
 use super::spent_keys::{spent, CountedWaiting, Echo};
 use super::store_names::store_name;
@@ -329,8 +329,12 @@ impl Limiter {
             self.give_back(route, &rule_keys, held, now_us);
             return Ok(Stored::of_check(combine(&answers), store_now, None, crowded));
         }
+        // The store may have lost a lockout this host knows (see
+        // `store_applied_scoped`).
+        let applied = store_applied_scoped(route, &rule_keys, taken.iter().map(|t| t.0), known);
         let signals = if known_anywhere { Hits::default() } else { hits };
-        if self.judge_signals(route, &rule_keys, signals, now_us, true, &mut answers)
+        if self.known_lockout(route, &applied, DevicesDecided::Here, now_us, &mut answers)
+            || self.judge_signals(route, &rule_keys, signals, now_us, true, &mut answers)
             || self.spend_rates(route, &rule_keys, class, Rules::Host, now_us, &mut answers)
         {
             self.give_back(route, &rule_keys, held, now_us);

@@ -35,6 +35,27 @@ pub(super) enum DevicesDecided {
     HereStoreLate,
 }
 
+/// The keys of the device-scoped rules the store applied to an attempt it
+/// admitted (`applied`: rule indices), for `known_lockout` to refuse as
+/// without a device. A store that lost its data (a flush, a restart
+/// without persistence) forgot its lockouts with the devices it knew, so
+/// any made-up device would pass a lockout every host still knows. A
+/// device this host saw the owner log in on keeps her exemption from the
+/// account ceiling; one only another host knows is refused here.
+pub(super) fn store_applied_scoped(
+    route: &Route,
+    rule_keys: &RuleKeys,
+    applied: impl Iterator<Item = usize> + Clone,
+    known_here: bool,
+) -> RuleKeys {
+    let applies = |i: usize| match route.rules[i].devices {
+        DeviceScope::All => false,
+        DeviceScope::UnknownDevices => !known_here,
+        DeviceScope::KnownDevices => true,
+    };
+    (0..route.rules.len()).map(|i| rule_keys[i].filter(|_| applies(i) && applied.clone().any(|j| j == i))).collect()
+}
+
 /// Unlocks remembered at most; past it the oldest are forgotten, so a
 /// flood of them (whoever can publish on the store can send any) costs at
 /// most the race this memory closes, never a lockout not remembered.
