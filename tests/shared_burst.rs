@@ -243,6 +243,50 @@ fn guesses_the_store_admitted_through_a_host_use_its_share_when_the_store_goes()
     assert!(tried <= 5 + 2 * 2, "{tried} tried, bound 9\n{}", hosts.daemons[0].log());
 }
 
+/// The same across a restart of host 0 (SIGTERM, as a rolling deploy
+/// does) between the guesses through it and the store going away: four
+/// failures counted through it, or four guesses the store admitted
+/// through it still hashing. Before, the restarted host had forgotten
+/// them and its share admitted 2 more (10 tried against the bound of 9;
+/// five in flight, 11).
+#[test]
+fn a_restarted_host_keeps_what_the_store_counted_and_admitted_through_it() {
+    for in_flight in [false, true] {
+        let mut hosts = Hosts::start();
+        let rt = runtime();
+        let target = subject("198.51.100.7", if in_flight { "mallory-hashing" } else { "mallory-failed" });
+        for i in 0..4 {
+            let d = &hosts.daemons[0];
+            let answered = if in_flight {
+                let answered = rt.block_on(d.client().check_answered("login", &target));
+                (verdict(answered.answer).decision == Decision::Allow).then_some(answered.degraded)
+            } else {
+                rt.block_on(guess_answered(d.client(), "login", target.clone(), Duration::ZERO))
+            };
+            assert_eq!(answered, Some(false), "the store admitted guess {i}");
+        }
+        let stopped = hosts.daemons[0].terminate();
+        assert!(stopped.success(), "host 0 stopped: {stopped}");
+        hosts.daemons[0].spawn();
+        let d = &hosts.daemons[0];
+        let other = subject("192.0.2.251", "someone-else");
+        wait_until(d, Duration::from_secs(15), "the store answers host 0 again", || {
+            !rt.block_on(d.client().check_answered("login", &other)).degraded
+        });
+        hosts.redis.pause();
+        let (started, mut on_share) = (Instant::now(), 0);
+        // Past busy_max_ms (500): the breaker opens, the share answers.
+        while started.elapsed() < Duration::from_millis(800) {
+            on_share +=
+                rt.block_on(guess_answered(d.client(), "login", target.clone(), Duration::ZERO)).is_some() as usize;
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        hosts.redis.resume();
+        assert_eq!(on_share, 0, "in flight {in_flight}: host 0's share after its restart\n{}", d.log());
+        assert!(d.log().contains("shared store unreachable"), "the share answered:\n{}", d.log());
+    }
+}
+
 /// A frozen store (SIGSTOP) is not busy for long: late calls are refused
 /// only until their run is `busy_max_ms` (500) old; then they are
 /// failures, the breaker opens, and the share answers at once. No answer

@@ -416,7 +416,9 @@ fn writes_due(daemon: &Daemon, now_us: u64) -> (Vec<Durable>, bool) {
 
 /// The final save at stop; returns how many writes failed.
 fn save_all(daemon: &Daemon) -> usize {
-    let (writes, _) = writes_due(daemon, daemon.clock.now_us());
+    let now_us = daemon.clock.now_us();
+    let (mut writes, _) = writes_due(daemon, now_us);
+    writes.extend(daemon.limiter.load().save_store_counts(now_us));
     let mut failed = 0;
     for write in writes {
         if let Err(e) = write.wait_blocking() {

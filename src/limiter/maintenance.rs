@@ -215,6 +215,23 @@ impl Limiter {
         }
     }
 
+    /// Shared mode, at a stop: what this host's reports counted in the
+    /// store and the attempts the store admitted through it, every live
+    /// count, for the next start to put back (`restore_store_count`) so
+    /// that a restarted host's share still holds them while the store is
+    /// away. Saved only here: they change with every login, and a crash
+    /// loses them. The returned writes complete when they are on disk.
+    pub fn save_store_counts(&self, now_us: u64) -> Vec<Durable> {
+        let mut writes = Vec::new();
+        for route in &self.routes {
+            let Some(counts) = &route.store_counted else { continue };
+            let (name, map) = (route.name.as_str().into(), DeviceMap::StoreCounted);
+            let value = |c: super::spent_keys::StoreCounted| c.row_value(route, now_us);
+            save_device_map(&self.journal, &name, map, counts, value, now_us, true, &mut writes, true);
+        }
+        writes
+    }
+
     /// Puts persisted known devices back at start. Rows already expired, or
     /// of a route that keeps no known devices, are deleted; an expiry past
     /// the route's TTL now (shortened while the daemon was down) is cut to
@@ -262,6 +279,15 @@ impl Limiter {
                 }
                 continue;
             }
+            if row.map == DeviceMap::StoreCounted {
+                // Read once: the file keeps none until the next stop saves
+                // them again (`save_store_counts`).
+                restored += usize::from(self.restore_store_count(route, &row, now_us));
+                let route: Arc<str> = row.route.as_str().into();
+                let rows = vec![(row.id, None)];
+                stale.push(DeviceRows { route, map: row.map, shard: row.shard, whole: false, rows });
+                continue;
+            }
             let known = route.and_then(|r| r.known_devices.as_ref());
             let Some(known) = known else {
                 if keeps(&row.route) {
@@ -302,7 +328,7 @@ impl Limiter {
                         table.mark_changed(row.id);
                     }
                 }
-                DeviceMap::KnownLockouts => unreachable!("restored above"),
+                DeviceMap::KnownLockouts | DeviceMap::StoreCounted => unreachable!("restored above"),
             }
             restored += 1;
         }

@@ -16,16 +16,18 @@
 use super::global::lock_messages;
 use super::known_lockouts::account_rules;
 use super::route::{Full, Route, Rule};
+use super::shards::SHARDS;
 use super::store_reply::{entry_counts, is_locked, parse_check, parse_report, store_failure_answer, Found};
 use super::subject::RuleKeys;
 use super::verdict::{busy_answer, Answers};
 use super::Limiter;
-use crate::config::DeviceScope;
+use crate::config::{DeviceScope, RULES_PER_ROUTE_MAX};
 use crate::expiring::Slot;
 use crate::failure_window::WindowSpec;
 use crate::keys::Key;
 use crate::protocol::Reason;
 use crate::shared::script::{Op, Reply, StoreEntry};
+use crate::store::PersistedDevice;
 use smallvec::SmallVec;
 
 /// How long the store's word that a key is spent is believed without a
@@ -76,6 +78,28 @@ pub(super) struct StoreCounted {
     store_in_flight: (u64, u32),
     /// Found by an account-wide unlock, which clears them.
     account_tag: u64,
+}
+
+/// A persisted count's value (`DeviceMap::StoreCounted`): its rule's
+/// index in the route, then the failures counted and the attempts
+/// admitted, 6 bits each. Past 63 (a threshold over 63) a row keeps 63.
+const ROW_INDEX_BITS: u32 = 4;
+const ROW_PART_BITS: u32 = 6;
+const ROW_PART_MAX: u32 = (1 << ROW_PART_BITS) - 1;
+const _: () = assert!(RULES_PER_ROUTE_MAX <= 1 << ROW_INDEX_BITS && ROW_INDEX_BITS + 2 * ROW_PART_BITS == 16);
+
+impl StoreCounted {
+    /// Its row's value as of `now_us` (`ROW_INDEX_BITS`); a rule no longer
+    /// on the route gets an index past its rules, which a restart drops.
+    pub(super) fn row_value(&self, route: &Route, now_us: u64) -> u16 {
+        let live = live_counted(*self, now_us);
+        let index =
+            route.rules.iter().position(|r| r.tag == self.rule && r.global.is_some()).unwrap_or(route.rules.len());
+        let part = |n: u32, shift: u32| (n.min(ROW_PART_MAX) as u16) << shift;
+        (index.min(RULES_PER_ROUTE_MAX) as u16)
+            | part(live.count, ROW_INDEX_BITS)
+            | part(live.admitted, ROW_INDEX_BITS + ROW_PART_BITS)
+    }
 }
 
 /// A live count, as `recount` shows it.
@@ -290,6 +314,51 @@ impl Limiter {
         let counted = route.store_counted.as_ref()?.of(key).get(counted_id(rule, key), now_us)?.value;
         let live = live_counted(counted, now_us);
         (counted.rule == rule.tag).then_some(live.count.saturating_add(live.admitted))
+    }
+
+    /// Puts a persisted count back at start (`restore_known_devices`) in
+    /// the shard it was written from; false if it is gone (the route keeps
+    /// no counts, its rule is no longer a global failure rule, it ran out).
+    /// Its failures last at most their rule's window from now and its
+    /// attempts in flight at most the attempt timeout, whatever the row
+    /// claims (a clock run ahead, a crafted file). Its account is not
+    /// known, so an account-wide unlock made here leaves it to lapse.
+    pub(super) fn restore_store_count(&self, route: Option<&Route>, row: &PersistedDevice, now_us: u64) -> bool {
+        let Some((route, counts)) = route.and_then(|r| Some((r, r.store_counted.as_ref()?))) else { return false };
+        let value = u32::from(row.value);
+        let part = |shift: u32| (value >> shift) & ROW_PART_MAX;
+        let rule = route.rules.get((value & ((1 << ROW_INDEX_BITS) - 1)) as usize);
+        let (Some(rule), Some(mut table)) =
+            (rule, (usize::from(row.shard) < SHARDS).then(|| counts.at(usize::from(row.shard))))
+        else {
+            return false;
+        };
+        let Some(Full::Failures(spec)) = rule.global else { return false };
+        let (count, admitted) = (part(ROW_INDEX_BITS), part(ROW_INDEX_BITS + ROW_PART_BITS));
+        let count_until_us = row.expires_us.min(now_us.saturating_add(spec.window_us));
+        let admitted_until_us = row.expires_us.min(now_us.saturating_add(self.attempt_timeout_us));
+        let expires_us = match (count > 0, admitted > 0) {
+            (true, true) => count_until_us.max(admitted_until_us),
+            (true, false) => count_until_us,
+            (false, true) => admitted_until_us,
+            (false, false) => return false,
+        };
+        if expires_us <= now_us {
+            return false;
+        }
+        let counted = StoreCounted {
+            rule: rule.tag,
+            count,
+            waiting: 0,
+            seen: 0,
+            count_until_us,
+            admitted,
+            admitted_until_us,
+            store_in_flight: (0, admitted),
+            account_tag: 0,
+        };
+        table.restore(row.id, Slot { expires_us, value: counted }, now_us);
+        true
     }
 
     /// An attempt the store admitted through this host (its check's reply

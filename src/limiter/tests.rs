@@ -1302,3 +1302,50 @@ fn the_stores_word_that_a_key_is_spent_refuses_a_late_check_until_it_has_room() 
     assert_eq!(heard.locked.len(), 2, "stamped and unstamped: {:?}", heard.locked);
     assert!(locked_from_memory(&limiter, T0 + 10), "the store's lockout, refused from memory");
 }
+
+/// What a host counted for the store, saved at a stop
+/// (`save_store_counts`'s rows), comes back at the next start: its
+/// failures for their window, its attempts in flight for the attempt
+/// timeout, whatever later end a row claims (a month ahead here). A row
+/// of a rule no longer global goes.
+#[test]
+fn store_counts_saved_at_a_stop_come_back_for_their_own_time_only() {
+    let limiter = three_host_limiter();
+    let (route, i, key) = limiter.parse_store_key(&store_name_of(&limiter, "alice")).expect("a rule's entry");
+    let rule = &route.rules[i];
+    for _ in 0..3 {
+        limiter.count_for_store(route, rule, key, WINDOW, T0);
+    }
+    limiter.count_admitted(route, rule, key, (T0, 1), T0);
+    assert_eq!(limiter.counted_in_store(route, rule, key, T0), Some(4));
+    let counts = route.store_counted.as_ref().expect("a shared route");
+    let rows = |value_xor: u16| -> Vec<crate::store::PersistedDevice> {
+        let mut rows = Vec::new();
+        for (shard, table) in counts.each().enumerate() {
+            for (id, slot) in table.live(T0) {
+                rows.push(crate::store::PersistedDevice {
+                    route: "t".into(),
+                    map: crate::store::DeviceMap::StoreCounted,
+                    shard: shard as u8,
+                    id,
+                    expires_us: T0 + 30 * 24 * 3600 * SECOND,
+                    value: slot.value.row_value(route, T0) ^ value_xor,
+                });
+            }
+        }
+        rows
+    };
+    let restarted = three_host_limiter();
+    let (route, i, key) = restarted.parse_store_key(&store_name_of(&restarted, "alice")).expect("a rule's entry");
+    let rule = &route.rules[i];
+    let at = T0 + SECOND;
+    assert_eq!(restarted.restore_known_devices(rows(0), at), 1);
+    assert_eq!(restarted.counted_in_store(route, rule, key, at), Some(4), "three failures, one in flight");
+    let timeout = restarted.attempt_timeout_us;
+    assert_eq!(restarted.counted_in_store(route, rule, key, at + timeout + 1), Some(3), "the attempt lapsed");
+    assert_eq!(restarted.counted_in_store(route, rule, key, at + WINDOW - 1), Some(3));
+    assert_eq!(restarted.counted_in_store(route, rule, key, at + WINDOW + 1).unwrap_or(0), 0, "not the month");
+    // The rule's index in the row pointing at no rule of the route.
+    let restarted = three_host_limiter();
+    assert_eq!(restarted.restore_known_devices(rows(0b1110), at), 0, "no such rule");
+}

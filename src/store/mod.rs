@@ -217,6 +217,11 @@ pub enum DeviceMap {
     /// value the rule's index in its route, expiry the lockout's end), so
     /// a restart without the store still refuses them.
     KnownLockouts = 2,
+    /// Shared mode: what this host's reports counted in the store and the
+    /// attempts the store admitted through it (id the count's, value
+    /// packed by `StoreCounted::row_value`), so a restarted host's share
+    /// still holds them while the store is away.
+    StoreCounted = 3,
 }
 
 impl DeviceMap {
@@ -225,6 +230,7 @@ impl DeviceMap {
             0 => Some(DeviceMap::Devices),
             1 => Some(DeviceMap::PerAccount),
             2 => Some(DeviceMap::KnownLockouts),
+            3 => Some(DeviceMap::StoreCounted),
             _ => None,
         }
     }
