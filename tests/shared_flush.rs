@@ -219,7 +219,9 @@ fn a_replayed_unlock_does_not_forget_a_newer_lockout_the_store_lost() {
 /// memory, but one with a made-up cookie went to the store, which admitted
 /// it: 5 of 5 after either (at the defaults, 50). Now the hosts' memory
 /// refuses those too, while alice's own device, which host 0 saw her log
-/// in on, is still exempt there.
+/// in on, is still exempt there. Her phone's cookie, stolen and locked on
+/// the known-device rule, is refused by host 0 too: the store, which no
+/// longer knows the phone, skips that rule.
 #[test]
 fn after_the_store_forgets_a_made_up_device_does_not_pass_the_account_ceilings_lockout() {
     for restart in [false, true] {
@@ -230,18 +232,25 @@ fn after_the_store_forgets_a_made_up_device_does_not_pass_the_account_ceilings_l
             ..subject(leak(format!("203.0.{i}.50")), "alice")
         };
         let home = Subject { device: Some("alice-laptop"), ..subject("192.0.2.33", "alice") };
-        check(&hosts.daemons[0], &home);
-        report(&hosts.daemons[0], &home, Outcome::Success);
+        for device in ["alice-laptop", "alice-phone"] {
+            let s = Subject { device: Some(device), ..home };
+            check(&hosts.daemons[0], &s);
+            report(&hosts.daemons[0], &s, Outcome::Success);
+        }
         for i in 0..5 {
             let d = &hosts.daemons[i % 3];
             assert_eq!(check(d, &guess(i, "attacker-phone")).decision, Decision::Allow, "guess {i}");
             report(d, &guess(i, "attacker-phone"), Outcome::Failure);
+            assert_eq!(check(&hosts.daemons[0], &guess(10 + i, "alice-phone")).decision, Decision::Allow, "{i}");
+            report(&hosts.daemons[0], &guess(10 + i, "alice-phone"), Outcome::Failure);
         }
         for d in &hosts.daemons {
             wait_until(d, Duration::from_secs(5), "every host refuses the account", || {
                 check(d, &guess(20, "another-phone")).decision == Decision::Deny
             });
         }
+        let stolen = guess(30, "alice-phone");
+        assert_eq!(check(&hosts.daemons[0], &stolen).decision, Decision::Deny, "the stolen cookie locked");
         if restart {
             hosts.redis.kill9();
             hosts.redis.restart();
@@ -266,6 +275,8 @@ fn after_the_store_forgets_a_made_up_device_does_not_pass_the_account_ceilings_l
             }
         }
         assert!(passed.is_empty(), "restart {restart}: guesses {passed:?} with made-up devices passed the lockout");
+        let v = check(&hosts.daemons[0], &stolen);
+        assert_eq!(v.decision, Decision::Deny, "restart {restart}: the stolen cookie on the host that knows it");
         let v = check(&hosts.daemons[0], &home);
         assert_eq!(v.decision, Decision::Allow, "restart {restart}: her own device on the host that knows it ({v:?})");
     }

@@ -35,13 +35,15 @@ pub(super) enum DevicesDecided {
     HereStoreLate,
 }
 
-/// The keys of the device-scoped rules the store applied to an attempt it
-/// admitted (`applied`: rule indices), for `known_lockout` to refuse as
-/// without a device. A store that lost its data (a flush, a restart
-/// without persistence) forgot its lockouts with the devices it knew, so
-/// any made-up device would pass a lockout every host still knows. A
-/// device this host saw the owner log in on keeps her exemption from the
-/// account ceiling; one only another host knows is refused here.
+/// The keys of the device-scoped rules whose lockouts this host refuses
+/// from memory for an attempt the store admitted (`applied`: the rules it
+/// took a place on), as it does without a device. A store that lost its
+/// data (a flush, a restart without persistence) forgot its lockouts with
+/// the devices it knew: any made-up device would pass the account
+/// ceiling's lockout, and a stolen cookie the known-device rule's, which
+/// the store then skips. A device this host saw the owner log in on keeps
+/// her exemption from the account ceiling; one only another host knows
+/// is refused here.
 pub(super) fn store_applied_scoped(
     route: &Route,
     rule_keys: &RuleKeys,
@@ -50,10 +52,10 @@ pub(super) fn store_applied_scoped(
 ) -> RuleKeys {
     let applies = |i: usize| match route.rules[i].devices {
         DeviceScope::All => false,
-        DeviceScope::UnknownDevices => !known_here,
-        DeviceScope::KnownDevices => true,
+        DeviceScope::UnknownDevices => !known_here && applied.clone().any(|j| j == i),
+        DeviceScope::KnownDevices => known_here || applied.clone().any(|j| j == i),
     };
-    (0..route.rules.len()).map(|i| rule_keys[i].filter(|_| applies(i) && applied.clone().any(|j| j == i))).collect()
+    (0..route.rules.len()).map(|i| rule_keys[i].filter(|_| applies(i))).collect()
 }
 
 /// Unlocks remembered at most; past it the oldest are forgotten, so a
