@@ -277,7 +277,14 @@ fn after_the_store_forgets_a_made_up_device_does_not_pass_the_account_ceilings_l
         assert!(passed.is_empty(), "restart {restart}: guesses {passed:?} with made-up devices passed the lockout");
         let v = check(&hosts.daemons[0], &stolen);
         assert_eq!(v.decision, Decision::Deny, "restart {restart}: the stolen cookie on the host that knows it");
+        // Host 1 never saw her laptop: a short wait there, until a login on
+        // the host that knows it teaches the store again.
+        let v = check(&hosts.daemons[1], &home);
+        assert_eq!((v.decision, v.retry_after_ms), (Decision::Deny, 1000), "restart {restart}: host 1 ({v:?})");
         let v = check(&hosts.daemons[0], &home);
         assert_eq!(v.decision, Decision::Allow, "restart {restart}: her own device on the host that knows it ({v:?})");
+        report(&hosts.daemons[0], &home, Outcome::Success);
+        let v = check(&hosts.daemons[1], &home);
+        assert_eq!(v.decision, Decision::Allow, "restart {restart}: host 1 after her login on host 0 ({v:?})");
     }
 }

@@ -333,7 +333,7 @@ impl Limiter {
         // `store_applied_scoped`).
         let applied = store_applied_scoped(route, &rule_keys, taken.iter().map(|t| t.0), known);
         let signals = if known_anywhere { Hits::default() } else { hits };
-        if self.known_lockout(route, &applied, DevicesDecided::Here, now_us, &mut answers)
+        if self.known_lockout(route, &applied, DevicesDecided::HereStoreLate, now_us, &mut answers)
             || self.judge_signals(route, &rule_keys, signals, now_us, true, &mut answers)
             || self.spend_rates(route, &rule_keys, class, Rules::Host, now_us, &mut answers)
         {

@@ -31,7 +31,8 @@ pub(super) enum DevicesDecided {
     /// This host (a check without a device).
     Here,
     /// This host, for a check with a device the store answered late or
-    /// not at all: refused, briefly (see `known_lockout`).
+    /// not at all, or whose scope a store that lost its data decided
+    /// (`store_applied_scoped`): refused, briefly (see `known_lockout`).
     HereStoreLate,
 }
 
@@ -43,7 +44,8 @@ pub(super) enum DevicesDecided {
 /// ceiling's lockout, and a stolen cookie the known-device rule's, which
 /// the store then skips. A device this host saw the owner log in on keeps
 /// her exemption from the account ceiling; one only another host knows
-/// is refused here.
+/// is refused here, briefly: she retries in a second, and a host that
+/// knows her device lets her in, its success teaching the store.
 pub(super) fn store_applied_scoped(
     route: &Route,
     rule_keys: &RuleKeys,
