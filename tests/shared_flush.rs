@@ -288,3 +288,43 @@ fn after_the_store_forgets_a_made_up_device_does_not_pass_the_account_ceilings_l
         assert_eq!(v.decision, Decision::Allow, "restart {restart}: host 1 after her login on host 0 ({v:?})");
     }
 }
+
+/// A stolen cookie of alice's laptop, locked on the known-device rule
+/// ((account, device), 5) through host 0, which knows the laptop; then
+/// FLUSHALL. The store, which no longer knows the laptop, skips that rule
+/// and counts the account ceiling afresh: 26 of 30 guesses passed over
+/// the three hosts (a red team's finding). The lockout every host
+/// remembers now refuses them on each.
+#[test]
+fn after_a_flush_a_stolen_cookie_stays_locked_on_every_host() {
+    let hosts = Hosts::start_with(3, "", "timeout_ms = 100");
+    let home = Subject { device: Some("alice-laptop"), ..subject("192.0.2.33", "alice") };
+    check(&hosts.daemons[0], &home);
+    report(&hosts.daemons[0], &home, Outcome::Success);
+    let stolen = |i: usize| Subject { device: Some("alice-laptop"), ..subject(leak(format!("203.0.{i}.50")), "alice") };
+    for i in 0..5 {
+        assert_eq!(check(&hosts.daemons[0], &stolen(i)).decision, Decision::Allow, "guess {i}");
+        report(&hosts.daemons[0], &stolen(i), Outcome::Failure);
+    }
+    for d in &hosts.daemons {
+        wait_until(d, Duration::from_secs(5), "every host refuses the cookie", || {
+            check(d, &stolen(30)).decision == Decision::Deny
+        });
+    }
+    hosts.redis.cmd(&["FLUSHALL"]);
+    let fresh = subject("192.0.2.250", "someone-else");
+    for d in &hosts.daemons {
+        wait_until(d, Duration::from_secs(15), "the store answers again", || {
+            !runtime().block_on(d.client().check_answered("login", &fresh)).degraded
+        });
+    }
+    let mut passed = [0; 3];
+    for i in 0..30 {
+        let (h, s) = (i % 3, stolen(40 + i));
+        if check(&hosts.daemons[h], &s).decision == Decision::Allow {
+            passed[h] += 1;
+            report(&hosts.daemons[h], &s, Outcome::Failure);
+        }
+    }
+    assert_eq!(passed, [0; 3], "guesses with the stolen cookie passed, host by host");
+}

@@ -42,7 +42,9 @@ pub(super) enum DevicesDecided {
 /// data (a flush, a restart without persistence) forgot its lockouts with
 /// the devices it knew: any made-up device would pass the account
 /// ceiling's lockout, and a stolen cookie the known-device rule's, which
-/// the store then skips. A device this host saw the owner log in on keeps
+/// the store then skips (a lockout on a key naming the device was taken
+/// while some host knew it, so it refuses on every host). A device this
+/// host saw the owner log in on keeps
 /// her exemption from the account ceiling; one only another host knows
 /// is refused here, briefly: she retries in a second, and a host that
 /// knows her device lets her in, its success teaching the store.
@@ -55,7 +57,9 @@ pub(super) fn store_applied_scoped(
     let applies = |i: usize| match route.rules[i].devices {
         DeviceScope::All => false,
         DeviceScope::UnknownDevices => !known_here && applied.clone().any(|j| j == i),
-        DeviceScope::KnownDevices => known_here || applied.clone().any(|j| j == i),
+        DeviceScope::KnownDevices => {
+            known_here || route.rules[i].key.contains(&Component::Device) || applied.clone().any(|j| j == i)
+        }
     };
     (0..route.rules.len()).map(|i| rule_keys[i].filter(|_| applies(i))).collect()
 }
