@@ -226,7 +226,7 @@ impl Limiter {
         for route in &self.routes {
             let Some(counts) = &route.store_counted else { continue };
             let (name, map) = (route.name.as_str().into(), DeviceMap::StoreCounted);
-            let value = |c: super::spent_keys::StoreCounted| c.row_value(route, now_us);
+            let value = |c: super::spent_keys::StoreCounted| c.row_value(now_us);
             save_device_map(&self.journal, &name, map, counts, value, now_us, true, &mut writes, true);
         }
         writes
@@ -240,6 +240,7 @@ impl Limiter {
         let mut restored = 0;
         let mut orphans = std::collections::BTreeSet::new();
         let mut stale: Vec<DeviceRows> = Vec::new();
+        let mut counted_shards = std::collections::BTreeSet::new();
         // A route keeps its rows while it keeps either map; rows of a map
         // it no longer keeps are deleted one by one.
         let keeps = |name: &str| {
@@ -281,11 +282,10 @@ impl Limiter {
             }
             if row.map == DeviceMap::StoreCounted {
                 // Read once: the file keeps none until the next stop saves
-                // them again (`save_store_counts`).
-                restored += usize::from(self.restore_store_count(route, &row, now_us));
-                let route: Arc<str> = row.route.as_str().into();
-                let rows = vec![(row.id, None)];
-                stale.push(DeviceRows { route, map: row.map, shard: row.shard, whole: false, rows });
+                // them again (`save_store_counts`), each shard's emptied
+                // in one write below.
+                self.restore_store_count(route, &row, now_us);
+                counted_shards.insert((row.route, row.shard));
                 continue;
             }
             let known = route.and_then(|r| r.known_devices.as_ref());
@@ -331,6 +331,10 @@ impl Limiter {
                 DeviceMap::KnownLockouts | DeviceMap::StoreCounted => unreachable!("restored above"),
             }
             restored += 1;
+        }
+        for (route, shard) in counted_shards {
+            let (route, map) = (route.as_str().into(), DeviceMap::StoreCounted);
+            stale.push(DeviceRows { route, map, shard, whole: true, rows: Vec::new() });
         }
         for edit in stale {
             self.journal.write_devices(edit, false);

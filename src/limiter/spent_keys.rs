@@ -21,7 +21,7 @@ use super::store_reply::{entry_counts, is_locked, parse_check, parse_report, sto
 use super::subject::RuleKeys;
 use super::verdict::{busy_answer, Answers};
 use super::Limiter;
-use crate::config::{DeviceScope, RULES_PER_ROUTE_MAX};
+use crate::config::DeviceScope;
 use crate::expiring::Slot;
 use crate::failure_window::WindowSpec;
 use crate::keys::Key;
@@ -80,25 +80,22 @@ pub(super) struct StoreCounted {
     account_tag: u64,
 }
 
-/// A persisted count's value (`DeviceMap::StoreCounted`): its rule's
-/// index in the route, then the failures counted and the attempts
-/// admitted, 6 bits each. Past 63 (a threshold over 63) a row keeps 63.
-const ROW_INDEX_BITS: u32 = 4;
+/// A persisted count's value (`DeviceMap::StoreCounted`): the low bits
+/// of its rule's tag (the id mixes in the whole tag: see `counted_id`),
+/// then the failures counted and the attempts admitted, 6 bits each.
+/// Past 63 (a threshold over 63) a row keeps 63.
+const ROW_TAG_BITS: u32 = 4;
+const ROW_TAG_MASK: u16 = (1 << ROW_TAG_BITS) - 1;
 const ROW_PART_BITS: u32 = 6;
 const ROW_PART_MAX: u32 = (1 << ROW_PART_BITS) - 1;
-const _: () = assert!(RULES_PER_ROUTE_MAX <= 1 << ROW_INDEX_BITS && ROW_INDEX_BITS + 2 * ROW_PART_BITS == 16);
+const _: () = assert!(ROW_TAG_BITS + 2 * ROW_PART_BITS == 16);
 
 impl StoreCounted {
-    /// Its row's value as of `now_us` (`ROW_INDEX_BITS`); a rule no longer
-    /// on the route gets an index past its rules, which a restart drops.
-    pub(super) fn row_value(&self, route: &Route, now_us: u64) -> u16 {
+    /// Its row's value as of `now_us` (`ROW_TAG_BITS`).
+    pub(super) fn row_value(&self, now_us: u64) -> u16 {
         let live = live_counted(*self, now_us);
-        let index =
-            route.rules.iter().position(|r| r.tag == self.rule && r.global.is_some()).unwrap_or(route.rules.len());
         let part = |n: u32, shift: u32| (n.min(ROW_PART_MAX) as u16) << shift;
-        (index.min(RULES_PER_ROUTE_MAX) as u16)
-            | part(live.count, ROW_INDEX_BITS)
-            | part(live.admitted, ROW_INDEX_BITS + ROW_PART_BITS)
+        (self.rule & ROW_TAG_MASK) | part(live.count, ROW_TAG_BITS) | part(live.admitted, ROW_TAG_BITS + ROW_PART_BITS)
     }
 }
 
@@ -317,8 +314,10 @@ impl Limiter {
     }
 
     /// Puts a persisted count back at start (`restore_known_devices`) in
-    /// the shard it was written from; false if it is gone (the route keeps
-    /// no counts, its rule is no longer a global failure rule, it ran out).
+    /// the shard it was written from, under the route's first global
+    /// failure rule its tag bits fit (another rule's tag leaves it where no
+    /// lookup finds it: its id is the rule's); false if it is gone (the
+    /// route keeps no counts or has no such rule, it ran out).
     /// Its failures last at most their rule's window from now and its
     /// attempts in flight at most the attempt timeout, whatever the row
     /// claims (a clock run ahead, a crafted file). Its account is not
@@ -327,14 +326,15 @@ impl Limiter {
         let Some((route, counts)) = route.and_then(|r| Some((r, r.store_counted.as_ref()?))) else { return false };
         let value = u32::from(row.value);
         let part = |shift: u32| (value >> shift) & ROW_PART_MAX;
-        let rule = route.rules.get((value & ((1 << ROW_INDEX_BITS) - 1)) as usize);
+        let fits = |r: &&Rule| r.tag & ROW_TAG_MASK == row.value & ROW_TAG_MASK && r.global.is_some();
+        let rule = route.rules.iter().find(fits);
         let (Some(rule), Some(mut table)) =
             (rule, (usize::from(row.shard) < SHARDS).then(|| counts.at(usize::from(row.shard))))
         else {
             return false;
         };
         let Some(Full::Failures(spec)) = rule.global else { return false };
-        let (count, admitted) = (part(ROW_INDEX_BITS), part(ROW_INDEX_BITS + ROW_PART_BITS));
+        let (count, admitted) = (part(ROW_TAG_BITS), part(ROW_TAG_BITS + ROW_PART_BITS));
         let count_until_us = row.expires_us.min(now_us.saturating_add(spec.window_us));
         let admitted_until_us = row.expires_us.min(now_us.saturating_add(self.attempt_timeout_us));
         let expires_us = match (count > 0, admitted > 0) {

@@ -1307,7 +1307,7 @@ fn the_stores_word_that_a_key_is_spent_refuses_a_late_check_until_it_has_room() 
 /// (`save_store_counts`'s rows), comes back at the next start: its
 /// failures for their window, its attempts in flight for the attempt
 /// timeout, whatever later end a row claims (a month ahead here). A row
-/// of a rule no longer global goes.
+/// of no rule of the route goes.
 #[test]
 fn store_counts_saved_at_a_stop_come_back_for_their_own_time_only() {
     let limiter = three_host_limiter();
@@ -1329,7 +1329,7 @@ fn store_counts_saved_at_a_stop_come_back_for_their_own_time_only() {
                     shard: shard as u8,
                     id,
                     expires_us: T0 + 30 * 24 * 3600 * SECOND,
-                    value: slot.value.row_value(route, T0) ^ value_xor,
+                    value: slot.value.row_value(T0) ^ value_xor,
                 });
             }
         }
@@ -1339,13 +1339,15 @@ fn store_counts_saved_at_a_stop_come_back_for_their_own_time_only() {
     let (route, i, key) = restarted.parse_store_key(&store_name_of(&restarted, "alice")).expect("a rule's entry");
     let rule = &route.rules[i];
     let at = T0 + SECOND;
-    assert_eq!(restarted.restore_known_devices(rows(0), at), 1);
+    restarted.restore_known_devices(rows(0), at);
     assert_eq!(restarted.counted_in_store(route, rule, key, at), Some(4), "three failures, one in flight");
     let timeout = restarted.attempt_timeout_us;
     assert_eq!(restarted.counted_in_store(route, rule, key, at + timeout + 1), Some(3), "the attempt lapsed");
     assert_eq!(restarted.counted_in_store(route, rule, key, at + WINDOW - 1), Some(3));
     assert_eq!(restarted.counted_in_store(route, rule, key, at + WINDOW + 1).unwrap_or(0), 0, "not the month");
-    // The rule's index in the row pointing at no rule of the route.
+    // The tag's bits in the row fitting no rule of the route.
     let restarted = three_host_limiter();
-    assert_eq!(restarted.restore_known_devices(rows(0b1110), at), 0, "no such rule");
+    restarted.restore_known_devices(rows(0b1110), at);
+    let (route, i, key) = restarted.parse_store_key(&store_name_of(&restarted, "alice")).expect("a rule's entry");
+    assert_eq!(restarted.counted_in_store(route, &route.rules[i], key, at), None, "no such rule");
 }

@@ -214,7 +214,7 @@ pub enum DeviceMap {
     /// New devices made known per account (by account tag).
     PerAccount = 1,
     /// Shared mode: keys the store said are locked (id the key's tuple,
-    /// value the rule's index in its route, expiry the lockout's end), so
+    /// value the rule's tag, expiry the lockout's end), so
     /// a restart without the store still refuses them.
     KnownLockouts = 2,
     /// Shared mode: what this host's reports counted in the store and the
