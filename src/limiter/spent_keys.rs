@@ -78,6 +78,9 @@ pub(super) struct StoreCounted {
     store_in_flight: (u64, u32),
     /// Found by an account-wide unlock, which clears them.
     account_tag: u64,
+    /// Put back at start from a row, which names only the low bits of
+    /// `rule` (`ROW_TAG_BITS`); the next change makes it whole.
+    restored: bool,
 }
 
 /// A persisted count's value (`DeviceMap::StoreCounted`): the low bits
@@ -91,6 +94,17 @@ const ROW_PART_MAX: u32 = (1 << ROW_PART_BITS) - 1;
 const _: () = assert!(ROW_TAG_BITS + 2 * ROW_PART_BITS == 16);
 
 impl StoreCounted {
+    /// Whether it is the count of the rule tagged `tag`. A restored count
+    /// knows only its tag's low bits, which two rules may share; its id,
+    /// which mixes in the whole tag (`counted_id`), tells them apart.
+    fn is_rule(&self, tag: u16) -> bool {
+        if self.restored {
+            (self.rule ^ tag) & ROW_TAG_MASK == 0
+        } else {
+            self.rule == tag
+        }
+    }
+
     /// Its row's value as of `now_us` (`ROW_TAG_BITS`).
     pub(super) fn row_value(&self, now_us: u64) -> u16 {
         let live = live_counted(*self, now_us);
@@ -310,14 +324,13 @@ impl Limiter {
     pub(super) fn counted_in_store(&self, route: &Route, rule: &Rule, key: Key, now_us: u64) -> Option<u32> {
         let counted = route.store_counted.as_ref()?.of(key).get(counted_id(rule, key), now_us)?.value;
         let live = live_counted(counted, now_us);
-        (counted.rule == rule.tag).then_some(live.count.saturating_add(live.admitted))
+        counted.is_rule(rule.tag).then_some(live.count.saturating_add(live.admitted))
     }
 
     /// Puts a persisted count back at start (`restore_known_devices`) in
-    /// the shard it was written from, under the route's first global
-    /// failure rule its tag bits fit (another rule's tag leaves it where no
-    /// lookup finds it: its id is the rule's); false if it is gone (the
-    /// route keeps no counts or has no such rule, it ran out).
+    /// the shard it was written from, for the route's global failure rules
+    /// its tag bits fit (`is_rule`); false if it is gone (the route keeps
+    /// no counts or has no such rule, it ran out).
     /// Its failures last at most their rule's window from now and its
     /// attempts in flight at most the attempt timeout, whatever the row
     /// claims (a clock run ahead, a crafted file). Its account is not
@@ -326,16 +339,23 @@ impl Limiter {
         let Some((route, counts)) = route.and_then(|r| Some((r, r.store_counted.as_ref()?))) else { return false };
         let value = u32::from(row.value);
         let part = |shift: u32| (value >> shift) & ROW_PART_MAX;
-        let fits = |r: &&Rule| r.tag & ROW_TAG_MASK == row.value & ROW_TAG_MASK && r.global.is_some();
-        let rule = route.rules.iter().find(fits);
-        let (Some(rule), Some(mut table)) =
-            (rule, (usize::from(row.shard) < SHARDS).then(|| counts.at(usize::from(row.shard))))
+        let tag = row.value & ROW_TAG_MASK;
+        // The longest window of the rules it may be the count of.
+        let window_us = route
+            .rules
+            .iter()
+            .filter_map(|r| match r.global {
+                Some(Full::Failures(spec)) if r.tag & ROW_TAG_MASK == tag => Some(spec.window_us),
+                _ => None,
+            })
+            .max();
+        let (Some(window_us), Some(mut table)) =
+            (window_us, (usize::from(row.shard) < SHARDS).then(|| counts.at(usize::from(row.shard))))
         else {
             return false;
         };
-        let Some(Full::Failures(spec)) = rule.global else { return false };
         let (count, admitted) = (part(ROW_TAG_BITS), part(ROW_TAG_BITS + ROW_PART_BITS));
-        let count_until_us = row.expires_us.min(now_us.saturating_add(spec.window_us));
+        let count_until_us = row.expires_us.min(now_us.saturating_add(window_us));
         let admitted_until_us = row.expires_us.min(now_us.saturating_add(self.attempt_timeout_us));
         let expires_us = match (count > 0, admitted > 0) {
             (true, true) => count_until_us.max(admitted_until_us),
@@ -347,7 +367,7 @@ impl Limiter {
             return false;
         }
         let counted = StoreCounted {
-            rule: rule.tag,
+            rule: tag,
             count,
             waiting: 0,
             seen: 0,
@@ -356,6 +376,7 @@ impl Limiter {
             admitted_until_us,
             store_in_flight: (0, admitted),
             account_tag: 0,
+            restored: true,
         };
         table.restore(row.id, Slot { expires_us, value: counted }, now_us);
         true
@@ -456,7 +477,7 @@ impl Limiter {
     ) {
         let Some(counts) = &route.store_counted else { return };
         counts.of(key).update(counted_id(rule, key), now_us, |slot| {
-            let before = slot.filter(|s| s.value.rule == rule.tag).map(|s| live_counted(s.value, now_us));
+            let before = slot.filter(|s| s.value.is_rule(rule.tag)).map(|s| live_counted(s.value, now_us));
             let next = f(before).filter(|c| c.count > 0 || c.admitted > 0).map(|c| Slot {
                 expires_us: if c.admitted > 0 { c.expires_us.max(c.admitted_until_us) } else { c.expires_us },
                 value: StoreCounted {
@@ -469,9 +490,10 @@ impl Limiter {
                     admitted_until_us: c.admitted_until_us,
                     store_in_flight: c.store_in_flight,
                     account_tag: key.account_tag,
+                    restored: false,
                 },
             });
-            (next.or(slot.filter(|s| s.value.rule != rule.tag)), ())
+            (next.or(slot.filter(|s| !s.value.is_rule(rule.tag))), ())
         });
     }
 
@@ -487,7 +509,7 @@ impl Limiter {
         let Some(counts) = &route.store_counted else { return };
         let mut table = counts.of(key);
         let id = counted_id(rule, key);
-        if table.get(id, 0).is_some_and(|slot| slot.value.rule == rule.tag) {
+        if table.get(id, 0).is_some_and(|slot| slot.value.is_rule(rule.tag)) {
             table.remove(id);
         }
     }

@@ -1351,3 +1351,55 @@ fn store_counts_saved_at_a_stop_come_back_for_their_own_time_only() {
     let (route, i, key) = restarted.parse_store_key(&store_name_of(&restarted, "alice")).expect("a rule's entry");
     assert_eq!(restarted.counted_in_store(route, &route.rules[i], key, at), None, "no such rule");
 }
+
+/// Two global failure rules whose tags share the low bits a saved count
+/// keeps of its rule: each rule's count comes back as its own. Filed
+/// under the first rule that fit, the second's was found by no lookup.
+#[test]
+fn saved_store_counts_of_rules_sharing_tag_bits_come_back_as_their_own() {
+    let names: Vec<String> = (0..64).map(|i| format!("r{i}")).collect();
+    let tag = |name: &str| super::build::rule_tag("t", name) & 0xf;
+    let (first, second) = names
+        .iter()
+        .enumerate()
+        .find_map(|(i, a)| names[i + 1..].iter().find(|b| tag(b) == tag(a)).map(|b| (a.clone(), b.clone())))
+        .expect("17 names share 4 bits");
+    let rules = [&first, &second].map(|name| {
+        format!(
+            "[routes.t.rules.{name}]\nkind = \"failures\"\nkey = [\"account\"]\nthreshold = 5\n\
+             window_secs = 60\nscope = \"global\"\n"
+        )
+    });
+    let config =
+        format!("[shared]\nurl = \"redis+unix:///nonexistent/tollgate.sock\"\nhosts = 3\n{}{}", rules[0], rules[1]);
+    let limiter = self::limiter(&config);
+    let plan = limiter.plan_check("t", &account("alice"), T0).expect("a known route");
+    let keys = plan.rule_keys.clone();
+    let at =
+        |route: &super::route::Route, name: &str| route.rules.iter().position(|r| r.name == *name).expect("a rule");
+    let route = plan.facts.route;
+    let (i, j) = (at(route, &first), at(route, &second));
+    for _ in 0..2 {
+        limiter.count_for_store(route, &route.rules[j], keys[j].expect("keyed"), WINDOW, T0);
+    }
+    limiter.count_for_store(route, &route.rules[i], keys[i].expect("keyed"), WINDOW, T0);
+    let mut rows = Vec::new();
+    for (shard, table) in route.store_counted.as_ref().expect("shared").each().enumerate() {
+        for (id, slot) in table.live(T0) {
+            rows.push(crate::store::PersistedDevice {
+                route: "t".into(),
+                map: crate::store::DeviceMap::StoreCounted,
+                shard: shard as u8,
+                id,
+                expires_us: slot.expires_us,
+                value: slot.value.row_value(T0),
+            });
+        }
+    }
+    let restarted = self::limiter(&config);
+    restarted.restore_known_devices(rows, T0 + SECOND);
+    let plan = restarted.plan_check("t", &account("alice"), T0).expect("a known route");
+    let route = plan.facts.route;
+    let counted = |k: usize| restarted.counted_in_store(route, &route.rules[k], keys[k].expect("keyed"), T0 + SECOND);
+    assert_eq!((counted(i), counted(j)), (Some(1), Some(2)), "{first} and {second}");
+}
