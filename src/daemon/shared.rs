@@ -116,7 +116,7 @@ impl Daemon {
     ) -> Reported<'l> {
         let pending = match reply {
             Ok(reply) => match limiter.finish_stored(pending, &reply, now) {
-                Ok(Stored { verdict, store_now, durable, locked, give_back, crowded }) => {
+                Ok(Stored { verdict, store_now, durable, locked, give_back, teach, crowded }) => {
                     store.note_store_time(store_now, now);
                     // Others' attempts in flight there: the next late check
                     // on these keys is part of a burst, from whichever host.
@@ -126,6 +126,9 @@ impl Daemon {
                     }
                     if let Some(op) = give_back {
                         store.release_unwaited(op);
+                    }
+                    if let Some(op) = teach {
+                        store.send_unwaited(op);
                     }
                     for message in locked {
                         store.publish(limiter.shared_channel(), message);

@@ -16,7 +16,7 @@
 use super::known_lockouts::{store_applied_scoped, DevicesDecided};
 use super::route::{Full, Route, Table};
 use super::spent_keys::{spent, CountedWaiting, Echo};
-use super::store_names::store_name;
+
 use super::store_reply::{
     entry_counts, full_rate_spec, is_locked, parse_check, parse_report, scope, store_failure_answer,
     store_knows_device, Found, Stored,
@@ -27,7 +27,7 @@ use super::{CheckPlan, Facts, Limiter, PreparedReport, Report, RequestError, Rul
 use crate::classes::SourceClass;
 use crate::failure_window::Settled;
 use crate::gcra::decide;
-use crate::keys::Component;
+use crate::keys::{Component, Key};
 use crate::protocol::{Outcome, Reason, Subject, Verdict};
 use crate::shared::script::{CheckRule, Op, Reply, ReplyError, ReportRule};
 use crate::signals::flags::Hits;
@@ -48,8 +48,9 @@ pub struct StoreCheck<'l> {
     /// for the store to say whether the device is known (another host may
     /// have seen it log in).
     hits: Hits,
-    /// Whether the op's first key is the device's (the rules' follow).
-    device_key: bool,
+    /// The (account, device) key when the op's first key is the device's
+    /// (the rules' follow).
+    device: Option<Key>,
     /// When it began: a lockout its reply reports is not remembered after
     /// an unlock heard since (`unlocked_since`).
     begun_us: u64,
@@ -196,7 +197,7 @@ impl Limiter {
             held,
             known,
             hits: deferred,
-            device_key: device.is_some(),
+            device,
             begun_us: now_us,
             op: Op { chosen_keys, ..Op::check(rules) },
         })))
@@ -274,11 +275,17 @@ impl Limiter {
                 }
                 _ => false,
             })
-            .map(|(j, _)| j + usize::from(check.device_key))
+            .map(|(j, _)| j + usize::from(check.device.is_some()))
             .collect();
-        let StoreCheck { route, rule_keys, class, mut answers, held, known, hits, begun_us, .. } = *check;
+        let StoreCheck { route, rule_keys, class, mut answers, held, known, hits, begun_us, device, .. } = *check;
         let store_now = parsed.store_now;
-        let known_anywhere = store_knows_device(route, &parsed.rules).unwrap_or(known);
+        let store_knows = store_knows_device(route, &parsed.rules);
+        let known_anywhere = store_knows.unwrap_or(known);
+        // A device this host saw the owner log in on that the store does not
+        // know (it lost its data): taught again, so that the store scopes
+        // her rules, and a thief's with her cookie, as before on every host.
+        let teach =
+            device.filter(|_| known && store_knows == Some(false)).and_then(|d| self.teach_device(route, d, now_us));
         // The rules the store took a place on for this attempt, given back
         // if a rule of this host refuses it after all.
         // With the places the store then held on each (this one's among
@@ -327,7 +334,7 @@ impl Limiter {
         }
         if !parsed.admitted {
             self.give_back(route, &rule_keys, held, now_us);
-            return Ok(Stored::of_check(combine(&answers), store_now, None, crowded));
+            return Ok(Stored::of_check(combine(&answers), store_now, None, crowded).teaching(teach));
         }
         // The store may have lost a lockout this host knows (see
         // `store_applied_scoped`).
@@ -348,19 +355,20 @@ impl Limiter {
                 })
                 .collect();
             let give_back = (!places.is_empty()).then(|| Op::release(&places));
-            return Ok(Stored::of_check(combine(&answers), store_now, give_back, crowded));
+            return Ok(Stored::of_check(combine(&answers), store_now, give_back, crowded).teaching(teach));
         }
         // Admitted: in flight against this host's share until its report.
         for &(i, _, in_flight) in taken.iter().filter(|&&(i, ..)| !route.rules[i].monitor) {
             let key = rule_keys[i].expect("a global rule in the op has a key");
             self.count_admitted(route, &route.rules[i], key, (store_now, in_flight), now_us);
         }
-        Ok(Stored::of_check(combine(&answers), store_now, None, crowded))
+        Ok(Stored::of_check(combine(&answers), store_now, None, crowded).teaching(teach))
     }
 
     /// A check's second half without the store (`finish_locally`).
     fn finish_check_locally<'a>(&'a self, check: Box<StoreCheck<'a>>, now_us: u64) -> Verdict<'a> {
-        let StoreCheck { route, rule_keys, class, mut answers, held, known, hits, device_key, .. } = *check;
+        let StoreCheck { route, rule_keys, class, mut answers, held, known, hits, device, .. } = *check;
+        let device_key = device.is_some();
         let scoped = self.scoped_here(route, rule_keys.clone(), known);
         // `begin_check` left device-scoped rules' known lockouts to the
         // store. Decided here, each refuses, whichever scope this host gives
@@ -482,12 +490,7 @@ impl Limiter {
             }
         }
         if let (Some(device), Some(known), Some(Outcome::Success)) = (prepared.device, &route.known_devices, outcome) {
-            rules.push(ReportRule::Remember {
-                key: self.device_key(route, device),
-                count_key: store_name(self.prefix(), device.account_tag, "dn", &route.name, None),
-                ttl_us: known.ttl_us,
-                per_account_max: known.per_account_max,
-            });
+            rules.extend(self.remember_device(route, device, known.ttl_us));
         }
         let report = StoreReport { prepared, answers, durable, begun_us: now_us, op: Op::report(rules), counted };
         Ok((facts, Begun::Store(AwaitingStore::Report(Box::new(report)))))
@@ -562,7 +565,15 @@ impl Limiter {
             };
             answers.push(self.escalate(rule, key, answer, now_us, false));
         }
-        Ok(Stored { verdict: combine(&answers), store_now, durable, locked, give_back: None, crowded: SmallVec::new() })
+        Ok(Stored {
+            verdict: combine(&answers),
+            store_now,
+            durable,
+            locked,
+            give_back: None,
+            teach: None,
+            crowded: SmallVec::new(),
+        })
     }
 
     /// A report's second half without the store (`finish_locally`): its

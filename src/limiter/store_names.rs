@@ -9,7 +9,7 @@ use super::route::{Full, Route, Rule};
 use super::{Limiter, RequestError};
 use crate::keys::{Component, Key};
 use crate::protocol::Subject;
-use crate::shared::script::Op;
+use crate::shared::script::{Op, ReportRule};
 
 impl Limiter {
     /// How this limiter's keys (and so its store names) are derived: its
@@ -40,6 +40,26 @@ impl Limiter {
     /// success makes it known to all.
     pub(super) fn device_key(&self, route: &Route, device: Key) -> String {
         store_name(self.prefix(), device.account_tag, "d", &route.name, Some(device.to_u128()))
+    }
+
+    /// What a success tells the store of its device (`ReportRule::Remember`):
+    /// known to every host for `ttl_us`, while the account is under its cap
+    /// of new devices.
+    pub(super) fn remember_device(&self, route: &Route, device: Key, ttl_us: u64) -> Option<ReportRule> {
+        let known = route.known_devices.as_ref()?;
+        Some(ReportRule::Remember {
+            key: self.device_key(route, device),
+            count_key: store_name(self.prefix(), device.account_tag, "dn", &route.name, None),
+            ttl_us,
+            per_account_max: known.per_account_max,
+        })
+    }
+
+    /// The op that teaches a store that lost its data a device this host
+    /// knows, for what is left of its time here.
+    pub(super) fn teach_device(&self, route: &Route, device: Key, now_us: u64) -> Option<Op> {
+        let until_us = route.known_devices.as_ref()?.shards.of(device).get(device.tuple, now_us)?.expires_us;
+        Some(Op::report([self.remember_device(route, device, until_us.saturating_sub(now_us).max(1))?]))
     }
 
     /// An account's index of a rule's entries, for a rule keyed on the

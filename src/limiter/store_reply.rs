@@ -183,6 +183,9 @@ pub struct Stored<'l> {
     /// A check's op to send when a rule on this host refused after the
     /// store admitted: gives back the places the store took.
     pub give_back: Option<Op>,
+    /// A check's op teaching the store a device this host knows and it
+    /// forgot (`Limiter::teach_device`), sent without waiting.
+    pub teach: Option<Op>,
     /// The failure rules (as places among the op's keys) whose places in flight
     /// are at least the admits left: a late check there could carry the
     /// key past its threshold, so it is in a burst
@@ -199,6 +202,10 @@ impl<'l> Stored<'l> {
         give_back: Option<Op>,
         crowded: SmallVec<[usize; 4]>,
     ) -> Self {
-        Stored { verdict, store_now, durable: Vec::new(), locked: Vec::new(), give_back, crowded }
+        Stored { verdict, store_now, durable: Vec::new(), locked: Vec::new(), give_back, teach: None, crowded }
+    }
+
+    pub(super) fn teaching(self, teach: Option<Op>) -> Self {
+        Stored { teach, ..self }
     }
 }

@@ -369,6 +369,15 @@ impl SharedStore {
         let _ = self.queue.try_send(Pending { op, reply: tx, orphaned: None });
     }
 
+    /// Queues a report op whose reply nobody waits for, marked orphaned so
+    /// that it is still sent (`Pending::wanted`); dropped if the queue is
+    /// full (the next check that finds it due sends it again).
+    pub fn send_unwaited(&self, op: Op) {
+        let (tx, _) = oneshot::channel();
+        let orphaned = Some(Arc::new(AtomicBool::new(true)));
+        let _ = self.queue.try_send(Pending { op, reply: tx, orphaned });
+    }
+
     /// The store's reply to a check showed other attempts in flight on its
     /// keys (from any host): a late check on them within `busy_max_ms` is
     /// part of a burst.
