@@ -359,3 +359,40 @@ fn after_a_flush_a_host_teaches_the_store_the_devices_it_knows() {
     eprintln!("{passed} of 30 guesses with the cookie passed");
     assert!(passed <= 1 + 5, "{passed} guesses with the cookie passed: the account ceiling's count, not the device's");
 }
+
+/// A device taught back after a flush carries only what is left of its
+/// time on the teaching host. Its remember set the account's count of new
+/// devices to lapse with it, so the cap (2 here) reset early: three new
+/// devices within one TTL (a review's finding). A teach now never
+/// shortens the count, nor a device the store holds longer.
+#[test]
+fn a_device_taught_back_does_not_shorten_the_accounts_count_of_new_devices() {
+    let hosts = Hosts::start_with(
+        2,
+        "[routes.login]\nknown_device_ttl_secs = 6\nknown_devices_per_account_max = 2\n",
+        "timeout_ms = 100",
+    );
+    let login = |d: usize, device: &'static str| {
+        let s = Subject { device: Some(device), ..subject("192.0.2.35", "alice") };
+        check(&hosts.daemons[d], &s);
+        report(&hosts.daemons[d], &s, Outcome::Success);
+    };
+    login(0, "alice-laptop");
+    std::thread::sleep(Duration::from_secs(4));
+    hosts.redis.cmd(&["FLUSHALL"]);
+    let fresh = subject("192.0.2.250", "someone-else");
+    for d in &hosts.daemons {
+        wait_until(d, Duration::from_secs(5), "the store answers again", || {
+            !runtime().block_on(d.client().check_answered("login", &fresh)).degraded
+        });
+    }
+    login(1, "new-1");
+    // Host 0 teaches the laptop, 2 s of its 6 left there.
+    check(&hosts.daemons[0], &Subject { device: Some("alice-laptop"), ..subject("192.0.2.35", "alice") });
+    std::thread::sleep(Duration::from_millis(2500));
+    login(1, "new-2");
+    login(1, "new-3");
+    let known = hosts.redis.cmd(&["--scan", "--pattern", "*:d:login:*"]);
+    let known = known.lines().filter(|l| !l.is_empty()).count();
+    assert!(known <= 2, "{known} devices known within one TTL, cap 2");
+}

@@ -326,14 +326,17 @@ local function report()
   if remember then
     local ttl_ms = math.ceil(remember.ttl / 1000)
     if redis.call('EXISTS', remember.kn) == 1 then
-      redis.call('PEXPIRE', remember.kn, ttl_ms)
+      -- Never shortened: a host teaching a store that lost its data sends
+      -- only what is left of the device's time there.
+      if redis.call('PTTL', remember.kn) < ttl_ms then redis.call('PEXPIRE', remember.kn, ttl_ms) end
     else
       local made = redis.pcall('GET', remember.ck)
       if type(made) == 'table' then made = nil end
       made = tonumber(made) or 0
       if made < remember.max then
         redis.call('SET', remember.kn, '1', 'PX', ttl_ms)
-        redis.call('SET', remember.ck, made + 1, 'PX', ttl_ms)
+        -- The count lasts as long as the account's longest-lived new device.
+        redis.call('SET', remember.ck, made + 1, 'PX', math.max(ttl_ms, redis.call('PTTL', remember.ck)))
       end
     end
   end
