@@ -40,6 +40,26 @@ fn two_hosts() -> TwoHosts {
     TwoHosts { a, b, redis, _dir: dir }
 }
 
+/// Waits until the store, back after it forgot, answers each of `hosts`.
+fn store_answers_again(hosts: &[TestDaemon]) {
+    let fresh = subject("192.0.2.250", "someone-else");
+    for d in hosts {
+        wait_until(d, Duration::from_secs(15), "the store answers again", || {
+            !runtime().block_on(d.client().check_answered("login", &fresh)).degraded
+        });
+    }
+}
+
+/// Three hosts on their own store, with the defaults, and alice's laptop
+/// known through host 0: she logged in on it there.
+fn alice_logged_in_on_her_laptop_through_host_0() -> Hosts {
+    let hosts = Hosts::start_with(3, "", "timeout_ms = 100");
+    let home = Subject { device: Some("alice-laptop"), ..subject("192.0.2.33", "alice") };
+    check(&hosts.daemons[0], &home);
+    report(&hosts.daemons[0], &home, Outcome::Success);
+    hosts
+}
+
 /// Five failed logins through `d`: the subject locked.
 fn lock(d: &TestDaemon, s: &Subject<'_>) {
     for _ in 0..5 {
@@ -257,12 +277,7 @@ fn after_the_store_forgets_a_made_up_device_does_not_pass_the_account_ceilings_l
         } else {
             hosts.redis.cmd(&["FLUSHALL"]);
         }
-        let fresh = subject("192.0.2.250", "someone-else");
-        for d in &hosts.daemons {
-            wait_until(d, Duration::from_secs(15), "the store answers again", || {
-                !runtime().block_on(d.client().check_answered("login", &fresh)).degraded
-            });
-        }
+        store_answers_again(&hosts.daemons);
         let mut passed = Vec::new();
         for i in 0..9 {
             let (d, device) = (&hosts.daemons[i % 3], leak(format!("made-up-{i}")));
@@ -297,10 +312,7 @@ fn after_the_store_forgets_a_made_up_device_does_not_pass_the_account_ceilings_l
 /// remembers now refuses them on each.
 #[test]
 fn after_a_flush_a_stolen_cookie_stays_locked_on_every_host() {
-    let hosts = Hosts::start_with(3, "", "timeout_ms = 100");
-    let home = Subject { device: Some("alice-laptop"), ..subject("192.0.2.33", "alice") };
-    check(&hosts.daemons[0], &home);
-    report(&hosts.daemons[0], &home, Outcome::Success);
+    let hosts = alice_logged_in_on_her_laptop_through_host_0();
     let stolen = |i: usize| Subject { device: Some("alice-laptop"), ..subject(leak(format!("203.0.{i}.50")), "alice") };
     for i in 0..5 {
         assert_eq!(check(&hosts.daemons[0], &stolen(i)).decision, Decision::Allow, "guess {i}");
@@ -312,12 +324,7 @@ fn after_a_flush_a_stolen_cookie_stays_locked_on_every_host() {
         });
     }
     hosts.redis.cmd(&["FLUSHALL"]);
-    let fresh = subject("192.0.2.250", "someone-else");
-    for d in &hosts.daemons {
-        wait_until(d, Duration::from_secs(15), "the store answers again", || {
-            !runtime().block_on(d.client().check_answered("login", &fresh)).degraded
-        });
-    }
+    store_answers_again(&hosts.daemons);
     let mut passed = [0; 3];
     for i in 0..30 {
         let (h, s) = (i % 3, stolen(40 + i));
@@ -337,15 +344,9 @@ fn after_a_flush_a_stolen_cookie_stays_locked_on_every_host() {
 /// the device at its first check, and the known-device rule holds again.
 #[test]
 fn after_a_flush_a_host_teaches_the_store_the_devices_it_knows() {
-    let hosts = Hosts::start_with(3, "", "timeout_ms = 100");
-    let home = Subject { device: Some("alice-laptop"), ..subject("192.0.2.33", "alice") };
-    check(&hosts.daemons[0], &home);
-    report(&hosts.daemons[0], &home, Outcome::Success);
+    let hosts = alice_logged_in_on_her_laptop_through_host_0();
     hosts.redis.cmd(&["FLUSHALL"]);
-    let fresh = subject("192.0.2.250", "someone-else");
-    wait_until(&hosts.daemons[0], Duration::from_secs(15), "the store answers again", || {
-        !runtime().block_on(hosts.daemons[0].client().check_answered("login", &fresh)).degraded
-    });
+    store_answers_again(&hosts.daemons[..1]);
     let mut passed = 0;
     for i in 0..30 {
         let stolen = Subject { device: Some("alice-laptop"), ..subject(leak(format!("203.0.{i}.50")), "alice") };
@@ -380,12 +381,7 @@ fn a_device_taught_back_does_not_shorten_the_accounts_count_of_new_devices() {
     login(0, "alice-laptop");
     std::thread::sleep(Duration::from_secs(4));
     hosts.redis.cmd(&["FLUSHALL"]);
-    let fresh = subject("192.0.2.250", "someone-else");
-    for d in &hosts.daemons {
-        wait_until(d, Duration::from_secs(5), "the store answers again", || {
-            !runtime().block_on(d.client().check_answered("login", &fresh)).degraded
-        });
-    }
+    store_answers_again(&hosts.daemons);
     login(1, "new-1");
     // Host 0 teaches the laptop, 2 s of its 6 left there.
     check(&hosts.daemons[0], &Subject { device: Some("alice-laptop"), ..subject("192.0.2.35", "alice") });

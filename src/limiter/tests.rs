@@ -1318,20 +1318,10 @@ fn store_counts_saved_at_a_stop_come_back_for_their_own_time_only() {
     }
     limiter.count_admitted(route, rule, key, (T0, 1), T0);
     assert_eq!(limiter.counted_in_store(route, rule, key, T0), Some(4));
-    let counts = route.store_counted.as_ref().expect("a shared route");
-    let rows = |value_xor: u16| -> Vec<crate::store::PersistedDevice> {
-        let mut rows = Vec::new();
-        for (shard, table) in counts.each().enumerate() {
-            for (id, slot) in table.live(T0) {
-                rows.push(crate::store::PersistedDevice {
-                    route: "t".into(),
-                    map: crate::store::DeviceMap::StoreCounted,
-                    shard: shard as u8,
-                    id,
-                    expires_us: T0 + 30 * 24 * 3600 * SECOND,
-                    value: slot.value.row_value(T0) ^ value_xor,
-                });
-            }
+    let rows = |value_xor: u16| {
+        let mut rows = saved_store_counts(route, T0);
+        for row in &mut rows {
+            (row.expires_us, row.value) = (T0 + 30 * 24 * 3600 * SECOND, row.value ^ value_xor);
         }
         rows
     };
@@ -1383,23 +1373,29 @@ fn saved_store_counts_of_rules_sharing_tag_bits_come_back_as_their_own() {
         limiter.count_for_store(route, &route.rules[j], keys[j].expect("keyed"), WINDOW, T0);
     }
     limiter.count_for_store(route, &route.rules[i], keys[i].expect("keyed"), WINDOW, T0);
-    let mut rows = Vec::new();
-    for (shard, table) in route.store_counted.as_ref().expect("shared").each().enumerate() {
-        for (id, slot) in table.live(T0) {
-            rows.push(crate::store::PersistedDevice {
-                route: "t".into(),
-                map: crate::store::DeviceMap::StoreCounted,
-                shard: shard as u8,
-                id,
-                expires_us: slot.expires_us,
-                value: slot.value.row_value(T0),
-            });
-        }
-    }
+    let rows = saved_store_counts(route, T0);
     let restarted = self::limiter(&config);
     restarted.restore_known_devices(rows, T0 + SECOND);
     let plan = restarted.plan_check("t", &account("alice"), T0).expect("a known route");
     let route = plan.facts.route;
     let counted = |k: usize| restarted.counted_in_store(route, &route.rules[k], keys[k].expect("keyed"), T0 + SECOND);
     assert_eq!((counted(i), counted(j)), (Some(1), Some(2)), "{first} and {second}");
+}
+
+/// Route `t`'s store counts as a stop saves them (`save_store_counts`).
+fn saved_store_counts(route: &super::route::Route, now_us: u64) -> Vec<crate::store::PersistedDevice> {
+    let mut rows = Vec::new();
+    for (shard, table) in route.store_counted.as_ref().expect("a shared route").each().enumerate() {
+        for (id, slot) in table.live(now_us) {
+            rows.push(crate::store::PersistedDevice {
+                route: "t".into(),
+                map: crate::store::DeviceMap::StoreCounted,
+                shard: shard as u8,
+                id,
+                expires_us: slot.expires_us,
+                value: slot.value.row_value(now_us),
+            });
+        }
+    }
+    rows
 }
