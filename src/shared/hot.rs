@@ -13,6 +13,7 @@ use std::sync::Mutex;
 
 use smallvec::SmallVec;
 
+use crate::expiring::DigestBuildHasher;
 use crate::unpoisoned::Unpoisoned;
 
 /// Shards of the map, so checks on different keys rarely meet on a lock.
@@ -36,7 +37,9 @@ struct Entry {
 
 #[derive(Default)]
 struct Shard {
-    entries: HashMap<u64, Entry>,
+    /// Keyed by the key's hash (`HotKeys::hasher`, drawn at start), used
+    /// as it is: hashing it again cost every check ten SipHash rounds.
+    entries: HashMap<u64, Entry, DigestBuildHasher>,
     last_sweep_us: u64,
 }
 
