@@ -35,6 +35,7 @@ impl Daemon {
     /// (`Begun`): the op for its global rules queued to the store (not
     /// waited for). Done here for a known lockout, or if the store cannot
     /// be asked (this host's degraded share).
+    #[inline(never)]
     pub(super) fn start_shared<'s, 'l>(
         &self,
         store: &'s Arc<SharedStore>,
