@@ -41,14 +41,14 @@ use crate::config::Detector;
 use crate::config::{DeviceScope, ResponsePolicy};
 use crate::exemptions::ExemptionTable;
 use crate::expiring::Slot;
-use crate::failure_window::Settled;
+use crate::failure_window::{FailureWindowTable, Recorded, Settled};
 use crate::keys::{Component, Key, KeyDeriver};
 use crate::protocol::{Outcome, Subject, Verdict};
 use crate::signals::flags::{Hits, Space};
 use crate::signals::pump::SignalsLink;
 use crate::source::SourcePolicy;
 use crate::store::{CellRows, Durable, Journal};
-use route::{RecentPasswords, Route, Table};
+use route::{RecentPasswords, Route, Rule, Table};
 use shards::shard_index;
 use subject::{check_lengths, RuleKeys, SubjectKeys};
 use verdict::{combine, failure_answer, rate_answer, rate_spec, Answers};
@@ -391,32 +391,10 @@ impl Limiter {
                         _ if fails && settled == Settled::Presumed => {}
                         Some(Outcome::Failure) if !repeated => match table.record_failure(key, now_us) {
                             Ok(recorded) if recorded.now_locked && !recorded.was_locked => {
-                                // Written while the shard is locked, so it is
-                                // queued before any later change of this key.
-                                let window_us = table.spec().window_us;
-                                let change = vec![(key, Some(recorded.counts))];
-                                durable.push(self.journal.write_durably(&rule.id, window_us, change));
-                                table.mark_persisted(key);
+                                self.journal_lockout(rule, &mut table, key, recorded, durable);
                             }
                             Ok(_) => {}
-                            // A lockout of a key the full table could not
-                            // hold is as durable as any other: its sketch
-                            // cells are written before the refusal is given.
-                            Err(_) => {
-                                if table.spill(key, now_us) {
-                                    if let Some(changes) = table.take_spilled_lockout(key, now_us) {
-                                        let rule_id = rule.id.clone();
-                                        let shard = shard_index(key.tuple) as u8;
-                                        let rows = CellRows {
-                                            rule: rule_id,
-                                            window_us: table.spec().window_us,
-                                            shard,
-                                            changes,
-                                        };
-                                        durable.extend(self.journal.write_cells(rows, true));
-                                    }
-                                }
-                            }
+                            Err(_) => self.spill_failure(rule, &mut table, key, now_us, durable),
                         },
                         Some(Outcome::Success) if *cleared_by_success => {
                             table.clear(key);
@@ -441,6 +419,50 @@ impl Limiter {
         }
         if which.has_host() {
             self.judge_signals(route, rule_keys, report.hits, now_us, false, answers);
+        }
+    }
+
+    /// A failure that locked its key: written while the shard is locked, so
+    /// it is queued before any later change of this key. Out of line (a
+    /// lockout is rare beside the failures before it), as is the spill:
+    /// their code kept the common failure's from fitting the instruction
+    /// cache.
+    #[cold]
+    #[inline(never)]
+    fn journal_lockout(
+        &self,
+        rule: &Rule,
+        table: &mut FailureWindowTable,
+        key: Key,
+        recorded: Recorded,
+        durable: &mut Vec<Durable>,
+    ) {
+        let window_us = table.spec().window_us;
+        let change = vec![(key, Some(recorded.counts))];
+        durable.push(self.journal.write_durably(&rule.id, window_us, change));
+        table.mark_persisted(key);
+    }
+
+    /// A failure the full table could not hold: a lockout of such a key is
+    /// as durable as any other, its sketch cells written before the
+    /// refusal is given.
+    #[cold]
+    #[inline(never)]
+    fn spill_failure(
+        &self,
+        rule: &Rule,
+        table: &mut FailureWindowTable,
+        key: Key,
+        now_us: u64,
+        durable: &mut Vec<Durable>,
+    ) {
+        if !table.spill(key, now_us) {
+            return;
+        }
+        if let Some(changes) = table.take_spilled_lockout(key, now_us) {
+            let shard = shard_index(key.tuple) as u8;
+            let rows = CellRows { rule: rule.id.clone(), window_us: table.spec().window_us, shard, changes };
+            durable.extend(self.journal.write_cells(rows, true));
         }
     }
 
