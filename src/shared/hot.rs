@@ -134,8 +134,11 @@ impl HotKeys {
         self.epoch.elapsed().as_micros() as u64 + 1
     }
 
+    /// A shard by bits its map uses for neither the bucket (the low bits)
+    /// nor the tag (the top seven): by the top bits, a shard's keys would
+    /// share most of their tag, and each lookup compare more of them.
     fn shard(&self, hash: u64) -> std::sync::MutexGuard<'_, Shard> {
-        self.shards[(hash >> 60) as usize % SHARDS].locked()
+        self.shards[(hash >> 32) as usize % SHARDS].locked()
     }
 }
 
