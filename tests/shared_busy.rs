@@ -309,6 +309,58 @@ fn a_flood_on_anothers_reauth_key_does_not_refuse_a_user_as_busy() {
 /// erin's account, half on four others, from `peer(connection, n)`, each
 /// check given back at once so no places fill. Every check has company
 /// on its account; none is lone.
+/// A stranger's failures with made-up devices lock alice's account
+/// ceiling (`account_failures`, unknown devices only) on three hosts.
+/// Her laptop, which she logged in on through host 0, is exempt from it.
+/// Then the store stops (SIGSTOP): host 0's checks are late, then the
+/// breaker opens. Host 0 still knows her laptop, so her logins there are
+/// admitted. Before, a late check carrying a device was judged by its
+/// unscoped keys, and the ceiling's lockout refused her laptop 5 of 5 on
+/// every host, the one that knows it too (a red team's finding). Host 1,
+/// which never saw her laptop, cannot tell it from a made-up device: a
+/// short wait there.
+#[test]
+fn a_strangers_ceiling_lockout_does_not_refuse_her_known_device_while_the_store_is_away() {
+    let mut hosts = Hosts::start_with(3, "[routes.login.rules.account_failures]\nthreshold = 5", "");
+    let laptop = Subject { device: Some("alice-laptop"), ..subject_of("192.0.2.33", "alice") };
+    check(&hosts.daemons[0], &laptop);
+    report(&hosts.daemons[0], &laptop, Outcome::Success);
+    let stranger = |i: usize| Subject {
+        device: Some("attacker-phone"),
+        ..subject_of(leak(format!("203.0.113.{}", 10 + i)), "alice")
+    };
+    for i in 0..5 {
+        let d = &hosts.daemons[i % 3];
+        assert_eq!(check(d, &stranger(i)).decision, Decision::Allow, "stranger's guess {i}");
+        report(d, &stranger(i), Outcome::Failure);
+    }
+    for d in &hosts.daemons {
+        wait_until(d, Duration::from_secs(5), "every host refuses the stranger", || {
+            check(d, &stranger(20)).decision == Decision::Deny
+        });
+    }
+    assert_eq!(check(&hosts.daemons[0], &laptop).decision, Decision::Allow, "her laptop, the store answering");
+    report(&hosts.daemons[0], &laptop, Outcome::Success);
+    hosts.redis.pause();
+    let rt = runtime();
+    let mut refused = Vec::new();
+    for i in 0..5 {
+        let client = hosts.daemons[0].client();
+        let answered = rt.block_on(client.check_answered("login", &laptop));
+        let v = verdict(answered.answer);
+        if v.decision == Decision::Allow {
+            verdict(rt.block_on(client.report("login", &laptop, Outcome::Success)));
+        } else {
+            refused.push((i, answered.degraded, v.reason, v.retry_after_ms));
+        }
+    }
+    let v = check(&hosts.daemons[1], &laptop);
+    let host_1 = (v.decision, v.retry_after_ms);
+    hosts.redis.resume();
+    assert!(refused.is_empty(), "her laptop refused on the host that knows it: {refused:?}");
+    assert_eq!(host_1, (Decision::Deny, 1000), "host 1, which never saw her laptop");
+}
+
 fn flood(
     client: &Arc<Client>,
     stop: &Arc<AtomicBool>,

@@ -371,13 +371,20 @@ impl Limiter {
         let device_key = device.is_some();
         let scoped = self.scoped_here(route, rule_keys.clone(), known);
         // `begin_check` left device-scoped rules' known lockouts to the
-        // store. Decided here, each refuses, whichever scope this host gives
-        // the device (another host may know it: the owner's, or a stolen
-        // cookie): the share never fills while the reports of what it
-        // admits count in the store, so a made-up device would pass a
-        // lockout the store holds on every late check.
-        let (devices, lockout_keys) =
-            if device_key { (DevicesDecided::HereStoreLate, &rule_keys) } else { (DevicesDecided::Here, &scoped) };
+        // store. A device this host does not know may be one another host
+        // knows (the owner's, or a stolen cookie): each such lockout
+        // refuses, briefly, whatever scope this host gives it, since the
+        // share never fills while the reports of what it admits count in
+        // the store, and a made-up device would pass a lockout the store
+        // holds on every late check. A device this host saw the owner log
+        // in on keeps her exemption from the account ceiling, as in local
+        // mode: a stranger's failures there must not shut her out for as
+        // long as the store is late or away.
+        let (devices, lockout_keys) = if device_key && !known {
+            (DevicesDecided::HereStoreLate, &rule_keys)
+        } else {
+            (DevicesDecided::Here, &scoped)
+        };
         if self.known_lockout(route, lockout_keys, devices, now_us, &mut answers)
             || self.spent_refuses(route, &scoped, device_key, now_us, &mut answers)
         {
