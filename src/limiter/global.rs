@@ -16,9 +16,8 @@
 use super::known_lockouts::{store_applied_scoped, DevicesDecided};
 use super::route::{Full, Route, Table};
 use super::spent_keys::{spent, CountedWaiting, Echo};
-
 use super::store_reply::{
-    entry_counts, full_rate_spec, is_locked, parse_check, parse_report, scope, store_failure_answer,
+    entry_counts, full_rate_spec, is_locked, lock_messages, parse_check, parse_report, scope, store_failure_answer,
     store_knows_device, Found, Stored,
 };
 use super::subject::RuleKeys;
@@ -110,14 +109,6 @@ pub struct StoreReport<'l> {
     begun_us: u64,
     pub op: Op,
     counted: CountedWaiting<'l>,
-}
-
-/// A lockout's messages to the other hosts (`Stored::locked`): stamped
-/// with the store's time of the op, so a host that heard an unlock after
-/// it forgets nothing; and unstamped, for hosts of the previous version,
-/// which read only that form.
-pub(super) fn lock_messages(name: &str, retry_after_us: u64, store_now: u64) -> [String; 2] {
-    [format!("L {name} {retry_after_us}"), format!("L {name} {retry_after_us} {store_now}")]
 }
 
 impl Limiter {

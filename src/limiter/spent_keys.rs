@@ -13,11 +13,12 @@
 //! late in stretches of 400 ms, were each admitted on a share after the
 //! store had refused the key: 9 tried against a limit of 5 on 3 hosts.
 
-use super::global::lock_messages;
 use super::known_lockouts::account_rules;
 use super::route::{Full, Route, Rule};
 use super::shards::SHARDS;
-use super::store_reply::{entry_counts, is_locked, parse_check, parse_report, store_failure_answer, Found};
+use super::store_reply::{
+    entry_counts, is_locked, lock_messages, parse_check, parse_report, store_failure_answer, Found,
+};
 use super::subject::RuleKeys;
 use super::verdict::{busy_answer, Answers};
 use super::Limiter;

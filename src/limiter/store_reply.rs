@@ -171,6 +171,14 @@ pub(super) fn parse_report(route: &Route, keys: &RuleKeys, reply: &Reply) -> Res
     Ok(Parsed { admitted: true, store_now, rules })
 }
 
+/// A lockout's messages to the other hosts (`Stored::locked`): stamped
+/// with the store's time of the op, so a host that heard an unlock after
+/// it forgets nothing; and unstamped, for hosts of the previous version,
+/// which read only that form.
+pub(super) fn lock_messages(name: &str, retry_after_us: u64, store_now: u64) -> [String; 2] {
+    [format!("L {name} {retry_after_us}"), format!("L {name} {retry_after_us} {store_now}")]
+}
+
 /// A check's or report's second half from the store's reply.
 pub struct Stored<'l> {
     pub verdict: Verdict<'l>,
