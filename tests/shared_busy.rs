@@ -305,10 +305,6 @@ fn a_flood_on_anothers_reauth_key_does_not_refuse_a_user_as_busy() {
     assert!(late * 5 >= answers.len(), "the store was late for only {late} of her {} checks", answers.len());
 }
 
-/// 48 connections checking as fast as they can until `stop`: half on
-/// erin's account, half on four others, from `peer(connection, n)`, each
-/// check given back at once so no places fill. Every check has company
-/// on its account; none is lone.
 /// A stranger's failures with made-up devices lock alice's account
 /// ceiling (`account_failures`, unknown devices only) on three hosts.
 /// Her laptop, which she logged in on through host 0, is exempt from it.
@@ -361,6 +357,10 @@ fn a_strangers_ceiling_lockout_does_not_refuse_her_known_device_while_the_store_
     assert_eq!(host_1, (Decision::Deny, 1000), "host 1, which never saw her laptop");
 }
 
+/// 48 connections checking as fast as they can until `stop`: half on
+/// erin's account, half on four others, from `peer(connection, n)`, each
+/// check given back at once so no places fill. Every check has company
+/// on its account; none is lone.
 fn flood(
     client: &Arc<Client>,
     stop: &Arc<AtomicBool>,

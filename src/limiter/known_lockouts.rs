@@ -28,11 +28,12 @@ pub(super) enum DevicesDecided {
     /// The store (a check with a device, before the store's answer): the
     /// rule's lockout is not refused from memory.
     ByStore,
-    /// This host (a check without a device).
+    /// This host (a check without a device, or late with one it knows).
     Here,
-    /// This host, for a check with a device the store answered late or
-    /// not at all, or whose scope a store that lost its data decided
-    /// (`store_applied_scoped`): refused, briefly (see `known_lockout`).
+    /// This host, for a check with a device it does not know that the
+    /// store answered late or not at all, or whose scope a store that lost
+    /// its data decided (`store_applied_scoped`): refused, briefly (see
+    /// `known_lockout`).
     HereStoreLate,
 }
 

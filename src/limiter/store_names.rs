@@ -191,5 +191,15 @@ mod tests {
             );
             assert_eq!(store_name("acme", tag, "i", "login/x", None), format!("acme:{{{tag:016x}}}:i:login/x"));
         }
+        // Every byte value in every place of both fields.
+        for byte in 0..=255u128 {
+            for shift in (0..128).step_by(8) {
+                let (tag, digest) = ((byte << shift) as u64, byte << shift);
+                assert_eq!(
+                    store_name("tg", tag, "f", "r", Some(digest)),
+                    format!("tg:{{{tag:016x}}}:f:r:{digest:032x}")
+                );
+            }
+        }
     }
 }
