@@ -427,6 +427,34 @@ async fn write_back(daemon: &Arc<Daemon>, store: &Arc<SharedStore>, retrying: bo
     pass.written
 }
 
+/// After the store was seen to lose its data: every device this host
+/// knows taught again, in chunks as the write-back's. Without it, a host
+/// that never saw her device refused it (a short wait at a time) while an
+/// account ceiling's lockout stood, until one of her checks reached the
+/// host that knows it. A device not taught here is at its next check.
+async fn teach_known_devices(daemon: Arc<Daemon>, store: Arc<SharedStore>) {
+    let limiter = daemon.limiter().load_full();
+    let chunk = WRITE_BACK_BATCH.min(store.config.pending_max);
+    let (mut taught, mut failed) = (0usize, 0usize);
+    let mut shard = 0;
+    while let Some(lessons) = limiter.lessons(shard, daemon.clock().now_us()) {
+        shard += 1;
+        for part in lessons.chunks(chunk) {
+            let now_us = daemon.clock().now_us();
+            let ops = part.iter().filter_map(|lesson| limiter.lesson_op(lesson, now_us));
+            for reply in futures_util::future::join_all(ops.map(|op| store.call_recovering(op))).await {
+                if reply.is_ok() {
+                    taught += 1;
+                } else {
+                    failed += 1;
+                }
+            }
+        }
+    }
+    tracing::info!(target: LOG_TARGET, taught, failed,
+        "the shared store lost its data; the devices this host knows taught again");
+}
+
 /// The supervisor: probes while the breaker is open, beats while it is
 /// closed, and learns the host count. Runs for the daemon's life.
 pub(super) async fn supervise(daemon: Arc<Daemon>, fingerprint: String, host: String) {
@@ -513,6 +541,9 @@ pub(super) async fn supervise(daemon: Arc<Daemon>, fingerprint: String, host: St
                     tracing::error!(target: LOG_TARGET, error = %why,
                         "shared store now records another secret key; this host stays degraded");
                     continue;
+                }
+                if store.take_store_forgot() {
+                    tokio::spawn(teach_known_devices(daemon.clone(), store.clone()));
                 }
                 let Ok(live) = store.heartbeat(&host, daemon.clock().now_us()).await else { continue };
                 if store.config.hosts > 0 {

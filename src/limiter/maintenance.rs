@@ -210,7 +210,7 @@ impl Limiter {
             }
             let Some(known) = &route.known_devices else { continue };
             let (devices, accounts) = (&known.shards, &known.per_account);
-            save_device_map(journal, &name, DeviceMap::Devices, devices, |()| 0, now_us, full, writes, durable);
+            save_device_map(journal, &name, DeviceMap::Devices, devices, |_| 0, now_us, full, writes, durable);
             save_device_map(journal, &name, DeviceMap::PerAccount, accounts, |n| n, now_us, full, writes, durable);
         }
     }
@@ -316,7 +316,7 @@ impl Limiter {
             match row.map {
                 DeviceMap::Devices => {
                     let mut table = known.shards.at(index);
-                    table.restore(row.id, Slot { expires_us: slot_expires_us, value: () }, now_us);
+                    table.restore(row.id, Slot { expires_us: slot_expires_us, value: 0 }, now_us);
                     if moved {
                         table.mark_changed(row.id);
                     }

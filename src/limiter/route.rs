@@ -87,7 +87,11 @@ impl Rule {
 
 pub(super) struct KnownDevices {
     pub(super) ttl_us: u64,
-    pub(super) shards: SharedTable<ExpiringMap<()>>,
+    /// Each device's account tag (what its store name needs, to teach a
+    /// store that lost its data: `Limiter::lessons`); 0 for one put back
+    /// from the state file, whose rows do not keep it, until her next
+    /// login on it.
+    pub(super) shards: SharedTable<ExpiringMap<u64>>,
     pub(super) per_account_max: u16,
     /// New devices made known per account (by account tag), expiring a TTL
     /// after the account's last one.
@@ -98,7 +102,7 @@ impl KnownDevices {
     /// Remembers (account, device) after a success: refreshes a known one;
     /// makes a new one known only while the account is under its cap.
     pub(super) fn remember(&self, key: Key, now_us: u64) {
-        let slot = Slot { expires_us: now_us + self.ttl_us, value: () };
+        let slot = Slot { expires_us: now_us + self.ttl_us, value: key.account_tag };
         {
             let mut devices = self.shards.of(key);
             if devices.get(key.tuple, now_us).is_some() {

@@ -6,10 +6,19 @@
 
 use super::maintenance::unlocks_one_entry;
 use super::route::{Full, Route, Rule};
+use super::shards::SHARDS;
 use super::{Limiter, RequestError};
 use crate::keys::{Component, Key};
 use crate::protocol::Subject;
 use crate::shared::script::{Op, ReportRule};
+
+/// A device this host knows, of the route at `route` in the limiter that
+/// listed it (`Limiter::lessons`), known here until `until_us`.
+pub struct Lesson {
+    route: usize,
+    device: Key,
+    until_us: u64,
+}
 
 impl Limiter {
     /// How this limiter's keys (and so its store names) are derived: its
@@ -59,7 +68,42 @@ impl Limiter {
     /// knows, for what is left of its time here.
     pub(super) fn teach_device(&self, route: &Route, device: Key, now_us: u64) -> Option<Op> {
         let until_us = route.known_devices.as_ref()?.shards.of(device).get(device.tuple, now_us)?.expires_us;
-        Some(Op::report([self.remember_device(route, device, until_us.saturating_sub(now_us).max(1))?]))
+        self.teach_op(route, device, until_us, now_us)
+    }
+
+    fn teach_op(&self, route: &Route, device: Key, until_us: u64, now_us: u64) -> Option<Op> {
+        let ttl_us = until_us.checked_sub(now_us).filter(|&t| t > 0)?;
+        Some(Op::report([self.remember_device(route, device, ttl_us)?]))
+    }
+
+    /// The devices this host knows in shard `shard` of every route's
+    /// table, with their accounts (`None` past the last shard): what it
+    /// teaches a store seen to lose its data, all at once, so that no
+    /// host refuses her device until her check reaches this one. Those
+    /// put back from the state file, whose account is not kept, are
+    /// taught at her next check here (`teach_device`).
+    pub fn lessons(&self, shard: usize, now_us: u64) -> Option<Vec<Lesson>> {
+        if shard >= SHARDS {
+            return None;
+        }
+        let mut lessons = Vec::new();
+        for (index, route) in self.routes.iter().enumerate() {
+            let Some(known) = &route.known_devices else { continue };
+            let table = known.shards.at(shard);
+            lessons.extend(table.iter_live(now_us).filter(|(_, slot)| slot.value != 0).map(|(tuple, slot)| Lesson {
+                route: index,
+                device: Key { account_tag: slot.value, tuple },
+                until_us: slot.expires_us,
+            }));
+        }
+        Some(lessons)
+    }
+
+    /// The op teaching `lesson` for what is left of its time (none once it
+    /// is over): the `Remember` a success sends, which never shortens what
+    /// the store holds.
+    pub fn lesson_op(&self, lesson: &Lesson, now_us: u64) -> Option<Op> {
+        self.teach_op(self.routes.get(lesson.route)?, lesson.device, lesson.until_us, now_us)
     }
 
     /// An account's index of a rule's entries, for a rule keyed on the

@@ -104,7 +104,7 @@ impl SharedStore {
     /// the running hosts write it back within a heartbeat, so a host keyed
     /// otherwise cannot claim the store. Bounded by `connect_timeout_ms`.
     pub async fn assert_fingerprint(&self, fingerprint: &str) -> Result<u64, ProbeError> {
-        let (recorded, store_now) = self.join(fingerprint).await?;
+        let (recorded, store_now, since) = self.join(fingerprint).await?;
         let recorded = recorded.as_str();
         let (secret, derivation) = split_fingerprint(recorded);
         if recorded != fingerprint && secret == split_fingerprint(fingerprint).0 {
@@ -122,16 +122,39 @@ impl SharedStore {
                 self.config.url
             )));
         }
+        self.note_record_since(since);
         Ok(store_now)
     }
 
     /// Records `fingerprint` in the store if none is; the one recorded,
-    /// and the store's time (for the clock offset before the first
-    /// heartbeat).
-    async fn join(&self, fingerprint: &str) -> Result<(String, u64), ProbeError> {
+    /// the store's time (for the clock offset before the first heartbeat)
+    /// and since when the record is ("" from a store a build before it
+    /// joined, until a host of this build joins).
+    async fn join(&self, fingerprint: &str) -> Result<(String, u64, String), ProbeError> {
         let reply = self.call_meta(Op::join(self.meta_key(), fingerprint)).await?;
         let recorded = reply.strings.first().cloned().unwrap_or_default();
-        Ok((recorded, reply.ints.get(1).map_or(0, |&t| t.max(0) as u64)))
+        let since = reply.strings.get(2).cloned().unwrap_or_default();
+        Ok((recorded, reply.ints.get(1).map_or(0, |&t| t.max(0) as u64), since))
+    }
+
+    /// A record made at another time than the one this host last read
+    /// was made again: the store lost its data in between (FLUSHALL, a
+    /// restart without persistence), and what this host knows of it is
+    /// to be taught again (`take_store_forgot`).
+    fn note_record_since(&self, since: String) {
+        if since.is_empty() {
+            return;
+        }
+        let mut seen = self.record_since.locked();
+        if seen.as_ref().is_some_and(|s| *s != since) {
+            self.store_forgot.store(true, std::sync::atomic::Ordering::Release);
+        }
+        *seen = Some(since);
+    }
+
+    /// Whether the store was seen to lose its data since the last call.
+    pub fn take_store_forgot(&self) -> bool {
+        self.store_forgot.swap(false, std::sync::atomic::Ordering::AcqRel)
     }
 
     fn meta_key(&self) -> String {

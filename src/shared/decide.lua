@@ -448,15 +448,18 @@ local function heartbeat()
 end
 
 -- JOIN: record the secret's fingerprint if none is, and return the one
--- recorded, so a host keyed with another secret refuses to join.
+-- recorded, so a host keyed with another secret refuses to join; and
+-- since when the record is, so a host that saw another time knows the
+-- store lost its data since.
 local function join()
   local kn, fp = key(), str()
   local kind = redis.call('TYPE', kn)['ok']
   if kind ~= 'none' and kind ~= 'hash' then return { -2, 1 } end
   redis.call('HSETNX', kn, 'fingerprint', fp)
   redis.call('HSETNX', kn, 'schema', '1')
-  local got = redis.call('HMGET', kn, 'fingerprint', 'schema')
-  return { 0, now, got[1] or '', got[2] or '' }
+  redis.call('HSETNX', kn, 'since', now)
+  local got = redis.call('HMGET', kn, 'fingerprint', 'schema', 'since')
+  return { 0, now, got[1] or '', got[2] or '', got[3] or '' }
 end
 
 -- FINGERPRINT: the one recorded ('' if none), writing nothing: what a

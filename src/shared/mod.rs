@@ -229,6 +229,11 @@ pub struct SharedStore {
     /// A merge failed (timed out, say): the write-back is tried again at
     /// the next heartbeat (`take_write_back_retry`).
     write_back_retry: AtomicBool,
+    /// Since when the store's record of the fingerprint is, as this host
+    /// last read it (`note_record_since`).
+    record_since: Mutex<Option<String>>,
+    /// The record was made again since: the store lost its data.
+    store_forgot: AtomicBool,
     /// The store names a write-back cut short sent: the next sends them
     /// last (`Limiter::write_back_pass`).
     pub write_back_tried: Mutex<HashSet<String>>,
@@ -284,6 +289,8 @@ impl SharedStore {
             refreshing_slots: AtomicBool::new(false),
             write_back_due: AtomicBool::new(false),
             write_back_retry: AtomicBool::new(false),
+            record_since: Mutex::new(None),
+            store_forgot: AtomicBool::new(false),
             write_back_tried: Mutex::new(HashSet::new()),
             stats: SharedStats::default(),
             hosts_in_force: AtomicU32::new(hosts),
