@@ -71,8 +71,8 @@ impl Signals {
 /// What a block is judged on besides its own accounts (see `spread`).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Spread {
-    pairs: u32,
-    hidden: u32,
+    pub(super) pairs: u32,
+    pub(super) hidden: u32,
 }
 
 /// The `shares` entry of a block's `hidden` sum is keyed by the block's

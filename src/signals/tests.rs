@@ -797,3 +797,38 @@ fn after_a_reload_clears_the_sums_parts_failing_again_count_in_full() {
     }
     assert!(flagged(&mut s, v4(base), 24, 48, Detector::WideSpray), "60 accounts, 60 pairs");
 }
+
+proptest::proptest! {
+    /// A block's sums against a model: in each sub-window a part counts
+    /// elements 1..=k, k the most accounts it showed there (capped), so
+    /// each sum is, over its parts, the largest k in the window's
+    /// sub-windows. Whatever order the failures come in, fresh or not.
+    #[test]
+    fn a_blocks_sums_count_each_parts_largest_top_in_the_window(
+        failures in proptest::collection::vec((0u64..2, 0u64..5, 1u32..25, proptest::bool::ANY), 1..120)
+    ) {
+        use super::sketch::SUB_WINDOWS;
+        let mut s = Signals::new(&config());
+        let cap = s.config.wide_spray.accounts_per_source_max;
+        let hidden_cap = 20;
+        let block = keyed(prefix_of(v4(0x0A00_0000), 24, 48));
+        let mut model: std::collections::BTreeMap<u64, std::collections::HashMap<u64, [u32; 2]>> = Default::default();
+        let mut epoch = 0;
+        for (advance, part, accounts, fresh) in failures {
+            epoch += advance;
+            let spread = s.spread(block, (digest(1000 + part), accounts), fresh, hidden_cap, epoch, T0);
+            let tops = model.entry(epoch).or_default().entry(part).or_default();
+            tops[0] = tops[0].max(accounts.clamp(1, cap));
+            tops[1] = tops[1].max(accounts.clamp(1, hidden_cap));
+            let mut largest: std::collections::HashMap<u64, [u32; 2]> = Default::default();
+            for parts in model.range(epoch.saturating_sub(SUB_WINDOWS as u64 - 1)..=epoch).map(|(_, p)| p) {
+                for (part, top) in parts {
+                    let l = largest.entry(*part).or_default();
+                    (l[0], l[1]) = (l[0].max(top[0]), l[1].max(top[1]));
+                }
+            }
+            let sums = largest.values().fold([0, 0], |a, l| [a[0] + l[0], a[1] + l[1]]);
+            proptest::prop_assert_eq!([spread.pairs, spread.hidden], sums);
+        }
+    }
+}
