@@ -377,7 +377,7 @@ impl Limiter {
             (DevicesDecided::Here, &scoped)
         };
         if self.known_lockout(route, lockout_keys, devices, now_us, &mut answers)
-            || self.spent_refuses(route, &scoped, device_key, now_us, &mut answers)
+            || self.spent_refuses(route, &scoped, device_key && !known, now_us, &mut answers)
         {
             self.give_back(route, &rule_keys, held, now_us);
             return combine(&answers);

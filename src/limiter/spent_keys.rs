@@ -276,7 +276,9 @@ impl Limiter {
     }
 
     /// Refuses a check answered without the store on a key its last word
-    /// showed spent; true if one is. No climb of the escalation ladder:
+    /// showed spent; true if one is. `device`: the check has a device
+    /// whose rules only the store can scope (this host does not know it).
+    /// No climb of the escalation ladder:
     /// the refusal is the store's, repeated. (What this host's reports
     /// counted in the store is taken off its share as the check is
     /// admitted: `counted_in_store`, `admit_failures`.)
@@ -293,7 +295,8 @@ impl Limiter {
         for (i, (rule, key)) in route.rules.iter().zip(keys.iter().copied()).enumerate() {
             let (Some(Full::Failures(spec)), Some(key), false) = (rule.global, key, rule.monitor) else { continue };
             // Whether a device-scoped rule applies to a check with a device
-            // is the store's to say (another host may know the device): a
+            // this host does not know is the store's to say (another host
+            // may know it): a
             // place held on it, unlike a lockout, must not refuse her. So a
             // made-up device passes the account ceiling's mark, and gets
             // the share there, which counts what the store counted.

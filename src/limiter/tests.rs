@@ -513,6 +513,43 @@ fn a_late_check_on_an_account_the_store_locked_is_refused_whatever_its_device() 
     assert_eq!((verdict.decision, verdict.reason), (Decision::Deny, Reason::AttemptsInFlight));
 }
 
+/// The store's word that a key of the rule for known devices is spent
+/// ((account, device): its places in flight at the limit) refuses a late
+/// check with that device on a host that knows it, which decides the
+/// device's rules itself; a made-up device still passes the account
+/// ceiling's word (another host may know it). Before, the first was
+/// admitted on the share: the word was skipped for every device.
+#[test]
+fn the_stores_word_on_a_known_devices_key_refuses_a_late_check_with_it() {
+    let limiter = limiter(
+        "[shared]\nurl = \"redis+unix:///nonexistent/tollgate.sock\"\nhosts = 3\n\
+         [routes.login.rules.source_failures]\nenabled = false\n",
+    );
+    let peer = Some("203.0.113.50".parse().expect("an address"));
+    let from = |device| Subject { peer, account: Some("alice"), device: Some(device), ..Subject::default() };
+    let success = super::Report { outcome: Some(Outcome::Success), password_digest: None, password_tag: None };
+    let (_, begun) = limiter.begin_report("login", &from("alice-laptop"), &success, T0).expect("login");
+    drop(begun);
+    let late_check = |device| {
+        let plan = limiter.plan_check("login", &from(device), T0 + 1).expect("login");
+        let Begun::Store(pending) = limiter.begin_check(plan, T0 + 1) else { panic!("the store") };
+        limiter.finish_locally(pending, T0 + 1).0.into_owned()
+    };
+    let spend = |rule: &str, device| {
+        let plan = limiter.plan_check("login", &from(device), T0).expect("login");
+        let route = plan.facts.route;
+        let i = route.rules.iter().position(|r| r.name == rule).expect("a built-in rule");
+        let key = plan.rule_keys[i].expect("the store decides its scope: keyed");
+        limiter.store_word(route, i, key, Some((Reason::AttemptsInFlight, 30 * SECOND)), T0, T0);
+    };
+    spend("known_device_failures", "alice-laptop");
+    let verdict = late_check("alice-laptop");
+    assert_eq!((verdict.decision, verdict.reason), (Decision::Deny, Reason::AttemptsInFlight), "{verdict:?}");
+    assert!((29_000..=30_000).contains(&verdict.retry_after_ms), "the store's wait: {}", verdict.retry_after_ms);
+    spend("account_failures", "made-up");
+    assert!(late_check("made-up").proceeds(), "a made-up device passes the ceiling's word");
+}
+
 /// Whether alice's check is refused from memory (a known lockout).
 fn locked_from_memory(limiter: &Limiter, now_us: u64) -> bool {
     let plan = limiter.plan_check("t", &account("alice"), now_us).expect("a known route");
