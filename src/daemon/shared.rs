@@ -26,6 +26,11 @@ const SUPERVISOR_TICK_MS: u64 = 10;
 /// Lockouts written back per batch after an outage.
 const WRITE_BACK_BATCH: usize = 64;
 
+/// The least time between two passes teaching the store this host's
+/// devices (`teach_known_devices`); a device is taught at its check
+/// meanwhile.
+pub(super) const TEACH_PASS_GAP_MS: u64 = 60_000;
+
 impl Daemon {
     pub(crate) fn shared(&self) -> Option<&Arc<SharedStore>> {
         self.shared.as_ref()
@@ -467,6 +472,9 @@ pub(super) async fn supervise(daemon: Arc<Daemon>, fingerprint: String, host: St
     if let Some(remembered) = store.hosts_remembered() {
         seen.push_back((tokio::time::Instant::now(), remembered));
     }
+    // The store lost its data and this host's devices are yet to be
+    // taught again; the pass teaching them, and when it began.
+    let (mut forgot, mut teaching, mut last_pass) = (false, None, None);
     let mut tick = tokio::time::interval(Duration::from_millis(SUPERVISOR_TICK_MS));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -542,8 +550,17 @@ pub(super) async fn supervise(daemon: Arc<Daemon>, fingerprint: String, host: St
                         "shared store now records another secret key; this host stays degraded");
                     continue;
                 }
-                if store.take_store_forgot() {
-                    tokio::spawn(teach_known_devices(daemon.clone(), store.clone()));
+                // One pass at a time, and at most one a `TEACH_PASS_GAP_MS`: a
+                // store that keeps losing its `{meta}` (evicting it under
+                // memory pressure, say) must not be kept busy with lessons.
+                forgot |= store.take_store_forgot();
+                let idle = teaching.as_ref().is_none_or(|t: &tokio::task::JoinHandle<()>| t.is_finished());
+                let rested = last_pass
+                    .is_none_or(|at: tokio::time::Instant| at.elapsed() >= Duration::from_millis(TEACH_PASS_GAP_MS));
+                if forgot && idle && rested {
+                    forgot = false;
+                    last_pass = Some(tokio::time::Instant::now());
+                    teaching = Some(tokio::spawn(teach_known_devices(daemon.clone(), store.clone())));
                 }
                 let Ok(live) = store.heartbeat(&host, daemon.clock().now_us()).await else { continue };
                 if store.config.hosts > 0 {
