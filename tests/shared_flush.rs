@@ -437,3 +437,36 @@ fn a_device_taught_back_does_not_shorten_the_accounts_count_of_new_devices() {
     let known = known.lines().filter(|l| !l.is_empty()).count();
     assert!(known <= 2, "{known} devices known within one TTL, cap 2");
 }
+
+/// A host teaching the store its devices after a flush goes a chunk at a
+/// time, and stops, saying so, when the store goes away mid-pass; it is
+/// marked to teach them again. Before, the pass ran on with every op
+/// failing at once once the breaker opened: 297,760 of 300,000 devices
+/// untaught for good (a red team's finding).
+#[test]
+fn a_teaching_pass_stops_when_the_store_goes_away_and_says_so() {
+    let mut hosts = Hosts::start_with(1, "", "timeout_ms = 100");
+    let devices = 4000;
+    let socket = hosts.daemons[0].socket.clone();
+    runtime().block_on(pipeline(&socket, devices, 256, |i, out| {
+        let account = format!("user-{}", i / 16);
+        let device = format!("device-{i}");
+        let peer = format!("10.1.{}.{}", i / 250, i % 250).parse().expect("an address");
+        let s = Subject { device: Some(&device), ..who(peer, Some(&account)) };
+        report_frame(i, "login", &s, Outcome::Success, out);
+    }));
+    let known = |redis: &RedisServer| redis.cmd(&["--scan", "--pattern", "*:d:login:*"]).lines().count();
+    assert_eq!(known(&hosts.redis), devices, "each success made its device known");
+    hosts.redis.cmd(&["FLUSHALL"]);
+    let d = &hosts.daemons[0];
+    wait_until(d, Duration::from_secs(5), "the pass begins", || known(&hosts.redis) > 0);
+    hosts.redis.pause();
+    std::thread::sleep(Duration::from_secs(2));
+    hosts.redis.resume();
+    wait_until(d, Duration::from_secs(10), "the pass says it stopped", || {
+        d.log().contains("teaching the shared store this host's devices stopped")
+    });
+    let taught = known(&hosts.redis);
+    assert!(taught < devices, "{taught} of {devices} taught: the pass stopped");
+    assert!(!d.log().contains("devices this host knows taught again"), "not reported as done");
+}

@@ -31,6 +31,9 @@ const WRITE_BACK_BATCH: usize = 64;
 /// meanwhile.
 pub(super) const TEACH_PASS_GAP_MS: u64 = 60_000;
 
+/// The pause after each chunk of a teaching pass (`teach_known_devices`).
+pub(super) const TEACH_CHUNK_PAUSE_MS: u64 = 20;
+
 impl Daemon {
     pub(crate) fn shared(&self) -> Option<&Arc<SharedStore>> {
         self.shared.as_ref()
@@ -433,31 +436,50 @@ async fn write_back(daemon: &Arc<Daemon>, store: &Arc<SharedStore>, retrying: bo
 }
 
 /// After the store was seen to lose its data: every device this host
-/// knows taught again, in chunks as the write-back's. Without it, a host
-/// that never saw her device refused it (a short wait at a time) while an
-/// account ceiling's lockout stood, until one of her checks reached the
-/// host that knows it. A device not taught here is at its next check.
+/// knows taught again, a chunk of `WRITE_BACK_BATCH` each
+/// `TEACH_CHUNK_PAUSE_MS` (about 3,200 a second: a million devices in five
+/// minutes), so the lessons never crowd the checks out of the store's
+/// queue or time. Without it, a host that never saw her device refused it
+/// (a short wait at a time) while an account ceiling's lockout stood,
+/// until one of her checks reached the host that knows it, as a device
+/// not yet taught still is. A pass stops at the first op that fails, or
+/// once the breaker leaves Closed, and the store is marked forgetful
+/// again, for the next pass (`TEACH_PASS_GAP_MS`) to begin anew.
 async fn teach_known_devices(daemon: Arc<Daemon>, store: Arc<SharedStore>) {
     let limiter = daemon.limiter().load_full();
     let chunk = WRITE_BACK_BATCH.min(store.config.pending_max);
-    let (mut taught, mut failed) = (0usize, 0usize);
+    let (mut taught, mut stopped) = (0usize, None);
     let mut shard = 0;
-    while let Some(lessons) = limiter.lessons(shard, daemon.clock().now_us()) {
+    'pass: while let Some(lessons) = limiter.lessons(shard, daemon.clock().now_us()) {
         shard += 1;
         for part in lessons.chunks(chunk) {
+            if store.state() != State::Closed {
+                stopped = Some("the store is away".to_string());
+                break 'pass;
+            }
             let now_us = daemon.clock().now_us();
             let ops = part.iter().filter_map(|lesson| limiter.lesson_op(lesson, now_us));
             for reply in futures_util::future::join_all(ops.map(|op| store.call_recovering(op))).await {
-                if reply.is_ok() {
-                    taught += 1;
-                } else {
-                    failed += 1;
+                match reply {
+                    Ok(_) => taught += 1,
+                    Err(e) => stopped = Some(e.to_string()),
                 }
             }
+            if stopped.is_some() {
+                break 'pass;
+            }
+            tokio::time::sleep(Duration::from_millis(TEACH_CHUNK_PAUSE_MS)).await;
         }
     }
-    tracing::info!(target: LOG_TARGET, taught, failed,
-        "the shared store lost its data; the devices this host knows taught again");
+    match stopped {
+        None => tracing::info!(target: LOG_TARGET, taught,
+            "the shared store lost its data; the devices this host knows taught again"),
+        Some(error) => {
+            store.mark_store_forgot();
+            tracing::warn!(target: LOG_TARGET, taught, error = %error,
+                "teaching the shared store this host's devices stopped; tried again within a minute");
+        }
+    }
 }
 
 /// The supervisor: probes while the breaker is open, beats while it is

@@ -152,6 +152,12 @@ impl SharedStore {
         *seen = Some(since);
     }
 
+    /// The store's devices are to be taught again: a teaching pass that
+    /// stopped short.
+    pub fn mark_store_forgot(&self) {
+        self.store_forgot.store(true, std::sync::atomic::Ordering::Release);
+    }
+
     /// Whether the store was seen to lose its data since the last call.
     pub fn take_store_forgot(&self) -> bool {
         self.store_forgot.swap(false, std::sync::atomic::Ordering::AcqRel)
