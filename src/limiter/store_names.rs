@@ -78,7 +78,7 @@ impl Limiter {
 
     /// The devices this host knows in shard `shard` of every route's
     /// table, with their accounts (`None` past the last shard): what it
-    /// teaches a store seen to lose its data, all at once, so that no
+    /// teaches a store seen to lose its data, shard by shard, so that no
     /// host refuses her device until her check reaches this one. Those
     /// put back from the state file, whose account is not kept, are
     /// taught at her next check here (`teach_device`).

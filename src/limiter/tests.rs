@@ -528,8 +528,10 @@ fn the_stores_word_on_a_known_devices_key_refuses_a_late_check_with_it() {
     let peer = Some("203.0.113.50".parse().expect("an address"));
     let from = |device| Subject { peer, account: Some("alice"), device: Some(device), ..Subject::default() };
     let success = super::Report { outcome: Some(Outcome::Success), password_digest: None, password_tag: None };
-    let (_, begun) = limiter.begin_report("login", &from("alice-laptop"), &success, T0).expect("login");
-    drop(begun);
+    for device in ["alice-laptop", "alice-tablet"] {
+        let (_, begun) = limiter.begin_report("login", &from(device), &success, T0).expect("login");
+        drop(begun);
+    }
     let late_check = |device| {
         let plan = limiter.plan_check("login", &from(device), T0 + 1).expect("login");
         let Begun::Store(pending) = limiter.begin_check(plan, T0 + 1) else { panic!("the store") };
@@ -548,6 +550,9 @@ fn the_stores_word_on_a_known_devices_key_refuses_a_late_check_with_it() {
     assert!((29_000..=30_000).contains(&verdict.retry_after_ms), "the store's wait: {}", verdict.retry_after_ms);
     spend("account_failures", "made-up");
     assert!(late_check("made-up").proceeds(), "a made-up device passes the ceiling's word");
+    // The ceiling's word (key: the account) spares a device this host
+    // knows, as the ceiling does.
+    assert!(late_check("alice-tablet").proceeds(), "her known tablet, under the ceiling's word");
 }
 
 /// Whether alice's check is refused from memory (a known lockout).

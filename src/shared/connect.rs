@@ -128,8 +128,8 @@ impl SharedStore {
 
     /// Records `fingerprint` in the store if none is; the one recorded,
     /// the store's time (for the clock offset before the first heartbeat)
-    /// and since when the record is ("" from a store a build before it
-    /// joined, until a host of this build joins).
+    /// and since when the record is (the script adds it to a record an
+    /// older build made; "" only from a reply without it).
     async fn join(&self, fingerprint: &str) -> Result<(String, u64, String), ProbeError> {
         let reply = self.call_meta(Op::join(self.meta_key(), fingerprint)).await?;
         let recorded = reply.strings.first().cloned().unwrap_or_default();
@@ -150,12 +150,6 @@ impl SharedStore {
             self.store_forgot.store(true, std::sync::atomic::Ordering::Release);
         }
         *seen = Some(since);
-    }
-
-    /// The store's devices are to be taught again: a teaching pass that
-    /// stopped short.
-    pub fn mark_store_forgot(&self) {
-        self.store_forgot.store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// Whether the store was seen to lose its data since the last call.
