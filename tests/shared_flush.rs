@@ -50,6 +50,18 @@ fn store_answers_again(hosts: &[TestDaemon]) {
     }
 }
 
+/// The store forgets: FLUSHALL, or with `restart` kill -9 and a restart
+/// without persistence; then it answers each host again.
+fn forget(hosts: &mut Hosts, restart: bool) {
+    if restart {
+        hosts.redis.kill9();
+        hosts.redis.restart();
+    } else {
+        hosts.redis.cmd(&["FLUSHALL"]);
+    }
+    store_answers_again(&hosts.daemons);
+}
+
 /// Three hosts on their own store, with the defaults, and alice's laptop
 /// known through host 0: she logged in on it there.
 fn alice_logged_in_on_her_laptop_through_host_0() -> Hosts {
@@ -271,13 +283,7 @@ fn after_the_store_forgets_a_made_up_device_does_not_pass_the_account_ceilings_l
         }
         let stolen = guess(30, "alice-phone");
         assert_eq!(check(&hosts.daemons[0], &stolen).decision, Decision::Deny, "the stolen cookie locked");
-        if restart {
-            hosts.redis.kill9();
-            hosts.redis.restart();
-        } else {
-            hosts.redis.cmd(&["FLUSHALL"]);
-        }
-        store_answers_again(&hosts.daemons);
+        forget(&mut hosts, restart);
         let mut passed = Vec::new();
         for i in 0..9 {
             let (d, device) = (&hosts.daemons[i % 3], leak(format!("made-up-{i}")));
@@ -332,13 +338,7 @@ fn after_the_store_forgets_every_host_knows_her_device_again_without_her_visitin
             });
         }
         assert_eq!(check(&hosts.daemons[1], &home).decision, Decision::Allow, "her laptop on host 1, before");
-        if restart {
-            hosts.redis.kill9();
-            hosts.redis.restart();
-        } else {
-            hosts.redis.cmd(&["FLUSHALL"]);
-        }
-        store_answers_again(&hosts.daemons);
+        forget(&mut hosts, restart);
         for h in [1, 2] {
             wait_until(&hosts.daemons[h], Duration::from_secs(5), "her laptop is admitted again", || {
                 check(&hosts.daemons[h], &home).decision == Decision::Allow
