@@ -15,6 +15,7 @@ mod scrape;
 mod shared;
 mod state_file;
 mod status;
+mod teach;
 
 pub use lifecycle::{check_config, serve};
 

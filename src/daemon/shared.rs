@@ -23,16 +23,9 @@ use crate::unpoisoned::Unpoisoned;
 /// How often the supervisor looks at the breaker: the granularity of a
 /// probe's back-off and of the heartbeat.
 const SUPERVISOR_TICK_MS: u64 = 10;
-/// Lockouts written back per batch after an outage.
-const WRITE_BACK_BATCH: usize = 64;
-
-/// The least time between the starts of two passes teaching the store
-/// this host's devices (`teach_known_devices`); a device is taught at its
-/// check meanwhile.
-pub(super) const TEACH_PASS_GAP_MS: u64 = 60_000;
-
-/// The pause after each chunk of a teaching pass (`teach_known_devices`).
-pub(super) const TEACH_CHUNK_PAUSE_MS: u64 = 20;
+/// Lockouts written back per batch after an outage (and devices taught
+/// per chunk after a loss of data: `teach.rs`).
+pub(super) const WRITE_BACK_BATCH: usize = 64;
 
 impl Daemon {
     pub(crate) fn shared(&self) -> Option<&Arc<SharedStore>> {
@@ -435,58 +428,6 @@ async fn write_back(daemon: &Arc<Daemon>, store: &Arc<SharedStore>, retrying: bo
     pass.written
 }
 
-/// After the store was seen to lose its data: every device this host
-/// knows taught again, from shard `from` of its tables, a chunk of
-/// `WRITE_BACK_BATCH` each `TEACH_CHUNK_PAUSE_MS` (about 3,200 a second:
-/// a million devices in five minutes), so the lessons never crowd the
-/// checks out of the store's queue or time. Without it, a host that never
-/// saw her device refused it (a short wait at a time) while an account
-/// ceiling's lockout stood, until one of her checks reached the host that
-/// knows it, as a device not yet taught still is. A lesson refused for
-/// its own key (a value tollgate did not write, one Cluster node away) is
-/// skipped; any other failure, or the breaker leaving Closed, stops the
-/// pass: the shard it stopped in, for the next pass to resume from.
-async fn teach_known_devices(daemon: Arc<Daemon>, store: Arc<SharedStore>, from: usize) -> Option<usize> {
-    let limiter = daemon.limiter().load_full();
-    let chunk = WRITE_BACK_BATCH.min(store.config.pending_max);
-    let (mut taught, mut skipped, mut stopped) = (0usize, 0usize, None);
-    let mut shard = from;
-    'pass: while let Some(lessons) = limiter.lessons(shard, daemon.clock().now_us()) {
-        for part in lessons.chunks(chunk) {
-            if store.state() != State::Closed {
-                stopped = Some("the store is away".to_string());
-                break 'pass;
-            }
-            let now_us = daemon.clock().now_us();
-            let ops = part.iter().filter_map(|lesson| limiter.lesson_op(lesson, now_us));
-            for reply in futures_util::future::join_all(ops.map(|op| store.call_recovering(op))).await {
-                match reply {
-                    Ok(_) => taught += 1,
-                    Err(CallError::BadValue(_) | CallError::NodeAway(_)) => skipped += 1,
-                    Err(e) => stopped = Some(e.to_string()),
-                }
-            }
-            if stopped.is_some() {
-                break 'pass;
-            }
-            tokio::time::sleep(Duration::from_millis(TEACH_CHUNK_PAUSE_MS)).await;
-        }
-        shard += 1;
-    }
-    match stopped {
-        None => {
-            tracing::info!(target: LOG_TARGET, taught, skipped,
-                "the shared store lost its data; the devices this host knows taught again");
-            None
-        }
-        Some(error) => {
-            tracing::warn!(target: LOG_TARGET, taught, skipped, error = %error,
-                "teaching the shared store this host's devices stopped; the next pass resumes");
-            Some(shard)
-        }
-    }
-}
-
 /// The supervisor: probes while the breaker is open, beats while it is
 /// closed, and learns the host count. Runs for the daemon's life.
 pub(super) async fn supervise(daemon: Arc<Daemon>, fingerprint: String, host: String) {
@@ -499,9 +440,7 @@ pub(super) async fn supervise(daemon: Arc<Daemon>, fingerprint: String, host: St
     if let Some(remembered) = store.hosts_remembered() {
         seen.push_back((tokio::time::Instant::now(), remembered));
     }
-    // The shard the next pass teaching the store this host's devices
-    // starts from (none due); the pass running, and when the last began.
-    let (mut teach_from, mut teaching, mut last_pass) = (None, None, None);
+    let mut teaching = super::teach::Teaching::default();
     let mut tick = tokio::time::interval(Duration::from_millis(SUPERVISOR_TICK_MS));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -577,26 +516,7 @@ pub(super) async fn supervise(daemon: Arc<Daemon>, fingerprint: String, host: St
                         "shared store now records another secret key; this host stays degraded");
                     continue;
                 }
-                // One pass at a time, each starting at least
-                // `TEACH_PASS_GAP_MS` after the last began: a store that keeps
-                // losing its `{meta}` (evicting it under memory pressure, say)
-                // must not be kept busy with lessons. A pass that stopped is
-                // resumed where it stopped; a new loss starts over.
-                if let Some(pass) = teaching.take_if(|t: &mut tokio::task::JoinHandle<Option<usize>>| t.is_finished()) {
-                    if let Some(Ok(Some(shard))) = futures_util::FutureExt::now_or_never(pass) {
-                        teach_from = Some(teach_from.map_or(shard, |from: usize| from.min(shard)));
-                    }
-                }
-                if store.take_store_forgot() {
-                    teach_from = Some(0);
-                }
-                let rested = last_pass
-                    .is_none_or(|at: tokio::time::Instant| at.elapsed() >= Duration::from_millis(TEACH_PASS_GAP_MS));
-                if let (Some(from), None, true) = (teach_from, &teaching, rested) {
-                    teach_from = None;
-                    last_pass = Some(tokio::time::Instant::now());
-                    teaching = Some(tokio::spawn(teach_known_devices(daemon.clone(), store.clone(), from)));
-                }
+                teaching.after_heartbeat(&daemon, &store);
                 let Ok(live) = store.heartbeat(&host, daemon.clock().now_us()).await else { continue };
                 if store.config.hosts > 0 {
                     continue;

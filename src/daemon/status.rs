@@ -85,8 +85,8 @@ impl Daemon {
             ("shared.hosts_learned_memory_ms", crate::shared::HOSTS_LEARNED_MEMORY_MS),
             ("shared.busy_requesters_max", crate::shared::busy_runs::REQUESTERS_MAX as u64),
             ("shared.busy_window_ms", c.busy_max_ms.saturating_mul(crate::shared::busy_runs::BUSY_WINDOW_FACTOR)),
-            ("shared.teach_pass_gap_ms", super::shared::TEACH_PASS_GAP_MS),
-            ("shared.teach_chunk_pause_ms", super::shared::TEACH_CHUNK_PAUSE_MS),
+            ("shared.teach_pass_gap_ms", super::teach::TEACH_PASS_GAP_MS),
+            ("shared.teach_chunk_pause_ms", super::teach::TEACH_CHUNK_PAUSE_MS),
         ]
         .into_iter()
         .map(|(name, value)| NamedLimit { name: name.into(), value })
