@@ -464,6 +464,15 @@ fn a_write_back_keeps_failures_counted_after_its_listing() {
     assert_eq!(left, [name("alice")], "alice's fourth failure is written back next time");
 }
 
+/// The built-in login route on one of 3 hosts of a store that never
+/// answers, without its source rule (the tests below guess from one address).
+fn login_on_three_hosts() -> Limiter {
+    limiter(
+        "[shared]\nurl = \"redis+unix:///nonexistent/tollgate.sock\"\nhosts = 3\n\
+         [routes.login.rules.source_failures]\nenabled = false\n",
+    )
+}
+
 /// A check the store answers late is decided on this host's share; a
 /// lockout the store told of is refused from memory there on every rule
 /// this host then decides, device-scoped ones too (briefly: see below).
@@ -473,10 +482,7 @@ fn a_write_back_keeps_failures_counted_after_its_listing() {
 /// without end.
 #[test]
 fn a_late_check_on_an_account_the_store_locked_is_refused_whatever_its_device() {
-    let limiter = limiter(
-        "[shared]\nurl = \"redis+unix:///nonexistent/tollgate.sock\"\nhosts = 3\n\
-         [routes.login.rules.source_failures]\nenabled = false\n",
-    );
+    let limiter = login_on_three_hosts();
     let peer = Some("203.0.113.50".parse().expect("an address"));
     let attacker = Subject { peer, account: Some("alice"), device: Some("attacker-phone"), ..Subject::default() };
     let late_check = |limiter: &Limiter| {
@@ -500,10 +506,7 @@ fn a_late_check_on_an_account_the_store_locked_is_refused_whatever_its_device() 
     }
     // A lockout on the rule for known devices, taken through a host that
     // knows the device (a stolen cookie): refused on this one too.
-    let limiter = self::limiter(
-        "[shared]\nurl = \"redis+unix:///nonexistent/tollgate.sock\"\nhosts = 3\n\
-         [routes.login.rules.source_failures]\nenabled = false\n",
-    );
+    let limiter = login_on_three_hosts();
     let plan = limiter.plan_check("login", &attacker, T0).expect("login");
     let rules = &plan.facts.route.rules;
     let i = rules.iter().position(|r| r.name == "known_device_failures").expect("a built-in rule");
@@ -521,10 +524,7 @@ fn a_late_check_on_an_account_the_store_locked_is_refused_whatever_its_device() 
 /// admitted on the share: the word was skipped for every device.
 #[test]
 fn the_stores_word_on_a_known_devices_key_refuses_a_late_check_with_it() {
-    let limiter = limiter(
-        "[shared]\nurl = \"redis+unix:///nonexistent/tollgate.sock\"\nhosts = 3\n\
-         [routes.login.rules.source_failures]\nenabled = false\n",
-    );
+    let limiter = login_on_three_hosts();
     let peer = Some("203.0.113.50".parse().expect("an address"));
     let from = |device| Subject { peer, account: Some("alice"), device: Some(device), ..Subject::default() };
     let success = super::Report { outcome: Some(Outcome::Success), password_digest: None, password_tag: None };
