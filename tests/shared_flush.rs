@@ -142,6 +142,67 @@ fn after_a_flush_the_running_hosts_reassert_their_fingerprint() {
     assert!(!running[0].log().contains("another secret"), "{}", running[0].log());
 }
 
+/// A store emptied while its hosts could not reach it (frozen here; a
+/// restart without persistence alike) is first reached by a host keyed
+/// with another secret, which records its fingerprint. The running hosts,
+/// more of them, take the record back and answer from the store again;
+/// the stranger stays refused, and a host restarting with the right
+/// secret joins. Before, every running host stayed degraded for good and
+/// none could restart (a red team's finding).
+#[test]
+fn hosts_outnumbering_a_stranger_that_claimed_an_emptied_store_take_it_back() {
+    require_redis();
+    let redis = RedisServer::unix();
+    let dir = tempfile::tempdir().unwrap();
+    let secret = shared_secret(dir.path());
+    let quick = "heartbeat_ms = 100\nprobe_max_ms = 200";
+    let mut running: Vec<TestDaemon> = (0..3).map(|_| host(&redis.url(), &secret, quick)).collect();
+    running.iter().for_each(TestDaemon::freeze);
+    redis.cmd(&["FLUSHALL"]);
+    let other = tempfile::tempdir().unwrap();
+    let stranger = host(&redis.url(), &shared_secret(other.path()), quick);
+    let claimed = redis.cmd(&["HGET", "tg:{meta}", "fingerprint"]);
+    running.iter().for_each(TestDaemon::thaw);
+    // A closed breaker sends checks to the store before the next
+    // heartbeat reads the record: wait for the record, then a few beats.
+    wait_until(&running[0], Duration::from_secs(10), "the record taken back", || {
+        redis.cmd(&["HGET", "tg:{meta}", "fingerprint"]) != claimed
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    store_answers_again(&running);
+    let fresh = subject("192.0.2.251", "someone-else");
+    wait_until(&stranger, Duration::from_secs(10), "the stranger is refused", || {
+        runtime().block_on(stranger.client().check_answered("login", &fresh)).degraded
+    });
+    assert!(stranger.log().contains("another secret"), "{}", stranger.log());
+    running[0].terminate();
+    running[0] = host(&redis.url(), &secret, quick);
+    store_answers_again(&running[..1]);
+}
+
+/// A `{meta}` of another type (a stray write) refuses every host; once it
+/// is removed, they join again without a restart. Before, refused was for
+/// the daemon's life.
+#[test]
+fn hosts_refused_by_a_stray_meta_key_join_again_once_it_is_gone() {
+    require_redis();
+    let redis = RedisServer::unix();
+    let dir = tempfile::tempdir().unwrap();
+    let secret = shared_secret(dir.path());
+    let quick = "heartbeat_ms = 100\nprobe_max_ms = 200";
+    let running = [host(&redis.url(), &secret, quick), host(&redis.url(), &secret, quick)];
+    redis.cmd(&["DEL", "tg:{meta}"]);
+    redis.cmd(&["SET", "tg:{meta}", "x"]);
+    let fresh = subject("192.0.2.252", "someone-else");
+    for d in &running {
+        wait_until(d, Duration::from_secs(10), "refused", || {
+            runtime().block_on(d.client().check_answered("login", &fresh)).degraded
+        });
+    }
+    redis.cmd(&["DEL", "tg:{meta}"]);
+    store_answers_again(&running);
+}
+
 /// An account-wide unlock made right after a store restart (no
 /// persistence), once its host has reconnected, is published while
 /// another host has not yet subscribed again (it does at its next

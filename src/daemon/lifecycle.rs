@@ -269,22 +269,23 @@ fn join_shared_store(
     fingerprint: String,
 ) -> anyhow::Result<()> {
     let Some(shared) = &config.shared else { return Ok(()) };
-    runtime.block_on(super::shared::join_at_start(daemon, &fingerprint)).map_err(anyhow::Error::msg)?;
-    // One id per daemon that stays the same across its restarts, so the
-    // store counts a restarted host once: the host name and the socket
-    // path (two daemons on one machine have two sockets). A digest, so
-    // the path is not written to the store.
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    let socket = {
-        use std::hash::Hasher;
-        let mut hash = siphasher::sip::SipHasher13::new();
-        hash.write(config.socket.as_os_str().as_encoded_bytes());
-        hash.finish()
-    };
-    let host_id = format!("{}:{socket:016x}", host.trim());
+    let host_id = host_id(&config.socket);
+    runtime.block_on(super::shared::join_at_start(daemon, &fingerprint, &host_id)).map_err(anyhow::Error::msg)?;
     runtime.spawn(super::shared::supervise(daemon.clone(), fingerprint, host_id));
     tracing::info!(target: START_LOG_TARGET, url = %shared.url, state = daemon.shared().map_or("", |s| s.state().name()), "shared store");
     Ok(())
+}
+
+/// One id per daemon that stays the same across its restarts, so the
+/// store counts a restarted host once: the host name and the socket
+/// path (two daemons on one machine have two sockets). A digest, so
+/// the path is not written to the store.
+fn host_id(socket: &std::path::Path) -> String {
+    use std::hash::Hasher;
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let mut hash = siphasher::sip::SipHasher13::new();
+    hash.write(socket.as_os_str().as_encoded_bytes());
+    format!("{}:{:016x}", host.trim(), hash.finish())
 }
 
 /// Raises the open-file limit as far as allowed and warns when it is below

@@ -286,13 +286,13 @@ fn degraded<'l>(store: &SharedStore, verdict: Verdict<'l>) -> Verdict<'l> {
 /// Connects at start. A store joined with another secret stops the start
 /// (the error); an unreachable one leaves the breaker open, so the daemon
 /// starts degraded and the supervisor keeps probing.
-pub(super) async fn join_at_start(daemon: &Arc<Daemon>, fingerprint: &str) -> Result<(), String> {
+pub(super) async fn join_at_start(daemon: &Arc<Daemon>, fingerprint: &str, host: &str) -> Result<(), String> {
     let Some(store) = daemon.shared() else { return Ok(()) };
     store.start();
     // Read before the join: the offset errs towards the store's clock
     // being ahead, which holds a published lockout back, never forward.
     let asked_us = daemon.clock().now_us();
-    match store.connect(fingerprint).await {
+    match store.connect(fingerprint, host).await {
         Ok(store_now) => {
             store.note_store_time(store_now, asked_us);
             store.breaker().probe_succeeded();
@@ -447,14 +447,15 @@ pub(super) async fn supervise(daemon: Arc<Daemon>, fingerprint: String, host: St
         tick.tick().await;
         let state = store.state();
         match state {
-            State::Refused => {}
-            State::Open | State::Recovering => {
+            // Refused probes too, at the longest delay: the record may be
+            // removed, or taken back by this host's fingerprint.
+            State::Open | State::Recovering | State::Refused => {
                 let now = store.now_us();
                 if now < store.breaker().next_probe_us() {
                     continue;
                 }
                 let asked_us = daemon.clock().now_us();
-                match store.connect(&fingerprint).await {
+                match store.connect(&fingerprint, &host).await {
                     Ok(store_now) => {
                         // Known before the replay and the write-back that
                         // `recover` runs read store times; read before the
@@ -464,10 +465,12 @@ pub(super) async fn supervise(daemon: Arc<Daemon>, fingerprint: String, host: St
                         recover(&daemon, &store).await;
                     }
                     Err(ProbeError::Refused(why)) => {
-                        store.breaker().refuse();
+                        store.breaker().refuse(store.now_us());
                         store.publish_state();
                         store.note_error(&why);
-                        tracing::error!(target: LOG_TARGET, error = %why, "shared store refused; this host stays degraded");
+                        if state != State::Refused {
+                            tracing::error!(target: LOG_TARGET, error = %why, "shared store refused; this host stays degraded");
+                        }
                     }
                     Err(ProbeError::Unreachable(why)) => {
                         store.note_error(&why);
@@ -508,8 +511,8 @@ pub(super) async fn supervise(daemon: Arc<Daemon>, fingerprint: String, host: St
                 store.refresh_slots_in_background();
                 // A store that lost its data (FLUSHALL, a restart without
                 // persistence) gets this host's fingerprint back at once.
-                if let Err(ProbeError::Refused(why)) = store.assert_fingerprint(&fingerprint).await {
-                    store.breaker().refuse();
+                if let Err(ProbeError::Refused(why)) = store.assert_fingerprint(&fingerprint, &host).await {
+                    store.breaker().refuse(store.now_us());
                     store.publish_state();
                     store.note_error(&why);
                     tracing::error!(target: LOG_TARGET, error = %why,

@@ -5,9 +5,10 @@
 //! rules are answered on this host, and the supervisor probes with a
 //! doubling delay. A probe that connects, loads the script and joins moves
 //! it to Recovering (lockouts taken meanwhile are written back) and then
-//! Closed. Refused is sticky: the store belongs to hosts keyed with another
-//! secret, and only a restart with the right secret (or another key prefix)
-//! leaves it.
+//! Closed. Refused: the store belongs to hosts keyed with another secret;
+//! the host probes at the longest delay, and leaves it only through a
+//! probe that joins (the record was removed, or this host's fingerprint
+//! took it back: `SharedStore::assert_fingerprint`).
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum State {
@@ -96,13 +97,17 @@ impl Breaker {
         if self.state == State::Recovering {
             self.state = State::Open;
         }
+        if self.state == State::Refused {
+            self.next_probe_us = now_us + self.probe_delay_max_us;
+            return;
+        }
         self.next_probe_us = now_us + self.probe_delay_us;
         self.probe_delay_us = (self.probe_delay_us * 2).min(self.probe_delay_max_us);
     }
 
     /// A probe connected and joined: write back, then close.
     pub fn probe_succeeded(&mut self) {
-        if self.state == State::Open {
+        if matches!(self.state, State::Open | State::Refused) {
             self.state = State::Recovering;
         }
     }
@@ -115,8 +120,10 @@ impl Breaker {
         }
     }
 
-    pub fn refuse(&mut self) {
+    /// The store records another secret: probe again at the longest delay.
+    pub fn refuse(&mut self, now_us: u64) {
         self.state = State::Refused;
+        self.next_probe_us = now_us + self.probe_delay_max_us;
     }
 }
 
@@ -243,12 +250,19 @@ mod tests {
         assert_eq!(b.next_probe_us(), 2100, "the delay starts again from the minimum");
     }
 
+    /// Refused holds through failed probes and calls, probing at the
+    /// longest delay, until a probe joins.
     #[test]
-    fn refused_is_sticky() {
+    fn refused_probes_at_the_longest_delay_until_a_probe_joins() {
         let mut b = Breaker::new(1, 100, 350);
-        b.refuse();
+        b.refuse(1000);
+        assert_eq!((b.state, b.next_probe_us()), (State::Refused, 1350));
+        b.recovered();
+        assert!(!b.failed(1100), "a failed call opens nothing");
+        b.probe_failed(1400);
+        assert_eq!((b.state, b.next_probe_us()), (State::Refused, 1750), "no doubling: already the longest");
         b.probe_succeeded();
         b.recovered();
-        assert_eq!(b.state, State::Refused);
+        assert_eq!(b.state, State::Closed);
     }
 }

@@ -14,11 +14,12 @@ use crate::unpoisoned::Unpoisoned;
 
 impl SharedStore {
     /// Drops the connection and makes a new one, loads the script and
-    /// checks the secret's fingerprint; the store's time. Bounded by
-    /// `connect_timeout_ms` per step. Off the request path (the supervisor).
-    pub async fn connect(&self, fingerprint: &str) -> Result<u64, ProbeError> {
+    /// checks the secret's fingerprint, joining as `host`; the store's
+    /// time. Bounded by `connect_timeout_ms` per step. Off the request
+    /// path (the supervisor).
+    pub async fn connect(&self, fingerprint: &str, host: &str) -> Result<u64, ProbeError> {
         self.open_connection().await?;
-        self.assert_fingerprint(fingerprint).await
+        self.assert_fingerprint(fingerprint, host).await
     }
 
     /// The key derivation the store's hosts use, for a host whose state
@@ -101,10 +102,12 @@ impl SharedStore {
     /// Records this host's secret fingerprint in the store if none is
     /// (a first join, or a store that lost its data), and refuses if
     /// another is. At every connection and every heartbeat: after a flush
-    /// the running hosts write it back within a heartbeat, so a host keyed
-    /// otherwise cannot claim the store. Bounded by `connect_timeout_ms`.
-    pub async fn assert_fingerprint(&self, fingerprint: &str) -> Result<u64, ProbeError> {
-        let (recorded, store_now, since) = self.join(fingerprint).await?;
+    /// the running hosts write it back within a heartbeat, and should a
+    /// host keyed otherwise reach the emptied store first, they take the
+    /// record back from it when more of them claim the store than of it
+    /// (the script's `join`). Bounded by `connect_timeout_ms`.
+    pub async fn assert_fingerprint(&self, fingerprint: &str, host: &str) -> Result<u64, ProbeError> {
+        let (recorded, store_now, since) = self.join(fingerprint, host).await?;
         let recorded = recorded.as_str();
         let (secret, derivation) = split_fingerprint(recorded);
         if recorded != fingerprint && secret == split_fingerprint(fingerprint).0 {
@@ -130,8 +133,11 @@ impl SharedStore {
     /// the store's time (for the clock offset before the first heartbeat)
     /// and since when the record is (the script adds it to a record an
     /// older build made; "" only from a reply without it).
-    async fn join(&self, fingerprint: &str) -> Result<(String, u64, String), ProbeError> {
-        let reply = self.call_meta(Op::join(self.meta_key(), fingerprint)).await?;
+    async fn join(&self, fingerprint: &str, host: &str) -> Result<(String, u64, String), ProbeError> {
+        let seen = self.record_since.locked().clone().unwrap_or_default();
+        let claims = format!("{}:claims", self.meta_key());
+        let ttl_us = self.config.host_ttl_ms * 1000;
+        let reply = self.call_meta(Op::join(self.meta_key(), claims, fingerprint, host, ttl_us, &seen)).await?;
         let recorded = reply.strings.first().cloned().unwrap_or_default();
         let since = reply.strings.get(2).cloned().unwrap_or_default();
         Ok((recorded, reply.ints.get(1).map_or(0, |&t| t.max(0) as u64), since))

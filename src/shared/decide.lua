@@ -450,15 +450,39 @@ end
 -- JOIN: record the secret's fingerprint if none is, and return the one
 -- recorded, so a host keyed with another secret refuses to join; and
 -- since when the record is, so a host that saw another time knows the
--- store lost its data since.
+-- store lost its data since. Each join also claims the store for this
+-- host's fingerprint for ttl (the next key, a sorted set of
+-- 'fingerprint|host'). A host that read the record before (seen) finds
+-- another fingerprint recorded since the store lost its data (another
+-- since): the first host to reach an emptied store wrote it, and a host
+-- keyed otherwise may have come first. The fingerprint more live hosts
+-- claim takes the record back; a tie leaves it, so two never take turns.
 local function join()
-  local kn, fp = key(), str()
+  local kn, ck, fp, host, ttl, seen = key(), key(), str(), str(), num(), str()
   local kind = redis.call('TYPE', kn)['ok']
   if kind ~= 'none' and kind ~= 'hash' then return { -2, 1 } end
   redis.call('HSETNX', kn, 'fingerprint', fp)
   redis.call('HSETNX', kn, 'schema', '1')
   redis.call('HSETNX', kn, 'since', now)
   local got = redis.call('HMGET', kn, 'fingerprint', 'schema', 'since')
+  local claims = redis.call('TYPE', ck)['ok']
+  if claims == 'none' or claims == 'zset' then
+    redis.call('ZADD', ck, now, fp .. '|' .. host)
+    redis.call('ZREMRANGEBYSCORE', ck, '-inf', now - ttl)
+    redis.call('PEXPIRE', ck, math.ceil(10 * ttl / 1000))
+    if got[1] and got[1] ~= fp and seen ~= '' and got[3] and got[3] ~= seen then
+      local mine, theirs = 0, 0
+      for _, member in ipairs(redis.call('ZRANGE', ck, 0, -1)) do
+        local bar = string.find(member, '|', 1, true)
+        local of = bar and string.sub(member, 1, bar - 1)
+        if of == fp then mine = mine + 1 elseif of == got[1] then theirs = theirs + 1 end
+      end
+      if mine > theirs then
+        redis.call('HSET', kn, 'fingerprint', fp)
+        got[1] = fp
+      end
+    end
+  end
   return { 0, now, got[1] or '', got[2] or '', got[3] or '' }
 end
 

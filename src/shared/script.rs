@@ -265,8 +265,12 @@ impl Op {
         Op::keyed(b'F', key)
     }
 
-    pub fn join(key: String, fingerprint: &str) -> Op {
-        Op::keyed(b'J', key).arg(fingerprint)
+    /// Joins as `host` (claimed for `ttl_us`), having last read the record
+    /// made at `seen_since` ("" if never).
+    pub fn join(key: String, claims: String, fingerprint: &str, host: &str, ttl_us: u64, seen_since: &str) -> Op {
+        let mut op = Op::keyed(b'J', key).arg(fingerprint).arg(host).arg(ttl_us).arg(seen_since);
+        op.keys.push(claims);
+        op
     }
 }
 
