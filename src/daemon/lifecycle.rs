@@ -277,15 +277,24 @@ fn join_shared_store(
 }
 
 /// One id per daemon that stays the same across its restarts, so the
-/// store counts a restarted host once: the host name and the socket
-/// path (two daemons on one machine have two sockets). A digest, so
-/// the path is not written to the store.
+/// store counts a restarted host once (`[shared] hosts = 0` learns the
+/// count): the host name, and a digest of the socket path (two daemons on
+/// one machine have two sockets) and the kernel's boot id, so that
+/// machines cloned with one host name still count as many. Not the mount
+/// namespace, which systemd makes anew at each start of the unit. A
+/// digest: no path is written to the store. A reboot is a new host, the
+/// old one gone from the count once its heartbeats age out.
 fn host_id(socket: &std::path::Path) -> String {
+    let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
+    host_id_of(read("/proc/sys/kernel/hostname").trim(), socket, read("/proc/sys/kernel/random/boot_id").trim())
+}
+
+fn host_id_of(host: &str, socket: &std::path::Path, boot: &str) -> String {
     use std::hash::Hasher;
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     let mut hash = siphasher::sip::SipHasher13::new();
     hash.write(socket.as_os_str().as_encoded_bytes());
-    format!("{}:{:016x}", host.trim(), hash.finish())
+    hash.write(boot.as_bytes());
+    format!("{host}:{:016x}", hash.finish())
 }
 
 /// Raises the open-file limit as far as allowed and warns when it is below
@@ -476,5 +485,25 @@ impl Maintenance {
         self.stop.store(true, Ordering::Release);
         self.thread.thread().unpark();
         let _ = self.thread.join();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_id_of;
+    use std::path::Path;
+
+    /// A restart keeps the id; a clone with the same host name and socket
+    /// path is another host by its boot id. Before, clones counted as one
+    /// host, and each held a degraded share sized for fewer hosts.
+    #[test]
+    fn clones_with_one_host_name_and_socket_are_told_apart_by_their_boot() {
+        let socket = Path::new("/run/tollgate/tollgate.sock");
+        let (boot, clone) = ("6a1d4c0e-93f4-4c53-b39b-5e3b0f6f7c01", "0b7e2f55-1c1a-4d0e-8f3c-2a9d6e4b8c12");
+        let id = host_id_of("auth-1", socket, boot);
+        assert_eq!(id, host_id_of("auth-1", socket, boot), "the same daemon restarted");
+        assert_ne!(id, host_id_of("auth-1", socket, clone), "a clone");
+        assert_ne!(id, host_id_of("auth-1", Path::new("/run/tollgate/b.sock"), boot), "a second daemon here");
+        assert!(id.starts_with("auth-1:"), "the host name stays readable: {id}");
     }
 }
