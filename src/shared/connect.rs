@@ -2,6 +2,7 @@
 //! the script loaded and the secret's fingerprint checked.
 
 use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::script::{Op, SCRIPT};
@@ -108,6 +109,7 @@ impl SharedStore {
     /// (the script's `join`). Bounded by `connect_timeout_ms`.
     pub async fn assert_fingerprint(&self, fingerprint: &str, host: &str) -> Result<u64, ProbeError> {
         let (recorded, store_now, since) = self.join(fingerprint, host).await?;
+        self.refused_by_record.store(recorded != fingerprint, Ordering::Relaxed);
         let recorded = recorded.as_str();
         let (secret, derivation) = split_fingerprint(recorded);
         if recorded != fingerprint && secret == split_fingerprint(fingerprint).0 {
@@ -116,6 +118,12 @@ impl SharedStore {
                  uses {}: set key_derivation = {derivation} in this host's configuration (a state file without rows takes it)",
                 self.config.url,
                 split_fingerprint(fingerprint).1
+            )));
+        }
+        if recorded.is_empty() {
+            return Err(ProbeError::Refused(format!(
+                "shared store {} records no secret key yet; this host, refused before, waits for the hosts to write theirs",
+                self.config.url
             )));
         }
         if recorded != fingerprint {
@@ -133,11 +141,17 @@ impl SharedStore {
     /// the store's time (for the clock offset before the first heartbeat)
     /// and since when the record is (the script adds it to a record an
     /// older build made; "" only from a reply without it).
+    /// A host refused for another fingerprint never makes the record: it
+    /// would claim an emptied store before the hosts it belongs to.
     async fn join(&self, fingerprint: &str, host: &str) -> Result<(String, u64, String), ProbeError> {
         let seen = self.record_since.locked().clone().unwrap_or_default();
         let claims = format!("{}:claims", self.meta_key());
-        let ttl_us = self.config.host_ttl_ms * 1000;
-        let reply = self.call_meta(Op::join(self.meta_key(), claims, fingerprint, host, ttl_us, &seen)).await?;
+        // A refused host claims once a probe (`probe_max_ms`): its claims
+        // outlive the delay between two, or a majority would count as less.
+        let ttl_us = self.config.host_ttl_ms.max(3 * self.config.probe_max_ms) * 1000;
+        let create = !self.refused_by_record.load(Ordering::Relaxed);
+        let op = Op::join(self.meta_key(), claims, fingerprint, host, ttl_us, &seen, create);
+        let reply = self.call_meta(op).await?;
         let recorded = reply.strings.first().cloned().unwrap_or_default();
         let since = reply.strings.get(2).cloned().unwrap_or_default();
         Ok((recorded, reply.ints.get(1).map_or(0, |&t| t.max(0) as u64), since))

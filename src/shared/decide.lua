@@ -447,23 +447,27 @@ local function heartbeat()
   return { redis.call('ZCARD', kn), now }
 end
 
--- JOIN: record the secret's fingerprint if none is, and return the one
--- recorded, so a host keyed with another secret refuses to join; and
--- since when the record is, so a host that saw another time knows the
--- store lost its data since. Each join also claims the store for this
--- host's fingerprint for ttl (the next key, a sorted set of
--- 'fingerprint|host'). A host that read the record before (seen) finds
--- another fingerprint recorded since the store lost its data (another
--- since): the first host to reach an emptied store wrote it, and a host
--- keyed otherwise may have come first. The fingerprint more live hosts
--- claim takes the record back; a tie leaves it, so two never take turns.
+-- JOIN: record the secret's fingerprint if none is (unless create is 0),
+-- and return the one recorded, so a host keyed with another secret
+-- refuses to join; and since when the record is, so a host that saw
+-- another time knows the store lost its data since. Each join also
+-- claims the store for this host's fingerprint for ttl (the next key, a
+-- sorted set of 'fingerprint|host'). A host that read the record before
+-- (seen) finds another fingerprint recorded since the store lost its
+-- data (another since): the first host to reach an emptied store wrote
+-- it, and a host keyed otherwise may have come first. The fingerprint
+-- more live hosts claim takes the record back, keeping its since; a tie
+-- leaves it, so two never take turns. Only commands the documented ACL
+-- user has: no HSET, no ZRANGE.
 local function join()
-  local kn, ck, fp, host, ttl, seen = key(), key(), str(), str(), num(), str()
+  local kn, ck, fp, host, ttl, seen, create = key(), key(), str(), str(), num(), str(), num()
   local kind = redis.call('TYPE', kn)['ok']
   if kind ~= 'none' and kind ~= 'hash' then return { -2, 1 } end
-  redis.call('HSETNX', kn, 'fingerprint', fp)
-  redis.call('HSETNX', kn, 'schema', '1')
-  redis.call('HSETNX', kn, 'since', now)
+  if create == 1 then
+    redis.call('HSETNX', kn, 'fingerprint', fp)
+    redis.call('HSETNX', kn, 'schema', '1')
+    redis.call('HSETNX', kn, 'since', now)
+  end
   local got = redis.call('HMGET', kn, 'fingerprint', 'schema', 'since')
   local claims = redis.call('TYPE', ck)['ok']
   if claims == 'none' or claims == 'zset' then
@@ -472,13 +476,16 @@ local function join()
     redis.call('PEXPIRE', ck, math.ceil(10 * ttl / 1000))
     if got[1] and got[1] ~= fp and seen ~= '' and got[3] and got[3] ~= seen then
       local mine, theirs = 0, 0
-      for _, member in ipairs(redis.call('ZRANGE', ck, 0, -1)) do
+      for _, member in ipairs(redis.call('ZRANGEBYSCORE', ck, now - ttl, '+inf')) do
         local bar = string.find(member, '|', 1, true)
         local of = bar and string.sub(member, 1, bar - 1)
         if of == fp then mine = mine + 1 elseif of == got[1] then theirs = theirs + 1 end
       end
       if mine > theirs then
-        redis.call('HSET', kn, 'fingerprint', fp)
+        redis.call('DEL', kn)
+        redis.call('HSETNX', kn, 'fingerprint', fp)
+        redis.call('HSETNX', kn, 'schema', got[2] or '1')
+        redis.call('HSETNX', kn, 'since', got[3])
         got[1] = fp
       end
     end

@@ -234,6 +234,9 @@ pub struct SharedStore {
     record_since: Mutex<Option<String>>,
     /// The record was made again since: the store lost its data.
     store_forgot: AtomicBool,
+    /// Refused for another fingerprint in the record: this host's joins
+    /// then never make a record (`SharedStore::assert_fingerprint`).
+    refused_by_record: AtomicBool,
     /// The store names a write-back cut short sent: the next sends them
     /// last (`Limiter::write_back_pass`).
     pub write_back_tried: Mutex<HashSet<String>>,
@@ -291,6 +294,7 @@ impl SharedStore {
             write_back_retry: AtomicBool::new(false),
             record_since: Mutex::new(None),
             store_forgot: AtomicBool::new(false),
+            refused_by_record: AtomicBool::new(false),
             write_back_tried: Mutex::new(HashSet::new()),
             stats: SharedStats::default(),
             hosts_in_force: AtomicU32::new(hosts),

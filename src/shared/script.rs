@@ -266,9 +266,18 @@ impl Op {
     }
 
     /// Joins as `host` (claimed for `ttl_us`), having last read the record
-    /// made at `seen_since` ("" if never).
-    pub fn join(key: String, claims: String, fingerprint: &str, host: &str, ttl_us: u64, seen_since: &str) -> Op {
-        let mut op = Op::keyed(b'J', key).arg(fingerprint).arg(host).arg(ttl_us).arg(seen_since);
+    /// made at `seen_since` ("" if never); records the fingerprint if none
+    /// is only if `create`.
+    pub fn join(
+        key: String,
+        claims: String,
+        fingerprint: &str,
+        host: &str,
+        ttl_us: u64,
+        seen_since: &str,
+        create: bool,
+    ) -> Op {
+        let mut op = Op::keyed(b'J', key).arg(fingerprint).arg(host).arg(ttl_us).arg(seen_since).arg(u8::from(create));
         op.keys.push(claims);
         op
     }
@@ -748,15 +757,17 @@ mod tests {
     /// The script on a real redis-server, in RESP2 and RESP3: each op of
     /// a batch (a release, a check the script cannot read, a check; then a
     /// check and a heartbeat) is answered in its own place.
-    #[test]
-    fn the_script_answers_every_op_of_a_real_batch_in_its_place() {
-        struct Killed(std::process::Child);
-        impl Drop for Killed {
-            fn drop(&mut self) {
-                let _ = self.0.kill();
-                let _ = self.0.wait();
-            }
+    /// A redis-server of its own, killed when dropped, and its directory
+    /// removed after it.
+    struct Killed(std::process::Child, #[allow(dead_code)] tempfile::TempDir);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
         }
+    }
+
+    fn real_redis() -> (Killed, std::path::PathBuf) {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("r.sock");
         let server = std::process::Command::new("redis-server")
@@ -764,12 +775,18 @@ mod tests {
             .stdout(std::process::Stdio::null())
             .spawn()
             .expect("redis-server (run `bash scripts/test.sh`, which installs it)");
-        let _server = Killed(server);
+        let server = Killed(server, dir);
         let started = std::time::Instant::now();
         while std::os::unix::net::UnixStream::connect(&socket).is_err() {
             assert!(started.elapsed() < std::time::Duration::from_secs(5), "redis-server did not listen");
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
+        (server, socket)
+    }
+
+    #[test]
+    fn the_script_answers_every_op_of_a_real_batch_in_its_place() {
+        let (_server, socket) = real_redis();
         for protocol in ["", "?protocol=resp3"] {
             let client = redis::Client::open(format!("redis+unix://{}{protocol}", socket.display())).unwrap();
             let mut connection = client.get_connection().unwrap();
@@ -794,6 +811,39 @@ mod tests {
             assert_eq!(replies[0].as_ref().map(|r| r.ints[0]), Ok(1), "{protocol}: the check");
             assert_eq!(replies[1].as_ref().map(|r| r.ints[0]), Ok(1), "{protocol}: one host heard");
         }
+    }
+
+    /// The record of the secret's fingerprint after the store lost its
+    /// data: taken back only by a fingerprint more live hosts claim, from
+    /// hosts that read the record before the loss; never on a tie, never
+    /// by a fresh host, never back by the one displaced (its since is the
+    /// record's), and never made by a host that joins without `create`.
+    #[test]
+    fn only_more_hosts_that_saw_the_store_before_it_forgot_take_its_record_back() {
+        let (_server, socket) = real_redis();
+        let client = redis::Client::open(format!("redis+unix://{}", socket.display())).unwrap();
+        let mut connection = client.get_connection().unwrap();
+        let sha: String = redis::cmd("SCRIPT").arg("LOAD").arg(SCRIPT).query(&mut connection).unwrap();
+        let mut join = |fp: &str, host: &str, seen: &str, create: bool| -> (String, String) {
+            let op = Op::join("tg:{meta}".into(), "tg:{meta}:claims".into(), fp, host, 60_000_000, seen, create);
+            let value: Value = batch_command(&sha, &[&op], 0).query(&mut connection).unwrap();
+            let reply = split_batch(value, 1).unwrap().remove(0).unwrap();
+            (reply.strings[0].clone(), reply.strings[2].clone())
+        };
+        let (recorded, before) = join("A", "a1", "", true);
+        assert_eq!(recorded, "A", "the first join records");
+        let _: () = redis::cmd("FLUSHALL").query(&mut client.get_connection().unwrap()).unwrap();
+        assert_eq!(join("A", "a1", &before, false).0, "", "a host refused before makes no record");
+        let (recorded, since) = join("B", "b1", "", true);
+        assert_eq!(recorded, "B", "a stranger reached the emptied store first");
+        assert_ne!(since, before);
+        assert_eq!(join("A", "a1", &before, true).0, "B", "a tie leaves it");
+        assert_eq!(join("C", "c1", "", true).0, "B", "a fresh host takes nothing");
+        assert_eq!(join("A", "a2", &before, true), ("A".into(), since.clone()), "two against one: taken back");
+        for host in ["b2", "b3", "b4"] {
+            assert_eq!(join("B", host, &since, true).0, "A", "the displaced stranger saw this record made");
+        }
+        assert_eq!(join("A", "a3", &since, true).0, "A");
     }
 
     #[test]
