@@ -279,21 +279,26 @@ fn join_shared_store(
 /// One id per daemon that stays the same across its restarts, so the
 /// store counts a restarted host once (`[shared] hosts = 0` learns the
 /// count): the host name, and a digest of the socket path (two daemons on
-/// one machine have two sockets) and the kernel's boot id, so that
-/// machines cloned with one host name still count as many. Not the mount
-/// namespace, which systemd makes anew at each start of the unit. A
-/// digest: no path is written to the store. A reboot is a new host, the
-/// old one gone from the count once its heartbeats age out.
+/// one machine have two sockets) and the machine id, so that machines
+/// cloned with one host name (and a machine id made at first boot, as
+/// images leave it) still count as many. Both read where the shipped
+/// unit's sandbox leaves them: `gethostname`, not /proc/sys (hidden by
+/// `ProcSubset=pid`, as the boot id is), and /etc. A digest: no path is
+/// written to the store.
 fn host_id(socket: &std::path::Path) -> String {
-    let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
-    host_id_of(read("/proc/sys/kernel/hostname").trim(), socket, read("/proc/sys/kernel/random/boot_id").trim())
+    let host = nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default();
+    let machine = ["/etc/machine-id", "/var/lib/dbus/machine-id"]
+        .iter()
+        .find_map(|path| std::fs::read_to_string(path).ok())
+        .unwrap_or_default();
+    host_id_of(&host, socket, machine.trim())
 }
 
-fn host_id_of(host: &str, socket: &std::path::Path, boot: &str) -> String {
+fn host_id_of(host: &str, socket: &std::path::Path, machine: &str) -> String {
     use std::hash::Hasher;
     let mut hash = siphasher::sip::SipHasher13::new();
     hash.write(socket.as_os_str().as_encoded_bytes());
-    hash.write(boot.as_bytes());
+    hash.write(machine.as_bytes());
     format!("{host}:{:016x}", hash.finish())
 }
 
@@ -494,16 +499,30 @@ mod tests {
     use std::path::Path;
 
     /// A restart keeps the id; a clone with the same host name and socket
-    /// path is another host by its boot id. Before, clones counted as one
-    /// host, and each held a degraded share sized for fewer hosts.
+    /// path is another host by its machine id. Before, clones counted as
+    /// one host, and each held a degraded share sized for fewer hosts.
     #[test]
-    fn clones_with_one_host_name_and_socket_are_told_apart_by_their_boot() {
+    fn clones_with_one_host_name_and_socket_are_told_apart_by_their_machine_id() {
         let socket = Path::new("/run/tollgate/tollgate.sock");
-        let (boot, clone) = ("6a1d4c0e-93f4-4c53-b39b-5e3b0f6f7c01", "0b7e2f55-1c1a-4d0e-8f3c-2a9d6e4b8c12");
+        let (boot, clone) = ("6a1d4c0e93f44c53b39b5e3b0f6f7c01", "0b7e2f551c1a4d0e8f3c2a9d6e4b8c12");
         let id = host_id_of("auth-1", socket, boot);
         assert_eq!(id, host_id_of("auth-1", socket, boot), "the same daemon restarted");
         assert_ne!(id, host_id_of("auth-1", socket, clone), "a clone");
         assert_ne!(id, host_id_of("auth-1", Path::new("/run/tollgate/b.sock"), boot), "a second daemon here");
         assert!(id.starts_with("auth-1:"), "the host name stays readable: {id}");
+    }
+
+    /// Under the shipped unit's `ProcSubset=pid` /proc/sys is hidden: the
+    /// id must not come from there, or every host's name reads empty and
+    /// all count as one.
+    #[test]
+    fn the_host_id_names_this_host_without_reading_proc_sys() {
+        let name = nix::unistd::gethostname().expect("a host name").to_string_lossy().into_owned();
+        let id = super::host_id(Path::new("/run/tollgate/tollgate.sock"));
+        assert!(!name.is_empty() && id.starts_with(&format!("{name}:")), "{id}");
+        let source = include_str!("lifecycle.rs");
+        let body =
+            &source[source.find("fn host_id(").expect("host_id")..source.find("fn host_id_of(").expect("host_id_of")];
+        assert!(!body.contains("/proc"), "{body}");
     }
 }
