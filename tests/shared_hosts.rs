@@ -290,7 +290,8 @@ fn the_documented_acl_user_runs_every_operation_with_nothing_denied() {
     assert!(unlocked.get("cleared").is_some(), "{unlocked}");
     wait_until(a, Duration::from_secs(5), "A heard the unlock", || check(a, &mallory).decision == Decision::Allow);
     std::thread::sleep(Duration::from_millis(300)); // heartbeats
-                                                    // A stranger reaches the emptied store first; the two take it back.
+
+    // A stranger reaches the emptied store first; the two take it back.
     daemons.iter().for_each(TestDaemon::freeze);
     redis.cmd(&["FLUSHALL"]);
     let other = tempfile::tempdir().unwrap();

@@ -504,11 +504,11 @@ mod tests {
     #[test]
     fn clones_with_one_host_name_and_socket_are_told_apart_by_their_machine_id() {
         let socket = Path::new("/run/tollgate/tollgate.sock");
-        let (boot, clone) = ("6a1d4c0e93f44c53b39b5e3b0f6f7c01", "0b7e2f551c1a4d0e8f3c2a9d6e4b8c12");
-        let id = host_id_of("auth-1", socket, boot);
-        assert_eq!(id, host_id_of("auth-1", socket, boot), "the same daemon restarted");
+        let (machine, clone) = ("6a1d4c0e93f44c53b39b5e3b0f6f7c01", "0b7e2f551c1a4d0e8f3c2a9d6e4b8c12");
+        let id = host_id_of("auth-1", socket, machine);
+        assert_eq!(id, host_id_of("auth-1", socket, machine), "the same daemon restarted");
         assert_ne!(id, host_id_of("auth-1", socket, clone), "a clone");
-        assert_ne!(id, host_id_of("auth-1", Path::new("/run/tollgate/b.sock"), boot), "a second daemon here");
+        assert_ne!(id, host_id_of("auth-1", Path::new("/run/tollgate/b.sock"), machine), "a second daemon here");
         assert!(id.starts_with("auth-1:"), "the host name stays readable: {id}");
     }
 

@@ -467,10 +467,12 @@ pub(super) async fn supervise(daemon: Arc<Daemon>, fingerprint: String, host: St
                     Err(ProbeError::Refused(why)) => {
                         store.breaker().refuse(store.now_us());
                         store.publish_state();
-                        store.note_error(&why);
-                        if state != State::Refused {
+                        // Told once a reason: a refused host probes every
+                        // `probe_max_ms`.
+                        if state != State::Refused || store.last_error().as_deref() != Some(why.as_str()) {
                             tracing::error!(target: LOG_TARGET, error = %why, "shared store refused; this host stays degraded");
                         }
+                        store.note_error(&why);
                     }
                     Err(ProbeError::Unreachable(why)) => {
                         store.note_error(&why);

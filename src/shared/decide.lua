@@ -450,15 +450,16 @@ end
 -- JOIN: record the secret's fingerprint if none is (unless create is 0),
 -- and return the one recorded, so a host keyed with another secret
 -- refuses to join; and since when the record is, so a host that saw
--- another time knows the store lost its data since. Each join also
--- claims the store for this host's fingerprint for ttl (the next key, a
--- sorted set of 'fingerprint|host'). A host that read the record before
--- (seen) finds another fingerprint recorded since the store lost its
--- data (another since): the first host to reach an emptied store wrote
--- it, and a host keyed otherwise may have come first. The fingerprint
--- more live hosts claim takes the record back, keeping its since; a tie
--- leaves it, so two never take turns. Only commands the documented ACL
--- user has: no HSET, no ZRANGE.
+-- another time knows the store lost its data since. A host that holds
+-- the record, or read one before (seen), claims the store for its
+-- fingerprint until now + ttl (the next key, a sorted set of
+-- 'fingerprint|host' scored by expiry). Such a host that finds no record
+-- (it joins without create: refused before), or another one made since
+-- the store lost its data (another since: a host keyed otherwise may have
+-- reached the emptied store first), makes the record its own when more
+-- live hosts claim its fingerprint than the recorded one (than any other,
+-- with none recorded), keeping the since; a tie leaves it, so two never
+-- take turns. Only commands the documented ACL user has.
 local function join()
   local kn, ck, fp, host, ttl, seen, create = key(), key(), str(), str(), num(), str(), num()
   local kind = redis.call('TYPE', kn)['ok']
@@ -470,23 +471,31 @@ local function join()
   end
   local got = redis.call('HMGET', kn, 'fingerprint', 'schema', 'since')
   local claims = redis.call('TYPE', ck)['ok']
-  if claims == 'none' or claims == 'zset' then
-    redis.call('ZADD', ck, now, fp .. '|' .. host)
-    redis.call('ZREMRANGEBYSCORE', ck, '-inf', now - ttl)
-    redis.call('PEXPIRE', ck, math.ceil(10 * ttl / 1000))
-    if got[1] and got[1] ~= fp and seen ~= '' and got[3] and got[3] ~= seen then
-      local mine, theirs = 0, 0
-      for _, member in ipairs(redis.call('ZRANGEBYSCORE', ck, now - ttl, '+inf')) do
+  if (got[1] == fp or seen ~= '') and (claims == 'none' or claims == 'zset') then
+    redis.call('ZADD', ck, now + ttl, fp .. '|' .. host)
+    redis.call('ZREMRANGEBYSCORE', ck, '-inf', now)
+    local keep = math.ceil(10 * ttl / 1000)
+    if redis.call('PTTL', ck) < keep then redis.call('PEXPIRE', ck, keep) end
+    local contested = got[1] and got[1] ~= fp and got[3] and got[3] ~= seen
+    if seen ~= '' and (contested or not got[1]) then
+      local counts = {}
+      for _, member in ipairs(redis.call('ZRANGEBYSCORE', ck, now + 1, '+inf')) do
         local bar = string.find(member, '|', 1, true)
-        local of = bar and string.sub(member, 1, bar - 1)
-        if of == fp then mine = mine + 1 elseif of == got[1] then theirs = theirs + 1 end
+        if bar then
+          local of = string.sub(member, 1, bar - 1)
+          counts[of] = (counts[of] or 0) + 1
+        end
       end
-      if mine > theirs then
+      local mine, most = counts[fp] or 0, 0
+      for of, n in pairs(counts) do
+        if of ~= fp and (of == got[1] or not got[1]) and n > most then most = n end
+      end
+      if mine > most then
         redis.call('DEL', kn)
         redis.call('HSETNX', kn, 'fingerprint', fp)
         redis.call('HSETNX', kn, 'schema', got[2] or '1')
-        redis.call('HSETNX', kn, 'since', got[3])
-        got[1] = fp
+        redis.call('HSETNX', kn, 'since', got[3] or now)
+        got = redis.call('HMGET', kn, 'fingerprint', 'schema', 'since')
       end
     end
   end

@@ -814,36 +814,49 @@ mod tests {
     }
 
     /// The record of the secret's fingerprint after the store lost its
-    /// data: taken back only by a fingerprint more live hosts claim, from
-    /// hosts that read the record before the loss; never on a tie, never
-    /// by a fresh host, never back by the one displaced (its since is the
-    /// record's), and never made by a host that joins without `create`.
+    /// data: made or taken back only by hosts that read a record before,
+    /// whose fingerprint more live hosts claim; never on a tie, never by a
+    /// fresh host (which claims nothing either), never back by the one
+    /// displaced (its since is the record's); a claim lapses at its TTL.
     #[test]
     fn only_more_hosts_that_saw_the_store_before_it_forgot_take_its_record_back() {
         let (_server, socket) = real_redis();
         let client = redis::Client::open(format!("redis+unix://{}", socket.display())).unwrap();
         let mut connection = client.get_connection().unwrap();
         let sha: String = redis::cmd("SCRIPT").arg("LOAD").arg(SCRIPT).query(&mut connection).unwrap();
-        let mut join = |fp: &str, host: &str, seen: &str, create: bool| -> (String, String) {
-            let op = Op::join("tg:{meta}".into(), "tg:{meta}:claims".into(), fp, host, 60_000_000, seen, create);
+        let mut join = |fp: &str, host: &str, seen: &str, create: bool, ttl_us: u64| -> (String, String) {
+            let op = Op::join("tg:{meta}".into(), "tg:{meta}:claims".into(), fp, host, ttl_us, seen, create);
             let value: Value = batch_command(&sha, &[&op], 0).query(&mut connection).unwrap();
             let reply = split_batch(value, 1).unwrap().remove(0).unwrap();
             (reply.strings[0].clone(), reply.strings[2].clone())
         };
-        let (recorded, before) = join("A", "a1", "", true);
+        let flush = || {
+            let _: () = redis::cmd("FLUSHALL").query(&mut client.get_connection().unwrap()).unwrap();
+        };
+        let minute = 60_000_000;
+        let (recorded, before) = join("A", "a1", "", true, minute);
         assert_eq!(recorded, "A", "the first join records");
-        let _: () = redis::cmd("FLUSHALL").query(&mut client.get_connection().unwrap()).unwrap();
-        assert_eq!(join("A", "a1", &before, false).0, "", "a host refused before makes no record");
-        let (recorded, since) = join("B", "b1", "", true);
+        flush();
+        assert_eq!(join("B", "b0", "", false, minute).0, "", "a host refused from the start makes no record");
+        let (recorded, since) = join("B", "b1", "", true, minute);
         assert_eq!(recorded, "B", "a stranger reached the emptied store first");
         assert_ne!(since, before);
-        assert_eq!(join("A", "a1", &before, true).0, "B", "a tie leaves it");
-        assert_eq!(join("C", "c1", "", true).0, "B", "a fresh host takes nothing");
-        assert_eq!(join("A", "a2", &before, true), ("A".into(), since.clone()), "two against one: taken back");
+        assert_eq!(join("A", "a1", &before, true, minute).0, "B", "a tie leaves it (b0 claimed nothing)");
+        assert_eq!(join("C", "c1", "", true, minute).0, "B", "a fresh host takes nothing, and claims nothing");
+        assert_eq!(join("A", "a2", &before, true, minute), ("A".into(), since.clone()), "two against one");
         for host in ["b2", "b3", "b4"] {
-            assert_eq!(join("B", host, &since, true).0, "A", "the displaced stranger saw this record made");
+            assert_eq!(join("B", host, &since, true, minute).0, "A", "the displaced stranger saw this record made");
         }
-        assert_eq!(join("A", "a3", &since, true).0, "A");
+        // Emptied again with the strangers gone: a host refused before, which
+        // read a record, makes it again (no one else would).
+        flush();
+        let (recorded, again) = join("A", "a1", &since, false, minute);
+        assert_eq!(recorded, "A");
+        assert_ne!(again, since, "a new record: the store lost its data");
+        // A claim lapses at its own TTL: the stranger's, of 1 µs, is gone.
+        flush();
+        assert_eq!(join("B", "b1", "", true, 1).0, "B");
+        assert_eq!(join("A", "a1", &again, true, minute).0, "A", "one against none");
     }
 
     #[test]
