@@ -145,12 +145,11 @@ impl SharedStore {
     /// would claim an emptied store before the hosts it belongs to.
     async fn join(&self, fingerprint: &str, host: &str) -> Result<(String, u64, String), ProbeError> {
         let seen = self.record_since.locked().clone().unwrap_or_default();
-        let claims = format!("{}:claims", self.meta_key());
         // A refused host claims once a probe (`probe_max_ms`): its claims
         // outlive the delay between two, or a majority would count as less.
         let ttl_us = self.config.host_ttl_ms.max(3 * self.config.probe_max_ms) * 1000;
         let create = !self.refused_by_record.load(Ordering::Relaxed);
-        let op = Op::join(self.meta_key(), claims, fingerprint, host, ttl_us, &seen, create);
+        let op = Op::join(self.meta_key(), fingerprint, host, ttl_us, &seen, create);
         let reply = self.call_meta(op).await?;
         let recorded = reply.strings.first().cloned().unwrap_or_default();
         let since = reply.strings.get(2).cloned().unwrap_or_default();

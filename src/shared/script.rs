@@ -265,18 +265,11 @@ impl Op {
         Op::keyed(b'F', key)
     }
 
-    /// Joins as `host` (claimed for `ttl_us`), having last read the record
-    /// made at `seen_since` ("" if never); records the fingerprint if none
-    /// is only if `create`.
-    pub fn join(
-        key: String,
-        claims: String,
-        fingerprint: &str,
-        host: &str,
-        ttl_us: u64,
-        seen_since: &str,
-        create: bool,
-    ) -> Op {
+    /// Joins as `host` (claimed for `ttl_us` in `{key}:claims`), having last
+    /// read the record made at `seen_since` ("" if never); records the
+    /// fingerprint if none is only if `create`.
+    pub fn join(key: String, fingerprint: &str, host: &str, ttl_us: u64, seen_since: &str, create: bool) -> Op {
+        let claims = format!("{key}:claims");
         let mut op = Op::keyed(b'J', key).arg(fingerprint).arg(host).arg(ttl_us).arg(seen_since).arg(u8::from(create));
         op.keys.push(claims);
         op
@@ -825,7 +818,7 @@ mod tests {
         let mut connection = client.get_connection().unwrap();
         let sha: String = redis::cmd("SCRIPT").arg("LOAD").arg(SCRIPT).query(&mut connection).unwrap();
         let mut join = |fp: &str, host: &str, seen: &str, create: bool, ttl_us: u64| -> (String, String) {
-            let op = Op::join("tg:{meta}".into(), "tg:{meta}:claims".into(), fp, host, ttl_us, seen, create);
+            let op = Op::join("tg:{meta}".into(), fp, host, ttl_us, seen, create);
             let value: Value = batch_command(&sha, &[&op], 0).query(&mut connection).unwrap();
             let reply = split_batch(value, 1).unwrap().remove(0).unwrap();
             (reply.strings[0].clone(), reply.strings[2].clone())
